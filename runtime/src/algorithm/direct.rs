@@ -1,0 +1,96 @@
+//! Direct (linear) algorithms: one step in which the root talks to every rank, or every rank
+//! to every other. Few messages' latency, no forwarding; the root's link carries everything.
+//! Source: gloo `gather.cc`, `scatter.cc`; MPICH's linear algorithms.
+//!
+//! ```text
+//!   gather to r0:  r1 ─┐   scatter from r0:  ┌─▶ r1
+//!                  r2 ─┼─▶ r0            r0 ─┼─▶ r2
+//!                  r3 ─┘                     └─▶ r3
+//! ```
+//! Where the root reduces (reduce, reduce_scatter), it applies contributions in rank order,
+//! whatever order they arrive in.
+
+use crate::schedule::{partition, recv_copy, recv_reduce, send, Layout, Schedule};
+
+fn others(rank: usize, w: usize) -> impl Iterator<Item = usize> {
+    (0..w).filter(move |&p| p != rank)
+}
+
+/// The root sends the whole tensor to every rank.
+pub fn broadcast(rank: usize, w: usize, root: usize, count: usize) -> Schedule {
+    let mut s = Schedule::new(Layout::blocks(&partition(count, 1)));
+    if rank == root {
+        s.step(others(rank, w).map(|p| send(p, 0, 0..1)).collect(), vec![]);
+    } else {
+        s.step(vec![], vec![recv_copy(root, 0, 0..1)]);
+    }
+    s
+}
+
+/// Every rank sends its tensor to the root, which reduces them in rank order.
+pub fn reduce(rank: usize, w: usize, root: usize, count: usize) -> Schedule {
+    let mut s = Schedule::new(Layout::blocks(&partition(count, 1)));
+    if rank == root {
+        s.step(
+            vec![],
+            others(rank, w)
+                .map(|p| recv_reduce(p, 0, 0..1, p < rank))
+                .collect(),
+        );
+    } else {
+        s.step(vec![send(root, 0, 0..1)], vec![]);
+    }
+    s
+}
+
+/// Rank b sends block b to the root.
+pub fn gather(rank: usize, w: usize, root: usize, blocks: &[usize]) -> Schedule {
+    let mut s = Schedule::new(Layout::blocks(blocks));
+    if rank == root {
+        s.step(
+            vec![],
+            others(rank, w).map(|p| recv_copy(p, 0, p..p + 1)).collect(),
+        );
+    } else {
+        s.step(vec![send(root, 0, rank..rank + 1)], vec![]);
+    }
+    s
+}
+
+/// The root sends block b to rank b.
+pub fn scatter(rank: usize, w: usize, root: usize, blocks: &[usize]) -> Schedule {
+    let mut s = Schedule::new(Layout::blocks(blocks));
+    if rank == root {
+        s.step(
+            others(rank, w).map(|p| send(p, 0, p..p + 1)).collect(),
+            vec![],
+        );
+    } else {
+        s.step(vec![], vec![recv_copy(root, 0, rank..rank + 1)]);
+    }
+    s
+}
+
+/// Every rank sends its block to every other.
+pub fn all_gather(rank: usize, w: usize, blocks: &[usize]) -> Schedule {
+    let mut s = Schedule::new(Layout::blocks(blocks));
+    s.step(
+        others(rank, w)
+            .map(|p| send(p, 0, rank..rank + 1))
+            .collect(),
+        others(rank, w).map(|p| recv_copy(p, 0, p..p + 1)).collect(),
+    );
+    s
+}
+
+/// Every rank sends block b to rank b, which reduces them in rank order.
+pub fn reduce_scatter(rank: usize, w: usize, blocks: &[usize]) -> Schedule {
+    let mut s = Schedule::new(Layout::blocks(blocks));
+    s.step(
+        others(rank, w).map(|p| send(p, 0, p..p + 1)).collect(),
+        others(rank, w)
+            .map(|p| recv_reduce(p, 0, rank..rank + 1, p < rank))
+            .collect(),
+    );
+    s
+}

@@ -1,0 +1,179 @@
+//! The one error type of collectix, [`Error`]: each variant says who is at fault.
+
+use crate::collective::Fingerprint;
+use crate::group::GroupId;
+use crate::op::OpKind;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// What a call of one rank looked like, as its peers saw it: the rank (global) and the
+/// fingerprint of its call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallDesc {
+    /// The rank in the world (not group-local).
+    pub rank: usize,
+    /// The call's fingerprint.
+    pub call: Fingerprint,
+}
+
+impl fmt::Display for CallDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {} called {}", self.rank, self.call)
+    }
+}
+
+/// Something a peer sent that does not follow the protocol.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// A message for a step the call's schedule has no receive for.
+    #[error("unexpected message (tag {tag}) for call #{seq}")]
+    UnexpectedTag {
+        /// The sequence number of the call.
+        seq: u64,
+        /// The message's tag.
+        tag: u32,
+    },
+    /// A second message with the same source and tag for one call.
+    #[error("duplicate message (tag {tag}) for call #{seq}")]
+    Duplicate {
+        /// The sequence number of the call.
+        seq: u64,
+        /// The message's tag.
+        tag: u32,
+    },
+    /// A payload whose size is not the one the receiver expects.
+    #[error("payload of {got} bytes in part {part} where {expected} were expected")]
+    Length {
+        /// Index of the payload part.
+        part: usize,
+        /// Bytes expected.
+        expected: u64,
+        /// Bytes received.
+        got: u64,
+    },
+    /// A payload with the wrong number of parts.
+    #[error("{got} payload parts where {expected} were expected")]
+    Parts {
+        /// Parts expected.
+        expected: usize,
+        /// Parts received.
+        got: usize,
+    },
+    /// Bytes that are not valid elements of the dtype (a bool other than 0 or 1).
+    #[error("invalid {dtype} bit pattern in payload")]
+    InvalidElements {
+        /// The dtype of the payload.
+        dtype: crate::DType,
+    },
+    /// A message for a call that completed too long ago to be checked.
+    #[error("message for call #{seq}, which is no longer tracked")]
+    Stale {
+        /// The sequence number of the call.
+        seq: u64,
+    },
+    /// A message that could not be decoded.
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+}
+
+/// The error type of collectix.
+///
+/// Every failure is `Clone + Send + Sync`, so that one failure can reach many waiters. Each
+/// variant says who is at fault: the caller ([`InvalidArgument`](Error::InvalidArgument)),
+/// the ranks together ([`Mismatch`](Error::Mismatch)), a peer ([`PeerLost`](Error::PeerLost),
+/// [`Protocol`](Error::Protocol)), time ([`Timeout`](Error::Timeout)) or the runtime
+/// ([`Shutdown`](Error::Shutdown)).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller passed arguments that cannot work (shapes, dtypes, roots, sizes, ops).
+    /// Raised on the calling rank before anything is sent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Two ranks disagreed about a call: different collectives, dtypes, counts, roots,
+    /// reduce ops or algorithms for the same sequence number of a group.
+    #[error("mismatched calls on group {group} (call #{seq}): {ours}, but {theirs}")]
+    Mismatch {
+        /// The group.
+        group: GroupId,
+        /// The group's sequence number of the call.
+        seq: u64,
+        /// This rank's call.
+        ours: CallDesc,
+        /// The peer's call.
+        theirs: CallDesc,
+    },
+    /// A call did not complete in time.
+    #[error("{op} (call #{seq} on group {group}) timed out on rank {rank}, still waiting for ranks {waiting_for:?}")]
+    Timeout {
+        /// The group.
+        group: GroupId,
+        /// The sequence number of the call (`u64::MAX` for point-to-point receives).
+        seq: u64,
+        /// What the call was.
+        op: OpKind,
+        /// The rank (global) that timed out.
+        rank: usize,
+        /// Ranks (global) whose messages had not arrived.
+        waiting_for: Vec<usize>,
+    },
+    /// A peer this rank talks to is gone (its link closed or it was isolated).
+    #[error("peer rank {rank} was lost")]
+    PeerLost {
+        /// The lost rank (global).
+        rank: usize,
+    },
+    /// The group was aborted because of `cause`, seen on this or another rank; every
+    /// pending and later call on the group fails with this until the group is re-created.
+    #[error("group {group} aborted: {cause}")]
+    GroupAborted {
+        /// The aborted group.
+        group: GroupId,
+        /// The failure that aborted it.
+        cause: Box<Error>,
+    },
+    /// A peer sent something that breaks the protocol.
+    #[error("protocol violation by rank {rank}: {detail}")]
+    Protocol {
+        /// The sending rank (global).
+        rank: usize,
+        /// What was wrong.
+        detail: ProtocolError,
+    },
+    /// This rank is not a member of the group it called into.
+    #[error("rank {rank} is not a member of group {group}")]
+    NotAMember {
+        /// The group.
+        group: GroupId,
+        /// The calling rank (global).
+        rank: usize,
+    },
+    /// A blocking wait was called on the rank's own thread, where it could never complete.
+    #[error("blocking wait on the rank's own actor thread would deadlock; await the Work instead")]
+    WouldDeadlock,
+    /// The world (or the rank) was shut down before the call completed.
+    #[error("the rank was shut down")]
+    Shutdown,
+    /// A value could not be (de)serialized (object collectives).
+    #[error("serialization failed: {0}")]
+    Serialization(String),
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Error::InvalidArgument(msg.into())
+    }
+
+    /// The failure at the root of a chain of [`GroupAborted`](Error::GroupAborted).
+    pub fn root_cause(&self) -> &Error {
+        match self {
+            Error::GroupAborted { cause, .. } => cause.root_cause(),
+            e => e,
+        }
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

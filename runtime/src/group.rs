@@ -1,0 +1,185 @@
+//! Process groups: identity, membership, and per-group options.
+
+use crate::error::{Error, Result};
+use crate::op::{Algorithm, OpKind};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::Duration;
+
+/// A group's identity: the same value on every member, derived from how the group was made
+/// (its parent, the parent's creation counter and the members), never from a global counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct GroupId(pub u64);
+
+impl GroupId {
+    /// The group of the whole world.
+    pub const WORLD: GroupId = GroupId(0);
+
+    /// A child id: FNV-1a over the parent, a creation index and `words` (stable across
+    /// builds and platforms, unlike `std`'s hasher).
+    pub fn derive(parent: GroupId, index: u64, words: &[u64]) -> GroupId {
+        GroupId(fnv1a(
+            std::iter::once(parent.0)
+                .chain(std::iter::once(index))
+                .chain(words.iter().copied()),
+        ))
+    }
+}
+
+/// FNV-1a (64-bit) over the little-endian bytes of `words`.
+pub fn fnv1a(words: impl IntoIterator<Item = u64>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for w in words {
+        for b in w.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl fmt::Display for GroupId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == GroupId::WORLD {
+            f.write_str("world")
+        } else {
+            write!(f, "{:016x}", self.0)
+        }
+    }
+}
+
+/// Tunables of a group; every member must use the same values (they feed algorithm
+/// selection, and the algorithm is part of each call's fingerprint).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupOptions {
+    /// How long a call may take before it fails with [`Error::Timeout`] (torch's
+    /// `timeout`, default 30 minutes there; 5 minutes here).
+    pub timeout: Duration,
+    /// Largest segment a pipelined algorithm sends in one message.
+    pub segment_bytes: usize,
+    /// Algorithms forced for some kinds of call (for tests and benchmarks).
+    pub algorithms: Vec<(OpKind, Algorithm)>,
+}
+
+impl Default for GroupOptions {
+    fn default() -> Self {
+        GroupOptions {
+            timeout: Duration::from_secs(300),
+            segment_bytes: 1 << 20,
+            algorithms: Vec::new(),
+        }
+    }
+}
+
+impl GroupOptions {
+    /// With `alg` forced for `kind`.
+    pub fn with_algorithm(mut self, kind: OpKind, alg: Algorithm) -> Self {
+        self.algorithms.retain(|(k, _)| *k != kind);
+        self.algorithms.push((kind, alg));
+        self
+    }
+
+    /// With another timeout.
+    pub fn with_timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+}
+
+/// Per-call overrides (torch has only `timeout` on some calls; `algorithm` is ours).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CallOptions {
+    /// Force an algorithm for this call (every rank must force the same one).
+    pub algorithm: Option<Algorithm>,
+    /// Another timeout for this call.
+    pub timeout: Option<Duration>,
+}
+
+/// A group as one member sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupInfo {
+    /// The identity.
+    pub id: GroupId,
+    /// Global ranks of the members, in group-rank order.
+    pub members: Vec<usize>,
+    /// This member's group-local rank.
+    pub rank: usize,
+    /// Options shared by the members.
+    pub options: GroupOptions,
+}
+
+impl GroupInfo {
+    /// A group of `members` (global ranks) as seen by global rank `me`.
+    pub fn new(
+        id: GroupId,
+        members: Vec<usize>,
+        me: usize,
+        options: GroupOptions,
+    ) -> Result<GroupInfo> {
+        let rank = members
+            .iter()
+            .position(|&m| m == me)
+            .ok_or(Error::NotAMember {
+                group: id,
+                rank: me,
+            })?;
+        Ok(GroupInfo {
+            id,
+            members,
+            rank,
+            options,
+        })
+    }
+
+    /// The world group of `n` ranks as seen by `me`.
+    pub fn world(n: usize, me: usize, options: GroupOptions) -> Result<GroupInfo> {
+        GroupInfo::new(GroupId::WORLD, (0..n).collect(), me, options)
+    }
+
+    /// Members.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Global rank of group rank `r`.
+    pub fn global(&self, r: usize) -> usize {
+        self.members[r]
+    }
+
+    /// Group rank of global rank `g`, if a member.
+    pub fn local(&self, g: usize) -> Option<usize> {
+        self.members.iter().position(|&m| m == g)
+    }
+
+    /// Checks that `r` is a group rank; `what` names the argument.
+    pub fn check_rank(&self, r: usize, what: &str) -> Result<()> {
+        if r < self.size() {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "{what} {r} is not a rank of a group of {}",
+                self.size()
+            )))
+        }
+    }
+}
+
+/// Checks a list of member ranks for `new_group`: in range, no duplicates, not empty.
+pub fn check_members(ranks: &[usize], world: usize) -> Result<()> {
+    if ranks.is_empty() {
+        return Err(Error::invalid("a group needs at least one rank"));
+    }
+    let mut seen = vec![false; world];
+    for &r in ranks {
+        match seen.get_mut(r) {
+            None => {
+                return Err(Error::invalid(format!(
+                    "rank {r} is outside the parent group of {world}"
+                )))
+            }
+            Some(true) => return Err(Error::invalid(format!("rank {r} is listed twice"))),
+            Some(s) => *s = true,
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! What ranks send each other. Every collective message carries its group, the call's
+//! sequence number in that group, a tag naming the step, and the fingerprint of the call;
+//! the payload travels as raw byte parts (one per chunk), never through serde.
+
+use crate::collective::Fingerprint;
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::group::GroupId;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// The header of a message (serde-encodable, for transports that frame it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Header {
+    /// A step of a collective.
+    Data {
+        /// The group.
+        group: GroupId,
+        /// The call's sequence number in the group.
+        seq: u64,
+        /// The step, as the algorithm numbers it.
+        tag: u32,
+        /// The sender's call.
+        call: Fingerprint,
+    },
+    /// A point-to-point message.
+    P2p {
+        /// The group (ranks are translated through it).
+        group: GroupId,
+        /// The user's tag.
+        tag: u32,
+        /// Per (sender, receiver, group, tag) counter: messages match in FIFO order even if
+        /// a transport reorders them.
+        seq: u64,
+        /// Element type.
+        dtype: DType,
+        /// Element count.
+        count: u64,
+    },
+    /// The sender aborted the group because of `cause`.
+    Abort {
+        /// The group.
+        group: GroupId,
+        /// Why.
+        cause: Error,
+    },
+}
+
+impl Header {
+    /// The group the message belongs to.
+    pub fn group(&self) -> GroupId {
+        match self {
+            Header::Data { group, .. }
+            | Header::P2p { group, .. }
+            | Header::Abort { group, .. } => *group,
+        }
+    }
+}
+
+/// A message from global rank `src`.
+#[derive(Clone, Debug)]
+pub struct Message {
+    /// Sender (global rank).
+    pub src: usize,
+    /// Header.
+    pub header: Header,
+    /// Payload parts.
+    pub payload: Vec<Bytes>,
+}
+
+/// A message the engine wants delivered to global rank `dst`.
+#[derive(Clone, Debug)]
+pub struct Transmit {
+    /// Destination (global rank).
+    pub dst: usize,
+    /// The message.
+    pub msg: Message,
+}

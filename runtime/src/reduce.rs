@@ -1,0 +1,471 @@
+//! Reduce operations ([`ReduceOp`]) with torch's dtype rules, and their kernels.
+//!
+//! # Numerics
+//! - Integer `Sum` and `Product` wrap on overflow (two's complement), as torch does, in debug
+//!   builds too.
+//! - `Min`/`Max` on floats propagate NaN (as `torch.maximum`), return the canonical quiet NaN
+//!   whatever the operands' payloads, and order −0 below +0, so `max(a, b)` and `max(b, a)`
+//!   have the same bits.
+//! - `f16` and `bf16` are combined pairwise: both operands are widened to `f32`, combined, and
+//!   rounded back (round to nearest even) after every pairwise step, as torch's CPU kernels
+//!   do. A sum over W ranks is therefore rounded W−1 times, in the order the algorithm's
+//!   schedule fixes (never in arrival order), so every run and every rank gives the same bits.
+//! - `Avg` sums, then divides once by the group size where the final value is computed.
+//!   `PremulSum(s)` multiplies each rank's input by `s` (in the element type, via `f64` for
+//!   `f32`/`f64` and `f32` for the 16-bit types) before summing.
+//! - bool: `Sum`/`Max` act as OR, `Product`/`Min` as AND, bitwise ops as on 0/1 bytes.
+//!
+//! Kernels are plain element loops over slices (`zip`/`map`/`collect`) that the compiler
+//! vectorizes for the integer and plain float ops.
+
+use crate::dtype::{bf16, f16, DType};
+use crate::error::{Error, Result};
+use crate::tensor::bytes_from_vec;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A reduction, as `torch.distributed.ReduceOp`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ReduceOp {
+    /// Sum (wrapping for integers, OR for bool).
+    Sum,
+    /// Product (wrapping for integers, AND for bool).
+    Product,
+    /// Minimum (AND for bool).
+    Min,
+    /// Maximum (OR for bool).
+    Max,
+    /// Mean over the group: floating types only.
+    Avg,
+    /// Sum of each input multiplied by the scalar: floating types only.
+    PremulSum(f64),
+    /// Bitwise AND: integers and bool only.
+    BAnd,
+    /// Bitwise OR: integers and bool only.
+    BOr,
+    /// Bitwise XOR: integers and bool only.
+    BXor,
+}
+
+impl ReduceOp {
+    /// Every op, with `PremulSum(0.5)` for the scalar one (handy for test matrices).
+    pub const ALL: [ReduceOp; 9] = [
+        ReduceOp::Sum,
+        ReduceOp::Product,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+        ReduceOp::PremulSum(0.5),
+        ReduceOp::BAnd,
+        ReduceOp::BOr,
+        ReduceOp::BXor,
+    ];
+
+    /// A small stable code for fingerprints and frames.
+    pub fn code(self) -> u8 {
+        match self {
+            ReduceOp::Sum => 1,
+            ReduceOp::Product => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Max => 4,
+            ReduceOp::Avg => 5,
+            ReduceOp::PremulSum(_) => 6,
+            ReduceOp::BAnd => 7,
+            ReduceOp::BOr => 8,
+            ReduceOp::BXor => 9,
+        }
+    }
+
+    /// The scalar's bits (`PremulSum`), 0 otherwise.
+    pub fn scalar_bits(self) -> u64 {
+        match self {
+            ReduceOp::PremulSum(s) => s.to_bits(),
+            _ => 0,
+        }
+    }
+
+    /// Checks torch's dtype rules: bitwise ops on integers and bool only; `Avg` and
+    /// `PremulSum` on floating types only.
+    pub fn check(self, dtype: DType) -> Result<()> {
+        let ok = match self {
+            ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => !dtype.is_float(),
+            ReduceOp::Avg | ReduceOp::PremulSum(_) => dtype.is_float(),
+            _ => true,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "reduce op {self} is not supported for dtype {dtype}"
+            )))
+        }
+    }
+
+    /// The pairwise combination the kernels apply (Avg and PremulSum combine as Sum).
+    pub(crate) fn combiner(self) -> Combine {
+        match self {
+            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum(_) => Combine::Sum,
+            ReduceOp::Product => Combine::Prod,
+            ReduceOp::Min => Combine::Min,
+            ReduceOp::Max => Combine::Max,
+            ReduceOp::BAnd => Combine::And,
+            ReduceOp::BOr => Combine::Or,
+            ReduceOp::BXor => Combine::Xor,
+        }
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReduceOp::Sum => f.write_str("sum"),
+            ReduceOp::Product => f.write_str("prod"),
+            ReduceOp::Min => f.write_str("min"),
+            ReduceOp::Max => f.write_str("max"),
+            ReduceOp::Avg => f.write_str("avg"),
+            ReduceOp::PremulSum(s) => write!(f, "premul_sum({s})"),
+            ReduceOp::BAnd => f.write_str("band"),
+            ReduceOp::BOr => f.write_str("bor"),
+            ReduceOp::BXor => f.write_str("bxor"),
+        }
+    }
+}
+
+/// The pairwise operation a kernel applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Combine {
+    Sum,
+    Prod,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+}
+
+#[inline]
+fn zip_map<T: Copy>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> Vec<T> {
+    a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+}
+
+/// Element types the kernels know. `bool` is reduced through its `u8` storage.
+pub(crate) trait Kernel: bytemuck::Pod {
+    /// `out[i] = a[i] (op) b[i]`; `None` when `op` does not apply to the type (validation
+    /// rules this out before any kernel runs).
+    fn combine(op: Combine, a: &[Self], b: &[Self], is_bool: bool) -> Option<Vec<Self>>;
+    /// Every element multiplied by `s` (floats only).
+    fn scale(a: &[Self], s: f64) -> Option<Vec<Self>>;
+    /// Every element divided by `n` (floats only).
+    fn divide(a: &[Self], n: usize) -> Option<Vec<Self>>;
+}
+
+macro_rules! float_minmax {
+    ($t:ty, $max:ident, $min:ident) => {
+        #[inline]
+        fn $max(a: $t, b: $t) -> $t {
+            if a.is_nan() || b.is_nan() {
+                <$t>::NAN
+            } else if a > b {
+                a
+            } else if b > a {
+                b
+            } else if a.is_sign_positive() {
+                a
+            } else {
+                b
+            }
+        }
+        #[inline]
+        fn $min(a: $t, b: $t) -> $t {
+            if a.is_nan() || b.is_nan() {
+                <$t>::NAN
+            } else if a < b {
+                a
+            } else if b < a {
+                b
+            } else if a.is_sign_negative() {
+                a
+            } else {
+                b
+            }
+        }
+    };
+}
+float_minmax!(f32, max_f32, min_f32);
+float_minmax!(f64, max_f64, min_f64);
+
+macro_rules! float_kernel {
+    ($t:ty, $max:ident, $min:ident) => {
+        impl Kernel for $t {
+            fn combine(op: Combine, a: &[Self], b: &[Self], _: bool) -> Option<Vec<Self>> {
+                Some(match op {
+                    Combine::Sum => zip_map(a, b, |x, y| x + y),
+                    Combine::Prod => zip_map(a, b, |x, y| x * y),
+                    Combine::Min => zip_map(a, b, $min),
+                    Combine::Max => zip_map(a, b, $max),
+                    _ => return None,
+                })
+            }
+            fn scale(a: &[Self], s: f64) -> Option<Vec<Self>> {
+                Some(a.iter().map(|&x| ((x as f64) * s) as $t).collect())
+            }
+            fn divide(a: &[Self], n: usize) -> Option<Vec<Self>> {
+                let n = n as $t;
+                Some(a.iter().map(|&x| x / n).collect())
+            }
+        }
+    };
+}
+float_kernel!(f32, max_f32, min_f32);
+float_kernel!(f64, max_f64, min_f64);
+
+macro_rules! half_kernel {
+    ($t:ty) => {
+        impl Kernel for $t {
+            fn combine(op: Combine, a: &[Self], b: &[Self], _: bool) -> Option<Vec<Self>> {
+                let f: fn(f32, f32) -> f32 = match op {
+                    Combine::Sum => |x, y| x + y,
+                    Combine::Prod => |x, y| x * y,
+                    Combine::Min => min_f32,
+                    Combine::Max => max_f32,
+                    _ => return None,
+                };
+                Some(zip_map(a, b, |x, y| {
+                    <$t>::from_f32(f(x.to_f32(), y.to_f32()))
+                }))
+            }
+            fn scale(a: &[Self], s: f64) -> Option<Vec<Self>> {
+                let s = s as f32;
+                Some(a.iter().map(|&x| <$t>::from_f32(x.to_f32() * s)).collect())
+            }
+            fn divide(a: &[Self], n: usize) -> Option<Vec<Self>> {
+                let n = n as f32;
+                Some(a.iter().map(|&x| <$t>::from_f32(x.to_f32() / n)).collect())
+            }
+        }
+    };
+}
+half_kernel!(f16);
+half_kernel!(bf16);
+
+macro_rules! int_kernel {
+    ($t:ty) => {
+        impl Kernel for $t {
+            fn combine(op: Combine, a: &[Self], b: &[Self], is_bool: bool) -> Option<Vec<Self>> {
+                Some(match (op, is_bool) {
+                    (Combine::Sum | Combine::Max, true) | (Combine::Or, _) => {
+                        zip_map(a, b, |x, y| x | y)
+                    }
+                    (Combine::Prod | Combine::Min, true) | (Combine::And, _) => {
+                        zip_map(a, b, |x, y| x & y)
+                    }
+                    (Combine::Xor, _) => zip_map(a, b, |x, y| x ^ y),
+                    (Combine::Sum, false) => zip_map(a, b, <$t>::wrapping_add),
+                    (Combine::Prod, false) => zip_map(a, b, <$t>::wrapping_mul),
+                    (Combine::Min, false) => zip_map(a, b, std::cmp::min),
+                    (Combine::Max, false) => zip_map(a, b, std::cmp::max),
+                })
+            }
+            fn scale(_: &[Self], _: f64) -> Option<Vec<Self>> {
+                None
+            }
+            fn divide(_: &[Self], _: usize) -> Option<Vec<Self>> {
+                None
+            }
+        }
+    };
+}
+int_kernel!(i8);
+int_kernel!(u8);
+int_kernel!(i32);
+int_kernel!(i64);
+
+/// Typed view of storage that the engine has validated (aligned, right length).
+pub(crate) fn view<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T]> {
+    if b.is_empty() {
+        return Ok(&[]);
+    }
+    bytemuck::try_cast_slice(b)
+        .map_err(|e| Error::invalid(format!("misaligned or ragged buffer: {e}")))
+}
+
+fn unsupported(op: ReduceOp, dtype: DType) -> Error {
+    Error::invalid(format!("reduce op {op} is not supported for dtype {dtype}"))
+}
+
+/// `a (op) b`, element-wise, into a new aligned buffer. Both are `dtype` storage of the same
+/// length.
+pub(crate) fn combine(dtype: DType, op: ReduceOp, a: &[u8], b: &[u8]) -> Result<Bytes> {
+    if a.len() != b.len() {
+        return Err(Error::invalid("reduce operands differ in length"));
+    }
+    let c = op.combiner();
+    crate::with_storage_type!(dtype, T => {
+        let out = <T as Kernel>::combine(c, view::<T>(a)?, view::<T>(b)?, dtype == DType::Bool)
+            .ok_or_else(|| unsupported(op, dtype))?;
+        Ok(bytes_from_vec(out))
+    })
+}
+
+/// The input transform of `op` (PremulSum's scaling), or `None` when there is none.
+pub(crate) fn pre(dtype: DType, op: ReduceOp, a: &[u8]) -> Result<Option<Bytes>> {
+    let ReduceOp::PremulSum(s) = op else {
+        return Ok(None);
+    };
+    crate::with_storage_type!(dtype, T => {
+        let out = <T as Kernel>::scale(view::<T>(a)?, s).ok_or_else(|| unsupported(op, dtype))?;
+        Ok(Some(bytes_from_vec(out)))
+    })
+}
+
+/// The output transform of `op` over `group_size` ranks (Avg's division), or `None`.
+pub(crate) fn post(
+    dtype: DType,
+    op: ReduceOp,
+    a: &[u8],
+    group_size: usize,
+) -> Result<Option<Bytes>> {
+    if op != ReduceOp::Avg {
+        return Ok(None);
+    }
+    crate::with_storage_type!(dtype, T => {
+        let out = <T as Kernel>::divide(view::<T>(a)?, group_size).ok_or_else(|| unsupported(op, dtype))?;
+        Ok(Some(bytes_from_vec(out)))
+    })
+}
+
+/// Reduces a list of same-shaped tensors in list order with `op`, including the pre and post
+/// transforms: the sequential reference the tests compare collectives with.
+pub fn reference(op: ReduceOp, inputs: &[crate::Tensor]) -> Result<crate::Tensor> {
+    let first = inputs
+        .first()
+        .ok_or_else(|| Error::invalid("reference of no inputs"))?;
+    let dtype = first.dtype();
+    op.check(dtype)?;
+    let prep = |t: &crate::Tensor| -> Result<Bytes> {
+        Ok(pre(dtype, op, t.bytes())?.unwrap_or_else(|| t.bytes().clone()))
+    };
+    let mut acc = prep(first)?;
+    for t in &inputs[1..] {
+        acc = combine(dtype, op, &acc, &prep(t)?)?;
+    }
+    if let Some(b) = post(dtype, op, &acc, inputs.len())? {
+        acc = b;
+    }
+    Ok(crate::Tensor::from_parts(
+        acc,
+        dtype,
+        first.shape().to_vec(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Tensor;
+
+    fn comb<T: crate::Element + bytemuck::Pod>(op: ReduceOp, a: &[T], b: &[T]) -> Vec<T> {
+        let r = combine(
+            T::DTYPE,
+            op,
+            bytemuck::cast_slice(a),
+            bytemuck::cast_slice(b),
+        );
+        r.map(|b| bytemuck::cast_slice::<u8, T>(&b).to_vec())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn dtype_rules_follow_torch() {
+        assert!(ReduceOp::BAnd.check(DType::F32).is_err());
+        assert!(ReduceOp::BXor.check(DType::Bool).is_ok());
+        assert!(ReduceOp::Avg.check(DType::I32).is_err());
+        assert!(ReduceOp::PremulSum(2.0).check(DType::BF16).is_ok());
+        assert!(ReduceOp::Avg.check(DType::Bool).is_err());
+        assert!(ReduceOp::Max.check(DType::Bool).is_ok());
+    }
+
+    #[test]
+    fn integers_wrap() {
+        assert_eq!(comb(ReduceOp::Sum, &[i8::MAX], &[1]), vec![i8::MIN]);
+        assert_eq!(comb(ReduceOp::Product, &[i32::MAX], &[2]), vec![-2]);
+        assert_eq!(comb(ReduceOp::Sum, &[255u8], &[1]), vec![0]);
+    }
+
+    #[test]
+    fn float_min_max_are_symmetric_in_bits() {
+        let odd_nan = f32::from_bits(0x7fc0_1234);
+        let vals = [
+            0.0f32,
+            -0.0,
+            1.0,
+            -1.0,
+            f32::NAN,
+            odd_nan,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        for &a in &vals {
+            for &b in &vals {
+                for op in [ReduceOp::Max, ReduceOp::Min] {
+                    let x = comb(op, &[a], &[b])[0];
+                    let y = comb(op, &[b], &[a])[0];
+                    assert_eq!(x.to_bits(), y.to_bits(), "{op} {a} {b}");
+                    if a.is_nan() || b.is_nan() {
+                        assert_eq!(x.to_bits(), f32::NAN.to_bits());
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            comb(ReduceOp::Max, &[-0.0f64], &[0.0])[0].to_bits(),
+            0.0f64.to_bits()
+        );
+        assert_eq!(
+            comb(ReduceOp::Min, &[0.0f64], &[-0.0])[0].to_bits(),
+            (-0.0f64).to_bits()
+        );
+    }
+
+    #[test]
+    fn bool_ops_are_logical() {
+        let a = [false, false, true, true];
+        let b = [false, true, false, true];
+        let ta = Tensor::from_slice(&a);
+        let tb = Tensor::from_slice(&b);
+        let run = |op| {
+            reference(op, &[ta.clone(), tb.clone()])
+                .and_then(|t| t.to_vec::<bool>())
+                .unwrap_or_default()
+        };
+        assert_eq!(run(ReduceOp::Sum), vec![false, true, true, true]);
+        assert_eq!(run(ReduceOp::Max), vec![false, true, true, true]);
+        assert_eq!(run(ReduceOp::Product), vec![false, false, false, true]);
+        assert_eq!(run(ReduceOp::Min), vec![false, false, false, true]);
+        assert_eq!(run(ReduceOp::BXor), vec![false, true, true, false]);
+    }
+
+    #[test]
+    fn avg_premul_and_half_rounding() {
+        let t = |v: Vec<f32>| Tensor::from_vec(v);
+        let avg = reference(ReduceOp::Avg, &[t(vec![1.0, 2.0]), t(vec![3.0, 6.0])]);
+        assert_eq!(
+            avg.and_then(|t| t.to_vec::<f32>()).unwrap_or_default(),
+            vec![2.0, 4.0]
+        );
+        let pm = reference(ReduceOp::PremulSum(0.5), &[t(vec![2.0]), t(vec![4.0])]);
+        assert_eq!(
+            pm.and_then(|t| t.to_vec::<f32>()).unwrap_or_default(),
+            vec![3.0]
+        );
+        // 2048 + 1 is not representable in f16: rounds to even (2048).
+        let h = |x: f32| Tensor::from_vec(vec![f16::from_f32(x)]);
+        let s = reference(ReduceOp::Sum, &[h(2048.0), h(1.0)]);
+        assert_eq!(
+            s.and_then(|t| t.to_vec::<f16>()).unwrap_or_default(),
+            vec![f16::from_f32(2048.0)]
+        );
+    }
+}

@@ -1,0 +1,188 @@
+//! The full matrix through the deterministic simulator (no threads): every collective ×
+//! algorithm × group size {1,2,3,4,5,7,8} × count {0, 1, n−1, n, 1000, 65 539} × dtype × op,
+//! messages delivered in seeded random order, results compared bit for bit with the
+//! sequential reference on every rank.
+
+use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
+use collectix_runtime::op::OpKind;
+use collectix_runtime::sim::Sim;
+use collectix_runtime::testing::{reduces, rooted, Case, COLLECTIVES};
+use collectix_runtime::{DType, Output, ReduceOp};
+
+const SIZES: [usize; 7] = [1, 2, 3, 4, 5, 7, 8];
+
+fn run(case: &Case, seed: u64) -> Result<(), String> {
+    let opts = GroupOptions {
+        segment_bytes: 4096,
+        ..GroupOptions::default()
+    };
+    let mut sim = Sim::with_options(case.size, seed, opts);
+    let call = CallOptions {
+        algorithm: case.algorithm,
+        timeout: None,
+    };
+    let mut ids = Vec::new();
+    for r in 0..case.size {
+        let id = sim
+            .submit(r, GroupId::WORLD, case.request(r), &call)
+            .map_err(|e| format!("{case:?}: rank {r}: {e}"))?;
+        ids.push(id);
+    }
+    sim.run_no_timeouts(10_000_000)
+        .map_err(|e| format!("{case:?} seed {seed}: {e:?}\n{}", sim.trace_text()))?;
+    for (r, id) in ids.into_iter().enumerate() {
+        let got = sim
+            .take(r, id)
+            .ok_or_else(|| format!("{case:?}: rank {r} has no result"))?;
+        let got = got.map_err(|e| format!("{case:?} seed {seed}: rank {r} failed: {e}"))?;
+        let want = case.expected(r);
+        if got != want {
+            return Err(format!(
+                "{case:?} seed {seed}: rank {r} got {got:?}, want {want:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn ops_for(kind: OpKind, dtype: DType) -> Vec<ReduceOp> {
+    if !reduces(kind) {
+        return vec![ReduceOp::Sum];
+    }
+    ReduceOp::ALL
+        .into_iter()
+        .filter(|op| op.check(dtype).is_ok())
+        .collect()
+}
+
+fn sweep(kinds: &[OpKind], counts_of: impl Fn(usize) -> Vec<usize>, dtypes: &[DType]) -> usize {
+    let mut n = 0;
+    let mut seed = 1u64;
+    for &kind in kinds {
+        for &alg in kind.algorithms() {
+            for w in SIZES {
+                for count in counts_of(w) {
+                    for &dtype in dtypes {
+                        for op in ops_for(kind, dtype) {
+                            let root = if rooted(kind) { (count + w / 2) % w } else { 0 };
+                            let case = Case {
+                                kind,
+                                size: w,
+                                count,
+                                dtype,
+                                op,
+                                root,
+                                algorithm: Some(alg),
+                            };
+                            seed = seed
+                                .wrapping_mul(6364136223846793005)
+                                .wrapping_add(1442695040888963407);
+                            if let Err(e) = run(&case, seed) {
+                                panic!("{e}");
+                            }
+                            n += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    n
+}
+
+#[test]
+fn matrix_small_counts_every_dtype_and_op() {
+    let n = sweep(&COLLECTIVES, |w| vec![0, 1, w - 1, w, 1000], &DType::ALL);
+    assert!(n > 5000, "{n} cases");
+}
+
+#[test]
+fn matrix_large_count_every_dtype_and_op_part1() {
+    let n = sweep(&COLLECTIVES[..4], |_| vec![65_539], &DType::ALL);
+    assert!(n > 300, "{n} cases");
+}
+
+#[test]
+fn matrix_large_count_every_dtype_and_op_part2() {
+    let n = sweep(&COLLECTIVES[4..], |_| vec![65_539], &DType::ALL);
+    assert!(n > 300, "{n} cases");
+}
+
+#[test]
+fn results_do_not_depend_on_the_seed() {
+    for seed in 0..20 {
+        let case = Case {
+            kind: OpKind::AllReduce,
+            size: 7,
+            count: 100,
+            dtype: DType::F32,
+            op: ReduceOp::Sum,
+            root: 0,
+            algorithm: None,
+        };
+        assert_eq!(run(&case, seed), Ok(()));
+    }
+}
+
+#[test]
+fn several_calls_in_flight_on_one_group() {
+    // Every rank submits three all_reduces and a broadcast before any message moves.
+    for seed in 0..10 {
+        let w = 5;
+        let mut sim = Sim::new(w, seed);
+        let cases: Vec<Case> = [
+            (OpKind::AllReduce, 10),
+            (OpKind::Broadcast, 3),
+            (OpKind::AllReduce, 2000),
+            (OpKind::AllGather, 4),
+        ]
+        .into_iter()
+        .map(|(kind, count)| Case {
+            kind,
+            size: w,
+            count,
+            dtype: DType::I32,
+            op: ReduceOp::Sum,
+            root: 2,
+            algorithm: None,
+        })
+        .collect();
+        let mut ids = vec![];
+        for r in 0..w {
+            for c in &cases {
+                ids.push((
+                    r,
+                    c,
+                    sim.submit(r, GroupId::WORLD, c.request(r), &CallOptions::default())
+                        .unwrap_or_else(|e| panic!("{e}")),
+                ));
+            }
+        }
+        sim.run_no_timeouts(1_000_000)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        for (r, c, id) in ids {
+            let got = sim.take(r, id).and_then(Result::ok);
+            assert_eq!(got, Some(c.expected(r)), "seed {seed} rank {r} {c:?}");
+        }
+    }
+}
+
+#[test]
+fn barrier_output_is_none() {
+    let mut sim = Sim::new(3, 9);
+    let ids: Vec<_> = (0..3)
+        .map(|r| {
+            sim.submit(
+                r,
+                GroupId::WORLD,
+                collectix_runtime::Request::Barrier,
+                &CallOptions::default(),
+            )
+        })
+        .collect();
+    assert_eq!(sim.run_no_timeouts(1000), Ok(()));
+    for (r, id) in ids.into_iter().enumerate() {
+        let id = id.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(sim.take(r, id), Some(Ok(Output::None)));
+    }
+}

@@ -1,0 +1,102 @@
+//! Every algorithm, for every group size 1..=9 (and every root), pairs each send with exactly
+//! one receive: same (source, destination, tag), same chunk sizes on both sides.
+
+use collectix_runtime::group::{CallOptions, GroupInfo, GroupOptions};
+use collectix_runtime::testing::{rooted, Case, COLLECTIVES};
+use collectix_runtime::{DType, Plan, ReduceOp};
+use std::collections::HashMap;
+
+type Key = (usize, usize, u32); // (src, dst, tag)
+
+fn check(case: &Case) -> Result<(), String> {
+    let w = case.size;
+    let mut sends: HashMap<Key, Vec<usize>> = HashMap::new();
+    let mut recvs: HashMap<Key, Vec<usize>> = HashMap::new();
+    for r in 0..w {
+        let info = GroupInfo::world(
+            w,
+            r,
+            GroupOptions {
+                segment_bytes: 8,
+                ..GroupOptions::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let opts = CallOptions {
+            algorithm: case.algorithm,
+            timeout: None,
+        };
+        let plan =
+            Plan::new(case.request(r), &info, &opts).map_err(|e| format!("{case:?}: {e}"))?;
+        let Some(s) = plan.schedule() else { continue };
+        for step in &s.steps {
+            for x in &step.sends {
+                let sizes = s.layout.chunk_elems[x.chunks.clone()].to_vec();
+                if sends.insert((r, x.peer, x.tag), sizes).is_some() {
+                    return Err(format!(
+                        "{case:?}: rank {r} sends twice to {} with tag {}",
+                        x.peer, x.tag
+                    ));
+                }
+            }
+            for x in &step.recvs {
+                let sizes = s.layout.chunk_elems[x.chunks.clone()].to_vec();
+                if recvs.insert((x.peer, r, x.tag), sizes).is_some() {
+                    return Err(format!(
+                        "{case:?}: rank {r} receives twice from {} with tag {}",
+                        x.peer, x.tag
+                    ));
+                }
+            }
+        }
+    }
+    if sends.len() != recvs.len() {
+        return Err(format!(
+            "{case:?}: {} sends but {} receives",
+            sends.len(),
+            recvs.len()
+        ));
+    }
+    for (k, sz) in &sends {
+        match recvs.get(k) {
+            None => return Err(format!("{case:?}: send {k:?} has no receive")),
+            Some(rz) if rz != sz => {
+                return Err(format!(
+                    "{case:?}: send {k:?} carries {sz:?}, receive expects {rz:?}"
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn every_send_has_exactly_one_matching_receive() {
+    let mut checked = 0;
+    for kind in COLLECTIVES {
+        for &alg in kind.algorithms() {
+            for w in 1usize..=9 {
+                let roots = if rooted(kind) { w } else { 1 };
+                for root in 0..roots {
+                    for count in [0, 1, w.saturating_sub(1), w, 7, 33] {
+                        let case = Case {
+                            kind,
+                            size: w,
+                            count,
+                            dtype: DType::F32,
+                            op: ReduceOp::Sum,
+                            root,
+                            algorithm: Some(alg),
+                        };
+                        if let Err(e) = check(&case) {
+                            panic!("{e}");
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 1000, "only {checked} cases checked");
+}
