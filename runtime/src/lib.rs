@@ -3,6 +3,7 @@
 
 pub mod algorithm;
 pub mod collective;
+pub mod completion;
 pub mod dtype;
 pub mod engine;
 pub mod error;
@@ -12,6 +13,7 @@ pub mod op;
 pub mod reduce;
 pub mod schedule;
 pub mod sim;
+mod sync;
 pub mod tensor;
 pub mod testing;
 pub mod time;

@@ -1,0 +1,587 @@
+//! [`Communicator`]: one rank's handle on one group, with every torch.distributed call.
+
+use crate::rank::{AddGroup, RankActor, Submit};
+use crate::work::Work;
+use actix::{Addr, ArbiterHandle};
+use collectix_runtime::collective::{Request, TensorSpec};
+use collectix_runtime::group::{check_members, fnv1a};
+use collectix_runtime::{
+    CallOptions, DType, Error, GroupId, GroupInfo, Output, Plan, ReduceOp, Result, Tensor,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::ThreadId;
+
+/// What a rank handle shares across its groups.
+pub(crate) struct RankShared {
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) addr: Addr<RankActor>,
+    pub(crate) arbiter: ArbiterHandle,
+    pub(crate) rank_threads: Arc<[ThreadId]>,
+}
+
+/// One group as one rank holds it: its info and the counters that order its calls.
+pub(crate) struct GroupShared {
+    pub(crate) info: GroupInfo,
+    /// The next call's sequence number.
+    next_seq: AtomicU64,
+    /// Groups created from this one so far (part of their identity).
+    children: AtomicU64,
+}
+
+impl GroupShared {
+    pub(crate) fn new(info: GroupInfo) -> Arc<Self> {
+        Arc::new(GroupShared {
+            info,
+            next_seq: AtomicU64::new(0),
+            children: AtomicU64::new(0),
+        })
+    }
+}
+
+/// A point-to-point operation for [`Communicator::batch_isend_irecv`] (torch's `P2POp`).
+#[derive(Clone, Debug)]
+pub enum P2POp {
+    /// `P2POp(dist.isend, tensor, peer, tag=tag)`.
+    Send {
+        /// Data.
+        tensor: Tensor,
+        /// Destination (group rank).
+        peer: usize,
+        /// Tag.
+        tag: u32,
+    },
+    /// `P2POp(dist.irecv, tensor, peer, tag=tag)`.
+    Recv {
+        /// Shape and dtype expected.
+        spec: TensorSpec,
+        /// Source (group rank).
+        peer: usize,
+        /// Tag.
+        tag: u32,
+    },
+}
+
+/// One rank's handle on one process group: `Send + Sync + Clone`, usable from any thread or
+/// async runtime. Every method issues its call at once (taking the call's place in the
+/// group's order) and returns a [`Work`]; ranks are group-local.
+///
+/// Tensors are moved in and results handed back as new tensors (torch writes in place);
+/// where torch takes pre-allocated outputs, collectix takes their [`TensorSpec`]s.
+#[derive(Clone)]
+pub struct Communicator {
+    pub(crate) rank: Arc<RankShared>,
+    pub(crate) group: Arc<GroupShared>,
+}
+
+fn one(o: Output) -> Result<Tensor> {
+    match o {
+        Output::Tensor(t) => Ok(t),
+        other => Err(Error::invalid(format!(
+            "internal: expected one tensor, got {other:?}"
+        ))),
+    }
+}
+
+fn many(o: Output) -> Result<Vec<Tensor>> {
+    match o {
+        Output::Tensors(t) => Ok(t),
+        other => Err(Error::invalid(format!(
+            "internal: expected tensors, got {other:?}"
+        ))),
+    }
+}
+
+fn unit(_: Output) -> Result<()> {
+    Ok(())
+}
+
+impl Communicator {
+    pub(crate) fn new(rank: Arc<RankShared>, info: GroupInfo) -> Communicator {
+        Communicator {
+            rank,
+            group: GroupShared::new(info),
+        }
+    }
+
+    /// This rank in the group.
+    pub fn rank(&self) -> usize {
+        self.group.info.rank
+    }
+
+    /// Ranks in the group.
+    pub fn size(&self) -> usize {
+        self.group.info.size()
+    }
+
+    /// This rank in the world.
+    pub fn global_rank(&self) -> usize {
+        self.rank.rank
+    }
+
+    /// Ranks in the world.
+    pub fn world_size(&self) -> usize {
+        self.rank.world
+    }
+
+    /// The group's identity (the same on every member).
+    pub fn group_id(&self) -> GroupId {
+        self.group.info.id
+    }
+
+    /// The group's members, as world ranks, in group-rank order.
+    pub fn members(&self) -> &[usize] {
+        &self.group.info.members
+    }
+
+    fn ready<T: Send + 'static>(&self, v: Result<T>) -> Work<T> {
+        Work::ready(self.rank.rank_threads.clone(), v)
+    }
+
+    /// Takes `n` consecutive sequence numbers of the group, now.
+    fn reserve(&self, n: u64) -> u64 {
+        self.group.next_seq.fetch_add(n, Ordering::Relaxed)
+    }
+
+    /// Plans `req` (argument errors come back at once, nothing sent) and issues it.
+    fn call<T: Send + 'static>(
+        &self,
+        req: Request,
+        opts: &CallOptions,
+        map: fn(Output) -> Result<T>,
+    ) -> Work<T> {
+        let plan = match Plan::new(req, &self.group.info, opts) {
+            Ok(p) => p,
+            Err(e) => return self.ready(Err(e)),
+        };
+        let seq = if plan.is_p2p() { 0 } else { self.reserve(1) };
+        self.issue(seq, plan, map)
+    }
+
+    fn issue<T: Send + 'static>(
+        &self,
+        seq: u64,
+        plan: Plan,
+        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
+    ) -> Work<T> {
+        let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
+        self.rank.addr.do_send(Submit {
+            group: self.group.info.id,
+            seq,
+            plan,
+            done,
+        });
+        work
+    }
+
+    /// `all_reduce`: every rank gets the reduction of every rank's `tensor`.
+    pub fn all_reduce(&self, tensor: Tensor, op: ReduceOp) -> Work<Tensor> {
+        self.all_reduce_with(tensor, op, &CallOptions::default())
+    }
+
+    /// `all_reduce` with per-call options (algorithm, timeout).
+    pub fn all_reduce_with(
+        &self,
+        tensor: Tensor,
+        op: ReduceOp,
+        opts: &CallOptions,
+    ) -> Work<Tensor> {
+        self.call(Request::AllReduce { tensor, op }, opts, one)
+    }
+
+    /// `reduce`: rank `dst` gets the reduction; the others get their input back unchanged.
+    pub fn reduce(&self, tensor: Tensor, dst: usize, op: ReduceOp) -> Work<Tensor> {
+        self.reduce_with(tensor, dst, op, &CallOptions::default())
+    }
+
+    /// `reduce` with per-call options.
+    pub fn reduce_with(
+        &self,
+        tensor: Tensor,
+        dst: usize,
+        op: ReduceOp,
+        opts: &CallOptions,
+    ) -> Work<Tensor> {
+        self.call(
+            Request::Reduce {
+                tensor,
+                root: dst,
+                op,
+            },
+            opts,
+            one,
+        )
+    }
+
+    /// `broadcast`: every rank gets rank `src`'s tensor; the others pass a tensor of the
+    /// same shape and dtype (its values are not read).
+    pub fn broadcast(&self, tensor: Tensor, src: usize) -> Work<Tensor> {
+        self.broadcast_with(tensor, src, &CallOptions::default())
+    }
+
+    /// `broadcast` with per-call options.
+    pub fn broadcast_with(&self, tensor: Tensor, src: usize, opts: &CallOptions) -> Work<Tensor> {
+        self.call(Request::Broadcast { tensor, root: src }, opts, one)
+    }
+
+    /// `all_gather(tensor_list, tensor)`: one tensor per rank; `outputs[r]` gives rank r's
+    /// shape, so sizes may differ.
+    pub fn all_gather(&self, outputs: Vec<TensorSpec>, input: Tensor) -> Work<Vec<Tensor>> {
+        self.all_gather_with(outputs, input, &CallOptions::default())
+    }
+
+    /// `all_gather` with per-call options.
+    pub fn all_gather_with(
+        &self,
+        outputs: Vec<TensorSpec>,
+        input: Tensor,
+        opts: &CallOptions,
+    ) -> Work<Vec<Tensor>> {
+        self.call(Request::AllGather { input, outputs }, opts, many)
+    }
+
+    /// `all_gather_into_tensor(output, input)`: every rank's input, concatenated in rank order
+    /// into a tensor of `output`'s shape.
+    pub fn all_gather_into_tensor(&self, output: TensorSpec, input: Tensor) -> Work<Tensor> {
+        self.all_gather_into_tensor_with(output, input, &CallOptions::default())
+    }
+
+    /// `all_gather_into_tensor` with per-call options.
+    pub fn all_gather_into_tensor_with(
+        &self,
+        output: TensorSpec,
+        input: Tensor,
+        opts: &CallOptions,
+    ) -> Work<Tensor> {
+        self.call(Request::AllGatherIntoTensor { input, output }, opts, one)
+    }
+
+    /// `gather`: rank `dst` gets every rank's tensor (`Some`), the others `None`.
+    pub fn gather(&self, input: Tensor, dst: usize) -> Work<Option<Vec<Tensor>>> {
+        self.call(
+            Request::Gather { input, root: dst },
+            &CallOptions::default(),
+            |o| match o {
+                Output::None => Ok(None),
+                o => many(o).map(Some),
+            },
+        )
+    }
+
+    /// `scatter`: rank `src` passes one tensor per rank; every rank gets its own.
+    pub fn scatter(
+        &self,
+        output: TensorSpec,
+        inputs: Option<Vec<Tensor>>,
+        src: usize,
+    ) -> Work<Tensor> {
+        self.call(
+            Request::Scatter {
+                output,
+                inputs,
+                root: src,
+            },
+            &CallOptions::default(),
+            one,
+        )
+    }
+
+    /// `reduce_scatter(output, input_list, op)`: rank r gets the reduction of every rank's
+    /// `inputs[r]`.
+    pub fn reduce_scatter(&self, inputs: Vec<Tensor>, op: ReduceOp) -> Work<Tensor> {
+        self.reduce_scatter_with(inputs, op, &CallOptions::default())
+    }
+
+    /// `reduce_scatter` with per-call options.
+    pub fn reduce_scatter_with(
+        &self,
+        inputs: Vec<Tensor>,
+        op: ReduceOp,
+        opts: &CallOptions,
+    ) -> Work<Tensor> {
+        self.call(Request::ReduceScatter { inputs, op }, opts, one)
+    }
+
+    /// `reduce_scatter_tensor(output, input, op)`: the input is `size` equal blocks; rank r
+    /// gets block r reduced.
+    pub fn reduce_scatter_tensor(
+        &self,
+        output: TensorSpec,
+        input: Tensor,
+        op: ReduceOp,
+    ) -> Work<Tensor> {
+        self.reduce_scatter_tensor_with(output, input, op, &CallOptions::default())
+    }
+
+    /// `reduce_scatter_tensor` with per-call options.
+    pub fn reduce_scatter_tensor_with(
+        &self,
+        output: TensorSpec,
+        input: Tensor,
+        op: ReduceOp,
+        opts: &CallOptions,
+    ) -> Work<Tensor> {
+        self.call(
+            Request::ReduceScatterTensor { input, output, op },
+            opts,
+            one,
+        )
+    }
+
+    /// `all_to_all(output_list, input_list)`: `inputs[r]` goes to rank r; `outputs[r]` is the
+    /// spec of what comes from rank r (sizes may differ).
+    pub fn all_to_all(&self, outputs: Vec<TensorSpec>, inputs: Vec<Tensor>) -> Work<Vec<Tensor>> {
+        self.call(
+            Request::AllToAll { inputs, outputs },
+            &CallOptions::default(),
+            many,
+        )
+    }
+
+    /// `all_to_all_single(output, input, output_split_sizes, input_split_sizes)`: splits along
+    /// dimension 0, equal when `None`.
+    pub fn all_to_all_single(
+        &self,
+        output: TensorSpec,
+        input: Tensor,
+        output_splits: Option<Vec<usize>>,
+        input_splits: Option<Vec<usize>>,
+    ) -> Work<Tensor> {
+        self.call(
+            Request::AllToAllSingle {
+                input,
+                output,
+                output_splits,
+                input_splits,
+            },
+            &CallOptions::default(),
+            one,
+        )
+    }
+
+    /// `barrier()`.
+    pub fn barrier(&self) -> Work<()> {
+        self.call(Request::Barrier, &CallOptions::default(), unit)
+    }
+
+    /// `send` / `isend`: completes once the message is handed to the transport.
+    pub fn send(&self, tensor: Tensor, dst: usize, tag: u32) -> Work<()> {
+        self.call(
+            Request::Send { tensor, dst, tag },
+            &CallOptions::default(),
+            unit,
+        )
+    }
+
+    /// `recv` / `irecv`: receives a tensor of `spec` from `src` (any rank if `None`) with
+    /// `tag`, and returns it with its sender. Messages from one sender with one tag are
+    /// received in the order they were sent.
+    pub fn recv(&self, spec: TensorSpec, src: Option<usize>, tag: u32) -> Work<(Tensor, usize)> {
+        self.call(
+            Request::Recv { spec, src, tag },
+            &CallOptions::default(),
+            |o| match o {
+                Output::Received { tensor, src } => Ok((tensor, src)),
+                other => Err(Error::invalid(format!(
+                    "internal: expected a received tensor, got {other:?}"
+                ))),
+            },
+        )
+    }
+
+    /// `batch_isend_irecv`: issues every operation at once; sends complete with `None`,
+    /// receives with `Some(tensor)`.
+    pub fn batch_isend_irecv(&self, ops: Vec<P2POp>) -> Vec<Work<Option<Tensor>>> {
+        ops.into_iter()
+            .map(|op| match op {
+                P2POp::Send { tensor, peer, tag } => self.call(
+                    Request::Send {
+                        tensor,
+                        dst: peer,
+                        tag,
+                    },
+                    &CallOptions::default(),
+                    |_| Ok(None),
+                ),
+                P2POp::Recv { spec, peer, tag } => self.call(
+                    Request::Recv {
+                        spec,
+                        src: Some(peer),
+                        tag,
+                    },
+                    &CallOptions::default(),
+                    |o| match o {
+                        Output::Received { tensor, .. } => Ok(Some(tensor)),
+                        other => Err(Error::invalid(format!(
+                            "internal: expected a received tensor, got {other:?}"
+                        ))),
+                    },
+                ),
+            })
+            .collect()
+    }
+
+    /// `new_group(ranks)`: collective over this group (every member calls it, with the same
+    /// list). `ranks` are ranks of this group. Members get `Some(communicator)`, the others
+    /// `None`. The ranks agree first (a mismatched list is an [`Error::Mismatch`]).
+    pub fn new_group(&self, ranks: &[usize]) -> Work<Option<Communicator>> {
+        if let Err(e) = check_members(ranks, self.size()) {
+            return self.ready(Err(e));
+        }
+        let index = self.group.children.fetch_add(1, Ordering::Relaxed);
+        let members: Vec<usize> = ranks.iter().map(|&r| self.group.info.global(r)).collect();
+        let hash = fnv1a(members.iter().map(|&m| m as u64));
+        let id = GroupId::derive(self.group.info.id, index, &[0, hash]);
+        self.subgroup(id, members, hash)
+    }
+
+    /// Registers the group (if this rank is in it) and issues the agreement barrier on this
+    /// group; `members` are world ranks.
+    fn subgroup(&self, id: GroupId, members: Vec<usize>, hash: u64) -> Work<Option<Communicator>> {
+        let plan = match Plan::new(
+            Request::NewGroup { members: hash },
+            &self.group.info,
+            &CallOptions::default(),
+        ) {
+            Ok(p) => p,
+            Err(e) => return self.ready(Err(e)),
+        };
+        let child =
+            GroupInfo::new(id, members, self.rank.rank, self.group.info.options.clone()).ok();
+        if let Some(info) = &child {
+            self.rank.addr.do_send(AddGroup(info.clone()));
+        }
+        let rank = self.rank.clone();
+        let seq = self.reserve(1);
+        self.issue(seq, plan, move |_| {
+            Ok(child.map(|info| Communicator::new(rank, info)))
+        })
+    }
+
+    /// `new_subgroups(group_size)`: cuts this group into consecutive subgroups of
+    /// `group_size` ranks and returns this rank's (collective; the size must divide the
+    /// group's).
+    pub fn new_subgroups(&self, group_size: usize) -> Work<Communicator> {
+        let w = self.size();
+        if group_size == 0 || w % group_size != 0 {
+            return self.ready(Err(Error::invalid(format!(
+                "subgroup size {group_size} does not divide the group size {w}"
+            ))));
+        }
+        let index = self.group.children.fetch_add(1, Ordering::Relaxed);
+        let k = self.rank() / group_size;
+        let members: Vec<usize> = (k * group_size..(k + 1) * group_size)
+            .map(|r| self.group.info.global(r))
+            .collect();
+        let id = GroupId::derive(self.group.info.id, index, &[1, group_size as u64, k as u64]);
+        let inner = self.subgroup(id, members, fnv1a([1, group_size as u64]));
+        let (c, work) = Work::raw(self.rank.rank_threads.clone());
+        self.rank.arbiter.spawn(async move {
+            c.complete(
+                inner
+                    .await
+                    .and_then(|g| g.ok_or_else(|| Error::invalid("internal: not in own subgroup"))),
+            );
+        });
+        work
+    }
+
+    /// `split(color, key)` (torch's `split_group`/MPI's `Comm_split`): collective; ranks that
+    /// pass the same `Some(color)` form a group, ordered by `(key, rank)`; `None` joins none.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Work<Option<Communicator>> {
+        let index = self.group.children.fetch_add(1, Ordering::Relaxed);
+        let mine = Tensor::from_vec(vec![color.map_or(-1, i64::from), key]);
+        let w = self.size();
+        let gathered = self.all_gather_into_tensor(TensorSpec::new(&[w, 2], DType::I64), mine);
+        let (c, work) = Work::raw(self.rank.rank_threads.clone());
+        let (rank, group) = (self.rank.clone(), self.group.clone());
+        self.rank.arbiter.spawn(async move {
+            let r = gathered.await.and_then(|t| {
+                let v = t.to_vec::<i64>()?;
+                let Some(color) = color else { return Ok(None) };
+                let mut m: Vec<(i64, usize)> = (0..w)
+                    .filter(|&r| v[2 * r] == i64::from(color))
+                    .map(|r| (v[2 * r + 1], r))
+                    .collect();
+                m.sort();
+                let members: Vec<usize> =
+                    m.into_iter().map(|(_, r)| group.info.global(r)).collect();
+                let id = GroupId::derive(group.info.id, index, &[2, u64::from(color)]);
+                let info = GroupInfo::new(id, members, rank.rank, group.info.options.clone())?;
+                rank.addr.do_send(AddGroup(info.clone()));
+                Ok(Some(Communicator::new(rank, info)))
+            });
+            c.complete(r);
+        });
+        work
+    }
+
+    /// Issues a call whose second half depends on the first's result: both take their
+    /// sequence numbers now, so the group's order is the order of the calls. `then` plans the
+    /// second half (or fails on every rank alike, leaving the reserved number unused
+    /// everywhere); `finish` turns its result into the caller's.
+    pub(crate) fn chain<A, B, T>(
+        &self,
+        first: Work<A>,
+        then: impl FnOnce(A, &Communicator, u64) -> Result<Work<B>> + Send + 'static,
+        finish: impl FnOnce(B) -> Result<T> + Send + 'static,
+    ) -> Work<T>
+    where
+        A: Send + 'static,
+        B: Send + 'static,
+        T: Send + 'static,
+    {
+        let seq = self.reserve(1);
+        let (c, work) = Work::raw(self.rank.rank_threads.clone());
+        let me = self.clone();
+        self.rank.arbiter.spawn(async move {
+            let r = match first.await.and_then(|a| then(a, &me, seq)) {
+                Ok(w) => w.await.and_then(finish),
+                Err(e) => Err(e),
+            };
+            c.complete(r);
+        });
+        work
+    }
+
+    /// Issues a planned request with a sequence number reserved earlier.
+    pub(crate) fn issue_at(
+        &self,
+        seq: u64,
+        req: Request,
+        map: fn(Output) -> Result<Tensor>,
+    ) -> Result<Work<Tensor>> {
+        let plan = Plan::new(req, &self.group.info, &CallOptions::default())?;
+        Ok(self.issue(seq, plan, map))
+    }
+
+    /// [`issue_at`](Self::issue_at) for list outputs.
+    pub(crate) fn issue_many_at(&self, seq: u64, req: Request) -> Result<Work<Vec<Tensor>>> {
+        let plan = Plan::new(req, &self.group.info, &CallOptions::default())?;
+        Ok(self.issue(seq, plan, many))
+    }
+
+    /// [`issue_at`](Self::issue_at) for gather (a list on the root, nothing elsewhere).
+    pub(crate) fn issue_gather_at(
+        &self,
+        seq: u64,
+        req: Request,
+    ) -> Result<Work<Option<Vec<Tensor>>>> {
+        let plan = Plan::new(req, &self.group.info, &CallOptions::default())?;
+        Ok(self.issue(seq, plan, |o| match o {
+            Output::None => Ok(None),
+            o => many(o).map(Some),
+        }))
+    }
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("group", &self.group.info.id)
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .finish()
+    }
+}

@@ -1,0 +1,165 @@
+//! [`World`]: N in-process ranks, each an actor on its own actix `Arbiter` thread, under an
+//! actix `System` that runs on a thread of its own (so a world works from plain `fn main`,
+//! from inside a tokio runtime and from tests alike).
+
+use crate::comm::{Communicator, RankShared};
+use crate::rank::{RankActor, SetTransport};
+use crate::transport::LocalTransport;
+use actix::{Actor, Addr, Arbiter, System};
+use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Instant;
+
+/// A set of in-process ranks. Dropping it (or [`shutdown`](World::shutdown)) stops every rank
+/// and joins every thread it started; calls still pending then fail with
+/// [`Error::Shutdown`], as do later calls on its communicators.
+pub struct World {
+    comms: Vec<Communicator>,
+    system: Option<System>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Started {
+    system: System,
+    ranks: Vec<(Addr<RankActor>, actix::ArbiterHandle, ThreadId)>,
+}
+
+impl World {
+    /// Starts `n` ranks with default group options.
+    pub fn local(n: usize) -> Result<World> {
+        World::local_with(n, GroupOptions::default())
+    }
+
+    /// Starts `n` ranks whose world group uses `options`.
+    pub fn local_with(n: usize, options: GroupOptions) -> Result<World> {
+        if n == 0 {
+            return Err(Error::invalid("a world needs at least one rank"));
+        }
+        let (tx, rx) = mpsc::channel::<Started>();
+        let origin = Instant::now();
+        let opts = options.clone();
+        let thread = std::thread::Builder::new()
+            .name("collectix-system".into())
+            .spawn(move || {
+                let sys = System::new();
+                let arbiters: Vec<Arbiter> = (0..n).map(|_| Arbiter::new()).collect();
+                let ranks = sys.block_on(async {
+                    let mut ranks = Vec::with_capacity(n);
+                    for (r, arb) in arbiters.iter().enumerate() {
+                        let (ttx, trx) = mpsc::channel();
+                        let world = GroupInfo::world(n, r, opts.clone());
+                        let addr = RankActor::start_in_arbiter(&arb.handle(), move |_| {
+                            let _ = ttx.send(std::thread::current().id());
+                            // `world` is valid: r < n.
+                            RankActor::new(r, world.unwrap_or_else(|_| unreachable_world()), origin)
+                        });
+                        let tid = trx.recv().ok();
+                        ranks.push((addr, arb.handle(), tid));
+                    }
+                    ranks
+                });
+                let recipients: Vec<_> = ranks
+                    .iter()
+                    .map(|(a, _, _)| a.clone().recipient())
+                    .collect();
+                for (addr, _, _) in &ranks {
+                    addr.do_send(SetTransport(Box::new(LocalTransport::new(
+                        recipients.clone(),
+                    ))));
+                }
+                let ranks: Vec<_> = ranks
+                    .into_iter()
+                    .filter_map(|(a, h, t)| t.map(|t| (a, h, t)))
+                    .collect();
+                if tx
+                    .send(Started {
+                        system: System::current(),
+                        ranks,
+                    })
+                    .is_ok()
+                {
+                    let _ = sys.run();
+                }
+                for a in &arbiters {
+                    a.stop();
+                }
+                for a in arbiters {
+                    let _ = a.join();
+                }
+            })
+            .map_err(|e| Error::invalid(format!("cannot start the actor system thread: {e}")))?;
+        let started = rx.recv().map_err(|_| Error::Shutdown)?;
+        if started.ranks.len() != n {
+            started.system.stop();
+            let _ = thread.join();
+            return Err(Error::Shutdown);
+        }
+        let threads: Arc<[ThreadId]> = started.ranks.iter().map(|(_, _, t)| *t).collect();
+        let mut comms = Vec::with_capacity(n);
+        for (r, (addr, arbiter, _)) in started.ranks.into_iter().enumerate() {
+            let shared = Arc::new(RankShared {
+                rank: r,
+                world: n,
+                addr,
+                arbiter,
+                rank_threads: threads.clone(),
+            });
+            comms.push(Communicator::new(
+                shared,
+                GroupInfo::world(n, r, options.clone())?,
+            ));
+        }
+        Ok(World {
+            comms,
+            system: Some(started.system),
+            thread: Some(thread),
+        })
+    }
+
+    /// Ranks.
+    pub fn size(&self) -> usize {
+        self.comms.len()
+    }
+
+    /// The world communicator of each rank, in rank order.
+    pub fn communicators(&self) -> &[Communicator] {
+        &self.comms
+    }
+
+    /// Rank `r`'s world communicator.
+    pub fn rank(&self, r: usize) -> Option<&Communicator> {
+        self.comms.get(r)
+    }
+
+    /// Stops every rank and joins every thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(s) = self.system.take() {
+            s.stop();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `GroupInfo::world(n, r)` only fails for `r >= n`, which `World` never asks for.
+fn unreachable_world() -> GroupInfo {
+    GroupInfo {
+        id: collectix_runtime::GroupId::WORLD,
+        members: vec![0],
+        rank: 0,
+        options: GroupOptions::default(),
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
