@@ -175,6 +175,12 @@ impl Communicator {
         work
     }
 
+    /// Issues any [`Request`] and hands back the raw [`Output`] (the typed methods below are
+    /// thin wrappers of this; benchmarks and test matrices use it directly).
+    pub fn submit(&self, req: Request, opts: &CallOptions) -> Work<Output> {
+        self.call(req, opts, Ok)
+    }
+
     /// `all_reduce`: every rank gets the reduction of every rank's `tensor`.
     pub fn all_reduce(&self, tensor: Tensor, op: ReduceOp) -> Work<Tensor> {
         self.all_reduce_with(tensor, op, &CallOptions::default())
@@ -583,5 +589,28 @@ impl std::fmt::Debug for Communicator {
             .field("rank", &self.rank())
             .field("size", &self.size())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::World;
+    use collectix_runtime::Error;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn blocking_wait_on_a_rank_thread_is_refused() {
+        let w = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+        let c = w.communicators()[0].clone();
+        let (tx, rx) = mpsc::channel();
+        let work = c.barrier();
+        let arbiter = c.rank.arbiter.clone();
+        arbiter.spawn(async move {
+            let _ = tx.send((work.wait(), c.barrier().wait_timeout(Duration::from_secs(1)).map(|r| r.err())));
+        });
+        let (a, b) = rx.recv_timeout(Duration::from_secs(30)).unwrap_or((Ok(()), None));
+        assert_eq!(a, Err(Error::WouldDeadlock));
+        assert_eq!(b, Some(Some(Error::WouldDeadlock)));
     }
 }
