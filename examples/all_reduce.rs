@@ -14,7 +14,8 @@
 //! rank 3: group_max [4, 8]
 //! ```
 
-use collectix::{Communicator, ReduceOp, Result, Tensor, World};
+mod common;
+use collectix::{Communicator, ReduceOp, Result, Tensor};
 
 fn input(c: &Communicator) -> Tensor {
     let r = c.rank() as f32;
@@ -36,27 +37,16 @@ fn run(c: Communicator) -> Result<Vec<String>> {
     Ok(lines)
 }
 
+/// The example's output, in rank order: the world sums, then the group lines.
+pub(crate) fn lines() -> Result<Vec<String>> {
+    let out = common::per_rank(4, run)?;
+    let mut lines: Vec<String> = out.iter().filter_map(|l| l.first().cloned()).collect();
+    lines.extend(out.iter().flat_map(|l| l.iter().skip(1).cloned()));
+    Ok(lines)
+}
+
+#[allow(dead_code)]
 fn main() -> Result<()> {
-    let world = World::local(4)?;
-    let threads: Vec<_> = world
-        .communicators()
-        .iter()
-        .cloned()
-        .map(|c| std::thread::spawn(move || run(c)))
-        .collect();
-    let mut out: Vec<Vec<String>> = Vec::new();
-    for t in threads {
-        out.push(t.join().map_err(|_| collectix::Error::Shutdown)??);
-    }
-    // The world sums first, then the group lines, each in rank order.
-    for lines in &out {
-        println!("{}", lines[0]);
-    }
-    for lines in &out {
-        for l in &lines[1..] {
-            println!("{l}");
-        }
-    }
-    world.shutdown();
+    common::print(&lines()?);
     Ok(())
 }

@@ -1,0 +1,89 @@
+//! The runnable examples, run as tests: each must print exactly what its doc comment says.
+
+#[path = "../examples/all_gather_into_tensor.rs"]
+mod all_gather_into_tensor;
+#[path = "../examples/all_reduce.rs"]
+mod all_reduce;
+#[path = "../examples/parameter_server.rs"]
+mod parameter_server;
+#[path = "../examples/reduce_scatter.rs"]
+mod reduce_scatter;
+#[path = "../examples/scatter_data.rs"]
+mod scatter_data;
+#[path = "../examples/send_recv.rs"]
+mod send_recv;
+
+fn check(got: collectix::Result<Vec<String>>, want: &[&str]) {
+    let got = got.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got, want.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+}
+
+#[test]
+fn reduce_scatter_example() {
+    check(
+        reduce_scatter::lines(),
+        &["rank 0: reduce_scatter [0]", "rank 1: reduce_scatter [4]", "rank 2: reduce_scatter [8]", "rank 3: reduce_scatter [12]"],
+    );
+}
+
+#[test]
+fn all_gather_into_tensor_example() {
+    let line = |r| format!("rank {r}: all_gather_into_tensor [[0, 0], [1, 1], [2, 2], [3, 3]]");
+    let want: Vec<String> = (0..4).map(line).collect();
+    check(all_gather_into_tensor::lines(), &want.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+#[test]
+fn send_recv_example() {
+    check(send_recv::lines(), &["rank 0: sent [1, -1]", "rank 1: received [1, -1]"]);
+}
+
+#[test]
+fn all_reduce_example() {
+    check(
+        all_reduce::lines(),
+        &[
+            "rank 0: sum [10, 20]",
+            "rank 1: sum [10, 20]",
+            "rank 2: sum [10, 20]",
+            "rank 3: sum [10, 20]",
+            "rank 1: group_min [2, 4]",
+            "rank 1: group_max [4, 8]",
+            "rank 3: group_min [2, 4]",
+            "rank 3: group_max [4, 8]",
+        ],
+    );
+}
+
+#[test]
+fn parameter_server_example() {
+    check(
+        parameter_server::lines(),
+        &[
+            "rank 0: gradient [0, 0, 0]",
+            "rank 1: gradient [1, 2, 3]",
+            "rank 2: gradient [2, 4, 6]",
+            "rank 3: gradient [3, 6, 9]",
+            "rank 0: averaged [1.5, 3, 4.5]",
+            "rank 1: averaged [1.5, 3, 4.5]",
+            "rank 2: averaged [1.5, 3, 4.5]",
+            "rank 3: averaged [1.5, 3, 4.5]",
+        ],
+    );
+}
+
+#[test]
+fn scatter_data_example() {
+    check(
+        scatter_data::lines(),
+        &[
+            "rank 0: shard [0, 1]",
+            "rank 1: shard [2, 3]",
+            "rank 2: shard [4, 5]",
+            "rank 0: config epochs=3 lr=0.05",
+            "rank 1: config epochs=3 lr=0.05",
+            "rank 2: config epochs=3 lr=0.05",
+            "rank 3: config epochs=3 lr=0.05",
+        ],
+    );
+}
