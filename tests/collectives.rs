@@ -30,7 +30,7 @@ fn every_collective_and_algorithm_on_1_3_4_8_ranks() {
             for &alg in kind.algorithms() {
                 for count in [0, 5, 1000] {
                     let root = if rooted(kind) { (count + 1) % w } else { 0 };
-                    let op = if reduces(kind) { ReduceOp::Sum } else { ReduceOp::Sum };
+                    let op = if reduces(kind) && count == 5 { ReduceOp::Max } else { ReduceOp::Sum };
                     cases.push(Case { kind, size: w, count, dtype: DType::F32, op, root, algorithm: Some(alg) });
                 }
             }

@@ -1,3 +1,4 @@
+#![allow(clippy::duplicate_mod)]
 //! The runnable examples, run as tests: each must print exactly what its doc comment says.
 
 #[path = "../examples/all_gather_into_tensor.rs"]

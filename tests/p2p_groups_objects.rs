@@ -22,9 +22,9 @@ fn send_recv_matches_per_peer_and_tag_in_fifo_order() {
     let r_tag2 = c[1].recv(TensorSpec::new(&[1], DType::I64), Some(0), 2);
     let r_a = c[1].recv(TensorSpec::new(&[1], DType::I64), Some(0), 1);
     for k in 0..3 {
-        let _ = c[0].send(Tensor::from_vec(vec![k as i64]), 1, 1);
+        drop(c[0].send(Tensor::from_vec(vec![k as i64]), 1, 1));
     }
-    let _ = c[0].send(Tensor::from_vec(vec![99i64]), 1, 2);
+    drop(c[0].send(Tensor::from_vec(vec![99i64]), 1, 2));
     let r_b = c[1].recv(TensorSpec::new(&[1], DType::I64), Some(0), 1);
     let r_c = c[1].recv(TensorSpec::new(&[1], DType::I64), Some(0), 1);
     let got: Vec<_> = wait_all(vec![r_tag2, r_a, r_b, r_c], 30).into_iter().map(|r| r.map(|(t, s)| (v(&t), s))).collect();
@@ -36,8 +36,8 @@ fn recv_from_any_source_returns_the_sender() {
     let w = world(4);
     let c = w.communicators();
     let recvs: Vec<_> = (0..3).map(|_| c[0].recv(TensorSpec::new(&[2], DType::I64), None, 5)).collect();
-    for r in 1..4 {
-        let _ = c[r].send(Tensor::from_vec(vec![r as i64, 10 * r as i64]), 0, 5);
+    for (r, sender) in c.iter().enumerate().skip(1) {
+        drop(sender.send(Tensor::from_vec(vec![r as i64, 10 * r as i64]), 0, 5));
     }
     let mut senders: Vec<usize> = wait_all(recvs, 30)
         .into_iter()

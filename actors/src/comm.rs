@@ -470,7 +470,7 @@ impl Communicator {
     /// group's).
     pub fn new_subgroups(&self, group_size: usize) -> Work<Communicator> {
         let w = self.size();
-        if group_size == 0 || w % group_size != 0 {
+        if group_size == 0 || !w.is_multiple_of(group_size) {
             return self.ready(Err(Error::invalid(format!(
                 "subgroup size {group_size} does not divide the group size {w}"
             ))));

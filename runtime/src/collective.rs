@@ -912,7 +912,7 @@ fn splits(what: &str, shape: &[usize], given: Option<Vec<usize>>, w: usize) -> R
     let row = numel_of(rest)?;
     let rows_per = match given {
         None => {
-            if rows % w != 0 {
+            if !rows.is_multiple_of(w) {
                 return Err(Error::invalid(format!(
                     "{what} dimension 0 ({rows}) is not divisible by the group size {w}"
                 )));

@@ -47,7 +47,7 @@ pub(crate) fn aligned_copy(src: &[u8], dtype: DType) -> Bytes {
 
 /// Whether `b` starts at an address aligned for `dtype`.
 pub(crate) fn is_aligned(b: &[u8], dtype: DType) -> bool {
-    b.is_empty() || (b.as_ptr() as usize) % dtype.size() == 0
+    b.is_empty() || (b.as_ptr() as usize).is_multiple_of(dtype.size())
 }
 
 /// Makes `b` usable as storage for `dtype`: aligned (copied if it is not) and, for bool,

@@ -69,7 +69,7 @@ pub fn input(dtype: DType, op: ReduceOp, rank: usize, salt: usize, n: usize) -> 
         let k = rank * 7 + salt * 13 + i * 3;
         match op {
             ReduceOp::Product => 1.0 + (k % 2) as f64,
-            _ if dtype == DType::Bool => ((k % 3) == 0) as u8 as f64,
+            _ if dtype == DType::Bool => u8::from(k.is_multiple_of(3)) as f64,
             _ if dtype == DType::U8 => (k % 5) as f64,
             _ => (k % 5) as f64 - 2.0,
         }

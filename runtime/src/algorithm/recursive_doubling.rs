@@ -56,7 +56,7 @@ impl Fold {
     /// Folding step: even ranks below `2 rem` hand their chunks to the next odd rank.
     pub(crate) fn fold(self, s: &mut Schedule, rank: usize, all: Range<usize>) {
         if rank < 2 * self.rem {
-            if rank % 2 == 0 {
+            if rank.is_multiple_of(2) {
                 s.step(vec![send(rank + 1, TAG_FOLD, all)], vec![]);
             } else {
                 s.step(vec![], vec![recv_reduce(rank - 1, TAG_FOLD, all, true)]);
