@@ -11,8 +11,16 @@ use collectix::{Communicator, DType, Result, Tensor, TensorSpec};
 
 fn run(c: Communicator) -> Result<Vec<String>> {
     let r = c.rank() as i64;
-    let out = c.all_gather_into_tensor(TensorSpec::new(&[c.size(), 2], DType::I64), Tensor::from_vec(vec![r, r])).wait()?;
-    Ok(vec![format!("rank {}: all_gather_into_tensor {out}", c.rank())])
+    let out = c
+        .all_gather_into_tensor(
+            TensorSpec::new(&[c.size(), 2], DType::I64),
+            Tensor::from_vec(vec![r, r]),
+        )
+        .wait()?;
+    Ok(vec![format!(
+        "rank {}: all_gather_into_tensor {out}",
+        c.rank()
+    )])
 }
 
 /// The example's output, in rank order.

@@ -13,7 +13,9 @@ mod common;
 use collectix::{Communicator, ReduceOp, Result, Tensor};
 
 fn run(c: Communicator) -> Result<Vec<String>> {
-    let inputs: Vec<Tensor> = (0..c.size() as i64).map(|i| Tensor::from_vec(vec![i])).collect();
+    let inputs: Vec<Tensor> = (0..c.size() as i64)
+        .map(|i| Tensor::from_vec(vec![i]))
+        .collect();
     let out = c.reduce_scatter(inputs, ReduceOp::Sum).wait()?;
     Ok(vec![format!("rank {}: reduce_scatter {out}", c.rank())])
 }

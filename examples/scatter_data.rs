@@ -30,22 +30,40 @@ fn run(c: Communicator) -> Result<Vec<String>> {
         let dataset = (loaders.rank() == 0).then(|| -> Result<Vec<Tensor>> {
             let data = Tensor::from_vec_shape((0..6).map(|x| x as f32).collect(), &[3, 2])?;
             // One row per member (a real loader would slice a file or a tensor here).
-            let rows = data.as_slice::<f32>()?.chunks(2).map(Tensor::from_slice).collect();
+            let rows = data
+                .as_slice::<f32>()?
+                .chunks(2)
+                .map(Tensor::from_slice)
+                .collect();
             Ok(rows)
         });
-        let shard = loaders.scatter(TensorSpec::new(&[2], DType::F32), dataset.transpose()?, 0).wait()?;
+        let shard = loaders
+            .scatter(TensorSpec::new(&[2], DType::F32), dataset.transpose()?, 0)
+            .wait()?;
         lines.push(format!("rank {}: shard {shard}", c.rank()));
     }
-    let cfg = (c.rank() == 0).then_some(Config { epochs: 3, lr: 0.05 });
+    let cfg = (c.rank() == 0).then_some(Config {
+        epochs: 3,
+        lr: 0.05,
+    });
     let cfg = c.broadcast_object(cfg, 0).wait()?;
-    lines.push(format!("rank {}: config epochs={} lr={}", c.rank(), cfg.epochs, cfg.lr));
+    lines.push(format!(
+        "rank {}: config epochs={} lr={}",
+        c.rank(),
+        cfg.epochs,
+        cfg.lr
+    ));
     Ok(lines)
 }
 
 /// The example's output: the shards in rank order, then the configs.
 pub(crate) fn lines() -> Result<Vec<String>> {
     let out = common::per_rank(4, run)?;
-    let mut lines: Vec<String> = out.iter().filter(|l| l.len() == 2).map(|l| l[0].clone()).collect();
+    let mut lines: Vec<String> = out
+        .iter()
+        .filter(|l| l.len() == 2)
+        .map(|l| l[0].clone())
+        .collect();
     lines.extend(out.iter().filter_map(|l| l.last().cloned()));
     Ok(lines)
 }

@@ -18,7 +18,9 @@ fn run(c: Communicator) -> Result<Vec<String>> {
             Ok(vec![format!("rank 0: sent {t}")])
         }
         1 => {
-            let (t, _src) = c.recv(TensorSpec::new(&[2], DType::I64), Some(0), 0).wait()?;
+            let (t, _src) = c
+                .recv(TensorSpec::new(&[2], DType::I64), Some(0), 0)
+                .wait()?;
             Ok(vec![format!("rank 1: received {t}")])
         }
         _ => Ok(vec![]),

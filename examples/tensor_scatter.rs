@@ -21,7 +21,8 @@
 use collectix::runtime::tensor_ops::{ScatterReduce, ScatterReduceOp};
 use collectix::{DType, Result, Tensor};
 
-fn main() -> Result<()> {
+/// The example's output, one line per case.
+pub(crate) fn lines() -> Result<Vec<String>> {
     let mut lines: Vec<(&str, Tensor)> = Vec::new();
 
     // src = torch.arange(1, 11).reshape((2, 5))
@@ -89,8 +90,16 @@ fn main() -> Result<()> {
     let index = Tensor::from_vec_shape(vec![0i64, 0, 1, 0], &[2, 2])?;
     lines.push(("gather", t.gather(1, &index)?));
 
-    for (label, values) in &lines {
-        println!("{label} {}", values.format_values());
+    Ok(lines
+        .iter()
+        .map(|(label, values)| format!("{label} {}", values.format_values()))
+        .collect())
+}
+
+#[allow(dead_code)]
+fn main() -> Result<()> {
+    for line in lines()? {
+        println!("{line}");
     }
     Ok(())
 }

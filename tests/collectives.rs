@@ -7,17 +7,29 @@ use collectix::{CallOptions, DType, GroupOptions, OpKind, ReduceOp, World};
 use common::wait_all;
 
 fn run_cases(w: usize, cases: &[Case]) {
-    let world = World::local_with(w, GroupOptions { segment_bytes: 256, ..GroupOptions::default() }).unwrap_or_else(|e| panic!("{e}"));
+    let world = World::local_with(
+        w,
+        GroupOptions {
+            segment_bytes: 256,
+            ..GroupOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     // Issue every case on every rank before waiting on any: many calls in flight at once.
     let mut works = Vec::new();
     for case in cases {
-        let opts = CallOptions { algorithm: case.algorithm, timeout: None };
+        let opts = CallOptions {
+            algorithm: case.algorithm,
+            timeout: None,
+        };
         for (r, c) in world.communicators().iter().enumerate() {
             works.push((case, r, c.submit(case.request(r), &opts)));
         }
     }
     for (case, r, work) in works {
-        let got = work.wait().unwrap_or_else(|e| panic!("{case:?} rank {r}: {e}"));
+        let got = work
+            .wait()
+            .unwrap_or_else(|e| panic!("{case:?} rank {r}: {e}"));
         assert_eq!(got, case.expected(r), "{case:?} rank {r}");
     }
 }
@@ -30,8 +42,20 @@ fn every_collective_and_algorithm_on_1_3_4_8_ranks() {
             for &alg in kind.algorithms() {
                 for count in [0, 5, 1000] {
                     let root = if rooted(kind) { (count + 1) % w } else { 0 };
-                    let op = if reduces(kind) && count == 5 { ReduceOp::Max } else { ReduceOp::Sum };
-                    cases.push(Case { kind, size: w, count, dtype: DType::F32, op, root, algorithm: Some(alg) });
+                    let op = if reduces(kind) && count == 5 {
+                        ReduceOp::Max
+                    } else {
+                        ReduceOp::Sum
+                    };
+                    cases.push(Case {
+                        kind,
+                        size: w,
+                        count,
+                        dtype: DType::F32,
+                        op,
+                        root,
+                        algorithm: Some(alg),
+                    });
                 }
             }
         }
@@ -45,7 +69,15 @@ fn each_dtype_and_op_once() {
     for dtype in DType::ALL {
         for op in ReduceOp::ALL {
             if op.check(dtype).is_ok() {
-                cases.push(Case { kind: OpKind::AllReduce, size: 3, count: 17, dtype, op, root: 0, algorithm: None });
+                cases.push(Case {
+                    kind: OpKind::AllReduce,
+                    size: 3,
+                    count: 17,
+                    dtype,
+                    op,
+                    root: 0,
+                    algorithm: None,
+                });
             }
         }
     }
@@ -65,11 +97,16 @@ async fn works_inside_a_tokio_runtime() {
         }));
     }
     for t in tasks {
-        let r = t.await.unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|e| panic!("{e}"));
+        let r = t
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.to_vec::<i64>().ok(), Some(vec![6, 6, 6]));
     }
     // Dropping a world inside the runtime joins its threads without blocking forever.
-    tokio::task::spawn_blocking(move || drop(world)).await.unwrap_or_else(|e| panic!("{e}"));
+    tokio::task::spawn_blocking(move || drop(world))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -80,19 +117,39 @@ fn results_are_identical_on_every_rank_and_call_order_defines_the_collective() {
     let mut b = Vec::new();
     let mut a = Vec::new();
     for c in cs {
-        b.push(c.broadcast(collectix::Tensor::from_vec(vec![c.rank() as f64 * 1.5; 4]), 2));
-        a.push(c.all_reduce(collectix::Tensor::from_vec(vec![0.1f64 * c.rank() as f64; 1000]), ReduceOp::Sum));
+        b.push(c.broadcast(
+            collectix::Tensor::from_vec(vec![c.rank() as f64 * 1.5; 4]),
+            2,
+        ));
+        a.push(c.all_reduce(
+            collectix::Tensor::from_vec(vec![0.1f64 * c.rank() as f64; 1000]),
+            ReduceOp::Sum,
+        ));
     }
     let a = wait_all(a, 30);
     let b = wait_all(b, 30);
-    let first = a[0].as_ref().map(|t| t.bytes().clone()).unwrap_or_else(|e| panic!("{e}"));
-    for r in a.iter().chain(b.iter()).map(|r| r.as_ref().unwrap_or_else(|e| panic!("{e}"))) {
+    let first = a[0]
+        .as_ref()
+        .map(|t| t.bytes().clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    for r in a
+        .iter()
+        .chain(b.iter())
+        .map(|r| r.as_ref().unwrap_or_else(|e| panic!("{e}")))
+    {
         let _ = r;
     }
     for r in &a {
-        assert_eq!(r.as_ref().map(|t| t.bytes().clone()).ok(), Some(first.clone()), "bit-identical on every rank");
+        assert_eq!(
+            r.as_ref().map(|t| t.bytes().clone()).ok(),
+            Some(first.clone()),
+            "bit-identical on every rank"
+        );
     }
     for r in &b {
-        assert_eq!(r.as_ref().ok().and_then(|t| t.to_vec::<f64>().ok()), Some(vec![3.0; 4]));
+        assert_eq!(
+            r.as_ref().ok().and_then(|t| t.to_vec::<f64>().ok()),
+            Some(vec![3.0; 4])
+        );
     }
 }

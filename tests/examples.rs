@@ -13,6 +13,8 @@ mod reduce_scatter;
 mod scatter_data;
 #[path = "../examples/send_recv.rs"]
 mod send_recv;
+#[path = "../examples/tensor_scatter.rs"]
+mod tensor_scatter;
 
 fn check(got: collectix::Result<Vec<String>>, want: &[&str]) {
     let got = got.unwrap_or_else(|e| panic!("{e}"));
@@ -23,7 +25,12 @@ fn check(got: collectix::Result<Vec<String>>, want: &[&str]) {
 fn reduce_scatter_example() {
     check(
         reduce_scatter::lines(),
-        &["rank 0: reduce_scatter [0]", "rank 1: reduce_scatter [4]", "rank 2: reduce_scatter [8]", "rank 3: reduce_scatter [12]"],
+        &[
+            "rank 0: reduce_scatter [0]",
+            "rank 1: reduce_scatter [4]",
+            "rank 2: reduce_scatter [8]",
+            "rank 3: reduce_scatter [12]",
+        ],
     );
 }
 
@@ -31,12 +38,18 @@ fn reduce_scatter_example() {
 fn all_gather_into_tensor_example() {
     let line = |r| format!("rank {r}: all_gather_into_tensor [[0, 0], [1, 1], [2, 2], [3, 3]]");
     let want: Vec<String> = (0..4).map(line).collect();
-    check(all_gather_into_tensor::lines(), &want.iter().map(String::as_str).collect::<Vec<_>>());
+    check(
+        all_gather_into_tensor::lines(),
+        &want.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
 }
 
 #[test]
 fn send_recv_example() {
-    check(send_recv::lines(), &["rank 0: sent [1, -1]", "rank 1: received [1, -1]"]);
+    check(
+        send_recv::lines(),
+        &["rank 0: sent [1, -1]", "rank 1: received [1, -1]"],
+    );
 }
 
 #[test]
@@ -85,6 +98,26 @@ fn scatter_data_example() {
             "rank 1: config epochs=3 lr=0.05",
             "rank 2: config epochs=3 lr=0.05",
             "rank 3: config epochs=3 lr=0.05",
+        ],
+    );
+}
+
+#[test]
+fn tensor_scatter_example() {
+    check(
+        tensor_scatter::lines(),
+        &[
+            "scatter_ [[1, 0, 0, 4, 0], [0, 2, 0, 0, 0], [0, 0, 3, 0, 0]]",
+            "scatter_dim1 [[1, 2, 3, 0, 0], [6, 7, 0, 0, 8], [0, 0, 0, 0, 0]]",
+            "scatter_add [[2, 2, 3.23, 2], [2, 2, 2, 3.23]]",
+            "scatter_multiply [[2, 2, 2.46, 2], [2, 2, 2, 2.46]]",
+            "scatter_add_ [[1, 0, 0, 1, 1], [0, 1, 0, 0, 0], [0, 0, 1, 0, 0]]",
+            "scatter_add_2rows [[2, 0, 0, 1, 1], [0, 2, 0, 0, 0], [0, 0, 2, 1, 1]]",
+            "scatter_reduce_sum [5, 14, 8, 4]",
+            "scatter_reduce_sum_exclude_self [4, 12, 5, 4]",
+            "scatter_reduce_amax [3, 6, 5, 4]",
+            "scatter_reduce_amax_exclude_self [3, 6, 5, 4]",
+            "gather [[1, 1], [4, 3]]",
         ],
     );
 }

@@ -3,17 +3,27 @@
 
 mod common;
 use collectix::runtime::collective::Request;
-use collectix::{Algorithm, CallOptions, Communicator, DType, Error, GroupOptions, OpKind, ReduceOp, Tensor, TensorSpec, Work, World};
+use collectix::{
+    Algorithm, CallOptions, Communicator, DType, Error, GroupOptions, OpKind, ReduceOp, Tensor,
+    TensorSpec, Work, World,
+};
 use common::{root, wait_all};
 use std::time::Duration;
 
 fn world(n: usize) -> World {
-    World::local_with(n, GroupOptions::default().with_timeout(Duration::from_secs(20))).unwrap_or_else(|e| panic!("{e}"))
+    World::local_with(
+        n,
+        GroupOptions::default().with_timeout(Duration::from_secs(20)),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Every rank issues `call(rank)` and then a barrier; each rank must see an error on one of
 /// the two, and the root cause must be a mismatch naming two different ranks.
-fn assert_mismatch_everywhere(n: usize, call: impl Fn(&Communicator) -> Work<collectix::runtime::Output>) {
+fn assert_mismatch_everywhere(
+    n: usize,
+    call: impl Fn(&Communicator) -> Work<collectix::runtime::Output>,
+) {
     let w = world(n);
     let mut firsts = Vec::new();
     let mut barriers = Vec::new();
@@ -41,10 +51,18 @@ fn assert_mismatch_everywhere(n: usize, call: impl Fn(&Communicator) -> Work<col
             other => panic!("rank {r}: expected a mismatch, got {other}"),
         }
         // Later calls on the aborted group fail too.
-        let later = w.communicators()[r].barrier().wait_timeout(Duration::from_secs(10));
-        assert!(matches!(later, Some(Err(Error::GroupAborted { .. }))), "rank {r}: {later:?}");
+        let later = w.communicators()[r]
+            .barrier()
+            .wait_timeout(Duration::from_secs(10));
+        assert!(
+            matches!(later, Some(Err(Error::GroupAborted { .. }))),
+            "rank {r}: {later:?}"
+        );
     }
-    assert!(saw_mismatch >= 1, "at least one rank detects the mismatch itself");
+    assert!(
+        saw_mismatch >= 1,
+        "at least one rank detects the mismatch itself"
+    );
 }
 
 fn f32s(n: usize, v: f32) -> Tensor {
@@ -55,9 +73,21 @@ fn f32s(n: usize, v: f32) -> Tensor {
 fn different_collectives() {
     assert_mismatch_everywhere(4, |c| {
         if c.rank() == 1 {
-            c.submit(Request::Broadcast { tensor: f32s(8, 1.0), root: 0 }, &CallOptions::default())
+            c.submit(
+                Request::Broadcast {
+                    tensor: f32s(8, 1.0),
+                    root: 0,
+                },
+                &CallOptions::default(),
+            )
         } else {
-            c.submit(Request::AllReduce { tensor: f32s(8, 1.0), op: ReduceOp::Sum }, &CallOptions::default())
+            c.submit(
+                Request::AllReduce {
+                    tensor: f32s(8, 1.0),
+                    op: ReduceOp::Sum,
+                },
+                &CallOptions::default(),
+            )
         }
     });
 }
@@ -65,8 +95,18 @@ fn different_collectives() {
 #[test]
 fn different_dtypes() {
     assert_mismatch_everywhere(3, |c| {
-        let t = if c.rank() == 2 { Tensor::from_vec(vec![1.0f64; 8]) } else { f32s(8, 1.0) };
-        c.submit(Request::AllReduce { tensor: t, op: ReduceOp::Sum }, &CallOptions::default())
+        let t = if c.rank() == 2 {
+            Tensor::from_vec(vec![1.0f64; 8])
+        } else {
+            f32s(8, 1.0)
+        };
+        c.submit(
+            Request::AllReduce {
+                tensor: t,
+                op: ReduceOp::Sum,
+            },
+            &CallOptions::default(),
+        )
     });
 }
 
@@ -74,7 +114,13 @@ fn different_dtypes() {
 fn different_counts() {
     assert_mismatch_everywhere(4, |c| {
         let n = if c.rank() == 0 { 9 } else { 8 };
-        c.submit(Request::AllReduce { tensor: f32s(n, 1.0), op: ReduceOp::Sum }, &CallOptions::default())
+        c.submit(
+            Request::AllReduce {
+                tensor: f32s(n, 1.0),
+                op: ReduceOp::Sum,
+            },
+            &CallOptions::default(),
+        )
     });
 }
 
@@ -82,15 +128,31 @@ fn different_counts() {
 fn different_roots() {
     assert_mismatch_everywhere(3, |c| {
         let root = if c.rank() == 2 { 1 } else { 0 };
-        c.submit(Request::Broadcast { tensor: f32s(4, c.rank() as f32), root }, &CallOptions::default())
+        c.submit(
+            Request::Broadcast {
+                tensor: f32s(4, c.rank() as f32),
+                root,
+            },
+            &CallOptions::default(),
+        )
     });
 }
 
 #[test]
 fn different_reduce_ops() {
     assert_mismatch_everywhere(2, |c| {
-        let op = if c.rank() == 0 { ReduceOp::Max } else { ReduceOp::Min };
-        c.submit(Request::AllReduce { tensor: f32s(4, 1.0), op }, &CallOptions::default())
+        let op = if c.rank() == 0 {
+            ReduceOp::Max
+        } else {
+            ReduceOp::Min
+        };
+        c.submit(
+            Request::AllReduce {
+                tensor: f32s(4, 1.0),
+                op,
+            },
+            &CallOptions::default(),
+        )
     });
 }
 
@@ -98,25 +160,50 @@ fn different_reduce_ops() {
 fn different_premul_scalars() {
     assert_mismatch_everywhere(2, |c| {
         let op = ReduceOp::PremulSum(if c.rank() == 0 { 0.5 } else { 0.25 });
-        c.submit(Request::AllReduce { tensor: f32s(4, 1.0), op }, &CallOptions::default())
+        c.submit(
+            Request::AllReduce {
+                tensor: f32s(4, 1.0),
+                op,
+            },
+            &CallOptions::default(),
+        )
     });
 }
 
 #[test]
 fn different_algorithms() {
     assert_mismatch_everywhere(4, |c| {
-        let alg = if c.rank() == 3 { Algorithm::Ring } else { Algorithm::RecursiveDoubling };
-        let opts = CallOptions { algorithm: Some(alg), timeout: None };
-        c.submit(Request::AllReduce { tensor: f32s(64, 1.0), op: ReduceOp::Sum }, &opts)
+        let alg = if c.rank() == 3 {
+            Algorithm::Ring
+        } else {
+            Algorithm::RecursiveDoubling
+        };
+        let opts = CallOptions {
+            algorithm: Some(alg),
+            timeout: None,
+        };
+        c.submit(
+            Request::AllReduce {
+                tensor: f32s(64, 1.0),
+                op: ReduceOp::Sum,
+            },
+            &opts,
+        )
     });
 }
 
 #[test]
 fn different_new_group_member_lists() {
     let w = world(3);
-    let works: Vec<_> = w.communicators().iter().map(|c| c.new_group(if c.rank() == 0 { &[0, 1] } else { &[1, 2] })).collect();
+    let works: Vec<_> = w
+        .communicators()
+        .iter()
+        .map(|c| c.new_group(if c.rank() == 0 { &[0, 1] } else { &[1, 2] }))
+        .collect();
     for (r, res) in wait_all(works, 30).into_iter().enumerate() {
-        let e = res.err().unwrap_or_else(|| panic!("rank {r} created a group"));
+        let e = res
+            .err()
+            .unwrap_or_else(|| panic!("rank {r} created a group"));
         assert!(matches!(root(&e), Error::Mismatch { .. }), "rank {r}: {e}");
     }
 }
@@ -128,27 +215,41 @@ fn point_to_point_size_mismatch() {
     let s = c[0].send(f32s(3, 1.0), 1, 7);
     let r = c[1].recv(TensorSpec::new(&[4], DType::F32), Some(0), 7);
     assert!(s.wait().is_ok());
-    let e = r.wait().err().unwrap_or_else(|| panic!("recv of the wrong size succeeded"));
+    let e = r
+        .wait()
+        .err()
+        .unwrap_or_else(|| panic!("recv of the wrong size succeeded"));
     assert!(matches!(e, Error::Mismatch { .. }), "{e}");
     // The sender's next call on the group fails too: the receiver aborted it.
     let later = c[0].barrier().wait_timeout(Duration::from_secs(10));
-    assert!(matches!(later, Some(Err(Error::GroupAborted { .. }))), "{later:?}");
+    assert!(
+        matches!(later, Some(Err(Error::GroupAborted { .. }))),
+        "{later:?}"
+    );
 }
 
 #[test]
 fn a_rank_that_never_calls_is_named_by_the_timeout() {
     let w = World::local(3).unwrap_or_else(|e| panic!("{e}"));
     let c = w.communicators();
-    let opts = CallOptions { algorithm: Some(Algorithm::Ring), timeout: Some(Duration::from_millis(300)) };
+    let opts = CallOptions {
+        algorithm: Some(Algorithm::Ring),
+        timeout: Some(Duration::from_millis(300)),
+    };
     let a = c[0].all_reduce_with(f32s(6, 1.0), ReduceOp::Sum, &opts);
     let b = c[1].all_reduce_with(f32s(6, 1.0), ReduceOp::Sum, &opts);
     // Rank 2 never calls. Ring: rank 0 waits for rank 2, rank 1 for rank 0.
     let res = wait_all(vec![a, b], 30);
     let mut timeouts = 0;
     for (r, res) in res.iter().enumerate() {
-        let e = res.as_ref().err().unwrap_or_else(|| panic!("rank {r} completed"));
+        let e = res
+            .as_ref()
+            .err()
+            .unwrap_or_else(|| panic!("rank {r} completed"));
         match root(e) {
-            Error::Timeout { op, waiting_for, .. } => {
+            Error::Timeout {
+                op, waiting_for, ..
+            } => {
                 assert_eq!(*op, OpKind::AllReduce);
                 assert!(!waiting_for.is_empty());
                 timeouts += 1;
@@ -157,7 +258,11 @@ fn a_rank_that_never_calls_is_named_by_the_timeout() {
         }
     }
     assert!(timeouts >= 1);
-    let e0 = res[0].as_ref().err().map(|e| e.to_string()).unwrap_or_default();
+    let e0 = res[0]
+        .as_ref()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
     assert!(e0.contains("waiting for ranks [2]"), "{e0}");
 }
 
@@ -165,13 +270,32 @@ fn a_rank_that_never_calls_is_named_by_the_timeout() {
 fn bad_arguments_fail_at_once_and_send_nothing() {
     let w = World::local(2).unwrap_or_else(|e| panic!("{e}"));
     let c = &w.communicators()[0];
-    let quick = |work: Work<Tensor>| work.wait_timeout(Duration::from_millis(100)).and_then(Result::err);
-    assert!(matches!(quick(c.broadcast(f32s(2, 1.0), 2)), Some(Error::InvalidArgument(_))));
-    assert!(matches!(quick(c.all_reduce(f32s(2, 1.0), ReduceOp::BAnd)), Some(Error::InvalidArgument(_))));
-    assert!(matches!(quick(c.all_reduce(Tensor::from_vec(vec![1i32]), ReduceOp::Avg)), Some(Error::InvalidArgument(_))));
-    assert!(matches!(quick(c.reduce_scatter(vec![f32s(1, 1.0)], ReduceOp::Sum)), Some(Error::InvalidArgument(_))));
+    let quick = |work: Work<Tensor>| {
+        work.wait_timeout(Duration::from_millis(100))
+            .and_then(Result::err)
+    };
     assert!(matches!(
-        quick(c.reduce_scatter_tensor(TensorSpec::new(&[2], DType::F32), f32s(5, 1.0), ReduceOp::Sum)),
+        quick(c.broadcast(f32s(2, 1.0), 2)),
+        Some(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        quick(c.all_reduce(f32s(2, 1.0), ReduceOp::BAnd)),
+        Some(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        quick(c.all_reduce(Tensor::from_vec(vec![1i32]), ReduceOp::Avg)),
+        Some(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        quick(c.reduce_scatter(vec![f32s(1, 1.0)], ReduceOp::Sum)),
+        Some(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        quick(c.reduce_scatter_tensor(
+            TensorSpec::new(&[2], DType::F32),
+            f32s(5, 1.0),
+            ReduceOp::Sum
+        )),
         Some(Error::InvalidArgument(_))
     ));
     assert!(matches!(
@@ -179,7 +303,12 @@ fn bad_arguments_fail_at_once_and_send_nothing() {
         Some(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        quick(c.all_to_all_single(TensorSpec::new(&[4], DType::F32), f32s(4, 1.0), None, Some(vec![1, 2]))),
+        quick(c.all_to_all_single(
+            TensorSpec::new(&[4], DType::F32),
+            f32s(4, 1.0),
+            None,
+            Some(vec![1, 2])
+        )),
         Some(Error::InvalidArgument(_))
     ));
     assert!(matches!(
@@ -187,16 +316,35 @@ fn bad_arguments_fail_at_once_and_send_nothing() {
         Some(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        quick(c.scatter(TensorSpec::new(&[2], DType::F32), Some(vec![f32s(2, 1.0)]), 0)),
+        quick(c.scatter(
+            TensorSpec::new(&[2], DType::F32),
+            Some(vec![f32s(2, 1.0)]),
+            0
+        )),
         Some(Error::InvalidArgument(_))
     ));
-    let send_self = c.send(f32s(1, 1.0), 0, 0).wait_timeout(Duration::from_millis(100));
+    let send_self = c
+        .send(f32s(1, 1.0), 0, 0)
+        .wait_timeout(Duration::from_millis(100));
     assert!(matches!(send_self, Some(Err(Error::InvalidArgument(_)))));
-    assert!(matches!(c.new_group(&[0, 0]).wait(), Err(Error::InvalidArgument(_))));
-    assert!(matches!(c.new_subgroups(3).wait(), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        c.new_group(&[0, 0]).wait(),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        c.new_subgroups(3).wait(),
+        Err(Error::InvalidArgument(_))
+    ));
     // Nothing was sent: the group is healthy and the next collective works on both ranks.
-    let works: Vec<_> = w.communicators().iter().map(|c| c.all_reduce(f32s(2, 1.0), ReduceOp::Sum)).collect();
+    let works: Vec<_> = w
+        .communicators()
+        .iter()
+        .map(|c| c.all_reduce(f32s(2, 1.0), ReduceOp::Sum))
+        .collect();
     for r in wait_all(works, 30) {
-        assert_eq!(r.ok().and_then(|t| t.to_vec::<f32>().ok()), Some(vec![2.0, 2.0]));
+        assert_eq!(
+            r.ok().and_then(|t| t.to_vec::<f32>().ok()),
+            Some(vec![2.0, 2.0])
+        );
     }
 }

@@ -28,12 +28,18 @@ unsafe impl GlobalAlloc for Counting {
 static A: Counting = Counting;
 
 fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 fn cycle() {
     let w = World::local(4).unwrap_or_else(|e| panic!("{e}"));
-    let works: Vec<_> = w.communicators().iter().map(|c| c.all_reduce(Tensor::from_vec(vec![1.0f32; 16]), ReduceOp::Sum)).collect();
+    let works: Vec<_> = w
+        .communicators()
+        .iter()
+        .map(|c| c.all_reduce(Tensor::from_vec(vec![1.0f32; 16]), ReduceOp::Sum))
+        .collect();
     for wk in works {
         assert!(wk.wait().is_ok());
     }
@@ -53,6 +59,10 @@ fn a_thousand_worlds_leak_nothing() {
     assert_eq!(t1, t0, "threads before/after 1000 worlds");
     // Live bytes may wobble by a few allocator-internal or lazily initialised buffers, but a
     // leak of even one small allocation per world would exceed this.
-    assert!(b1 - b0 < 16 * 1024, "live heap grew by {} bytes over 1000 worlds", b1 - b0);
+    assert!(
+        b1 - b0 < 16 * 1024,
+        "live heap grew by {} bytes over 1000 worlds",
+        b1 - b0
+    );
     println!("threads {t0} -> {t1}, live heap {b0} -> {b1} bytes");
 }

@@ -27,15 +27,28 @@ fn send_recv_matches_per_peer_and_tag_in_fifo_order() {
     drop(c[0].send(Tensor::from_vec(vec![99i64]), 1, 2));
     let r_b = c[1].recv(TensorSpec::new(&[1], DType::I64), Some(0), 1);
     let r_c = c[1].recv(TensorSpec::new(&[1], DType::I64), Some(0), 1);
-    let got: Vec<_> = wait_all(vec![r_tag2, r_a, r_b, r_c], 30).into_iter().map(|r| r.map(|(t, s)| (v(&t), s))).collect();
-    assert_eq!(got, vec![Ok((vec![99], 0)), Ok((vec![0], 0)), Ok((vec![1], 0)), Ok((vec![2], 0))]);
+    let got: Vec<_> = wait_all(vec![r_tag2, r_a, r_b, r_c], 30)
+        .into_iter()
+        .map(|r| r.map(|(t, s)| (v(&t), s)))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            Ok((vec![99], 0)),
+            Ok((vec![0], 0)),
+            Ok((vec![1], 0)),
+            Ok((vec![2], 0))
+        ]
+    );
 }
 
 #[test]
 fn recv_from_any_source_returns_the_sender() {
     let w = world(4);
     let c = w.communicators();
-    let recvs: Vec<_> = (0..3).map(|_| c[0].recv(TensorSpec::new(&[2], DType::I64), None, 5)).collect();
+    let recvs: Vec<_> = (0..3)
+        .map(|_| c[0].recv(TensorSpec::new(&[2], DType::I64), None, 5))
+        .collect();
     for (r, sender) in c.iter().enumerate().skip(1) {
         drop(sender.send(Tensor::from_vec(vec![r as i64, 10 * r as i64]), 0, 5));
     }
@@ -59,8 +72,16 @@ fn batch_isend_irecv_ring_exchange() {
     for c in w.communicators() {
         let r = c.rank();
         let ops = vec![
-            P2POp::Send { tensor: Tensor::from_vec(vec![r as i64]), peer: (r + 1) % n, tag: 0 },
-            P2POp::Recv { spec: TensorSpec::new(&[1], DType::I64), peer: (r + n - 1) % n, tag: 0 },
+            P2POp::Send {
+                tensor: Tensor::from_vec(vec![r as i64]),
+                peer: (r + 1) % n,
+                tag: 0,
+            },
+            P2POp::Recv {
+                spec: TensorSpec::new(&[1], DType::I64),
+                peer: (r + n - 1) % n,
+                tag: 0,
+            },
         ];
         all.push(c.batch_isend_irecv(ops));
     }
@@ -73,20 +94,33 @@ fn batch_isend_irecv_ring_exchange() {
 }
 
 fn group_sum(c: &Communicator, value: i64) -> i64 {
-    c.all_reduce(Tensor::from_vec(vec![value]), ReduceOp::Sum).wait().map(|t| v(&t)[0]).unwrap_or_else(|e| panic!("{e}"))
+    c.all_reduce(Tensor::from_vec(vec![value]), ReduceOp::Sum)
+        .wait()
+        .map(|t| v(&t)[0])
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
 fn new_group_members_and_outsiders() {
     let w = world(4);
-    let groups = wait_all(w.communicators().iter().map(|c| c.new_group(&[3, 1])).collect(), 30);
+    let groups = wait_all(
+        w.communicators()
+            .iter()
+            .map(|c| c.new_group(&[3, 1]))
+            .collect(),
+        30,
+    );
     let mut handles = Vec::new();
     for (r, g) in groups.into_iter().enumerate() {
         let g = g.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(g.is_some(), r == 1 || r == 3, "rank {r}");
         if let Some(g) = g {
             assert_eq!(g.size(), 2);
-            assert_eq!(g.rank(), if r == 3 { 0 } else { 1 }, "group ranks follow the list's order");
+            assert_eq!(
+                g.rank(),
+                if r == 3 { 0 } else { 1 },
+                "group ranks follow the list's order"
+            );
             assert_eq!(g.members(), &[3, 1]);
             handles.push(std::thread::spawn(move || group_sum(&g, r as i64)));
         }
@@ -99,12 +133,32 @@ fn new_group_members_and_outsiders() {
 #[test]
 fn group_ids_agree_and_differ_between_groups() {
     let w = world(2);
-    let a = wait_all(w.communicators().iter().map(|c| c.new_group(&[0, 1])).collect(), 30);
-    let b = wait_all(w.communicators().iter().map(|c| c.new_group(&[0, 1])).collect(), 30);
-    let id = |r: &collectix::Result<Option<Communicator>>| r.as_ref().ok().and_then(|g| g.as_ref().map(Communicator::group_id));
+    let a = wait_all(
+        w.communicators()
+            .iter()
+            .map(|c| c.new_group(&[0, 1]))
+            .collect(),
+        30,
+    );
+    let b = wait_all(
+        w.communicators()
+            .iter()
+            .map(|c| c.new_group(&[0, 1]))
+            .collect(),
+        30,
+    );
+    let id = |r: &collectix::Result<Option<Communicator>>| {
+        r.as_ref()
+            .ok()
+            .and_then(|g| g.as_ref().map(Communicator::group_id))
+    };
     assert_eq!(id(&a[0]), id(&a[1]));
     assert_eq!(id(&b[0]), id(&b[1]));
-    assert_ne!(id(&a[0]), id(&b[0]), "a second group with the same members is a new group");
+    assert_ne!(
+        id(&a[0]),
+        id(&b[0]),
+        "a second group with the same members is a new group"
+    );
 }
 
 #[test]
@@ -128,7 +182,11 @@ fn split_by_color_orders_by_key() {
             continue;
         }
         let g = g.unwrap_or_else(|| panic!("rank {r} has no group"));
-        let want: Vec<usize> = if r % 2 == 0 { vec![4, 2, 0] } else { vec![3, 1] };
+        let want: Vec<usize> = if r % 2 == 0 {
+            vec![4, 2, 0]
+        } else {
+            vec![3, 1]
+        };
         assert_eq!(g.members(), &want[..], "rank {r}");
         handles.push(std::thread::spawn(move || (r, group_sum(&g, r as i64))));
     }
@@ -141,9 +199,27 @@ fn split_by_color_orders_by_key() {
 #[test]
 fn subgroups_and_overlapping_groups_run_concurrently() {
     let w = world(4);
-    let subs = wait_all(w.communicators().iter().map(|c| c.new_subgroups(2)).collect(), 30);
-    let left = wait_all(w.communicators().iter().map(|c| c.new_group(&[0, 1, 2])).collect(), 30);
-    let right = wait_all(w.communicators().iter().map(|c| c.new_group(&[1, 2, 3])).collect(), 30);
+    let subs = wait_all(
+        w.communicators()
+            .iter()
+            .map(|c| c.new_subgroups(2))
+            .collect(),
+        30,
+    );
+    let left = wait_all(
+        w.communicators()
+            .iter()
+            .map(|c| c.new_group(&[0, 1, 2]))
+            .collect(),
+        30,
+    );
+    let right = wait_all(
+        w.communicators()
+            .iter()
+            .map(|c| c.new_group(&[1, 2, 3]))
+            .collect(),
+        30,
+    );
     let mut pending = Vec::new();
     for r in 0..4 {
         let sub = subs[r].as_ref().unwrap_or_else(|e| panic!("{e}")).clone();
@@ -160,7 +236,11 @@ fn subgroups_and_overlapping_groups_run_concurrently() {
         pending.push((r, lw, rw, sw, ww));
     }
     for (r, lw, rw, sw, ww) in pending {
-        let get = |w: collectix::Work<Tensor>| w.wait().map(|t| v(&t)[0]).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        let get = |w: collectix::Work<Tensor>| {
+            w.wait()
+                .map(|t| v(&t)[0])
+                .unwrap_or_else(|e| panic!("rank {r}: {e}"))
+        };
         if let Some(lw) = lw {
             assert_eq!(get(lw), 0b0111);
         }
@@ -183,16 +263,35 @@ struct Config {
 fn object_collectives() {
     let n = 3;
     let w = world(n);
-    let cfg = Config { lr: 0.01, name: "resnet".into(), layers: vec![3, 4, 6, 3] };
-    let b: Vec<_> = w.communicators().iter().map(|c| c.broadcast_object((c.rank() == 1).then(|| cfg.clone()), 1)).collect();
+    let cfg = Config {
+        lr: 0.01,
+        name: "resnet".into(),
+        layers: vec![3, 4, 6, 3],
+    };
+    let b: Vec<_> = w
+        .communicators()
+        .iter()
+        .map(|c| c.broadcast_object((c.rank() == 1).then(|| cfg.clone()), 1))
+        .collect();
     for r in wait_all(b, 30) {
         assert_eq!(r.ok(), Some(cfg.clone()));
     }
-    let ag: Vec<_> = w.communicators().iter().map(|c| c.all_gather_object(&format!("rank-{}", "x".repeat(c.rank())))).collect();
+    let ag: Vec<_> = w
+        .communicators()
+        .iter()
+        .map(|c| c.all_gather_object(&format!("rank-{}", "x".repeat(c.rank()))))
+        .collect();
     for r in wait_all(ag, 30) {
-        assert_eq!(r.ok(), Some(vec!["rank-".to_string(), "rank-x".into(), "rank-xx".into()]));
+        assert_eq!(
+            r.ok(),
+            Some(vec!["rank-".to_string(), "rank-x".into(), "rank-xx".into()])
+        );
     }
-    let g: Vec<_> = w.communicators().iter().map(|c| c.gather_object(&vec![c.rank(); c.rank() + 1], 2)).collect();
+    let g: Vec<_> = w
+        .communicators()
+        .iter()
+        .map(|c| c.gather_object(&vec![c.rank(); c.rank() + 1], 2))
+        .collect();
     for (r, res) in wait_all(g, 30).into_iter().enumerate() {
         let want = (r == 2).then(|| vec![vec![0], vec![1, 1], vec![2, 2, 2]]);
         assert_eq!(res.ok(), Some(want));
@@ -202,14 +301,28 @@ fn object_collectives() {
         .iter()
         .map(|c| c.scatter_object((c.rank() == 0).then(|| vec![Some(1u8), None, Some(3)]), 0))
         .collect();
-    assert_eq!(wait_all(s, 30).into_iter().map(Result::ok).collect::<Vec<_>>(), vec![Some(Some(1)), Some(None), Some(Some(3))]);
+    assert_eq!(
+        wait_all(s, 30)
+            .into_iter()
+            .map(Result::ok)
+            .collect::<Vec<_>>(),
+        vec![Some(Some(1)), Some(None), Some(Some(3))]
+    );
     // A root that passes the wrong number of objects fails everywhere; nobody hangs.
-    let bad: Vec<_> = w.communicators().iter().map(|c| c.scatter_object((c.rank() == 0).then(|| vec![1u8]), 0)).collect();
+    let bad: Vec<_> = w
+        .communicators()
+        .iter()
+        .map(|c| c.scatter_object((c.rank() == 0).then(|| vec![1u8]), 0))
+        .collect();
     for r in wait_all(bad, 30) {
         assert!(r.is_err());
     }
     // The group is still in step afterwards.
-    let after: Vec<_> = w.communicators().iter().map(|c| c.all_gather_object(&c.rank())).collect();
+    let after: Vec<_> = w
+        .communicators()
+        .iter()
+        .map(|c| c.all_gather_object(&c.rank()))
+        .collect();
     for r in wait_all(after, 30) {
         assert_eq!(r.ok(), Some(vec![0, 1, 2]));
     }
@@ -221,7 +334,11 @@ fn dropped_work_detaches_and_the_group_stays_in_step() {
     for c in w.communicators() {
         drop(c.all_reduce(Tensor::from_vec(vec![1i64; 100]), ReduceOp::Sum));
     }
-    let works: Vec<_> = w.communicators().iter().map(|c| c.all_reduce(Tensor::from_vec(vec![c.rank() as i64]), ReduceOp::Max)).collect();
+    let works: Vec<_> = w
+        .communicators()
+        .iter()
+        .map(|c| c.all_reduce(Tensor::from_vec(vec![c.rank() as i64]), ReduceOp::Max))
+        .collect();
     for r in wait_all(works, 30) {
         assert_eq!(r.ok().map(|t| v(&t)), Some(vec![2]));
     }
@@ -232,11 +349,20 @@ fn work_is_completed_and_wait_timeout() {
     let w = world(2);
     let c = w.communicators();
     let a = c[0].barrier();
-    assert!(a.wait_timeout(Duration::from_millis(20)).is_none(), "rank 1 has not called yet");
+    assert!(
+        a.wait_timeout(Duration::from_millis(20)).is_none(),
+        "rank 1 has not called yet"
+    );
     assert!(!a.is_completed());
     let b = c[1].barrier();
-    assert!(matches!(b.wait_timeout(Duration::from_secs(30)), Some(Ok(()))));
-    assert!(matches!(a.wait_timeout(Duration::from_secs(30)), Some(Ok(()))));
+    assert!(matches!(
+        b.wait_timeout(Duration::from_secs(30)),
+        Some(Ok(()))
+    ));
+    assert!(matches!(
+        a.wait_timeout(Duration::from_secs(30)),
+        Some(Ok(()))
+    ));
 }
 
 #[test]
@@ -245,6 +371,12 @@ fn calls_after_shutdown_fail_with_shutdown() {
     let c = w.communicators()[0].clone();
     let pending = c.barrier();
     w.shutdown();
-    assert!(matches!(pending.wait_timeout(Duration::from_secs(10)), Some(Err(Error::Shutdown))));
-    assert!(matches!(c.barrier().wait_timeout(Duration::from_secs(10)), Some(Err(Error::Shutdown))));
+    assert!(matches!(
+        pending.wait_timeout(Duration::from_secs(10)),
+        Some(Err(Error::Shutdown))
+    ));
+    assert!(matches!(
+        c.barrier().wait_timeout(Duration::from_secs(10)),
+        Some(Err(Error::Shutdown))
+    ));
 }

@@ -607,9 +607,16 @@ mod tests {
         let work = c.barrier();
         let arbiter = c.rank.arbiter.clone();
         arbiter.spawn(async move {
-            let _ = tx.send((work.wait(), c.barrier().wait_timeout(Duration::from_secs(1)).map(|r| r.err())));
+            let _ = tx.send((
+                work.wait(),
+                c.barrier()
+                    .wait_timeout(Duration::from_secs(1))
+                    .map(|r| r.err()),
+            ));
         });
-        let (a, b) = rx.recv_timeout(Duration::from_secs(30)).unwrap_or((Ok(()), None));
+        let (a, b) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or((Ok(()), None));
         assert_eq!(a, Err(Error::WouldDeadlock));
         assert_eq!(b, Some(Some(Error::WouldDeadlock)));
     }

@@ -15,6 +15,7 @@ pub mod schedule;
 pub mod sim;
 mod sync;
 pub mod tensor;
+pub mod tensor_ops;
 pub mod testing;
 pub mod time;
 
