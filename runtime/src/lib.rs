@@ -1,4 +1,51 @@
-//! collectix-runtime: the sans-IO core of collectix.
+//! # collectix-runtime: the sans-IO protocol core of collectix
+//!
+//! Everything that decides what a rank sends, when, and what it makes of what it receives —
+//! and nothing else: no threads, no sockets, no actix or tokio, no clock (time is a [`Time`]
+//! the driver passes in). That is what lets one implementation run under a seeded simulator
+//! ([`sim`]), under loom (build with `--cfg collectix_loom`), in the in-process actor world
+//! and, later, over TCP and NCCL.
+//!
+//! ```text
+//!   Request ──Plan::new──▶ Plan ──Engine::submit──▶ ┌────────── Engine ──────────┐
+//!   (torch args)   validate, fingerprint,           │ groups · calls · matcher    │──poll_transmit──▶ Transmit
+//!                  choose algorithm, schedule,      │ schedules over chunks       │──poll_event────▶ Event (Output | Error)
+//!                  cut inputs into chunks           │ timeouts · aborts           │──poll_timeout──▶ Time
+//!                                                   └──▲────────────▲────────────┘
+//!                                    handle_message(Message, now)   handle_timeout(now), handle_peer_lost(rank, now)
+//! ```
+//!
+//! - [`tensor`], [`dtype`]: host tensors over shared, aligned `Bytes`; the nine torch dtypes.
+//! - [`reduce`]: [`ReduceOp`] with torch's dtype rules and the kernels (numerics documented
+//!   there).
+//! - [`collective`]: each collective as a spec — argument checks, [`Fingerprint`], [`Plan`].
+//! - [`schedule`], [`algorithm`]: a schedule is steps of sends and receives over chunks; one
+//!   file per algorithm (ring, halving-doubling, recursive doubling, binomial tree, direct,
+//!   dissemination, pairwise), each with its diagram and source.
+//! - [`engine`]: the per-rank state machine; [`message`]: what travels.
+//! - [`completion`]: the slot a `Work` handle waits on; [`sim`]: the deterministic driver;
+//!   [`testing`]: the cases and reference results shared by tests and benchmarks;
+//!   [`tensor_ops`]: torch's local `scatter_`/`gather` family.
+//!
+//! ## Example: three ranks, no threads
+//! ```
+//! use collectix_runtime::sim::Sim;
+//! use collectix_runtime::{CallOptions, GroupId, Output, ReduceOp, Request, Tensor};
+//!
+//! let mut sim = Sim::new(3, 42); // 3 engines, messages delivered in seeded random order
+//! let ops: Vec<_> = (0..3)
+//!     .map(|r| {
+//!         let t = Tensor::from_vec(vec![r as i32, 10]);
+//!         sim.submit(r, GroupId::WORLD, Request::AllReduce { tensor: t, op: ReduceOp::Sum }, &CallOptions::default())
+//!     })
+//!     .collect::<Result<_, _>>()?;
+//! sim.run_no_timeouts(10_000).expect("settles");
+//! for (r, op) in ops.into_iter().enumerate() {
+//!     let Some(Ok(Output::Tensor(t))) = sim.take(r, op) else { panic!("rank {r}") };
+//!     assert_eq!(t.to_vec::<i32>()?, vec![3, 30]);
+//! }
+//! # Ok::<(), collectix_runtime::Error>(())
+//! ```
 #![deny(unsafe_code)]
 
 pub mod algorithm;
