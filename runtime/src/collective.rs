@@ -321,6 +321,30 @@ impl Plan {
         matches!(self.body, Body::Send { .. } | Body::Recv { .. })
     }
 
+    /// A plan from a hand-made schedule (for model checking and tests of the engine itself,
+    /// including deliberately broken schedules). The result is every chunk joined.
+    #[doc(hidden)]
+    pub fn from_schedule(
+        fp: Fingerprint,
+        schedule: Schedule,
+        init: Vec<Option<Bytes>>,
+        timeout: Duration,
+        group_size: usize,
+    ) -> Plan {
+        let finish = Finish::Whole(vec![schedule.layout.total()]);
+        Plan {
+            fp,
+            reduce: None,
+            body: Body::Collective {
+                schedule,
+                init,
+                finish,
+            },
+            timeout,
+            group_size,
+        }
+    }
+
     /// Validates `req` for this member of `group` and plans it.
     pub fn new(req: Request, group: &GroupInfo, opts: &CallOptions) -> Result<Plan> {
         Planner { g: group, opts }.plan(req)
