@@ -284,10 +284,13 @@ impl Engine {
                     },
                 );
                 for m in early {
-                    if !self.ops.contains_key(&id) {
-                        break;
+                    if self.ops.contains_key(&id) {
+                        self.deliver(id, m);
+                    } else {
+                        // The call already finished (or failed): what is left is checked like
+                        // any late message (a duplicate is a protocol error, never dropped).
+                        self.handle_message(m, now);
                     }
-                    self.deliver(id, m);
                 }
                 if self.ops.contains_key(&id) {
                     self.progress(id);

@@ -1,0 +1,390 @@
+//! The engine on its own: malformed and hostile input from a peer ends in a typed error
+//! (never a panic, never wrong data), and bookkeeping errors are caught.
+
+use bytes::Bytes;
+use collectix_runtime::collective::Fingerprint;
+use collectix_runtime::error::ProtocolError;
+use collectix_runtime::group::{CallOptions, GroupId, GroupInfo, GroupOptions};
+use collectix_runtime::message::{Header, Message};
+use collectix_runtime::{
+    Algorithm, DType, Engine, Error, Event, Output, Plan, ReduceOp, Request, Tensor, Time,
+};
+use std::time::Duration;
+
+const W: usize = 2;
+
+fn engine(rank: usize) -> Engine {
+    let mut e = Engine::new(rank);
+    e.add_group(
+        GroupInfo::world(W, rank, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}")),
+        Time::ZERO,
+    );
+    e
+}
+
+fn plan(rank: usize, req: Request) -> Plan {
+    let info = GroupInfo::world(W, rank, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let opts = CallOptions {
+        algorithm: Some(Algorithm::RecursiveDoubling),
+        timeout: Some(Duration::from_secs(1)),
+    };
+    Plan::new(req, &info, &opts).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn all_reduce(rank: usize, v: Vec<f32>) -> Plan {
+    plan(
+        rank,
+        Request::AllReduce {
+            tensor: Tensor::from_vec(v),
+            op: ReduceOp::Sum,
+        },
+    )
+}
+
+fn events(e: &mut Engine) -> Vec<Event> {
+    std::iter::from_fn(|| e.poll_event()).collect()
+}
+
+/// Rank 1 runs an all_reduce of 2 f32s; `msg` is what "rank 0" sends it instead of the real
+/// message. Returns rank 1's error and whether it told rank 0 about the abort.
+fn feed(header_of: impl Fn(Fingerprint) -> Header, payload: Vec<Bytes>) -> (Error, bool) {
+    let mut e = engine(1);
+    let p = all_reduce(1, vec![1.0, 2.0]);
+    let fp = p.fingerprint();
+    let id = e.submit(GroupId::WORLD, 0, p, Time::ZERO);
+    while e.poll_transmit().is_some() {}
+    e.handle_message(
+        Message {
+            src: 0,
+            header: header_of(fp),
+            payload,
+        },
+        Time::ZERO,
+    );
+    let told = std::iter::from_fn(|| e.poll_transmit())
+        .any(|t| t.dst == 0 && matches!(t.msg.header, Header::Abort { .. }));
+    let ev = events(&mut e);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].op, id);
+    (
+        ev[0]
+            .result
+            .clone()
+            .err()
+            .unwrap_or_else(|| panic!("accepted a bad message")),
+        told,
+    )
+}
+
+fn data(seq: u64, tag: u32) -> impl Fn(Fingerprint) -> Header {
+    move |call| Header::Data {
+        group: GroupId::WORLD,
+        seq,
+        tag,
+        call,
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Bytes {
+    Tensor::from_slice(v).into_bytes()
+}
+
+#[test]
+fn wrong_payload_length_is_a_protocol_error() {
+    let (e, told) = feed(data(0, 1), vec![f32_bytes(&[1.0, 2.0, 3.0])]);
+    assert!(
+        matches!(
+            e,
+            Error::Protocol {
+                rank: 0,
+                detail: ProtocolError::Length { .. }
+            }
+        ),
+        "{e}"
+    );
+    assert!(told, "the group is aborted on the peer too");
+}
+
+#[test]
+fn wrong_number_of_parts_is_a_protocol_error() {
+    let (e, _) = feed(data(0, 1), vec![f32_bytes(&[1.0]), f32_bytes(&[2.0])]);
+    assert!(
+        matches!(
+            e,
+            Error::Protocol {
+                detail: ProtocolError::Parts {
+                    expected: 1,
+                    got: 2
+                },
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_tag_is_a_protocol_error() {
+    let (e, _) = feed(data(0, 77), vec![f32_bytes(&[1.0, 2.0])]);
+    assert!(
+        matches!(
+            e,
+            Error::Protocol {
+                detail: ProtocolError::UnexpectedTag { tag: 77, .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn different_fingerprint_is_a_mismatch_naming_both_ranks() {
+    let (e, told) = feed(
+        |mut fp| {
+            fp.count = 3;
+            Header::Data {
+                group: GroupId::WORLD,
+                seq: 0,
+                tag: 1,
+                call: fp,
+            }
+        },
+        vec![f32_bytes(&[1.0, 2.0, 3.0])],
+    );
+    match e {
+        Error::Mismatch {
+            ours,
+            theirs,
+            seq: 0,
+            ..
+        } => {
+            assert_eq!((ours.rank, theirs.rank), (1, 0));
+            assert_eq!((ours.call.count, theirs.call.count), (2, 3));
+        }
+        other => panic!("{other}"),
+    }
+    assert!(told);
+}
+
+#[test]
+fn invalid_bool_bytes_are_rejected() {
+    let mut e = engine(1);
+    let p = plan(
+        1,
+        Request::AllReduce {
+            tensor: Tensor::from_vec(vec![true, false]),
+            op: ReduceOp::Max,
+        },
+    );
+    let fp = p.fingerprint();
+    let _ = e.submit(GroupId::WORLD, 0, p, Time::ZERO);
+    e.handle_message(
+        Message {
+            src: 0,
+            header: Header::Data {
+                group: GroupId::WORLD,
+                seq: 0,
+                tag: 1,
+                call: fp,
+            },
+            payload: vec![Bytes::from(vec![1u8, 7])],
+        },
+        Time::ZERO,
+    );
+    let ev = events(&mut e);
+    let err = ev[0].result.clone().err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::Protocol {
+                detail: ProtocolError::InvalidElements { dtype: DType::Bool },
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn duplicate_message_is_a_protocol_error() {
+    // Rank 1 receives its step's message twice before it can use it: a halving-doubling
+    // all_reduce on 2 ranks has one step, so hold the first by delivering to an unsubmitted call.
+    let mut e = engine(1);
+    let p = all_reduce(1, vec![1.0, 2.0]);
+    let fp = p.fingerprint();
+    let msg = || Message {
+        src: 0,
+        header: Header::Data {
+            group: GroupId::WORLD,
+            seq: 0,
+            tag: 1,
+            call: fp,
+        },
+        payload: vec![f32_bytes(&[1.0, 1.0])],
+    };
+    e.handle_message(msg(), Time::ZERO);
+    e.handle_message(msg(), Time::ZERO);
+    let _ = e.submit(GroupId::WORLD, 0, p, Time::ZERO);
+    let ev = events(&mut e);
+    // The first copy completes the call; the second is then a late duplicate: the group is
+    // aborted with a protocol error naming the sender, never a silent drop.
+    assert_eq!(ev.len(), 1);
+    assert!(
+        matches!(
+            e.aborted(GroupId::WORLD),
+            Some(Error::Protocol {
+                rank: 0,
+                detail: ProtocolError::Stale { seq: 0 }
+            })
+        ),
+        "{:?}",
+        e.aborted(GroupId::WORLD)
+    );
+    assert!(std::iter::from_fn(|| e.poll_transmit())
+        .any(|t| matches!(t.msg.header, Header::Abort { .. })));
+}
+
+#[test]
+fn late_message_for_a_finished_call_is_checked() {
+    let mut a = engine(0);
+    let mut b = engine(1);
+    let ia = a.submit(GroupId::WORLD, 0, all_reduce(0, vec![1.0]), Time::ZERO);
+    let ib = b.submit(GroupId::WORLD, 0, all_reduce(1, vec![2.0]), Time::ZERO);
+    let to_b: Vec<_> = std::iter::from_fn(|| a.poll_transmit()).collect();
+    let to_a: Vec<_> = std::iter::from_fn(|| b.poll_transmit()).collect();
+    for t in &to_b {
+        b.handle_message(t.msg.clone(), Time::ZERO);
+    }
+    for t in to_a {
+        a.handle_message(t.msg, Time::ZERO);
+    }
+    let ea = events(&mut a);
+    let eb = events(&mut b);
+    assert_eq!(ea[0].op, ia);
+    assert_eq!(eb[0].op, ib);
+    assert_eq!(
+        ea[0].result.clone().ok(),
+        Some(Output::Tensor(Tensor::from_vec(vec![3.0f32])))
+    );
+    // A replay of the same message after the call finished is a protocol error, not data.
+    b.handle_message(to_b[0].msg.clone(), Time::ZERO);
+    assert!(matches!(
+        b.aborted(GroupId::WORLD),
+        Some(Error::Protocol {
+            detail: ProtocolError::Stale { seq: 0 },
+            ..
+        })
+    ));
+    let later = b.submit(GroupId::WORLD, 1, all_reduce(1, vec![1.0]), Time::ZERO);
+    let ev = events(&mut b);
+    assert_eq!(ev[0].op, later);
+    assert!(matches!(ev[0].result, Err(Error::GroupAborted { .. })));
+}
+
+#[test]
+fn messages_for_a_group_not_yet_created_wait_for_it() {
+    let mut a = engine(0);
+    let mut b = engine(1);
+    let gid = GroupId::derive(GroupId::WORLD, 0, &[1]);
+    let info = |r| {
+        GroupInfo::new(gid, vec![0, 1], r, GroupOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    a.add_group(info(0), Time::ZERO);
+    let pa = Plan::new(
+        Request::AllReduce {
+            tensor: Tensor::from_vec(vec![5i64]),
+            op: ReduceOp::Sum,
+        },
+        &info(0),
+        &CallOptions::default(),
+    );
+    a.submit(gid, 0, pa.unwrap_or_else(|e| panic!("{e}")), Time::ZERO);
+    for t in std::iter::from_fn(|| a.poll_transmit()) {
+        b.handle_message(t.msg, Time::ZERO);
+    }
+    // b learns of the group only now; the early message is used.
+    b.add_group(info(1), Time::ZERO);
+    let pb = Plan::new(
+        Request::AllReduce {
+            tensor: Tensor::from_vec(vec![6i64]),
+            op: ReduceOp::Sum,
+        },
+        &info(1),
+        &CallOptions::default(),
+    );
+    let ib = b.submit(gid, 0, pb.unwrap_or_else(|e| panic!("{e}")), Time::ZERO);
+    let ev = events(&mut b);
+    assert_eq!(ev[0].op, ib);
+    assert_eq!(
+        ev[0].result.clone().ok(),
+        Some(Output::Tensor(Tensor::from_vec(vec![11i64])))
+    );
+}
+
+#[test]
+fn a_rank_outside_a_group_gets_not_a_member() {
+    let mut e = engine(0);
+    let gid = GroupId::derive(GroupId::WORLD, 3, &[]);
+    let id = e.submit(gid, 0, all_reduce(0, vec![1.0]), Time::ZERO);
+    let ev = events(&mut e);
+    assert_eq!(ev[0].op, id);
+    assert_eq!(
+        ev[0].result,
+        Err(Error::NotAMember {
+            group: gid,
+            rank: 0
+        })
+    );
+    assert!(GroupInfo::new(gid, vec![1, 2], 0, GroupOptions::default()).is_err());
+}
+
+#[test]
+fn reusing_a_sequence_number_is_refused() {
+    let mut e = engine(0);
+    let _ = e.submit(GroupId::WORLD, 4, all_reduce(0, vec![1.0]), Time::ZERO);
+    let again = e.submit(GroupId::WORLD, 4, all_reduce(0, vec![1.0]), Time::ZERO);
+    let ev = events(&mut e);
+    assert!(ev
+        .iter()
+        .any(|x| x.op == again && matches!(x.result, Err(Error::InvalidArgument(_)))));
+}
+
+#[test]
+fn timeout_names_the_awaited_rank_and_aborts() {
+    let mut e = engine(1);
+    let id = e.submit(GroupId::WORLD, 0, all_reduce(1, vec![1.0]), Time::ZERO);
+    while e.poll_transmit().is_some() {}
+    let at = e.poll_timeout().unwrap_or_else(|| panic!("no deadline"));
+    assert_eq!(at, Time::ZERO + Duration::from_secs(1));
+    e.handle_timeout(Time::from_nanos(at.as_nanos() - 1));
+    assert!(events(&mut e).is_empty(), "not yet");
+    e.handle_timeout(at);
+    let ev = events(&mut e);
+    assert_eq!(ev[0].op, id);
+    assert!(
+        matches!(&ev[0].result, Err(Error::Timeout { waiting_for, rank: 1, .. }) if waiting_for == &vec![0])
+    );
+    assert!(std::iter::from_fn(|| e.poll_transmit())
+        .any(|t| matches!(t.msg.header, Header::Abort { .. })));
+    assert_eq!(e.poll_timeout(), None);
+}
+
+#[test]
+fn message_from_a_non_member_is_dropped() {
+    let mut e = engine(1);
+    let p = all_reduce(1, vec![1.0, 2.0]);
+    let fp = p.fingerprint();
+    let _ = e.submit(GroupId::WORLD, 0, p, Time::ZERO);
+    e.handle_message(
+        Message {
+            src: 9,
+            header: data(0, 1)(fp),
+            payload: vec![f32_bytes(&[1.0, 2.0])],
+        },
+        Time::ZERO,
+    );
+    assert!(events(&mut e).is_empty());
+    assert!(e.aborted(GroupId::WORLD).is_none());
+}
