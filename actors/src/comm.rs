@@ -396,6 +396,16 @@ impl Communicator {
         )
     }
 
+    /// `isend`: the same as [`send`](Self::send) (every call here is asynchronous).
+    pub fn isend(&self, tensor: Tensor, dst: usize, tag: u32) -> Work<()> {
+        self.send(tensor, dst, tag)
+    }
+
+    /// `irecv`: the same as [`recv`](Self::recv).
+    pub fn irecv(&self, spec: TensorSpec, src: Option<usize>, tag: u32) -> Work<(Tensor, usize)> {
+        self.recv(spec, src, tag)
+    }
+
     /// `batch_isend_irecv`: issues every operation at once; sends complete with `None`,
     /// receives with `Some(tensor)`.
     pub fn batch_isend_irecv(&self, ops: Vec<P2POp>) -> Vec<Work<Option<Tensor>>> {

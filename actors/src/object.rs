@@ -101,12 +101,7 @@ impl Communicator {
     where
         T: Serialize + DeserializeOwned + Send + 'static,
     {
-        let bytes = encode(obj);
-        let w = self.size();
-        let first = self.all_gather_into_tensor(
-            TensorSpec::new(&[w], DType::I64),
-            Tensor::from_vec(vec![len_of(&bytes)]),
-        );
+        let (bytes, first) = self.encode_and_gather_sizes(obj);
         self.chain(
             first,
             move |lens, me, seq| {
@@ -131,12 +126,7 @@ impl Communicator {
     where
         T: Serialize + DeserializeOwned + Send + 'static,
     {
-        let bytes = encode(obj);
-        let w = self.size();
-        let first = self.all_gather_into_tensor(
-            TensorSpec::new(&[w], DType::I64),
-            Tensor::from_vec(vec![len_of(&bytes)]),
-        );
+        let (bytes, first) = self.encode_and_gather_sizes(obj);
         self.chain(
             first,
             move |lens, me, seq| {
@@ -204,6 +194,14 @@ impl Communicator {
             },
             |(t, n): (Tensor, usize)| decode(t.as_slice::<u8>()?.get(..n).unwrap_or(&[])),
         )
+    }
+
+    /// Encodes `obj` and all-gathers every rank's encoded size (−1 for a failure).
+    fn encode_and_gather_sizes<T: Serialize>(&self, obj: &T) -> (Result<Vec<u8>>, Work<Tensor>) {
+        let bytes = encode(obj);
+        let spec = TensorSpec::new(&[self.size()], DType::I64);
+        let first = self.all_gather_into_tensor(spec, Tensor::from_vec(vec![len_of(&bytes)]));
+        (bytes, first)
     }
 
     /// A handle that completes with `f` applied to `w`'s result.

@@ -439,6 +439,22 @@ impl Planner<'_> {
         }
     }
 
+    fn all_gather_schedule(&self, alg: Algorithm, blocks: &[usize], dt: DType) -> Schedule {
+        let (w, me) = (self.w(), self.g.rank);
+        match alg {
+            Algorithm::Direct => direct::all_gather(me, w, blocks),
+            _ => ring::all_gather(me, w, blocks, self.seg_elems(dt)),
+        }
+    }
+
+    fn reduce_scatter_schedule(&self, alg: Algorithm, blocks: &[usize], dt: DType) -> Schedule {
+        let (w, me) = (self.w(), self.g.rank);
+        match alg {
+            Algorithm::Direct => direct::reduce_scatter(me, w, blocks),
+            _ => ring::reduce_scatter(me, w, blocks, self.seg_elems(dt)),
+        }
+    }
+
     fn seg_elems(&self, dtype: DType) -> usize {
         (self.g.options.segment_bytes / dtype.size()).max(1)
     }
@@ -591,10 +607,7 @@ impl Planner<'_> {
                     .try_fold(0usize, |a, &b| a.checked_add(b))
                     .ok_or_else(|| Error::invalid("output sizes overflow"))?;
                 let alg = self.algorithm(OpKind::AllGather, input.nbytes())?;
-                let s = match alg {
-                    Algorithm::Direct => direct::all_gather(me, w, &blocks),
-                    _ => ring::all_gather(me, w, &blocks, self.seg_elems(dt)),
-                };
+                let s = self.all_gather_schedule(alg, &blocks, dt);
                 let mut init = vec![None; s.layout.chunk_elems.len()];
                 fill(&mut init, &s.layout, me..me + 1, input.bytes(), dt.size())?;
                 let fin = Finish::Blocks(0..w, outputs.into_iter().map(|o| o.shape).collect());
@@ -622,10 +635,7 @@ impl Planner<'_> {
                 }
                 let alg = self.algorithm(OpKind::AllGatherIntoTensor, input.nbytes())?;
                 let blocks = vec![n; w];
-                let s = match alg {
-                    Algorithm::Direct => direct::all_gather(me, w, &blocks),
-                    _ => ring::all_gather(me, w, &blocks, self.seg_elems(dt)),
-                };
+                let s = self.all_gather_schedule(alg, &blocks, dt);
                 let mut init = vec![None; s.layout.chunk_elems.len()];
                 fill(&mut init, &s.layout, me..me + 1, input.bytes(), dt.size())?;
                 let fin = Finish::Whole(output.shape);
@@ -719,10 +729,7 @@ impl Planner<'_> {
                     .try_fold(0usize, |a, &b| a.checked_add(b))
                     .ok_or_else(|| Error::invalid("input sizes overflow"))?;
                 let alg = self.algorithm(OpKind::ReduceScatter, total * dt.size())?;
-                let s = match alg {
-                    Algorithm::Direct => direct::reduce_scatter(me, w, &blocks),
-                    _ => ring::reduce_scatter(me, w, &blocks, self.seg_elems(dt)),
-                };
+                let s = self.reduce_scatter_schedule(alg, &blocks, dt);
                 let mut init = vec![None; s.layout.chunk_elems.len()];
                 for (r, d) in datas.iter().enumerate() {
                     fill(&mut init, &s.layout, r..r + 1, d, dt.size())?;
@@ -753,10 +760,7 @@ impl Planner<'_> {
                 let data = self.prepare(&input, op)?;
                 let alg = self.algorithm(OpKind::ReduceScatterTensor, input.nbytes())?;
                 let blocks = vec![n; w];
-                let s = match alg {
-                    Algorithm::Direct => direct::reduce_scatter(me, w, &blocks),
-                    _ => ring::reduce_scatter(me, w, &blocks, self.seg_elems(dt)),
-                };
+                let s = self.reduce_scatter_schedule(alg, &blocks, dt);
                 let mut init = vec![None; s.layout.chunk_elems.len()];
                 fill(&mut init, &s.layout, 0..w, &data, dt.size())?;
                 let fin = Finish::Concat(me..me + 1, output.shape);
