@@ -317,6 +317,11 @@ impl Engine {
         match &msg.header {
             Header::Abort { cause, .. } => {
                 let cause = cause.clone();
+                // A lost peer heard of from another member before this rank noticed: the
+                // calls that talk to it fail with `PeerLost`, as if this rank had noticed.
+                if let Error::PeerLost { rank } = cause.root_cause() {
+                    self.fail_talking_to(gid, *rank);
+                }
                 self.abort(gid, cause, None, false);
             }
             Header::P2p { tag, seq, .. } => {
@@ -411,26 +416,31 @@ impl Engine {
             .map(|(&id, _)| id)
             .collect();
         for gid in gids {
-            let Some(local) = self.groups.get(&gid).and_then(|g| g.info.local(peer)) else {
-                continue;
-            };
-            let cause = Error::PeerLost { rank: peer };
-            let direct: Vec<OpId> = self
-                .ops
-                .iter()
-                .filter(|(_, op)| op.group == gid && op.talks_to(local))
-                .map(|(&id, _)| id)
-                .collect();
-            for id in &direct {
-                if let Some(op) = self.ops.remove(id) {
-                    self.forget(&op, *id);
-                    self.events.push_back(Event {
-                        op: *id,
-                        result: Err(cause.clone()),
-                    });
-                }
+            self.fail_talking_to(gid, peer);
+            self.abort(gid, Error::PeerLost { rank: peer }, None, true);
+        }
+    }
+
+    /// Fails with [`Error::PeerLost`] the calls of group `gid` whose remaining schedule
+    /// exchanges messages with global rank `peer`.
+    fn fail_talking_to(&mut self, gid: GroupId, peer: usize) {
+        let Some(local) = self.groups.get(&gid).and_then(|g| g.info.local(peer)) else {
+            return;
+        };
+        let direct: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| op.group == gid && op.talks_to(local))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in direct {
+            if let Some(op) = self.ops.remove(&id) {
+                self.forget(&op, id);
+                self.events.push_back(Event {
+                    op: id,
+                    result: Err(Error::PeerLost { rank: peer }),
+                });
             }
-            self.abort(gid, cause, None, true);
         }
     }
 
