@@ -15,6 +15,7 @@
 use crate::collective::{p2p_fp, Body, Fingerprint, Finish, Output, Plan, TensorSpec};
 use crate::dtype::DType;
 use crate::error::{CallDesc, Error, ProtocolError, Result};
+use crate::flow::{Flow, FlowOut};
 use crate::group::{GroupId, GroupInfo};
 use crate::message::{Header, Message, Transmit};
 use crate::op::OpKind;
@@ -54,6 +55,8 @@ struct Group {
     /// (src, tag, seq) → (arrival number, message).
     p2p_arrived: BTreeMap<(usize, u32, u64), (u64, Message)>,
     p2p_posted: Vec<OpId>,
+    /// The window of calls per peer (see [`crate::flow`]).
+    flow: Flow<Transmit>,
 }
 
 struct Coll {
@@ -124,6 +127,7 @@ impl Engine {
     /// now.
     pub fn add_group(&mut self, info: GroupInfo, now: Time) {
         let id = info.id;
+        let window = info.options.window;
         self.groups.entry(id).or_insert_with(|| Group {
             info,
             aborted: None,
@@ -135,6 +139,7 @@ impl Engine {
             p2p_recv_seq: HashMap::new(),
             p2p_arrived: BTreeMap::new(),
             p2p_posted: Vec::new(),
+            flow: Flow::new(window),
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
             self.handle_message(m, now);
@@ -149,6 +154,19 @@ impl Engine {
     /// Why the group was aborted, if it was.
     pub fn aborted(&self, id: GroupId) -> Option<&Error> {
         self.groups.get(&id).and_then(|g| g.aborted.as_ref())
+    }
+
+    /// Messages waiting here for a peer's credit (flow control), over all groups.
+    pub fn held(&self) -> usize {
+        self.groups.values().map(|g| g.flow.held()).sum()
+    }
+
+    /// Messages buffered for calls this rank has not made yet, over all groups.
+    pub fn buffered(&self) -> usize {
+        self.groups
+            .values()
+            .map(|g| g.unexpected.values().map(Vec::len).sum::<usize>())
+            .sum()
     }
 
     /// Calls in flight.
@@ -254,6 +272,8 @@ impl Engine {
                     return id;
                 }
                 g.active.insert(seq, id);
+                let mut out = Vec::new();
+                g.flow.on_made(seq, &mut out);
                 let early = g.unexpected.remove(&seq).unwrap_or_default();
                 let mut expected = HashMap::new();
                 for step in &schedule.steps {
@@ -283,6 +303,7 @@ impl Engine {
                         state,
                     },
                 );
+                self.emit(group, out);
                 for m in early {
                     if self.ops.contains_key(&id) {
                         self.deliver(id, m);
@@ -331,9 +352,26 @@ impl Engine {
                 g.p2p_arrived.insert(key, (n, msg));
                 self.match_p2p(gid);
             }
+            Header::Credit { calls, .. } => {
+                let mut out = Vec::new();
+                g.flow.on_credit(src, *calls, &mut out);
+                self.emit(gid, out);
+            }
+            Header::WantCredit { seq, .. } => {
+                let mut out = Vec::new();
+                g.flow.on_want(src, *seq, &mut out);
+                self.emit(gid, out);
+            }
             Header::Data { seq, call, .. } => {
                 let seq = *seq;
-                if let Some(&id) = g.active.get(&seq) {
+                if !g.flow.admits(seq) {
+                    // A conforming peer never sends beyond the window it was granted.
+                    let err = Error::Protocol {
+                        rank: msg.src,
+                        detail: ProtocolError::Window { seq },
+                    };
+                    self.abort(gid, err, None, true);
+                } else if let Some(&id) = g.active.get(&seq) {
                     self.deliver(id, msg);
                 } else if let Some(ours) = g.done.get(&seq).copied() {
                     let err = if ours == *call {
@@ -543,10 +581,11 @@ impl Engine {
                 self.finish(id);
                 return;
             };
-            let Some(g) = self.groups.get(&op.group) else {
+            let Some(g) = self.groups.get_mut(&op.group) else {
                 return;
             };
             if !c.posted {
+                let mut out = Vec::new();
                 for s in &step.sends {
                     let mut payload = Vec::with_capacity(s.chunks.len());
                     for ch in s.chunks.clone() {
@@ -570,16 +609,20 @@ impl Engine {
                         call: op.fp,
                     };
                     let dst = g.info.global(s.peer);
-                    self.transmits.push_back(Transmit {
+                    let t = Transmit {
                         dst,
                         msg: Message {
                             src: self.rank,
                             header,
                             payload,
                         },
-                    });
+                    };
+                    g.flow.send(s.peer, op.seq, t, &mut out);
                 }
                 c.posted = true;
+                let gid = op.group;
+                self.emit(gid, out);
+                continue;
             }
             if !step
                 .recvs
@@ -675,6 +718,7 @@ impl Engine {
         g.aborted = Some(root.clone());
         g.unexpected.clear();
         g.p2p_arrived.clear();
+        g.flow.clear();
         if tell {
             for &m in &g.info.members {
                 if m != self.rank {
@@ -711,6 +755,33 @@ impl Engine {
                 };
                 self.events.push_back(Event { op: id, result });
             }
+        }
+    }
+
+    /// Sends what the flow control of group `gid` released or asks for.
+    fn emit(&mut self, gid: GroupId, out: Vec<FlowOut<Transmit>>) {
+        let Some(g) = self.groups.get(&gid) else {
+            return;
+        };
+        for o in out {
+            let (dst, header) = match o {
+                FlowOut::Send(t) => {
+                    self.transmits.push_back(t);
+                    continue;
+                }
+                FlowOut::Ask { peer, seq } => {
+                    (g.info.global(peer), Header::WantCredit { group: gid, seq })
+                }
+                FlowOut::Credit { peer, calls } => {
+                    (g.info.global(peer), Header::Credit { group: gid, calls })
+                }
+            };
+            let msg = Message {
+                src: self.rank,
+                header,
+                payload: Vec::new(),
+            };
+            self.transmits.push_back(Transmit { dst, msg });
         }
     }
 

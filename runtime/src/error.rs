@@ -72,6 +72,12 @@ pub enum ProtocolError {
         /// The sequence number of the call.
         seq: u64,
     },
+    /// A message for a call beyond the flow-control window the receiver granted.
+    #[error("message for call #{seq}, beyond the granted window")]
+    Window {
+        /// The sequence number of the call.
+        seq: u64,
+    },
     /// A message that could not be decoded.
     #[error("malformed frame: {0}")]
     Malformed(String),

@@ -59,6 +59,9 @@ pub struct GroupOptions {
     pub segment_bytes: usize,
     /// Algorithms forced for some kinds of call (for tests and benchmarks).
     pub algorithms: Vec<(OpKind, Algorithm)>,
+    /// How many calls a rank may run ahead of a peer before its messages to that peer wait
+    /// (flow control; bounds what a peer buffers for calls it has not made yet).
+    pub window: u64,
 }
 
 impl Default for GroupOptions {
@@ -67,6 +70,7 @@ impl Default for GroupOptions {
             timeout: Duration::from_secs(300),
             segment_bytes: 1 << 20,
             algorithms: Vec::new(),
+            window: 16,
         }
     }
 }

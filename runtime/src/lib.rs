@@ -54,7 +54,10 @@ pub mod completion;
 pub mod dtype;
 pub mod engine;
 pub mod error;
+mod flow;
 pub mod group;
+#[cfg(all(test, collectix_loom))]
+mod loom_models;
 pub mod message;
 pub mod op;
 pub mod reduce;

@@ -38,6 +38,20 @@ pub enum Header {
         /// Element count.
         count: u64,
     },
+    /// Flow control: the sender has made `calls` calls in the group (see `flow`).
+    Credit {
+        /// The group.
+        group: GroupId,
+        /// Calls made.
+        calls: u64,
+    },
+    /// Flow control: the sender asks for credit up to call `seq`.
+    WantCredit {
+        /// The group.
+        group: GroupId,
+        /// The call it wants to send.
+        seq: u64,
+    },
     /// The sender aborted the group because of `cause`.
     Abort {
         /// The group.
@@ -53,7 +67,9 @@ impl Header {
         match self {
             Header::Data { group, .. }
             | Header::P2p { group, .. }
-            | Header::Abort { group, .. } => *group,
+            | Header::Abort { group, .. }
+            | Header::Credit { group, .. }
+            | Header::WantCredit { group, .. } => *group,
         }
     }
 }

@@ -279,6 +279,8 @@ fn header_text(h: &Header, with_call: bool) -> String {
         } => format!("p2p g={group} tag={tag} #{seq} {dtype}x{count}"),
         Header::Abort { group, cause } if with_call => format!("abort g={group}: {cause}"),
         Header::Abort { group, .. } => format!("abort g={group}"),
+        Header::Credit { group, calls } => format!("credit g={group} calls={calls}"),
+        Header::WantCredit { group, seq } => format!("want-credit g={group} #{seq}"),
     }
 }
 
@@ -362,6 +364,8 @@ fn transmit_key(t: &Transmit) -> (usize, u64, u8, u64, u32) {
             group, tag, seq, ..
         } => (group.0, 1, *seq, *tag),
         Header::Abort { group, .. } => (group.0, 2, 0, 0),
+        Header::Credit { group, calls } => (group.0, 3, *calls, 0),
+        Header::WantCredit { group, seq } => (group.0, 4, *seq, 0),
     };
     (t.dst, group, kind, seq, tag)
 }
@@ -452,6 +456,11 @@ impl Sim {
             }
         }
         sim
+    }
+
+    /// Rank `rank`'s engine (to inspect its queues).
+    pub fn engine(&self, rank: usize) -> Option<&Engine> {
+        self.engines.get(rank)
     }
 
     /// The seed.

@@ -1,0 +1,242 @@
+//! Flow control: a bounded window of calls per (group, peer), so that a rank that runs ahead
+//! (a root issuing many broadcasts before its peers make them) cannot grow a peer's queues
+//! without limit.
+//!
+//! A rank sends a message of call `seq` to a peer only while `seq < known + window`, where
+//! `known` is how many calls of the group the peer has made, as far as this rank knows.
+//! Otherwise the message waits here, in the sender's memory (it refers to the sender's own
+//! tensors). Knowledge comes from `Credit { calls }` messages, which a peer sends in answer to
+//! `WantCredit { seq }`: at once, and again once it has made enough calls to let `seq` through.
+//! A sender asks early, when it passes the middle of its window, so ranks that keep in step
+//! never wait for a credit; they pay one small message pair per half window.
+//!
+//! Deadlock freedom: a message is held only for a call at least `window` calls beyond the
+//! peer's last known call. If the peer has made that call, its credit (sent when it made the
+//! call, because the sender asked) releases the message; if it has not, nothing it waits for
+//! can be among the held messages, since those belong to later calls. So `window >= 1`
+//! suffices; the receiver, in turn, never buffers more than `window` calls per peer that it has
+//! not made yet, and treats a message beyond that as a protocol violation.
+
+use std::collections::HashMap;
+
+/// What the flow state asks the engine to send.
+#[derive(Debug, PartialEq)]
+pub(crate) enum FlowOut<T> {
+    /// A message released (or never held).
+    Send(T),
+    /// Ask `peer` for credit up to call `seq`.
+    Ask { peer: usize, seq: u64 },
+    /// Tell `peer` how many calls this rank has made.
+    Credit { peer: usize, calls: u64 },
+}
+
+#[derive(Debug)]
+struct Peer<T> {
+    /// Calls the peer has made, as far as this rank knows.
+    known: u64,
+    /// Messages waiting for credit, with their call's seq.
+    held: Vec<(u64, T)>,
+    /// The highest seq this rank has asked the peer about.
+    asked: Option<u64>,
+    /// The highest seq the peer asked this rank about and has not been granted yet.
+    want: Option<u64>,
+}
+
+impl<T> Default for Peer<T> {
+    fn default() -> Self {
+        Peer {
+            known: 0,
+            held: Vec::new(),
+            asked: None,
+            want: None,
+        }
+    }
+}
+
+/// The flow state of one group on one rank.
+#[derive(Debug)]
+pub(crate) struct Flow<T> {
+    window: u64,
+    /// Calls this rank has made in the group (highest seq + 1).
+    made: u64,
+    peers: HashMap<usize, Peer<T>>,
+}
+
+impl<T> Flow<T> {
+    pub(crate) fn new(window: u64) -> Self {
+        Flow {
+            window: window.max(1),
+            made: 0,
+            peers: HashMap::new(),
+        }
+    }
+
+    /// Whether a peer may have sent a message of call `seq` (receiver-side check).
+    pub(crate) fn admits(&self, seq: u64) -> bool {
+        seq < self.made.saturating_add(self.window)
+    }
+
+    /// A message of call `seq` for `peer`.
+    pub(crate) fn send(&mut self, peer: usize, seq: u64, msg: T, out: &mut Vec<FlowOut<T>>) {
+        let w = self.window;
+        let p = self.peers.entry(peer).or_default();
+        if seq < p.known.saturating_add(w) {
+            out.push(FlowOut::Send(msg));
+            // Ask early, so that ranks in step never stall on a credit.
+            if seq >= p.known.saturating_add(w / 2) && p.asked.is_none_or(|a| a < seq) {
+                p.asked = Some(seq);
+                out.push(FlowOut::Ask {
+                    peer,
+                    seq: seq.saturating_add(w / 2),
+                });
+            }
+        } else {
+            p.held.push((seq, msg));
+            if p.asked.is_none_or(|a| a < seq) {
+                p.asked = Some(seq);
+                out.push(FlowOut::Ask { peer, seq });
+            }
+        }
+    }
+
+    /// `peer` has made `calls` calls: release what that allows.
+    pub(crate) fn on_credit(&mut self, peer: usize, calls: u64, out: &mut Vec<FlowOut<T>>) {
+        let w = self.window;
+        let p = self.peers.entry(peer).or_default();
+        if calls <= p.known {
+            return;
+        }
+        p.known = calls;
+        if p.asked.is_some_and(|a| a < calls.saturating_add(w)) {
+            p.asked = None;
+        }
+        let limit = p.known.saturating_add(w);
+        let (go, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut p.held)
+            .into_iter()
+            .partition(|(s, _)| *s < limit);
+        p.held = stay;
+        out.extend(go.into_iter().map(|(_, m)| FlowOut::Send(m)));
+        if let Some(&(first, _)) = p.held.iter().min_by_key(|(s, _)| *s) {
+            p.asked = Some(first);
+            out.push(FlowOut::Ask { peer, seq: first });
+        }
+    }
+
+    /// `peer` asks whether it may send call `seq`.
+    pub(crate) fn on_want(&mut self, peer: usize, seq: u64, out: &mut Vec<FlowOut<T>>) {
+        let made = self.made;
+        let w = self.window;
+        let p = self.peers.entry(peer).or_default();
+        out.push(FlowOut::Credit { peer, calls: made });
+        if seq >= made.saturating_add(w) {
+            p.want = Some(p.want.map_or(seq, |x| x.max(seq)));
+        }
+    }
+
+    /// This rank made call `seq`: answer the peers that were waiting for it.
+    pub(crate) fn on_made(&mut self, seq: u64, out: &mut Vec<FlowOut<T>>) {
+        self.made = self.made.max(seq.saturating_add(1));
+        let limit = self.made.saturating_add(self.window);
+        for (&peer, p) in &mut self.peers {
+            if p.want.is_some_and(|s| s < limit) {
+                p.want = None;
+                out.push(FlowOut::Credit {
+                    peer,
+                    calls: self.made,
+                });
+            }
+        }
+    }
+
+    /// Messages held, over all peers.
+    pub(crate) fn held(&self) -> usize {
+        self.peers.values().map(|p| p.held.len()).sum()
+    }
+
+    /// Drops everything held (the group was aborted).
+    pub(crate) fn clear(&mut self) {
+        for p in self.peers.values_mut() {
+            p.held.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sends(out: &[FlowOut<u32>]) -> Vec<u32> {
+        out.iter()
+            .filter_map(|o| {
+                if let FlowOut::Send(m) = o {
+                    Some(*m)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn holds_beyond_the_window_and_releases_on_credit() {
+        let mut f = Flow::new(4);
+        let mut out = Vec::new();
+        for seq in 0..10 {
+            f.send(1, seq, seq as u32, &mut out);
+        }
+        assert_eq!(sends(&out), vec![0, 1, 2, 3]);
+        assert_eq!(f.held(), 6);
+        assert!(out.contains(&FlowOut::Ask { peer: 1, seq: 4 }));
+        out.clear();
+        f.on_credit(1, 3, &mut out);
+        assert_eq!(sends(&out), vec![4, 5, 6]);
+        assert!(out.contains(&FlowOut::Ask { peer: 1, seq: 7 }));
+        out.clear();
+        f.on_credit(1, 2, &mut out);
+        assert!(out.is_empty(), "stale credit ignored");
+        f.on_credit(1, 100, &mut out);
+        assert_eq!(sends(&out), vec![7, 8, 9]);
+        assert_eq!(f.held(), 0);
+    }
+
+    #[test]
+    fn receiver_answers_now_and_again_when_it_catches_up() {
+        let mut f: Flow<u32> = Flow::new(4);
+        let mut out = Vec::new();
+        f.on_want(0, 9, &mut out);
+        assert_eq!(out, vec![FlowOut::Credit { peer: 0, calls: 0 }]);
+        out.clear();
+        for seq in 0..5 {
+            f.on_made(seq, &mut out);
+        }
+        assert!(out.is_empty(), "9 is not yet within 5 + 4");
+        f.on_made(5, &mut out);
+        assert_eq!(out, vec![FlowOut::Credit { peer: 0, calls: 6 }]);
+        assert!(f.admits(9) && !f.admits(10));
+    }
+
+    #[test]
+    fn ranks_in_step_ask_early_and_never_hold() {
+        // Two ranks making the same calls, each crediting the other as asked.
+        let mut a: Flow<u64> = Flow::new(8);
+        let mut b: Flow<u64> = Flow::new(8);
+        for seq in 0..100 {
+            let mut out = Vec::new();
+            b.on_made(seq, &mut out);
+            a.on_made(seq, &mut out);
+            a.send(1, seq, seq, &mut out);
+            let mut replies = Vec::new();
+            for o in out {
+                if let FlowOut::Ask { seq, .. } = o {
+                    b.on_want(0, seq, &mut replies);
+                }
+            }
+            for r in replies {
+                if let FlowOut::Credit { calls, .. } = r {
+                    a.on_credit(1, calls, &mut Vec::new());
+                }
+            }
+            assert_eq!(a.held(), 0, "seq {seq}");
+        }
+    }
+}
