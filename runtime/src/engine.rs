@@ -417,6 +417,7 @@ impl Engine {
                             .filter(|r| !c.inbox.contains_key(&(r.peer, r.tag)))
                             .map(|r| g.info.global(r.peer))
                             .collect();
+                        w.sort_unstable();
                         w.dedup();
                         w
                     }

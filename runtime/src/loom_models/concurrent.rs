@@ -1,0 +1,224 @@
+//! Model group 2: two collectives in flight, issued in the same order by every rank, with
+//! messages of the second arriving before the first has finished — on one group, and on two
+//! different groups that share members. The two calls of each model have the same
+//! fingerprint (kind, dtype, count, op, algorithm) and different data, so only the
+//! sequence number and the group keep them apart: a mix-up shows as a wrong sum.
+
+use super::{assert_output, check, plan, run_world, subgroup, world, Script};
+use crate::collective::{Output, Request};
+use crate::group::{GroupId, GroupInfo};
+use crate::op::{Algorithm, OpKind};
+use crate::reduce::ReduceOp;
+use crate::tensor::Tensor;
+
+/// An i32 sum all_reduce of `v` with `alg` forced, planned for the member of `info`.
+fn all_reduce(info: &GroupInfo, v: Vec<i32>, alg: Algorithm) -> crate::collective::Plan {
+    let mut info = info.clone();
+    info.options = info.options.with_algorithm(OpKind::AllReduce, alg);
+    plan(
+        Request::AllReduce {
+            tensor: Tensor::from_vec(v),
+            op: ReduceOp::Sum,
+        },
+        &info,
+    )
+}
+
+/// Two all_reduces on the world of 2 ranks (sequence numbers 0 and 1), rank 0 submitting
+/// both at once, rank 1 the second only when the first finished (`lazy_1`) or both at once.
+fn same_group(name: &str, alg: Algorithm, lazy_1: bool) {
+    check(name, move || {
+        let scripts = (0..2)
+            .map(|r| {
+                let info = world(2, r);
+                let k = r as i32 + 1;
+                let a = all_reduce(&info, vec![k, 10 * k], alg);
+                let b = all_reduce(&info, vec![100 * k, 1000 * k], alg);
+                let s = Script::new(r).group(info).call(GroupId::WORLD, 0, a).call(
+                    GroupId::WORLD,
+                    1,
+                    b,
+                );
+                if lazy_1 && r == 1 {
+                    s.lazy()
+                } else {
+                    s
+                }
+            })
+            .collect();
+        let res = run_world(scripts, Vec::new());
+        for (r, rr) in res.iter().enumerate() {
+            let first = Output::Tensor(Tensor::from_vec(vec![3i32, 30]));
+            let second = Output::Tensor(Tensor::from_vec(vec![300i32, 3000]));
+            assert_output(&format!("rank {r} call #0"), &rr[0], &first);
+            assert_output(&format!("rank {r} call #1"), &rr[1], &second);
+        }
+    });
+}
+
+/// [`same_group`], ring, both ranks submitting both calls at once.
+#[test]
+fn same_group_ring_both_eager() {
+    same_group(
+        "two in flight, same group, ring, both eager",
+        Algorithm::Ring,
+        false,
+    );
+}
+
+/// [`same_group`], ring, rank 1 lazy: the second call's first message always reaches it
+/// before its first call finished.
+#[test]
+fn same_group_ring_one_lazy() {
+    same_group(
+        "two in flight, same group, ring, rank 1 lazy",
+        Algorithm::Ring,
+        true,
+    );
+}
+
+/// [`same_group`], recursive doubling, rank 1 lazy.
+#[test]
+fn same_group_recursive_doubling_one_lazy() {
+    let name = "two in flight, same group, recursive doubling, rank 1 lazy";
+    same_group(name, Algorithm::RecursiveDoubling, true);
+}
+
+/// Two ring all_reduces on the world of 3 ranks (sequence numbers 0 and 1), rank 2
+/// submitting the second only when the first finished.
+#[test]
+fn same_group_ring_3() {
+    check(
+        "two in flight, same group, ring, rank 2 lazy (3 ranks)",
+        || {
+            let scripts = (0..3)
+                .map(|r| {
+                    let info = world(3, r);
+                    let k = r as i32 + 1;
+                    let a = all_reduce(&info, vec![k], Algorithm::Ring);
+                    let b = all_reduce(&info, vec![100 * k], Algorithm::Ring);
+                    let s = Script::new(r).group(info).call(GroupId::WORLD, 0, a).call(
+                        GroupId::WORLD,
+                        1,
+                        b,
+                    );
+                    if r == 2 {
+                        s.lazy()
+                    } else {
+                        s
+                    }
+                })
+                .collect();
+            let res = run_world(scripts, Vec::new());
+            for (r, rr) in res.iter().enumerate() {
+                let first = Output::Tensor(Tensor::from_vec(vec![6i32]));
+                let second = Output::Tensor(Tensor::from_vec(vec![600i32]));
+                assert_output(&format!("rank {r} call #0"), &rr[0], &first);
+                assert_output(&format!("rank {r} call #1"), &rr[1], &second);
+            }
+        },
+    );
+}
+
+/// The id of the second group in the overlapping-groups models.
+fn sub_id() -> GroupId {
+    GroupId::derive(GroupId::WORLD, 0, &[2, 1])
+}
+
+/// 3 ranks: an all_reduce on the world (sequence 0), then one on the group {2, 1} (also
+/// sequence 0 there, and rank 2 is that group's rank 0). Rank 0 only takes part in the
+/// first; rank 1 submits lazily, so the second group's messages can reach it before it
+/// finished the first or even made the second call; with `late`, it also registers the
+/// second group only then, so those messages can arrive for a group it does not know yet.
+/// With `drop_bug`, rank 1's driver throws early messages away (a deliberate bug, see
+/// `bugs.rs`).
+pub(super) fn overlapping_3(late: bool, drop_bug: bool) {
+    let members = [2usize, 1];
+    let scripts = (0..3)
+        .map(|r| {
+            let w = world(3, r);
+            let k = r as i32 + 1;
+            let mut s = Script::new(r).group(w.clone()).call(
+                GroupId::WORLD,
+                0,
+                all_reduce(&w, vec![k], Algorithm::RecursiveDoubling),
+            );
+            if r != 0 {
+                let g = subgroup(sub_id(), &members, r);
+                let p = all_reduce(&g, vec![100 * k], Algorithm::RecursiveDoubling);
+                s = s.group(g).call(sub_id(), 0, p);
+            }
+            if r == 1 {
+                s = s.lazy();
+                if late {
+                    s = s.late_groups();
+                }
+                if drop_bug {
+                    s = s.drop_unexpected();
+                }
+            }
+            s
+        })
+        .collect();
+    let res = run_world(scripts, Vec::new());
+    let world_sum = Output::Tensor(Tensor::from_vec(vec![6i32]));
+    let group_sum = Output::Tensor(Tensor::from_vec(vec![500i32]));
+    for (r, rr) in res.iter().enumerate() {
+        assert_output(&format!("rank {r} world call"), &rr[0], &world_sum);
+        if r != 0 {
+            assert_output(&format!("rank {r} group call"), &rr[1], &group_sum);
+        }
+    }
+}
+
+/// [`overlapping_3`], every group registered at start.
+#[test]
+fn overlapping_groups_3() {
+    check("two in flight, overlapping groups (3 ranks)", || {
+        overlapping_3(false, false)
+    });
+}
+
+/// [`overlapping_3`], rank 1 registering the second group only when it calls into it.
+#[test]
+fn overlapping_groups_late_registration_3() {
+    check(
+        "two in flight, overlapping groups, second group registered late (3 ranks)",
+        || overlapping_3(true, false),
+    );
+}
+
+/// 2 ranks, two groups with the same members in opposite orders (so group-local ranks
+/// differ), both on sequence 0, ring all_reduce in each; rank 0 lazy.
+#[test]
+fn overlapping_groups_2() {
+    check("two in flight, same members, two groups (2 ranks)", || {
+        let id = GroupId::derive(GroupId::WORLD, 0, &[1, 0]);
+        let scripts = (0..2)
+            .map(|r| {
+                let w = world(2, r);
+                let g = subgroup(id, &[1, 0], r);
+                let k = r as i32 + 1;
+                let a = all_reduce(&w, vec![k, 2 * k], Algorithm::Ring);
+                let b = all_reduce(&g, vec![100 * k, 200 * k], Algorithm::Ring);
+                let s = Script::new(r)
+                    .group(w)
+                    .group(g)
+                    .call(GroupId::WORLD, 0, a)
+                    .call(id, 0, b);
+                if r == 0 {
+                    s.lazy()
+                } else {
+                    s
+                }
+            })
+            .collect();
+        let res = run_world(scripts, Vec::new());
+        for (r, rr) in res.iter().enumerate() {
+            let a = Output::Tensor(Tensor::from_vec(vec![3i32, 6]));
+            let b = Output::Tensor(Tensor::from_vec(vec![300i32, 600]));
+            assert_output(&format!("rank {r} world call"), &rr[0], &a);
+            assert_output(&format!("rank {r} group call"), &rr[1], &b);
+        }
+    });
+}
