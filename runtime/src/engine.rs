@@ -19,6 +19,7 @@ use crate::flow::{Flow, FlowOut};
 use crate::group::{GroupId, GroupInfo};
 use crate::message::{Header, Message, Transmit};
 use crate::op::OpKind;
+use crate::pool::Pool;
 use crate::reduce::{self, ReduceOp};
 use crate::schedule::{Action, Schedule};
 use crate::tensor::{validate_storage, Tensor};
@@ -101,7 +102,12 @@ pub struct Engine {
     arrivals: u64,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
+    /// Buffers for reduction results, recycled when their last share is dropped.
+    pool: Pool,
 }
+
+/// Free reduction buffers an engine keeps for reuse.
+const POOL_BYTES: usize = 64 << 20;
 
 impl Engine {
     /// An engine for global rank `rank`.
@@ -115,6 +121,7 @@ impl Engine {
             arrivals: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            pool: Pool::new(POOL_BYTES),
         }
     }
 
@@ -644,7 +651,7 @@ impl Engine {
                             } else {
                                 (local, &part)
                             };
-                            reduce::combine(dtype, rop, a, b)
+                            reduce::combine(dtype, rop, a, b, &self.pool)
                         }
                         (Action::Reduce { .. }, None) => {
                             Err(Error::invalid("internal: reduce into an empty chunk"))

@@ -60,6 +60,7 @@ pub mod group;
 mod loom_models;
 pub mod message;
 pub mod op;
+mod pool;
 pub mod reduce;
 pub mod schedule;
 pub mod sim;

@@ -22,11 +22,14 @@
 //! machine (2026-11-22), 16 Ki elements per operand (cache-resident), bytes read + written:
 //! f32 sum 85 GB/s, f64 sum 84, i32 sum 81, i64 product 44, u8 xor 66 (vectorized); f32 max
 //! 26 (the NaN and ±0 branches); f16 sum 6, bf16 sum 5. At 16 Mi elements every dtype runs at
-//! 3–5 GB/s, bound by the page faults of each fresh output buffer: a buffer pool behind
-//! `combine` is the planned fix (performance issue).
+//! 3–5 GB/s there, bound by the page faults of a fresh output buffer; that is why the engine
+//! reduces into buffers from a pool (`pool.rs`) that are recycled once their last share is
+//! dropped, instead of allocating one per chunk (the benchmark measures the unpooled
+//! reference path).
 
 use crate::dtype::{bf16, f16, DType};
 use crate::error::{Error, Result};
+use crate::pool::Pool;
 use crate::tensor::bytes_from_vec;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -153,15 +156,17 @@ pub(crate) enum Combine {
 }
 
 #[inline]
-fn zip_map<T: Copy>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> Vec<T> {
-    a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+fn zip_into<T: Copy>(a: &[T], b: &[T], out: &mut [T], f: impl Fn(T, T) -> T) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(x, y);
+    }
 }
 
 /// Element types the kernels know. `bool` is reduced through its `u8` storage.
 pub(crate) trait Kernel: bytemuck::Pod {
     /// `out[i] = a[i] (op) b[i]`; `None` when `op` does not apply to the type (validation
     /// rules this out before any kernel runs).
-    fn combine(op: Combine, a: &[Self], b: &[Self], is_bool: bool) -> Option<Vec<Self>>;
+    fn combine(op: Combine, a: &[Self], b: &[Self], out: &mut [Self], is_bool: bool) -> Option<()>;
     /// Every element multiplied by `s` (floats only).
     fn scale(a: &[Self], s: f64) -> Option<Vec<Self>>;
     /// Every element divided by `n` (floats only).
@@ -206,12 +211,18 @@ float_minmax!(f64, max_f64, min_f64);
 macro_rules! float_kernel {
     ($t:ty, $max:ident, $min:ident) => {
         impl Kernel for $t {
-            fn combine(op: Combine, a: &[Self], b: &[Self], _: bool) -> Option<Vec<Self>> {
+            fn combine(
+                op: Combine,
+                a: &[Self],
+                b: &[Self],
+                out: &mut [Self],
+                _: bool,
+            ) -> Option<()> {
                 Some(match op {
-                    Combine::Sum => zip_map(a, b, |x, y| x + y),
-                    Combine::Prod => zip_map(a, b, |x, y| x * y),
-                    Combine::Min => zip_map(a, b, $min),
-                    Combine::Max => zip_map(a, b, $max),
+                    Combine::Sum => zip_into(a, b, out, |x, y| x + y),
+                    Combine::Prod => zip_into(a, b, out, |x, y| x * y),
+                    Combine::Min => zip_into(a, b, out, $min),
+                    Combine::Max => zip_into(a, b, out, $max),
                     _ => return None,
                 })
             }
@@ -231,21 +242,20 @@ float_kernel!(f64, max_f64, min_f64);
 /// `f(a, b)` for 16-bit floats: both widened to f32 in blocks (half's slice conversions use
 /// F16C where the CPU has it), combined, and rounded back to nearest even — the same bits as
 /// converting element by element.
-fn half_zip<T>(a: &[T], b: &[T], f: impl Fn(f32, f32) -> f32) -> Vec<T>
+fn half_into<T>(a: &[T], b: &[T], out: &mut [T], f: impl Fn(f32, f32) -> f32)
 where
-    T: Copy + Default,
+    T: Copy,
     [T]: half::slice::HalfFloatSliceExt,
 {
     use half::slice::HalfFloatSliceExt;
     const BLOCK: usize = 256;
-    let mut out = vec![T::default(); a.len()];
     let (mut fa, mut fb) = ([0f32; BLOCK], [0f32; BLOCK]);
     for ((ca, cb), co) in a
         .chunks(BLOCK)
         .zip(b.chunks(BLOCK))
         .zip(out.chunks_mut(BLOCK))
     {
-        let n = ca.len().min(cb.len());
+        let n = ca.len().min(cb.len()).min(co.len());
         ca[..n].convert_to_f32_slice(&mut fa[..n]);
         cb[..n].convert_to_f32_slice(&mut fb[..n]);
         for (x, &y) in fa[..n].iter_mut().zip(&fb[..n]) {
@@ -253,18 +263,34 @@ where
         }
         co[..n].convert_from_f32_slice(&fa[..n]);
     }
+}
+
+/// [`half_into`] into a new vector.
+fn half_zip<T>(a: &[T], b: &[T], f: impl Fn(f32, f32) -> f32) -> Vec<T>
+where
+    T: Copy + Default,
+    [T]: half::slice::HalfFloatSliceExt,
+{
+    let mut out = vec![T::default(); a.len()];
+    half_into(a, b, &mut out, f);
     out
 }
 
 macro_rules! half_kernel {
     ($t:ty) => {
         impl Kernel for $t {
-            fn combine(op: Combine, a: &[Self], b: &[Self], _: bool) -> Option<Vec<Self>> {
+            fn combine(
+                op: Combine,
+                a: &[Self],
+                b: &[Self],
+                out: &mut [Self],
+                _: bool,
+            ) -> Option<()> {
                 Some(match op {
-                    Combine::Sum => half_zip(a, b, |x, y| x + y),
-                    Combine::Prod => half_zip(a, b, |x, y| x * y),
-                    Combine::Min => half_zip(a, b, min_f32),
-                    Combine::Max => half_zip(a, b, max_f32),
+                    Combine::Sum => half_into(a, b, out, |x, y| x + y),
+                    Combine::Prod => half_into(a, b, out, |x, y| x * y),
+                    Combine::Min => half_into(a, b, out, min_f32),
+                    Combine::Max => half_into(a, b, out, max_f32),
                     _ => return None,
                 })
             }
@@ -285,19 +311,25 @@ half_kernel!(bf16);
 macro_rules! int_kernel {
     ($t:ty) => {
         impl Kernel for $t {
-            fn combine(op: Combine, a: &[Self], b: &[Self], is_bool: bool) -> Option<Vec<Self>> {
+            fn combine(
+                op: Combine,
+                a: &[Self],
+                b: &[Self],
+                out: &mut [Self],
+                is_bool: bool,
+            ) -> Option<()> {
                 Some(match (op, is_bool) {
                     (Combine::Sum | Combine::Max, true) | (Combine::Or, _) => {
-                        zip_map(a, b, |x, y| x | y)
+                        zip_into(a, b, out, |x, y| x | y)
                     }
                     (Combine::Prod | Combine::Min, true) | (Combine::And, _) => {
-                        zip_map(a, b, |x, y| x & y)
+                        zip_into(a, b, out, |x, y| x & y)
                     }
-                    (Combine::Xor, _) => zip_map(a, b, |x, y| x ^ y),
-                    (Combine::Sum, false) => zip_map(a, b, <$t>::wrapping_add),
-                    (Combine::Prod, false) => zip_map(a, b, <$t>::wrapping_mul),
-                    (Combine::Min, false) => zip_map(a, b, std::cmp::min),
-                    (Combine::Max, false) => zip_map(a, b, std::cmp::max),
+                    (Combine::Xor, _) => zip_into(a, b, out, |x, y| x ^ y),
+                    (Combine::Sum, false) => zip_into(a, b, out, <$t>::wrapping_add),
+                    (Combine::Prod, false) => zip_into(a, b, out, <$t>::wrapping_mul),
+                    (Combine::Min, false) => zip_into(a, b, out, std::cmp::min),
+                    (Combine::Max, false) => zip_into(a, b, out, std::cmp::max),
                 })
             }
             fn scale(_: &[Self], _: f64) -> Option<Vec<Self>> {
@@ -329,15 +361,24 @@ fn unsupported(op: ReduceOp, dtype: DType) -> Error {
 
 /// `a (op) b`, element-wise, into a new aligned buffer. Both are `dtype` storage of the same
 /// length.
-pub(crate) fn combine(dtype: DType, op: ReduceOp, a: &[u8], b: &[u8]) -> Result<Bytes> {
+pub(crate) fn combine(
+    dtype: DType,
+    op: ReduceOp,
+    a: &[u8],
+    b: &[u8],
+    pool: &Pool,
+) -> Result<Bytes> {
     if a.len() != b.len() {
         return Err(Error::invalid("reduce operands differ in length"));
     }
     let c = op.combiner();
     crate::with_storage_type!(dtype, T => {
-        let out = <T as Kernel>::combine(c, view::<T>(a)?, view::<T>(b)?, dtype == DType::Bool)
+        let n = a.len() / std::mem::size_of::<T>();
+        let mut buf = pool.take(a.len());
+        let out = buf.typed_mut::<T>(n).ok_or_else(|| Error::invalid("internal: pool buffer too small"))?;
+        <T as Kernel>::combine(c, view::<T>(a)?, view::<T>(b)?, out, dtype == DType::Bool)
             .ok_or_else(|| unsupported(op, dtype))?;
-        Ok(bytes_from_vec(out))
+        Ok(buf.freeze())
     })
 }
 
@@ -381,7 +422,7 @@ pub fn reference(op: ReduceOp, inputs: &[crate::Tensor]) -> Result<crate::Tensor
     };
     let mut acc = prep(first)?;
     for t in &inputs[1..] {
-        acc = combine(dtype, op, &acc, &prep(t)?)?;
+        acc = combine(dtype, op, &acc, &prep(t)?, &Pool::none())?;
     }
     if let Some(b) = post(dtype, op, &acc, inputs.len())? {
         acc = b;
@@ -404,6 +445,7 @@ mod tests {
             op,
             bytemuck::cast_slice(a),
             bytemuck::cast_slice(b),
+            &Pool::new(1 << 20),
         );
         r.map(|b| bytemuck::cast_slice::<u8, T>(&b).to_vec())
             .unwrap_or_default()
@@ -485,7 +527,8 @@ mod tests {
         let b16: Vec<f16> = (0..=u16::MAX)
             .map(|i| f16::from_bits(i.rotate_left(5)))
             .collect();
-        let got = <f16 as Kernel>::combine(Combine::Sum, &a16, &b16, false).unwrap_or_default();
+        let mut got = vec![f16::ZERO; a16.len()];
+        assert!(<f16 as Kernel>::combine(Combine::Sum, &a16, &b16, &mut got, false).is_some());
         for ((x, y), z) in a16.iter().zip(&b16).zip(&got) {
             let want = f16::from_f32(x.to_f32() + y.to_f32());
             assert!(
@@ -497,7 +540,8 @@ mod tests {
         let bb: Vec<bf16> = (0..=u16::MAX)
             .map(|i| bf16::from_bits(i.rotate_left(3)))
             .collect();
-        let got = <bf16 as Kernel>::combine(Combine::Prod, &ab, &bb, false).unwrap_or_default();
+        let mut got = vec![bf16::ZERO; ab.len()];
+        assert!(<bf16 as Kernel>::combine(Combine::Prod, &ab, &bb, &mut got, false).is_some());
         for ((x, y), z) in ab.iter().zip(&bb).zip(&got) {
             let want = bf16::from_f32(x.to_f32() * y.to_f32());
             assert!(
