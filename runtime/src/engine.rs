@@ -378,7 +378,19 @@ impl Engine {
                         detail: ProtocolError::Window { seq },
                     };
                     self.abort(gid, err, None, true);
-                } else if let Some(&id) = g.active.get(&seq) {
+                    return;
+                }
+                // A message of call `seq` shows that the peer has made that call: an implicit
+                // credit, which releases what this rank holds for it without a round trip.
+                let mut out = Vec::new();
+                g.flow.on_credit(src, seq.saturating_add(1), &mut out);
+                if !out.is_empty() {
+                    self.emit(gid, out);
+                }
+                let Some(g) = self.groups.get_mut(&gid) else {
+                    return;
+                };
+                if let Some(&id) = g.active.get(&seq) {
                     self.deliver(id, msg);
                 } else if let Some(ours) = g.done.get(&seq).copied() {
                     let err = if ours == *call {

@@ -8,7 +8,14 @@
 //! tensors). Knowledge comes from `Credit { calls }` messages, which a peer sends in answer to
 //! `WantCredit { seq }`: at once, and again once it has made enough calls to let `seq` through.
 //! A sender asks early, when it passes the middle of its window, so ranks that keep in step
-//! never wait for a credit; they pay one small message pair per half window.
+//! never wait for a credit; they pay one small message pair per half window. A data message of
+//! call `seq` is itself a credit of `seq + 1` (the peer has made that call), so ranks that
+//! exchange data rarely need the explicit messages at all.
+//!
+//! A call can complete while some of its messages still wait here for a peer's credit (a
+//! broadcast root, for one, finishes once its part is posted). The rank sends them as soon as
+//! the credit comes, as long as it runs; a rank that is shut down first drops them, as a
+//! process that exits drops its unsent socket buffers.
 //!
 //! Deadlock freedom: a message is held only for a call at least `window` calls beyond the
 //! peer's last known call. If the peer has made that call, its credit (sent when it made the

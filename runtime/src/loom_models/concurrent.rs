@@ -222,3 +222,61 @@ fn overlapping_groups_2() {
         }
     });
 }
+
+/// Flow control under every interleaving: a window of one call, rank 0 issuing `calls`
+/// broadcasts at once (all but the first must wait for the others' credits), the other
+/// ranks making each call only when the previous one finished, then a barrier so that rank 0
+/// keeps serving credits until everyone is done. Every value arrives, in order; nothing hangs.
+fn flow_control(n: usize, calls: u64) {
+    let name = format!("flow control, window 1, root {calls} broadcasts ahead ({n} ranks)");
+    check(&name, move || {
+        let scripts = (0..n)
+            .map(|r| {
+                let opts = crate::group::GroupOptions {
+                    window: 1,
+                    ..crate::group::GroupOptions::default()
+                };
+                let info = super::world_with(n, r, opts);
+                let mut s = Script::new(r).group(info.clone());
+                for k in 0..calls {
+                    let v = if r == 0 { k as i32 + 7 } else { 0 };
+                    let req = Request::Broadcast {
+                        tensor: Tensor::from_vec(vec![v]),
+                        root: 0,
+                    };
+                    s = s.call(GroupId::WORLD, k, plan(req, &info));
+                }
+                let s = s.call(GroupId::WORLD, calls, plan(Request::Barrier, &info));
+                if r == 0 {
+                    s
+                } else {
+                    s.lazy()
+                }
+            })
+            .collect();
+        let res = run_world(scripts, Vec::new());
+        for (r, rr) in res.iter().enumerate() {
+            for (k, got) in rr.iter().take(calls as usize).enumerate() {
+                let want = Output::Tensor(Tensor::from_vec(vec![k as i32 + 7]));
+                assert_output(&format!("rank {r} call #{k}"), got, &want);
+            }
+            assert_output(
+                &format!("rank {r} barrier"),
+                &rr[calls as usize],
+                &Output::None,
+            );
+        }
+    });
+}
+
+/// [`flow_control`] on 2 ranks, three broadcasts.
+#[test]
+fn flow_control_window_of_one() {
+    flow_control(2, 3);
+}
+
+/// [`flow_control`] on 3 ranks, two broadcasts.
+#[test]
+fn flow_control_window_of_one_three_ranks() {
+    flow_control(3, 2);
+}
