@@ -58,6 +58,22 @@ struct Group {
     p2p_posted: Vec<OpId>,
     /// The window of calls per peer (see [`crate::flow`]).
     flow: Flow<Transmit>,
+    /// Point-to-point windows, one lane per tag: a lane's "calls made" are the receives this
+    /// rank has posted with that tag, its sequence numbers the messages sent on it.
+    p2p_flow: HashMap<u32, Flow<Transmit>>,
+    /// Receives posted so far, per tag.
+    p2p_recvs_posted: HashMap<u32, u64>,
+}
+
+impl Group {
+    /// The flow state of a lane: the group's calls (`None`) or a point-to-point tag.
+    fn lane(&mut self, tag: Option<u32>) -> &mut Flow<Transmit> {
+        let window = self.info.options.window;
+        match tag {
+            None => &mut self.flow,
+            Some(t) => self.p2p_flow.entry(t).or_insert_with(|| Flow::new(window)),
+        }
+    }
 }
 
 struct Coll {
@@ -147,6 +163,8 @@ impl Engine {
             p2p_arrived: BTreeMap::new(),
             p2p_posted: Vec::new(),
             flow: Flow::new(window),
+            p2p_flow: HashMap::new(),
+            p2p_recvs_posted: HashMap::new(),
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
             self.handle_message(m, now);
@@ -165,7 +183,10 @@ impl Engine {
 
     /// Messages waiting here for a peer's credit (flow control), over all groups.
     pub fn held(&self) -> usize {
-        self.groups.values().map(|g| g.flow.held()).sum()
+        self.groups
+            .values()
+            .map(|g| g.flow.held() + g.p2p_flow.values().map(Flow::held).sum::<usize>())
+            .sum()
     }
 
     /// Messages buffered for calls this rank has not made yet, over all groups.
@@ -174,6 +195,11 @@ impl Engine {
             .values()
             .map(|g| g.unexpected.values().map(Vec::len).sum::<usize>())
             .sum()
+    }
+
+    /// Point-to-point messages that arrived and wait for a receive, over all groups.
+    pub fn p2p_buffered(&self) -> usize {
+        self.groups.values().map(|g| g.p2p_arrived.len()).sum()
     }
 
     /// Calls in flight.
@@ -228,16 +254,23 @@ impl Engine {
                     dtype: fp.dtype,
                     count,
                 };
+                let q = *s;
                 *s += 1;
-                let dst = g.info.global(dst);
-                self.transmits.push_back(Transmit {
-                    dst,
+                let t = Transmit {
+                    dst: g.info.global(dst),
                     msg: Message {
                         src: self.rank,
                         header,
                         payload: vec![data],
                     },
-                });
+                };
+                let window = g.info.options.window;
+                let mut out = Vec::new();
+                g.p2p_flow
+                    .entry(tag)
+                    .or_insert_with(|| Flow::new(window))
+                    .send(dst, q, t, &mut out);
+                self.emit(group, Some(tag), out);
                 self.events.push_back(Event {
                     op: id,
                     result: Ok(Output::None),
@@ -245,6 +278,16 @@ impl Engine {
             }
             Body::Recv { src, tag, spec } => {
                 g.p2p_posted.push(id);
+                let n = g.p2p_recvs_posted.entry(tag).or_insert(0);
+                let made = *n;
+                *n += 1;
+                let window = g.info.options.window;
+                let mut out = Vec::new();
+                g.p2p_flow
+                    .entry(tag)
+                    .or_insert_with(|| Flow::new(window))
+                    .on_made(made, &mut out);
+                self.emit(group, Some(tag), out);
                 let state = State::Recv { src, tag, spec };
                 self.ops.insert(
                     id,
@@ -310,7 +353,7 @@ impl Engine {
                         state,
                     },
                 );
-                self.emit(group, out);
+                self.emit(group, None, out);
                 for m in early {
                     if self.ops.contains_key(&id) {
                         self.deliver(id, m);
@@ -353,21 +396,35 @@ impl Engine {
                 self.abort(gid, cause, None, false);
             }
             Header::P2p { tag, seq, .. } => {
+                let window = g.info.options.window;
+                if !g
+                    .p2p_flow
+                    .entry(*tag)
+                    .or_insert_with(|| Flow::new(window))
+                    .admits(*seq)
+                {
+                    let err = Error::Protocol {
+                        rank: msg.src,
+                        detail: ProtocolError::Window { seq: *seq },
+                    };
+                    self.abort(gid, err, None, true);
+                    return;
+                }
                 let key = (src, *tag, *seq);
                 let n = self.arrivals;
                 self.arrivals += 1;
                 g.p2p_arrived.insert(key, (n, msg));
                 self.match_p2p(gid);
             }
-            Header::Credit { calls, .. } => {
+            Header::Credit { calls, tag, .. } => {
                 let mut out = Vec::new();
-                g.flow.on_credit(src, *calls, &mut out);
-                self.emit(gid, out);
+                g.lane(*tag).on_credit(src, *calls, &mut out);
+                self.emit(gid, *tag, out);
             }
-            Header::WantCredit { seq, .. } => {
+            Header::WantCredit { seq, tag, .. } => {
                 let mut out = Vec::new();
-                g.flow.on_want(src, *seq, &mut out);
-                self.emit(gid, out);
+                g.lane(*tag).on_want(src, *seq, &mut out);
+                self.emit(gid, *tag, out);
             }
             Header::Data { seq, call, .. } => {
                 let seq = *seq;
@@ -385,7 +442,7 @@ impl Engine {
                 let mut out = Vec::new();
                 g.flow.on_credit(src, seq.saturating_add(1), &mut out);
                 if !out.is_empty() {
-                    self.emit(gid, out);
+                    self.emit(gid, None, out);
                 }
                 let Some(g) = self.groups.get_mut(&gid) else {
                     return;
@@ -641,7 +698,7 @@ impl Engine {
                 }
                 c.posted = true;
                 let gid = op.group;
-                self.emit(gid, out);
+                self.emit(gid, None, out);
                 continue;
             }
             if !step
@@ -739,6 +796,7 @@ impl Engine {
         g.unexpected.clear();
         g.p2p_arrived.clear();
         g.flow.clear();
+        g.p2p_flow.values_mut().for_each(Flow::clear);
         if tell {
             for &m in &g.info.members {
                 if m != self.rank {
@@ -779,7 +837,7 @@ impl Engine {
     }
 
     /// Sends what the flow control of group `gid` released or asks for.
-    fn emit(&mut self, gid: GroupId, out: Vec<FlowOut<Transmit>>) {
+    fn emit(&mut self, gid: GroupId, tag: Option<u32>, out: Vec<FlowOut<Transmit>>) {
         let Some(g) = self.groups.get(&gid) else {
             return;
         };
@@ -789,12 +847,22 @@ impl Engine {
                     self.transmits.push_back(t);
                     continue;
                 }
-                FlowOut::Ask { peer, seq } => {
-                    (g.info.global(peer), Header::WantCredit { group: gid, seq })
-                }
-                FlowOut::Credit { peer, calls } => {
-                    (g.info.global(peer), Header::Credit { group: gid, calls })
-                }
+                FlowOut::Ask { peer, seq } => (
+                    g.info.global(peer),
+                    Header::WantCredit {
+                        group: gid,
+                        tag,
+                        seq,
+                    },
+                ),
+                FlowOut::Credit { peer, calls } => (
+                    g.info.global(peer),
+                    Header::Credit {
+                        group: gid,
+                        tag,
+                        calls,
+                    },
+                ),
             };
             let msg = Message {
                 src: self.rank,

@@ -12,6 +12,11 @@
 //! call `seq` is itself a credit of `seq + 1` (the peer has made that call), so ranks that
 //! exchange data rarely need the explicit messages at all.
 //!
+//! Point-to-point messages use the same machinery, one lane per tag: there "calls made" are
+//! the receives a rank has posted with that tag (from any source), and the sequence numbers are
+//! the messages a sender has sent on it. An `isend` loop to a rank that posts no `irecv` thus
+//! stops at the window, in the sender.
+//!
 //! A call can complete while some of its messages still wait here for a peer's credit (a
 //! broadcast root, for one, finishes once its part is posted). The rank sends them as soon as
 //! the credit comes, as long as it runs; a rank that is shut down first drops them, as a

@@ -42,6 +42,9 @@ pub enum Header {
     Credit {
         /// The group.
         group: GroupId,
+        /// The lane: the group's collective calls (`None`), or point-to-point messages with
+        /// this tag, where "calls made" counts the receives posted.
+        tag: Option<u32>,
         /// Calls made.
         calls: u64,
     },
@@ -49,7 +52,9 @@ pub enum Header {
     WantCredit {
         /// The group.
         group: GroupId,
-        /// The call it wants to send.
+        /// The lane, as in `Credit`.
+        tag: Option<u32>,
+        /// The call (or point-to-point message) it wants to send.
         seq: u64,
     },
     /// The sender aborted the group because of `cause`.

@@ -279,8 +279,12 @@ fn header_text(h: &Header, with_call: bool) -> String {
         } => format!("p2p g={group} tag={tag} #{seq} {dtype}x{count}"),
         Header::Abort { group, cause } if with_call => format!("abort g={group}: {cause}"),
         Header::Abort { group, .. } => format!("abort g={group}"),
-        Header::Credit { group, calls } => format!("credit g={group} calls={calls}"),
-        Header::WantCredit { group, seq } => format!("want-credit g={group} #{seq}"),
+        Header::Credit { group, tag, calls } => {
+            format!("credit g={group} lane={tag:?} calls={calls}")
+        }
+        Header::WantCredit { group, tag, seq } => {
+            format!("want-credit g={group} lane={tag:?} #{seq}")
+        }
     }
 }
 
@@ -364,8 +368,8 @@ fn transmit_key(t: &Transmit) -> (usize, u64, u8, u64, u32) {
             group, tag, seq, ..
         } => (group.0, 1, *seq, *tag),
         Header::Abort { group, .. } => (group.0, 2, 0, 0),
-        Header::Credit { group, calls } => (group.0, 3, *calls, 0),
-        Header::WantCredit { group, seq } => (group.0, 4, *seq, 0),
+        Header::Credit { group, tag, calls } => (group.0, 3, *calls, tag.map_or(u32::MAX, |t| t)),
+        Header::WantCredit { group, tag, seq } => (group.0, 4, *seq, tag.map_or(u32::MAX, |t| t)),
     };
     (t.dst, group, kind, seq, tag)
 }

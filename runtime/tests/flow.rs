@@ -78,3 +78,60 @@ fn a_root_far_ahead_is_held_to_the_window() {
         }
     }
 }
+
+#[test]
+fn an_isend_loop_without_receives_is_held_to_the_window() {
+    use collectix_runtime::collective::TensorSpec;
+    use collectix_runtime::DType;
+    let window = 3;
+    let mut sim = Sim::with_options(
+        2,
+        11,
+        GroupOptions {
+            window,
+            ..GroupOptions::default()
+        },
+    );
+    let n = 40;
+    for k in 0..n {
+        let req = Request::Send {
+            tensor: Tensor::from_vec(vec![k as i32]),
+            dst: 1,
+            tag: 9,
+        };
+        sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    sim.run_no_timeouts(100_000)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let arrived = |sim: &Sim| sim.engine(1).map_or(usize::MAX, |e| e.p2p_buffered());
+    assert!(
+        arrived(&sim) <= window as usize,
+        "receiver buffers {} messages",
+        arrived(&sim)
+    );
+    assert_eq!(sim.engine(0).map(|e| e.held()), Some(n - window as usize));
+    // The receives come: every message, in order.
+    let mut recvs = Vec::new();
+    for _ in 0..n {
+        let req = Request::Recv {
+            spec: TensorSpec::new(&[1], DType::I32),
+            src: Some(0),
+            tag: 9,
+        };
+        recvs.push(
+            sim.submit(1, GroupId::WORLD, req, &CallOptions::default())
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+    }
+    sim.run_no_timeouts(100_000)
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", sim.trace_text()));
+    for (k, id) in recvs.into_iter().enumerate() {
+        let want = Output::Received {
+            tensor: Tensor::from_vec(vec![k as i32]),
+            src: 0,
+        };
+        assert_eq!(sim.take(1, id), Some(Ok(want)), "message {k}");
+    }
+    assert_eq!(sim.engine(0).map(|e| e.held()), Some(0));
+}
