@@ -153,3 +153,38 @@ fn results_are_identical_on_every_rank_and_call_order_defines_the_collective() {
         );
     }
 }
+
+#[test]
+fn a_root_far_ahead_of_its_peers_is_throttled_and_everything_arrives() {
+    // A window of 2 calls; rank 0 issues 200 broadcasts before the others make any.
+    let opts = GroupOptions {
+        window: 2,
+        ..GroupOptions::default()
+    };
+    let world = World::local_with(3, opts).unwrap_or_else(|e| panic!("{e}"));
+    let cs = world.communicators();
+    let n = 200;
+    let roots: Vec<_> = (0..n)
+        .map(|k| cs[0].broadcast(collectix::Tensor::from_vec(vec![k as i64, -k as i64]), 0))
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let mut others = Vec::new();
+    for c in &cs[1..] {
+        others.push(
+            (0..n)
+                .map(|_| c.broadcast(collectix::Tensor::from_vec(vec![0i64; 2]), 0))
+                .collect::<Vec<_>>(),
+        );
+    }
+    for r in wait_all(roots, 60) {
+        assert!(r.is_ok());
+    }
+    for works in others {
+        for (k, r) in wait_all(works, 60).into_iter().enumerate() {
+            assert_eq!(
+                r.ok().and_then(|t| t.to_vec::<i64>().ok()),
+                Some(vec![k as i64, -(k as i64)])
+            );
+        }
+    }
+}
