@@ -75,7 +75,7 @@ pub struct Communicator {
     pub(crate) group: Arc<GroupShared>,
 }
 
-fn one(o: Output) -> Result<Tensor> {
+pub(crate) fn one(o: Output) -> Result<Tensor> {
     match o {
         Output::Tensor(t) => Ok(t),
         other => Err(Error::invalid(format!(
@@ -84,12 +84,20 @@ fn one(o: Output) -> Result<Tensor> {
     }
 }
 
-fn many(o: Output) -> Result<Vec<Tensor>> {
+pub(crate) fn many(o: Output) -> Result<Vec<Tensor>> {
     match o {
         Output::Tensors(t) => Ok(t),
         other => Err(Error::invalid(format!(
             "internal: expected tensors, got {other:?}"
         ))),
+    }
+}
+
+/// Gather's output: a list on the root, nothing elsewhere.
+pub(crate) fn gathered(o: Output) -> Result<Option<Vec<Tensor>>> {
+    match o {
+        Output::None => Ok(None),
+        o => many(o).map(Some),
     }
 }
 
@@ -268,10 +276,7 @@ impl Communicator {
         self.call(
             Request::Gather { input, root: dst },
             &CallOptions::default(),
-            |o| match o {
-                Output::None => Ok(None),
-                o => many(o).map(Some),
-            },
+            gathered,
         )
     }
 
@@ -561,34 +566,15 @@ impl Communicator {
         work
     }
 
-    /// Issues a planned request with a sequence number reserved earlier.
-    pub(crate) fn issue_at(
+    /// Plans `req` and issues it with a sequence number reserved earlier.
+    pub(crate) fn issue_at<T: Send + 'static>(
         &self,
         seq: u64,
         req: Request,
-        map: fn(Output) -> Result<Tensor>,
-    ) -> Result<Work<Tensor>> {
+        map: fn(Output) -> Result<T>,
+    ) -> Result<Work<T>> {
         let plan = Plan::new(req, &self.group.info, &CallOptions::default())?;
         Ok(self.issue(seq, plan, map))
-    }
-
-    /// [`issue_at`](Self::issue_at) for list outputs.
-    pub(crate) fn issue_many_at(&self, seq: u64, req: Request) -> Result<Work<Vec<Tensor>>> {
-        let plan = Plan::new(req, &self.group.info, &CallOptions::default())?;
-        Ok(self.issue(seq, plan, many))
-    }
-
-    /// [`issue_at`](Self::issue_at) for gather (a list on the root, nothing elsewhere).
-    pub(crate) fn issue_gather_at(
-        &self,
-        seq: u64,
-        req: Request,
-    ) -> Result<Work<Option<Vec<Tensor>>>> {
-        let plan = Plan::new(req, &self.group.info, &CallOptions::default())?;
-        Ok(self.issue(seq, plan, |o| match o {
-            Output::None => Ok(None),
-            o => many(o).map(Some),
-        }))
     }
 }
 

@@ -7,10 +7,10 @@
 //! with a size of −1, so every rank fails with [`Error::Serialization`] and none waits for
 //! the second half.
 
-use crate::comm::Communicator;
+use crate::comm::{gathered, many, one, Communicator};
 use crate::work::Work;
 use collectix_runtime::collective::{Request, TensorSpec};
-use collectix_runtime::{DType, Error, Output, Result, Tensor};
+use collectix_runtime::{DType, Error, Result, Tensor};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -47,15 +47,6 @@ fn sizes(t: &Tensor) -> Result<Vec<usize>> {
 fn padded(mut b: Vec<u8>, n: usize) -> Tensor {
     b.resize(n, 0);
     Tensor::from_vec(b)
-}
-
-fn one(o: Output) -> Result<Tensor> {
-    match o {
-        Output::Tensor(t) => Ok(t),
-        other => Err(Error::invalid(format!(
-            "internal: expected a tensor, got {other:?}"
-        ))),
-    }
 }
 
 impl Communicator {
@@ -109,12 +100,13 @@ impl Communicator {
                     .into_iter()
                     .map(|n| TensorSpec::new(&[n], DType::U8))
                     .collect();
-                me.issue_many_at(
+                me.issue_at(
                     seq,
                     Request::AllGather {
                         input: Tensor::from_vec(bytes?),
                         outputs: specs,
                     },
+                    many,
                 )
             },
             |ts| ts.iter().map(|t| decode(t.as_slice::<u8>()?)).collect(),
@@ -133,7 +125,7 @@ impl Communicator {
                 let lens = sizes(&lens)?;
                 let max = lens.iter().copied().max().unwrap_or(0);
                 let input = padded(bytes?, max);
-                let w = me.issue_gather_at(seq, Request::Gather { input, root: dst })?;
+                let w = me.issue_at(seq, Request::Gather { input, root: dst }, gathered)?;
                 Ok(me.map_work(w, move |list| Ok(list.map(|l| (l, lens)))))
             },
             |got: Option<(Vec<Tensor>, Vec<usize>)>| match got {

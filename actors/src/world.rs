@@ -39,7 +39,11 @@ impl World {
         }
         let (tx, rx) = mpsc::channel::<Started>();
         let origin = Instant::now();
-        let opts = options.clone();
+        // Each rank's view of the world group, made (and checked) before any thread starts.
+        let infos = (0..n)
+            .map(|r| GroupInfo::world(n, r, options.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let actor_infos = infos.clone();
         let thread = std::thread::Builder::new()
             .name("collectix-system".into())
             .spawn(move || {
@@ -47,13 +51,11 @@ impl World {
                 let arbiters: Vec<Arbiter> = (0..n).map(|_| Arbiter::new()).collect();
                 let ranks = sys.block_on(async {
                     let mut ranks = Vec::with_capacity(n);
-                    for (r, arb) in arbiters.iter().enumerate() {
+                    for (r, (arb, world)) in arbiters.iter().zip(actor_infos).enumerate() {
                         let (ttx, trx) = mpsc::channel();
-                        let world = GroupInfo::world(n, r, opts.clone());
                         let addr = RankActor::start_in_arbiter(&arb.handle(), move |_| {
                             let _ = ttx.send(std::thread::current().id());
-                            // `world` is valid: r < n.
-                            RankActor::new(r, world.unwrap_or_else(|_| unreachable_world()), origin)
+                            RankActor::new(r, world, origin)
                         });
                         let tid = trx.recv().ok();
                         ranks.push((addr, arb.handle(), tid));
@@ -98,7 +100,7 @@ impl World {
         }
         let threads: Arc<[ThreadId]> = started.ranks.iter().map(|(_, _, t)| *t).collect();
         let mut comms = Vec::with_capacity(n);
-        for (r, (addr, arbiter, _)) in started.ranks.into_iter().enumerate() {
+        for (r, ((addr, arbiter, _), info)) in started.ranks.into_iter().zip(infos).enumerate() {
             let shared = Arc::new(RankShared {
                 rank: r,
                 world: n,
@@ -106,10 +108,7 @@ impl World {
                 arbiter,
                 rank_threads: threads.clone(),
             });
-            comms.push(Communicator::new(
-                shared,
-                GroupInfo::world(n, r, options.clone())?,
-            ));
+            comms.push(Communicator::new(shared, info));
         }
         Ok(World {
             comms,
@@ -145,16 +144,6 @@ impl World {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-/// `GroupInfo::world(n, r)` only fails for `r >= n`, which `World` never asks for.
-fn unreachable_world() -> GroupInfo {
-    GroupInfo {
-        id: collectix_runtime::GroupId::WORLD,
-        members: vec![0],
-        rank: 0,
-        options: GroupOptions::default(),
     }
 }
 
