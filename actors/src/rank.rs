@@ -24,6 +24,13 @@ pub(crate) struct Submit {
 #[rtype(result = "()")]
 pub(crate) struct AddGroup(pub(crate) GroupInfo);
 
+/// The world is shutting down: fail every waiting call with `Shutdown`, ignore what comes
+/// afterwards, and acknowledge. Sent to every rank before any rank stops, so that no rank
+/// mistakes a peer's orderly stop for a lost peer.
+#[derive(ActixMessage)]
+#[rtype(result = "()")]
+pub(crate) struct Quiesce(pub(crate) std::sync::mpsc::Sender<()>);
+
 /// Installs the transport (once every peer's address is known).
 #[derive(ActixMessage)]
 #[rtype(result = "()")]
@@ -38,6 +45,8 @@ pub(crate) struct RankActor {
     timer: Option<(Time, SpawnHandle)>,
     /// Messages sent before the transport was installed.
     backlog: Vec<(usize, collectix_runtime::message::Message)>,
+    /// Set by [`Quiesce`]: the world is shutting down.
+    quiesced: bool,
 }
 
 impl RankActor {
@@ -51,6 +60,7 @@ impl RankActor {
             origin,
             timer: None,
             backlog: Vec::new(),
+            quiesced: false,
         }
     }
 
@@ -110,6 +120,10 @@ impl Actor for RankActor {
 impl Handler<Submit> for RankActor {
     type Result = ();
     fn handle(&mut self, m: Submit, ctx: &mut Context<Self>) {
+        if self.quiesced {
+            (m.done)(Err(collectix_runtime::Error::Shutdown));
+            return;
+        }
         let now = self.now();
         let id = self.engine.submit(m.group, m.seq, m.plan, now);
         self.waiting.insert(id, m.done);
@@ -120,9 +134,26 @@ impl Handler<Submit> for RankActor {
 impl Handler<Deliver> for RankActor {
     type Result = ();
     fn handle(&mut self, m: Deliver, ctx: &mut Context<Self>) {
+        if self.quiesced {
+            return;
+        }
         let now = self.now();
         self.engine.handle_message(m.0, now);
         self.drive(ctx);
+    }
+}
+
+impl Handler<Quiesce> for RankActor {
+    type Result = ();
+    fn handle(&mut self, m: Quiesce, ctx: &mut Context<Self>) {
+        self.quiesced = true;
+        for (_, done) in self.waiting.drain() {
+            done(Err(collectix_runtime::Error::Shutdown));
+        }
+        if let Some((_, h)) = self.timer.take() {
+            ctx.cancel_future(h);
+        }
+        let _ = m.0.send(());
     }
 }
 

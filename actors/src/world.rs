@@ -3,7 +3,7 @@
 //! from inside a tokio runtime and from tests alike).
 
 use crate::comm::{Communicator, RankShared};
-use crate::rank::{RankActor, SetTransport};
+use crate::rank::{Quiesce, RankActor, SetTransport};
 use crate::transport::LocalTransport;
 use actix::{Actor, Addr, Arbiter, System};
 use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
@@ -138,6 +138,23 @@ impl World {
     }
 
     fn stop(&mut self) {
+        // First every rank fails its waiting calls with `Shutdown` and stops listening; only
+        // then does any rank stop (else a rank could see a peer's stop as a lost peer).
+        let (tx, rx) = mpsc::channel();
+        let mut asked = 0;
+        for c in &self.comms {
+            if c.rank.addr.connected() {
+                c.rank.addr.do_send(Quiesce(tx.clone()));
+                asked += 1;
+            }
+        }
+        drop(tx);
+        for _ in 0..asked {
+            // A rank that is already gone drops its sender; never wait long for one.
+            if rx.recv_timeout(std::time::Duration::from_secs(5)).is_err() {
+                break;
+            }
+        }
         if let Some(s) = self.system.take() {
             s.stop();
         }
