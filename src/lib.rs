@@ -52,9 +52,12 @@
 pub use collectix_actors as actors;
 pub use collectix_runtime as runtime;
 
-pub use collectix_actors::{Communicator, MemoryStore, P2POp, Store, Work, World};
+pub use collectix_actors::device;
+pub use collectix_actors::{
+    Communicator, DeviceBackend, MemoryStore, P2POp, Store, TensorDeviceExt, Work, World,
+};
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{
-    Algorithm, CallOptions, DType, Device, Element, Error, GroupId, GroupOptions, OpKind, ReduceOp,
-    Result, Tensor,
+    Algorithm, CallOptions, DType, Device, DeviceError, Element, Error, GroupId, GroupOptions,
+    OpKind, ReduceOp, Result, Tensor,
 };

@@ -1,5 +1,6 @@
 //! [`Communicator`]: one rank's handle on one group, with every torch.distributed call.
 
+use crate::device::DeviceBackend;
 use crate::rank::{AddGroup, RankActor, Submit};
 use crate::work::Work;
 use actix::{Addr, ArbiterHandle};
@@ -19,6 +20,9 @@ pub(crate) struct RankShared {
     pub(crate) addr: Addr<RankActor>,
     pub(crate) arbiter: ArbiterHandle,
     pub(crate) rank_threads: Arc<[ThreadId]>,
+    /// The rank's device state (its NCCL worker, started on first use).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) device: crate::device::RankDevice,
 }
 
 /// One group as one rank holds it: its info and the counters that order its calls.
@@ -28,6 +32,10 @@ pub(crate) struct GroupShared {
     next_seq: AtomicU64,
     /// Groups created from this one so far (part of their identity).
     children: AtomicU64,
+    /// Calls on the NCCL path so far; taken together with the sequence number, under this
+    /// lock, so that both orders agree.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) nccl_calls: std::sync::Mutex<u64>,
 }
 
 impl GroupShared {
@@ -36,6 +44,7 @@ impl GroupShared {
             info,
             next_seq: AtomicU64::new(0),
             children: AtomicU64::new(0),
+            nccl_calls: std::sync::Mutex::new(0),
         })
     }
 }
@@ -73,6 +82,8 @@ pub enum P2POp {
 pub struct Communicator {
     pub(crate) rank: Arc<RankShared>,
     pub(crate) group: Arc<GroupShared>,
+    /// How calls on device tensors run through this handle.
+    pub(crate) device_backend: DeviceBackend,
 }
 
 pub(crate) fn one(o: Output) -> Result<Tensor> {
@@ -110,7 +121,24 @@ impl Communicator {
         Communicator {
             rank,
             group: GroupShared::new(info),
+            device_backend: DeviceBackend::default(),
         }
+    }
+
+    /// This handle with calls on device tensors going through `backend` (NCCL by default;
+    /// [`DeviceBackend::HostStaged`] copies to the host and runs the ordinary engine). Like
+    /// torch's choice of backend, every rank of the group must choose the same one for a
+    /// call: ranks that differ get [`Error::Mismatch`], never a hang.
+    pub fn with_device_backend(&self, backend: DeviceBackend) -> Communicator {
+        Communicator {
+            device_backend: backend,
+            ..self.clone()
+        }
+    }
+
+    /// The backend calls on device tensors take through this handle.
+    pub fn device_backend(&self) -> DeviceBackend {
+        self.device_backend
     }
 
     /// This rank in the group.
@@ -143,21 +171,37 @@ impl Communicator {
         &self.group.info.members
     }
 
-    fn ready<T: Send + 'static>(&self, v: Result<T>) -> Work<T> {
+    pub(crate) fn ready<T: Send + 'static>(&self, v: Result<T>) -> Work<T> {
         Work::ready(self.rank.rank_threads.clone(), v)
     }
 
     /// Takes `n` consecutive sequence numbers of the group, now.
-    fn reserve(&self, n: u64) -> u64 {
+    pub(crate) fn reserve(&self, n: u64) -> u64 {
         self.group.next_seq.fetch_add(n, Ordering::Relaxed)
     }
 
-    /// Plans `req` (argument errors come back at once, nothing sent) and issues it.
+    /// Plans `req` (argument errors come back at once, nothing sent) and issues it; calls
+    /// on device tensors go to the device layer.
     fn call<T: Send + 'static>(
         &self,
         req: Request,
         opts: &CallOptions,
         map: fn(Output) -> Result<T>,
+    ) -> Work<T> {
+        match req.device() {
+            Err(e) => return self.ready(Err(e)),
+            Ok(d) if !d.is_host() => return crate::device::call(self, d, req, opts, map),
+            Ok(_) => {}
+        }
+        self.call_host(req, opts, map)
+    }
+
+    /// [`call`](Communicator::call) for a request on host memory, with any mapping.
+    pub(crate) fn call_host<T: Send + 'static>(
+        &self,
+        req: Request,
+        opts: &CallOptions,
+        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
         let plan = match Plan::new(req, &self.group.info, opts) {
             Ok(p) => p,
@@ -167,20 +211,25 @@ impl Communicator {
         self.issue(seq, plan, map)
     }
 
-    fn issue<T: Send + 'static>(
+    pub(crate) fn issue<T: Send + 'static>(
         &self,
         seq: u64,
         plan: Plan,
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
         let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
+        self.issue_raw(seq, plan, done);
+        work
+    }
+
+    /// Issues `plan` at `seq`; `done` is called with its output on the rank's thread.
+    pub(crate) fn issue_raw(&self, seq: u64, plan: Plan, done: crate::work::Done<Output>) {
         self.rank.addr.do_send(Submit {
             group: self.group.info.id,
             seq,
             plan,
             done,
         });
-        work
     }
 
     /// Issues any [`Request`] and hands back the raw [`Output`] (the typed methods below are

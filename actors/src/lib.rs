@@ -35,6 +35,7 @@
 //! ```
 
 pub mod comm;
+pub mod device;
 pub mod object;
 pub(crate) mod rank;
 pub mod store;
@@ -43,6 +44,7 @@ pub mod work;
 pub mod world;
 
 pub use comm::{Communicator, P2POp};
+pub use device::{DeviceBackend, TensorDeviceExt};
 pub use store::{MemoryStore, Store};
 pub use work::Work;
 pub use world::World;

@@ -107,6 +107,7 @@ impl World {
                 addr,
                 arbiter,
                 rank_threads: threads.clone(),
+                device: Default::default(),
             });
             comms.push(Communicator::new(shared, info));
         }

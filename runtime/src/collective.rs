@@ -12,7 +12,7 @@ use crate::group::{CallOptions, GroupInfo};
 use crate::op::{Algorithm, OpKind};
 use crate::reduce::{self, ReduceOp};
 use crate::schedule::{Layout, Schedule};
-use crate::tensor::{numel_of, Tensor};
+use crate::tensor::{numel_of, Device, Tensor};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -42,11 +42,25 @@ pub struct Fingerprint {
     pub scalar: u64,
     /// [`Algorithm::code`].
     pub algorithm: u8,
+    /// The data path the call takes: [`PATH_ENGINE`] (host memory, or device memory staged
+    /// through the host) or [`PATH_NCCL`]. Ranks that would take different paths for one call
+    /// disagree here, so they get a mismatch instead of a hang.
+    pub path: u8,
 }
+
+/// [`Fingerprint::path`] of a call that runs on the engine: host tensors, and device tensors
+/// staged through host memory (so a group may mix ranks with and without GPUs).
+pub const PATH_ENGINE: u8 = 0;
+/// [`Fingerprint::path`] of a call on device tensors that runs on NCCL (its agreement step
+/// on the engine carries this path).
+pub const PATH_NCCL: u8 = 1;
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}({}", self.kind, self.dtype)?;
+        if self.path == PATH_NCCL {
+            f.write_str(", over nccl")?;
+        }
         if self.count != COUNT_VARIES {
             write!(f, ", count {}", self.count)?;
         }
@@ -89,15 +103,24 @@ pub struct TensorSpec {
     pub shape: Vec<usize>,
     /// Element type.
     pub dtype: DType,
+    /// Where the tensor is to be produced.
+    pub device: Device,
 }
 
 impl TensorSpec {
-    /// A spec.
+    /// A spec of a host tensor.
     pub fn new(shape: &[usize], dtype: DType) -> TensorSpec {
         TensorSpec {
             shape: shape.to_vec(),
             dtype,
+            device: Device::Host,
         }
+    }
+
+    /// The same spec on `device`.
+    pub fn on(mut self, device: Device) -> TensorSpec {
+        self.device = device;
+        self
     }
 
     /// Elements (overflow-checked).
@@ -108,7 +131,7 @@ impl TensorSpec {
 
 impl From<&Tensor> for TensorSpec {
     fn from(t: &Tensor) -> Self {
-        TensorSpec::new(t.shape(), t.dtype())
+        TensorSpec::new(t.shape(), t.dtype()).on(t.device())
     }
 }
 
@@ -232,6 +255,52 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// The one device every tensor and output spec of the call is on ([`Device::Host`] for
+    /// a call with none, such as a barrier); mixing devices in one call is an
+    /// [`Error::InvalidArgument`].
+    pub fn device(&self) -> Result<Device> {
+        let mut devices: Vec<Device> = Vec::new();
+        {
+            let mut t = |x: &Tensor| devices.push(x.device());
+            match self {
+                Request::AllReduce { tensor, .. }
+                | Request::Reduce { tensor, .. }
+                | Request::Broadcast { tensor, .. }
+                | Request::Send { tensor, .. } => t(tensor),
+                Request::AllGather { input, .. }
+                | Request::AllGatherIntoTensor { input, .. }
+                | Request::Gather { input, .. }
+                | Request::ReduceScatterTensor { input, .. }
+                | Request::AllToAllSingle { input, .. } => t(input),
+                Request::Scatter { inputs, .. } => inputs.iter().flatten().for_each(t),
+                Request::ReduceScatter { inputs, .. } | Request::AllToAll { inputs, .. } => {
+                    inputs.iter().for_each(t)
+                }
+                Request::Barrier | Request::Recv { .. } | Request::NewGroup { .. } => {}
+            }
+        }
+        match self {
+            Request::AllGather { outputs, .. } | Request::AllToAll { outputs, .. } => {
+                devices.extend(outputs.iter().map(|s| s.device))
+            }
+            Request::AllGatherIntoTensor { output, .. }
+            | Request::Scatter { output, .. }
+            | Request::ReduceScatterTensor { output, .. }
+            | Request::AllToAllSingle { output, .. }
+            | Request::Recv { spec: output, .. } => devices.push(output.device),
+            _ => {}
+        }
+        let first = devices.first().copied().unwrap_or_default();
+        match devices.iter().find(|d| **d != first) {
+            Some(other) => Err(Error::invalid(format!(
+                "one call mixes tensors on {first} and {other}; move them to one device first"
+            ))),
+            None => Ok(first),
+        }
+    }
+}
+
 /// The result of a call.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -345,9 +414,24 @@ impl Plan {
         }
     }
 
-    /// Validates `req` for this member of `group` and plans it.
+    /// Validates `req` for this member of `group` and plans it. The engine moves host
+    /// memory only: a request on a device is an [`Error::InvalidArgument`] here (the device
+    /// layer in `collectix-actors` routes those to NCCL or stages them through the host).
     pub fn new(req: Request, group: &GroupInfo, opts: &CallOptions) -> Result<Plan> {
+        let device = req.device()?;
+        if !device.is_host() {
+            return Err(Error::invalid(format!(
+                "the engine moves host memory only; this call is on {device} (device calls go through the communicator)"
+            )));
+        }
         Planner { g: group, opts }.plan(req)
+    }
+
+    /// The same plan, marked as the agreement step of a call on another data path (see
+    /// [`Fingerprint::path`]).
+    pub fn with_path(mut self, path: u8) -> Plan {
+        self.fp.path = path;
+        self
     }
 }
 
@@ -481,6 +565,7 @@ impl Planner<'_> {
                 op: reduce.map_or(0, ReduceOp::code),
                 scalar: reduce.map_or(0, ReduceOp::scalar_bits),
                 algorithm: algorithm.code(),
+                path: PATH_ENGINE,
             },
             reduce,
             body: Body::Collective {
@@ -927,6 +1012,7 @@ pub(crate) fn p2p_fp(kind: OpKind, dtype: DType, count: u64) -> Fingerprint {
         op: 0,
         scalar: 0,
         algorithm: Algorithm::Direct.code(),
+        path: PATH_ENGINE,
     }
 }
 

@@ -83,6 +83,74 @@ pub enum ProtocolError {
     Malformed(String),
 }
 
+/// A failure of the device layer (CUDA memory, NCCL): what was missing or which call failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// collectix was built without its `cuda` feature.
+    #[error("device tensors need collectix built with its `cuda` feature")]
+    FeatureDisabled,
+    /// A shared library could not be loaded.
+    #[error("the {library} library could not be loaded (tried: {}); {hint}", tried.join(", "))]
+    LibraryMissing {
+        /// `cuda` (the driver, libcuda) or `nccl`.
+        library: String,
+        /// The file names and paths tried, in order.
+        tried: Vec<String>,
+        /// What to do about it.
+        hint: String,
+    },
+    /// The library is there, but lacks a function collectix needs (too old).
+    #[error("the {library} library has no symbol {symbol} (version too old?)")]
+    MissingSymbol {
+        /// The library.
+        library: String,
+        /// The function.
+        symbol: String,
+    },
+    /// There is no CUDA device with this ordinal.
+    #[error("no CUDA device {ordinal} (this machine has {count})")]
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: u32,
+        /// Devices present.
+        count: u32,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA call {call} failed: {detail}")]
+    Cuda {
+        /// The operation.
+        call: String,
+        /// The driver's error.
+        detail: String,
+    },
+    /// An NCCL call failed (or its communicator reported an asynchronous error).
+    #[error("NCCL {call} failed with code {code}: {detail}")]
+    Nccl {
+        /// The operation.
+        call: String,
+        /// The `ncclResult_t`.
+        code: u32,
+        /// NCCL's description.
+        detail: String,
+    },
+    /// The NCCL path cannot run this call (a dtype or op NCCL lacks); the host-staged path
+    /// can.
+    #[error("NCCL cannot run this call: {0}; use the host-staged device backend for it")]
+    Unsupported(String),
+    /// An NCCL operation did not finish in time; the communicator was aborted, and every
+    /// later device call on the group fails with this.
+    #[error("an NCCL operation ({op}) on group {group} did not finish within {timeout_ms} ms; its communicator was aborted")]
+    NcclTimeout {
+        /// The group.
+        group: GroupId,
+        /// What was running.
+        op: OpKind,
+        /// The limit, in milliseconds.
+        timeout_ms: u64,
+    },
+}
+
 /// The error type of collectix.
 ///
 /// Every failure is `Clone + Send + Sync`, so that one failure can reach many waiters. Each
@@ -161,6 +229,10 @@ pub enum Error {
     /// The world (or the rank) was shut down before the call completed.
     #[error("the rank was shut down")]
     Shutdown,
+    /// The device layer failed: a library is missing, a CUDA or NCCL call failed, or NCCL
+    /// cannot run the call.
+    #[error("device: {0}")]
+    Device(#[from] DeviceError),
     /// A value could not be (de)serialized (object collectives).
     #[error("serialization failed: {0}")]
     Serialization(String),

@@ -8,16 +8,50 @@
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
-/// Where a tensor's storage lives. Only the host for now; CUDA devices come with the NCCL
-/// transport.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+/// Where a tensor's storage lives. A tensor's device is part of its value: moving between
+/// devices is explicit (`to_device`/`to_host` in `collectix-actors`, behind its `cuda`
+/// feature), and a collective runs where its tensors are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Device {
     /// Ordinary host memory.
     #[default]
     Host,
+    /// Memory of the CUDA device with this ordinal.
+    Cuda(u32),
+}
+
+impl Device {
+    /// Whether this is host memory.
+    pub const fn is_host(self) -> bool {
+        matches!(self, Device::Host)
+    }
+}
+
+impl fmt::Display for Device {
+    /// torch's spelling: `cpu`, `cuda:0`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Host => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// Storage that lives on a device: implemented by the device layer (CUDA memory in
+/// `collectix-actors` under its `cuda` feature). The runtime never reads it; it only carries
+/// it inside a [`Tensor`] so that a device tensor is an ordinary value.
+pub trait DeviceStorage: Send + Sync + 'static {
+    /// The device the bytes are on (never [`Device::Host`]).
+    fn device(&self) -> Device;
+    /// The size in bytes.
+    fn nbytes(&self) -> usize;
+    /// For the device layer to recover its concrete type.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Keeps a `Vec<T>` alive behind a [`Bytes`] without copying it.
@@ -84,7 +118,10 @@ pub struct Tensor {
     shape: Vec<usize>,
     dtype: DType,
     device: Device,
+    /// Host storage; empty for a device tensor.
     data: Bytes,
+    /// Device storage, for a tensor whose `device` is not the host.
+    on_device: Option<Arc<dyn DeviceStorage>>,
 }
 
 impl Tensor {
@@ -96,6 +133,7 @@ impl Tensor {
             dtype: T::DTYPE,
             device: Device::Host,
             data: bytes_from_vec(v),
+            on_device: None,
         }
     }
 
@@ -130,6 +168,7 @@ impl Tensor {
             dtype,
             device: Device::Host,
             data,
+            on_device: None,
         })
     }
 
@@ -142,6 +181,7 @@ impl Tensor {
             dtype,
             device: Device::Host,
             data,
+            on_device: None,
         })
     }
 
@@ -158,6 +198,7 @@ impl Tensor {
             dtype,
             device: Device::Host,
             data: Bytes::new(),
+            on_device: None,
         }
     }
 
@@ -191,15 +232,22 @@ impl Tensor {
 
     /// The number of elements.
     pub fn numel(&self) -> usize {
-        self.data.len() / self.dtype.size()
+        match &self.on_device {
+            Some(d) => d.nbytes() / self.dtype.size(),
+            None => self.data.len() / self.dtype.size(),
+        }
     }
 
     /// The size in bytes.
     pub fn nbytes(&self) -> usize {
-        self.data.len()
+        match &self.on_device {
+            Some(d) => d.nbytes(),
+            None => self.data.len(),
+        }
     }
 
-    /// The storage, shared (no copy).
+    /// The host storage, shared (no copy); empty for a device tensor (see
+    /// [`device_storage`](Tensor::device_storage)).
     pub fn bytes(&self) -> &Bytes {
         &self.data
     }
@@ -209,8 +257,10 @@ impl Tensor {
         self.data
     }
 
-    /// A typed view; fails when `T` is not the tensor's dtype.
+    /// A typed view; fails when `T` is not the tensor's dtype or the tensor is not on the
+    /// host.
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        self.host_only()?;
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(format!(
                 "tensor has dtype {}, not {}",
@@ -304,13 +354,71 @@ impl Tensor {
             dtype,
             device: Device::Host,
             data,
+            on_device: None,
+        }
+    }
+
+    /// Wraps device storage as a tensor of `dtype` and `shape` (for the device layer; users
+    /// get device tensors from `to_device` in `collectix-actors`). Fails when the sizes do not
+    /// match.
+    pub fn from_device_storage(
+        storage: Arc<dyn DeviceStorage>,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<Tensor> {
+        let want = numel_of(shape)?
+            .checked_mul(dtype.size())
+            .ok_or_else(|| Error::invalid("tensor byte size overflows usize"))?;
+        if storage.nbytes() != want {
+            return Err(Error::invalid(format!(
+                "{} bytes of device storage cannot hold a {dtype} tensor of shape {shape:?} ({want} bytes)",
+                storage.nbytes()
+            )));
+        }
+        if storage.device().is_host() {
+            return Err(Error::invalid(
+                "device storage that claims to be on the host",
+            ));
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            dtype,
+            device: storage.device(),
+            data: Bytes::new(),
+            on_device: Some(storage),
+        })
+    }
+
+    /// The device storage of a device tensor (`None` on the host).
+    pub fn device_storage(&self) -> Option<&Arc<dyn DeviceStorage>> {
+        self.on_device.as_ref()
+    }
+
+    /// An error for host-only accessors called on a device tensor.
+    fn host_only(&self) -> Result<()> {
+        if self.device.is_host() {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "the tensor is on {}: copy it to the host first (to_host)",
+                self.device
+            )))
         }
     }
 }
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.numel() <= 32 {
+        if !self.device.is_host() {
+            write!(
+                f,
+                "Tensor({} elements on {}, {}, {:?})",
+                self.numel(),
+                self.device,
+                self.dtype,
+                self.shape
+            )
+        } else if self.numel() <= 32 {
             write!(
                 f,
                 "Tensor({}, {}, {:?})",
@@ -331,9 +439,17 @@ impl fmt::Debug for Tensor {
 }
 
 impl PartialEq for Tensor {
-    /// Same shape, dtype and bytes.
+    /// Same shape, dtype and bytes on the host; on a device, the same storage.
     fn eq(&self, other: &Self) -> bool {
-        self.shape == other.shape && self.dtype == other.dtype && self.data == other.data
+        let same_storage = match (&self.on_device, &other.on_device) {
+            (None, None) => self.data == other.data,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        self.shape == other.shape
+            && self.dtype == other.dtype
+            && self.device == other.device
+            && same_storage
     }
 }
 

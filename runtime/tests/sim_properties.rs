@@ -545,6 +545,7 @@ fn hand_made(rank: usize, tags: [u32; 2], recv_first: bool) -> collectix_runtime
         op: 0,
         scalar: 0,
         algorithm: Algorithm::Direct.code(),
+        path: collectix_runtime::collective::PATH_ENGINE,
     };
     let peer = 1 - rank;
     let send = |tag: u32, c: usize| SendOp {

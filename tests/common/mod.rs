@@ -20,3 +20,5 @@ pub fn wait_all<T>(works: Vec<Work<T>>, secs: u64) -> Vec<Result<T>> {
 pub fn root(e: &Error) -> &Error {
     e.root_cause()
 }
+
+pub mod device;

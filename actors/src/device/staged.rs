@@ -1,0 +1,152 @@
+//! The host-staged path: copy a call's device inputs to the host, run the call on the
+//! engine like any host call (so its fingerprint says [`PATH_ENGINE`](collectix_runtime::collective::PATH_ENGINE)
+//! and ranks with host tensors can take part), and copy the outputs back to the device.
+//!
+//! The copies down happen on the calling thread, when the call is issued (so the call reads
+//! the values the tensors hold then); the copies up happen when the result arrives.
+
+use super::{upload, TensorDeviceExt};
+use crate::comm::Communicator;
+use crate::work::Work;
+use collectix_runtime::{
+    CallOptions, Device, DeviceStorage, Output, Request, Result, Tensor, TensorSpec,
+};
+use std::sync::Arc;
+
+/// Issues `req` (on `device`) through the host.
+pub(super) fn call<T: Send + 'static>(
+    comm: &Communicator,
+    device: Device,
+    req: Request,
+    opts: &CallOptions,
+    map: fn(Output) -> Result<T>,
+) -> Work<T> {
+    let like = first_storage(&req);
+    let host = match host_request(req) {
+        Ok(r) => r,
+        Err(e) => return comm.ready(Err(e)),
+    };
+    comm.call_host(host, opts, move |out| {
+        map(up(out, device, like.as_deref())?)
+    })
+}
+
+/// Device storage of the call's first device tensor: outputs are made of the same kind.
+fn first_storage(req: &Request) -> Option<Arc<dyn DeviceStorage>> {
+    let first = |ts: &[Tensor]| ts.iter().find_map(|t| t.device_storage().cloned());
+    match req {
+        Request::AllReduce { tensor, .. }
+        | Request::Reduce { tensor, .. }
+        | Request::Broadcast { tensor, .. }
+        | Request::Send { tensor, .. } => first(std::slice::from_ref(tensor)),
+        Request::AllGather { input, .. }
+        | Request::AllGatherIntoTensor { input, .. }
+        | Request::Gather { input, .. }
+        | Request::ReduceScatterTensor { input, .. }
+        | Request::AllToAllSingle { input, .. } => first(std::slice::from_ref(input)),
+        Request::Scatter { inputs, .. } => inputs.as_deref().and_then(first),
+        Request::ReduceScatter { inputs, .. } | Request::AllToAll { inputs, .. } => first(inputs),
+        _ => None,
+    }
+}
+
+fn down(t: Tensor) -> Result<Tensor> {
+    t.to_host()
+}
+
+fn down_all(ts: Vec<Tensor>) -> Result<Vec<Tensor>> {
+    ts.into_iter().map(down).collect()
+}
+
+fn host_spec(s: TensorSpec) -> TensorSpec {
+    s.on(Device::Host)
+}
+
+/// The same request with every tensor copied to the host and every spec on the host.
+fn host_request(req: Request) -> Result<Request> {
+    Ok(match req {
+        Request::AllReduce { tensor, op } => Request::AllReduce {
+            tensor: down(tensor)?,
+            op,
+        },
+        Request::Reduce { tensor, root, op } => Request::Reduce {
+            tensor: down(tensor)?,
+            root,
+            op,
+        },
+        Request::Broadcast { tensor, root } => Request::Broadcast {
+            tensor: down(tensor)?,
+            root,
+        },
+        Request::AllGather { input, outputs } => Request::AllGather {
+            input: down(input)?,
+            outputs: outputs.into_iter().map(host_spec).collect(),
+        },
+        Request::AllGatherIntoTensor { input, output } => Request::AllGatherIntoTensor {
+            input: down(input)?,
+            output: host_spec(output),
+        },
+        Request::Gather { input, root } => Request::Gather {
+            input: down(input)?,
+            root,
+        },
+        Request::Scatter {
+            output,
+            inputs,
+            root,
+        } => Request::Scatter {
+            output: host_spec(output),
+            inputs: inputs.map(down_all).transpose()?,
+            root,
+        },
+        Request::ReduceScatter { inputs, op } => Request::ReduceScatter {
+            inputs: down_all(inputs)?,
+            op,
+        },
+        Request::ReduceScatterTensor { input, output, op } => Request::ReduceScatterTensor {
+            input: down(input)?,
+            output: host_spec(output),
+            op,
+        },
+        Request::AllToAll { inputs, outputs } => Request::AllToAll {
+            inputs: down_all(inputs)?,
+            outputs: outputs.into_iter().map(host_spec).collect(),
+        },
+        Request::AllToAllSingle {
+            input,
+            output,
+            output_splits,
+            input_splits,
+        } => Request::AllToAllSingle {
+            input: down(input)?,
+            output: host_spec(output),
+            output_splits,
+            input_splits,
+        },
+        Request::Send { tensor, dst, tag } => Request::Send {
+            tensor: down(tensor)?,
+            dst,
+            tag,
+        },
+        Request::Recv { spec, src, tag } => Request::Recv {
+            spec: host_spec(spec),
+            src,
+            tag,
+        },
+        other => other,
+    })
+}
+
+/// The engine's output, copied to `device`.
+fn up(out: Output, device: Device, like: Option<&dyn DeviceStorage>) -> Result<Output> {
+    let one = |t: Tensor| upload(&t, device, like);
+    Ok(match out {
+        Output::Tensor(t) => Output::Tensor(one(t)?),
+        Output::Tensors(ts) => Output::Tensors(ts.into_iter().map(one).collect::<Result<_>>()?),
+        Output::Received { tensor, src } => Output::Received {
+            tensor: one(tensor)?,
+            src,
+        },
+        other => other,
+    })
+}

@@ -1,0 +1,252 @@
+//! Device tensors on a real GPU (the `cuda` feature): every collective over NCCL on a world
+//! of one, and over the host-staged path on 2–4 ranks sharing GPU 0 (NCCL refuses two ranks
+//! on one device), checked against the host reference; the agreement step's mismatch and
+//! timeout errors. On a machine without a GPU each test says so and passes without checking
+//! anything (CI has none; see docs/gpu.md for what was run where).
+#![cfg(feature = "cuda")]
+
+mod common;
+use collectix::runtime::testing::Case;
+use collectix::{
+    CallOptions, DType, Device, DeviceBackend, DeviceError, Error, GroupOptions, OpKind, ReduceOp,
+    Tensor, TensorDeviceExt, World,
+};
+use common::device::{cases, run};
+use std::time::Duration;
+
+const GPU: Device = Device::Cuda(0);
+
+/// Whether a GPU and NCCL are here; prints why not.
+fn gpu() -> bool {
+    match (
+        collectix::device::cuda_devices(),
+        collectix::device::nccl_version(),
+    ) {
+        (Ok(n), Ok(v)) if n > 0 => {
+            eprintln!("{n} CUDA device(s), NCCL {v}");
+            true
+        }
+        (d, v) => {
+            eprintln!("SKIPPED (no GPU here): devices {d:?}, nccl {v:?}");
+            false
+        }
+    }
+}
+
+fn to_gpu(t: Tensor) -> Tensor {
+    t.to_device(GPU)
+        .unwrap_or_else(|e| panic!("to_device: {e}"))
+}
+
+#[test]
+fn nccl_runs_every_collective_on_a_world_of_one() {
+    if !gpu() {
+        return;
+    }
+    let world = World::local(1).unwrap_or_else(|e| panic!("{e}"));
+    let wrong = run(&world, DeviceBackend::Nccl, GPU, &cases(1), &to_gpu);
+    assert!(
+        wrong.is_empty(),
+        "{} wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    // Large enough to take several NCCL channels, and every output checked.
+    let big: Vec<Case> = [
+        OpKind::AllReduce,
+        OpKind::AllGatherIntoTensor,
+        OpKind::ReduceScatterTensor,
+    ]
+    .into_iter()
+    .map(|kind| Case {
+        kind,
+        size: 1,
+        count: 3 << 20,
+        dtype: DType::F32,
+        op: ReduceOp::Sum,
+        root: 0,
+        algorithm: None,
+    })
+    .collect();
+    let wrong = run(&world, DeviceBackend::Nccl, GPU, &big, &to_gpu);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn host_staged_runs_every_collective_on_2_to_4_ranks_sharing_one_gpu() {
+    if !gpu() {
+        return;
+    }
+    for w in 2..=4 {
+        let world = World::local(w).unwrap_or_else(|e| panic!("{e}"));
+        let wrong = run(&world, DeviceBackend::HostStaged, GPU, &cases(w), &to_gpu);
+        assert!(
+            wrong.is_empty(),
+            "world of {w}: {} wrong:\n{}",
+            wrong.len(),
+            wrong.join("\n")
+        );
+    }
+}
+
+#[test]
+fn what_nccl_lacks_is_a_clear_error() {
+    if !gpu() {
+        return;
+    }
+    let world = World::local(1).unwrap_or_else(|e| panic!("{e}"));
+    let c = &world.communicators()[0];
+    for (t, op) in [
+        (Tensor::from_vec(vec![true, false]), ReduceOp::Max),
+        (Tensor::from_vec(vec![1i32, 2]), ReduceOp::BXor),
+        (Tensor::from_vec(vec![1i64, 2]), ReduceOp::Avg),
+    ] {
+        let r = c.all_reduce(to_gpu(t), op).wait();
+        assert!(
+            matches!(r, Err(Error::Device(DeviceError::Unsupported(_)))),
+            "{op}: {r:?}"
+        );
+    }
+    // The group goes on working after a refused call.
+    let r = c
+        .all_reduce(to_gpu(Tensor::from_vec(vec![2.5f32])), ReduceOp::Sum)
+        .wait();
+    assert_eq!(
+        r.and_then(|t| t.to_host())
+            .and_then(|t| t.to_vec::<f32>())
+            .ok(),
+        Some(vec![2.5])
+    );
+    // Bool moves fine where nothing is reduced.
+    let r = c
+        .broadcast(to_gpu(Tensor::from_vec(vec![true, false, true])), 0)
+        .wait();
+    assert_eq!(
+        r.and_then(|t| t.to_host())
+            .and_then(|t| t.to_vec::<bool>())
+            .ok(),
+        Some(vec![true, false, true])
+    );
+}
+
+#[test]
+fn mismatched_nccl_calls_fail_on_every_rank_before_nccl_runs() {
+    if !gpu() {
+        return;
+    }
+    // Two ranks on one GPU: NCCL would refuse them, but the mismatch is found first.
+    let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+    let works: Vec<_> = world
+        .communicators()
+        .iter()
+        .map(|c| {
+            c.all_reduce(
+                to_gpu(Tensor::from_vec(vec![1.0f32; 4 + c.rank()])),
+                ReduceOp::Sum,
+            )
+        })
+        .collect();
+    for (r, w) in works.into_iter().enumerate() {
+        let e = w
+            .wait_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("rank {r} hung"));
+        assert!(matches!(e, Err(Error::Mismatch { .. })), "rank {r}: {e:?}");
+    }
+    // A rank with a host tensor against one on NCCL: a mismatch too, never a hang.
+    let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+    let works: Vec<_> = world
+        .communicators()
+        .iter()
+        .map(|c| {
+            let t = Tensor::from_vec(vec![1.0f32; 4]);
+            c.all_reduce(if c.rank() == 0 { to_gpu(t) } else { t }, ReduceOp::Sum)
+        })
+        .collect();
+    for (r, w) in works.into_iter().enumerate() {
+        let e = w
+            .wait_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("rank {r} hung"));
+        let e = e.err().map(|e| e.root_cause().clone());
+        assert!(matches!(e, Some(Error::Mismatch { .. })), "rank {r}: {e:?}");
+    }
+}
+
+#[test]
+fn a_rank_that_never_calls_is_a_timeout_not_a_hang() {
+    if !gpu() {
+        return;
+    }
+    let opts = GroupOptions {
+        timeout: Duration::from_secs(2),
+        ..GroupOptions::default()
+    };
+    let world = World::local_with(2, opts).unwrap_or_else(|e| panic!("{e}"));
+    let c0 = &world.communicators()[0];
+    let w = c0.all_reduce_with(
+        to_gpu(Tensor::from_vec(vec![1.0f32])),
+        ReduceOp::Sum,
+        &CallOptions::default(),
+    );
+    let e = w
+        .wait_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("hung"));
+    assert!(matches!(e, Err(Error::Timeout { .. })), "{e:?}");
+}
+
+#[test]
+fn two_ranks_on_one_gpu_over_nccl_fail_with_a_typed_error() {
+    if !gpu() {
+        return;
+    }
+    let opts = GroupOptions {
+        timeout: Duration::from_secs(20),
+        ..GroupOptions::default()
+    };
+    let world = World::local_with(2, opts).unwrap_or_else(|e| panic!("{e}"));
+    let works: Vec<_> = world
+        .communicators()
+        .iter()
+        .map(|c| c.all_reduce(to_gpu(Tensor::from_vec(vec![1.0f32; 8])), ReduceOp::Sum))
+        .collect();
+    for (r, w) in works.into_iter().enumerate() {
+        let got = w
+            .wait_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("rank {r} hung"));
+        eprintln!("rank {r}: {got:?}");
+        // NCCL refuses a duplicate GPU (an error), or the communicator stalls until the
+        // timeout aborts it; either way, a typed error and no hang.
+        assert!(got.is_err(), "rank {r}: two ranks on one GPU gave {got:?}");
+    }
+}
+
+#[test]
+fn results_never_write_over_a_tensor_the_caller_kept() {
+    if !gpu() {
+        return;
+    }
+    let world = World::local(1).unwrap_or_else(|e| panic!("{e}"));
+    let c = &world.communicators()[0];
+    let kept = to_gpu(Tensor::from_vec(vec![1.0f32, 2.0, 3.0]));
+    // A clone passed: the result is a new buffer, `kept` is untouched.
+    let doubled = c.all_reduce(kept.clone(), ReduceOp::PremulSum(2.0)).wait();
+    let host = |t: Tensor| t.to_host().and_then(|t| t.to_vec::<f32>()).ok();
+    assert_eq!(doubled.ok().and_then(host), Some(vec![2.0, 4.0, 6.0]));
+    assert_eq!(host(kept.clone()), Some(vec![1.0, 2.0, 3.0]));
+    // Moved in: NCCL may work in place; the result is right either way.
+    let moved = to_gpu(Tensor::from_vec(vec![5.0f32; 3]));
+    let r = c.all_reduce(moved, ReduceOp::PremulSum(2.0)).wait();
+    assert_eq!(r.ok().and_then(host), Some(vec![10.0; 3]));
+    // A view of a larger allocation (all_gather's per-rank outputs) is never written in place.
+    let parts = c
+        .all_gather(
+            vec![collectix::TensorSpec::new(&[3], DType::F32).on(GPU)],
+            kept.clone(),
+        )
+        .wait()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = c
+        .all_reduce(parts[0].clone(), ReduceOp::PremulSum(2.0))
+        .wait();
+    assert_eq!(r.ok().and_then(host), Some(vec![2.0, 4.0, 6.0]));
+    assert_eq!(host(parts[0].clone()), Some(vec![1.0, 2.0, 3.0]));
+}
