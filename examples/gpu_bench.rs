@@ -24,6 +24,10 @@ fn main() -> collectix::Result<()> {
         "# collectix gpu_bench: {n} CUDA device(s), NCCL {v} from {}, world of 1 on cuda:0, f32 sum",
         lib.path()
     );
+    if std::env::var_os("RETAIN_FREED_MEMORY").is_some() {
+        collectix::device::cuda::retain_freed_memory(0)?;
+        println!("# freed device memory stays in the pool (retain_freed_memory)");
+    }
     let world = World::local(1)?;
     let c = &world.communicators()[0];
     let gpu = Device::Cuda(0);

@@ -250,3 +250,39 @@ fn results_never_write_over_a_tensor_the_caller_kept() {
     assert_eq!(r.ok().and_then(host), Some(vec![2.0, 4.0, 6.0]));
     assert_eq!(host(parts[0].clone()), Some(vec![1.0, 2.0, 3.0]));
 }
+
+#[test]
+fn an_nccl_operation_past_its_timeout_aborts_the_communicator() {
+    if !gpu() {
+        return;
+    }
+    let world = World::local(1).unwrap_or_else(|e| panic!("{e}"));
+    let c = &world.communicators()[0];
+    // 1 GiB copied out of place takes about a millisecond; give it a microsecond.
+    let big = to_gpu(Tensor::full(&[256 << 20], 1.0f32).unwrap_or_else(|e| panic!("{e}")));
+    let opts = CallOptions {
+        algorithm: None,
+        timeout: Some(Duration::from_micros(1)),
+    };
+    let r = c.all_reduce_with(big.clone(), ReduceOp::Sum, &opts).wait();
+    eprintln!("past its timeout: {r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(Error::Device(DeviceError::NcclTimeout { .. })) | Err(Error::Timeout { .. })
+        ),
+        "{r:?}"
+    );
+    if matches!(r, Err(Error::Device(DeviceError::NcclTimeout { .. }))) {
+        // The communicator was aborted: every later NCCL call on the group fails, at once.
+        let later = c.all_reduce(to_gpu(Tensor::from_vec(vec![1.0f32])), ReduceOp::Sum);
+        let later = later
+            .wait_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("hung"));
+        eprintln!("after the abort: {later:?}");
+        assert!(
+            matches!(later, Err(Error::Device(DeviceError::NcclTimeout { .. }))),
+            "{later:?}"
+        );
+    }
+}

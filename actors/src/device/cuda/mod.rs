@@ -7,6 +7,9 @@
 //!   communicator and completes the call's `Work` when its CUDA event fires.
 //! - [`nccl`]: the library, loaded with a search of our own (see `docs/gpu.md`).
 
+/// cudarc, the CUDA driver binding collectix uses (for [`wrap`] and [`CudaStorage::slice`]).
+pub use cudarc;
+
 pub mod nccl;
 mod ops;
 pub(crate) mod worker;
@@ -59,6 +62,38 @@ pub(crate) fn context(ordinal: u32) -> Result<Arc<CudaContext>> {
         return Err(DeviceError::NoDevice { ordinal, count }.into());
     }
     CudaContext::new(ordinal as usize).map_err(cuda_err("cuDevicePrimaryCtxRetain"))
+}
+
+/// Keeps memory freed by device tensors in device `ordinal`'s default memory pool instead of
+/// handing it back to the driver at every synchronisation (sets the pool's release threshold
+/// to the maximum, as CuPy and JAX do). Collectives return new tensors, so a loop of
+/// out-of-place calls frees and allocates an output each time; with the default threshold
+/// (0) each allocation maps fresh memory. This is a setting of the device for the whole
+/// process, so collectix never makes it on its own.
+pub fn retain_freed_memory(ordinal: u32) -> Result<()> {
+    use cudarc::driver::sys;
+    let ctx = context(ordinal)?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer and `ctx.cu_device()` a device the driver
+    // reported; the context above initialised the driver and is bound to this thread.
+    let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(cuda_err("cuDeviceGetDefaultMemPool")(DriverError(r)));
+    }
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: the release threshold is a `cuuint64_t` attribute, read through the pointer
+    // during the call only; `pool` was returned just above.
+    let r = unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(cuda_err("cuMemPoolSetAttribute")(DriverError(r)));
+    }
+    Ok(())
 }
 
 /// A tensor's bytes in CUDA memory: `len` bytes at `offset` of a shared allocation (none for

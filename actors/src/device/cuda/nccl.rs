@@ -306,6 +306,7 @@ impl Nccl {
         Ok(Comm {
             raw,
             nccl: self.clone(),
+            size: size as usize,
         })
     }
 }
@@ -315,6 +316,7 @@ impl Nccl {
 pub(crate) struct Comm {
     raw: RawComm,
     nccl: Arc<Nccl>,
+    size: usize,
 }
 
 /// A reduction NCCL knows: a built-in (`ncclRedOp_t` 0–4) or a pre-multiplied sum made for
@@ -325,6 +327,11 @@ pub(crate) enum RedOp {
 }
 
 impl Comm {
+    /// Ranks in the communicator.
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
     /// The communicator's asynchronous error, if any (`ncclCommGetAsyncError`).
     pub(crate) fn async_error(&self) -> Result<()> {
         let mut e: c_int = SUCCESS;
