@@ -256,33 +256,84 @@ fn an_nccl_operation_past_its_timeout_aborts_the_communicator() {
     if !gpu() {
         return;
     }
-    let world = World::local(1).unwrap_or_else(|e| panic!("{e}"));
-    let c = &world.communicators()[0];
-    // 1 GiB copied out of place takes about a millisecond; give it a microsecond.
-    let big = to_gpu(Tensor::full(&[256 << 20], 1.0f32).unwrap_or_else(|e| panic!("{e}")));
-    let opts = CallOptions {
+    let tiny = CallOptions {
         algorithm: None,
         timeout: Some(Duration::from_micros(1)),
     };
-    let r = c.all_reduce_with(big.clone(), ReduceOp::Sum, &opts).wait();
-    eprintln!("past its timeout: {r:?}");
+    let small = || to_gpu(Tensor::from_vec(vec![1.0f32]));
+    // A communicator that cannot be made in time (nonblocking init, polled): a typed error,
+    // and the group's later calls fail at once with it.
+    let world = World::local(1).unwrap_or_else(|e| panic!("{e}"));
+    let c = &world.communicators()[0];
+    let r = wait(c.all_reduce_with(small(), ReduceOp::Sum, &tiny));
+    eprintln!("init past its timeout: {r:?}");
     assert!(
-        matches!(
-            r,
-            Err(Error::Device(DeviceError::NcclTimeout { .. })) | Err(Error::Timeout { .. })
-        ),
+        matches!(r, Err(Error::Device(DeviceError::Nccl { code: 7, .. }))),
         "{r:?}"
     );
-    if matches!(r, Err(Error::Device(DeviceError::NcclTimeout { .. }))) {
-        // The communicator was aborted: every later NCCL call on the group fails, at once.
-        let later = c.all_reduce(to_gpu(Tensor::from_vec(vec![1.0f32])), ReduceOp::Sum);
-        let later = later
-            .wait_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|| panic!("hung"));
-        eprintln!("after the abort: {later:?}");
-        assert!(
-            matches!(later, Err(Error::Device(DeviceError::NcclTimeout { .. }))),
-            "{later:?}"
+    let later = wait(c.all_reduce(small(), ReduceOp::Sum));
+    assert!(
+        matches!(later, Err(Error::Device(DeviceError::Nccl { code: 7, .. }))),
+        "{later:?}"
+    );
+
+    // An operation past its timeout: the communicator is aborted, and so are later calls.
+    let world = World::local(1).unwrap_or_else(|e| panic!("{e}"));
+    let c = &world.communicators()[0];
+    assert!(
+        wait(c.all_reduce(small(), ReduceOp::Sum)).is_ok(),
+        "the communicator is made"
+    );
+    // 1 GiB copied out of place takes about a millisecond; give it a microsecond.
+    let big = to_gpu(Tensor::full(&[256 << 20], 1.0f32).unwrap_or_else(|e| panic!("{e}")));
+    let r = wait(c.all_reduce_with(big.clone(), ReduceOp::Sum, &tiny));
+    eprintln!("past its timeout: {r:?}");
+    assert!(
+        matches!(r, Err(Error::Device(DeviceError::NcclTimeout { .. }))),
+        "{r:?}"
+    );
+    let later = wait(c.all_reduce(small(), ReduceOp::Sum));
+    eprintln!("after the abort: {later:?}");
+    assert!(
+        matches!(later, Err(Error::Device(DeviceError::NcclTimeout { .. }))),
+        "{later:?}"
+    );
+}
+
+#[test]
+fn send_and_recv_of_device_tensors_are_staged_and_complete_beside_collectives() {
+    if !gpu() {
+        return;
+    }
+    let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (&world.communicators()[0], &world.communicators()[1]);
+    let staged = |c: &collectix::Communicator| c.with_device_backend(DeviceBackend::HostStaged);
+    // Rank 0 sends before its collective, rank 1 receives after it: valid, so it completes.
+    let sent = a.send(to_gpu(Tensor::from_vec(vec![7i64, 8, 9])), 1, 5);
+    let ra = staged(a).all_reduce(to_gpu(Tensor::from_vec(vec![1.0f32])), ReduceOp::Sum);
+    let rb = staged(b).all_reduce(to_gpu(Tensor::from_vec(vec![2.0f32])), ReduceOp::Sum);
+    let got = b.recv(
+        collectix::TensorSpec::new(&[3], DType::I64).on(GPU),
+        Some(0),
+        5,
+    );
+    assert!(wait(sent).is_ok());
+    for r in [ra, rb] {
+        let t = wait(r).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            t.to_host().and_then(|t| t.to_vec::<f32>()).ok(),
+            Some(vec![3.0])
         );
     }
+    let (t, src) = wait(got).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((t.device(), src), (GPU, 0));
+    assert_eq!(
+        t.to_host().and_then(|t| t.to_vec::<i64>()).ok(),
+        Some(vec![7, 8, 9])
+    );
+}
+
+fn wait<T>(w: collectix::Work<T>) -> collectix::Result<T> {
+    w.wait_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("hung"))
 }

@@ -126,3 +126,15 @@ fn the_nccl_path_fails_with_a_typed_error_without_cuda() {
     assert!(matches!(to, Err(Error::Device(_))), "{to:?}");
     assert!(collectix::device::cuda_devices().is_err() || cfg!(feature = "cuda"));
 }
+
+#[test]
+fn a_device_send_is_staged_under_either_backend() {
+    let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (&world.communicators()[0], &world.communicators()[1]);
+    // The default backend is NCCL; a send of a device tensor still goes through the host.
+    let sent = a.send(stand_in(Tensor::from_vec(vec![4i32, 5])), 1, 9);
+    let got = b.recv(TensorSpec::new(&[2], DType::I32), Some(0), 9);
+    assert!(sent.wait().is_ok());
+    let (t, src) = got.wait().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((src, t.to_vec::<i32>().ok()), (0, Some(vec![4, 5])));
+}

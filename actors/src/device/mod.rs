@@ -13,7 +13,7 @@
 //! - [`DeviceBackend::HostStaged`]: the inputs are copied to the host, the ordinary engine
 //!   runs the call, and the outputs are copied back to the call's device. It works without
 //!   NCCL and in groups that mix ranks with and without GPUs (their fingerprints agree: both
-//!   take the engine's path).
+//!   take the engine's path). Send and receive of device tensors always take this path.
 //!
 //! Without the `cuda` feature every device operation returns
 //! [`DeviceError::FeatureDisabled`]; the host-staged path still runs for device storage
@@ -121,6 +121,13 @@ pub(crate) fn call<T: Send + 'static>(
     opts: &CallOptions,
     map: fn(Output) -> Result<T>,
 ) -> Work<T> {
+    // Point-to-point calls on device tensors are staged through the host under either
+    // backend (docs/gpu.md): a valid program of sends, receives and collectives must
+    // complete, and NCCL would serialise them on one stream.
+    let p2p = matches!(req, Request::Send { .. } | Request::Recv { .. });
+    if p2p {
+        return staged::call(comm, device, req, opts, map);
+    }
     match comm.device_backend {
         DeviceBackend::HostStaged => staged::call(comm, device, req, opts, map),
         #[cfg(feature = "cuda")]

@@ -31,9 +31,31 @@ pub(crate) const IN_PROGRESS: c_int = 7;
 /// `ncclScalarHostImmediate`.
 const SCALAR_HOST_IMMEDIATE: c_int = 1;
 
+/// The head of `ncclConfig_t` as NCCL 2.14 defined it. NCCL copies `size` bytes of it over its
+/// own defaults and reads only the fields the `version` had, so this stays valid for every
+/// later NCCL (`parseCommConfig` in NCCL's init.cc).
+#[repr(C)]
+struct Config {
+    size: usize,
+    magic: u32,
+    version: u32,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+}
+
+/// `NCCL_CONFIG_INITIALIZER`'s magic.
+const CONFIG_MAGIC: u32 = 0xcafe_beef;
+/// `NCCL_VERSION(2, 14, 0)`: the first version with `blocking`.
+const CONFIG_VERSION: u32 = 21_400;
+/// `NCCL_CONFIG_UNDEF_INT`.
+const UNDEF_INT: c_int = c_int::MIN;
+/// How long the worker sleeps between polls of a communicator that is still initialising.
+const SETTLE_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
 type GetUniqueId = unsafe extern "C" fn(*mut UniqueId) -> c_int;
-type CommInitRank = unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> c_int;
+type CommInitRankConfig =
+    unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int, *mut Config) -> c_int;
 type CommOnly = unsafe extern "C" fn(RawComm) -> c_int;
 type CommGetAsyncError = unsafe extern "C" fn(RawComm, *mut c_int) -> c_int;
 type GetErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
@@ -79,7 +101,7 @@ pub struct Nccl {
     path: String,
     get_version: GetVersion,
     get_unique_id: GetUniqueId,
-    comm_init_rank: CommInitRank,
+    comm_init_rank: CommInitRankConfig,
     comm_abort: CommOnly,
     comm_get_async_error: CommGetAsyncError,
     get_error_string: GetErrorString,
@@ -215,7 +237,7 @@ impl Nccl {
             path,
             get_version: symbol(&lib, "ncclGetVersion")?,
             get_unique_id: symbol(&lib, "ncclGetUniqueId")?,
-            comm_init_rank: symbol(&lib, "ncclCommInitRank")?,
+            comm_init_rank: symbol(&lib, "ncclCommInitRankConfig")?,
             comm_abort: symbol(&lib, "ncclCommAbort")?,
             comm_get_async_error: symbol(&lib, "ncclCommGetAsyncError")?,
             get_error_string: symbol(&lib, "ncclGetErrorString")?,
@@ -280,34 +302,50 @@ impl Nccl {
         Ok(id.internal.map(|c| c as u8))
     }
 
-    /// `ncclCommInitRank` on the current CUDA device: blocks until all `size` ranks join.
+    /// A nonblocking communicator (`ncclCommInitRankConfig` with `blocking = 0`) on the
+    /// current CUDA device: waits until all `size` ranks have joined, for at most `limit`;
+    /// past it the communicator is aborted and the call fails (never a hang). Every later
+    /// operation on it settles within `limit` too.
     pub(crate) fn init_rank(
         self: &Arc<Self>,
         size: usize,
         id: [u8; 128],
         rank: usize,
+        limit: std::time::Duration,
     ) -> Result<Comm> {
         let mut raw: RawComm = std::ptr::null_mut();
         let id = UniqueId {
             internal: id.map(|b| b as c_char),
         };
-        let (size, rank) = (
+        let (n, r) = (
             c_int::try_from(size).map_err(|_| Error::invalid("group too large for NCCL"))?,
             c_int::try_from(rank).map_err(|_| Error::invalid("rank too large for NCCL"))?,
         );
-        // SAFETY: `raw` is a valid out-pointer; `id` is passed by value as nccl.h declares.
-        let r = unsafe { (self.comm_init_rank)(&mut raw, size, id, rank) };
-        self.check(r, "ncclCommInitRank")?;
-        if raw.is_null() {
-            return Err(Error::invalid(
-                "internal: ncclCommInitRank gave no communicator",
-            ));
-        }
-        Ok(Comm {
+        let mut config = Config {
+            size: std::mem::size_of::<Config>(),
+            magic: CONFIG_MAGIC,
+            version: CONFIG_VERSION,
+            blocking: 0,
+            cga_cluster_size: UNDEF_INT,
+        };
+        // SAFETY: `raw` and `config` are valid for the call (NCCL copies the config); `id` is
+        // passed by value as nccl.h declares.
+        let code = unsafe { (self.comm_init_rank)(&mut raw, n, id, r, &mut config) };
+        let comm = (!raw.is_null()).then(|| Comm {
             raw,
             nccl: self.clone(),
-            size: size as usize,
-        })
+            size,
+            limit,
+        });
+        if code != IN_PROGRESS {
+            self.check(code, "ncclCommInitRankConfig")?;
+        }
+        // Dropping `comm` on any error below aborts it.
+        let comm = comm.ok_or_else(|| {
+            Error::invalid("internal: ncclCommInitRankConfig gave no communicator")
+        })?;
+        comm.settle("ncclCommInitRankConfig")?;
+        Ok(comm)
     }
 }
 
@@ -317,6 +355,8 @@ pub(crate) struct Comm {
     raw: RawComm,
     nccl: Arc<Nccl>,
     size: usize,
+    /// How long an operation may stay "in progress" on the host side.
+    limit: std::time::Duration,
 }
 
 /// A reduction NCCL knows: a built-in (`ncclRedOp_t` 0–4) or a pre-multiplied sum made for
@@ -330,6 +370,40 @@ impl Comm {
     /// Ranks in the communicator.
     pub(crate) fn size(&self) -> usize {
         self.size
+    }
+
+    /// Waits (polling, at most `limit`) until the communicator is no longer in progress, and
+    /// reports its state.
+    fn settle(&self, call: &str) -> Result<()> {
+        let deadline = std::time::Instant::now() + self.limit;
+        loop {
+            let mut e: c_int = SUCCESS;
+            // SAFETY: `raw` is a live communicator; `e` a valid out-pointer.
+            let r = unsafe { (self.nccl.comm_get_async_error)(self.raw, &mut e) };
+            self.nccl.check(r, "ncclCommGetAsyncError")?;
+            if e != IN_PROGRESS {
+                return self.nccl.check(e, call);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(DeviceError::Nccl {
+                    call: call.into(),
+                    code: IN_PROGRESS as u32,
+                    detail: format!("still in progress after {} ms", self.limit.as_millis()),
+                }
+                .into());
+            }
+            std::thread::sleep(SETTLE_POLL);
+        }
+    }
+
+    /// The result of an enqueueing call: `ncclInProgress` (a nonblocking communicator still
+    /// enqueueing) is waited out.
+    fn done(&self, code: c_int, call: &str) -> Result<()> {
+        if code == IN_PROGRESS {
+            self.settle(call)
+        } else {
+            self.nccl.check(code, call)
+        }
     }
 
     /// The communicator's asynchronous error, if any (`ncclCommGetAsyncError`).
@@ -351,9 +425,7 @@ impl Comm {
             .check(unsafe { (self.nccl.group_start)() }, "ncclGroupStart")?;
         let inner = f();
         // SAFETY: as above; pairs the start above.
-        let end = self
-            .nccl
-            .check(unsafe { (self.nccl.group_end)() }, "ncclGroupEnd");
+        let end = self.done(unsafe { (self.nccl.group_end)() }, "ncclGroupEnd");
         inner.and(end)
     }
 
@@ -414,7 +486,7 @@ impl Comm {
         // SAFETY: the caller's contract.
         let r = unsafe { f(send as _, recv as _, count, dtype, o, self.raw, stream) };
         self.drop_op(o, made);
-        self.nccl.check(
+        self.done(
             r,
             if scatter {
                 "ncclReduceScatter"
@@ -448,7 +520,7 @@ impl Comm {
             )
         };
         self.drop_op(o, made);
-        self.nccl.check(r, "ncclReduce")
+        self.done(r, "ncclReduce")
     }
 
     /// `ncclBroadcast` from `root`.
@@ -468,7 +540,7 @@ impl Comm {
         let r = unsafe {
             (self.nccl.broadcast)(send as _, recv as _, count, dtype, root, self.raw, stream)
         };
-        self.nccl.check(r, "ncclBroadcast")
+        self.done(r, "ncclBroadcast")
     }
 
     /// `ncclAllGather` of `count` elements per rank.
@@ -486,7 +558,7 @@ impl Comm {
         // SAFETY: the caller's contract.
         let r =
             unsafe { (self.nccl.all_gather)(send as _, recv as _, count, dtype, self.raw, stream) };
-        self.nccl.check(r, "ncclAllGather")
+        self.done(r, "ncclAllGather")
     }
 
     /// `ncclSend` of `bytes` bytes to `peer`.
@@ -502,7 +574,7 @@ impl Comm {
     ) -> Result<()> {
         // SAFETY: the caller's contract; `1` is ncclUint8.
         let r = unsafe { (self.nccl.send)(send as _, bytes, 1, peer, self.raw, stream) };
-        self.nccl.check(r, "ncclSend")
+        self.done(r, "ncclSend")
     }
 
     /// `ncclRecv` of `bytes` bytes from `peer`.
@@ -518,7 +590,7 @@ impl Comm {
     ) -> Result<()> {
         // SAFETY: the caller's contract; `1` is ncclUint8.
         let r = unsafe { (self.nccl.recv)(recv as _, bytes, 1, peer, self.raw, stream) };
-        self.nccl.check(r, "ncclRecv")
+        self.done(r, "ncclRecv")
     }
 }
 

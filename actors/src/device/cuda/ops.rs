@@ -613,10 +613,9 @@ pub(crate) fn plan(
         Request::Barrier | Request::NewGroup { .. } => Err(Error::invalid(
             "internal: a call without tensors on the NCCL path",
         )),
-        Request::Send { .. } | Request::Recv { .. } => Err(DeviceError::Unsupported(
-            "point-to-point send/recv of device tensors (not on the NCCL path yet)".into(),
-        )
-        .into()),
+        Request::Send { .. } | Request::Recv { .. } => Err(Error::invalid(
+            "internal: point-to-point device calls are staged through the host",
+        )),
         _ => Err(DeviceError::Unsupported("this call".into()).into()),
     }
 }

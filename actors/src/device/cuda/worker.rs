@@ -178,7 +178,14 @@ impl Worker {
                 done,
                 ..
             } = *call;
-            match launch(&self.nccl, &mut g.comm, init, device, (op, dtype, rank)) {
+            match launch(
+                &self.nccl,
+                &mut g.comm,
+                init,
+                device,
+                (op, dtype, rank),
+                timeout,
+            ) {
                 Ok((event, output, keep)) => self.in_flight.push(InFlight {
                     group,
                     event,
@@ -254,12 +261,13 @@ fn launch(
     init: Option<Init>,
     call_device: u32,
     (op, dtype, rank): (Op, collectix_runtime::DType, usize),
+    timeout: Duration,
 ) -> Result<(CudaEvent, Output, Vec<Tensor>)> {
     if let CommState::None = state {
         let init = init.ok_or_else(|| Error::invalid("internal: first NCCL call without an id"))?;
         let ctx = context(call_device)?;
         ctx.bind_to_thread().map_err(cuda_err("cuCtxSetCurrent"))?;
-        let comm = nccl.init_rank(init.size, init.id, init.rank);
+        let comm = nccl.init_rank(init.size, init.id, init.rank, timeout);
         let comm = match comm {
             Ok(c) => c,
             Err(e) => {
