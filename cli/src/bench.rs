@@ -1,0 +1,367 @@
+//! One collective as the bench drives it: nccl-tests' byte conventions, the request each rank
+//! makes, and the expected output computed here with plain arithmetic (not with collectix's
+//! kernels), so that `#wrong` checks the library independently.
+//!
+//! Inputs are small integers, unique per rank and element (`value`), so every sum, min, max
+//! and product is exact in every dtype for worlds of up to 8 ranks (bf16 holds integers up to
+//! 256 exactly); averages are compared with a tolerance of the dtype's precision.
+
+use collectix::runtime::collective::{Output, Request};
+use collectix::runtime::dtype::{bf16, f16};
+use collectix::{DType, Device, ReduceOp, Result, Tensor, TensorDeviceExt, TensorSpec};
+
+/// The collectives `collectix bench` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub(crate) enum Coll {
+    AllReduce,
+    Broadcast,
+    Reduce,
+    AllGather,
+    ReduceScatter,
+    Gather,
+    Scatter,
+    AllToAll,
+    SendRecv,
+    Barrier,
+}
+
+impl Coll {
+    /// nccl-tests' bus-bandwidth factor for a world of `w`.
+    pub(crate) fn busbw_factor(self, w: usize) -> f64 {
+        let w = w as f64;
+        match self {
+            Coll::AllReduce => 2.0 * (w - 1.0) / w,
+            Coll::AllGather
+            | Coll::ReduceScatter
+            | Coll::Gather
+            | Coll::Scatter
+            | Coll::AllToAll => (w - 1.0) / w,
+            Coll::Broadcast | Coll::Reduce | Coll::SendRecv => 1.0,
+            Coll::Barrier => 0.0,
+        }
+    }
+
+    /// The name, as `--collective` takes it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "all_reduce",
+            Coll::Broadcast => "broadcast",
+            Coll::Reduce => "reduce",
+            Coll::AllGather => "all_gather",
+            Coll::ReduceScatter => "reduce_scatter",
+            Coll::Gather => "gather",
+            Coll::Scatter => "scatter",
+            Coll::AllToAll => "all_to_all",
+            Coll::SendRecv => "send_recv",
+            Coll::Barrier => "barrier",
+        }
+    }
+
+    /// Whether the collective reduces (and so has an op).
+    pub(crate) fn reduces(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::Reduce | Coll::ReduceScatter)
+    }
+
+    /// Whether the size is split into one block per rank (it must divide).
+    fn blocked(self) -> bool {
+        matches!(
+            self,
+            Coll::AllGather | Coll::ReduceScatter | Coll::Gather | Coll::Scatter | Coll::AllToAll
+        )
+    }
+}
+
+/// A rank- and element-unique small integer, exact in every dtype once reduced over ≤ 8 ranks.
+pub(crate) fn value(op: ReduceOp, rank: usize, i: usize) -> f64 {
+    match op {
+        // Products stay ≤ 2^8.
+        ReduceOp::Product => (1 + (rank + i) % 2) as f64,
+        _ => ((rank * 13 + i * 7) % 31) as f64,
+    }
+}
+
+/// `vals` as a host tensor of `dtype`.
+pub(crate) fn make(dtype: DType, vals: &[f64]) -> Tensor {
+    match dtype {
+        DType::F32 => Tensor::from_vec(vals.iter().map(|&x| x as f32).collect::<Vec<_>>()),
+        DType::F64 => Tensor::from_vec(vals.to_vec()),
+        DType::F16 => Tensor::from_vec(vals.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>()),
+        DType::BF16 => {
+            Tensor::from_vec(vals.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>())
+        }
+        DType::I32 => Tensor::from_vec(vals.iter().map(|&x| x as i32).collect::<Vec<_>>()),
+        DType::I64 => Tensor::from_vec(vals.iter().map(|&x| x as i64).collect::<Vec<_>>()),
+        DType::I8 => Tensor::from_vec(vals.iter().map(|&x| x as i8).collect::<Vec<_>>()),
+        DType::U8 => Tensor::from_vec(vals.iter().map(|&x| x as u8).collect::<Vec<_>>()),
+        _ => Tensor::from_vec(vals.iter().map(|&x| x != 0.0).collect::<Vec<_>>()),
+    }
+}
+
+/// `op` over the ranks' values, in plain f64 arithmetic.
+fn fold(op: ReduceOp, w: usize, f: impl Fn(usize) -> f64) -> f64 {
+    let xs = (0..w).map(f);
+    match op {
+        ReduceOp::Sum => xs.sum(),
+        ReduceOp::Product => xs.product(),
+        ReduceOp::Min => xs.fold(f64::INFINITY, f64::min),
+        ReduceOp::Max => xs.fold(f64::NEG_INFINITY, f64::max),
+        ReduceOp::Avg => xs.sum::<f64>() / w as f64,
+        ReduceOp::PremulSum(s) => xs.map(|x| x * s).sum(),
+        _ => f64::NAN,
+    }
+}
+
+/// One cell of a sweep: what every rank calls, and what it must get back.
+pub(crate) struct Cell {
+    pub(crate) coll: Coll,
+    pub(crate) w: usize,
+    /// Elements per rank as nccl-tests counts them (the full size for blocked collectives).
+    pub(crate) count: usize,
+    pub(crate) dtype: DType,
+    pub(crate) op: ReduceOp,
+    pub(crate) root: usize,
+    pub(crate) device: Device,
+}
+
+impl Cell {
+    /// The cell for `bytes`, or why that size is skipped.
+    pub(crate) fn new(
+        coll: Coll,
+        w: usize,
+        bytes: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+        device: Device,
+    ) -> std::result::Result<Cell, String> {
+        let count = bytes / dtype.size();
+        if count * dtype.size() != bytes {
+            return Err(format!(
+                "{bytes} B is not a whole number of {dtype} elements"
+            ));
+        }
+        if coll.blocked() && !count.is_multiple_of(w) {
+            return Err(format!(
+                "{count} elements do not split into {w} equal blocks"
+            ));
+        }
+        if coll == Coll::SendRecv && w < 2 {
+            return Err("send_recv needs at least 2 ranks".into());
+        }
+        Ok(Cell {
+            coll,
+            w,
+            count,
+            dtype,
+            op,
+            root: root % w,
+            device,
+        })
+    }
+
+    fn per(&self) -> usize {
+        self.count / self.w
+    }
+
+    fn input(&self, r: usize, n: usize, offset: usize) -> Result<Tensor> {
+        let vals: Vec<f64> = (0..n).map(|i| value(self.op, r, offset + i)).collect();
+        make(self.dtype, &vals).to_device(self.device)
+    }
+
+    fn spec(&self, n: usize) -> TensorSpec {
+        TensorSpec::new(&[n], self.dtype).on(self.device)
+    }
+
+    /// The requests rank `r` makes for one call (send_recv makes two).
+    pub(crate) fn requests(&self, r: usize) -> Result<Vec<Request>> {
+        let (w, n, per, op, root) = (self.w, self.count, self.per(), self.op, self.root);
+        Ok(vec![match self.coll {
+            Coll::AllReduce => Request::AllReduce {
+                tensor: self.input(r, n, 0)?,
+                op,
+            },
+            Coll::Reduce => Request::Reduce {
+                tensor: self.input(r, n, 0)?,
+                root,
+                op,
+            },
+            Coll::Broadcast => Request::Broadcast {
+                tensor: self.input(r, n, 0)?,
+                root,
+            },
+            Coll::AllGather => Request::AllGatherIntoTensor {
+                input: self.input(r, per, 0)?,
+                output: self.spec(n),
+            },
+            Coll::ReduceScatter => Request::ReduceScatterTensor {
+                input: self.input(r, n, 0)?,
+                output: self.spec(per),
+                op,
+            },
+            Coll::Gather => Request::Gather {
+                input: self.input(r, per, 0)?,
+                root,
+            },
+            Coll::Scatter => Request::Scatter {
+                output: self.spec(per),
+                inputs: if r == root {
+                    Some(
+                        (0..w)
+                            .map(|j| self.input(r, per, j * per))
+                            .collect::<Result<_>>()?,
+                    )
+                } else {
+                    None
+                },
+                root,
+            },
+            Coll::AllToAll => Request::AllToAllSingle {
+                input: self.input(r, n, 0)?,
+                output: self.spec(n),
+                output_splits: None,
+                input_splits: None,
+            },
+            Coll::SendRecv => {
+                return Ok(vec![
+                    Request::Send {
+                        tensor: self.input(r, n, 0)?,
+                        dst: (r + 1) % w,
+                        tag: 0,
+                    },
+                    Request::Recv {
+                        spec: self.spec(n),
+                        src: Some((r + w - 1) % w),
+                        tag: 0,
+                    },
+                ])
+            }
+            Coll::Barrier => Request::Barrier,
+        }])
+    }
+
+    /// The values rank `r` must get, flattened (`None`: no output is checked).
+    pub(crate) fn expected(&self, r: usize) -> Option<Vec<f64>> {
+        let (w, n, per, op, root) = (self.w, self.count, self.per(), self.op, self.root);
+        let red = |i: usize| fold(op, w, |q| value(op, q, i));
+        Some(match self.coll {
+            Coll::AllReduce => (0..n).map(red).collect(),
+            Coll::Reduce if r == root => (0..n).map(red).collect(),
+            Coll::Reduce => (0..n).map(|i| value(op, r, i)).collect(),
+            Coll::Broadcast => (0..n).map(|i| value(op, root, i)).collect(),
+            Coll::AllGather => (0..n).map(|k| value(op, k / per, k % per)).collect(),
+            Coll::ReduceScatter => (0..per).map(|i| red(r * per + i)).collect(),
+            Coll::Gather if r == root => (0..n).map(|k| value(op, k / per, k % per)).collect(),
+            Coll::Gather => Vec::new(),
+            Coll::Scatter => (0..per).map(|i| value(op, root, r * per + i)).collect(),
+            Coll::AllToAll => (0..n)
+                .map(|k| value(op, k / per, r * per + k % per))
+                .collect(),
+            Coll::SendRecv => (0..n).map(|i| value(op, (r + w - 1) % w, i)).collect(),
+            Coll::Barrier => return None,
+        })
+    }
+}
+
+/// Every value of an output, on the host, flattened.
+pub(crate) fn flatten(outs: &[Output]) -> Result<Vec<f64>> {
+    let mut v = Vec::new();
+    let mut push = |t: &Tensor| -> Result<()> {
+        v.extend(t.to_host()?.to_f64_vec());
+        Ok(())
+    };
+    for o in outs {
+        match o {
+            Output::Tensor(t) | Output::Received { tensor: t, .. } => push(t)?,
+            Output::Tensors(ts) => ts.iter().try_for_each(&mut push)?,
+            _ => {}
+        }
+    }
+    Ok(v)
+}
+
+/// How many elements of `got` differ from `want` (a missing or extra element counts as one).
+/// Averages may round: they are compared within the dtype's precision.
+pub(crate) fn count_wrong(got: &[f64], want: &[f64], op: ReduceOp, dtype: DType) -> usize {
+    let tol = match (op, dtype) {
+        (ReduceOp::Avg | ReduceOp::PremulSum(_), DType::F16 | DType::BF16) => 1.0 / 64.0,
+        (ReduceOp::Avg | ReduceOp::PremulSum(_), DType::F32) => 1e-6,
+        (ReduceOp::Avg | ReduceOp::PremulSum(_), DType::F64) => 1e-12,
+        // Integer averages truncate or round, as torch's do: within one.
+        (ReduceOp::Avg, _) => 1.0,
+        _ => 0.0,
+    };
+    let off = got
+        .iter()
+        .zip(want)
+        .filter(|(g, w)| (*g - *w).abs() > tol * w.abs().max(1.0))
+        .count();
+    off + got.len().abs_diff(want.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_planted_wrong_element_is_counted() {
+        let cell = Cell::new(
+            Coll::AllReduce,
+            3,
+            64,
+            DType::F32,
+            ReduceOp::Sum,
+            0,
+            Device::Host,
+        );
+        let cell = cell.unwrap_or_else(|e| panic!("{e}"));
+        let want = cell.expected(1).unwrap_or_default();
+        assert_eq!(count_wrong(&want, &want, ReduceOp::Sum, DType::F32), 0);
+        let mut got = want.clone();
+        got[5] += 1.0;
+        assert_eq!(count_wrong(&got, &want, ReduceOp::Sum, DType::F32), 1);
+        got.pop();
+        assert_eq!(count_wrong(&got, &want, ReduceOp::Sum, DType::F32), 2);
+    }
+
+    #[test]
+    fn sizes_that_do_not_divide_are_skipped_with_a_reason() {
+        let c = Cell::new(
+            Coll::AllGather,
+            3,
+            64,
+            DType::F32,
+            ReduceOp::Sum,
+            0,
+            Device::Host,
+        );
+        assert!(c.is_err_and(|e| e.contains("3 equal blocks")));
+        let c = Cell::new(
+            Coll::AllReduce,
+            2,
+            6,
+            DType::F32,
+            ReduceOp::Sum,
+            0,
+            Device::Host,
+        );
+        assert!(c.is_err());
+    }
+
+    #[test]
+    fn the_expected_values_are_those_of_a_hand_computed_case() {
+        // Two ranks, all_reduce sum of 2 elements: value(r, i) = (13r + 7i) % 31.
+        let c = Cell::new(
+            Coll::AllReduce,
+            2,
+            8,
+            DType::F32,
+            ReduceOp::Sum,
+            0,
+            Device::Host,
+        );
+        let want = c.ok().and_then(|c| c.expected(0));
+        assert_eq!(want, Some(vec![13.0, 7.0 + 20.0]));
+    }
+}

@@ -1,0 +1,460 @@
+//! `collectix`: the command-line tool of collectix. Its first subcommand, `bench`, prints
+//! nccl-tests' table for a collective over a size sweep, with a correctness check.
+//!
+//! ```text
+//! collectix bench --collective all_reduce --ranks 4 -b 4 -e 64M -f 4 -c 1
+//! collectix bench --device cuda -b 1M -e 1G -f 2          # with --features cuda
+//! ```
+//!
+//! The method is the peers' (`bench/peers/`): a sample is the slowest rank's time for `K`
+//! back-to-back blocking calls after a barrier, `K` calibrated so that a sample lasts about
+//! `--sample-ms`; the time printed is the median over `-n` samples, with the minimum and the
+//! maximum beside it. Sizes follow nccl-tests: for all_gather, gather and all_to_all the size is
+//! the full (gathered) size, for reduce_scatter and scatter the full input.
+
+mod bench;
+
+use bench::{count_wrong, flatten, Cell, Coll};
+use clap::{Parser, Subcommand, ValueEnum};
+use collectix::runtime::collective::{Output, Request};
+use collectix::{
+    Algorithm, CallOptions, Communicator, DType, Device, DeviceBackend, ReduceOp, Result, World,
+};
+use std::io::Write;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(
+    name = "collectix",
+    version,
+    about = "Collective communication for Rust: tools"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// nccl-tests' table for one collective over a sweep of sizes.
+    Bench(Args),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Op {
+    Sum,
+    Prod,
+    Min,
+    Max,
+    Avg,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Dt {
+    Float,
+    Double,
+    Half,
+    Bfloat16,
+    Int32,
+    Int64,
+    Int8,
+    Uint8,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Dev {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    Nccl,
+    Staged,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Transport {
+    /// Ranks in this process, over the in-process transport.
+    Local,
+}
+
+#[derive(clap::Args)]
+struct Args {
+    /// The collective.
+    #[arg(long, value_enum, default_value = "all_reduce")]
+    collective: Coll,
+    /// Ranks in the world.
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Smallest size (bytes; K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "4", value_parser = parse_bytes)]
+    minbytes: usize,
+    /// Largest size.
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_bytes)]
+    maxbytes: usize,
+    /// Factor between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    stepfactor: usize,
+    /// Reduction.
+    #[arg(short = 'o', long = "op", value_enum, default_value = "sum")]
+    op: Op,
+    /// Element type.
+    #[arg(short = 'd', long = "dtype", value_enum, default_value = "float")]
+    dtype: Dt,
+    /// Samples per size (the median is printed).
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: usize,
+    /// Warm-up calls per size (also used to calibrate a sample).
+    #[arg(short = 'w', long = "warmup", default_value_t = 5)]
+    warmup: usize,
+    /// Check every output element (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    check: u8,
+    /// Root of rooted collectives.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    root: usize,
+    /// Where ranks run.
+    #[arg(long, value_enum, default_value = "local")]
+    transport: Transport,
+    /// Algorithm: auto, or a name (ring, halving_doubling, recursive_doubling, binomial_tree,
+    /// direct, dissemination, pairwise).
+    #[arg(long, default_value = "auto")]
+    algorithm: String,
+    /// Where the tensors live: cpu, or cuda (rank r on GPU r mod the device count; needs the
+    /// `cuda` feature).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Dev,
+    /// Backend for device tensors.
+    #[arg(long, value_enum, default_value = "nccl")]
+    backend: Backend,
+    /// Target length of one sample, in milliseconds.
+    #[arg(long, default_value_t = 5.0)]
+    sample_ms: f64,
+    /// Write every row as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&s[..i], 1usize << 10),
+        Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: usize = num.parse().map_err(|e| format!("{s}: {e}"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("{s}: too large"))
+}
+
+impl Op {
+    fn reduce_op(self) -> ReduceOp {
+        match self {
+            Op::Sum => ReduceOp::Sum,
+            Op::Prod => ReduceOp::Product,
+            Op::Min => ReduceOp::Min,
+            Op::Max => ReduceOp::Max,
+            Op::Avg => ReduceOp::Avg,
+        }
+    }
+}
+
+impl Dt {
+    fn dtype(self) -> DType {
+        match self {
+            Dt::Float => DType::F32,
+            Dt::Double => DType::F64,
+            Dt::Half => DType::F16,
+            Dt::Bfloat16 => DType::BF16,
+            Dt::Int32 => DType::I32,
+            Dt::Int64 => DType::I64,
+            Dt::Int8 => DType::I8,
+            Dt::Uint8 => DType::U8,
+        }
+    }
+}
+
+/// One row of the table (and of `--json`).
+#[derive(serde::Serialize)]
+struct Row {
+    collective: Coll,
+    ranks: usize,
+    device: String,
+    size: usize,
+    count: usize,
+    dtype: String,
+    redop: String,
+    root: Option<usize>,
+    samples: usize,
+    calls_per_sample: usize,
+    time_us: f64,
+    time_min_us: f64,
+    time_max_us: f64,
+    algbw_gbs: f64,
+    busbw_gbs: f64,
+    wrong: Option<usize>,
+}
+
+fn submit_all(c: &Communicator, reqs: &[Request], opts: &CallOptions) -> Result<Vec<Output>> {
+    let works: Vec<_> = reqs.iter().map(|q| c.submit(q.clone(), opts)).collect();
+    works.into_iter().map(|w| w.wait()).collect()
+}
+
+/// Every rank, on a thread of its own, runs `f(rank, comm)`; the results in rank order.
+fn on_every_rank<T: Send>(
+    comms: &[Communicator],
+    f: impl Fn(usize, &Communicator) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let f = &f;
+                s.spawn(move || f(r, c))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(collectix::Error::Shutdown)))
+            .collect()
+    })
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn run(a: &Args) -> Result<Vec<Row>> {
+    let Transport::Local = a.transport;
+    let w = a.ranks.max(1);
+    let (dtype, op) = (a.dtype.dtype(), a.op.reduce_op());
+    let algorithm = match a.algorithm.as_str() {
+        "auto" => None,
+        name => Some(
+            [
+                Algorithm::Ring,
+                Algorithm::HalvingDoubling,
+                Algorithm::RecursiveDoubling,
+                Algorithm::BinomialTree,
+                Algorithm::Direct,
+                Algorithm::Dissemination,
+                Algorithm::Pairwise,
+            ]
+            .into_iter()
+            .find(|x| x.name() == name)
+            .ok_or_else(|| collectix::Error::invalid(format!("unknown algorithm {name}")))?,
+        ),
+    };
+    let opts = CallOptions {
+        algorithm,
+        timeout: None,
+    };
+    let gpus = match a.device {
+        Dev::Cpu => 0,
+        Dev::Cuda => collectix::device::cuda_devices()?.max(1),
+    };
+    let device_of = |r: usize| match a.device {
+        Dev::Cpu => Device::Host,
+        Dev::Cuda => Device::Cuda((r as u32) % gpus),
+    };
+    let backend = match a.backend {
+        Backend::Nccl => DeviceBackend::Nccl,
+        Backend::Staged => DeviceBackend::HostStaged,
+    };
+    let world = World::local(w)?;
+    let comms: Vec<Communicator> = world
+        .communicators()
+        .iter()
+        .map(|c| c.with_device_backend(backend))
+        .collect();
+
+    let mut sizes = Vec::new();
+    let mut s = a.minbytes.max(1);
+    while s <= a.maxbytes {
+        sizes.push(s);
+        let next = s.saturating_mul(a.stepfactor.max(2));
+        if next == s {
+            break;
+        }
+        s = next;
+    }
+    if a.collective == Coll::Barrier {
+        sizes = vec![0];
+    }
+    println!(
+        "# collectix bench: {}, {w} ranks, transport local, device {}{}, {dtype}, op {op}, {} samples",
+        a.collective.name(),
+        format!("{:?}", a.device).to_lowercase(),
+        if a.device == Dev::Cuda { format!(" ({backend:?})") } else { String::new() },
+        a.iters
+    );
+    println!(
+        "#{:>11} {:>11} {:>8} {:>6} {:>5} {:>10} {:>10} {:>10} {:>8} {:>8} {:>7}",
+        "size(B)",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time(us)",
+        "min(us)",
+        "max(us)",
+        "algbw",
+        "busbw",
+        "#wrong"
+    );
+    let mut rows = Vec::new();
+    for (k, &bytes) in sizes.iter().enumerate() {
+        eprint!("\rbench: size {} of {} ({bytes} B)   ", k + 1, sizes.len());
+        let _ = std::io::stderr().flush();
+        // Each rank's device can differ; the cell's device is rank 0's, and each rank's
+        // requests are made on its own.
+        let cells: Vec<Cell> = match (0..w)
+            .map(|r| Cell::new(a.collective, w, bytes, dtype, op, a.root, device_of(r)))
+            .collect::<std::result::Result<Vec<_>, String>>()
+        {
+            Ok(c) => c,
+            Err(why) => {
+                println!("# {bytes} B skipped: {why}");
+                continue;
+            }
+        };
+        let reqs: Vec<Vec<Request>> = (0..w)
+            .map(|r| cells[r].requests(r))
+            .collect::<Result<_>>()?;
+        // The check: one call of its own, every output element compared.
+        let wrong = if a.check != 0 && a.collective != Coll::Barrier {
+            let outs = on_every_rank(&comms, |r, c| submit_all(c, &reqs[r], &opts))?;
+            let mut wrong = 0;
+            for (r, o) in outs.iter().enumerate() {
+                let want = cells[r].expected(r).unwrap_or_default();
+                wrong += count_wrong(&flatten(o)?, &want, op, dtype);
+            }
+            Some(wrong)
+        } else {
+            None
+        };
+        // Warm-up, which also calibrates K (the slowest rank's time per call).
+        let warm = on_every_rank(&comms, |r, c| {
+            c.barrier().wait()?;
+            let t0 = Instant::now();
+            for _ in 0..a.warmup.max(1) {
+                submit_all(c, &reqs[r], &opts)?;
+            }
+            Ok(t0.elapsed().as_secs_f64() / a.warmup.max(1) as f64)
+        })?;
+        let per_call = warm.iter().cloned().fold(0.0, f64::max).max(1e-9);
+        let calls = ((a.sample_ms / 1e3 / per_call).ceil() as usize).clamp(1, 100_000);
+        let samples = on_every_rank(&comms, |r, c| {
+            let mut v = Vec::with_capacity(a.iters);
+            for _ in 0..a.iters.max(1) {
+                c.barrier().wait()?;
+                let t0 = Instant::now();
+                for _ in 0..calls {
+                    submit_all(c, &reqs[r], &opts)?;
+                }
+                v.push(t0.elapsed().as_secs_f64() / calls as f64);
+            }
+            Ok(v)
+        })?;
+        let mut slowest: Vec<f64> = (0..a.iters.max(1))
+            .map(|i| {
+                samples
+                    .iter()
+                    .map(|v| v.get(i).copied().unwrap_or(0.0))
+                    .fold(0.0, f64::max)
+            })
+            .collect();
+        let t = median(&mut slowest);
+        let (tmin, tmax) = (
+            slowest.first().copied().unwrap_or(0.0),
+            slowest.last().copied().unwrap_or(0.0),
+        );
+        let algbw = if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
+        let row = Row {
+            collective: a.collective,
+            ranks: w,
+            device: format!("{:?}", a.device).to_lowercase(),
+            size: bytes,
+            count: cells[0].count,
+            dtype: dtype.to_string(),
+            redop: if a.collective.reduces() {
+                op.to_string()
+            } else {
+                "none".into()
+            },
+            root: matches!(
+                a.collective,
+                Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
+            )
+            .then_some(cells[0].root),
+            samples: a.iters.max(1),
+            calls_per_sample: calls,
+            time_us: t * 1e6,
+            time_min_us: tmin * 1e6,
+            time_max_us: tmax * 1e6,
+            algbw_gbs: algbw,
+            busbw_gbs: algbw * a.collective.busbw_factor(w),
+            wrong,
+        };
+        println!(
+            " {:>11} {:>11} {:>8} {:>6} {:>5} {:>10.2} {:>10.2} {:>10.2} {:>8.3} {:>8.3} {:>7}",
+            row.size,
+            row.count,
+            row.dtype,
+            row.redop,
+            row.root.map_or("-".into(), |r| r.to_string()),
+            row.time_us,
+            row.time_min_us,
+            row.time_max_us,
+            row.algbw_gbs,
+            row.busbw_gbs,
+            row.wrong.map_or("N/A".into(), |w| w.to_string()),
+        );
+        rows.push(row);
+    }
+    eprint!("\r{:60}\r", "");
+    let wrong: usize = rows.iter().filter_map(|r| r.wrong).sum();
+    println!("# #wrong in total: {wrong}");
+    if let Some(mib) = peak_rss_mib() {
+        println!("# peak RSS: {mib:.1} MiB");
+    }
+    Ok(rows)
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let Command::Bench(args) = cli.command;
+    match run(&args) {
+        Ok(rows) => {
+            if let Some(path) = &args.json {
+                let text = serde_json::to_string_pretty(&rows).unwrap_or_default();
+                if let Err(e) = std::fs::write(path, text) {
+                    eprintln!("collectix: cannot write {}: {e}", path.display());
+                    return std::process::ExitCode::FAILURE;
+                }
+            }
+            if rows.iter().any(|r| r.wrong.is_some_and(|w| w > 0)) {
+                eprintln!("collectix: wrong results");
+                return std::process::ExitCode::FAILURE;
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("collectix: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
