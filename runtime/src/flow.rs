@@ -6,7 +6,10 @@
 //! `known` is how many calls of the group the peer has made, as far as this rank knows.
 //! Otherwise the message waits here, in the sender's memory (it refers to the sender's own
 //! tensors). Knowledge comes from `Credit { calls }` messages, which a peer sends in answer to
-//! `WantCredit { seq }`: at once, and again once it has made enough calls to let `seq` through.
+//! `WantCredit { seq }`: at once, and again once it has made enough calls to let through the
+//! *lowest* `seq` it was asked about and has not granted yet. A sender's ask always names its
+//! lowest held call (it asks again whenever it holds an older one, and after every credit
+//! that leaves messages held), so that answer is always the one that lets it go on.
 //! A sender asks early, when it passes the middle of its window, so ranks that keep in step
 //! never wait for a credit; they pay one small message pair per half window. A data message of
 //! call `seq` is itself a credit of `seq + 1` (the peer has made that call), so ranks that
@@ -23,11 +26,18 @@
 //! process that exits drops its unsent socket buffers.
 //!
 //! Deadlock freedom: a message is held only for a call at least `window` calls beyond the
-//! peer's last known call. If the peer has made that call, its credit (sent when it made the
-//! call, because the sender asked) releases the message; if it has not, nothing it waits for
-//! can be among the held messages, since those belong to later calls. So `window >= 1`
-//! suffices; the receiver, in turn, never buffers more than `window` calls per peer that it has
-//! not made yet, and treats a message beyond that as a protocol violation.
+//! peer's last known call. Let `s` be the lowest call the sender holds for a peer. The sender
+//! has asked about `s` (or a lower call, which the peer has since granted, and the credit that
+//! did so made the sender ask about `s`); the peer keeps the lowest call asked about and not
+//! granted, so its record is at most `s`. If the peer has made call `s − window + 1`, it has
+//! sent a credit at that point (at once, or when it made the call), which releases `s`; if it
+//! has not, the calls it waits for are below `s − window + 1`, so none of their messages is
+//! held. Either way the lowest held message is released or is not waited for, so `window >= 1`
+//! suffices. (Until issue 7 the peer kept the *highest* call asked about: it then answered only
+//! once that one fitted, while the sender waited for its lowest — a valid program of a root
+//! far ahead and a peer issuing one call at a time stalled at the window.) The receiver, in
+//! turn, never buffers more than `window` calls per peer that it has not made yet, and treats
+//! a message beyond that as a protocol violation.
 
 use std::collections::HashMap;
 
@@ -52,6 +62,24 @@ struct Peer<T> {
     asked: Option<u64>,
     /// The highest seq the peer asked this rank about and has not been granted yet.
     want: Option<u64>,
+}
+
+impl<T> Peer<T> {
+    /// Keeps the ask on the lowest held call: asks for it unless an ask at or below it is
+    /// still outstanding (one that the known calls already satisfy is answered, not
+    /// outstanding).
+    fn ask_lowest(&mut self, peer: usize, w: u64, out: &mut Vec<FlowOut<T>>) {
+        if self.asked.is_some_and(|a| a < self.known.saturating_add(w)) {
+            self.asked = None;
+        }
+        let Some(first) = self.held.iter().map(|(s, _)| *s).min() else {
+            return;
+        };
+        if self.asked.is_none_or(|a| first < a) {
+            self.asked = Some(first);
+            out.push(FlowOut::Ask { peer, seq: first });
+        }
+    }
 }
 
 impl<T> Default for Peer<T> {
@@ -95,19 +123,14 @@ impl<T> Flow<T> {
         if seq < p.known.saturating_add(w) {
             out.push(FlowOut::Send(msg));
             // Ask early, so that ranks in step never stall on a credit.
-            if seq >= p.known.saturating_add(w / 2) && p.asked.is_none_or(|a| a < seq) {
-                p.asked = Some(seq);
-                out.push(FlowOut::Ask {
-                    peer,
-                    seq: seq.saturating_add(w / 2),
-                });
+            let ahead = seq.saturating_add(w / 2);
+            if seq >= p.known.saturating_add(w / 2) && p.asked.is_none_or(|a| a < ahead) {
+                p.asked = Some(ahead);
+                out.push(FlowOut::Ask { peer, seq: ahead });
             }
         } else {
             p.held.push((seq, msg));
-            if p.asked.is_none_or(|a| a < seq) {
-                p.asked = Some(seq);
-                out.push(FlowOut::Ask { peer, seq });
-            }
+            p.ask_lowest(peer, w, out);
         }
     }
 
@@ -115,23 +138,18 @@ impl<T> Flow<T> {
     pub(crate) fn on_credit(&mut self, peer: usize, calls: u64, out: &mut Vec<FlowOut<T>>) {
         let w = self.window;
         let p = self.peers.entry(peer).or_default();
-        if calls <= p.known {
-            return;
+        if calls > p.known {
+            p.known = calls;
+            let limit = p.known.saturating_add(w);
+            let (go, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut p.held)
+                .into_iter()
+                .partition(|(s, _)| *s < limit);
+            p.held = stay;
+            out.extend(go.into_iter().map(|(_, m)| FlowOut::Send(m)));
         }
-        p.known = calls;
-        if p.asked.is_some_and(|a| a < calls.saturating_add(w)) {
-            p.asked = None;
-        }
-        let limit = p.known.saturating_add(w);
-        let (go, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut p.held)
-            .into_iter()
-            .partition(|(s, _)| *s < limit);
-        p.held = stay;
-        out.extend(go.into_iter().map(|(_, m)| FlowOut::Send(m)));
-        if let Some(&(first, _)) = p.held.iter().min_by_key(|(s, _)| *s) {
-            p.asked = Some(first);
-            out.push(FlowOut::Ask { peer, seq: first });
-        }
+        // Even a credit that brings nothing new answers the ask it replies to: ask again for
+        // what is still held.
+        p.ask_lowest(peer, w, out);
     }
 
     /// `peer` asks whether it may send call `seq`.
@@ -141,7 +159,11 @@ impl<T> Flow<T> {
         let p = self.peers.entry(peer).or_default();
         out.push(FlowOut::Credit { peer, calls: made });
         if seq >= made.saturating_add(w) {
-            p.want = Some(p.want.map_or(seq, |x| x.max(seq)));
+            // Remember the lowest call asked about: the sender releases its held messages
+            // lowest first, so that is the one whose credit lets it go on (it asks again for
+            // the next). Keeping the highest instead made the receiver wait for a call that
+            // itself needed the held messages: a deadlock (issue 7).
+            p.want = Some(p.want.map_or(seq, |x| x.min(seq)));
         }
     }
 
@@ -225,6 +247,38 @@ mod tests {
         f.on_made(5, &mut out);
         assert_eq!(out, vec![FlowOut::Credit { peer: 0, calls: 6 }]);
         assert!(f.admits(9) && !f.admits(10));
+    }
+
+    #[test]
+    fn the_receiver_answers_for_the_lowest_call_asked_about() {
+        let mut f: Flow<u32> = Flow::new(2);
+        let mut out = Vec::new();
+        f.on_want(0, 9, &mut out);
+        f.on_want(0, 4, &mut out);
+        out.clear();
+        for seq in 0..2 {
+            f.on_made(seq, &mut out);
+        }
+        assert!(out.is_empty(), "4 is not yet within 2 + 2");
+        f.on_made(2, &mut out);
+        assert_eq!(out, vec![FlowOut::Credit { peer: 0, calls: 3 }]);
+    }
+
+    #[test]
+    fn an_older_call_held_after_a_newer_one_is_asked_about() {
+        let mut f = Flow::new(1);
+        let mut out = Vec::new();
+        f.send(1, 5, 5u32, &mut out);
+        assert_eq!(out, vec![FlowOut::Ask { peer: 1, seq: 5 }]);
+        out.clear();
+        f.send(1, 3, 3, &mut out);
+        assert_eq!(out, vec![FlowOut::Ask { peer: 1, seq: 3 }]);
+        out.clear();
+        f.send(1, 7, 7, &mut out);
+        assert!(out.is_empty(), "7 is above the call asked about");
+        f.on_credit(1, 3, &mut out);
+        assert_eq!(sends(&out), vec![3]);
+        assert!(out.contains(&FlowOut::Ask { peer: 1, seq: 5 }));
     }
 
     #[test]

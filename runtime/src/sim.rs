@@ -950,6 +950,20 @@ impl Sim {
         Ok(())
     }
 
+    /// Delivers what is in flight until nothing is left to deliver, never firing a deadline,
+    /// and leaves calls that wait for calls not yet made pending (a driver that submits calls
+    /// one at a time settles between them). Fails only at the step bound.
+    pub fn settle(&mut self, max_steps: usize) -> std::result::Result<(), SimError> {
+        let mut steps = 0;
+        while self.advance(false) {
+            steps += 1;
+            if steps >= max_steps {
+                return Err(SimError::StepBound { steps });
+            }
+        }
+        Ok(())
+    }
+
     /// Runs like [`run`](Self::run), but never fires a deadline: fails with
     /// [`SimError::Stuck`] when calls are left on ranks that are neither cut off nor dead
     /// once nothing is in flight. A correct set of calls completes without any timeout.

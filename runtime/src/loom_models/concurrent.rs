@@ -280,3 +280,58 @@ fn flow_control_window_of_one() {
 fn flow_control_window_of_one_three_ranks() {
     flow_control(3, 2);
 }
+
+/// The lagging receiver (issue 7): a window of one call, rank 1 issuing `calls` reduces to
+/// root 0 at once (a non-root's reduce completes as soon as its part is sent, so it runs ahead
+/// by itself), the root making each call only when the previous one finished, then a barrier.
+/// Note: this model passes on the flow control from before issue 7 too (loom explores only 3
+/// executions here: channels are FIFO and both ranks are single threads); the stall that issue
+/// 7 fixed needs the asks and credits to cross in one particular order, which the simulator's
+/// liveness sweep (`runtime/tests/liveness.rs`, the "Greedy" pattern) produces and catches.
+fn lagging_receiver(calls: u64) {
+    let name = format!("flow control, window 1, a lagging root under {calls} reduces");
+    check(&name, move || {
+        let scripts = (0..2)
+            .map(|r| {
+                let opts = crate::group::GroupOptions {
+                    window: 1,
+                    ..crate::group::GroupOptions::default()
+                };
+                let info = super::world_with(2, r, opts);
+                let mut s = Script::new(r).group(info.clone());
+                for k in 0..calls {
+                    let req = Request::Reduce {
+                        tensor: Tensor::from_vec(vec![k as i32 + 10 * r as i32]),
+                        root: 0,
+                        op: crate::ReduceOp::Sum,
+                    };
+                    s = s.call(GroupId::WORLD, k, plan(req, &info));
+                }
+                let s = s.call(GroupId::WORLD, calls, plan(Request::Barrier, &info));
+                if r == 0 {
+                    s.lazy()
+                } else {
+                    s
+                }
+            })
+            .collect();
+        let res = run_world(scripts, Vec::new());
+        for k in 0..calls as usize {
+            let want = Output::Tensor(Tensor::from_vec(vec![2 * k as i32 + 10]));
+            assert_output(&format!("root call #{k}"), &res[0][k], &want);
+        }
+        for (r, rr) in res.iter().enumerate() {
+            assert_output(
+                &format!("rank {r} barrier"),
+                &rr[calls as usize],
+                &Output::None,
+            );
+        }
+    });
+}
+
+/// [`lagging_receiver`] with ten reduces.
+#[test]
+fn flow_control_lagging_receiver_window_of_one() {
+    lagging_receiver(10);
+}
