@@ -139,10 +139,18 @@ impl World {
     }
 
     fn stop(&mut self) {
+        // On one of this world's own rank threads (a user's waker, callback or `Deserialize`
+        // impl dropping the world) that rank cannot answer or stop while this runs: nothing
+        // here may wait for it, and the joining is left to a thread of its own.
+        let me = std::thread::current().id();
+        let on_rank = self
+            .comms
+            .first()
+            .is_some_and(|c| c.rank.rank_threads.contains(&me));
         // First every rank fails its waiting calls with `Shutdown` and stops listening; only
         // then does any rank stop (else a rank could see a peer's stop as a lost peer).
         let (tx, rx) = mpsc::channel();
-        let mut asked = 0;
+        let mut asked: usize = 0;
         for c in &self.comms {
             if c.rank.addr.connected() {
                 c.rank.addr.do_send(Quiesce(tx.clone()));
@@ -150,7 +158,13 @@ impl World {
             }
         }
         drop(tx);
-        for _ in 0..asked {
+        // The rank whose thread this is answers only after this returns.
+        let wait_for = if on_rank {
+            asked.saturating_sub(1)
+        } else {
+            asked
+        };
+        for _ in 0..wait_for {
             // A rank that is already gone drops its sender; never wait long for one.
             if rx.recv_timeout(std::time::Duration::from_secs(5)).is_err() {
                 break;
@@ -160,7 +174,15 @@ impl World {
             s.stop();
         }
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            if on_rank {
+                let _ = std::thread::Builder::new()
+                    .name("collectix-join".into())
+                    .spawn(move || {
+                        let _ = t.join();
+                    });
+            } else {
+                let _ = t.join();
+            }
         }
     }
 }

@@ -256,6 +256,65 @@ pub enum Request {
 }
 
 impl Request {
+    /// Bytes the call declares: its input tensors and its output specs, added up
+    /// (overflow-checked). Nothing is allocated before this is compared with the group's
+    /// [`max_call_bytes`](crate::GroupOptions::max_call_bytes).
+    pub fn declared_bytes(&self) -> Result<u64> {
+        let too_big = || Error::invalid("the call's sizes overflow");
+        let spec = |s: &TensorSpec| -> Result<u64> {
+            let n = s.numel()?;
+            let b = n.checked_mul(s.dtype.size()).ok_or_else(too_big)?;
+            u64::try_from(b).map_err(|_| too_big())
+        };
+        let mut total: u64 = 0;
+        let mut add = |b: u64| -> Result<()> {
+            total = total.checked_add(b).ok_or_else(too_big)?;
+            Ok(())
+        };
+        let t = |x: &Tensor| x.nbytes() as u64;
+        match self {
+            Request::AllReduce { tensor, .. }
+            | Request::Reduce { tensor, .. }
+            | Request::Broadcast { tensor, .. }
+            | Request::Send { tensor, .. } => add(t(tensor))?,
+            Request::AllGather { input, outputs } => {
+                add(t(input))?;
+                for o in outputs {
+                    add(spec(o)?)?;
+                }
+            }
+            Request::AllGatherIntoTensor { input, output }
+            | Request::ReduceScatterTensor { input, output, .. }
+            | Request::AllToAllSingle { input, output, .. } => {
+                add(t(input))?;
+                add(spec(output)?)?;
+            }
+            Request::Gather { input, .. } => add(t(input))?,
+            Request::Scatter { output, inputs, .. } => {
+                add(spec(output)?)?;
+                for i in inputs.iter().flatten() {
+                    add(t(i))?;
+                }
+            }
+            Request::ReduceScatter { inputs, .. } => {
+                for i in inputs {
+                    add(t(i))?;
+                }
+            }
+            Request::AllToAll { inputs, outputs } => {
+                for i in inputs {
+                    add(t(i))?;
+                }
+                for o in outputs {
+                    add(spec(o)?)?;
+                }
+            }
+            Request::Recv { spec: s, .. } => add(spec(s)?)?,
+            Request::Barrier | Request::NewGroup { .. } => {}
+        }
+        Ok(total)
+    }
+
     /// The one device every tensor and output spec of the call is on ([`Device::Host`] for
     /// a call with none, such as a barrier); mixing devices in one call is an
     /// [`Error::InvalidArgument`].
@@ -422,6 +481,13 @@ impl Plan {
         if !device.is_host() {
             return Err(Error::invalid(format!(
                 "the engine moves host memory only; this call is on {device} (device calls go through the communicator)"
+            )));
+        }
+        let bytes = req.declared_bytes()?;
+        let limit = group.options.max_call_bytes;
+        if bytes > limit {
+            return Err(Error::invalid(format!(
+                "the call declares {bytes} bytes of inputs and outputs, above the group's max_call_bytes ({limit})"
             )));
         }
         Planner { g: group, opts }.plan(req)

@@ -62,6 +62,11 @@ pub struct GroupOptions {
     /// How many calls a rank may run ahead of a peer before its messages to that peer wait
     /// (flow control; bounds what a peer buffers for calls it has not made yet).
     pub window: u64,
+    /// The most bytes one call may declare, its inputs and outputs together (64 GiB by
+    /// default): a call above it is [`Error::InvalidArgument`] on the caller, before anything is
+    /// allocated or sent. It guards against absurd sizes (a shape typed wrong, an overflow
+    /// upstream); raise it for calls that really are that large.
+    pub max_call_bytes: u64,
 }
 
 impl Default for GroupOptions {
@@ -71,6 +76,7 @@ impl Default for GroupOptions {
             segment_bytes: 1 << 20,
             algorithms: Vec::new(),
             window: 16,
+            max_call_bytes: 64 << 30,
         }
     }
 }

@@ -19,12 +19,17 @@ pub struct Layout {
     pub blocks: Vec<Range<usize>>,
 }
 
+/// The most segments a pipelined layout cuts one block into.
+pub const MAX_SEGMENTS: usize = 1 << 14;
+
 impl Layout {
     /// Each block of `block_elems` elements cut into the same number of segments, that
     /// number chosen so that the largest block's segments hold at most `seg_elems` elements.
+    /// At most [`MAX_SEGMENTS`] segments per block, whatever the sizes (segments grow beyond
+    /// `seg_elems` instead), so that no size can make the layout itself huge.
     pub fn segmented(block_elems: &[usize], seg_elems: usize) -> Layout {
         let largest = block_elems.iter().copied().max().unwrap_or(0);
-        let segs = largest.div_ceil(seg_elems.max(1)).max(1);
+        let segs = largest.div_ceil(seg_elems.max(1)).clamp(1, MAX_SEGMENTS);
         let mut layout = Layout::default();
         for &n in block_elems {
             let start = layout.chunk_elems.len();

@@ -268,6 +268,10 @@ impl Tensor {
                 T::DTYPE
             )));
         }
+        if self.data.is_empty() {
+            // An empty `Bytes` may point anywhere; an empty slice needs no alignment.
+            return Ok(&[]);
+        }
         bytemuck::checked::try_cast_slice(&self.data).map_err(|e| {
             Error::invalid(format!("storage is not a valid {} slice: {e}", self.dtype))
         })

@@ -121,6 +121,16 @@ pub(crate) fn call<T: Send + 'static>(
     opts: &CallOptions,
     map: fn(Output) -> Result<T>,
 ) -> Work<T> {
+    let limit = comm.group.info.options.max_call_bytes;
+    match req.declared_bytes() {
+        Err(e) => return comm.ready(Err(e)),
+        Ok(b) if b > limit => {
+            return comm.ready(Err(Error::invalid(format!(
+                "the call declares {b} bytes of inputs and outputs, above the group's max_call_bytes ({limit})"
+            ))))
+        }
+        Ok(_) => {}
+    }
     // Point-to-point calls on device tensors are staged through the host under either
     // backend (docs/gpu.md): a valid program of sends, receives and collectives must
     // complete, and NCCL would serialise them on one stream.
