@@ -41,6 +41,13 @@ pub struct Event {
     pub result: Result<Output>,
 }
 
+/// The most messages kept per peer for groups this rank has not created yet. A conforming
+/// peer sends at most a window of calls per group before this rank's credit, and new groups are
+/// created together (`new_group` is a collective over the parent), so it stays far below;
+/// messages beyond it are dropped with a warning, and the call they belonged to then ends in
+/// `Timeout` on this rank (never a hang, never unbounded memory).
+pub const ORPHANS_PER_PEER: usize = 4096;
+
 /// Fingerprints of completed calls kept per group, to check late messages against.
 const DONE_KEPT: usize = 4096;
 
@@ -113,6 +120,8 @@ pub struct Engine {
     groups: HashMap<GroupId, Group>,
     /// Messages for groups this rank has not registered yet.
     orphans: HashMap<GroupId, Vec<Message>>,
+    /// Messages in `orphans`, per sending rank (bounded by [`ORPHANS_PER_PEER`]).
+    orphans_from: HashMap<usize, usize>,
     ops: BTreeMap<OpId, Op>,
     next_op: u64,
     arrivals: u64,
@@ -132,6 +141,7 @@ impl Engine {
             rank,
             groups: HashMap::new(),
             orphans: HashMap::new(),
+            orphans_from: HashMap::new(),
             ops: BTreeMap::new(),
             next_op: 0,
             arrivals: 0,
@@ -167,6 +177,9 @@ impl Engine {
             p2p_recvs_posted: HashMap::new(),
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
+            if let Some(n) = self.orphans_from.get_mut(&m.src) {
+                *n = n.saturating_sub(1);
+            }
             self.handle_message(m, now);
         }
     }
@@ -195,6 +208,11 @@ impl Engine {
             .values()
             .map(|g| g.unexpected.values().map(Vec::len).sum::<usize>())
             .sum()
+    }
+
+    /// Messages kept for groups this rank has not created yet.
+    pub fn orphaned(&self) -> usize {
+        self.orphans.values().map(Vec::len).sum()
     }
 
     /// Point-to-point messages that arrived and wait for a receive, over all groups.
@@ -375,6 +393,12 @@ impl Engine {
     pub fn handle_message(&mut self, msg: Message, _now: Time) {
         let gid = msg.header.group();
         let Some(g) = self.groups.get_mut(&gid) else {
+            let from = self.orphans_from.entry(msg.src).or_insert(0);
+            if *from >= ORPHANS_PER_PEER {
+                tracing::warn!(rank = self.rank, src = msg.src, group = %gid, "message for a group not created yet dropped: the peer is over ORPHANS_PER_PEER");
+                return;
+            }
+            *from += 1;
             self.orphans.entry(gid).or_default().push(msg);
             return;
         };

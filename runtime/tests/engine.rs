@@ -388,3 +388,32 @@ fn message_from_a_non_member_is_dropped() {
     assert!(events(&mut e).is_empty());
     assert!(e.aborted(GroupId::WORLD).is_none());
 }
+
+#[test]
+fn messages_for_groups_not_yet_created_are_bounded_per_peer() {
+    // A hostile (or runaway) peer sends messages for thousands of groups this rank has not
+    // created: at most `ORPHANS_PER_PEER` are kept; the rest are dropped (a conforming peer
+    // stays far below: a window of calls per group it shares with this rank).
+    let mut b = engine(1);
+    for g in 0..10_000u64 {
+        let gid = GroupId::derive(GroupId::WORLD, g, &[0, 1]);
+        let fp = Fingerprint {
+            kind: collectix_runtime::OpKind::AllReduce,
+            dtype: DType::F32,
+            count: 1,
+            root: u32::MAX,
+            op: ReduceOp::Sum.code(),
+            scalar: 0,
+            algorithm: Algorithm::RecursiveDoubling.code(),
+            path: 0,
+        };
+        let header = Header::Data { group: gid, seq: 0, call: fp, tag: 0 };
+        b.handle_message(Message { src: 0, header, payload: vec![f32_bytes(&[1.0])] }, Time::ZERO);
+    }
+    assert!(
+        b.orphaned() <= collectix_runtime::engine::ORPHANS_PER_PEER,
+        "{} kept",
+        b.orphaned()
+    );
+    assert!(b.orphaned() > 0);
+}
