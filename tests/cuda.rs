@@ -117,6 +117,8 @@ fn what_nccl_lacks_is_a_clear_error() {
             .ok(),
         Some(vec![2.5])
     );
+    // A barrier on the device: a one-element NCCL all_reduce.
+    assert!(wait(c.barrier_on(GPU)).is_ok());
     // Bool moves fine where nothing is reduced.
     let r = c
         .broadcast(to_gpu(Tensor::from_vec(vec![true, false, true])), 0)

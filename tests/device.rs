@@ -122,6 +122,10 @@ fn the_nccl_path_fails_with_a_typed_error_without_cuda() {
             other => panic!("expected a typed device error, got {other:?}"),
         }
     }
+    let b = world.communicators()[0]
+        .barrier_on(GPU)
+        .wait_timeout(std::time::Duration::from_secs(30));
+    assert!(matches!(b, Some(Err(Error::Device(_)))), "{b:?}");
     let to = Tensor::from_vec(vec![1u8]).to_device(GPU);
     assert!(matches!(to, Err(Error::Device(_))), "{to:?}");
     assert!(collectix::device::cuda_devices().is_err() || cfg!(feature = "cuda"));

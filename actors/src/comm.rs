@@ -425,6 +425,27 @@ impl Communicator {
         self.call(Request::Barrier, &CallOptions::default(), unit)
     }
 
+    /// `barrier()` on a device, as torch's NCCL backend does it: a one-element all_reduce
+    /// there, through this handle's device backend, so it is ordered with the device calls
+    /// around it. On the host it is [`barrier`](Communicator::barrier).
+    pub fn barrier_on(&self, device: collectix_runtime::Device) -> Work<()> {
+        if device.is_host() {
+            return self.barrier();
+        }
+        let one = crate::device::TensorDeviceExt::to_device(&Tensor::from_vec(vec![0u8]), device);
+        match one {
+            Ok(t) => self.call(
+                Request::AllReduce {
+                    tensor: t,
+                    op: ReduceOp::Sum,
+                },
+                &CallOptions::default(),
+                unit,
+            ),
+            Err(e) => self.ready(Err(e)),
+        }
+    }
+
     /// `send` / `isend`: completes once the message is handed to the transport.
     pub fn send(&self, tensor: Tensor, dst: usize, tag: u32) -> Work<()> {
         self.call(

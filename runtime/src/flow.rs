@@ -182,6 +182,11 @@ impl<T> Flow<T> {
         }
     }
 
+    #[cfg(test)]
+    fn asked_for_test(&mut self, peer: usize, seq: u64) {
+        self.peers.entry(peer).or_default().asked = Some(seq);
+    }
+
     /// Messages held, over all peers.
     pub(crate) fn held(&self) -> usize {
         self.peers.values().map(|p| p.held.len()).sum()
@@ -279,6 +284,53 @@ mod tests {
         f.on_credit(1, 3, &mut out);
         assert_eq!(sends(&out), vec![3]);
         assert!(out.contains(&FlowOut::Ask { peer: 1, seq: 5 }));
+    }
+
+    #[test]
+    fn the_early_ask_comes_at_half_window_and_names_half_a_window_ahead() {
+        let mut f = Flow::new(8);
+        let mut out = Vec::new();
+        for seq in 0..4 {
+            f.send(1, seq, seq as u32, &mut out);
+        }
+        assert_eq!(sends(&out), vec![0, 1, 2, 3]);
+        assert_eq!(out.len(), 4, "no ask below half a window: {out:?}");
+        out.clear();
+        f.send(1, 4, 4, &mut out);
+        assert_eq!(
+            out,
+            vec![FlowOut::Send(4), FlowOut::Ask { peer: 1, seq: 8 }]
+        );
+        out.clear();
+        // Known calls move the half-window mark: nothing to ask below it.
+        f.on_credit(1, 4, &mut out);
+        out.clear();
+        f.send(1, 6, 6, &mut out);
+        assert_eq!(out, vec![FlowOut::Send(6)]);
+        out.clear();
+        f.send(1, 8, 8, &mut out);
+        assert_eq!(
+            out,
+            vec![FlowOut::Send(8), FlowOut::Ask { peer: 1, seq: 12 }]
+        );
+        out.clear();
+        // A second message of the same call asks nothing new; the next call asks further.
+        let mut g = Flow::new(8);
+        g.send(1, 4, 4u32, &mut out);
+        out.clear();
+        g.send(1, 4, 40, &mut out);
+        assert_eq!(out, vec![FlowOut::Send(40)]);
+        out.clear();
+        g.send(1, 5, 5, &mut out);
+        assert_eq!(
+            out,
+            vec![FlowOut::Send(5), FlowOut::Ask { peer: 1, seq: 9 }]
+        );
+        out.clear();
+        // An ask already out for a later call is not repeated.
+        g.asked_for_test(1, 20);
+        g.send(1, 5, 5, &mut out);
+        assert_eq!(out, vec![FlowOut::Send(5)]);
     }
 
     #[test]

@@ -407,8 +407,20 @@ fn messages_for_groups_not_yet_created_are_bounded_per_peer() {
             algorithm: Algorithm::RecursiveDoubling.code(),
             path: 0,
         };
-        let header = Header::Data { group: gid, seq: 0, call: fp, tag: 0 };
-        b.handle_message(Message { src: 0, header, payload: vec![f32_bytes(&[1.0])] }, Time::ZERO);
+        let header = Header::Data {
+            group: gid,
+            seq: 0,
+            call: fp,
+            tag: 0,
+        };
+        b.handle_message(
+            Message {
+                src: 0,
+                header,
+                payload: vec![f32_bytes(&[1.0])],
+            },
+            Time::ZERO,
+        );
     }
     assert!(
         b.orphaned() <= collectix_runtime::engine::ORPHANS_PER_PEER,

@@ -135,3 +135,33 @@ fn an_isend_loop_without_receives_is_held_to_the_window() {
     }
     assert_eq!(sim.engine(0).map(|e| e.held()), Some(0));
 }
+
+#[test]
+fn an_aborted_group_drops_what_it_held() {
+    let window = 2;
+    let mut sim = Sim::with_options(
+        2,
+        3,
+        GroupOptions {
+            window,
+            ..GroupOptions::default()
+        },
+    );
+    for k in 0..10i64 {
+        let req = Request::Broadcast {
+            tensor: Tensor::from_vec(vec![k]),
+            root: 0,
+        };
+        sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    sim.settle(100_000).unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(sim.engine(0).is_some_and(|e| e.held() > 0));
+    // Rank 1 is lost: the group aborts on rank 0, and nothing stays held for it.
+    sim.isolate(1);
+    let _ = sim.run(100_000);
+    assert!(sim
+        .engine(0)
+        .is_some_and(|e| e.aborted(GroupId::WORLD).is_some()));
+    assert_eq!(sim.engine(0).map(|e| e.held()), Some(0));
+}
