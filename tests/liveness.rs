@@ -5,60 +5,11 @@
 //! right value well before the group's timeout (a stall ends in `Timeout`, which fails here).
 
 mod common;
-use collectix::runtime::collective::{Output, Request};
-use collectix::runtime::testing::{Case, COLLECTIVES};
-use collectix::{CallOptions, DType, GroupOptions, ReduceOp, Tensor, TensorSpec, World};
+use collectix::runtime::testing::{sequence_call, COLLECTIVES};
+use collectix::{CallOptions, GroupOptions, World};
 use std::time::Duration;
 
 const CALLS: usize = 40;
-
-fn call(
-    kind: Option<collectix::OpKind>,
-    w: usize,
-    r: usize,
-    k: usize,
-) -> Option<(Request, Output)> {
-    let count = 1 + k % 3;
-    match kind {
-        Some(kind) => {
-            let case = Case {
-                kind,
-                size: w,
-                count,
-                dtype: DType::I32,
-                op: ReduceOp::Sum,
-                root: 0,
-                algorithm: None,
-            };
-            Some((case.request(r), case.expected(r)))
-        }
-        None => {
-            let data = Tensor::from_vec(vec![k as i32; count]);
-            match r {
-                0 => Some((
-                    Request::Send {
-                        tensor: data,
-                        dst: 1,
-                        tag: 1,
-                    },
-                    Output::None,
-                )),
-                1 => Some((
-                    Request::Recv {
-                        spec: TensorSpec::new(&[count], DType::I32),
-                        src: Some(0),
-                        tag: 1,
-                    },
-                    Output::Received {
-                        tensor: data,
-                        src: 0,
-                    },
-                )),
-                _ => None,
-            }
-        }
-    }
-}
 
 fn run(kind: Option<collectix::OpKind>, w: usize, window: u64, late: usize) {
     let opts = GroupOptions {
@@ -74,7 +25,7 @@ fn run(kind: Option<collectix::OpKind>, w: usize, window: u64, late: usize) {
                     std::thread::sleep(Duration::from_millis(30));
                 }
                 for k in 0..CALLS {
-                    let Some((req, want)) = call(kind, w, r, k) else {
+                    let Some((req, want)) = sequence_call(kind, w, r, k as u64) else {
                         return;
                     };
                     let got = c.submit(req, &CallOptions::default()).wait();

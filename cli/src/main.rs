@@ -244,18 +244,8 @@ fn run(a: &Args) -> Result<Vec<Row>> {
     let algorithm = match a.algorithm.as_str() {
         "auto" => None,
         name => Some(
-            [
-                Algorithm::Ring,
-                Algorithm::HalvingDoubling,
-                Algorithm::RecursiveDoubling,
-                Algorithm::BinomialTree,
-                Algorithm::Direct,
-                Algorithm::Dissemination,
-                Algorithm::Pairwise,
-            ]
-            .into_iter()
-            .find(|x| x.name() == name)
-            .ok_or_else(|| collectix::Error::invalid(format!("unknown algorithm {name}")))?,
+            Algorithm::from_name(name)
+                .ok_or_else(|| collectix::Error::invalid(format!("unknown algorithm {name}")))?,
         ),
     };
     let opts = CallOptions {

@@ -77,17 +77,9 @@ impl fmt::Display for Fingerprint {
                 None => write!(f, ", op {}", self.op)?,
             }
         }
-        let alg = [
-            Algorithm::Ring,
-            Algorithm::HalvingDoubling,
-            Algorithm::RecursiveDoubling,
-            Algorithm::BinomialTree,
-            Algorithm::Direct,
-            Algorithm::Dissemination,
-            Algorithm::Pairwise,
-        ]
-        .into_iter()
-        .find(|a| a.code() == self.algorithm);
+        let alg = Algorithm::ALL
+            .into_iter()
+            .find(|a| a.code() == self.algorithm);
         match alg {
             Some(a) => write!(f, ", {a})"),
             None => f.write_str(")"),
@@ -256,6 +248,95 @@ pub enum Request {
 }
 
 impl Request {
+    /// The same request with every tensor passed through `tensor` and every output spec
+    /// through `spec` (moving a call to another device, for one).
+    pub fn try_map(
+        self,
+        mut tensor: impl FnMut(Tensor) -> Result<Tensor>,
+        mut spec: impl FnMut(TensorSpec) -> TensorSpec,
+    ) -> Result<Request> {
+        let t = &mut tensor;
+        let all = |v: Vec<Tensor>, t: &mut dyn FnMut(Tensor) -> Result<Tensor>| {
+            v.into_iter().map(t).collect::<Result<Vec<_>>>()
+        };
+        Ok(match self {
+            Request::AllReduce { tensor: x, op } => Request::AllReduce { tensor: t(x)?, op },
+            Request::Reduce {
+                tensor: x,
+                root,
+                op,
+            } => Request::Reduce {
+                tensor: t(x)?,
+                root,
+                op,
+            },
+            Request::Broadcast { tensor: x, root } => Request::Broadcast {
+                tensor: t(x)?,
+                root,
+            },
+            Request::AllGather { input, outputs } => Request::AllGather {
+                input: t(input)?,
+                outputs: outputs.into_iter().map(&mut spec).collect(),
+            },
+            Request::AllGatherIntoTensor { input, output } => Request::AllGatherIntoTensor {
+                input: t(input)?,
+                output: spec(output),
+            },
+            Request::Gather { input, root } => Request::Gather {
+                input: t(input)?,
+                root,
+            },
+            Request::Scatter {
+                output,
+                inputs,
+                root,
+            } => Request::Scatter {
+                output: spec(output),
+                inputs: inputs.map(|v| all(v, t)).transpose()?,
+                root,
+            },
+            Request::ReduceScatter { inputs, op } => Request::ReduceScatter {
+                inputs: all(inputs, t)?,
+                op,
+            },
+            Request::ReduceScatterTensor { input, output, op } => Request::ReduceScatterTensor {
+                input: t(input)?,
+                output: spec(output),
+                op,
+            },
+            Request::AllToAll { inputs, outputs } => Request::AllToAll {
+                inputs: all(inputs, t)?,
+                outputs: outputs.into_iter().map(&mut spec).collect(),
+            },
+            Request::AllToAllSingle {
+                input,
+                output,
+                output_splits,
+                input_splits,
+            } => Request::AllToAllSingle {
+                input: t(input)?,
+                output: spec(output),
+                output_splits,
+                input_splits,
+            },
+            Request::Send {
+                tensor: x,
+                dst,
+                tag,
+            } => Request::Send {
+                tensor: t(x)?,
+                dst,
+                tag,
+            },
+            Request::Recv { spec: s, src, tag } => Request::Recv {
+                spec: spec(s),
+                src,
+                tag,
+            },
+            other => other,
+        })
+    }
+
     /// Bytes the call declares: its input tensors and its output specs, added up
     /// (overflow-checked). Nothing is allocated before this is compared with the group's
     /// [`max_call_bytes`](crate::GroupOptions::max_call_bytes).

@@ -122,6 +122,22 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 7] = [
+        Algorithm::Ring,
+        Algorithm::HalvingDoubling,
+        Algorithm::RecursiveDoubling,
+        Algorithm::BinomialTree,
+        Algorithm::Direct,
+        Algorithm::Dissemination,
+        Algorithm::Pairwise,
+    ];
+
+    /// The algorithm with this [`name`](Algorithm::name).
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+
     /// Stable code for fingerprints.
     pub fn code(self) -> u8 {
         self as u8 + 1

@@ -248,3 +248,55 @@ impl Case {
         }
     }
 }
+
+/// The `k`-th call of rank `r` in the liveness tests' sequences, and its expected result:
+/// collective `kind` (root 0, i32 sum), or send/recv from rank 0 to rank 1 for `None` (`None`
+/// back for ranks that take no part). Sizes change from call to call (1, 2, 3 elements), so a
+/// call matched with the wrong peer call shows as a mismatch.
+pub fn sequence_call(
+    kind: Option<OpKind>,
+    size: usize,
+    r: usize,
+    k: u64,
+) -> Option<(Request, Output)> {
+    let count = 1 + (k % 3) as usize;
+    match kind {
+        Some(kind) => {
+            let case = Case {
+                kind,
+                size,
+                count,
+                dtype: DType::I32,
+                op: ReduceOp::Sum,
+                root: 0,
+                algorithm: None,
+            };
+            Some((case.request(r), case.expected(r)))
+        }
+        None => {
+            let data = Tensor::from_vec(vec![k as i32; count]);
+            match r {
+                0 => Some((
+                    Request::Send {
+                        tensor: data,
+                        dst: 1,
+                        tag: 3,
+                    },
+                    Output::None,
+                )),
+                1 => Some((
+                    Request::Recv {
+                        spec: TensorSpec::new(&[count], DType::I32),
+                        src: Some(0),
+                        tag: 3,
+                    },
+                    Output::Received {
+                        tensor: data,
+                        src: 0,
+                    },
+                )),
+                _ => None,
+            }
+        }
+    }
+}

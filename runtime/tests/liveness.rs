@@ -10,8 +10,8 @@
 use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
 use collectix_runtime::op::OpKind;
 use collectix_runtime::sim::Sim;
-use collectix_runtime::testing::{Case, COLLECTIVES};
-use collectix_runtime::{DType, Output, ReduceOp, Request, Tensor, TensorSpec};
+use collectix_runtime::testing::{sequence_call, COLLECTIVES};
+use collectix_runtime::{DType, Output, Request, Tensor};
 
 #[derive(Clone, Copy, Debug)]
 enum Pattern {
@@ -36,46 +36,11 @@ const STEPS: usize = 5_000_000;
 /// The call rank `r` makes as its `k`-th, and what it must get (`None`: the rank makes no
 /// call; send/recv involve ranks 0 and 1 only).
 fn call(kind: Kind, w: usize, r: usize, k: u64) -> Option<(Request, Output)> {
-    let count = 1 + (k % 3) as usize; // sizes differ from call to call: misordering shows
-    match kind {
-        Kind::Coll(kind) => {
-            let case = Case {
-                kind,
-                size: w,
-                count,
-                dtype: DType::I32,
-                op: ReduceOp::Sum,
-                root: 0,
-                algorithm: None,
-            };
-            Some((case.request(r), case.expected(r)))
-        }
-        Kind::P2p => {
-            let data = Tensor::from_vec(vec![k as i32; count]);
-            match r {
-                0 => Some((
-                    Request::Send {
-                        tensor: data,
-                        dst: 1,
-                        tag: 3,
-                    },
-                    Output::None,
-                )),
-                1 => Some((
-                    Request::Recv {
-                        spec: TensorSpec::new(&[count], DType::I32),
-                        src: Some(0),
-                        tag: 3,
-                    },
-                    Output::Received {
-                        tensor: data,
-                        src: 0,
-                    },
-                )),
-                _ => None,
-            }
-        }
-    }
+    let kind = match kind {
+        Kind::Coll(k) => Some(k),
+        Kind::P2p => None,
+    };
+    sequence_call(kind, w, r, k)
 }
 
 struct Driver {

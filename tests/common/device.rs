@@ -2,7 +2,7 @@
 //! run through a communicator's device backend and compared, back on the host, with the
 //! host reference (`testing::Case::expected`).
 
-use collectix::runtime::collective::{Output, Request, TensorSpec};
+use collectix::runtime::collective::{Output, Request};
 use collectix::runtime::testing::{rooted, Case, COLLECTIVES};
 use collectix::{
     CallOptions, DType, Device, DeviceBackend, ReduceOp, Result, Tensor, TensorDeviceExt, World,
@@ -11,69 +11,8 @@ use std::time::Duration;
 
 /// `req` with every tensor passed through `to` and every output spec on `device`.
 pub fn on_device(req: Request, device: Device, to: &dyn Fn(Tensor) -> Tensor) -> Request {
-    let spec = |s: TensorSpec| s.on(device);
-    let all = |v: Vec<Tensor>| v.into_iter().map(to).collect::<Vec<_>>();
-    match req {
-        Request::AllReduce { tensor, op } => Request::AllReduce {
-            tensor: to(tensor),
-            op,
-        },
-        Request::Reduce { tensor, root, op } => Request::Reduce {
-            tensor: to(tensor),
-            root,
-            op,
-        },
-        Request::Broadcast { tensor, root } => Request::Broadcast {
-            tensor: to(tensor),
-            root,
-        },
-        Request::AllGather { input, outputs } => Request::AllGather {
-            input: to(input),
-            outputs: outputs.into_iter().map(spec).collect(),
-        },
-        Request::AllGatherIntoTensor { input, output } => Request::AllGatherIntoTensor {
-            input: to(input),
-            output: spec(output),
-        },
-        Request::Gather { input, root } => Request::Gather {
-            input: to(input),
-            root,
-        },
-        Request::Scatter {
-            output,
-            inputs,
-            root,
-        } => Request::Scatter {
-            output: spec(output),
-            inputs: inputs.map(all),
-            root,
-        },
-        Request::ReduceScatter { inputs, op } => Request::ReduceScatter {
-            inputs: all(inputs),
-            op,
-        },
-        Request::ReduceScatterTensor { input, output, op } => Request::ReduceScatterTensor {
-            input: to(input),
-            output: spec(output),
-            op,
-        },
-        Request::AllToAll { inputs, outputs } => Request::AllToAll {
-            inputs: all(inputs),
-            outputs: outputs.into_iter().map(spec).collect(),
-        },
-        Request::AllToAllSingle {
-            input,
-            output,
-            output_splits,
-            input_splits,
-        } => Request::AllToAllSingle {
-            input: to(input),
-            output: spec(output),
-            output_splits,
-            input_splits,
-        },
-        other => other,
-    }
+    req.try_map(|t| Ok(to(t)), |s| s.on(device))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// An output with every tensor copied to the host, and the device each was on.

@@ -8,9 +8,7 @@
 use super::{upload, TensorDeviceExt};
 use crate::comm::Communicator;
 use crate::work::Work;
-use collectix_runtime::{
-    CallOptions, Device, DeviceStorage, Output, Request, Result, Tensor, TensorSpec,
-};
+use collectix_runtime::{CallOptions, Device, DeviceStorage, Output, Request, Result, Tensor};
 use std::sync::Arc;
 
 /// Issues `req` (on `device`) through the host.
@@ -50,91 +48,9 @@ fn first_storage(req: &Request) -> Option<Arc<dyn DeviceStorage>> {
     }
 }
 
-fn down(t: Tensor) -> Result<Tensor> {
-    t.to_host()
-}
-
-fn down_all(ts: Vec<Tensor>) -> Result<Vec<Tensor>> {
-    ts.into_iter().map(down).collect()
-}
-
-fn host_spec(s: TensorSpec) -> TensorSpec {
-    s.on(Device::Host)
-}
-
 /// The same request with every tensor copied to the host and every spec on the host.
 fn host_request(req: Request) -> Result<Request> {
-    Ok(match req {
-        Request::AllReduce { tensor, op } => Request::AllReduce {
-            tensor: down(tensor)?,
-            op,
-        },
-        Request::Reduce { tensor, root, op } => Request::Reduce {
-            tensor: down(tensor)?,
-            root,
-            op,
-        },
-        Request::Broadcast { tensor, root } => Request::Broadcast {
-            tensor: down(tensor)?,
-            root,
-        },
-        Request::AllGather { input, outputs } => Request::AllGather {
-            input: down(input)?,
-            outputs: outputs.into_iter().map(host_spec).collect(),
-        },
-        Request::AllGatherIntoTensor { input, output } => Request::AllGatherIntoTensor {
-            input: down(input)?,
-            output: host_spec(output),
-        },
-        Request::Gather { input, root } => Request::Gather {
-            input: down(input)?,
-            root,
-        },
-        Request::Scatter {
-            output,
-            inputs,
-            root,
-        } => Request::Scatter {
-            output: host_spec(output),
-            inputs: inputs.map(down_all).transpose()?,
-            root,
-        },
-        Request::ReduceScatter { inputs, op } => Request::ReduceScatter {
-            inputs: down_all(inputs)?,
-            op,
-        },
-        Request::ReduceScatterTensor { input, output, op } => Request::ReduceScatterTensor {
-            input: down(input)?,
-            output: host_spec(output),
-            op,
-        },
-        Request::AllToAll { inputs, outputs } => Request::AllToAll {
-            inputs: down_all(inputs)?,
-            outputs: outputs.into_iter().map(host_spec).collect(),
-        },
-        Request::AllToAllSingle {
-            input,
-            output,
-            output_splits,
-            input_splits,
-        } => Request::AllToAllSingle {
-            input: down(input)?,
-            output: host_spec(output),
-            output_splits,
-            input_splits,
-        },
-        Request::Send { tensor, dst, tag } => Request::Send {
-            tensor: down(tensor)?,
-            dst,
-            tag,
-        },
-        Request::Recv { spec, src, tag } => Request::Recv {
-            spec: host_spec(spec),
-            src,
-            tag,
-        },
-        other => other,
-    })
+    req.try_map(|t| t.to_host(), |s| s.on(Device::Host))
 }
 
 /// The engine's output, copied to `device`.
