@@ -65,20 +65,25 @@ struct Group {
     p2p_posted: Vec<OpId>,
     /// The window of calls per peer (see [`crate::flow`]).
     flow: Flow<Transmit>,
-    /// Point-to-point windows, one lane per tag: a lane's "calls made" are the receives this
-    /// rank has posted with that tag, its sequence numbers the messages sent on it.
-    p2p_flow: HashMap<u32, Flow<Transmit>>,
-    /// Receives posted so far, per tag.
-    p2p_recvs_posted: HashMap<u32, u64>,
+    /// Point-to-point windows, one lane per (tag, peer): toward the peer, its sequence numbers
+    /// are the messages this rank sent it on the tag; from the peer, a lane's "calls made" are
+    /// the peer's messages on the tag that a receive here has consumed. A peer can so make this
+    /// rank buffer at most a window of its messages per tag, whatever receives are posted for
+    /// other ranks (issue 7: receives posted for one rank used to grant credit to all).
+    p2p_flow: HashMap<(u32, usize), Flow<Transmit>>,
 }
 
 impl Group {
-    /// The flow state of a lane: the group's calls (`None`) or a point-to-point tag.
-    fn lane(&mut self, tag: Option<u32>) -> &mut Flow<Transmit> {
+    /// The flow state of a lane: the group's calls (`None`), or a point-to-point tag with
+    /// `peer` (group-local).
+    fn lane(&mut self, tag: Option<u32>, peer: usize) -> &mut Flow<Transmit> {
         let window = self.info.options.window;
         match tag {
             None => &mut self.flow,
-            Some(t) => self.p2p_flow.entry(t).or_insert_with(|| Flow::new(window)),
+            Some(t) => self
+                .p2p_flow
+                .entry((t, peer))
+                .or_insert_with(|| Flow::new(window)),
         }
     }
 }
@@ -174,7 +179,6 @@ impl Engine {
             p2p_posted: Vec::new(),
             flow: Flow::new(window),
             p2p_flow: HashMap::new(),
-            p2p_recvs_posted: HashMap::new(),
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
             if let Some(n) = self.orphans_from.get_mut(&m.src) {
@@ -282,12 +286,8 @@ impl Engine {
                         payload: vec![data],
                     },
                 };
-                let window = g.info.options.window;
                 let mut out = Vec::new();
-                g.p2p_flow
-                    .entry(tag)
-                    .or_insert_with(|| Flow::new(window))
-                    .send(dst, q, t, &mut out);
+                g.lane(Some(tag), dst).send(dst, q, t, &mut out);
                 self.emit(group, Some(tag), out);
                 self.events.push_back(Event {
                     op: id,
@@ -295,17 +295,8 @@ impl Engine {
                 });
             }
             Body::Recv { src, tag, spec } => {
+                // Credit goes to a peer when a receive consumes its message (`match_p2p`).
                 g.p2p_posted.push(id);
-                let n = g.p2p_recvs_posted.entry(tag).or_insert(0);
-                let made = *n;
-                *n += 1;
-                let window = g.info.options.window;
-                let mut out = Vec::new();
-                g.p2p_flow
-                    .entry(tag)
-                    .or_insert_with(|| Flow::new(window))
-                    .on_made(made, &mut out);
-                self.emit(group, Some(tag), out);
                 let state = State::Recv { src, tag, spec };
                 self.ops.insert(
                     id,
@@ -420,13 +411,7 @@ impl Engine {
                 self.abort(gid, cause, None, false);
             }
             Header::P2p { tag, seq, .. } => {
-                let window = g.info.options.window;
-                if !g
-                    .p2p_flow
-                    .entry(*tag)
-                    .or_insert_with(|| Flow::new(window))
-                    .admits(*seq)
-                {
+                if !g.lane(Some(*tag), src).admits(*seq) {
                     let err = Error::Protocol {
                         rank: msg.src,
                         detail: ProtocolError::Window { seq: *seq },
@@ -442,12 +427,12 @@ impl Engine {
             }
             Header::Credit { calls, tag, .. } => {
                 let mut out = Vec::new();
-                g.lane(*tag).on_credit(src, *calls, &mut out);
+                g.lane(*tag, src).on_credit(src, *calls, &mut out);
                 self.emit(gid, *tag, out);
             }
             Header::WantCredit { seq, tag, .. } => {
                 let mut out = Vec::new();
-                g.lane(*tag).on_want(src, *seq, &mut out);
+                g.lane(*tag, src).on_want(src, *seq, &mut out);
                 self.emit(gid, *tag, out);
             }
             Header::Data { seq, call, .. } => {
@@ -935,7 +920,16 @@ impl Engine {
             let Some((_, msg)) = g.p2p_arrived.remove(&key) else {
                 return;
             };
-            *g.p2p_recv_seq.entry((key.0, key.1)).or_insert(0) += 1;
+            let consumed = g.p2p_recv_seq.entry((key.0, key.1)).or_insert(0);
+            let seq = *consumed;
+            *consumed += 1;
+            // The peer's message `seq` on this tag is consumed: that is its credit.
+            let mut out = Vec::new();
+            g.lane(Some(key.1), key.0).on_made(seq, &mut out);
+            self.emit(gid, Some(key.1), out);
+            let Some(g) = self.groups.get_mut(&gid) else {
+                return;
+            };
             g.p2p_posted.retain(|&p| p != rid);
             let Some(op) = self.ops.remove(&rid) else {
                 return;

@@ -15,10 +15,11 @@
 //! call `seq` is itself a credit of `seq + 1` (the peer has made that call), so ranks that
 //! exchange data rarely need the explicit messages at all.
 //!
-//! Point-to-point messages use the same machinery, one lane per tag: there "calls made" are
-//! the receives a rank has posted with that tag (from any source), and the sequence numbers are
-//! the messages a sender has sent on it. An `isend` loop to a rank that posts no `irecv` thus
-//! stops at the window, in the sender.
+//! Point-to-point messages use the same machinery, one lane per (tag, peer): there "calls made"
+//! are the peer's messages on the tag that a receive has consumed, and the sequence numbers are
+//! the messages a sender has sent the peer on it. An `isend` loop to a rank that posts no
+//! matching `irecv` thus stops at the window, in the sender, whatever receives that rank posts
+//! for other peers.
 //!
 //! A call can complete while some of its messages still wait here for a peer's credit (a
 //! broadcast root, for one, finishes once its part is posted). The rank sends them as soon as

@@ -165,3 +165,84 @@ fn an_aborted_group_drops_what_it_held() {
         .is_some_and(|e| e.aborted(GroupId::WORLD).is_some()));
     assert_eq!(sim.engine(0).map(|e| e.held()), Some(0));
 }
+
+#[test]
+fn receives_for_one_peer_grant_no_credit_to_another() {
+    // Rank 0 posts 200 receives from rank 2 (which sends nothing yet); rank 1 sends 200
+    // messages to rank 0 on the same tag, none of which those receives match. Rank 0 may
+    // buffer at most a window of rank 1's messages; the rest wait in rank 1.
+    let window = 4u64;
+    let mut sim = Sim::with_options(
+        3,
+        11,
+        GroupOptions {
+            window,
+            ..GroupOptions::default()
+        },
+    );
+    let spec = || collectix_runtime::TensorSpec::new(&[1], collectix_runtime::DType::I64);
+    let mut from2 = Vec::new();
+    for _ in 0..200 {
+        let req = Request::Recv {
+            spec: spec(),
+            src: Some(2),
+            tag: 5,
+        };
+        from2.push(sim.submit(0, GroupId::WORLD, req, &CallOptions::default()));
+    }
+    for k in 0..200i64 {
+        let req = Request::Send {
+            tensor: Tensor::from_vec(vec![k]),
+            dst: 0,
+            tag: 5,
+        };
+        sim.submit(1, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    sim.settle(1_000_000).unwrap_or_else(|e| panic!("{e:?}"));
+    let buffered = sim.engine(0).map_or(usize::MAX, |e| e.p2p_buffered());
+    assert!(
+        buffered <= window as usize,
+        "rank 0 buffers {buffered} of rank 1's messages"
+    );
+    assert!(sim
+        .engine(1)
+        .is_some_and(|e| e.held() >= 200 - window as usize));
+    // Now everything is received, in order, from both peers.
+    let mut from1 = Vec::new();
+    for _ in 0..200 {
+        let req = Request::Recv {
+            spec: spec(),
+            src: Some(1),
+            tag: 5,
+        };
+        from1.push(sim.submit(0, GroupId::WORLD, req, &CallOptions::default()));
+    }
+    for k in 0..200i64 {
+        let req = Request::Send {
+            tensor: Tensor::from_vec(vec![1000 + k]),
+            dst: 0,
+            tag: 5,
+        };
+        sim.submit(2, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    sim.run_no_timeouts(10_000_000)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    for (k, id) in from1.into_iter().enumerate() {
+        let id = id.unwrap_or_else(|e| panic!("{e}"));
+        let want = Output::Received {
+            tensor: Tensor::from_vec(vec![k as i64]),
+            src: 1,
+        };
+        assert_eq!(sim.take(0, id), Some(Ok(want)), "from 1, #{k}");
+    }
+    for (k, id) in from2.into_iter().enumerate() {
+        let id = id.unwrap_or_else(|e| panic!("{e}"));
+        let want = Output::Received {
+            tensor: Tensor::from_vec(vec![1000 + k as i64]),
+            src: 2,
+        };
+        assert_eq!(sim.take(0, id), Some(Ok(want)), "from 2, #{k}");
+    }
+}
