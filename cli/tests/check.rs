@@ -1,0 +1,132 @@
+//! `collectix bench --check` on small sizes for every collective, through the real binary:
+//! every output element is compared with the bench's own arithmetic, and the run fails if
+//! one is wrong.
+
+use std::process::Command;
+
+const COLLECTIVES: [&str; 10] = [
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "send_recv",
+    "barrier",
+];
+
+fn bench(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run collectix: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn every_collective_checks_out_on_small_sizes() {
+    for ranks in ["3", "4"] {
+        for c in COLLECTIVES {
+            for dtype in ["float", "bfloat16", "int32"] {
+                let (ok, text) = bench(&[
+                    "--collective",
+                    c,
+                    "--ranks",
+                    ranks,
+                    "-d",
+                    dtype,
+                    "-b",
+                    "48",
+                    "-e",
+                    "48K",
+                    "-f",
+                    "32",
+                    "-n",
+                    "2",
+                    "-w",
+                    "1",
+                    "--sample-ms",
+                    "0.2",
+                    "-c",
+                    "1",
+                ]);
+                assert!(ok, "{c} on {ranks} ranks, {dtype}:\n{text}");
+                assert!(
+                    text.contains("#wrong in total: 0"),
+                    "{c} on {ranks} ranks:\n{text}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn ops_other_than_sum_check_out() {
+    for op in ["prod", "min", "max", "avg"] {
+        for c in ["all_reduce", "reduce", "reduce_scatter"] {
+            let (ok, text) = bench(&[
+                "--collective",
+                c,
+                "--ranks",
+                "3",
+                "-o",
+                op,
+                "-b",
+                "96",
+                "-e",
+                "96",
+                "-n",
+                "2",
+                "-w",
+                "1",
+                "--sample-ms",
+                "0.2",
+            ]);
+            assert!(
+                ok && text.contains("#wrong in total: 0"),
+                "{c} {op}:\n{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn sizes_that_do_not_divide_are_skipped_with_a_note_and_json_is_written() {
+    let dir = std::env::temp_dir().join(format!("collectix-bench-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let json = dir.join("rows.json");
+    let (ok, text) = bench(&[
+        "--collective",
+        "all_gather",
+        "--ranks",
+        "3",
+        "-b",
+        "4",
+        "-e",
+        "12",
+        "-f",
+        "3",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--sample-ms",
+        "0.2",
+        "--json",
+        json.to_str().unwrap_or_default(),
+    ]);
+    assert!(ok, "{text}");
+    assert!(text.contains("4 B skipped"), "{text}");
+    let rows = std::fs::read_to_string(&json).unwrap_or_default();
+    assert!(
+        rows.contains("\"collective\": \"all_gather\"") && rows.contains("\"busbw_gbs\""),
+        "{rows}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
