@@ -184,6 +184,43 @@ fn ranges(sizes: &[usize]) -> Result<Vec<Range<usize>>> {
         .collect()
 }
 
+/// An all-to-all shaped exchange: `pieces[p]` (a tensor and a byte range of it) goes to rank
+/// `p`, and what rank `p` sends lands at `into[p]` of one output buffer of `out_bytes`; this
+/// rank's own piece is copied locally (it must fit its slot).
+fn exchange(
+    what: &str,
+    me: usize,
+    pieces: Vec<(Tensor, Range<usize>)>,
+    into: &[Range<usize>],
+    out_bytes: usize,
+    finish: Finish,
+) -> Result<Op> {
+    let mut sends = Vec::new();
+    let mut recvs = Vec::new();
+    let mut local = Vec::new();
+    for (peer, (t, piece)) in pieces.into_iter().enumerate() {
+        let slot = into.get(peer).cloned().unwrap_or(0..0);
+        if peer == me {
+            if piece.len() != slot.len() {
+                return Err(Error::invalid(format!(
+                    "{what}: this rank's own part and its output slot differ in size"
+                )));
+            }
+            local.push((t, piece, slot.start));
+        } else {
+            sends.push((peer, t, piece));
+            recvs.push((peer, slot));
+        }
+    }
+    Ok(Op::Exchange {
+        sends,
+        recvs,
+        local,
+        out_bytes,
+        finish,
+    })
+}
+
 /// Checks `req` for NCCL on a group of `size` as rank `me`, and plans it.
 pub(crate) fn plan(
     req: Request,
@@ -293,24 +330,10 @@ pub(crate) fn plan(
                 return Ok((Op::AllGather { input, finish }, fp));
             }
             let whole = 0..input.nbytes();
-            let mut sends = Vec::new();
-            let mut recvs = Vec::new();
-            for (peer, r) in rs.iter().enumerate() {
-                if peer != me {
-                    sends.push((peer, input.clone(), whole.clone()));
-                    recvs.push((peer, r.clone()));
-                }
-            }
-            let local = vec![(input, whole, rs.get(me).map_or(0, |r| r.start))];
+            let pieces = vec![(input, whole); size];
             let out_bytes = rs.last().map_or(0, |r| r.end);
             Ok((
-                Op::Exchange {
-                    sends,
-                    recvs,
-                    local,
-                    out_bytes,
-                    finish,
-                },
+                exchange("all_gather", me, pieces, &rs, out_bytes, finish)?,
                 fp,
             ))
         }
@@ -491,24 +514,6 @@ pub(crate) fn plan(
             let fp = fingerprint(OpKind::AllToAll, dtype, COUNT_VARIES, None, None);
             let bytes: Vec<usize> = outputs.iter().map(spec_bytes).collect::<Result<_>>()?;
             let rs = ranges(&bytes)?;
-            let mut sends = Vec::new();
-            let mut recvs = Vec::new();
-            let mut local = Vec::new();
-            for (peer, t) in inputs.into_iter().enumerate() {
-                let n = t.nbytes();
-                let r = rs.get(peer).cloned().unwrap_or(0..0);
-                if peer == me {
-                    if n != r.len() {
-                        return Err(Error::invalid(
-                            "all_to_all: this rank's own input and output differ in size",
-                        ));
-                    }
-                    local.push((t, 0..n, r.start));
-                } else {
-                    sends.push((peer, t, 0..n));
-                    recvs.push((peer, r));
-                }
-            }
             let finish = Finish::Split(
                 rs.iter()
                     .zip(&outputs)
@@ -516,14 +521,15 @@ pub(crate) fn plan(
                     .collect(),
             );
             let out_bytes = rs.last().map_or(0, |r| r.end);
+            let pieces = inputs
+                .into_iter()
+                .map(|t| {
+                    let n = t.nbytes();
+                    (t, 0..n)
+                })
+                .collect();
             Ok((
-                Op::Exchange {
-                    sends,
-                    recvs,
-                    local,
-                    out_bytes,
-                    finish,
-                },
+                exchange("all_to_all", me, pieces, &rs, out_bytes, finish)?,
                 fp,
             ))
         }
@@ -582,33 +588,11 @@ pub(crate) fn plan(
                 None,
                 None,
             );
-            let mut sends = Vec::new();
-            let mut recvs = Vec::new();
-            let mut local = Vec::new();
-            for (peer, (i, o)) in ins.into_iter().zip(outs.iter()).enumerate() {
-                if peer == me {
-                    if i.len() != o.len() {
-                        return Err(Error::invalid(
-                            "all_to_all_single: this rank's own split differs in size",
-                        ));
-                    }
-                    local.push((input.clone(), i, o.start));
-                } else {
-                    sends.push((peer, input.clone(), i));
-                    recvs.push((peer, o.clone()));
-                }
-            }
+            let pieces = ins.into_iter().map(|i| (input.clone(), i)).collect();
             let out_bytes = spec_bytes(&output)?;
-            Ok((
-                Op::Exchange {
-                    sends,
-                    recvs,
-                    local,
-                    out_bytes,
-                    finish: Finish::Whole(output.shape),
-                },
-                fp,
-            ))
+            let finish = Finish::Whole(output.shape);
+            let op = exchange("all_to_all_single", me, pieces, &outs, out_bytes, finish)?;
+            Ok((op, fp))
         }
         Request::Barrier | Request::NewGroup { .. } => Err(Error::invalid(
             "internal: a call without tensors on the NCCL path",
