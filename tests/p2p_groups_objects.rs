@@ -43,6 +43,33 @@ fn send_recv_matches_per_peer_and_tag_in_fifo_order() {
 }
 
 #[test]
+fn sends_on_many_tags_beyond_the_window_are_received_in_any_order() {
+    // Window 2, 64 tags: rank 0 sends on every tag before rank 1 posts a receive, then rank
+    // 1 receives them in reverse tag order, one call at a time. The eager budget spans all
+    // tags, so most sends wait in rank 0 until a receive solicits them.
+    let w = World::local_with(
+        2,
+        collectix::GroupOptions {
+            window: 2,
+            ..collectix::GroupOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let c = w.communicators();
+    for t in 0..64u32 {
+        drop(c[0].send(Tensor::from_vec(vec![i64::from(t)]), 1, t));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    for t in (0..64u32).rev() {
+        let r = c[1].recv(TensorSpec::new(&[1], DType::I64), Some(0), t);
+        let got = wait_all(vec![r], 30)
+            .pop()
+            .map(|r| r.map(|(t, s)| (v(&t), s)));
+        assert_eq!(got, Some(Ok((vec![i64::from(t)], 0))), "tag {t}");
+    }
+}
+
+#[test]
 fn recv_from_any_source_returns_the_sender() {
     let w = world(4);
     let c = w.communicators();

@@ -146,6 +146,9 @@ impl Handler<Deliver> for RankActor {
 impl Handler<Quiesce> for RankActor {
     type Result = ();
     fn handle(&mut self, m: Quiesce, ctx: &mut Context<Self>) {
+        // Every rank of the world stops together, so nobody is left to take what flow control
+        // holds, and no linger is needed: each rank's waiting calls fail with `Shutdown`. (A
+        // rank of a multi-process job that stops alone lingers instead: `Engine::shutdown`.)
         self.quiesced = true;
         for (_, done) in self.waiting.drain() {
             done(Err(collectix_runtime::Error::Shutdown));

@@ -19,6 +19,7 @@ use crate::flow::{Flow, FlowOut};
 use crate::group::{GroupId, GroupInfo};
 use crate::message::{Header, Message, Transmit};
 use crate::op::OpKind;
+use crate::p2p_flow::{P2pFlow, P2pOut};
 use crate::pool::Pool;
 use crate::reduce::{self, ReduceOp};
 use crate::schedule::{Action, Schedule};
@@ -65,27 +66,12 @@ struct Group {
     p2p_posted: Vec<OpId>,
     /// The window of calls per peer (see [`crate::flow`]).
     flow: Flow<Transmit>,
-    /// Point-to-point windows, one lane per (tag, peer): toward the peer, its sequence numbers
-    /// are the messages this rank sent it on the tag; from the peer, a lane's "calls made" are
-    /// the peer's messages on the tag that a receive here has consumed. A peer can so make this
-    /// rank buffer at most a window of its messages per tag, whatever receives are posted for
-    /// other ranks (issue 7: receives posted for one rank used to grant credit to all).
-    p2p_flow: HashMap<(u32, usize), Flow<Transmit>>,
-}
-
-impl Group {
-    /// The flow state of a lane: the group's calls (`None`), or a point-to-point tag with
-    /// `peer` (group-local).
-    fn lane(&mut self, tag: Option<u32>, peer: usize) -> &mut Flow<Transmit> {
-        let window = self.info.options.window;
-        match tag {
-            None => &mut self.flow,
-            Some(t) => self
-                .p2p_flow
-                .entry((t, peer))
-                .or_insert_with(|| Flow::new(window)),
-        }
-    }
+    /// Point-to-point flow control (see [`crate::p2p_flow`]): a window of eager messages
+    /// per peer over all tags, and grants from posted receives. A peer can so make this rank
+    /// buffer at most a window of its messages, whatever tags it uses and whatever receives
+    /// are posted for other ranks (issue 7: credit was counted per tag, and receives posted
+    /// for one rank granted credit to all).
+    p2p_flow: P2pFlow,
 }
 
 struct Coll {
@@ -134,6 +120,9 @@ pub struct Engine {
     events: VecDeque<Event>,
     /// Buffers for reduction results, recycled when their last share is dropped.
     pool: Pool,
+    /// Set by [`Engine::shutdown`]: until when held messages may still be sent (`None` once
+    /// that time has passed and the peers were told).
+    closing: Option<Option<Time>>,
 }
 
 /// Free reduction buffers an engine keeps for reuse.
@@ -153,6 +142,7 @@ impl Engine {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             pool: Pool::new(POOL_BYTES),
+            closing: None,
         }
     }
 
@@ -178,7 +168,7 @@ impl Engine {
             p2p_arrived: BTreeMap::new(),
             p2p_posted: Vec::new(),
             flow: Flow::new(window),
-            p2p_flow: HashMap::new(),
+            p2p_flow: P2pFlow::new(window),
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
             if let Some(n) = self.orphans_from.get_mut(&m.src) {
@@ -202,7 +192,7 @@ impl Engine {
     pub fn held(&self) -> usize {
         self.groups
             .values()
-            .map(|g| g.flow.held() + g.p2p_flow.values().map(Flow::held).sum::<usize>())
+            .map(|g| g.flow.held() + g.p2p_flow.held())
             .sum()
     }
 
@@ -235,6 +225,13 @@ impl Engine {
     pub fn submit(&mut self, group: GroupId, seq: u64, plan: Plan, now: Time) -> OpId {
         let id = OpId(self.next_op);
         self.next_op += 1;
+        if self.closing.is_some() {
+            self.events.push_back(Event {
+                op: id,
+                result: Err(Error::Shutdown),
+            });
+            return id;
+        }
         let Some(g) = self.groups.get_mut(&group) else {
             self.events.push_back(Event {
                 op: id,
@@ -275,6 +272,7 @@ impl Engine {
                     seq: *s,
                     dtype: fp.dtype,
                     count,
+                    eager: false,
                 };
                 let q = *s;
                 *s += 1;
@@ -286,9 +284,8 @@ impl Engine {
                         payload: vec![data],
                     },
                 };
-                let mut out = Vec::new();
-                g.lane(Some(tag), dst).send(dst, q, t, &mut out);
-                self.emit(group, Some(tag), out);
+                let out = g.p2p_flow.send(dst, tag, q, t).into_iter().collect();
+                self.emit_p2p(group, out);
                 self.events.push_back(Event {
                     op: id,
                     result: Ok(Output::None),
@@ -362,7 +359,7 @@ impl Engine {
                         state,
                     },
                 );
-                self.emit(group, None, out);
+                self.emit(group, out);
                 for m in early {
                     if self.ops.contains_key(&id) {
                         self.deliver(id, m);
@@ -410,8 +407,10 @@ impl Engine {
                 }
                 self.abort(gid, cause, None, false);
             }
-            Header::P2p { tag, seq, .. } => {
-                if !g.lane(Some(*tag), src).admits(*seq) {
+            Header::P2p {
+                tag, seq, eager, ..
+            } => {
+                if !g.p2p_flow.admit(src, *tag, *seq, *eager) {
                     let err = Error::Protocol {
                         rank: msg.src,
                         detail: ProtocolError::Window { seq: *seq },
@@ -425,15 +424,25 @@ impl Engine {
                 g.p2p_arrived.insert(key, (n, msg));
                 self.match_p2p(gid);
             }
-            Header::Credit { calls, tag, .. } => {
+            Header::Credit { calls, .. } => {
                 let mut out = Vec::new();
-                g.lane(*tag, src).on_credit(src, *calls, &mut out);
-                self.emit(gid, *tag, out);
+                g.flow.on_credit(src, *calls, &mut out);
+                self.emit(gid, out);
             }
-            Header::WantCredit { seq, tag, .. } => {
+            Header::WantCredit { seq, .. } => {
                 let mut out = Vec::new();
-                g.lane(*tag, src).on_want(src, *seq, &mut out);
-                self.emit(gid, *tag, out);
+                g.flow.on_want(src, *seq, &mut out);
+                self.emit(gid, out);
+            }
+            Header::P2pGrant { tag, upto, .. } => {
+                let mut out = Vec::new();
+                g.p2p_flow.on_grant(src, *tag, *upto, &mut out);
+                self.emit_p2p(gid, out);
+            }
+            Header::P2pConsumed { eager, .. } => {
+                let mut out = Vec::new();
+                g.p2p_flow.on_consumed(src, *eager, &mut out);
+                self.emit_p2p(gid, out);
             }
             Header::Data { seq, call, .. } => {
                 let seq = *seq;
@@ -451,7 +460,7 @@ impl Engine {
                 let mut out = Vec::new();
                 g.flow.on_credit(src, seq.saturating_add(1), &mut out);
                 if !out.is_empty() {
-                    self.emit(gid, None, out);
+                    self.emit(gid, out);
                 }
                 let Some(g) = self.groups.get_mut(&gid) else {
                     return;
@@ -477,9 +486,78 @@ impl Engine {
         }
     }
 
+    /// Starts shutting this rank down at `now`: calls still pending fail with
+    /// [`Error::Shutdown`], and so do later ones. Messages that flow control still holds for
+    /// peers (of calls that completed here early, such as a broadcast root's) go on being
+    /// sent as those peers grant credit, for at most `linger`; then each peer they were for
+    /// is sent an abort of the group with [`Error::PeerShutdown`], so that its calls fail at
+    /// once instead of at their timeout. [`is_drained`](Self::is_drained) tells when nothing
+    /// is left to send; the driver keeps feeding messages and timeouts until then.
+    pub fn shutdown(&mut self, now: Time, linger: std::time::Duration) {
+        if self.closing.is_some() {
+            return;
+        }
+        self.closing = Some(Some(now + linger));
+        let ids: Vec<OpId> = self.ops.keys().copied().collect();
+        for id in ids {
+            if let Some(op) = self.ops.remove(&id) {
+                self.forget(&op, id);
+                self.events.push_back(Event {
+                    op: id,
+                    result: Err(Error::Shutdown),
+                });
+            }
+        }
+        self.handle_timeout(now);
+    }
+
+    /// Whether a rank that is shutting down has nothing left to send: every held message
+    /// went out, or its peers were told they never will.
+    pub fn is_drained(&self) -> bool {
+        self.closing.is_some() && self.held() == 0
+    }
+
+    /// The linger time of a shutdown is over: tell each peer that this rank still holds
+    /// messages for, and drop them.
+    fn give_up_held(&mut self) {
+        let mut told = Vec::new();
+        for (&gid, g) in &mut self.groups {
+            let mut peers: BTreeMap<usize, usize> = BTreeMap::new();
+            for (p, n) in g.flow.holding_for().chain(g.p2p_flow.holding_for()) {
+                *peers.entry(g.info.global(p)).or_insert(0) += n;
+            }
+            g.flow.clear();
+            g.p2p_flow.clear();
+            for (dst, undelivered) in peers {
+                told.push((gid, dst, undelivered));
+            }
+        }
+        for (group, dst, undelivered) in told {
+            tracing::warn!(rank = self.rank, peer = dst, group = %group, undelivered, "shut down with messages held for a peer; telling it");
+            let cause = Error::PeerShutdown {
+                rank: self.rank,
+                undelivered,
+            };
+            self.transmits.push_back(Transmit {
+                dst,
+                msg: Message {
+                    src: self.rank,
+                    header: Header::Abort { group, cause },
+                    payload: Vec::new(),
+                },
+            });
+        }
+    }
+
     /// Handles the passage of time: calls past their deadline fail with
-    /// [`Error::Timeout`] and abort their group.
+    /// [`Error::Timeout`] and abort their group; a shutdown's linger time ends.
     pub fn handle_timeout(&mut self, now: Time) {
+        if let Some(Some(until)) = self.closing {
+            if now >= until || self.held() == 0 {
+                self.closing = Some(None);
+                self.give_up_held();
+            }
+        }
         let due: Vec<OpId> = self
             .ops
             .iter()
@@ -583,7 +661,11 @@ impl Engine {
     /// When [`handle_timeout`](Self::handle_timeout) should next be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.ops.values().map(|op| op.deadline).min()
+        let linger = match self.closing {
+            Some(Some(until)) if self.held() > 0 => Some(until),
+            _ => None,
+        };
+        self.ops.values().map(|op| op.deadline).chain(linger).min()
     }
 
     fn mismatch(
@@ -707,7 +789,7 @@ impl Engine {
                 }
                 c.posted = true;
                 let gid = op.group;
-                self.emit(gid, None, out);
+                self.emit(gid, out);
                 continue;
             }
             if !step
@@ -805,7 +887,7 @@ impl Engine {
         g.unexpected.clear();
         g.p2p_arrived.clear();
         g.flow.clear();
-        g.p2p_flow.values_mut().for_each(Flow::clear);
+        g.p2p_flow.clear();
         if tell {
             for &m in &g.info.members {
                 if m != self.rank {
@@ -846,7 +928,7 @@ impl Engine {
     }
 
     /// Sends what the flow control of group `gid` released or asks for.
-    fn emit(&mut self, gid: GroupId, tag: Option<u32>, out: Vec<FlowOut<Transmit>>) {
+    fn emit(&mut self, gid: GroupId, out: Vec<FlowOut<Transmit>>) {
         let Some(g) = self.groups.get(&gid) else {
             return;
         };
@@ -856,21 +938,44 @@ impl Engine {
                     self.transmits.push_back(t);
                     continue;
                 }
-                FlowOut::Ask { peer, seq } => (
+                FlowOut::Ask { peer, seq } => {
+                    (g.info.global(peer), Header::WantCredit { group: gid, seq })
+                }
+                FlowOut::Credit { peer, calls } => {
+                    (g.info.global(peer), Header::Credit { group: gid, calls })
+                }
+            };
+            let msg = Message {
+                src: self.rank,
+                header,
+                payload: Vec::new(),
+            };
+            self.transmits.push_back(Transmit { dst, msg });
+        }
+    }
+
+    /// Sends what the point-to-point flow control of group `gid` released or tells.
+    fn emit_p2p(&mut self, gid: GroupId, out: Vec<P2pOut>) {
+        let Some(g) = self.groups.get(&gid) else {
+            return;
+        };
+        for o in out {
+            let (dst, header) = match o {
+                P2pOut::Send(t) => {
+                    self.transmits.push_back(t);
+                    continue;
+                }
+                P2pOut::Grant { peer, tag, upto } => (
                     g.info.global(peer),
-                    Header::WantCredit {
+                    Header::P2pGrant {
                         group: gid,
                         tag,
-                        seq,
+                        upto,
                     },
                 ),
-                FlowOut::Credit { peer, calls } => (
+                P2pOut::Consumed { peer, eager } => (
                     g.info.global(peer),
-                    Header::Credit {
-                        group: gid,
-                        tag,
-                        calls,
-                    },
+                    Header::P2pConsumed { group: gid, eager },
                 ),
             };
             let msg = Message {
@@ -880,6 +985,43 @@ impl Engine {
             };
             self.transmits.push_back(Transmit { dst, msg });
         }
+    }
+
+    /// Solicits the messages that the receives posted in group `gid` wait for: per (peer,
+    /// tag), the lane's consumed messages plus the receives that could match it (see
+    /// [`crate::p2p_flow`]).
+    fn solicit(&mut self, gid: GroupId) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        let mut named: HashMap<(usize, u32), u64> = HashMap::new();
+        let mut any: HashMap<u32, u64> = HashMap::new();
+        for rid in &g.p2p_posted {
+            if let Some(Op {
+                state: State::Recv { src, tag, .. },
+                ..
+            }) = self.ops.get(rid)
+            {
+                match src {
+                    Some(s) => *named.entry((*s, *tag)).or_insert(0) += 1,
+                    None => *any.entry(*tag).or_insert(0) += 1,
+                }
+            }
+        }
+        let me = g.info.rank;
+        let mut lanes: HashMap<(usize, u32), u64> = named;
+        for (&tag, &n) in &any {
+            for peer in (0..g.info.size()).filter(|&p| p != me) {
+                *lanes.entry((peer, tag)).or_insert(0) += n;
+            }
+        }
+        let mut out = Vec::new();
+        for ((peer, tag), waiting) in lanes {
+            let consumed = g.p2p_recv_seq.get(&(peer, tag)).copied().unwrap_or(0);
+            g.p2p_flow
+                .solicit(peer, tag, consumed.saturating_add(waiting), &mut out);
+        }
+        self.emit_p2p(gid, out);
     }
 
     /// Matches posted point-to-point receives of group `gid` with arrived messages, in FIFO
@@ -913,7 +1055,11 @@ impl Engine {
                     break;
                 }
             }
-            let Some((rid, key)) = found else { return };
+            let Some((rid, key)) = found else {
+                // What is still posted waits for messages not here yet: ask for them.
+                self.solicit(gid);
+                return;
+            };
             let Some(g) = self.groups.get_mut(&gid) else {
                 return;
             };
@@ -921,12 +1067,11 @@ impl Engine {
                 return;
             };
             let consumed = g.p2p_recv_seq.entry((key.0, key.1)).or_insert(0);
-            let seq = *consumed;
             *consumed += 1;
-            // The peer's message `seq` on this tag is consumed: that is its credit.
+            let eager = matches!(msg.header, Header::P2p { eager: true, .. });
             let mut out = Vec::new();
-            g.lane(Some(key.1), key.0).on_made(seq, &mut out);
-            self.emit(gid, Some(key.1), out);
+            g.p2p_flow.on_consume(key.0, eager, &mut out);
+            self.emit_p2p(gid, out);
             let Some(g) = self.groups.get_mut(&gid) else {
                 return;
             };

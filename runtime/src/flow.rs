@@ -15,16 +15,15 @@
 //! call `seq` is itself a credit of `seq + 1` (the peer has made that call), so ranks that
 //! exchange data rarely need the explicit messages at all.
 //!
-//! Point-to-point messages use the same machinery, one lane per (tag, peer): there "calls made"
-//! are the peer's messages on the tag that a receive has consumed, and the sequence numbers are
-//! the messages a sender has sent the peer on it. An `isend` loop to a rank that posts no
-//! matching `irecv` thus stops at the window, in the sender, whatever receives that rank posts
-//! for other peers.
+//! Point-to-point messages have flow control of their own ([`crate::p2p_flow`]): a window of
+//! eager messages per peer over all tags, and grants from posted receives.
 //!
 //! A call can complete while some of its messages still wait here for a peer's credit (a
 //! broadcast root, for one, finishes once its part is posted). The rank sends them as soon as
-//! the credit comes, as long as it runs; a rank that is shut down first drops them, as a
-//! process that exits drops its unsent socket buffers.
+//! the credit comes, as long as it runs. A rank that shuts down ([`crate::Engine::shutdown`])
+//! keeps sending them for a bounded linger time, then tells each peer it still held messages
+//! for (an abort with `Error::PeerShutdown`), so that peer's calls fail at once rather than at
+//! their timeout. (An in-process world stops all its ranks together and needs no linger.)
 //!
 //! Deadlock freedom: a message is held only for a call at least `window` calls beyond the
 //! peer's last known call. Let `s` be the lowest call the sender holds for a peer. The sender
@@ -191,6 +190,14 @@ impl<T> Flow<T> {
     /// Messages held, over all peers.
     pub(crate) fn held(&self) -> usize {
         self.peers.values().map(|p| p.held.len()).sum()
+    }
+
+    /// Peers this rank holds messages for, with how many.
+    pub(crate) fn holding_for(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.peers
+            .iter()
+            .filter(|(_, p)| !p.held.is_empty())
+            .map(|(&r, p)| (r, p.held.len()))
     }
 
     /// Drops everything held (the group was aborted).

@@ -60,6 +60,7 @@ pub mod group;
 mod loom_models;
 pub mod message;
 pub mod op;
+mod p2p_flow;
 mod pool;
 pub mod reduce;
 pub mod schedule;

@@ -37,25 +37,42 @@ pub enum Header {
         dtype: DType,
         /// Element count.
         count: u64,
+        /// Sent on the sender's eager budget (`true`) or because the receiver asked for it
+        /// with a [`Header::P2pGrant`] (see `p2p_flow`).
+        eager: bool,
     },
-    /// Flow control: the sender has made `calls` calls in the group (see `flow`).
+    /// Flow control of collectives: the sender has made `calls` calls in the group (see
+    /// `flow`).
     Credit {
         /// The group.
         group: GroupId,
-        /// The lane: the group's collective calls (`None`), or point-to-point messages with
-        /// this tag, where "calls made" counts the receives posted.
-        tag: Option<u32>,
         /// Calls made.
         calls: u64,
     },
-    /// Flow control: the sender asks for credit up to call `seq`.
+    /// Flow control of collectives: the sender asks for credit up to call `seq`.
     WantCredit {
         /// The group.
         group: GroupId,
-        /// The lane, as in `Credit`.
-        tag: Option<u32>,
-        /// The call (or point-to-point message) it wants to send.
+        /// The call it wants to send.
         seq: u64,
+    },
+    /// Point-to-point flow control: receives wait for the receiver's messages on `tag` with
+    /// sequence numbers below `upto`; they may come.
+    P2pGrant {
+        /// The group.
+        group: GroupId,
+        /// The user's tag.
+        tag: u32,
+        /// Messages of the lane below this sequence number are solicited.
+        upto: u64,
+    },
+    /// Point-to-point flow control: the sender has consumed `eager` of the receiver's eager
+    /// messages in the group (cumulative).
+    P2pConsumed {
+        /// The group.
+        group: GroupId,
+        /// Eager messages consumed.
+        eager: u64,
     },
     /// The sender aborted the group because of `cause`.
     Abort {
@@ -74,7 +91,9 @@ impl Header {
             | Header::P2p { group, .. }
             | Header::Abort { group, .. }
             | Header::Credit { group, .. }
-            | Header::WantCredit { group, .. } => *group,
+            | Header::WantCredit { group, .. }
+            | Header::P2pGrant { group, .. }
+            | Header::P2pConsumed { group, .. } => *group,
         }
     }
 }

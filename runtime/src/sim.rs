@@ -276,15 +276,17 @@ fn header_text(h: &Header, with_call: bool) -> String {
             seq,
             dtype,
             count,
-        } => format!("p2p g={group} tag={tag} #{seq} {dtype}x{count}"),
+            eager,
+        } => {
+            let how = if *eager { "eager" } else { "solicited" };
+            format!("p2p g={group} tag={tag} #{seq} {dtype}x{count} {how}")
+        }
         Header::Abort { group, cause } if with_call => format!("abort g={group}: {cause}"),
         Header::Abort { group, .. } => format!("abort g={group}"),
-        Header::Credit { group, tag, calls } => {
-            format!("credit g={group} lane={tag:?} calls={calls}")
-        }
-        Header::WantCredit { group, tag, seq } => {
-            format!("want-credit g={group} lane={tag:?} #{seq}")
-        }
+        Header::Credit { group, calls } => format!("credit g={group} calls={calls}"),
+        Header::WantCredit { group, seq } => format!("want-credit g={group} #{seq}"),
+        Header::P2pGrant { group, tag, upto } => format!("p2p-grant g={group} tag={tag} <{upto}"),
+        Header::P2pConsumed { group, eager } => format!("p2p-consumed g={group} eager={eager}"),
     }
 }
 
@@ -368,8 +370,10 @@ fn transmit_key(t: &Transmit) -> (usize, u64, u8, u64, u32) {
             group, tag, seq, ..
         } => (group.0, 1, *seq, *tag),
         Header::Abort { group, .. } => (group.0, 2, 0, 0),
-        Header::Credit { group, tag, calls } => (group.0, 3, *calls, tag.map_or(u32::MAX, |t| t)),
-        Header::WantCredit { group, tag, seq } => (group.0, 4, *seq, tag.map_or(u32::MAX, |t| t)),
+        Header::Credit { group, calls } => (group.0, 3, *calls, 0),
+        Header::WantCredit { group, seq } => (group.0, 4, *seq, 0),
+        Header::P2pGrant { group, tag, upto } => (group.0, 5, *upto, *tag),
+        Header::P2pConsumed { group, eager } => (group.0, 6, *eager, 0),
     };
     (t.dst, group, kind, seq, tag)
 }
@@ -703,6 +707,18 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// Shuts `rank` down (see [`Engine::shutdown`]): its pending calls fail with `Shutdown`,
+    /// and it keeps sending what flow control holds for at most `linger` (the simulator keeps
+    /// delivering to it, as a driver does until the engine is drained).
+    pub fn shutdown(&mut self, rank: usize, linger: Duration) {
+        if rank >= self.size() {
+            return;
+        }
+        let now = self.now;
+        self.engines[rank].shutdown(now, linger);
+        self.drain(rank);
     }
 
     /// Kills `rank`: its engine stops, its messages are dropped, and every other rank that is

@@ -246,3 +246,175 @@ fn receives_for_one_peer_grant_no_credit_to_another() {
         assert_eq!(sim.take(0, id), Some(Ok(want)), "from 2, #{k}");
     }
 }
+
+/// Rank 1 sends rank 0 one message on each of `tags` tags before rank 0 posts any receive;
+/// then rank 0 receives them in reverse tag order (`any_source`: from any source), one call
+/// at a time (each receive waits until the one before it completed).
+fn many_tags(window: u64, tags: u32, any_source: bool, seed: u64) {
+    let mut sim = Sim::with_options(
+        2,
+        seed,
+        GroupOptions {
+            window,
+            ..GroupOptions::default()
+        },
+    );
+    for t in 0..tags {
+        let req = Request::Send {
+            tensor: Tensor::from_vec(vec![i64::from(t)]),
+            dst: 0,
+            tag: t,
+        };
+        sim.submit(1, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    sim.settle(1_000_000).unwrap_or_else(|e| panic!("{e:?}"));
+    let buffered = sim.engine(0).map_or(usize::MAX, |e| e.p2p_buffered());
+    assert!(
+        buffered <= window as usize,
+        "window {window}: rank 0 buffers {buffered} of rank 1's messages on {tags} tags"
+    );
+    assert_eq!(
+        sim.engine(1).map(|e| e.held()),
+        Some(tags as usize - buffered),
+        "what rank 0 does not buffer waits in rank 1"
+    );
+    for t in (0..tags).rev() {
+        let req = Request::Recv {
+            spec: collectix_runtime::TensorSpec::new(&[1], collectix_runtime::DType::I64),
+            src: (!any_source).then_some(1),
+            tag: t,
+        };
+        let id = sim
+            .submit(0, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        sim.run_no_timeouts(1_000_000)
+            .unwrap_or_else(|e| panic!("tag {t}: {e:?}"));
+        let want = Output::Received {
+            tensor: Tensor::from_vec(vec![i64::from(t)]),
+            src: 1,
+        };
+        assert_eq!(sim.take(0, id), Some(Ok(want)), "tag {t}");
+        let buffered = sim.engine(0).map_or(usize::MAX, |e| e.p2p_buffered());
+        assert!(buffered <= window as usize, "tag {t}: {buffered} buffered");
+    }
+    for r in 0..2 {
+        assert_eq!(
+            sim.engine(r).map(|e| (e.held(), e.p2p_buffered())),
+            Some((0, 0)),
+            "rank {r}"
+        );
+    }
+}
+
+#[test]
+fn one_peer_on_many_tags_is_held_to_the_window() {
+    // Issue 7: the bound is per sending peer, whatever tags it uses (it was a window per
+    // tag, so 300 tags made rank 0 buffer 300 messages).
+    for (window, seed) in [(1, 1), (2, 2), (4, 3), (16, 4)] {
+        many_tags(window, 300, false, seed);
+    }
+}
+
+#[test]
+fn receives_from_any_source_release_a_peer_held_beyond_the_window() {
+    for (window, seed) in [(1, 5), (4, 6)] {
+        many_tags(window, 100, true, seed);
+    }
+}
+
+/// Rank 0 of 2 broadcasts `calls` times as root (each completes at once), then shuts down
+/// with `linger`; rank 1 then makes its calls one at a time, at once (`late` false: every
+/// call settles without any deadline firing) or after the linger time has passed. Returns
+/// rank 1's results, with how long each took.
+fn root_shuts_down_early(
+    linger: std::time::Duration,
+    late: bool,
+) -> (
+    Sim,
+    Vec<(collectix_runtime::Result<Output>, std::time::Duration)>,
+) {
+    let calls = 10i64;
+    let mut sim = Sim::with_options(
+        2,
+        7,
+        GroupOptions {
+            window: 2,
+            ..GroupOptions::default()
+        },
+    );
+    for k in 0..calls {
+        let req = Request::Broadcast {
+            tensor: Tensor::from_vec(vec![k]),
+            root: 0,
+        };
+        let id = sim
+            .submit(0, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(sim.take(0, id), Some(Ok(_))),
+            "the root's call {k}"
+        );
+    }
+    sim.settle(100_000).unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(sim.engine(0).is_some_and(|e| e.held() > 0));
+    sim.shutdown(0, linger);
+    if late {
+        // Nothing but rank 0's linger time is pending: it passes.
+        sim.run(1_000_000).unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(sim.now().saturating_since(collectix_runtime::Time::ZERO) >= linger);
+    }
+    let mut results = Vec::new();
+    for _ in 0..calls {
+        let req = Request::Broadcast {
+            tensor: Tensor::from_vec(vec![-1i64]),
+            root: 0,
+        };
+        let start = sim.now();
+        let id = sim
+            .submit(1, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        if late {
+            sim.run(1_000_000).unwrap_or_else(|e| panic!("{e:?}"));
+        } else {
+            sim.settle(1_000_000).unwrap_or_else(|e| panic!("{e:?}"));
+        }
+        let took = sim
+            .completed_at(1, id)
+            .map_or(std::time::Duration::MAX, |t| t.saturating_since(start));
+        let r = sim.take(1, id).unwrap_or_else(|| panic!("no result"));
+        results.push((r, took));
+    }
+    (sim, results)
+}
+
+#[test]
+fn a_root_that_shuts_down_sends_what_it_held_within_its_linger() {
+    let linger = std::time::Duration::from_secs(5);
+    let (sim, results) = root_shuts_down_early(linger, false);
+    for (k, (r, _)) in results.into_iter().enumerate() {
+        assert_eq!(
+            r,
+            Ok(Output::Tensor(Tensor::from_vec(vec![k as i64]))),
+            "call {k}"
+        );
+    }
+    assert!(sim.engine(0).is_some_and(|e| e.is_drained()));
+}
+
+#[test]
+fn a_root_that_shuts_down_past_its_linger_fails_its_peers_at_once() {
+    // Issue 7: the held messages were dropped, and rank 1 waited for its whole timeout.
+    let linger = std::time::Duration::from_millis(10);
+    let (sim, results) = root_shuts_down_early(linger, true);
+    assert!(sim.engine(0).is_some_and(|e| e.is_drained()));
+    let timeout = GroupOptions::default().timeout;
+    for (k, (r, took)) in results.into_iter().enumerate() {
+        assert!(took < timeout / 10, "call {k} took {took:?}");
+        let e = r.err().unwrap_or_else(|| panic!("call {k} succeeded"));
+        assert!(
+            matches!(e.root_cause(), collectix_runtime::Error::PeerShutdown { rank: 0, undelivered } if *undelivered > 0),
+            "call {k}: {e}"
+        );
+    }
+}

@@ -1,0 +1,314 @@
+//! Flow control of point-to-point messages: what one peer can make a rank buffer is bounded
+//! per sending peer, whatever tags it uses, and a valid program never stalls.
+//!
+//! Two ways for a message to travel, as in MPI's eager and rendezvous protocols:
+//! - **Solicited.** A receive posted for a peer and tag that finds no message waiting tells
+//!   that peer (every member, for a receive from any source) a *grant*: its messages on the
+//!   tag with a per-(peer, tag) sequence number below `upto` may come. A grant is cumulative
+//!   and only grows: `upto` = messages of the lane consumed here + receives posted here that
+//!   could match the lane. A solicited message is flagged as such.
+//! - **Eager.** Without a grant, a sender may still have at most `window` messages in flight
+//!   toward a peer (over all tags of the group) that the peer has not consumed yet. The
+//!   receiver counts the eager messages it consumes and reports the count (cumulative) once
+//!   half a window has been consumed since its last report, which frees the sender's budget.
+//!   Beyond the budget a message waits in the sender (it refers to the sender's own tensor).
+//!
+//! Bound: the receiver buffers at most `window` eager messages per peer (a message beyond
+//! that is a protocol violation), plus solicited messages that a receive from any source
+//! asked for and another peer's message then satisfied, which are bounded by the receives the
+//! receiver itself posted.
+//!
+//! Liveness rests on grants alone: when a receive waits, every earlier message of its lane
+//! has been consumed (receives match in order per lane), so the message it needs is the
+//! lane's next, below the grant the receive sent. The sender sends it at once, or, if it is
+//! held, as soon as the grant arrives; no eager budget is involved. The eager reports only
+//! let senders run ahead without a round trip.
+
+use crate::message::{Header, Transmit};
+use std::collections::{HashMap, VecDeque};
+
+/// What the point-to-point flow state asks the engine to send, beyond released messages.
+#[derive(Debug)]
+pub(crate) enum P2pOut {
+    /// A released (or never held) message.
+    Send(Transmit),
+    /// Tell `peer` that its messages on `tag` below `upto` may come.
+    Grant { peer: usize, tag: u32, upto: u64 },
+    /// Tell `peer` how many of its eager messages this rank has consumed.
+    Consumed { peer: usize, eager: u64 },
+}
+
+#[derive(Debug, Default)]
+struct Peer {
+    // Toward the peer.
+    /// Eager messages sent to the peer.
+    eager_sent: u64,
+    /// Of those, how many the peer reported consumed.
+    eager_done: u64,
+    /// Per tag: lane sequence numbers below this were solicited by the peer.
+    granted: HashMap<u32, u64>,
+    /// Messages waiting for a grant or eager budget, in the order they were sent.
+    held: VecDeque<(u32, u64, Transmit)>,
+    // From the peer.
+    /// Eager messages of the peer buffered here, not consumed yet.
+    eager_in: u64,
+    /// Eager messages of the peer consumed here (cumulative), and the count last reported.
+    eager_consumed: u64,
+    eager_reported: u64,
+    /// Per tag: the grant this rank sent the peer.
+    grants: HashMap<u32, u64>,
+}
+
+/// The point-to-point flow state of one group on one rank; peers are group-local ranks.
+#[derive(Debug)]
+pub(crate) struct P2pFlow {
+    window: u64,
+    peers: HashMap<usize, Peer>,
+}
+
+/// Marks a point-to-point message eager or solicited.
+fn flag(mut t: Transmit, eager: bool) -> Transmit {
+    if let Header::P2p { eager: e, .. } = &mut t.msg.header {
+        *e = eager;
+    }
+    t
+}
+
+impl P2pFlow {
+    pub(crate) fn new(window: u64) -> Self {
+        P2pFlow {
+            window: window.max(1),
+            peers: HashMap::new(),
+        }
+    }
+
+    /// Message `seq` of lane (`peer`, `tag`), sent by this rank.
+    pub(crate) fn send(&mut self, peer: usize, tag: u32, seq: u64, t: Transmit) -> Option<P2pOut> {
+        let w = self.window;
+        let p = self.peers.entry(peer).or_default();
+        if p.granted.get(&tag).is_some_and(|&g| seq < g) {
+            return Some(P2pOut::Send(flag(t, false)));
+        }
+        // Held messages go first (oldest first), so a new one waits behind them.
+        if p.held.is_empty() && p.eager_sent.saturating_sub(p.eager_done) < w {
+            p.eager_sent += 1;
+            return Some(P2pOut::Send(flag(t, true)));
+        }
+        p.held.push_back((tag, seq, t));
+        None
+    }
+
+    /// `peer` solicited its messages on `tag` below `upto`.
+    pub(crate) fn on_grant(&mut self, peer: usize, tag: u32, upto: u64, out: &mut Vec<P2pOut>) {
+        let p = self.peers.entry(peer).or_default();
+        let g = p.granted.entry(tag).or_insert(0);
+        *g = (*g).max(upto);
+        let g = *g;
+        let (go, stay): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut p.held)
+            .into_iter()
+            .partition(|(tg, s, _)| *tg == tag && *s < g);
+        p.held = stay;
+        out.extend(go.into_iter().map(|(_, _, t)| P2pOut::Send(flag(t, false))));
+        self.release_eager(peer, out);
+    }
+
+    /// `peer` consumed `eager` of this rank's eager messages (cumulative).
+    pub(crate) fn on_consumed(&mut self, peer: usize, eager: u64, out: &mut Vec<P2pOut>) {
+        let p = self.peers.entry(peer).or_default();
+        p.eager_done = p.eager_done.max(eager.min(p.eager_sent));
+        self.release_eager(peer, out);
+    }
+
+    /// Sends held messages, oldest first, while the eager budget allows.
+    fn release_eager(&mut self, peer: usize, out: &mut Vec<P2pOut>) {
+        let w = self.window;
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        while p.eager_sent.saturating_sub(p.eager_done) < w {
+            let Some((_, _, t)) = p.held.pop_front() else {
+                break;
+            };
+            p.eager_sent += 1;
+            out.push(P2pOut::Send(flag(t, true)));
+        }
+    }
+
+    /// Whether a message of lane (`peer`, `tag`) may have been sent (receiver-side check).
+    /// Admitting an eager message counts it as buffered.
+    pub(crate) fn admit(&mut self, peer: usize, tag: u32, seq: u64, eager: bool) -> bool {
+        let w = self.window;
+        let p = self.peers.entry(peer).or_default();
+        if eager {
+            if p.eager_in >= w {
+                return false;
+            }
+            p.eager_in += 1;
+            true
+        } else {
+            p.grants.get(&tag).is_some_and(|&g| seq < g)
+        }
+    }
+
+    /// A receive consumed a message of `peer`; an eager one may be reported.
+    pub(crate) fn on_consume(&mut self, peer: usize, eager: bool, out: &mut Vec<P2pOut>) {
+        if !eager {
+            return;
+        }
+        let half = (self.window / 2).max(1);
+        let p = self.peers.entry(peer).or_default();
+        p.eager_in = p.eager_in.saturating_sub(1);
+        p.eager_consumed += 1;
+        if p.eager_consumed - p.eager_reported >= half {
+            p.eager_reported = p.eager_consumed;
+            out.push(P2pOut::Consumed {
+                peer,
+                eager: p.eager_consumed,
+            });
+        }
+    }
+
+    /// Receives wait here for `peer`'s messages on `tag` up to (not including) lane sequence
+    /// `upto`: solicit them, unless already solicited.
+    pub(crate) fn solicit(&mut self, peer: usize, tag: u32, upto: u64, out: &mut Vec<P2pOut>) {
+        let p = self.peers.entry(peer).or_default();
+        let g = p.grants.entry(tag).or_insert(0);
+        if upto > *g {
+            *g = upto;
+            out.push(P2pOut::Grant { peer, tag, upto });
+        }
+    }
+
+    /// Messages held, over all peers.
+    pub(crate) fn held(&self) -> usize {
+        self.peers.values().map(|p| p.held.len()).sum()
+    }
+
+    /// Peers this rank holds messages for, with how many.
+    pub(crate) fn holding_for(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.peers
+            .iter()
+            .filter(|(_, p)| !p.held.is_empty())
+            .map(|(&r, p)| (r, p.held.len()))
+    }
+
+    /// Drops everything held (the group was aborted).
+    pub(crate) fn clear(&mut self) {
+        for p in self.peers.values_mut() {
+            p.held.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::group::GroupId;
+    use crate::message::Message;
+    use crate::DType;
+
+    fn msg(tag: u32, seq: u64) -> Transmit {
+        Transmit {
+            dst: 1,
+            msg: Message {
+                src: 0,
+                header: Header::P2p {
+                    group: GroupId::WORLD,
+                    tag,
+                    seq,
+                    dtype: DType::U8,
+                    count: 0,
+                    eager: false,
+                },
+                payload: Vec::new(),
+            },
+        }
+    }
+
+    fn sent(out: &[P2pOut]) -> Vec<(u32, u64, bool)> {
+        out.iter()
+            .filter_map(|o| match o {
+                P2pOut::Send(Transmit {
+                    msg:
+                        Message {
+                            header:
+                                Header::P2p {
+                                    tag, seq, eager, ..
+                                },
+                            ..
+                        },
+                    ..
+                }) => Some((*tag, *seq, *eager)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_eager_budget_spans_every_tag_and_grants_go_around_it() {
+        let mut f = P2pFlow::new(2);
+        let mut out: Vec<P2pOut> = (0..5).filter_map(|t| f.send(1, t, 0, msg(t, 0))).collect();
+        assert_eq!(sent(&out), vec![(0, 0, true), (1, 0, true)]);
+        assert_eq!(f.held(), 3);
+        out.clear();
+        // The peer posts a receive for tag 4: that message goes, solicited, out of turn.
+        f.on_grant(1, 4, 1, &mut out);
+        assert_eq!(sent(&out), vec![(4, 0, false)]);
+        out.clear();
+        // A stale or smaller grant changes nothing.
+        f.on_grant(1, 4, 0, &mut out);
+        assert!(out.is_empty());
+        // One eager message consumed: the oldest held goes, eager.
+        f.on_consumed(1, 1, &mut out);
+        assert_eq!(sent(&out), vec![(2, 0, true)]);
+        out.clear();
+        // A report beyond what was sent is capped (it cannot open more than the window).
+        f.on_consumed(1, 100, &mut out);
+        assert_eq!(sent(&out), vec![(3, 0, true)]);
+        assert_eq!(f.held(), 0);
+        // A granted lane sends at once even with the budget spent.
+        let mut g = P2pFlow::new(1);
+        assert!(g.send(1, 7, 0, msg(7, 0)).is_some());
+        assert!(g.send(1, 7, 1, msg(7, 1)).is_none());
+        g.on_grant(1, 7, 3, &mut out);
+        out.clear();
+        let o: Vec<P2pOut> = g.send(1, 7, 2, msg(7, 2)).into_iter().collect();
+        assert_eq!(sent(&o), vec![(7, 2, false)]);
+    }
+
+    #[test]
+    fn the_receiver_admits_a_window_of_eager_messages_and_only_what_it_solicited() {
+        let mut f = P2pFlow::new(2);
+        let mut out = Vec::new();
+        assert!(f.admit(1, 0, 0, true));
+        assert!(f.admit(1, 9, 0, true));
+        assert!(
+            !f.admit(1, 3, 0, true),
+            "a third eager message is beyond the window"
+        );
+        assert!(!f.admit(1, 3, 0, false), "not solicited");
+        f.solicit(1, 3, 2, &mut out);
+        assert!(matches!(
+            out.as_slice(),
+            [P2pOut::Grant {
+                peer: 1,
+                tag: 3,
+                upto: 2
+            }]
+        ));
+        out.clear();
+        f.solicit(1, 3, 1, &mut out);
+        assert!(out.is_empty(), "grants only grow");
+        assert!(f.admit(1, 3, 1, false) && !f.admit(1, 3, 2, false));
+        // Consuming eager messages frees the window and is reported every half window.
+        f.on_consume(1, true, &mut out);
+        assert!(matches!(
+            out.as_slice(),
+            [P2pOut::Consumed { peer: 1, eager: 1 }]
+        ));
+        assert!(f.admit(1, 4, 0, true));
+        out.clear();
+        f.on_consume(1, false, &mut out);
+        assert!(out.is_empty(), "solicited messages are not eager budget");
+    }
+}
