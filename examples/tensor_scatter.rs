@@ -1,4 +1,4 @@
-//! The local tensor ops of `collectix::runtime::tensor_ops` on the cases of the torch docs:
+//! The local tensor ops of `collectix::runtime::tensor::local_ops` on the cases of the torch docs:
 //! `scatter_` (tensor and scalar forms, with `reduce='add'` and `'multiply'`), `scatter_add_`,
 //! `scatter_reduce_` (`sum` and `amax`, with and without `include_self`) and `gather`. No
 //! ranks are involved: these are the local ops, as `torch.Tensor` methods are.
@@ -18,7 +18,7 @@
 //! gather [[1, 1], [4, 3]]
 //! ```
 
-use collectix::runtime::tensor_ops::{ScatterReduce, ScatterReduceOp};
+use collectix::runtime::tensor::local_ops::{ScatterReduce, ScatterReduceOp};
 use collectix::{DType, Result, Tensor};
 
 /// The example's output, one line per case.

@@ -6,12 +6,12 @@
 use crate::algorithm::{
     direct, dissemination, halving_doubling, pairwise, recursive_doubling, ring, tree,
 };
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::group::{CallOptions, GroupInfo};
 use crate::op::{Algorithm, OpKind};
-use crate::reduce::{self, ReduceOp};
 use crate::schedule::{Layout, Schedule};
+use crate::tensor::dtype::DType;
+use crate::tensor::reduce::{self, ReduceOp};
 use crate::tensor::{numel_of, Device, Tensor};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};

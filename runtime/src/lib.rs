@@ -25,7 +25,7 @@
 //! - [`engine`]: the per-rank state machine; [`message`]: what travels.
 //! - [`completion`]: the slot a `Work` handle waits on; [`sim`]: the deterministic driver;
 //!   [`testing`]: the cases and reference results shared by tests and benchmarks;
-//!   [`tensor_ops`]: torch's local `scatter_`/`gather` family.
+//!   [`tensor::local_ops`]: torch's local `scatter_`/`gather` family.
 //!
 //! ## Example: three ranks, no threads
 //! ```
@@ -51,25 +51,24 @@
 pub mod algorithm;
 pub mod collective;
 pub mod completion;
-pub mod dtype;
 pub mod engine;
 pub mod error;
-mod flow;
 pub mod group;
 #[cfg(all(test, collectix_loom))]
 mod loom_models;
-pub mod message;
 pub mod op;
-mod p2p_flow;
-mod pool;
-pub mod reduce;
 pub mod schedule;
-pub mod sim;
 mod sync;
 pub mod tensor;
-pub mod tensor_ops;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod time;
+pub mod wire;
+
+pub use tensor::{dtype, reduce};
+#[cfg(any(test, feature = "testing"))]
+pub use testing::sim;
+pub use wire::message;
 
 pub use collective::{Fingerprint, Output, Plan, Request, TensorSpec};
 pub use dtype::{DType, Element};

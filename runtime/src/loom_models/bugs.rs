@@ -17,9 +17,9 @@
 use super::{assert_output, check, must_fail, plan, run_world, world, Script};
 use crate::collective::{Output, Plan, Request};
 use crate::group::GroupId;
-use crate::reduce::ReduceOp;
 use crate::schedule::{Action, Layout, RecvOp, Schedule, SendOp};
 use crate::sync::{lock, Arc, Condvar, Mutex};
+use crate::tensor::reduce::ReduceOp;
 use crate::tensor::Tensor;
 use std::time::Duration;
 

@@ -5,10 +5,10 @@
 
 use super::{assert_output, case_plan, check, plan, run_world, world, world_with, Script};
 use crate::collective::{Output, Request, TensorSpec};
-use crate::dtype::DType;
 use crate::group::{GroupId, GroupOptions};
 use crate::op::{Algorithm, OpKind};
-use crate::reduce::ReduceOp;
+use crate::tensor::dtype::DType;
+use crate::tensor::reduce::ReduceOp;
 use crate::tensor::Tensor;
 use crate::testing::Case;
 

@@ -8,7 +8,7 @@ use super::{assert_output, check, plan, run_world, subgroup, world, Script};
 use crate::collective::{Output, Request};
 use crate::group::{GroupId, GroupInfo};
 use crate::op::{Algorithm, OpKind};
-use crate::reduce::ReduceOp;
+use crate::tensor::reduce::ReduceOp;
 use crate::tensor::Tensor;
 
 /// An i32 sum all_reduce of `v` with `alg` forced, planned for the member of `info`.

@@ -6,11 +6,11 @@
 use super::{
     assert_failed, assert_output, case_plan, check, far_future, run_world, world, Results, Script,
 };
-use crate::dtype::DType;
 use crate::error::Error;
 use crate::group::GroupId;
 use crate::op::{Algorithm, OpKind};
-use crate::reduce::ReduceOp;
+use crate::tensor::dtype::DType;
+use crate::tensor::reduce::ReduceOp;
 use crate::testing::Case;
 
 /// A 1-element i32 case of `kind` over `size` ranks, rooted at 0, with `alg` forced.

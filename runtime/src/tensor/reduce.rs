@@ -27,10 +27,10 @@
 //! dropped, instead of allocating one per chunk (the benchmark measures the unpooled
 //! reference path).
 
-use crate::dtype::{bf16, f16, DType};
 use crate::error::{Error, Result};
-use crate::pool::Pool;
 use crate::tensor::bytes_from_vec;
+use crate::tensor::dtype::{bf16, f16, DType};
+use crate::tensor::pool::Pool;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::fmt;

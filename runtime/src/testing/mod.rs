@@ -6,10 +6,12 @@
 //! order is exact in every dtype (small integers; 1s and 2s for products), so results can be
 //! compared bit for bit with a sequential reference, f16 and bf16 included.
 
+pub mod sim;
+
 use crate::collective::{Output, Request, TensorSpec};
-use crate::dtype::DType;
 use crate::op::{Algorithm, OpKind};
-use crate::reduce::{reference, ReduceOp};
+use crate::tensor::dtype::DType;
+use crate::tensor::reduce::{reference, ReduceOp};
 use crate::tensor::Tensor;
 
 /// One cell of the test matrix.
@@ -84,8 +86,8 @@ pub fn input(dtype: DType, op: ReduceOp, rank: usize, salt: usize, n: usize) -> 
         };
     }
     match dtype {
-        DType::F16 => make!(crate::dtype::f16),
-        DType::BF16 => make!(crate::dtype::bf16),
+        DType::F16 => make!(crate::tensor::dtype::f16),
+        DType::BF16 => make!(crate::tensor::dtype::bf16),
         DType::F32 => make!(f32),
         DType::F64 => make!(f64),
         DType::I8 => make!(i8),

@@ -3,9 +3,9 @@
 //! the payload travels as raw byte parts (one per chunk), never through serde.
 
 use crate::collective::Fingerprint;
-use crate::dtype::DType;
 use crate::error::Error;
 use crate::group::GroupId;
+use crate::tensor::dtype::DType;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 

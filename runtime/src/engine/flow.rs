@@ -15,7 +15,7 @@
 //! call `seq` is itself a credit of `seq + 1` (the peer has made that call), so ranks that
 //! exchange data rarely need the explicit messages at all.
 //!
-//! Point-to-point messages have flow control of their own ([`crate::p2p_flow`]): a window of
+//! Point-to-point messages have flow control of their own ([`crate::engine::p2p_flow`]): a window of
 //! eager messages per peer over all tags, and grants from posted receives.
 //!
 //! A call can complete while some of its messages still wait here for a peer's credit (a

@@ -26,8 +26,8 @@
 //! - bool: add and sum act as OR, multiply and prod as AND, amax as OR, amin as AND.
 //! - `amax`/`amin` on floats propagate NaN, as torch's CPU kernels do.
 
-use crate::dtype::{bf16, f16, DType, Element};
 use crate::error::{Error, Result};
+use crate::tensor::dtype::{bf16, f16, DType, Element};
 use crate::tensor::{bytes_from_vec, Tensor};
 use std::fmt;
 
@@ -520,13 +520,13 @@ impl Tensor {
     /// out[i][j][index[i][j][k]] = src[i][j][k]  # dim == 2
     /// ```
     /// [`Add`](ScatterReduce::Add) and [`Multiply`](ScatterReduce::Multiply) combine instead
-    /// of replacing. See the [module docs](crate::tensor_ops) for the checks (`index` must
+    /// of replacing. See the [module docs](crate::tensor::local_ops) for the checks (`index` must
     /// be int64, `src` of `self`'s dtype) and the numerics.
     ///
     /// # Example (from the torch docs)
     /// ```
     /// use collectix_runtime::Tensor;
-    /// use collectix_runtime::tensor_ops::ScatterReduce;
+    /// use collectix_runtime::tensor::local_ops::ScatterReduce;
     ///
     /// let src = Tensor::from_vec_shape((1i64..=10).collect(), &[2, 5])?;
     /// let index = Tensor::from_vec_shape(vec![0i64, 1, 2, 0], &[1, 4])?;
@@ -559,7 +559,7 @@ impl Tensor {
     /// # Example (from the torch docs)
     /// ```
     /// use collectix_runtime::Tensor;
-    /// use collectix_runtime::tensor_ops::ScatterReduce;
+    /// use collectix_runtime::tensor::local_ops::ScatterReduce;
     ///
     /// let index = Tensor::from_vec_shape(vec![2i64, 3], &[2, 1])?;
     /// let base = Tensor::full(&[2, 4], 2.0f32)?;
@@ -633,7 +633,7 @@ impl Tensor {
     /// # Example (from the torch docs)
     /// ```
     /// use collectix_runtime::Tensor;
-    /// use collectix_runtime::tensor_ops::ScatterReduceOp;
+    /// use collectix_runtime::tensor::local_ops::ScatterReduceOp;
     ///
     /// let src = Tensor::from_vec(vec![1.0f32, 2., 3., 4., 5., 6.]);
     /// let index = Tensor::from_vec(vec![0i64, 1, 0, 1, 2, 1]);
@@ -709,7 +709,7 @@ impl Tensor {
     /// out[i][j][k] = self[i][j][index[i][j][k]]  # dim == 2
     /// ```
     /// `index` must be int64 with as many dimensions as `self`, and `index.size(d) <=
-    /// self.size(d)` for `d != dim` (see the [module docs](crate::tensor_ops)).
+    /// self.size(d)` for `d != dim` (see the [module docs](crate::tensor::local_ops)).
     ///
     /// # Example (from the torch docs)
     /// ```

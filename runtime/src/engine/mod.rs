@@ -12,19 +12,22 @@
 //! disagreement fails the call with [`Error::Mismatch`] and aborts the group, which tells
 //! every other member (they fail with [`Error::GroupAborted`]).
 
+pub(crate) mod flow;
+pub(crate) mod p2p_flow;
+
 use crate::collective::{p2p_fp, Body, Fingerprint, Finish, Output, Plan, TensorSpec};
-use crate::dtype::DType;
+use crate::engine::flow::{Flow, FlowOut};
+use crate::engine::p2p_flow::{P2pFlow, P2pOut};
 use crate::error::{CallDesc, Error, ProtocolError, Result};
-use crate::flow::{Flow, FlowOut};
 use crate::group::{GroupId, GroupInfo};
-use crate::message::{Header, Message, Transmit};
 use crate::op::OpKind;
-use crate::p2p_flow::{P2pFlow, P2pOut};
-use crate::pool::Pool;
-use crate::reduce::{self, ReduceOp};
 use crate::schedule::{Action, Schedule};
+use crate::tensor::dtype::DType;
+use crate::tensor::pool::Pool;
+use crate::tensor::reduce::{self, ReduceOp};
 use crate::tensor::{validate_storage, Tensor};
 use crate::time::Time;
+use crate::wire::message::{Header, Message, Transmit};
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
@@ -64,9 +67,9 @@ struct Group {
     /// (src, tag, seq) → (arrival number, message).
     p2p_arrived: BTreeMap<(usize, u32, u64), (u64, Message)>,
     p2p_posted: Vec<OpId>,
-    /// The window of calls per peer (see [`crate::flow`]).
+    /// The window of calls per peer (see [`crate::engine::flow`]).
     flow: Flow<Transmit>,
-    /// Point-to-point flow control (see [`crate::p2p_flow`]): a window of eager messages
+    /// Point-to-point flow control (see [`crate::engine::p2p_flow`]): a window of eager messages
     /// per peer over all tags, and grants from posted receives. A peer can so make this rank
     /// buffer at most a window of its messages, whatever tags it uses and whatever receives
     /// are posted for other ranks (issue 7: credit was counted per tag, and receives posted
@@ -989,7 +992,7 @@ impl Engine {
 
     /// Solicits the messages that the receives posted in group `gid` wait for: per (peer,
     /// tag), the lane's consumed messages plus the receives that could match it (see
-    /// [`crate::p2p_flow`]).
+    /// [`crate::engine::p2p_flow`]).
     fn solicit(&mut self, gid: GroupId) {
         let Some(g) = self.groups.get_mut(&gid) else {
             return;

@@ -24,7 +24,7 @@
 //! held, as soon as the grant arrives; no eager budget is involved. The eager reports only
 //! let senders run ahead without a round trip.
 
-use crate::message::{Header, Transmit};
+use crate::wire::message::{Header, Transmit};
 use std::collections::{HashMap, VecDeque};
 
 /// What the point-to-point flow state asks the engine to send, beyond released messages.
@@ -204,7 +204,7 @@ impl P2pFlow {
 mod tests {
     use super::*;
     use crate::group::GroupId;
-    use crate::message::Message;
+    use crate::wire::message::Message;
     use crate::DType;
 
     fn msg(tag: u32, seq: u64) -> Transmit {

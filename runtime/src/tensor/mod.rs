@@ -5,8 +5,13 @@
 //! message payloads: that is how in-process ranks share data. Operations that produce new
 //! values (reductions, the local [`scatter_`](Tensor::scatter_) family) write a new buffer.
 
-use crate::dtype::{DType, Element};
+pub mod dtype;
+pub mod local_ops;
+pub(crate) mod pool;
+pub mod reduce;
+
 use crate::error::{Error, Result};
+use crate::tensor::dtype::{DType, Element};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -292,8 +297,8 @@ impl Tensor {
             };
         }
         match self.dtype {
-            DType::F16 => conv!(crate::dtype::f16),
-            DType::BF16 => conv!(crate::dtype::bf16),
+            DType::F16 => conv!(crate::tensor::dtype::f16),
+            DType::BF16 => conv!(crate::tensor::dtype::bf16),
             DType::F32 => conv!(f32),
             DType::F64 => conv!(f64),
             DType::I8 => conv!(i8),
@@ -338,8 +343,8 @@ impl Tensor {
             };
         }
         match self.dtype {
-            DType::F16 => go!(crate::dtype::f16),
-            DType::BF16 => go!(crate::dtype::bf16),
+            DType::F16 => go!(crate::tensor::dtype::f16),
+            DType::BF16 => go!(crate::tensor::dtype::bf16),
             DType::F32 => go!(f32),
             DType::F64 => go!(f64),
             DType::I8 => go!(i8),

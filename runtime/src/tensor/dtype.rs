@@ -141,11 +141,11 @@ macro_rules! with_storage_type {
     ($dtype:expr, $T:ident => $body:expr) => {
         match $dtype {
             $crate::DType::F16 => {
-                type $T = $crate::dtype::f16;
+                type $T = $crate::tensor::dtype::f16;
                 $body
             }
             $crate::DType::BF16 => {
-                type $T = $crate::dtype::bf16;
+                type $T = $crate::tensor::dtype::bf16;
                 $body
             }
             $crate::DType::F32 => {
