@@ -8,84 +8,15 @@ use crate::algorithm::{
 };
 use crate::error::{Error, Result};
 use crate::group::{CallOptions, GroupInfo};
+use crate::ids::{DataPath, Fingerprint};
 use crate::op::{Algorithm, OpKind};
 use crate::schedule::{Layout, Schedule};
 use crate::tensor::dtype::DType;
 use crate::tensor::reduce::{self, ReduceOp};
 use crate::tensor::{numel_of, Device, Tensor};
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::ops::Range;
 use std::time::Duration;
-
-/// `count` in a fingerprint for calls whose ranks legitimately differ in size (all_to_all):
-/// those check every payload's size on arrival instead.
-pub const COUNT_VARIES: u64 = u64::MAX;
-/// `root` in a fingerprint for calls without one.
-pub const NO_ROOT: u32 = u32::MAX;
-
-/// What every rank's call must agree on; carried by every message of the call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Fingerprint {
-    /// The collective.
-    pub kind: OpKind,
-    /// Element type.
-    pub dtype: DType,
-    /// Elements (see [`COUNT_VARIES`]).
-    pub count: u64,
-    /// Group-local root, or [`NO_ROOT`].
-    pub root: u32,
-    /// [`ReduceOp::code`], 0 for none.
-    pub op: u8,
-    /// The reduce op's scalar bits (PremulSum).
-    pub scalar: u64,
-    /// [`Algorithm::code`].
-    pub algorithm: u8,
-    /// The data path the call takes: [`PATH_ENGINE`] (host memory, or device memory staged
-    /// through the host) or [`PATH_NCCL`]. Ranks that would take different paths for one call
-    /// disagree here, so they get a mismatch instead of a hang.
-    pub path: u8,
-}
-
-/// [`Fingerprint::path`] of a call that runs on the engine: host tensors, and device tensors
-/// staged through host memory (so a group may mix ranks with and without GPUs).
-pub const PATH_ENGINE: u8 = 0;
-/// [`Fingerprint::path`] of a call on device tensors that runs on NCCL (its agreement step
-/// on the engine carries this path).
-pub const PATH_NCCL: u8 = 1;
-
-impl fmt::Display for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}({}", self.kind, self.dtype)?;
-        if self.path == PATH_NCCL {
-            f.write_str(", over nccl")?;
-        }
-        if self.count != COUNT_VARIES {
-            write!(f, ", count {}", self.count)?;
-        }
-        if self.root != NO_ROOT {
-            write!(f, ", root {}", self.root)?;
-        }
-        if self.op != 0 {
-            let op = ReduceOp::ALL.iter().find(|o| o.code() == self.op);
-            match op {
-                Some(ReduceOp::PremulSum(_)) => {
-                    write!(f, ", premul_sum({})", f64::from_bits(self.scalar))?
-                }
-                Some(o) => write!(f, ", {o}")?,
-                None => write!(f, ", op {}", self.op)?,
-            }
-        }
-        let alg = Algorithm::ALL
-            .into_iter()
-            .find(|a| a.code() == self.algorithm);
-        match alg {
-            Some(a) => write!(f, ", {a})"),
-            None => f.write_str(")"),
-        }
-    }
-}
 
 /// Shape and dtype of a tensor to be produced (torch passes pre-allocated outputs; collectix
 /// hands back new tensors and takes only their specs).
@@ -576,7 +507,7 @@ impl Plan {
 
     /// The same plan, marked as the agreement step of a call on another data path (see
     /// [`Fingerprint::path`]).
-    pub fn with_path(mut self, path: u8) -> Plan {
+    pub fn with_path(mut self, path: DataPath) -> Plan {
         self.fp.path = path;
         self
     }
@@ -695,7 +626,7 @@ impl Planner<'_> {
         &self,
         kind: OpKind,
         dtype: DType,
-        count: u64,
+        count: Option<u64>,
         root: Option<usize>,
         reduce: Option<ReduceOp>,
         algorithm: Algorithm,
@@ -708,11 +639,11 @@ impl Planner<'_> {
                 kind,
                 dtype,
                 count,
-                root: root.map_or(NO_ROOT, |r| r as u32),
-                op: reduce.map_or(0, ReduceOp::code),
+                root: root.map(|r| r as u32),
+                op: reduce.map(ReduceOp::kind),
                 scalar: reduce.map_or(0, ReduceOp::scalar_bits),
-                algorithm: algorithm.code(),
-                path: PATH_ENGINE,
+                algorithm: Some(algorithm),
+                path: DataPath::Engine,
             },
             reduce,
             body: Body::Collective {
@@ -755,7 +686,7 @@ impl Planner<'_> {
                 Ok(self.collective(
                     OpKind::AllReduce,
                     dt,
-                    n as u64,
+                    Some(n as u64),
                     None,
                     Some(op),
                     alg,
@@ -783,7 +714,7 @@ impl Planner<'_> {
                 Ok(self.collective(
                     OpKind::Reduce,
                     dt,
-                    n as u64,
+                    Some(n as u64),
                     Some(root),
                     Some(op),
                     alg,
@@ -810,7 +741,7 @@ impl Planner<'_> {
                 Ok(self.collective(
                     OpKind::Broadcast,
                     dt,
-                    n as u64,
+                    Some(n as u64),
                     Some(root),
                     None,
                     alg,
@@ -846,7 +777,7 @@ impl Planner<'_> {
                 Ok(self.collective(
                     OpKind::AllGather,
                     dt,
-                    total as u64,
+                    Some(total as u64),
                     None,
                     None,
                     alg,
@@ -874,7 +805,7 @@ impl Planner<'_> {
                 Ok(self.collective(
                     OpKind::AllGatherIntoTensor,
                     dt,
-                    (n * w) as u64,
+                    Some((n * w) as u64),
                     None,
                     None,
                     alg,
@@ -898,7 +829,7 @@ impl Planner<'_> {
                 Ok(self.collective(
                     OpKind::Gather,
                     dt,
-                    n as u64,
+                    Some(n as u64),
                     Some(root),
                     None,
                     alg,
@@ -937,7 +868,7 @@ impl Planner<'_> {
                 Ok(self.collective(
                     OpKind::Scatter,
                     dt,
-                    n as u64,
+                    Some(n as u64),
                     Some(root),
                     None,
                     alg,
@@ -970,7 +901,7 @@ impl Planner<'_> {
                 Ok(self.collective(
                     OpKind::ReduceScatter,
                     dt,
-                    total as u64,
+                    Some(total as u64),
                     None,
                     Some(op),
                     alg,
@@ -999,7 +930,7 @@ impl Planner<'_> {
                 Ok(self.collective(
                     OpKind::ReduceScatterTensor,
                     dt,
-                    input.numel() as u64,
+                    Some(input.numel() as u64),
                     None,
                     Some(op),
                     alg,
@@ -1040,17 +971,7 @@ impl Planner<'_> {
                     dt.size(),
                 )?;
                 let fin = Finish::Blocks(w..2 * w, outputs.into_iter().map(|o| o.shape).collect());
-                Ok(self.collective(
-                    OpKind::AllToAll,
-                    dt,
-                    COUNT_VARIES,
-                    None,
-                    None,
-                    alg,
-                    s,
-                    init,
-                    fin,
-                ))
+                Ok(self.collective(OpKind::AllToAll, dt, None, None, None, alg, s, init, fin))
             }
             Request::AllToAllSingle {
                 input,
@@ -1077,7 +998,7 @@ impl Planner<'_> {
                 Ok(self.collective(
                     OpKind::AllToAllSingle,
                     dt,
-                    COUNT_VARIES,
+                    None,
                     None,
                     None,
                     alg,
@@ -1096,7 +1017,7 @@ impl Planner<'_> {
                 Ok(self.collective(
                     kind,
                     DType::U8,
-                    count,
+                    Some(count),
                     None,
                     None,
                     alg,
@@ -1152,14 +1073,9 @@ impl Planner<'_> {
 /// The fingerprint of a point-to-point call.
 pub(crate) fn p2p_fp(kind: OpKind, dtype: DType, count: u64) -> Fingerprint {
     Fingerprint {
-        kind,
-        dtype,
-        count,
-        root: NO_ROOT,
-        op: 0,
-        scalar: 0,
-        algorithm: Algorithm::Direct.code(),
-        path: PATH_ENGINE,
+        count: Some(count),
+        algorithm: Some(Algorithm::Direct),
+        ..Fingerprint::new(kind, dtype)
     }
 }
 

@@ -1,7 +1,6 @@
 //! The one error type of collectix, [`Error`]: each variant says who is at fault.
 
-use crate::collective::Fingerprint;
-use crate::group::GroupId;
+use crate::ids::{Fingerprint, GroupId};
 use crate::op::OpKind;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -167,24 +166,25 @@ pub enum Error {
     InvalidArgument(String),
     /// Two ranks disagreed about a call: different collectives, dtypes, counts, roots,
     /// reduce ops or algorithms for the same sequence number of a group.
-    #[error("mismatched calls on group {group} (call #{seq}): {ours}, but {theirs}")]
+    #[error("mismatched calls on group {group} ({}): {ours}, but {theirs}", call_label(*.seq))]
     Mismatch {
         /// The group.
         group: GroupId,
-        /// The group's sequence number of the call.
-        seq: u64,
+        /// The group's sequence number of the call (`None` for point-to-point calls, which
+        /// are matched by tag outside the group's sequence).
+        seq: Option<u64>,
         /// This rank's call.
         ours: CallDesc,
         /// The peer's call.
         theirs: CallDesc,
     },
     /// A call did not complete in time.
-    #[error("{op} (call #{seq} on group {group}) timed out on rank {rank}, still waiting for ranks {waiting_for:?}")]
+    #[error("{op} ({} on group {group}) timed out on rank {rank}, still waiting for ranks {waiting_for:?}", call_label(*.seq))]
     Timeout {
         /// The group.
         group: GroupId,
-        /// The sequence number of the call (`u64::MAX` for point-to-point receives).
-        seq: u64,
+        /// The sequence number of the call (`None` for point-to-point receives).
+        seq: Option<u64>,
         /// What the call was.
         op: OpKind,
         /// The rank (global) that timed out.
@@ -262,6 +262,11 @@ impl Error {
             e => e,
         }
     }
+}
+
+/// "call #N", or "point-to-point" for a call outside the group's sequence.
+fn call_label(seq: Option<u64>) -> String {
+    seq.map_or_else(|| "point-to-point".to_string(), |s| format!("call #{s}"))
 }
 
 /// `Result` with [`Error`].

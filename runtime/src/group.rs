@@ -1,52 +1,9 @@
 //! Process groups: identity, membership, and per-group options.
 
 use crate::error::{Error, Result};
+pub use crate::ids::{fnv1a, GroupId};
 use crate::op::{Algorithm, OpKind};
-use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::time::Duration;
-
-/// A group's identity: the same value on every member, derived from how the group was made
-/// (its parent, the parent's creation counter and the members), never from a global counter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct GroupId(pub u64);
-
-impl GroupId {
-    /// The group of the whole world.
-    pub const WORLD: GroupId = GroupId(0);
-
-    /// A child id: FNV-1a over the parent, a creation index and `words` (stable across
-    /// builds and platforms, unlike `std`'s hasher).
-    pub fn derive(parent: GroupId, index: u64, words: &[u64]) -> GroupId {
-        GroupId(fnv1a(
-            std::iter::once(parent.0)
-                .chain(std::iter::once(index))
-                .chain(words.iter().copied()),
-        ))
-    }
-}
-
-/// FNV-1a (64-bit) over the little-endian bytes of `words`.
-pub fn fnv1a(words: impl IntoIterator<Item = u64>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for w in words {
-        for b in w.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
-
-impl fmt::Display for GroupId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if *self == GroupId::WORLD {
-            f.write_str("world")
-        } else {
-            write!(f, "{:016x}", self.0)
-        }
-    }
-}
 
 /// Tunables of a group; every member must use the same values (they feed algorithm
 /// selection, and the algorithm is part of each call's fingerprint).

@@ -54,6 +54,7 @@ pub mod completion;
 pub mod engine;
 pub mod error;
 pub mod group;
+pub mod ids;
 #[cfg(all(test, collectix_loom))]
 mod loom_models;
 pub mod op;
@@ -70,12 +71,13 @@ pub use tensor::{dtype, reduce};
 pub use testing::sim;
 pub use wire::message;
 
-pub use collective::{Fingerprint, Output, Plan, Request, TensorSpec};
+pub use collective::{Output, Plan, Request, TensorSpec};
 pub use dtype::{DType, Element};
 pub use engine::{Engine, Event, OpId};
 pub use error::{DeviceError, Error, Result};
 pub use group::{CallOptions, GroupId, GroupInfo, GroupOptions};
-pub use op::{Algorithm, OpKind};
+pub use ids::{DataPath, Fingerprint};
+pub use op::{Algorithm, OpKind, ReduceKind};
 pub use reduce::ReduceOp;
 pub use tensor::{Device, DeviceStorage, Tensor};
 pub use time::Time;

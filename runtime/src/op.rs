@@ -1,43 +1,105 @@
-//! The kinds of call ([`OpKind`]) and the algorithms ([`Algorithm`]) that can run them.
+//! The kinds of call ([`OpKind`]), the algorithms ([`Algorithm`]) that can run them, and the
+//! kinds of reduction ([`ReduceKind`]). Each has an explicit one-byte code (its `repr(u8)`
+//! discriminant, written out, never derived from declaration order) with a checked
+//! `TryFrom<u8>`, because the codes travel in fingerprints and frames.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// A byte that is not the code of any value of a coded enum (from a peer or a file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code} is not a valid {what} code")]
+pub struct CodeError {
+    /// What the code should have named (`"op kind"`, `"dtype"`, ...).
+    pub what: &'static str,
+    /// The byte.
+    pub code: u8,
+}
+
+/// Implements `code()` and `TryFrom<u8>` for a `repr(u8)` enum with explicit discriminants,
+/// over the list of its variants.
+macro_rules! coded {
+    ($t:ident, $what:literal, [$($v:ident),* $(,)?]) => {
+        impl $t {
+            /// Its code on the wire (the explicit `repr(u8)` discriminant).
+            pub const fn code(self) -> u8 {
+                self as u8
+            }
+        }
+
+        impl TryFrom<u8> for $t {
+            type Error = CodeError;
+            fn try_from(code: u8) -> Result<Self, CodeError> {
+                $(
+                    if code == $t::$v as u8 {
+                        return Ok($t::$v);
+                    }
+                )*
+                Err(CodeError { what: $what, code })
+            }
+        }
+    };
+}
+pub(crate) use coded;
+
 /// What a call is, as torch.distributed names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
+#[repr(u8)]
 pub enum OpKind {
     /// `all_reduce`.
-    AllReduce,
+    AllReduce = 1,
     /// `reduce`.
-    Reduce,
+    Reduce = 2,
     /// `broadcast`.
-    Broadcast,
+    Broadcast = 3,
     /// `all_gather` (list form).
-    AllGather,
+    AllGather = 4,
     /// `all_gather_into_tensor`.
-    AllGatherIntoTensor,
+    AllGatherIntoTensor = 5,
     /// `gather`.
-    Gather,
+    Gather = 6,
     /// `scatter`.
-    Scatter,
+    Scatter = 7,
     /// `reduce_scatter` (list form).
-    ReduceScatter,
+    ReduceScatter = 8,
     /// `reduce_scatter_tensor`.
-    ReduceScatterTensor,
+    ReduceScatterTensor = 9,
     /// `all_to_all` (list form).
-    AllToAll,
+    AllToAll = 10,
     /// `all_to_all_single`.
-    AllToAllSingle,
+    AllToAllSingle = 11,
     /// `barrier`.
-    Barrier,
+    Barrier = 12,
     /// `send` / `isend`.
-    Send,
+    Send = 13,
     /// `recv` / `irecv`.
-    Recv,
+    Recv = 14,
     /// The agreement step of `new_group` (a barrier whose fingerprint carries the members).
-    NewGroup,
+    NewGroup = 15,
 }
+
+coded!(
+    OpKind,
+    "op kind",
+    [
+        AllReduce,
+        Reduce,
+        Broadcast,
+        AllGather,
+        AllGatherIntoTensor,
+        Gather,
+        Scatter,
+        ReduceScatter,
+        ReduceScatterTensor,
+        AllToAll,
+        AllToAllSingle,
+        Barrier,
+        Send,
+        Recv,
+        NewGroup
+    ]
+);
 
 impl OpKind {
     /// The torch name.
@@ -104,22 +166,37 @@ impl fmt::Display for OpKind {
 /// source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
+#[repr(u8)]
 pub enum Algorithm {
     /// Ring reduce-scatter then all-gather, segmented so large tensors pipeline.
-    Ring,
+    Ring = 1,
     /// Rabenseifner: recursive-halving reduce-scatter then recursive-doubling all-gather.
-    HalvingDoubling,
+    HalvingDoubling = 2,
     /// Recursive doubling on whole buffers: fewest steps, for small messages.
-    RecursiveDoubling,
+    RecursiveDoubling = 3,
     /// Binomial tree, segmented.
-    BinomialTree,
+    BinomialTree = 4,
     /// Every rank talks to the root (or to every peer) directly, in one step.
-    Direct,
+    Direct = 5,
     /// Dissemination (Hensgen, Finkel, Manber) barrier.
-    Dissemination,
+    Dissemination = 6,
     /// Pairwise exchange, one peer per step.
-    Pairwise,
+    Pairwise = 7,
 }
+
+coded!(
+    Algorithm,
+    "algorithm",
+    [
+        Ring,
+        HalvingDoubling,
+        RecursiveDoubling,
+        BinomialTree,
+        Direct,
+        Dissemination,
+        Pairwise
+    ]
+);
 
 impl Algorithm {
     /// Every algorithm.
@@ -136,11 +213,6 @@ impl Algorithm {
     /// The algorithm with this [`name`](Algorithm::name).
     pub fn from_name(name: &str) -> Option<Algorithm> {
         Algorithm::ALL.into_iter().find(|a| a.name() == name)
-    }
-
-    /// Stable code for fingerprints.
-    pub fn code(self) -> u8 {
-        self as u8 + 1
     }
 
     /// Short name.
@@ -160,5 +232,102 @@ impl Algorithm {
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// The kind of a reduction ([`ReduceOp`](crate::ReduceOp) without its scalar), as it travels
+/// in fingerprints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+#[repr(u8)]
+pub enum ReduceKind {
+    /// Sum.
+    Sum = 1,
+    /// Product.
+    Product = 2,
+    /// Minimum.
+    Min = 3,
+    /// Maximum.
+    Max = 4,
+    /// Mean.
+    Avg = 5,
+    /// Sum of each input times a scalar.
+    PremulSum = 6,
+    /// Bitwise AND.
+    BAnd = 7,
+    /// Bitwise OR.
+    BOr = 8,
+    /// Bitwise XOR.
+    BXor = 9,
+}
+
+coded!(
+    ReduceKind,
+    "reduce op",
+    [Sum, Product, Min, Max, Avg, PremulSum, BAnd, BOr, BXor]
+);
+
+impl ReduceKind {
+    /// The torch name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceKind::Sum => "sum",
+            ReduceKind::Product => "product",
+            ReduceKind::Min => "min",
+            ReduceKind::Max => "max",
+            ReduceKind::Avg => "avg",
+            ReduceKind::PremulSum => "premul_sum",
+            ReduceKind::BAnd => "band",
+            ReduceKind::BOr => "bor",
+            ReduceKind::BXor => "bxor",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The codes are part of the wire format: pinned here, so that reordering or inserting a
+    /// variant cannot change them silently.
+    #[test]
+    fn codes_are_pinned_and_round_trip() {
+        assert_eq!(
+            [OpKind::AllReduce, OpKind::Barrier, OpKind::NewGroup].map(OpKind::code),
+            [1, 12, 15]
+        );
+        assert_eq!(
+            [Algorithm::Ring, Algorithm::Pairwise].map(Algorithm::code),
+            [1, 7]
+        );
+        assert_eq!(
+            [ReduceKind::Sum, ReduceKind::BXor].map(ReduceKind::code),
+            [1, 9]
+        );
+        for c in 0..=u8::MAX {
+            if let Ok(k) = OpKind::try_from(c) {
+                assert_eq!(k.code(), c);
+            }
+            if let Ok(a) = Algorithm::try_from(c) {
+                assert_eq!(a.code(), c);
+            }
+            if let Ok(r) = ReduceKind::try_from(c) {
+                assert_eq!(r.code(), c);
+            }
+        }
+        assert_eq!(
+            (1..=15).filter(|&c| OpKind::try_from(c).is_ok()).count(),
+            15
+        );
+        assert_eq!(
+            OpKind::try_from(0),
+            Err(CodeError {
+                what: "op kind",
+                code: 0
+            })
+        );
+        for a in Algorithm::ALL {
+            assert_eq!(Algorithm::try_from(a.code()), Ok(a));
+        }
     }
 }

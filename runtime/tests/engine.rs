@@ -2,10 +2,10 @@
 //! (never a panic, never wrong data), and bookkeeping errors are caught.
 
 use bytes::Bytes;
-use collectix_runtime::collective::Fingerprint;
 use collectix_runtime::error::ProtocolError;
 use collectix_runtime::group::{CallOptions, GroupId, GroupInfo, GroupOptions};
 use collectix_runtime::message::{Header, Message};
+use collectix_runtime::Fingerprint;
 use collectix_runtime::{
     Algorithm, DType, Engine, Error, Event, Output, Plan, ReduceOp, Request, Tensor, Time,
 };
@@ -142,7 +142,7 @@ fn unknown_tag_is_a_protocol_error() {
 fn different_fingerprint_is_a_mismatch_naming_both_ranks() {
     let (e, told) = feed(
         |mut fp| {
-            fp.count = 3;
+            fp.count = Some(3);
             Header::Data {
                 group: GroupId::WORLD,
                 seq: 0,
@@ -156,11 +156,11 @@ fn different_fingerprint_is_a_mismatch_naming_both_ranks() {
         Error::Mismatch {
             ours,
             theirs,
-            seq: 0,
+            seq: Some(0),
             ..
         } => {
             assert_eq!((ours.rank, theirs.rank), (1, 0));
-            assert_eq!((ours.call.count, theirs.call.count), (2, 3));
+            assert_eq!((ours.call.count, theirs.call.count), (Some(2), Some(3)));
         }
         other => panic!("{other}"),
     }
@@ -398,14 +398,10 @@ fn messages_for_groups_not_yet_created_are_bounded_per_peer() {
     for g in 0..10_000u64 {
         let gid = GroupId::derive(GroupId::WORLD, g, &[0, 1]);
         let fp = Fingerprint {
-            kind: collectix_runtime::OpKind::AllReduce,
-            dtype: DType::F32,
-            count: 1,
-            root: u32::MAX,
-            op: ReduceOp::Sum.code(),
-            scalar: 0,
-            algorithm: Algorithm::RecursiveDoubling.code(),
-            path: 0,
+            count: Some(1),
+            op: Some(ReduceOp::Sum.kind()),
+            algorithm: Some(Algorithm::RecursiveDoubling),
+            ..Fingerprint::new(collectix_runtime::OpKind::AllReduce, DType::F32)
         };
         let header = Header::Data {
             group: gid,

@@ -538,14 +538,10 @@ fn deadlock_and_step_bound_are_errors() {
 fn hand_made(rank: usize, tags: [u32; 2], recv_first: bool) -> collectix_runtime::Plan {
     use collectix_runtime::schedule::{Action, Layout, RecvOp, Schedule, SendOp, Step};
     let fp = collectix_runtime::Fingerprint {
-        kind: OpKind::Broadcast,
-        dtype: DType::I32,
-        count: 2,
-        root: 0,
-        op: 0,
-        scalar: 0,
-        algorithm: Algorithm::Direct.code(),
-        path: collectix_runtime::collective::PATH_ENGINE,
+        count: Some(2),
+        root: Some(0),
+        algorithm: Some(Algorithm::Direct),
+        ..collectix_runtime::Fingerprint::new(OpKind::Broadcast, DType::I32)
     };
     let peer = 1 - rank;
     let send = |tag: u32, c: usize| SendOp {

@@ -5,7 +5,7 @@
 //! [`Communicator::with_device_backend`]:
 //!
 //! - [`DeviceBackend::Nccl`] (the default): an agreement step on the engine — a small
-//!   all_gather of every rank's call fingerprint, marked [`PATH_NCCL`](collectix_runtime::collective::PATH_NCCL) —
+//!   all_gather of every rank's call fingerprint, marked [`DataPath::Nccl`](collectix_runtime::DataPath::Nccl) —
 //!   then the NCCL operation on the rank's device worker thread, which owns the group's
 //!   NCCL communicator. Mismatched calls fail on every rank in the agreement step, before
 //!   NCCL is called; an NCCL operation that does not finish within the group's timeout

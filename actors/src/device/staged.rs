@@ -1,5 +1,5 @@
 //! The host-staged path: copy a call's device inputs to the host, run the call on the
-//! engine like any host call (so its fingerprint says [`PATH_ENGINE`](collectix_runtime::collective::PATH_ENGINE)
+//! engine like any host call (so its fingerprint says [`DataPath::Engine`](collectix_runtime::DataPath::Engine)
 //! and ranks with host tensors can take part), and copy the outputs back to the device.
 //!
 //! The copies down happen on the calling thread, when the call is issued (so the call reads

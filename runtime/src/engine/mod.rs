@@ -15,11 +15,12 @@
 pub(crate) mod flow;
 pub(crate) mod p2p_flow;
 
-use crate::collective::{p2p_fp, Body, Fingerprint, Finish, Output, Plan, TensorSpec};
+use crate::collective::{p2p_fp, Body, Finish, Output, Plan, TensorSpec};
 use crate::engine::flow::{Flow, FlowOut};
 use crate::engine::p2p_flow::{P2pFlow, P2pOut};
 use crate::error::{CallDesc, Error, ProtocolError, Result};
 use crate::group::{GroupId, GroupInfo};
+use crate::ids::Fingerprint;
 use crate::op::OpKind;
 use crate::schedule::{Action, Schedule};
 use crate::tensor::dtype::DType;
@@ -27,7 +28,7 @@ use crate::tensor::pool::Pool;
 use crate::tensor::reduce::{self, ReduceOp};
 use crate::tensor::{validate_storage, Tensor};
 use crate::time::Time;
-use crate::wire::message::{Header, Message, Transmit};
+use crate::wire::message::{AbortReason, Header, Message, Transmit};
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
@@ -78,6 +79,8 @@ struct Group {
 }
 
 struct Coll {
+    /// The call's sequence number in its group.
+    seq: u64,
     sched: Schedule,
     step: usize,
     posted: bool,
@@ -100,7 +103,8 @@ enum State {
 
 struct Op {
     group: GroupId,
-    seq: u64,
+    /// The call's sequence number in its group (`None` for point-to-point calls).
+    seq: Option<u64>,
     fp: Fingerprint,
     reduce: Option<ReduceOp>,
     group_size: usize,
@@ -302,7 +306,7 @@ impl Engine {
                     id,
                     Op {
                         group,
-                        seq: u64::MAX,
+                        seq: None,
                         fp,
                         reduce,
                         group_size,
@@ -341,6 +345,7 @@ impl Engine {
                     }
                 }
                 let coll = Coll {
+                    seq,
                     sched: schedule,
                     step: 0,
                     posted: false,
@@ -354,7 +359,7 @@ impl Engine {
                     id,
                     Op {
                         group,
-                        seq,
+                        seq: Some(seq),
                         fp,
                         reduce,
                         group_size,
@@ -401,8 +406,8 @@ impl Engine {
             return;
         };
         match &msg.header {
-            Header::Abort { cause, .. } => {
-                let cause = cause.clone();
+            Header::Abort { reason, .. } => {
+                let cause = reason.clone().into_error(gid);
                 // A lost peer heard of from another member before this rank noticed: the
                 // calls that talk to it fail with `PeerLost`, as if this rank had noticed.
                 if let Error::PeerLost { rank } = cause.root_cause() {
@@ -477,7 +482,7 @@ impl Engine {
                             detail: ProtocolError::Stale { seq },
                         }
                     } else {
-                        self.mismatch(gid, seq, ours, msg.src, *call)
+                        self.mismatch(gid, Some(seq), ours, msg.src, *call)
                     };
                     self.abort(gid, err, None, true);
                 } else if seq < g.forgotten_below {
@@ -545,7 +550,10 @@ impl Engine {
                 dst,
                 msg: Message {
                     src: self.rank,
-                    header: Header::Abort { group, cause },
+                    header: Header::Abort {
+                        group,
+                        reason: AbortReason::from(&cause),
+                    },
                     payload: Vec::new(),
                 },
             });
@@ -674,7 +682,7 @@ impl Engine {
     fn mismatch(
         &self,
         gid: GroupId,
-        seq: u64,
+        seq: Option<u64>,
         ours: Fingerprint,
         peer: usize,
         theirs: Fingerprint,
@@ -702,7 +710,7 @@ impl Engine {
             return;
         };
         if call != fp {
-            let err = self.mismatch(gid, seq, fp, msg.src, call);
+            let err = self.mismatch(gid, Some(seq), fp, msg.src, call);
             self.abort(gid, err.clone(), Some((id, err)), true);
             return;
         }
@@ -775,7 +783,7 @@ impl Engine {
                     }
                     let header = Header::Data {
                         group: op.group,
-                        seq: op.seq,
+                        seq: c.seq,
                         tag: s.tag,
                         call: op.fp,
                     };
@@ -788,7 +796,7 @@ impl Engine {
                             payload,
                         },
                     };
-                    g.flow.send(s.peer, op.seq, t, &mut out);
+                    g.flow.send(s.peer, c.seq, t, &mut out);
                 }
                 c.posted = true;
                 let gid = op.group;
@@ -840,8 +848,8 @@ impl Engine {
             return;
         };
         self.forget(&op, id);
-        if let Some(g) = self.groups.get_mut(&op.group) {
-            g.done.insert(op.seq, op.fp);
+        if let (Some(g), Some(seq)) = (self.groups.get_mut(&op.group), op.seq) {
+            g.done.insert(seq, op.fp);
             while g.done.len() > DONE_KEPT {
                 if let Some((s, _)) = g.done.pop_first() {
                     g.forgotten_below = g.forgotten_below.max(s + 1);
@@ -858,8 +866,10 @@ impl Engine {
     /// Removes a call's traces from its group's indexes.
     fn forget(&mut self, op: &Op, id: OpId) {
         if let Some(g) = self.groups.get_mut(&op.group) {
-            if g.active.get(&op.seq) == Some(&id) {
-                g.active.remove(&op.seq);
+            if let Some(seq) = op.seq {
+                if g.active.get(&seq) == Some(&id) {
+                    g.active.remove(&seq);
+                }
             }
             g.p2p_posted.retain(|&p| p != id);
         }
@@ -896,7 +906,7 @@ impl Engine {
                 if m != self.rank {
                     let header = Header::Abort {
                         group: gid,
-                        cause: root.clone(),
+                        reason: AbortReason::from(&root),
                     };
                     self.transmits.push_back(Transmit {
                         dst: m,
@@ -1091,7 +1101,7 @@ impl Engine {
             };
             let theirs = p2p_fp(OpKind::Send, dtype, count);
             if dtype != spec.dtype || Some(count) != spec.numel().ok().map(|n| n as u64) {
-                let err = self.mismatch(gid, u64::MAX, op.fp, msg.src, theirs);
+                let err = self.mismatch(gid, None, op.fp, msg.src, theirs);
                 self.ops.insert(rid, op);
                 self.abort(gid, err.clone(), Some((rid, err)), true);
                 return;

@@ -1,5 +1,6 @@
 //! Element types ([`DType`]) and the [`Element`] trait that ties a Rust type to one.
 
+use crate::op::{coded, CodeError};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -8,26 +9,33 @@ pub use half::{bf16, f16};
 /// The element type of a [`Tensor`](crate::Tensor), as torch names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
+#[repr(u8)]
 pub enum DType {
     /// IEEE 754 binary16 (`torch.float16`).
-    F16,
+    F16 = 1,
     /// bfloat16 (`torch.bfloat16`).
-    BF16,
+    BF16 = 2,
     /// `torch.float32`.
-    F32,
+    F32 = 3,
     /// `torch.float64`.
-    F64,
+    F64 = 4,
     /// `torch.int8`.
-    I8,
+    I8 = 5,
     /// `torch.uint8`.
-    U8,
+    U8 = 6,
     /// `torch.int32`.
-    I32,
+    I32 = 7,
     /// `torch.int64`.
-    I64,
+    I64 = 8,
     /// `torch.bool`, stored as one byte that is 0 or 1.
-    Bool,
+    Bool = 9,
 }
+
+coded!(
+    DType,
+    "dtype",
+    [F16, BF16, F32, F64, I8, U8, I32, I64, Bool]
+);
 
 impl DType {
     /// Every dtype, in declaration order (handy for test matrices).

@@ -28,6 +28,7 @@
 //! reference path).
 
 use crate::error::{Error, Result};
+use crate::op::ReduceKind;
 use crate::tensor::bytes_from_vec;
 use crate::tensor::dtype::{bf16, f16, DType};
 use crate::tensor::pool::Pool;
@@ -73,19 +74,24 @@ impl ReduceOp {
         ReduceOp::BXor,
     ];
 
-    /// A small stable code for fingerprints and frames.
-    pub fn code(self) -> u8 {
+    /// The op without its scalar, as fingerprints carry it.
+    pub fn kind(self) -> ReduceKind {
         match self {
-            ReduceOp::Sum => 1,
-            ReduceOp::Product => 2,
-            ReduceOp::Min => 3,
-            ReduceOp::Max => 4,
-            ReduceOp::Avg => 5,
-            ReduceOp::PremulSum(_) => 6,
-            ReduceOp::BAnd => 7,
-            ReduceOp::BOr => 8,
-            ReduceOp::BXor => 9,
+            ReduceOp::Sum => ReduceKind::Sum,
+            ReduceOp::Product => ReduceKind::Product,
+            ReduceOp::Min => ReduceKind::Min,
+            ReduceOp::Max => ReduceKind::Max,
+            ReduceOp::Avg => ReduceKind::Avg,
+            ReduceOp::PremulSum(_) => ReduceKind::PremulSum,
+            ReduceOp::BAnd => ReduceKind::BAnd,
+            ReduceOp::BOr => ReduceKind::BOr,
+            ReduceOp::BXor => ReduceKind::BXor,
         }
+    }
+
+    /// A small stable code for fingerprints and frames ([`ReduceKind::code`]).
+    pub fn code(self) -> u8 {
+        self.kind().code()
     }
 
     /// The scalar's bits (`PremulSum`), 0 otherwise.

@@ -75,8 +75,10 @@ use crate::engine::{Engine, OpId};
 use crate::error::{Error, Result};
 use crate::group::{CallOptions, GroupId, GroupInfo, GroupOptions};
 use crate::time::Time;
+use crate::wire::codec::{decode, encode, Limits};
+use crate::wire::link::{Link, LinkError, Outbox};
 use crate::wire::message::{Header, Transmit};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
@@ -145,11 +147,15 @@ pub struct SimOptions {
     /// Each observer learns of an isolation up to this much later than
     /// [`detect_after`](Self::detect_after) (seeded, per observer).
     pub detect_jitter: Duration,
+    /// Per mille of send attempts on which a rank's link to a peer says "would block": the
+    /// message waits in the link's [`Outbox`], in order, and is retried at every later step.
+    pub would_block_per_mille: u32,
 }
 
 impl Default for SimOptions {
     /// 10 µs latency, up to 5 µs jitter, one message in ten delayed by up to 200 µs, timed
-    /// delivery, isolation detected after one latency.
+    /// delivery, isolation detected after one latency, links that would block on one send
+    /// attempt in ten.
     fn default() -> Self {
         SimOptions {
             delivery: Delivery::Timed,
@@ -159,6 +165,7 @@ impl Default for SimOptions {
             max_delay: Duration::from_micros(200),
             detect_after: Duration::from_micros(10),
             detect_jitter: Duration::ZERO,
+            would_block_per_mille: 100,
         }
     }
 }
@@ -281,7 +288,9 @@ fn header_text(h: &Header, with_call: bool) -> String {
             let how = if *eager { "eager" } else { "solicited" };
             format!("p2p g={group} tag={tag} #{seq} {dtype}x{count} {how}")
         }
-        Header::Abort { group, cause } if with_call => format!("abort g={group}: {cause}"),
+        Header::Abort { group, reason } if with_call => {
+            format!("abort g={group}: {}", reason.clone().into_error(*group))
+        }
         Header::Abort { group, .. } => format!("abort g={group}"),
         Header::Credit { group, calls } => format!("credit g={group} calls={calls}"),
         Header::WantCredit { group, seq } => format!("want-credit g={group} #{seq}"),
@@ -358,6 +367,8 @@ enum Next {
     Detect(usize),
     Deadline(Time),
     Deliver(usize),
+    /// Retry the links that said "would block".
+    Flush(Time),
 }
 
 /// Sort key of an engine's outgoing messages: destination and header, never emission order.
@@ -424,7 +435,57 @@ pub struct Sim {
     trace: Vec<TraceEntry>,
     watches: HashMap<(usize, OpId), Watch>,
     watched: HashMap<(usize, GroupId, u64), OpId>,
+    /// Each (source, destination) link's outbox: messages its link refused ("would block").
+    links: BTreeMap<(usize, usize), Outbox<Transmit>>,
+    /// When the links with messages waiting are retried (one latency after they refused).
+    retry_links: Option<Time>,
+    /// Frames that went through the codec, and send attempts a link refused.
+    stats: LinkStats,
     seed: u64,
+}
+
+/// What went through a simulator's links.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Messages encoded into frames and decoded back.
+    pub frames: u64,
+    /// Send attempts a link refused with "would block".
+    pub would_block: u64,
+}
+
+/// A simulated link: says "would block" at random; what it takes goes to `out`.
+struct SimLink<'a> {
+    rng: &'a mut Rng,
+    per_mille: u32,
+    out: &'a mut Vec<Transmit>,
+    refused: &'a mut u64,
+}
+
+impl Link<Transmit> for SimLink<'_> {
+    fn try_send(&mut self, t: Transmit) -> std::result::Result<(), LinkError<Transmit>> {
+        if self.rng.below(1000) < self.per_mille as usize {
+            *self.refused += 1;
+            return Err(LinkError::WouldBlock(t));
+        }
+        self.out.push(t);
+        Ok(())
+    }
+}
+
+/// The message as a transport would deliver it: encoded into a frame, decoded from one
+/// contiguous buffer, the source stamped from the link. A failure is a codec bug.
+fn through_the_wire(t: Transmit) -> Transmit {
+    let mut buf = encode(&t.msg).to_contiguous();
+    match decode(&mut buf, &Limits::default()) {
+        Ok(Some(d)) if buf.is_empty() => Transmit {
+            dst: t.dst,
+            msg: d.into_message(t.msg.src),
+        },
+        other => panic!(
+            "codec: a frame of {:?} came back as {other:?}",
+            t.msg.header
+        ),
+    }
 }
 
 impl Sim {
@@ -456,6 +517,9 @@ impl Sim {
             trace: Vec::new(),
             watches: HashMap::new(),
             watched: HashMap::new(),
+            links: BTreeMap::new(),
+            retry_links: None,
+            stats: LinkStats::default(),
             seed,
         };
         for r in 0..n {
@@ -464,6 +528,11 @@ impl Sim {
             }
         }
         sim
+    }
+
+    /// What went through the links so far: frames through the codec, "would block" refusals.
+    pub fn link_stats(&self) -> LinkStats {
+        self.stats
     }
 
     /// Rank `rank`'s engine (to inspect its queues).
@@ -753,6 +822,11 @@ impl Sim {
 
     /// Drops every message in flight to or from `rank`.
     fn drop_in_flight(&mut self, rank: usize) {
+        for ((src, dst), o) in &mut self.links {
+            if *src == rank || *dst == rank {
+                o.clear();
+            }
+        }
         let mut kept = Vec::with_capacity(self.in_flight.len());
         for f in std::mem::take(&mut self.in_flight) {
             if f.t.dst == rank || f.t.msg.src == rank {
@@ -786,17 +860,19 @@ impl Sim {
                 });
                 continue;
             }
-            let mut extra = self.rng.up_to(self.opts.jitter);
-            if self.rng.below(1000) < self.opts.delayed_per_mille as usize {
-                extra += self.rng.up_to(self.opts.max_delay);
+            let mut taken = Vec::new();
+            let mut link = SimLink {
+                rng: &mut self.rng,
+                per_mille: self.opts.would_block_per_mille,
+                out: &mut taken,
+                refused: &mut self.stats.would_block,
+            };
+            // A simulated link never closes (losses are modelled by isolate and kill).
+            let _ = self.links.entry((src, dst)).or_default().send(&mut link, t);
+            for t in taken {
+                self.put_in_flight(t);
             }
-            let tiebreak = self.rng.next_u64();
-            self.in_flight.push(Flight {
-                at: self.now + self.opts.latency + extra,
-                sent: self.now,
-                tiebreak,
-                t,
-            });
+            self.schedule_retry();
         }
         while let Some(ev) = self.engines[rank].poll_event() {
             self.log(TraceEvent::Done {
@@ -810,6 +886,55 @@ impl Sim {
             self.completed_at.insert((rank, ev.op), self.now);
             self.results.insert((rank, ev.op), ev.result);
         }
+    }
+
+    /// A message a link took: through the codec, then in flight with its latency.
+    fn put_in_flight(&mut self, t: Transmit) {
+        let t = through_the_wire(t);
+        self.stats.frames += 1;
+        let mut extra = self.rng.up_to(self.opts.jitter);
+        if self.rng.below(1000) < self.opts.delayed_per_mille as usize {
+            extra += self.rng.up_to(self.opts.max_delay);
+        }
+        let tiebreak = self.rng.next_u64();
+        self.in_flight.push(Flight {
+            at: self.now + self.opts.latency + extra,
+            sent: self.now,
+            tiebreak,
+            t,
+        });
+    }
+
+    /// Retries every link with messages waiting; returns how many went.
+    fn flush_links(&mut self) -> usize {
+        let mut taken = Vec::new();
+        for outbox in self.links.values_mut().filter(|o| !o.is_empty()) {
+            let mut link = SimLink {
+                rng: &mut self.rng,
+                per_mille: self.opts.would_block_per_mille,
+                out: &mut taken,
+                refused: &mut self.stats.would_block,
+            };
+            let _ = outbox.flush(&mut link);
+        }
+        let n = taken.len();
+        for t in taken {
+            self.put_in_flight(t);
+        }
+        n
+    }
+
+    /// Retries the waiting links one latency from now (if none is scheduled earlier).
+    fn schedule_retry(&mut self) {
+        if self.waiting_in_links() {
+            let at = self.now + self.opts.latency.max(Duration::from_nanos(1));
+            self.retry_links = Some(self.retry_links.map_or(at, |r| r.min(at)));
+        }
+    }
+
+    /// Messages waiting in links that said "would block".
+    fn waiting_in_links(&self) -> bool {
+        self.links.values().any(|o| !o.is_empty())
     }
 
     /// Records a collective message in the watch of the call it is for.
@@ -833,7 +958,8 @@ impl Sim {
 
     /// Whether [`next`](Self::next) has something to do (without drawing a random number).
     fn has_work(&self, deadlines: bool) -> bool {
-        !self.in_flight.is_empty()
+        self.retry_links.is_some()
+            || !self.in_flight.is_empty()
             || !self.detections.is_empty()
             || (deadlines
                 && (0..self.size())
@@ -848,6 +974,7 @@ impl Sim {
             .enumerate()
             .min_by_key(|(_, d)| (d.at, d.tiebreak))
             .map(|(i, d)| (d.at, Next::Detect(i)));
+        let flush = self.retry_links.map(|t| (t, Next::Flush(t)));
         let deadline = if deadlines {
             (0..self.size())
                 .filter(|r| !self.dead.contains(r))
@@ -866,8 +993,8 @@ impl Sim {
                     .min_by_key(|(_, f)| (f.at, f.tiebreak))
                     .map(|(i, f)| (f.at, Next::Deliver(i)));
                 // On a tie, failures are detected first, then deadlines fire, then messages
-                // arrive.
-                [detect, deadline, deliver]
+                // arrive, then links are retried.
+                [detect, deadline, deliver, flush]
                     .into_iter()
                     .enumerate()
                     .filter_map(|(prio, c)| c.map(|(t, n)| (t, prio, n)))
@@ -876,6 +1003,9 @@ impl Sim {
             }
             Delivery::AnyOrder => match detect {
                 Some((t, n)) if t <= self.now => Some(n),
+                _ if flush.is_some() && (self.in_flight.is_empty() || self.rng.below(4) == 0) => {
+                    flush.map(|(_, n)| n)
+                }
                 _ if !self.in_flight.is_empty() => {
                     Some(Next::Deliver(self.rng.below(self.in_flight.len())))
                 }
@@ -891,6 +1021,13 @@ impl Sim {
     fn advance(&mut self, deadlines: bool) -> bool {
         match self.next(deadlines) {
             None => false,
+            Some(Next::Flush(t)) => {
+                self.now = self.now.max(t);
+                self.retry_links = None;
+                self.flush_links();
+                self.schedule_retry();
+                true
+            }
             Some(Next::Detect(i)) => {
                 let d = self.detections.swap_remove(i);
                 self.now = self.now.max(d.at);

@@ -2,15 +2,15 @@
 //! sequence number in that group, a tag naming the step, and the fingerprint of the call;
 //! the payload travels as raw byte parts (one per chunk), never through serde.
 
-use crate::collective::Fingerprint;
-use crate::error::Error;
-use crate::group::GroupId;
+use crate::error::{CallDesc, Error, ProtocolError};
+use crate::ids::{Fingerprint, GroupId};
+use crate::op::OpKind;
 use crate::tensor::dtype::DType;
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
-/// The header of a message (serde-encodable, for transports that frame it).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The header of a message; [`crate::wire::codec`] frames it for transports that carry
+/// bytes.
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum Header {
     /// A step of a collective.
@@ -74,12 +74,12 @@ pub enum Header {
         /// Eager messages consumed.
         eager: u64,
     },
-    /// The sender aborted the group because of `cause`.
+    /// The sender aborted the group because of `reason`.
     Abort {
         /// The group.
         group: GroupId,
         /// Why.
-        cause: Error,
+        reason: AbortReason,
     },
 }
 
@@ -98,10 +98,142 @@ impl Header {
     }
 }
 
+/// Why a rank aborted a group, as it travels: a wire type of its own, so that the public
+/// [`Error`] can change without changing the protocol. Ranks are global.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AbortReason {
+    /// Two ranks' calls disagreed ([`Error::Mismatch`]).
+    Mismatch {
+        /// The call's sequence number (`None`: point-to-point).
+        seq: Option<u64>,
+        /// The aborting rank's call.
+        ours: CallDesc,
+        /// The peer's call.
+        theirs: CallDesc,
+    },
+    /// A call timed out ([`Error::Timeout`]).
+    Timeout {
+        /// The call's sequence number (`None`: point-to-point).
+        seq: Option<u64>,
+        /// What the call was.
+        op: OpKind,
+        /// The rank that timed out.
+        rank: u64,
+        /// The ranks it was waiting for.
+        waiting_for: Vec<u64>,
+    },
+    /// A rank was lost ([`Error::PeerLost`]).
+    PeerLost {
+        /// The lost rank.
+        rank: u64,
+    },
+    /// A rank shut down with messages held ([`Error::PeerShutdown`]).
+    PeerShutdown {
+        /// The rank.
+        rank: u64,
+        /// Messages it held.
+        undelivered: u64,
+    },
+    /// A rank broke the protocol ([`Error::Protocol`]).
+    Protocol {
+        /// The offending rank.
+        rank: u64,
+        /// What was wrong.
+        detail: ProtocolError,
+    },
+    /// Any other failure, in words.
+    Other {
+        /// The failure's text.
+        text: String,
+    },
+}
+
+impl From<&Error> for AbortReason {
+    fn from(e: &Error) -> AbortReason {
+        match e.root_cause() {
+            Error::Mismatch {
+                seq, ours, theirs, ..
+            } => AbortReason::Mismatch {
+                seq: *seq,
+                ours: ours.clone(),
+                theirs: theirs.clone(),
+            },
+            Error::Timeout {
+                seq,
+                op,
+                rank,
+                waiting_for,
+                ..
+            } => AbortReason::Timeout {
+                seq: *seq,
+                op: *op,
+                rank: *rank as u64,
+                waiting_for: waiting_for.iter().map(|&r| r as u64).collect(),
+            },
+            Error::PeerLost { rank } => AbortReason::PeerLost { rank: *rank as u64 },
+            Error::PeerShutdown { rank, undelivered } => AbortReason::PeerShutdown {
+                rank: *rank as u64,
+                undelivered: *undelivered as u64,
+            },
+            Error::Protocol { rank, detail } => AbortReason::Protocol {
+                rank: *rank as u64,
+                detail: detail.clone(),
+            },
+            other => AbortReason::Other {
+                text: other.to_string(),
+            },
+        }
+    }
+}
+
+impl AbortReason {
+    /// The error a rank reports for a group aborted for this reason (`group`: the group).
+    pub fn into_error(self, group: GroupId) -> Error {
+        let rank = |r: u64| usize::try_from(r).unwrap_or(usize::MAX);
+        match self {
+            AbortReason::Mismatch { seq, ours, theirs } => Error::Mismatch {
+                group,
+                seq,
+                ours,
+                theirs,
+            },
+            AbortReason::Timeout {
+                seq,
+                op,
+                rank: r,
+                waiting_for,
+            } => Error::Timeout {
+                group,
+                seq,
+                op,
+                rank: rank(r),
+                waiting_for: waiting_for.into_iter().map(rank).collect(),
+            },
+            AbortReason::PeerLost { rank: r } => Error::PeerLost { rank: rank(r) },
+            AbortReason::PeerShutdown {
+                rank: r,
+                undelivered,
+            } => Error::PeerShutdown {
+                rank: rank(r),
+                undelivered: rank(undelivered),
+            },
+            AbortReason::Protocol { rank: r, detail } => Error::Protocol {
+                rank: rank(r),
+                detail,
+            },
+            // What has no variant of its own travels in words; until the error taxonomy
+            // (issue 9) gives it a home it reads as the argument error it was on the sender.
+            AbortReason::Other { text } => Error::InvalidArgument(text),
+        }
+    }
+}
+
 /// A message from global rank `src`.
 #[derive(Clone, Debug)]
 pub struct Message {
-    /// Sender (global rank).
+    /// Sender (global rank). A transport sets it from the link the message came on, never
+    /// from the message's bytes.
     pub src: usize,
     /// Header.
     pub header: Header,

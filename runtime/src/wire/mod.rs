@@ -1,6 +1,10 @@
 //! What travels between ranks: message headers ([`message`]) and, for transports that carry
 //! bytes, the frames they are encoded in ([`codec`]).
 
+pub mod codec;
+pub mod link;
 pub mod message;
 
-pub use message::{Header, Message, Transmit};
+pub use codec::{decode, encode, DecodeError, Decoded, Frame, Limits};
+pub use link::{Closed, Link, LinkError, Outbox};
+pub use message::{AbortReason, Header, Message, Transmit};

@@ -16,12 +16,13 @@ pub(crate) mod worker;
 
 use crate::comm::Communicator;
 use crate::work::Work;
-use collectix_runtime::collective::{Fingerprint, PATH_NCCL};
 use collectix_runtime::error::CallDesc;
+use collectix_runtime::ids::FINGERPRINT_BYTES;
 use collectix_runtime::{
     CallOptions, DType, Device, DeviceError, DeviceStorage, Error, Output, Plan, Request, Result,
     Tensor, TensorSpec,
 };
+use collectix_runtime::{DataPath, Fingerprint};
 use cudarc::driver::{CudaContext, CudaSlice, DriverError};
 use std::sync::Arc;
 use worker::{Call, Init, Job};
@@ -212,25 +213,20 @@ pub(crate) fn upload(host: &Tensor, ordinal: u32) -> Result<Tensor> {
     Tensor::from_device_storage(Arc::new(storage), host.dtype(), host.shape())
 }
 
-/// Words of the agreement step per rank: the fingerprint (bincode, zero-padded), the call's
-/// NCCL ordinal, a status, and rank 0's NCCL id on the group's first NCCL call.
+/// Words of the agreement step per rank: the fingerprint (its wire encoding, zero-padded),
+/// the call's NCCL ordinal, a status, and rank 0's NCCL id on the group's first NCCL call.
 const FP_BYTES: usize = 64;
 const HANDSHAKE_BYTES: usize = FP_BYTES + 8 + 8 + 128;
 
 fn encode_fp(fp: &Fingerprint) -> Result<[u8; FP_BYTES]> {
-    let v = bincode::serde::encode_to_vec(fp, bincode::config::standard())
-        .map_err(|e| Error::Serialization(e.to_string()))?;
     let mut out = [0u8; FP_BYTES];
-    out.get_mut(..v.len())
-        .ok_or_else(|| Error::invalid("internal: fingerprint too long"))?
-        .copy_from_slice(&v);
+    out[..FINGERPRINT_BYTES].copy_from_slice(&fp.to_bytes());
     Ok(out)
 }
 
 fn decode_fp(b: &[u8]) -> Option<Fingerprint> {
-    bincode::serde::decode_from_slice(b, bincode::config::standard())
-        .ok()
-        .map(|(fp, _)| fp)
+    let bytes: &[u8; FINGERPRINT_BYTES] = b.get(..FINGERPRINT_BYTES)?.try_into().ok()?;
+    Fingerprint::from_bytes(bytes).ok()
 }
 
 /// One rank's part of the agreement step, as it arrived.
@@ -326,7 +322,7 @@ pub(crate) fn call<T: Send + 'static>(
         output: TensorSpec::new(&[size * HANDSHAKE_BYTES], DType::U8),
     };
     let plan = match Plan::new(req, info, opts) {
-        Ok(p) => p.with_path(PATH_NCCL),
+        Ok(p) => p.with_path(DataPath::Nccl),
         Err(e) => return comm.ready(Err(e)),
     };
     let (done, work) = Work::pair(comm.rank.rank_threads.clone(), map);
@@ -355,7 +351,7 @@ pub(crate) fn call<T: Send + 'static>(
                         let their_fp = decode_fp(&theirs.fp_bytes).unwrap_or(fp);
                         return Err(Error::Mismatch {
                             group,
-                            seq,
+                            seq: Some(seq),
                             ours: CallDesc {
                                 rank: members.get(me).copied().unwrap_or(me),
                                 call: fp,

@@ -9,10 +9,10 @@
 
 use super::nccl::{Comm, RawStream, RedOp};
 use super::{cuda_err, storage_of, CudaStorage};
-use collectix_runtime::collective::{Fingerprint, COUNT_VARIES, NO_ROOT, PATH_NCCL};
 use collectix_runtime::{
     DType, DeviceError, Error, OpKind, Output, ReduceOp, Request, Result, Tensor, TensorSpec,
 };
+use collectix_runtime::{DataPath, Fingerprint};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use std::ffi::c_int;
 use std::ops::Range;
@@ -124,22 +124,22 @@ pub(crate) enum Op {
     },
 }
 
+/// The fingerprint of a call on the NCCL path (`count`: `None` where ranks' sizes may
+/// differ; NCCL picks its own algorithm).
 fn fingerprint(
     kind: OpKind,
     dtype: DType,
-    count: u64,
+    count: impl Into<Option<u64>>,
     root: Option<usize>,
     op: Option<ReduceOp>,
 ) -> Fingerprint {
     Fingerprint {
-        kind,
-        dtype,
-        count,
-        root: root.map_or(NO_ROOT, |r| r as u32),
-        op: op.map_or(0, ReduceOp::code),
+        count: count.into(),
+        root: root.map(|r| r as u32),
+        op: op.map(ReduceOp::kind),
         scalar: op.map_or(0, ReduceOp::scalar_bits),
-        algorithm: 0,
-        path: PATH_NCCL,
+        path: DataPath::Nccl,
+        ..Fingerprint::new(kind, dtype)
     }
 }
 
@@ -317,7 +317,7 @@ pub(crate) fn plan(
                 ));
             }
             let bytes: Vec<usize> = outputs.iter().map(spec_bytes).collect::<Result<_>>()?;
-            let fp = fingerprint(OpKind::AllGather, input.dtype(), COUNT_VARIES, None, None);
+            let fp = fingerprint(OpKind::AllGather, input.dtype(), None, None, None);
             let equal = bytes.iter().all(|&b| b == input.nbytes());
             let rs = ranges(&bytes)?;
             let finish = Finish::Split(
@@ -511,7 +511,7 @@ pub(crate) fn plan(
                     return Err(Error::invalid("all_to_all: inputs of different dtypes"));
                 }
             }
-            let fp = fingerprint(OpKind::AllToAll, dtype, COUNT_VARIES, None, None);
+            let fp = fingerprint(OpKind::AllToAll, dtype, None, None, None);
             let bytes: Vec<usize> = outputs.iter().map(spec_bytes).collect::<Result<_>>()?;
             let rs = ranges(&bytes)?;
             let finish = Finish::Split(
@@ -581,13 +581,7 @@ pub(crate) fn plan(
             };
             let ins = ranges(&split(input.shape(), input_splits, "input")?)?;
             let outs = ranges(&split(&output.shape, output_splits, "output")?)?;
-            let fp = fingerprint(
-                OpKind::AllToAllSingle,
-                input.dtype(),
-                COUNT_VARIES,
-                None,
-                None,
-            );
+            let fp = fingerprint(OpKind::AllToAllSingle, input.dtype(), None, None, None);
             let pieces = ins.into_iter().map(|i| (input.clone(), i)).collect();
             let out_bytes = spec_bytes(&output)?;
             let finish = Finish::Whole(output.shape);

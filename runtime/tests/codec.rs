@@ -1,0 +1,306 @@
+//! The wire codec: every message kind round-trips; arbitrary bytes, truncations and bit flips
+//! of valid frames decode to a frame, "need more bytes" or a typed error, never a panic; and
+//! no length from the wire makes the decoder allocate beyond its limits.
+
+use bytes::{Bytes, BytesMut};
+use collectix_runtime::error::{CallDesc, ProtocolError};
+use collectix_runtime::wire::{decode, encode, AbortReason, DecodeError, Header, Limits, Message};
+use collectix_runtime::{Algorithm, DType, DataPath, Fingerprint, GroupId, OpKind, ReduceKind};
+use proptest::prelude::*;
+
+fn fingerprint() -> impl Strategy<Value = Fingerprint> {
+    (
+        0usize..15,
+        0usize..DType::ALL.len(),
+        proptest::option::of(any::<u64>()),
+        proptest::option::of(any::<u32>()),
+        proptest::option::of(1u8..=9),
+        any::<u64>(),
+        proptest::option::of(0usize..Algorithm::ALL.len()),
+        any::<bool>(),
+    )
+        .prop_map(|(k, d, count, root, op, scalar, alg, nccl)| Fingerprint {
+            kind: OpKind::try_from(k as u8 + 1).unwrap_or(OpKind::Barrier),
+            dtype: DType::ALL[d],
+            count,
+            root,
+            op: op.and_then(|c| ReduceKind::try_from(c).ok()),
+            scalar,
+            algorithm: alg.map(|a| Algorithm::ALL[a]),
+            path: if nccl {
+                DataPath::Nccl
+            } else {
+                DataPath::Engine
+            },
+        })
+}
+
+fn protocol_error() -> impl Strategy<Value = ProtocolError> {
+    prop_oneof![
+        (any::<u64>(), any::<u32>())
+            .prop_map(|(seq, tag)| ProtocolError::UnexpectedTag { seq, tag }),
+        (any::<u64>(), any::<u32>()).prop_map(|(seq, tag)| ProtocolError::Duplicate { seq, tag }),
+        (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(part, expected, got)| {
+            ProtocolError::Length {
+                part: part as usize,
+                expected,
+                got,
+            }
+        }),
+        (any::<u32>(), any::<u32>()).prop_map(|(e, g)| ProtocolError::Parts {
+            expected: e as usize,
+            got: g as usize
+        }),
+        (0usize..DType::ALL.len()).prop_map(|d| ProtocolError::InvalidElements {
+            dtype: DType::ALL[d]
+        }),
+        any::<u64>().prop_map(|seq| ProtocolError::Stale { seq }),
+        any::<u64>().prop_map(|seq| ProtocolError::Window { seq }),
+        ".{0,40}".prop_map(ProtocolError::Malformed),
+    ]
+}
+
+fn reason() -> impl Strategy<Value = AbortReason> {
+    let call = || {
+        (any::<u32>(), fingerprint()).prop_map(|(rank, call)| CallDesc {
+            rank: rank as usize,
+            call,
+        })
+    };
+    prop_oneof![
+        (proptest::option::of(any::<u64>()), call(), call())
+            .prop_map(|(seq, ours, theirs)| AbortReason::Mismatch { seq, ours, theirs }),
+        (
+            proptest::option::of(any::<u64>()),
+            0u8..15,
+            any::<u64>(),
+            proptest::collection::vec(any::<u64>(), 0..8)
+        )
+            .prop_map(|(seq, k, rank, waiting_for)| AbortReason::Timeout {
+                seq,
+                op: OpKind::try_from(k + 1).unwrap_or(OpKind::Barrier),
+                rank,
+                waiting_for,
+            }),
+        any::<u64>().prop_map(|rank| AbortReason::PeerLost { rank }),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(rank, undelivered)| AbortReason::PeerShutdown { rank, undelivered }),
+        (any::<u64>(), protocol_error())
+            .prop_map(|(rank, detail)| AbortReason::Protocol { rank, detail }),
+        ".{0,60}".prop_map(|text| AbortReason::Other { text }),
+    ]
+}
+
+fn header() -> impl Strategy<Value = Header> {
+    let g = || any::<u64>().prop_map(GroupId);
+    prop_oneof![
+        (g(), any::<u64>(), any::<u32>(), fingerprint()).prop_map(|(group, seq, tag, call)| {
+            Header::Data {
+                group,
+                seq,
+                tag,
+                call,
+            }
+        }),
+        (
+            g(),
+            any::<u32>(),
+            any::<u64>(),
+            0usize..DType::ALL.len(),
+            any::<u64>(),
+            any::<bool>()
+        )
+            .prop_map(|(group, tag, seq, d, count, eager)| Header::P2p {
+                group,
+                tag,
+                seq,
+                dtype: DType::ALL[d],
+                count,
+                eager,
+            }),
+        (g(), any::<u64>()).prop_map(|(group, calls)| Header::Credit { group, calls }),
+        (g(), any::<u64>()).prop_map(|(group, seq)| Header::WantCredit { group, seq }),
+        (g(), any::<u32>(), any::<u64>()).prop_map(|(group, tag, upto)| Header::P2pGrant {
+            group,
+            tag,
+            upto
+        }),
+        (g(), any::<u64>()).prop_map(|(group, eager)| Header::P2pConsumed { group, eager }),
+        (g(), reason()).prop_map(|(group, reason)| Header::Abort { group, reason }),
+    ]
+}
+
+fn message() -> impl Strategy<Value = Message> {
+    (
+        header(),
+        proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..5),
+    )
+        .prop_map(|(header, parts)| Message {
+            src: 0,
+            header,
+            payload: parts.into_iter().map(Bytes::from).collect(),
+        })
+}
+
+/// Decodes every frame in `bytes`; stops at the first error or when more bytes are needed.
+fn decode_all(bytes: &[u8]) -> Result<usize, DecodeError> {
+    let mut buf = BytesMut::from(bytes);
+    let limits = Limits {
+        max_parts: 64,
+        max_payload_bytes: 1 << 20,
+    };
+    let mut n = 0;
+    while decode(&mut buf, &limits)?.is_some() {
+        n += 1;
+    }
+    Ok(n)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn every_message_round_trips(msg in message(), src in 0usize..64) {
+        let frame = encode(&msg);
+        let mut buf = frame.to_contiguous();
+        // A second frame behind it: decoding takes exactly one.
+        buf.extend_from_slice(&encode(&msg).to_contiguous());
+        let got = decode(&mut buf, &Limits::default()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let got = got.ok_or_else(|| TestCaseError::fail("incomplete"))?.into_message(src);
+        prop_assert_eq!(&got.header, &msg.header);
+        prop_assert_eq!(&got.payload, &msg.payload);
+        prop_assert_eq!(got.src, src);
+        prop_assert_eq!(buf.len(), frame.len());
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = decode_all(&bytes);
+    }
+
+    #[test]
+    fn arbitrary_bytes_after_a_valid_prefix_never_panic(
+        kind in 1u8..=7,
+        header_len in 0u32..200,
+        parts in 0u32..4,
+        rest in proptest::collection::vec(any::<u8>(), 0..300),
+    ) {
+        let mut b = Vec::from(*b"CX\x01");
+        b.push(kind);
+        b.extend_from_slice(&header_len.to_le_bytes());
+        b.extend_from_slice(&parts.to_le_bytes());
+        b.extend_from_slice(&rest);
+        let _ = decode_all(&b);
+    }
+
+    #[test]
+    fn truncated_frames_ask_for_more_and_never_panic(msg in message(), cut in any::<prop::sample::Index>()) {
+        let full = encode(&msg).to_contiguous();
+        let n = cut.index(full.len());
+        let mut buf = BytesMut::from(&full[..n]);
+        let r = decode(&mut buf, &Limits::default());
+        prop_assert!(matches!(r, Ok(None)), "{n} of {} bytes: {r:?}", full.len());
+        prop_assert_eq!(buf.len(), n, "an incomplete frame leaves the buffer untouched");
+    }
+
+    #[test]
+    fn flipped_bits_never_panic(msg in message(), at in any::<prop::sample::Index>(), bit in 0u8..8) {
+        let mut full = encode(&msg).to_contiguous();
+        let i = at.index(full.len());
+        full[i] ^= 1 << bit;
+        let _ = decode_all(&full);
+    }
+}
+
+#[test]
+fn lengths_beyond_the_limits_are_refused_before_allocating() {
+    let limits = Limits {
+        max_parts: 4,
+        max_payload_bytes: 1 << 10,
+    };
+    // 2^32 - 1 parts.
+    let mut b = BytesMut::from(&b"CX\x01\x01\x00\x00\x00\x00\xff\xff\xff\xff"[..]);
+    assert!(matches!(
+        decode(&mut b, &limits),
+        Err(DecodeError::TooLarge {
+            what: "payload part count",
+            ..
+        })
+    ));
+    // One part of 2^62 bytes.
+    let mut b = BytesMut::from(&b"CX\x01\x01\x00\x00\x00\x00\x01\x00\x00\x00"[..]);
+    b.extend_from_slice(&(1u64 << 62).to_le_bytes());
+    assert!(matches!(
+        decode(&mut b, &limits),
+        Err(DecodeError::TooLarge {
+            what: "payload length",
+            ..
+        })
+    ));
+    // A header of 4 GiB.
+    let mut b = BytesMut::from(&b"CX\x01\x01\xff\xff\xff\xff\x00\x00\x00\x00"[..]);
+    assert!(matches!(
+        decode(&mut b, &limits),
+        Err(DecodeError::TooLarge {
+            what: "header length",
+            ..
+        })
+    ));
+    // Wrong magic, version, kind.
+    for (bytes, want) in [
+        (&b"XX\x01\x01"[..], "magic"),
+        (
+            &b"CX\x02\x01\x00\x00\x00\x00\x00\x00\x00\x00"[..],
+            "version",
+        ),
+        (&b"CX\x01\x09\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
+    ] {
+        let mut b = BytesMut::from(bytes);
+        let e = decode(&mut b, &limits).err();
+        assert!(
+            e.as_ref().is_some_and(|e| e.to_string().contains(want)),
+            "{want}: {e:?}"
+        );
+    }
+}
+
+#[test]
+fn a_header_with_trailing_bytes_or_a_bad_code_is_an_error() {
+    let msg = Message {
+        src: 0,
+        header: Header::Credit {
+            group: GroupId(1),
+            calls: 2,
+        },
+        payload: Vec::new(),
+    };
+    let frame = encode(&msg).to_contiguous();
+    // One more header byte, declared in the header length.
+    let mut b = frame.clone();
+    b[4] += 1;
+    b.extend_from_slice(&[0]);
+    assert_eq!(
+        decode(&mut b, &Limits::default()),
+        Err(DecodeError::Trailing(1))
+    );
+    // A p2p header whose dtype code names nothing.
+    let p2p = Message {
+        src: 0,
+        header: Header::P2p {
+            group: GroupId(1),
+            tag: 0,
+            seq: 0,
+            dtype: DType::F32,
+            count: 0,
+            eager: true,
+        },
+        payload: Vec::new(),
+    };
+    let mut b = encode(&p2p).to_contiguous();
+    let dtype_at = 12 + 8 + 4 + 8;
+    b[dtype_at] = 0;
+    assert!(matches!(
+        decode(&mut b, &Limits::default()),
+        Err(DecodeError::Code(_))
+    ));
+}
