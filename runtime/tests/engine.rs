@@ -425,3 +425,54 @@ fn messages_for_groups_not_yet_created_are_bounded_per_peer() {
     );
     assert!(b.orphaned() > 0);
 }
+
+#[test]
+fn a_reduce_step_in_a_call_without_an_op_is_an_internal_error_not_a_sum() {
+    // Issue 8: the engine used to reduce with Sum when a plan had no op.
+    use collectix_runtime::schedule::{Action, Layout, RecvOp, Schedule};
+    let mut s = Schedule::new(Layout::blocks(&[1]));
+    s.step(
+        Vec::new(),
+        vec![RecvOp {
+            peer: 0,
+            tag: 1,
+            chunks: 0..1,
+            action: Action::Reduce {
+                remote_first: false,
+            },
+        }],
+    );
+    let fp = Fingerprint {
+        count: Some(1),
+        ..Fingerprint::new(collectix_runtime::OpKind::AllReduce, DType::F32)
+    };
+    let plan = Plan::from_schedule(
+        fp,
+        s,
+        vec![Some(f32_bytes(&[1.0]))],
+        Duration::from_secs(1),
+        W,
+    );
+    let mut e = engine(1);
+    let id = e.submit(GroupId::WORLD, 0, plan, Time::ZERO);
+    e.handle_message(
+        Message {
+            src: 0,
+            header: Header::Data {
+                group: GroupId::WORLD,
+                seq: 0,
+                tag: 1,
+                call: fp,
+            },
+            payload: vec![f32_bytes(&[2.0])],
+        },
+        Time::ZERO,
+    );
+    let ev = events(&mut e);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].op, id);
+    match &ev[0].result {
+        Err(e) => assert!(e.to_string().contains("internal"), "{e}"),
+        Ok(out) => panic!("reduced without an op: {out:?}"),
+    }
+}

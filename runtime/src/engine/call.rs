@@ -1,0 +1,261 @@
+//! The call interpreter: a collective's schedule run step by step — its sends posted (through
+//! flow control), its receives checked and stored, its chunks reduced — until it finishes and
+//! its output is assembled ([`super::output`]).
+
+use super::flow::FlowOut;
+use super::output::{build_output, check_payload};
+use super::{Engine, Event, Op, OpId, State, DONE_KEPT};
+use crate::error::{Error, ProtocolError};
+use crate::ids::GroupId;
+use crate::schedule::Action;
+use crate::tensor::reduce;
+use crate::time::Time;
+use crate::wire::message::{Header, Message, Transmit};
+
+impl Engine {
+    /// Starts collective call `id` (its op is `op`, in state [`State::Coll`]): registers its
+    /// sequence number, delivers what arrived for it early, and runs it as far as it can go.
+    pub(super) fn submit_collective(&mut self, id: OpId, op: Op, now: Time) {
+        let (group, seq) = (op.group, op.seq.unwrap_or_default());
+        let Some(g) = self.groups.get_mut(&group) else {
+            return;
+        };
+        if g.active.contains_key(&seq) || g.done.contains_key(&seq) || seq < g.forgotten_below {
+            let e = Error::invalid(format!(
+                "sequence number {seq} of group {group} was already used"
+            ));
+            self.events.push_back(Event {
+                op: id,
+                result: Err(e),
+            });
+            return;
+        }
+        g.active.insert(seq, id);
+        let mut out = Vec::new();
+        g.flow.on_made(seq, &mut out);
+        let early = g.unexpected.remove(&seq).unwrap_or_default();
+        self.ops.insert(id, op);
+        self.emit(group, out);
+        for m in early {
+            if self.ops.contains_key(&id) {
+                self.deliver(id, m);
+            } else {
+                // The call already finished (or failed): what is left is checked like any
+                // late message (a duplicate is a protocol error, never dropped).
+                self.handle_message(m, now);
+            }
+        }
+        if self.ops.contains_key(&id) {
+            self.progress(id);
+        }
+    }
+
+    /// Routes a collective message to call `id`, checking it first.
+    pub(super) fn deliver(&mut self, id: OpId, msg: Message) {
+        let Some((gid, fp)) = self.ops.get(&id).map(|op| (op.group, op.fp)) else {
+            return;
+        };
+        let Header::Data { tag, call, seq, .. } = msg.header else {
+            return;
+        };
+        if call != fp {
+            let err = self.mismatch(gid, Some(seq), fp, msg.src, call);
+            self.abort(gid, err.clone(), Some((id, err)), true);
+            return;
+        }
+        let Some(src) = self.groups.get(&gid).and_then(|g| g.info.local(msg.src)) else {
+            return;
+        };
+        let dtype = fp.dtype;
+        let Some(State::Coll(c)) = self.ops.get_mut(&id).map(|op| &mut op.state) else {
+            return;
+        };
+        let checked = match c.expected.get(&(src, tag)) {
+            None => Err(ProtocolError::UnexpectedTag { seq, tag }),
+            Some(_) if c.inbox.contains_key(&(src, tag)) => {
+                Err(ProtocolError::Duplicate { seq, tag })
+            }
+            Some(chunks) => check_payload(
+                msg.payload,
+                &c.sched.layout.chunk_elems[chunks.clone()],
+                dtype,
+            ),
+        };
+        match checked {
+            Ok(parts) => {
+                c.inbox.insert((src, tag), parts);
+                self.progress(id);
+            }
+            Err(detail) => {
+                let err = Error::Protocol {
+                    rank: msg.src,
+                    detail,
+                };
+                self.abort(gid, err.clone(), Some((id, err)), true);
+            }
+        }
+    }
+
+    /// Runs call `id` as far as the arrived messages allow.
+    pub(super) fn progress(&mut self, id: OpId) {
+        loop {
+            let Some(op) = self.ops.get_mut(&id) else {
+                return;
+            };
+            let State::Coll(c) = &mut op.state else {
+                return;
+            };
+            let Some(step) = c.sched.steps.get(c.step) else {
+                self.finish(id);
+                return;
+            };
+            let Some(g) = self.groups.get_mut(&op.group) else {
+                return;
+            };
+            if !c.posted {
+                let mut out = Vec::new();
+                for s in &step.sends {
+                    let mut payload = Vec::with_capacity(s.chunks.len());
+                    for ch in s.chunks.clone() {
+                        match &c.chunks[ch] {
+                            Some(b) => payload.push(b.clone()),
+                            None => {
+                                // A schedule bug, not a peer's fault: fail loudly, never hang.
+                                let e = Error::invalid(format!(
+                                    "internal: schedule sends chunk {ch} before it is filled"
+                                ));
+                                let gid = op.group;
+                                self.abort(gid, e.clone(), Some((id, e)), true);
+                                return;
+                            }
+                        }
+                    }
+                    let header = Header::Data {
+                        group: op.group,
+                        seq: c.seq,
+                        tag: s.tag,
+                        call: op.fp,
+                    };
+                    let dst = g.info.global(s.peer);
+                    let t = Transmit {
+                        dst,
+                        msg: Message {
+                            src: self.rank,
+                            header,
+                            payload,
+                        },
+                    };
+                    g.flow.send(s.peer, c.seq, t, &mut out);
+                }
+                c.posted = true;
+                let gid = op.group;
+                self.emit(gid, out);
+                continue;
+            }
+            if !step
+                .recvs
+                .iter()
+                .all(|r| c.inbox.contains_key(&(r.peer, r.tag)))
+            {
+                return;
+            }
+            let (dtype, rop) = (op.fp.dtype, op.reduce);
+            for r in &step.recvs {
+                let parts = c.inbox.remove(&(r.peer, r.tag)).unwrap_or_default();
+                for (ch, part) in r.chunks.clone().zip(parts) {
+                    let new = match (r.action, &c.chunks[ch]) {
+                        (Action::Copy, _) => Ok(part),
+                        (Action::Reduce { remote_first }, Some(local)) => {
+                            let (a, b) = if remote_first {
+                                (&part, local)
+                            } else {
+                                (local, &part)
+                            };
+                            match rop {
+                                Some(rop) => reduce::combine(dtype, rop, a, b, &self.pool),
+                                // Never a silent Sum: a schedule that reduces for a call
+                                // without an op is a bug in collectix.
+                                None => Err(Error::invalid(format!(
+                                    "internal: a reduce step in {}, which has no reduce op",
+                                    op.fp
+                                ))),
+                            }
+                        }
+                        (Action::Reduce { .. }, None) => {
+                            Err(Error::invalid("internal: reduce into an empty chunk"))
+                        }
+                    };
+                    match new {
+                        Ok(b) => c.chunks[ch] = Some(b),
+                        Err(e) => {
+                            let gid = op.group;
+                            self.abort(gid, e.clone(), Some((id, e)), true);
+                            return;
+                        }
+                    }
+                }
+            }
+            c.step += 1;
+            c.posted = false;
+        }
+    }
+
+    pub(super) fn finish(&mut self, id: OpId) {
+        let Some(op) = self.ops.remove(&id) else {
+            return;
+        };
+        self.forget(&op, id);
+        if let (Some(g), Some(seq)) = (self.groups.get_mut(&op.group), op.seq) {
+            g.done.insert(seq, op.fp);
+            while g.done.len() > DONE_KEPT {
+                if let Some((s, _)) = g.done.pop_first() {
+                    g.forgotten_below = g.forgotten_below.max(s + 1);
+                }
+            }
+        }
+        let result = match op.state {
+            State::Coll(c) => build_output(*c, op.fp.dtype, op.reduce, op.group_size),
+            State::Recv { .. } => Err(Error::invalid("internal: receive finished as a collective")),
+        };
+        self.events.push_back(Event { op: id, result });
+    }
+
+    /// Removes a call's traces from its group's indexes.
+    pub(super) fn forget(&mut self, op: &Op, id: OpId) {
+        if let Some(g) = self.groups.get_mut(&op.group) {
+            if let Some(seq) = op.seq {
+                if g.active.get(&seq) == Some(&id) {
+                    g.active.remove(&seq);
+                }
+            }
+            g.p2p_posted.retain(|&p| p != id);
+        }
+    }
+
+    /// Sends what the flow control of group `gid` released or asks for.
+    pub(super) fn emit(&mut self, gid: GroupId, out: Vec<FlowOut<Transmit>>) {
+        let Some(g) = self.groups.get(&gid) else {
+            return;
+        };
+        for o in out {
+            let (dst, header) = match o {
+                FlowOut::Send(t) => {
+                    self.transmits.push_back(t);
+                    continue;
+                }
+                FlowOut::Ask { peer, seq } => {
+                    (g.info.global(peer), Header::WantCredit { group: gid, seq })
+                }
+                FlowOut::Credit { peer, calls } => {
+                    (g.info.global(peer), Header::Credit { group: gid, calls })
+                }
+            };
+            let msg = Message {
+                src: self.rank,
+                header,
+                payload: Vec::new(),
+            };
+            self.transmits.push_back(Transmit { dst, msg });
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! Failures: timeouts, lost peers, mismatches, aborts, and a rank's own shutdown. Every path
+//! ends each affected call with an error on this rank and, where the failure was seen here,
+//! tells the group's other members (an abort), so no rank waits for its timeout in vain.
+
+use super::{Engine, Event, Op, OpId, State};
+use crate::error::{CallDesc, Error};
+use crate::ids::{Fingerprint, GroupId};
+use crate::time::Time;
+use crate::wire::message::{AbortReason, Header, Message, Transmit};
+use std::collections::BTreeMap;
+
+impl Engine {
+    /// Starts shutting this rank down at `now`: calls still pending fail with
+    /// [`Error::Shutdown`], and so do later ones. Messages that flow control still holds for
+    /// peers (of calls that completed here early, such as a broadcast root's) go on being
+    /// sent as those peers grant credit, for at most `linger`; then each peer they were for
+    /// is sent an abort of the group with [`Error::PeerShutdown`], so that its calls fail at
+    /// once instead of at their timeout. [`is_drained`](Self::is_drained) tells when nothing
+    /// is left to send; the driver keeps feeding messages and timeouts until then.
+    pub fn shutdown(&mut self, now: Time, linger: std::time::Duration) {
+        if self.closing.is_some() {
+            return;
+        }
+        self.closing = Some(Some(now + linger));
+        let ids: Vec<OpId> = self.ops.keys().copied().collect();
+        for id in ids {
+            if let Some(op) = self.ops.remove(&id) {
+                self.forget(&op, id);
+                self.events.push_back(Event {
+                    op: id,
+                    result: Err(Error::Shutdown),
+                });
+            }
+        }
+        self.handle_timeout(now);
+    }
+
+    /// Whether a rank that is shutting down has nothing left to send: every held message
+    /// went out, or its peers were told they never will.
+    pub fn is_drained(&self) -> bool {
+        self.closing.is_some() && self.held() == 0
+    }
+
+    /// The linger time of a shutdown is over: tell each peer that this rank still holds
+    /// messages for, and drop them.
+    pub(super) fn give_up_held(&mut self) {
+        let mut told = Vec::new();
+        for (&gid, g) in &mut self.groups {
+            let mut peers: BTreeMap<usize, usize> = BTreeMap::new();
+            for (p, n) in g.flow.holding_for().chain(g.p2p_flow.holding_for()) {
+                *peers.entry(g.info.global(p)).or_insert(0) += n;
+            }
+            g.flow.clear();
+            g.p2p_flow.clear();
+            for (dst, undelivered) in peers {
+                told.push((gid, dst, undelivered));
+            }
+        }
+        for (group, dst, undelivered) in told {
+            tracing::warn!(rank = self.rank, peer = dst, group = %group, undelivered, "shut down with messages held for a peer; telling it");
+            let cause = Error::PeerShutdown {
+                rank: self.rank,
+                undelivered,
+            };
+            self.transmits.push_back(Transmit {
+                dst,
+                msg: Message {
+                    src: self.rank,
+                    header: Header::Abort {
+                        group,
+                        reason: AbortReason::from(&cause),
+                    },
+                    payload: Vec::new(),
+                },
+            });
+        }
+    }
+
+    /// Handles the passage of time: calls past their deadline fail with
+    /// [`Error::Timeout`] and abort their group; a shutdown's linger time ends.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if let Some(Some(until)) = self.closing {
+            if now >= until || self.held() == 0 {
+                self.closing = Some(None);
+                self.give_up_held();
+            }
+        }
+        let due: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| op.deadline <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
+            let Some(op) = self.ops.get(&id) else {
+                continue;
+            };
+            let Some(g) = self.groups.get(&op.group) else {
+                continue;
+            };
+            let waiting_for: Vec<usize> = match &op.state {
+                State::Coll(c) => match c.sched.steps.get(c.step) {
+                    Some(step) => {
+                        let mut w: Vec<usize> = step
+                            .recvs
+                            .iter()
+                            .filter(|r| !c.inbox.contains_key(&(r.peer, r.tag)))
+                            .map(|r| g.info.global(r.peer))
+                            .collect();
+                        w.sort_unstable();
+                        w.dedup();
+                        w
+                    }
+                    None => Vec::new(),
+                },
+                State::Recv { src: Some(s), .. } => vec![g.info.global(*s)],
+                State::Recv { src: None, .. } => g
+                    .info
+                    .members
+                    .iter()
+                    .copied()
+                    .filter(|&m| m != self.rank)
+                    .collect(),
+            };
+            let err = Error::Timeout {
+                group: op.group,
+                seq: op.seq,
+                op: op.fp.kind,
+                rank: self.rank,
+                waiting_for,
+            };
+            let gid = op.group;
+            self.abort(gid, err.clone(), Some((id, err)), true);
+        }
+    }
+
+    /// Handles the loss of a peer (its link closed, or a simulator isolated it): every group
+    /// it belongs to is aborted. Calls that exchange messages with it later in their schedule
+    /// fail with [`Error::PeerLost`]; the others with [`Error::GroupAborted`].
+    pub fn handle_peer_lost(&mut self, peer: usize, _now: Time) {
+        let gids: Vec<GroupId> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.aborted.is_none() && g.info.local(peer).is_some())
+            .map(|(&id, _)| id)
+            .collect();
+        for gid in gids {
+            self.fail_talking_to(gid, peer);
+            self.abort(gid, Error::PeerLost { rank: peer }, None, true);
+        }
+    }
+
+    /// Fails with [`Error::PeerLost`] the calls of group `gid` whose remaining schedule
+    /// exchanges messages with global rank `peer`.
+    pub(super) fn fail_talking_to(&mut self, gid: GroupId, peer: usize) {
+        let Some(local) = self.groups.get(&gid).and_then(|g| g.info.local(peer)) else {
+            return;
+        };
+        let direct: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| op.group == gid && op.talks_to(local))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in direct {
+            if let Some(op) = self.ops.remove(&id) {
+                self.forget(&op, id);
+                self.events.push_back(Event {
+                    op: id,
+                    result: Err(Error::PeerLost { rank: peer }),
+                });
+            }
+        }
+    }
+
+    pub(super) fn mismatch(
+        &self,
+        gid: GroupId,
+        seq: Option<u64>,
+        ours: Fingerprint,
+        peer: usize,
+        theirs: Fingerprint,
+    ) -> Error {
+        Error::Mismatch {
+            group: gid,
+            seq,
+            ours: CallDesc {
+                rank: self.rank,
+                call: ours,
+            },
+            theirs: CallDesc {
+                rank: peer,
+                call: theirs,
+            },
+        }
+    }
+
+    /// Aborts group `gid` because of `cause`: every pending call on it fails (`failing`
+    /// with its own error, the others with [`Error::GroupAborted`]), and, when the failure
+    /// was seen here, every other member is told.
+    pub(super) fn abort(
+        &mut self,
+        gid: GroupId,
+        cause: Error,
+        failing: Option<(OpId, Error)>,
+        tell: bool,
+    ) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        if g.aborted.is_some() {
+            if let Some((id, e)) = failing {
+                if let Some(op) = self.ops.remove(&id) {
+                    self.forget(&op, id);
+                    self.events.push_back(Event {
+                        op: id,
+                        result: Err(e),
+                    });
+                }
+            }
+            return;
+        }
+        let root = cause.root_cause().clone();
+        tracing::debug!(rank = self.rank, group = %gid, cause = %root, "group aborted");
+        g.aborted = Some(root.clone());
+        g.unexpected.clear();
+        g.p2p_arrived.clear();
+        g.flow.clear();
+        g.p2p_flow.clear();
+        if tell {
+            for &m in &g.info.members {
+                if m != self.rank {
+                    let header = Header::Abort {
+                        group: gid,
+                        reason: AbortReason::from(&root),
+                    };
+                    self.transmits.push_back(Transmit {
+                        dst: m,
+                        msg: Message {
+                            src: self.rank,
+                            header,
+                            payload: Vec::new(),
+                        },
+                    });
+                }
+            }
+        }
+        let ids: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| op.group == gid)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            if let Some(op) = self.ops.remove(&id) {
+                self.forget(&op, id);
+                let result = match &failing {
+                    Some((fid, e)) if *fid == id => Err(e.clone()),
+                    _ => Err(Error::GroupAborted {
+                        group: gid,
+                        cause: Box::new(root.clone()),
+                    }),
+                };
+                self.events.push_back(Event { op: id, result });
+            }
+        }
+    }
+}
+
+impl Op {
+    /// Whether the rest of this call's schedule exchanges messages with group rank `peer`.
+    pub(super) fn talks_to(&self, peer: usize) -> bool {
+        match &self.state {
+            State::Coll(c) => c.sched.steps[c.step.min(c.sched.steps.len())..]
+                .iter()
+                .any(|s| {
+                    s.sends.iter().any(|x| x.peer == peer) || s.recvs.iter().any(|x| x.peer == peer)
+                }),
+            State::Recv { src, .. } => src.is_none_or(|s| s == peer),
+        }
+    }
+}

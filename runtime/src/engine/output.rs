@@ -1,0 +1,99 @@
+//! Output assembly: payloads checked against the sizes a receive expects, chunks joined, and
+//! the call's result built from its finished chunks.
+
+use super::Coll;
+use crate::collective::{Finish, Output};
+use crate::error::{Error, ProtocolError, Result};
+use crate::tensor::dtype::DType;
+use crate::tensor::reduce::{self, ReduceOp};
+use crate::tensor::{validate_storage, Tensor};
+use bytes::Bytes;
+
+/// Checks a payload against the chunk sizes the receiver expects; aligns and validates it.
+pub(super) fn check_payload(
+    parts: Vec<Bytes>,
+    elems: &[usize],
+    dtype: DType,
+) -> std::result::Result<Vec<Bytes>, ProtocolError> {
+    if parts.len() != elems.len() {
+        return Err(ProtocolError::Parts {
+            expected: elems.len(),
+            got: parts.len(),
+        });
+    }
+    parts
+        .into_iter()
+        .zip(elems)
+        .enumerate()
+        .map(|(i, (p, &n))| {
+            let want = (n as u64).saturating_mul(dtype.size() as u64);
+            if p.len() as u64 != want {
+                return Err(ProtocolError::Length {
+                    part: i,
+                    expected: want,
+                    got: p.len() as u64,
+                });
+            }
+            validate_storage(p, dtype).map_err(|()| ProtocolError::InvalidElements { dtype })
+        })
+        .collect()
+}
+
+/// Joins chunks into one aligned buffer (no copy when only one chunk holds data).
+fn concat(chunks: &[Option<Bytes>], dtype: DType) -> Result<Bytes> {
+    let missing = || Error::invalid("internal: result chunk never filled");
+    let mut nonempty = chunks
+        .iter()
+        .filter(|c| c.as_ref().is_none_or(|b| !b.is_empty()));
+    match (nonempty.next(), nonempty.next()) {
+        (None, _) => return Ok(Bytes::new()),
+        (Some(one), None) => return one.clone().ok_or_else(missing),
+        _ => {}
+    }
+    let total: usize = chunks
+        .iter()
+        .map(|c| c.as_ref().map_or(0, Bytes::len))
+        .sum();
+    crate::with_storage_type!(dtype, T => {
+        let mut v: Vec<T> = Vec::with_capacity(total / dtype.size());
+        for c in chunks {
+            v.extend_from_slice(reduce::view::<T>(c.as_ref().ok_or_else(missing)?)?);
+        }
+        Ok(crate::tensor::bytes_from_vec(v))
+    })
+}
+
+pub(super) fn build_output(
+    c: Coll,
+    dtype: DType,
+    op: Option<ReduceOp>,
+    group_size: usize,
+) -> Result<Output> {
+    let post = |b: Bytes| -> Result<Bytes> {
+        match op {
+            Some(op) => Ok(reduce::post(dtype, op, &b, group_size)?.unwrap_or(b)),
+            None => Ok(b),
+        }
+    };
+    let layout = &c.sched.layout;
+    let tensor = |b: Bytes, shape: Vec<usize>| Tensor::from_parts(b, dtype, shape);
+    Ok(match c.finish {
+        Finish::Nothing => Output::None,
+        Finish::Return(t) => Output::Tensor(t),
+        Finish::Whole(shape) => Output::Tensor(tensor(post(concat(&c.chunks, dtype)?)?, shape)),
+        Finish::Concat(blocks, shape) => {
+            let b = concat(&c.chunks[layout.chunks_of(blocks)], dtype)?;
+            Output::Tensor(tensor(post(b)?, shape))
+        }
+        Finish::Blocks(blocks, shapes) => {
+            let mut out = Vec::with_capacity(shapes.len());
+            for (b, shape) in blocks.zip(shapes) {
+                out.push(tensor(
+                    concat(&c.chunks[layout.chunks_of(b..b + 1)], dtype)?,
+                    shape,
+                ));
+            }
+            Output::Tensors(out)
+        }
+    })
+}

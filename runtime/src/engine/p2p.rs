@@ -1,0 +1,231 @@
+//! Point-to-point calls: sends (through [`super::p2p_flow`]), receives posted and matched
+//! with arrived messages in FIFO order per (source, tag), and the grants that solicit what
+//! posted receives wait for.
+
+use super::p2p_flow::P2pOut;
+use super::{Engine, Event, Op, OpId, State};
+use crate::collective::{p2p_fp, Output};
+use crate::error::{Error, ProtocolError};
+use crate::ids::GroupId;
+use crate::op::OpKind;
+use crate::tensor::dtype::DType;
+use crate::tensor::{validate_storage, Tensor};
+use crate::wire::message::{Header, Message, Transmit};
+use bytes::Bytes;
+use std::collections::HashMap;
+
+impl Engine {
+    /// Sends `data` (`count` elements of `dtype`) to group rank `dst` on `tag`; the call
+    /// completes at once (the message may wait in flow control: [`super::p2p_flow`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn submit_send(
+        &mut self,
+        id: OpId,
+        group: GroupId,
+        dtype: DType,
+        dst: usize,
+        tag: u32,
+        data: Bytes,
+        count: u64,
+    ) {
+        let Some(g) = self.groups.get_mut(&group) else {
+            return;
+        };
+        let s = g.p2p_send_seq.entry((dst, tag)).or_insert(0);
+        let header = Header::P2p {
+            group,
+            tag,
+            seq: *s,
+            dtype,
+            count,
+            eager: false,
+        };
+        let q = *s;
+        *s += 1;
+        let t = Transmit {
+            dst: g.info.global(dst),
+            msg: Message {
+                src: self.rank,
+                header,
+                payload: vec![data],
+            },
+        };
+        let out = g.p2p_flow.send(dst, tag, q, t).into_iter().collect();
+        self.emit_p2p(group, out);
+        self.events.push_back(Event {
+            op: id,
+            result: Ok(Output::None),
+        });
+    }
+
+    /// Posts receive `id` (its op is `op`, in state [`State::Recv`]) and matches it.
+    pub(super) fn submit_recv(&mut self, id: OpId, op: Op) {
+        let group = op.group;
+        let Some(g) = self.groups.get_mut(&group) else {
+            return;
+        };
+        g.p2p_posted.push(id);
+        self.ops.insert(id, op);
+        self.match_p2p(group);
+    }
+
+    /// Sends what the point-to-point flow control of group `gid` released or tells.
+    pub(super) fn emit_p2p(&mut self, gid: GroupId, out: Vec<P2pOut>) {
+        let Some(g) = self.groups.get(&gid) else {
+            return;
+        };
+        for o in out {
+            let (dst, header) = match o {
+                P2pOut::Send(t) => {
+                    self.transmits.push_back(t);
+                    continue;
+                }
+                P2pOut::Grant { peer, tag, upto } => (
+                    g.info.global(peer),
+                    Header::P2pGrant {
+                        group: gid,
+                        tag,
+                        upto,
+                    },
+                ),
+                P2pOut::Consumed { peer, eager } => (
+                    g.info.global(peer),
+                    Header::P2pConsumed { group: gid, eager },
+                ),
+            };
+            let msg = Message {
+                src: self.rank,
+                header,
+                payload: Vec::new(),
+            };
+            self.transmits.push_back(Transmit { dst, msg });
+        }
+    }
+
+    /// Solicits the messages that the receives posted in group `gid` wait for: per (peer,
+    /// tag), the lane's consumed messages plus the receives that could match it (see
+    /// [`crate::engine::p2p_flow`]).
+    pub(super) fn solicit(&mut self, gid: GroupId) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        let mut named: HashMap<(usize, u32), u64> = HashMap::new();
+        let mut any: HashMap<u32, u64> = HashMap::new();
+        for rid in &g.p2p_posted {
+            if let Some(Op {
+                state: State::Recv { src, tag, .. },
+                ..
+            }) = self.ops.get(rid)
+            {
+                match src {
+                    Some(s) => *named.entry((*s, *tag)).or_insert(0) += 1,
+                    None => *any.entry(*tag).or_insert(0) += 1,
+                }
+            }
+        }
+        let me = g.info.rank;
+        let mut lanes: HashMap<(usize, u32), u64> = named;
+        for (&tag, &n) in &any {
+            for peer in (0..g.info.size()).filter(|&p| p != me) {
+                *lanes.entry((peer, tag)).or_insert(0) += n;
+            }
+        }
+        let mut out = Vec::new();
+        for ((peer, tag), waiting) in lanes {
+            let consumed = g.p2p_recv_seq.get(&(peer, tag)).copied().unwrap_or(0);
+            g.p2p_flow
+                .solicit(peer, tag, consumed.saturating_add(waiting), &mut out);
+        }
+        self.emit_p2p(gid, out);
+    }
+
+    /// Matches posted point-to-point receives of group `gid` with arrived messages, in FIFO
+    /// order per (source, tag); a receive from any source takes the earliest arrival.
+    pub(super) fn match_p2p(&mut self, gid: GroupId) {
+        loop {
+            let Some(g) = self.groups.get(&gid) else {
+                return;
+            };
+            let mut found = None;
+            for &rid in &g.p2p_posted {
+                let Some(Op {
+                    state: State::Recv { src, tag, .. },
+                    ..
+                }) = self.ops.get(&rid)
+                else {
+                    continue;
+                };
+                let best = g
+                    .p2p_arrived
+                    .iter()
+                    .filter(|((s, t, q), _)| {
+                        *t == *tag
+                            && src.is_none_or(|want| want == *s)
+                            && *q == g.p2p_recv_seq.get(&(*s, *t)).copied().unwrap_or(0)
+                    })
+                    .min_by_key(|(_, (n, _))| *n)
+                    .map(|(k, _)| *k);
+                if let Some(k) = best {
+                    found = Some((rid, k));
+                    break;
+                }
+            }
+            let Some((rid, key)) = found else {
+                // What is still posted waits for messages not here yet: ask for them.
+                self.solicit(gid);
+                return;
+            };
+            let Some(g) = self.groups.get_mut(&gid) else {
+                return;
+            };
+            let Some((_, msg)) = g.p2p_arrived.remove(&key) else {
+                return;
+            };
+            let consumed = g.p2p_recv_seq.entry((key.0, key.1)).or_insert(0);
+            *consumed += 1;
+            let eager = matches!(msg.header, Header::P2p { eager: true, .. });
+            let mut out = Vec::new();
+            g.p2p_flow.on_consume(key.0, eager, &mut out);
+            self.emit_p2p(gid, out);
+            let Some(g) = self.groups.get_mut(&gid) else {
+                return;
+            };
+            g.p2p_posted.retain(|&p| p != rid);
+            let Some(op) = self.ops.remove(&rid) else {
+                return;
+            };
+            let State::Recv { spec, .. } = &op.state else {
+                return;
+            };
+            let spec = spec.clone();
+            let Header::P2p { dtype, count, .. } = msg.header else {
+                return;
+            };
+            let theirs = p2p_fp(OpKind::Send, dtype, count);
+            if dtype != spec.dtype || Some(count) != spec.numel().ok().map(|n| n as u64) {
+                let err = self.mismatch(gid, None, op.fp, msg.src, theirs);
+                self.ops.insert(rid, op);
+                self.abort(gid, err.clone(), Some((rid, err)), true);
+                return;
+            }
+            let result = match msg
+                .payload
+                .into_iter()
+                .next()
+                .map(|b| validate_storage(b, dtype))
+            {
+                Some(Ok(b)) if b.len() as u64 == count * dtype.size() as u64 => {
+                    Ok(Output::Received {
+                        tensor: Tensor::from_parts(b, dtype, spec.shape),
+                        src: key.0,
+                    })
+                }
+                _ => Err(Error::Protocol {
+                    rank: msg.src,
+                    detail: ProtocolError::InvalidElements { dtype },
+                }),
+            };
+            self.events.push_back(Event { op: rid, result });
+        }
+    }
+}
