@@ -1,0 +1,78 @@
+//! `gather` (the root gets every rank's tensor) and `scatter` (each rank gets its part of the root's list), both direct.
+
+use super::{fill, list_len, same_dtype, Finish, Plan, Planner, TensorSpec};
+use crate::algorithm::direct;
+use crate::error::{Error, Result};
+use crate::op::OpKind;
+use crate::tensor::Tensor;
+
+impl Planner<'_> {
+    /// Plans `gather`.
+    pub(super) fn gather(&self, input: Tensor, root: usize) -> Result<Plan> {
+        let (w, me) = (self.w(), self.g.rank);
+        self.g.check_rank(root, "root")?;
+        let (n, dt) = (input.numel(), input.dtype());
+        let alg = self.algorithm(OpKind::Gather, input.nbytes())?;
+        let s = direct::gather(me, w, root, &vec![n; w]);
+        let mut init = vec![None; s.layout.chunk_elems.len()];
+        fill(&mut init, &s.layout, me..me + 1, input.bytes(), dt.size())?;
+        let fin = if me == root {
+            Finish::Blocks(0..w, vec![input.shape().to_vec(); w])
+        } else {
+            Finish::Nothing
+        };
+        Ok(self.collective(
+            OpKind::Gather,
+            dt,
+            Some(n as u64),
+            Some(root),
+            None,
+            alg,
+            s,
+            init,
+            fin,
+        ))
+    }
+
+    /// Plans `scatter`.
+    pub(super) fn scatter(
+        &self,
+        output: TensorSpec,
+        inputs: Option<Vec<Tensor>>,
+        root: usize,
+    ) -> Result<Plan> {
+        let (w, me) = (self.w(), self.g.rank);
+        self.g.check_rank(root, "root")?;
+        let (n, dt) = (output.numel()?, output.dtype);
+        let alg = self.algorithm(OpKind::Scatter, n * dt.size())?;
+        let s = direct::scatter(me, w, root, &vec![n; w]);
+        let mut init = vec![None; s.layout.chunk_elems.len()];
+        if me == root {
+            let inputs = inputs
+                .ok_or_else(|| Error::invalid("the scatter root must pass a scatter list"))?;
+            list_len("scatter list", inputs.len(), w)?;
+            for (r, t) in inputs.iter().enumerate() {
+                same_dtype(&format!("scatter list entry {r}"), dt, t.dtype())?;
+                if t.numel() != n {
+                    return Err(Error::invalid(format!(
+                        "scatter list entry {r} has {} elements, the output {n}",
+                        t.numel()
+                    )));
+                }
+                fill(&mut init, &s.layout, r..r + 1, t.bytes(), dt.size())?;
+            }
+        }
+        let fin = Finish::Concat(me..me + 1, output.shape);
+        Ok(self.collective(
+            OpKind::Scatter,
+            dt,
+            Some(n as u64),
+            Some(root),
+            None,
+            alg,
+            s,
+            init,
+            fin,
+        ))
+    }
+}

@@ -1,0 +1,391 @@
+//! The collectives as specs: each [`Request`] is validated against the group (torch's
+//! argument checks), given an algorithm, and turned into a [`Plan`]: the fingerprint every
+//! message will carry, the schedule, the initial chunks and how to build the result.
+//! Nothing here sends anything, so a wrong argument fails on the calling rank, at once.
+
+mod all_gather;
+mod all_reduce;
+mod all_to_all;
+mod barrier;
+mod broadcast;
+mod gather_scatter;
+mod p2p;
+mod reduce;
+mod reduce_scatter;
+mod request;
+
+pub use request::Request;
+
+use crate::error::{Error, Result};
+use crate::group::{CallOptions, GroupInfo};
+use crate::ids::{DataPath, Fingerprint};
+use crate::op::{Algorithm, OpKind};
+use crate::schedule::{Layout, Schedule};
+use crate::tensor::dtype::DType;
+use crate::tensor::reduce::ReduceOp;
+use crate::tensor::{numel_of, Device, Tensor};
+use bytes::Bytes;
+use std::ops::Range;
+use std::time::Duration;
+
+/// Shape and dtype of a tensor to be produced (torch passes pre-allocated outputs; collectix
+/// hands back new tensors and takes only their specs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Element type.
+    pub dtype: DType,
+    /// Where the tensor is to be produced.
+    pub device: Device,
+}
+
+impl TensorSpec {
+    /// A spec of a host tensor.
+    pub fn new(shape: &[usize], dtype: DType) -> TensorSpec {
+        TensorSpec {
+            shape: shape.to_vec(),
+            dtype,
+            device: Device::Host,
+        }
+    }
+
+    /// The same spec on `device`.
+    pub fn on(mut self, device: Device) -> TensorSpec {
+        self.device = device;
+        self
+    }
+
+    /// Elements (overflow-checked).
+    pub fn numel(&self) -> Result<usize> {
+        numel_of(&self.shape)
+    }
+}
+
+impl From<&Tensor> for TensorSpec {
+    fn from(t: &Tensor) -> Self {
+        TensorSpec::new(t.shape(), t.dtype()).on(t.device())
+    }
+}
+
+/// The result of a call.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Output {
+    /// Nothing (barrier, send, gather on a non-root).
+    None,
+    /// One tensor.
+    Tensor(Tensor),
+    /// One tensor per rank.
+    Tensors(Vec<Tensor>),
+    /// A received tensor and its sender (group-local).
+    Received {
+        /// The data.
+        tensor: Tensor,
+        /// The sender, group-local.
+        src: usize,
+    },
+}
+
+/// How the result is assembled from the chunks.
+#[derive(Clone, Debug)]
+pub(crate) enum Finish {
+    /// Every chunk in order, as one tensor of `shape`.
+    Whole(Vec<usize>),
+    /// Blocks `blocks`, one tensor each.
+    Blocks(Range<usize>, Vec<Vec<usize>>),
+    /// Blocks `blocks` concatenated into one tensor of `shape`.
+    Concat(Range<usize>, Vec<usize>),
+    /// Just the input back.
+    Return(Tensor),
+    /// No output.
+    Nothing,
+}
+
+/// The body of a plan.
+#[derive(Clone, Debug)]
+pub(crate) enum Body {
+    Collective {
+        schedule: Schedule,
+        init: Vec<Option<Bytes>>,
+        finish: Finish,
+    },
+    Send {
+        dst: usize,
+        tag: u32,
+        data: Bytes,
+        count: u64,
+    },
+    Recv {
+        src: Option<usize>,
+        tag: u32,
+        spec: TensorSpec,
+    },
+}
+
+/// A validated call, ready for the engine.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub(crate) fp: Fingerprint,
+    pub(crate) reduce: Option<ReduceOp>,
+    pub(crate) body: Body,
+    pub(crate) timeout: Duration,
+    pub(crate) group_size: usize,
+}
+
+impl Plan {
+    /// The fingerprint of the call.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fp
+    }
+
+    /// What kind of call.
+    pub fn kind(&self) -> OpKind {
+        self.fp.kind
+    }
+
+    /// The schedule, for collectives.
+    pub fn schedule(&self) -> Option<&Schedule> {
+        match &self.body {
+            Body::Collective { schedule, .. } => Some(schedule),
+            _ => None,
+        }
+    }
+
+    /// Whether this is a point-to-point call (matched by tag, outside the group sequence).
+    pub fn is_p2p(&self) -> bool {
+        matches!(self.body, Body::Send { .. } | Body::Recv { .. })
+    }
+
+    /// A plan from a hand-made schedule (for model checking and tests of the engine itself,
+    /// including deliberately broken schedules). The result is every chunk joined.
+    #[doc(hidden)]
+    pub fn from_schedule(
+        fp: Fingerprint,
+        schedule: Schedule,
+        init: Vec<Option<Bytes>>,
+        timeout: Duration,
+        group_size: usize,
+    ) -> Plan {
+        let finish = Finish::Whole(vec![schedule.layout.total()]);
+        Plan {
+            fp,
+            reduce: None,
+            body: Body::Collective {
+                schedule,
+                init,
+                finish,
+            },
+            timeout,
+            group_size,
+        }
+    }
+
+    /// Validates `req` for this member of `group` and plans it. The engine moves host
+    /// memory only: a request on a device is an [`Error::InvalidArgument`] here (the device
+    /// layer in `collectix-actors` routes those to NCCL or stages them through the host).
+    pub fn new(req: Request, group: &GroupInfo, opts: &CallOptions) -> Result<Plan> {
+        let device = req.device()?;
+        if !device.is_host() {
+            return Err(Error::invalid(format!(
+                "the engine moves host memory only; this call is on {device} (device calls go through the communicator)"
+            )));
+        }
+        let bytes = req.declared_bytes()?;
+        let limit = group.options.max_call_bytes;
+        if bytes > limit {
+            return Err(Error::invalid(format!(
+                "the call declares {bytes} bytes of inputs and outputs, above the group's max_call_bytes ({limit})"
+            )));
+        }
+        Planner { g: group, opts }.plan(req)
+    }
+
+    /// The same plan, marked as the agreement step of a call on another data path (see
+    /// [`Fingerprint::path`]).
+    pub fn with_path(mut self, path: DataPath) -> Plan {
+        self.fp.path = path;
+        self
+    }
+}
+
+/// The default algorithm for a call of `kind` moving `bytes` bytes per rank in a group of `w`.
+pub fn select(kind: OpKind, bytes: usize, w: usize) -> Algorithm {
+    match kind {
+        OpKind::AllReduce if bytes <= 32 << 10 || w <= 2 && bytes <= 1 << 20 => {
+            Algorithm::RecursiveDoubling
+        }
+        OpKind::AllReduce if bytes <= 1 << 20 => Algorithm::HalvingDoubling,
+        OpKind::AllReduce => Algorithm::Ring,
+        OpKind::AllGather
+        | OpKind::AllGatherIntoTensor
+        | OpKind::ReduceScatter
+        | OpKind::ReduceScatterTensor
+            if bytes <= 64 << 10 =>
+        {
+            Algorithm::Direct
+        }
+        OpKind::Reduce | OpKind::Broadcast if w <= 2 => Algorithm::Direct,
+        k => k.algorithms()[0],
+    }
+}
+
+struct Planner<'a> {
+    g: &'a GroupInfo,
+    opts: &'a CallOptions,
+}
+
+fn same_dtype(what: &str, want: DType, got: DType) -> Result<()> {
+    if want == got {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "{what} has dtype {got}, expected {want}"
+        )))
+    }
+}
+
+fn list_len(what: &str, len: usize, w: usize) -> Result<()> {
+    if len == w {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "{what} has {len} entries; the group has {w} ranks"
+        )))
+    }
+}
+
+/// Cuts `data` into the chunks of `blocks` of `layout` (no copy).
+fn fill(
+    init: &mut [Option<Bytes>],
+    layout: &Layout,
+    blocks: Range<usize>,
+    data: &Bytes,
+    esize: usize,
+) -> Result<()> {
+    let mut off = 0usize;
+    for c in layout.chunks_of(blocks) {
+        let len = layout.chunk_elems[c] * esize;
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= data.len())
+            .ok_or_else(|| Error::invalid("input too short for its layout"))?;
+        init[c] = Some(data.slice(off..end));
+        off = end;
+    }
+    Ok(())
+}
+
+impl Planner<'_> {
+    fn w(&self) -> usize {
+        self.g.size()
+    }
+
+    fn algorithm(&self, kind: OpKind, bytes: usize) -> Result<Algorithm> {
+        let forced = self.opts.algorithm.or_else(|| {
+            self.g
+                .options
+                .algorithms
+                .iter()
+                .find(|(k, _)| *k == kind)
+                .map(|(_, a)| *a)
+        });
+        match forced {
+            Some(a) if kind.algorithms().contains(&a) => Ok(a),
+            Some(a) => Err(Error::invalid(format!("algorithm {a} cannot run {kind}"))),
+            None => Ok(select(kind, bytes, self.w())),
+        }
+    }
+
+    fn seg_elems(&self, dtype: DType) -> usize {
+        (self.g.options.segment_bytes / dtype.size()).max(1)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn collective(
+        &self,
+        kind: OpKind,
+        dtype: DType,
+        count: Option<u64>,
+        root: Option<usize>,
+        reduce: Option<ReduceOp>,
+        algorithm: Algorithm,
+        schedule: Schedule,
+        init: Vec<Option<Bytes>>,
+        finish: Finish,
+    ) -> Plan {
+        Plan {
+            fp: Fingerprint {
+                kind,
+                dtype,
+                count,
+                root: root.map(|r| r as u32),
+                op: reduce.map(ReduceOp::kind),
+                scalar: reduce.map_or(0, ReduceOp::scalar_bits),
+                algorithm: Some(algorithm),
+                path: DataPath::Engine,
+            },
+            reduce,
+            body: Body::Collective {
+                schedule,
+                init,
+                finish,
+            },
+            timeout: self.opts.timeout.unwrap_or(self.g.options.timeout),
+            group_size: self.w(),
+        }
+    }
+
+    /// The input after the op's pre-transform (PremulSum), checked against the dtype rules.
+    fn prepare(&self, t: &Tensor, op: ReduceOp) -> Result<Bytes> {
+        op.check(t.dtype())?;
+        Ok(crate::tensor::reduce::pre(t.dtype(), op, t.bytes())?
+            .unwrap_or_else(|| t.bytes().clone()))
+    }
+
+    fn plan(&self, req: Request) -> Result<Plan> {
+        match req {
+            Request::AllReduce { tensor, op } => self.all_reduce(tensor, op),
+            Request::Reduce { tensor, root, op } => self.reduce(tensor, root, op),
+            Request::Broadcast { tensor, root } => self.broadcast(tensor, root),
+            Request::AllGather { input, outputs } => self.all_gather(input, outputs),
+            Request::AllGatherIntoTensor { input, output } => {
+                self.all_gather_into_tensor(input, output)
+            }
+            Request::Gather { input, root } => self.gather(input, root),
+            Request::Scatter {
+                output,
+                inputs,
+                root,
+            } => self.scatter(output, inputs, root),
+            Request::ReduceScatter { inputs, op } => self.reduce_scatter(inputs, op),
+            Request::ReduceScatterTensor { input, output, op } => {
+                self.reduce_scatter_tensor(input, output, op)
+            }
+            Request::AllToAll { inputs, outputs } => self.all_to_all(inputs, outputs),
+            Request::AllToAllSingle {
+                input,
+                output,
+                output_splits,
+                input_splits,
+            } => self.all_to_all_single(input, output, output_splits, input_splits),
+            Request::Barrier => self.barrier(None),
+            Request::NewGroup { members } => self.barrier(Some(members)),
+            Request::Send { tensor, dst, tag } => self.send(tensor, dst, tag),
+            Request::Recv { spec, src, tag } => self.recv(spec, src, tag),
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        self.opts.timeout.unwrap_or(self.g.options.timeout)
+    }
+}
+
+/// The fingerprint of a point-to-point call.
+pub(crate) fn p2p_fp(kind: OpKind, dtype: DType, count: u64) -> Fingerprint {
+    Fingerprint {
+        count: Some(count),
+        algorithm: Some(Algorithm::Direct),
+        ..Fingerprint::new(kind, dtype)
+    }
+}

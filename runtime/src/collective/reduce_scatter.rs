@@ -1,0 +1,98 @@
+//! `reduce_scatter` (list form) and `reduce_scatter_tensor`: rank r gets the reduction of every rank's block r (ring or direct).
+
+use super::{fill, list_len, same_dtype, Finish, Plan, Planner, TensorSpec};
+use crate::algorithm::{direct, ring};
+use crate::error::{Error, Result};
+use crate::op::{Algorithm, OpKind};
+use crate::schedule::Schedule;
+use crate::tensor::dtype::DType;
+use crate::tensor::reduce::ReduceOp;
+use crate::tensor::Tensor;
+
+impl Planner<'_> {
+    /// Plans `reduce_scatter`.
+    pub(super) fn reduce_scatter(&self, inputs: Vec<Tensor>, op: ReduceOp) -> Result<Plan> {
+        let (w, me) = (self.w(), self.g.rank);
+        list_len("reduce_scatter's input list", inputs.len(), w)?;
+        let dt = inputs[0].dtype();
+        let mut blocks = Vec::with_capacity(w);
+        let mut datas = Vec::with_capacity(w);
+        for (r, t) in inputs.iter().enumerate() {
+            same_dtype(&format!("input {r}"), dt, t.dtype())?;
+            blocks.push(t.numel());
+            datas.push(self.prepare(t, op)?);
+        }
+        let total: usize = blocks
+            .iter()
+            .try_fold(0usize, |a, &b| a.checked_add(b))
+            .ok_or_else(|| Error::invalid("input sizes overflow"))?;
+        let alg = self.algorithm(OpKind::ReduceScatter, total * dt.size())?;
+        let s = self.reduce_scatter_schedule(alg, &blocks, dt);
+        let mut init = vec![None; s.layout.chunk_elems.len()];
+        for (r, d) in datas.iter().enumerate() {
+            fill(&mut init, &s.layout, r..r + 1, d, dt.size())?;
+        }
+        let fin = Finish::Concat(me..me + 1, inputs[me].shape().to_vec());
+        Ok(self.collective(
+            OpKind::ReduceScatter,
+            dt,
+            Some(total as u64),
+            None,
+            Some(op),
+            alg,
+            s,
+            init,
+            fin,
+        ))
+    }
+
+    /// Plans `reduce_scatter_tensor`.
+    pub(super) fn reduce_scatter_tensor(
+        &self,
+        input: Tensor,
+        output: TensorSpec,
+        op: ReduceOp,
+    ) -> Result<Plan> {
+        let (w, me) = (self.w(), self.g.rank);
+        let dt = input.dtype();
+        same_dtype("output", dt, output.dtype)?;
+        let n = output.numel()?;
+        if Some(input.numel()) != n.checked_mul(w) {
+            return Err(Error::invalid(format!(
+                "input holds {} elements; {w} ranks × {n} were expected",
+                input.numel()
+            )));
+        }
+        let data = self.prepare(&input, op)?;
+        let alg = self.algorithm(OpKind::ReduceScatterTensor, input.nbytes())?;
+        let blocks = vec![n; w];
+        let s = self.reduce_scatter_schedule(alg, &blocks, dt);
+        let mut init = vec![None; s.layout.chunk_elems.len()];
+        fill(&mut init, &s.layout, 0..w, &data, dt.size())?;
+        let fin = Finish::Concat(me..me + 1, output.shape);
+        Ok(self.collective(
+            OpKind::ReduceScatterTensor,
+            dt,
+            Some(input.numel() as u64),
+            None,
+            Some(op),
+            alg,
+            s,
+            init,
+            fin,
+        ))
+    }
+
+    pub(super) fn reduce_scatter_schedule(
+        &self,
+        alg: Algorithm,
+        blocks: &[usize],
+        dt: DType,
+    ) -> Schedule {
+        let (w, me) = (self.w(), self.g.rank);
+        match alg {
+            Algorithm::Direct => direct::reduce_scatter(me, w, blocks),
+            _ => ring::reduce_scatter(me, w, blocks, self.seg_elems(dt)),
+        }
+    }
+}
