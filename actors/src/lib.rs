@@ -2,17 +2,19 @@
 //!
 //! Each rank is an actix actor on its own `Arbiter` thread that owns one
 //! [`Engine`](collectix_runtime::Engine) and drives it: handlers feed the engine (a call, a
-//! peer's message, a timer), then one `drive()` drains its outputs to the [`Transport`](transport::Transport),
-//! to the callers' [`Work`] handles and to the next timer. No protocol decision lives here.
+//! peer's message, a timer), then one `drive()` drains its outputs to its per-peer links
+//! ([`transport`]: a link may say "would block"; what it refuses waits in an outbox), to the
+//! callers' [`Work`] handles and to the next timer. No protocol decision lives here.
 //!
 //! ```text
 //!   World::local(n)
 //!     └─ "collectix-system" thread: actix System
-//!          ├─ Arbiter thread 0: RankActor { Engine, LocalTransport, waiting Works, timer }
+//!          ├─ Arbiter thread 0: RankActor { Engine, links + outboxes, waiting Works, timer }
 //!          ├─ Arbiter thread 1: RankActor …
 //!          └─ …
 //!   Communicator (Send + Sync + Clone) ──Submit──▶ RankActor mailbox
-//!   RankActor ──Deliver(Message)──▶ peer RankActor mailbox   (payloads moved, never serialized)
+//!   RankActor ──LocalLink: Deliver { src, Message }──▶ peer RankActor mailbox
+//!                                  (payloads moved, never serialized; src stamped by the link)
 //! ```
 //!
 //! The actix `System` runs on a thread of its own, so a [`World`] can be made from plain

@@ -2,9 +2,11 @@
 //! drains its outputs to the transport, the waiting callers and one timer. No protocol
 //! decision is made here.
 
-use crate::transport::{Deliver, Transport};
+use crate::transport::{Deliver, Flush, Links, PeerLost};
 use crate::work::Done;
 use actix::{Actor, AsyncContext, Context, Handler, Message as ActixMessage, SpawnHandle};
+use collectix_runtime::message::Message;
+use collectix_runtime::wire::Outbox;
 use collectix_runtime::{Engine, GroupId, GroupInfo, OpId, Output, Plan, Time};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -31,20 +33,21 @@ pub(crate) struct AddGroup(pub(crate) GroupInfo);
 #[rtype(result = "()")]
 pub(crate) struct Quiesce(pub(crate) std::sync::mpsc::Sender<()>);
 
-/// Installs the transport (once every peer's address is known).
+/// Installs the rank's links (once every peer's address is known).
 #[derive(ActixMessage)]
 #[rtype(result = "()")]
-pub(crate) struct SetTransport(pub(crate) Box<dyn Transport>);
+pub(crate) struct SetLinks(pub(crate) Links);
 
 /// One rank: its engine, its transport, the callers waiting on it, and its timer.
 pub(crate) struct RankActor {
     engine: Engine,
-    transport: Option<Box<dyn Transport>>,
+    /// One link per global rank, with the messages it refused waiting in front of it.
+    links: Option<(Links, Vec<Outbox<Message>>)>,
     waiting: HashMap<OpId, Done<Output>>,
     origin: Instant,
     timer: Option<(Time, SpawnHandle)>,
-    /// Messages sent before the transport was installed.
-    backlog: Vec<(usize, collectix_runtime::message::Message)>,
+    /// Messages sent before the links were installed.
+    backlog: Vec<(usize, Message)>,
     /// Set by [`Quiesce`]: the world is shutting down.
     quiesced: bool,
 }
@@ -55,7 +58,7 @@ impl RankActor {
         engine.add_group(world, Time::ZERO);
         RankActor {
             engine,
-            transport: None,
+            links: None,
             waiting: HashMap::new(),
             origin,
             timer: None,
@@ -68,20 +71,32 @@ impl RankActor {
         Time::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
+    /// Sends `msg` to global rank `dst` through its link (or its outbox, if the link would
+    /// block); a link that is gone is a lost peer.
+    fn send(&mut self, dst: usize, msg: Message) {
+        let Some((links, outboxes)) = &mut self.links else {
+            return;
+        };
+        let sent = match (links.get_mut(dst), outboxes.get_mut(dst)) {
+            (Some(link), Some(outbox)) => outbox.send(link.as_mut(), msg).is_ok(),
+            _ => false,
+        };
+        if !sent {
+            let now = self.now();
+            self.engine.handle_peer_lost(dst, now);
+        }
+    }
+
     /// Drains the engine: messages out, results to callers, the timer re-armed.
     fn drive(&mut self, ctx: &mut Context<Self>) {
         loop {
             let mut progressed = false;
             while let Some(t) = self.engine.poll_transmit() {
                 progressed = true;
-                match &mut self.transport {
-                    None => self.backlog.push((t.dst, t.msg)),
-                    Some(tr) => {
-                        if let Err(gone) = tr.send(t.dst, t.msg) {
-                            let now = self.now();
-                            self.engine.handle_peer_lost(gone.0, now);
-                        }
-                    }
+                if self.links.is_none() {
+                    self.backlog.push((t.dst, t.msg));
+                } else {
+                    self.send(t.dst, t.msg);
                 }
             }
             while let Some(ev) = self.engine.poll_event() {
@@ -138,7 +153,45 @@ impl Handler<Deliver> for RankActor {
             return;
         }
         let now = self.now();
-        self.engine.handle_message(m.0, now);
+        // The source is the link's, never the message's own claim.
+        let mut msg = m.msg;
+        msg.src = m.src;
+        self.engine.handle_message(msg, now);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<Flush> for RankActor {
+    type Result = ();
+    fn handle(&mut self, m: Flush, ctx: &mut Context<Self>) {
+        let Some((links, outboxes)) = &mut self.links else {
+            return;
+        };
+        let closed = match (links.get_mut(m.0), outboxes.get_mut(m.0)) {
+            (Some(link), Some(outbox)) => outbox.flush(link.as_mut()).is_err(),
+            _ => false,
+        };
+        if closed && !self.quiesced {
+            let now = self.now();
+            self.engine.handle_peer_lost(m.0, now);
+            self.drive(ctx);
+        }
+    }
+}
+
+impl Handler<PeerLost> for RankActor {
+    type Result = ();
+    fn handle(&mut self, m: PeerLost, ctx: &mut Context<Self>) {
+        if self.quiesced {
+            return;
+        }
+        if let Some((_, outboxes)) = &mut self.links {
+            if let Some(o) = outboxes.get_mut(m.0) {
+                o.clear();
+            }
+        }
+        let now = self.now();
+        self.engine.handle_peer_lost(m.0, now);
         self.drive(ctx);
     }
 }
@@ -169,17 +222,14 @@ impl Handler<AddGroup> for RankActor {
     }
 }
 
-impl Handler<SetTransport> for RankActor {
+impl Handler<SetLinks> for RankActor {
     type Result = ();
-    fn handle(&mut self, m: SetTransport, ctx: &mut Context<Self>) {
-        let mut tr = m.0;
+    fn handle(&mut self, m: SetLinks, ctx: &mut Context<Self>) {
+        let outboxes = m.0.iter().map(|_| Outbox::default()).collect();
+        self.links = Some((m.0, outboxes));
         for (dst, msg) in std::mem::take(&mut self.backlog) {
-            if let Err(gone) = tr.send(dst, msg) {
-                let now = self.now();
-                self.engine.handle_peer_lost(gone.0, now);
-            }
+            self.send(dst, msg);
         }
-        self.transport = Some(tr);
         self.drive(ctx);
     }
 }

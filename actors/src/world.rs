@@ -3,8 +3,8 @@
 //! from inside a tokio runtime and from tests alike).
 
 use crate::comm::{Communicator, RankShared};
-use crate::rank::{Quiesce, RankActor, SetTransport};
-use crate::transport::LocalTransport;
+use crate::rank::{Quiesce, RankActor, SetLinks};
+use crate::transport::local;
 use actix::{Actor, Addr, Arbiter, System};
 use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
 use std::sync::mpsc;
@@ -66,10 +66,8 @@ impl World {
                     .iter()
                     .map(|(a, _, _)| a.clone().recipient())
                     .collect();
-                for (addr, _, _) in &ranks {
-                    addr.do_send(SetTransport(Box::new(LocalTransport::new(
-                        recipients.clone(),
-                    ))));
+                for (r, (addr, _, _)) in ranks.iter().enumerate() {
+                    addr.do_send(SetLinks(local::links(r, &recipients)));
                 }
                 let ranks: Vec<_> = ranks
                     .into_iter()
@@ -190,5 +188,53 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::World;
+    use crate::transport::{Deliver, PeerLost};
+    use collectix_runtime::message::{Header, Message};
+    use collectix_runtime::{DType, Error, GroupId, Tensor, TensorSpec};
+    use std::time::Duration;
+
+    #[test]
+    fn a_peer_lost_event_from_the_transport_fails_the_calls_that_need_that_peer() {
+        let w = World::local(3).unwrap_or_else(|e| panic!("{e}"));
+        let c = w.communicators();
+        let r = c[1].recv(TensorSpec::new(&[1], DType::I64), Some(0), 1);
+        c[1].rank.addr.do_send(PeerLost(0));
+        let got = r.wait_timeout(Duration::from_secs(30));
+        assert!(
+            matches!(got, Some(Err(Error::PeerLost { rank: 0 }))),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn the_source_of_a_message_is_the_link_it_came_on_not_its_own_claim() {
+        let w = World::local(3).unwrap_or_else(|e| panic!("{e}"));
+        let c = w.communicators();
+        let r = c[1].recv(TensorSpec::new(&[1], DType::I64), None, 5);
+        let data = Tensor::from_vec(vec![7i64]);
+        // Rank 0's link delivers a message that claims to come from rank 2.
+        c[1].rank.addr.do_send(Deliver {
+            src: 0,
+            msg: Message {
+                src: 2,
+                header: Header::P2p {
+                    group: GroupId::WORLD,
+                    tag: 5,
+                    seq: 0,
+                    dtype: DType::I64,
+                    count: 1,
+                    eager: true,
+                },
+                payload: vec![data.bytes().clone()],
+            },
+        });
+        let got = r.wait_timeout(Duration::from_secs(30));
+        assert!(matches!(&got, Some(Ok((t, 0))) if *t == data), "{got:?}");
     }
 }

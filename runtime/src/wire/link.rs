@@ -46,7 +46,7 @@ impl<T> Default for Outbox<T> {
 
 impl<T> Outbox<T> {
     /// Sends `item` through `link`, or queues it behind what is already waiting.
-    pub fn send(&mut self, link: &mut impl Link<T>, item: T) -> Result<(), Closed> {
+    pub fn send<L: Link<T> + ?Sized>(&mut self, link: &mut L, item: T) -> Result<(), Closed> {
         if !self.queue.is_empty() {
             self.queue.push_back(item);
             return Ok(());
@@ -62,7 +62,7 @@ impl<T> Outbox<T> {
     }
 
     /// Sends what waits, in order, until the link would block; returns how many went.
-    pub fn flush(&mut self, link: &mut impl Link<T>) -> Result<usize, Closed> {
+    pub fn flush<L: Link<T> + ?Sized>(&mut self, link: &mut L) -> Result<usize, Closed> {
         let mut sent = 0;
         while let Some(item) = self.queue.pop_front() {
             match link.try_send(item) {
