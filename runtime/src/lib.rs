@@ -51,6 +51,7 @@
 pub mod algorithm;
 pub mod collective;
 pub mod completion;
+pub mod data_plane;
 pub mod engine;
 pub mod error;
 pub mod group;

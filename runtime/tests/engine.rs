@@ -476,3 +476,75 @@ fn a_reduce_step_in_a_call_without_an_op_is_an_internal_error_not_a_sum() {
         Ok(out) => panic!("reduced without an op: {out:?}"),
     }
 }
+
+#[test]
+fn reductions_and_joins_go_through_the_engines_data_plane() {
+    use collectix_runtime::data_plane::{DataPlane, HostPlane};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// The host plane, counting what it is asked to do.
+    struct Counting(HostPlane, Arc<AtomicUsize>);
+    impl DataPlane for Counting {
+        fn combine(
+            &self,
+            dtype: DType,
+            op: ReduceOp,
+            a: &[u8],
+            b: &[u8],
+        ) -> collectix_runtime::Result<Bytes> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.combine(dtype, op, a, b)
+        }
+        fn join(&self, dtype: DType, parts: &[&Bytes]) -> collectix_runtime::Result<Bytes> {
+            self.0.join(dtype, parts)
+        }
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut engines: Vec<Engine> = (0..W)
+        .map(|r| {
+            let plane = Box::new(Counting(HostPlane::new(1 << 20), calls.clone()));
+            let mut e = Engine::with_data_plane(r, plane);
+            let info = GroupInfo::world(W, r, GroupOptions::default())
+                .unwrap_or_else(|err| panic!("{err}"));
+            e.add_group(info, Time::ZERO);
+            e
+        })
+        .collect();
+    let ids: Vec<_> = (0..W)
+        .map(|r| {
+            let p = all_reduce(r, vec![r as f32 + 1.0, 10.0]);
+            engines[r].submit(GroupId::WORLD, 0, p, Time::ZERO)
+        })
+        .collect();
+    // Shuttle messages until none is left.
+    loop {
+        let mut moved = false;
+        for r in 0..W {
+            while let Some(t) = engines[r].poll_transmit() {
+                moved = true;
+                engines[t.dst].handle_message(t.msg, Time::ZERO);
+            }
+        }
+        if !moved {
+            break;
+        }
+    }
+    for (r, id) in ids.into_iter().enumerate() {
+        let ev = events(&mut engines[r]);
+        assert_eq!(ev.len(), 1, "rank {r}");
+        assert_eq!(ev[0].op, id);
+        let want: f32 = (1..=W).map(|k| k as f32).sum();
+        assert_eq!(
+            ev[0].result,
+            Ok(Output::Tensor(Tensor::from_vec(vec![
+                want,
+                10.0 * W as f32
+            ])))
+        );
+    }
+    assert!(
+        calls.load(Ordering::Relaxed) >= W,
+        "the plane reduced nothing"
+    );
+}

@@ -8,7 +8,6 @@ use super::{Engine, Event, Op, OpId, State, DONE_KEPT};
 use crate::error::{Error, ProtocolError};
 use crate::ids::GroupId;
 use crate::schedule::Action;
-use crate::tensor::reduce;
 use crate::time::Time;
 use crate::wire::message::{Header, Message, Transmit};
 
@@ -172,7 +171,7 @@ impl Engine {
                                 (local, &part)
                             };
                             match rop {
-                                Some(rop) => reduce::combine(dtype, rop, a, b, &self.pool),
+                                Some(rop) => self.plane.combine(dtype, rop, a, b),
                                 // Never a silent Sum: a schedule that reduces for a call
                                 // without an op is a bug in collectix.
                                 None => Err(Error::invalid(format!(
@@ -214,7 +213,13 @@ impl Engine {
             }
         }
         let result = match op.state {
-            State::Coll(c) => build_output(*c, op.fp.dtype, op.reduce, op.group_size),
+            State::Coll(c) => build_output(
+                self.plane.as_ref(),
+                *c,
+                op.fp.dtype,
+                op.reduce,
+                op.group_size,
+            ),
             State::Recv { .. } => Err(Error::invalid("internal: receive finished as a collective")),
         };
         self.events.push_back(Event { op: id, result });

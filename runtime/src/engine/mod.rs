@@ -26,11 +26,11 @@ mod p2p;
 pub(crate) mod p2p_flow;
 
 use crate::collective::{Body, Finish, Output, Plan, TensorSpec};
+use crate::data_plane::{DataPlane, HostPlane};
 use crate::error::{Error, ProtocolError, Result};
 use crate::group::GroupId;
 use crate::ids::Fingerprint;
 use crate::schedule::Schedule;
-use crate::tensor::pool::Pool;
 use crate::tensor::reduce::ReduceOp;
 use crate::time::Time;
 use crate::wire::message::{Header, Message, Transmit};
@@ -109,8 +109,9 @@ pub struct Engine {
     arrivals: u64,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
-    /// Buffers for reduction results, recycled when their last share is dropped.
-    pool: Pool,
+    /// Where chunks live and how they are combined (host memory with recycled reduction
+    /// buffers by default).
+    plane: Box<dyn DataPlane>,
     /// Set by [`Engine::shutdown`]: until when held messages may still be sent (`None` once
     /// that time has passed and the peers were told).
     closing: Option<Option<Time>>,
@@ -122,6 +123,12 @@ const POOL_BYTES: usize = 64 << 20;
 impl Engine {
     /// An engine for global rank `rank`.
     pub fn new(rank: usize) -> Engine {
+        Engine::with_data_plane(rank, Box::new(HostPlane::new(POOL_BYTES)))
+    }
+
+    /// An engine for global rank `rank` whose chunks live in, and are combined by, `plane`
+    /// (see [`crate::data_plane`]).
+    pub fn with_data_plane(rank: usize, plane: Box<dyn DataPlane>) -> Engine {
         Engine {
             rank,
             groups: HashMap::new(),
@@ -132,7 +139,7 @@ impl Engine {
             arrivals: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
-            pool: Pool::new(POOL_BYTES),
+            plane,
             closing: None,
         }
     }

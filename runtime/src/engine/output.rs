@@ -3,6 +3,7 @@
 
 use super::Coll;
 use crate::collective::{Finish, Output};
+use crate::data_plane::DataPlane;
 use crate::error::{Error, ProtocolError, Result};
 use crate::tensor::dtype::DType;
 use crate::tensor::reduce::{self, ReduceOp};
@@ -39,8 +40,9 @@ pub(super) fn check_payload(
         .collect()
 }
 
-/// Joins chunks into one aligned buffer (no copy when only one chunk holds data).
-fn concat(chunks: &[Option<Bytes>], dtype: DType) -> Result<Bytes> {
+/// Joins chunks into one aligned buffer (no copy when only one chunk holds data; else the
+/// data plane joins them).
+fn concat(plane: &dyn DataPlane, chunks: &[Option<Bytes>], dtype: DType) -> Result<Bytes> {
     let missing = || Error::invalid("internal: result chunk never filled");
     let mut nonempty = chunks
         .iter()
@@ -50,20 +52,15 @@ fn concat(chunks: &[Option<Bytes>], dtype: DType) -> Result<Bytes> {
         (Some(one), None) => return one.clone().ok_or_else(missing),
         _ => {}
     }
-    let total: usize = chunks
+    let parts = chunks
         .iter()
-        .map(|c| c.as_ref().map_or(0, Bytes::len))
-        .sum();
-    crate::with_storage_type!(dtype, T => {
-        let mut v: Vec<T> = Vec::with_capacity(total / dtype.size());
-        for c in chunks {
-            v.extend_from_slice(reduce::view::<T>(c.as_ref().ok_or_else(missing)?)?);
-        }
-        Ok(crate::tensor::bytes_from_vec(v))
-    })
+        .map(|c| c.as_ref().ok_or_else(missing))
+        .collect::<Result<Vec<_>>>()?;
+    plane.join(dtype, &parts)
 }
 
 pub(super) fn build_output(
+    plane: &dyn DataPlane,
     c: Coll,
     dtype: DType,
     op: Option<ReduceOp>,
@@ -80,16 +77,18 @@ pub(super) fn build_output(
     Ok(match c.finish {
         Finish::Nothing => Output::None,
         Finish::Return(t) => Output::Tensor(t),
-        Finish::Whole(shape) => Output::Tensor(tensor(post(concat(&c.chunks, dtype)?)?, shape)),
+        Finish::Whole(shape) => {
+            Output::Tensor(tensor(post(concat(plane, &c.chunks, dtype)?)?, shape))
+        }
         Finish::Concat(blocks, shape) => {
-            let b = concat(&c.chunks[layout.chunks_of(blocks)], dtype)?;
+            let b = concat(plane, &c.chunks[layout.chunks_of(blocks)], dtype)?;
             Output::Tensor(tensor(post(b)?, shape))
         }
         Finish::Blocks(blocks, shapes) => {
             let mut out = Vec::with_capacity(shapes.len());
             for (b, shape) in blocks.zip(shapes) {
                 out.push(tensor(
-                    concat(&c.chunks[layout.chunks_of(b..b + 1)], dtype)?,
+                    concat(plane, &c.chunks[layout.chunks_of(b..b + 1)], dtype)?,
                     shape,
                 ));
             }
