@@ -38,6 +38,10 @@ fn empty_tensors_of_every_dtype_have_working_accessors() {
                 DType::U8 => t.to_vec::<u8>().map(|v| v.len()),
                 DType::I32 => t.to_vec::<i32>().map(|v| v.len()),
                 DType::I64 => t.to_vec::<i64>().map(|v| v.len()),
+                DType::I16 => t.to_vec::<i16>().map(|v| v.len()),
+                DType::U16 => t.to_vec::<u16>().map(|v| v.len()),
+                DType::U32 => t.to_vec::<u32>().map(|v| v.len()),
+                DType::U64 => t.to_vec::<u64>().map(|v| v.len()),
                 _ => t.to_vec::<bool>().map(|v| v.len()),
             };
             assert_eq!(ok.ok(), Some(0), "{dtype}");

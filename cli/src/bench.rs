@@ -95,6 +95,10 @@ pub(crate) fn make(dtype: DType, vals: &[f64]) -> Tensor {
         DType::I64 => Tensor::from_vec(vals.iter().map(|&x| x as i64).collect::<Vec<_>>()),
         DType::I8 => Tensor::from_vec(vals.iter().map(|&x| x as i8).collect::<Vec<_>>()),
         DType::U8 => Tensor::from_vec(vals.iter().map(|&x| x as u8).collect::<Vec<_>>()),
+        DType::I16 => Tensor::from_vec(vals.iter().map(|&x| x as i16).collect::<Vec<_>>()),
+        DType::U16 => Tensor::from_vec(vals.iter().map(|&x| x as u16).collect::<Vec<_>>()),
+        DType::U32 => Tensor::from_vec(vals.iter().map(|&x| x as u32).collect::<Vec<_>>()),
+        DType::U64 => Tensor::from_vec(vals.iter().map(|&x| x as u64).collect::<Vec<_>>()),
         _ => Tensor::from_vec(vals.iter().map(|&x| x != 0.0).collect::<Vec<_>>()),
     }
 }

@@ -59,6 +59,10 @@ enum Dt {
     Int64,
     Int8,
     Uint8,
+    Int16,
+    Uint16,
+    Uint32,
+    Uint64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -171,6 +175,10 @@ impl Dt {
             Dt::Int64 => DType::I64,
             Dt::Int8 => DType::I8,
             Dt::Uint8 => DType::U8,
+            Dt::Int16 => DType::I16,
+            Dt::Uint16 => DType::U16,
+            Dt::Uint32 => DType::U32,
+            Dt::Uint64 => DType::U64,
         }
     }
 }

@@ -29,17 +29,26 @@ pub enum DType {
     I64 = 8,
     /// `torch.bool`, stored as one byte that is 0 or 1.
     Bool = 9,
+    /// `torch.int16`.
+    I16 = 10,
+    /// `torch.uint16` (torch's c10d back ends do not reduce it; collectix does: see
+    /// [`crate::tensor::reduce`]).
+    U16 = 11,
+    /// `torch.uint32` (reduced by collectix; see [`DType::U16`]).
+    U32 = 12,
+    /// `torch.uint64` (reduced by collectix; see [`DType::U16`]).
+    U64 = 13,
 }
 
 coded!(
     DType,
     "dtype",
-    [F16, BF16, F32, F64, I8, U8, I32, I64, Bool]
+    [F16, BF16, F32, F64, I8, U8, I32, I64, Bool, I16, U16, U32, U64]
 );
 
 impl DType {
     /// Every dtype, in declaration order (handy for test matrices).
-    pub const ALL: [DType; 9] = [
+    pub const ALL: [DType; 13] = [
         DType::F16,
         DType::BF16,
         DType::F32,
@@ -49,15 +58,19 @@ impl DType {
         DType::I32,
         DType::I64,
         DType::Bool,
+        DType::I16,
+        DType::U16,
+        DType::U32,
+        DType::U64,
     ];
 
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {
             DType::I8 | DType::U8 | DType::Bool => 1,
-            DType::F16 | DType::BF16 => 2,
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 | DType::I64 | DType::U64 => 8,
         }
     }
 
@@ -68,7 +81,17 @@ impl DType {
 
     /// Integer types (bool excluded).
     pub const fn is_integer(self) -> bool {
-        matches!(self, DType::I8 | DType::U8 | DType::I32 | DType::I64)
+        matches!(
+            self,
+            DType::I8
+                | DType::U8
+                | DType::I16
+                | DType::U16
+                | DType::I32
+                | DType::U32
+                | DType::I64
+                | DType::U64
+        )
     }
 
     /// The torch spelling, e.g. `float32`.
@@ -83,6 +106,10 @@ impl DType {
             DType::I32 => "int32",
             DType::I64 => "int64",
             DType::Bool => "bool",
+            DType::I16 => "int16",
+            DType::U16 => "uint16",
+            DType::U32 => "uint32",
+            DType::U64 => "uint64",
         }
     }
 }
@@ -95,7 +122,8 @@ impl fmt::Display for DType {
 
 /// A Rust type that can be the element of a tensor.
 ///
-/// Implemented for `f16`, `bf16`, `f32`, `f64`, `i8`, `u8`, `i32`, `i64` and `bool`. The
+/// Implemented for `f16`, `bf16`, `f32`, `f64`, `i8`, `u8`, `i16`, `u16`, `i32`, `u32`, `i64`,
+/// `u64` and `bool`. The
 /// `CheckedBitPattern` bound lets bytes from a peer be validated before they are viewed as
 /// elements (only 0 and 1 are valid `bool`s).
 pub trait Element:
@@ -140,6 +168,10 @@ element!(u8, U8, |v| v as u8, |s| s as f64);
 element!(i32, I32, |v| v as i32, |s| s as f64);
 element!(i64, I64, |v| v as i64, |s| s as f64);
 element!(bool, Bool, |v| v != 0.0, |s| if s { 1.0 } else { 0.0 });
+element!(i16, I16, |v| v as i16, |s| s as f64);
+element!(u16, U16, |v| v as u16, |s| s as f64);
+element!(u32, U32, |v| v as u32, |s| s as f64);
+element!(u64, U64, |v| v as u64, |s| s as f64);
 
 /// Runs `$body` with `$T` bound to the Rust type of `$dtype`, with `bool` mapped to `u8`
 /// (its storage type; the reduce kernels treat bool as 0/1 bytes).
@@ -178,6 +210,22 @@ macro_rules! with_storage_type {
             }
             $crate::DType::I64 => {
                 type $T = i64;
+                $body
+            }
+            $crate::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            $crate::DType::U16 => {
+                type $T = u16;
+                $body
+            }
+            $crate::DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            $crate::DType::U64 => {
+                type $T = u64;
                 $body
             }
         }

@@ -236,16 +236,19 @@ macro_rules! int_scalar {
             }
             fn mean(sum: Self, count: u64) -> Self {
                 // Floor division; the quotient's magnitude is at most the sum's, so it fits.
-                let count = i64::try_from(count).unwrap_or(i64::MAX);
-                <$t>::try_from(i64::from(sum).div_euclid(count)).unwrap_or(sum)
+                <$t>::try_from(i128::from(sum).div_euclid(i128::from(count))).unwrap_or(sum)
             }
         }
     };
 }
 int_scalar!(i8);
 int_scalar!(u8);
+int_scalar!(i16);
+int_scalar!(u16);
 int_scalar!(i32);
+int_scalar!(u32);
 int_scalar!(i64);
+int_scalar!(u64);
 
 /// A typed view of a tensor's storage (`bool` as `u8`).
 fn storage<S: bytemuck::Pod>(t: &Tensor) -> Result<&[S]> {

@@ -306,6 +306,10 @@ impl Tensor {
             DType::I32 => conv!(i32),
             DType::I64 => conv!(i64),
             DType::Bool => conv!(bool),
+            DType::I16 => conv!(i16),
+            DType::U16 => conv!(u16),
+            DType::U32 => conv!(u32),
+            DType::U64 => conv!(u64),
         }
     }
 
@@ -352,6 +356,10 @@ impl Tensor {
             DType::I32 => go!(i32),
             DType::I64 => go!(i64),
             DType::Bool => go!(bool),
+            DType::I16 => go!(i16),
+            DType::U16 => go!(u16),
+            DType::U32 => go!(u32),
+            DType::U64 => go!(u64),
         }
         out
     }

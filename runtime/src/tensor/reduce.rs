@@ -3,6 +3,14 @@
 //! # Numerics
 //! - Integer `Sum` and `Product` wrap on overflow (two's complement), as torch does, in debug
 //!   builds too.
+//! - The unsigned types beyond `uint8` (`uint16`, `uint32`, `uint64`), which torch's c10d
+//!   back ends (Gloo, NCCL) do not reduce, follow the same rules here: `Sum` and `Product`
+//!   wrap modulo 2^bits; `Min`/`Max` compare as unsigned numbers; `BAnd`/`BOr`/`BXor` act on
+//!   the bits; `Avg` and `PremulSum` are refused with `InvalidArgument`, as for every integer
+//!   type (torch's rule for `int64`: averaging is for floating types). `int16` follows the
+//!   signed rules of `int8`/`int32`/`int64`. On the NCCL path `uint32`/`uint64` map to
+//!   `ncclUint32`/`ncclUint64`; NCCL has no 16-bit integers, so `int16`/`uint16` device calls
+//!   need the host-staged backend.
 //! - `Min`/`Max` on floats propagate NaN (as `torch.maximum`), return the canonical quiet NaN
 //!   whatever the operands' payloads, and order −0 below +0, so `max(a, b)` and `max(b, a)`
 //!   have the same bits.
@@ -349,8 +357,12 @@ macro_rules! int_kernel {
 }
 int_kernel!(i8);
 int_kernel!(u8);
+int_kernel!(i16);
+int_kernel!(u16);
 int_kernel!(i32);
+int_kernel!(u32);
 int_kernel!(i64);
+int_kernel!(u64);
 
 /// Typed view of storage that the engine has validated (aligned, right length).
 pub(crate) fn view<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T]> {
@@ -472,6 +484,29 @@ mod tests {
         assert_eq!(comb(ReduceOp::Sum, &[i8::MAX], &[1]), vec![i8::MIN]);
         assert_eq!(comb(ReduceOp::Product, &[i32::MAX], &[2]), vec![-2]);
         assert_eq!(comb(ReduceOp::Sum, &[255u8], &[1]), vec![0]);
+    }
+
+    #[test]
+    fn the_wider_unsigned_types_wrap_compare_unsigned_and_refuse_avg() {
+        assert_eq!(comb(ReduceOp::Sum, &[u16::MAX], &[2]), vec![1]);
+        assert_eq!(
+            comb(ReduceOp::Product, &[u32::MAX], &[2]),
+            vec![u32::MAX - 1]
+        );
+        assert_eq!(comb(ReduceOp::Sum, &[u64::MAX], &[1]), vec![0]);
+        assert_eq!(
+            comb(ReduceOp::Max, &[u64::MAX, 1], &[1, 2]),
+            vec![u64::MAX, 2]
+        );
+        assert_eq!(comb(ReduceOp::Min, &[u32::MAX], &[7]), vec![7]);
+        assert_eq!(comb(ReduceOp::BXor, &[0xf0u16], &[0xffu16]), vec![0x0f]);
+        assert_eq!(comb(ReduceOp::Sum, &[i16::MAX], &[1]), vec![i16::MIN]);
+        assert_eq!(comb(ReduceOp::Min, &[-1i16], &[1]), vec![-1]);
+        for d in [DType::I16, DType::U16, DType::U32, DType::U64] {
+            assert!(ReduceOp::Avg.check(d).is_err(), "{d}");
+            assert!(ReduceOp::PremulSum(2.0).check(d).is_err(), "{d}");
+            assert!(ReduceOp::BOr.check(d).is_ok(), "{d}");
+        }
     }
 
     #[test]

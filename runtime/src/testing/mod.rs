@@ -72,7 +72,9 @@ pub fn input(dtype: DType, op: ReduceOp, rank: usize, salt: usize, n: usize) -> 
         match op {
             ReduceOp::Product => 1.0 + (k % 2) as f64,
             _ if dtype == DType::Bool => u8::from(k.is_multiple_of(3)) as f64,
-            _ if dtype == DType::U8 => (k % 5) as f64,
+            _ if matches!(dtype, DType::U8 | DType::U16 | DType::U32 | DType::U64) => {
+                (k % 5) as f64
+            }
             _ => (k % 5) as f64 - 2.0,
         }
     };
@@ -95,6 +97,10 @@ pub fn input(dtype: DType, op: ReduceOp, rank: usize, salt: usize, n: usize) -> 
         DType::I32 => make!(i32),
         DType::I64 => make!(i64),
         DType::Bool => make!(bool),
+        DType::I16 => make!(i16),
+        DType::U16 => make!(u16),
+        DType::U32 => make!(u32),
+        DType::U64 => make!(u64),
     }
 }
 
