@@ -36,7 +36,8 @@ fn run(n: usize, reps: usize) -> collectix::Result<()> {
         for _ in 0..5 {
             let t = Instant::now();
             for _ in 0..reps {
-                let r: Tensor = collectix::runtime::reduce::reference(op, &[a.clone(), b.clone()])?;
+                let r: Tensor =
+                    collectix::runtime::tensor::reduce::reference(op, &[a.clone(), b.clone()])?;
                 std::hint::black_box(r);
             }
             best = best.min(t.elapsed().as_secs_f64() / reps as f64);

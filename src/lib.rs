@@ -21,8 +21,8 @@
 //!
 //! - [`runtime`] (`collectix-runtime`) is the protocol: tensors, dtypes, reduce kernels,
 //!   algorithm schedules, message tags and matching, timeouts, aborts. No threads, no IO, no
-//!   clock, so the same code runs under the seeded simulator ([`runtime::sim`]), loom, the
-//!   in-process world and, later, TCP.
+//!   clock, so the same code runs under the seeded simulator (`runtime::testing::sim`, with
+//!   the `testing` feature), loom, the in-process world and, later, TCP.
 //! - [`actors`] (`collectix-actors`) drives it: one actor per rank, the transports, the
 //!   [`World`], and the public API on [`Communicator`].
 //!

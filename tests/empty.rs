@@ -27,10 +27,10 @@ fn empty_tensors_of_every_dtype_have_working_accessors() {
             assert_eq!(t.format_values(), "[]", "{dtype}");
             let ok = match dtype {
                 DType::F16 => t
-                    .to_vec::<collectix::runtime::dtype::f16>()
+                    .to_vec::<collectix::runtime::tensor::dtype::f16>()
                     .map(|v| v.len()),
                 DType::BF16 => t
-                    .to_vec::<collectix::runtime::dtype::bf16>()
+                    .to_vec::<collectix::runtime::tensor::dtype::bf16>()
                     .map(|v| v.len()),
                 DType::F32 => t.to_vec::<f32>().map(|v| v.len()),
                 DType::F64 => t.to_vec::<f64>().map(|v| v.len()),

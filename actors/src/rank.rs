@@ -5,7 +5,7 @@
 use crate::transport::{Deliver, Flush, Links, PeerLost};
 use crate::work::Done;
 use actix::{Actor, AsyncContext, Context, Handler, Message as ActixMessage, SpawnHandle};
-use collectix_runtime::message::Message;
+use collectix_runtime::wire::Message;
 use collectix_runtime::wire::Outbox;
 use collectix_runtime::{Engine, GroupId, GroupInfo, OpId, Output, Plan, Time};
 use std::collections::HashMap;

@@ -195,7 +195,7 @@ impl Drop for World {
 mod tests {
     use super::World;
     use crate::transport::{Deliver, PeerLost};
-    use collectix_runtime::message::{Header, Message};
+    use collectix_runtime::wire::{Header, Message};
     use collectix_runtime::{DType, Error, GroupId, Tensor, TensorSpec};
     use std::time::Duration;
 

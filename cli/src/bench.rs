@@ -7,7 +7,7 @@
 //! 256 exactly); averages are compared with a tolerance of the dtype's precision.
 
 use collectix::runtime::collective::{Output, Request};
-use collectix::runtime::dtype::{bf16, f16};
+use collectix::runtime::tensor::dtype::{bf16, f16};
 use collectix::{DType, Device, ReduceOp, Result, Tensor, TensorDeviceExt, TensorSpec};
 
 /// The collectives `collectix bench` measures.

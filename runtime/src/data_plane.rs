@@ -4,7 +4,7 @@
 //! them: reducing two chunks into a new one, and joining a call's chunks into its output.
 //!
 //! [`HostPlane`] is today's implementation: reduction results go into recycled, aligned host
-//! buffers ([`crate::tensor::pool`]). A shared-memory transport can supply a plane whose
+//! buffers (`tensor/pool.rs`). A shared-memory transport can supply a plane whose
 //! buffers live in a segment shared with its peers (`Bytes::from_owner` over the mapping, so
 //! nothing else changes); a device plane would do the same with pinned staging memory.
 

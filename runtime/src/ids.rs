@@ -1,7 +1,8 @@
 //! Identifiers and fingerprints: what names a group ([`GroupId`]) and what every rank's call
 //! must agree on ([`Fingerprint`]). A leaf of the crate: it imports only the coded enums of
-//! [`crate::op`] and [`crate::tensor::dtype`], which import nothing of the protocol, so the
-//! error type can describe calls without importing any protocol module.
+//! `op.rs` ([`OpKind`], [`Algorithm`], [`ReduceKind`]) and [`crate::tensor::dtype`], which
+//! import nothing of the protocol, so the error type can describe calls without importing
+//! any protocol module.
 
 use crate::op::{Algorithm, CodeError, OpKind, ReduceKind};
 use crate::tensor::dtype::DType;

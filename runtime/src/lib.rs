@@ -3,7 +3,7 @@
 //! Everything that decides what a rank sends, when, and what it makes of what it receives —
 //! and nothing else: no threads, no sockets, no actix or tokio, no clock (time is a [`Time`]
 //! the driver passes in). That is what lets one implementation run under a seeded simulator
-//! ([`sim`]), under loom (build with `--cfg collectix_loom`), in the in-process actor world
+//! (`testing::sim`, feature `testing`), under loom (build with `--cfg collectix_loom`), in the in-process actor world
 //! and, later, over TCP and NCCL.
 //!
 //! ```text
@@ -15,21 +15,31 @@
 //!                                    handle_message(Message, now)   handle_timeout(now), handle_peer_lost(rank, now)
 //! ```
 //!
-//! - [`tensor`], [`dtype`]: host tensors over shared, aligned `Bytes`; the nine torch dtypes.
-//! - [`reduce`]: [`ReduceOp`] with torch's dtype rules and the kernels (numerics documented
-//!   there).
-//! - [`collective`]: each collective as a spec — argument checks, [`Fingerprint`], [`Plan`].
+//! The layout, one concern per folder:
+//!
+//! - [`ids`]: what names a group and what every rank's call must agree on ([`Fingerprint`]),
+//!   with explicit wire codes; a leaf, so [`error`] describes calls without importing any
+//!   protocol module.
+//! - [`tensor`]: host tensors over shared, aligned `Bytes`; [`tensor::dtype`] (the thirteen
+//!   dtypes), [`tensor::reduce`] ([`ReduceOp`] with torch's dtype rules and the kernels;
+//!   numerics documented there), [`tensor::local_ops`] (torch's local `scatter_`/`gather`).
+//! - [`collective`]: each collective as a spec in a file of its own — argument checks,
+//!   sizes, fingerprint, [`Plan`].
 //! - [`schedule`], [`algorithm`]: a schedule is steps of sends and receives over chunks; one
 //!   file per algorithm (ring, halving-doubling, recursive doubling, binomial tree, direct,
 //!   dissemination, pairwise), each with its diagram and source.
-//! - [`engine`]: the per-rank state machine; [`message`]: what travels.
-//! - [`completion`]: the slot a `Work` handle waits on; [`sim`]: the deterministic driver;
-//!   [`testing`]: the cases and reference results shared by tests and benchmarks;
-//!   [`tensor::local_ops`]: torch's local `scatter_`/`gather` family.
-//!
+//! - [`engine`]: the per-rank state machine, split by concern (groups, the call interpreter,
+//!   point-to-point matching, flow control, failures, output assembly).
+//! - [`data_plane`]: where chunks live and how they are combined (host memory today).
+//! - [`wire`]: what travels ([`wire::message`]), the frames it travels in on byte streams
+//!   ([`wire::codec`]), and the per-peer link seam every transport sits behind
+//!   ([`wire::link`]).
+//! - `testing` (feature `testing`): the deterministic simulator (`testing::sim`) and the
+//!   cases and reference results shared by tests and benchmarks.
+
 //! ## Example: three ranks, no threads
 //! ```
-//! use collectix_runtime::sim::Sim;
+//! use collectix_runtime::testing::sim::Sim;
 //! use collectix_runtime::{CallOptions, GroupId, Output, ReduceOp, Request, Tensor};
 //!
 //! let mut sim = Sim::new(3, 42); // 3 engines, messages delivered in seeded random order
@@ -50,6 +60,7 @@
 
 pub mod algorithm;
 pub mod collective;
+#[doc(hidden)]
 pub mod completion;
 pub mod data_plane;
 pub mod engine;
@@ -58,27 +69,22 @@ pub mod group;
 pub mod ids;
 #[cfg(all(test, collectix_loom))]
 mod loom_models;
-pub mod op;
+mod op;
 pub mod schedule;
 mod sync;
 pub mod tensor;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod time;
+mod time;
 pub mod wire;
 
-pub use tensor::{dtype, reduce};
-#[cfg(any(test, feature = "testing"))]
-pub use testing::sim;
-pub use wire::message;
-
 pub use collective::{Output, Plan, Request, TensorSpec};
-pub use dtype::{DType, Element};
 pub use engine::{Engine, Event, OpId};
 pub use error::{DeviceError, Error, Result};
 pub use group::{CallOptions, GroupId, GroupInfo, GroupOptions};
 pub use ids::{DataPath, Fingerprint};
-pub use op::{Algorithm, OpKind, ReduceKind};
-pub use reduce::ReduceOp;
+pub use op::{Algorithm, CodeError, OpKind, ReduceKind};
+pub use tensor::dtype::{bf16, f16, DType, Element};
+pub use tensor::reduce::ReduceOp;
 pub use tensor::{Device, DeviceStorage, Tensor};
 pub use time::Time;

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use collectix_runtime::error::ProtocolError;
 use collectix_runtime::group::{CallOptions, GroupId, GroupInfo, GroupOptions};
-use collectix_runtime::message::{Header, Message};
+use collectix_runtime::wire::{Header, Message};
 use collectix_runtime::Fingerprint;
 use collectix_runtime::{
     Algorithm, DType, Engine, Error, Event, Output, Plan, ReduceOp, Request, Tensor, Time,

@@ -2,7 +2,7 @@
 //! sends waits in its own engine until the peer makes the calls, and then everything completes.
 
 use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
-use collectix_runtime::sim::Sim;
+use collectix_runtime::testing::sim::Sim;
 use collectix_runtime::{Output, Request, Tensor};
 
 #[test]

@@ -8,9 +8,9 @@
 //! have been held (the test exercises flow control rather than passing around it).
 
 use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
-use collectix_runtime::op::OpKind;
-use collectix_runtime::sim::Sim;
+use collectix_runtime::testing::sim::Sim;
 use collectix_runtime::testing::{sequence_call, COLLECTIVES};
+use collectix_runtime::OpKind;
 use collectix_runtime::{DType, Output, Request, Tensor};
 
 #[derive(Clone, Copy, Debug)]

@@ -4,9 +4,9 @@
 //! sequential reference on every rank.
 
 use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
-use collectix_runtime::op::OpKind;
-use collectix_runtime::sim::Sim;
+use collectix_runtime::testing::sim::Sim;
 use collectix_runtime::testing::{reduces, rooted, Case, COLLECTIVES};
+use collectix_runtime::OpKind;
 use collectix_runtime::{DType, Output, ReduceOp};
 
 const SIZES: [usize; 7] = [1, 2, 3, 4, 5, 7, 8];

@@ -12,9 +12,9 @@
 //! that seed replays it.
 
 use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
-use collectix_runtime::op::OpKind;
-use collectix_runtime::sim::{Rng, Sim, SimOptions, TraceEvent};
+use collectix_runtime::testing::sim::{Rng, Sim, SimOptions, TraceEvent};
 use collectix_runtime::testing::{reduces, rooted, Case, COLLECTIVES};
+use collectix_runtime::OpKind;
 use collectix_runtime::{DType, Error, OpId, ReduceOp, Time};
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};

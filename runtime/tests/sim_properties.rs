@@ -11,9 +11,9 @@
 //! the same trace (same seed, same calls: `replay_gives_the_same_trace` checks that).
 
 use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
-use collectix_runtime::op::{Algorithm, OpKind};
-use collectix_runtime::sim::{Delivery, Rng, Sim, SimOptions, TraceEvent};
+use collectix_runtime::testing::sim::{Delivery, Rng, Sim, SimOptions, TraceEvent};
 use collectix_runtime::testing::{reduces, rooted, Case, COLLECTIVES};
+use collectix_runtime::{Algorithm, OpKind};
 use collectix_runtime::{DType, Output, ReduceOp, Request, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
@@ -257,12 +257,12 @@ fn inexact(dtype: DType, rng: &mut Rng, n: usize, product: bool) -> Tensor {
     match dtype {
         DType::F16 => Tensor::from_vec(
             (0..n)
-                .map(|_| collectix_runtime::dtype::f16::from_f64(v()))
+                .map(|_| collectix_runtime::tensor::dtype::f16::from_f64(v()))
                 .collect::<Vec<_>>(),
         ),
         DType::BF16 => Tensor::from_vec(
             (0..n)
-                .map(|_| collectix_runtime::dtype::bf16::from_f64(v()))
+                .map(|_| collectix_runtime::tensor::dtype::bf16::from_f64(v()))
                 .collect::<Vec<_>>(),
         ),
         DType::F32 => Tensor::from_vec((0..n).map(|_| v() as f32).collect::<Vec<_>>()),
@@ -497,7 +497,7 @@ fn deadlock_and_step_bound_are_errors() {
         }
     }
     match sim.run_no_timeouts(100_000) {
-        Err(collectix_runtime::sim::SimError::Stuck { pending }) => {
+        Err(collectix_runtime::testing::sim::SimError::Stuck { pending }) => {
             assert_eq!(pending[3], 0);
             assert!(pending[..3].iter().all(|&p| p == 1), "{pending:?}");
         }
@@ -524,7 +524,7 @@ fn deadlock_and_step_bound_are_errors() {
     let r = sim.run(10);
     assert_eq!(
         r,
-        Err(collectix_runtime::sim::SimError::StepBound { steps: 10 }),
+        Err(collectix_runtime::testing::sim::SimError::StepBound { steps: 10 }),
         "{}",
         sim.trace_text()
     );
@@ -607,7 +607,7 @@ fn deliberate_bug_receive_before_send_is_caught() {
     }
     assert_eq!(
         sim.run_no_timeouts(1000),
-        Err(collectix_runtime::sim::SimError::Stuck {
+        Err(collectix_runtime::testing::sim::SimError::Stuck {
             pending: vec![1, 1]
         })
     );

@@ -4,7 +4,7 @@
 
 use super::{Deliver, Link, LinkError, Links};
 use actix::Recipient;
-use collectix_runtime::message::Message;
+use collectix_runtime::wire::Message;
 
 /// The link from global rank `src` to one peer actor.
 pub struct LocalLink {

@@ -15,7 +15,7 @@
 pub mod local;
 
 use actix::Message as ActixMessage;
-use collectix_runtime::message::Message;
+use collectix_runtime::wire::Message;
 pub use collectix_runtime::wire::{Link, LinkError};
 
 /// A message for a rank actor, from global rank `src` (stamped by the link it came on).

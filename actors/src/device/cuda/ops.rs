@@ -63,10 +63,10 @@ fn scalar_bytes(op: &RedOp, dtype: DType) -> [u8; 8] {
     let mut out = [0u8; 8];
     if let RedOp::PreMulSum(s) = op {
         let b: Vec<u8> = match dtype {
-            DType::F16 => collectix_runtime::dtype::f16::from_f64(*s)
+            DType::F16 => collectix_runtime::tensor::dtype::f16::from_f64(*s)
                 .to_le_bytes()
                 .to_vec(),
-            DType::BF16 => collectix_runtime::dtype::bf16::from_f64(*s)
+            DType::BF16 => collectix_runtime::tensor::dtype::bf16::from_f64(*s)
                 .to_le_bytes()
                 .to_vec(),
             DType::F32 => (*s as f32).to_le_bytes().to_vec(),
