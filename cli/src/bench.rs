@@ -8,7 +8,7 @@
 
 use collectix::runtime::collective::{Output, Request};
 use collectix::runtime::tensor::dtype::{bf16, f16};
-use collectix::{DType, Device, ReduceOp, Result, Tensor, TensorDeviceExt, TensorSpec};
+use collectix::{DType, Device, OpKind, ReduceOp, Result, Tensor, TensorDeviceExt, TensorSpec};
 
 /// The collectives `collectix bench` measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -28,19 +28,21 @@ pub(crate) enum Coll {
 }
 
 impl Coll {
-    /// nccl-tests' bus-bandwidth factor for a world of `w`.
+    /// nccl-tests' bus-bandwidth factor for a world of `w` (the runtime's, per collective).
     pub(crate) fn busbw_factor(self, w: usize) -> f64 {
-        let w = w as f64;
-        match self {
-            Coll::AllReduce => 2.0 * (w - 1.0) / w,
-            Coll::AllGather
-            | Coll::ReduceScatter
-            | Coll::Gather
-            | Coll::Scatter
-            | Coll::AllToAll => (w - 1.0) / w,
-            Coll::Broadcast | Coll::Reduce | Coll::SendRecv => 1.0,
-            Coll::Barrier => 0.0,
-        }
+        let kind = match self {
+            Coll::AllReduce => OpKind::AllReduce,
+            Coll::Broadcast => OpKind::Broadcast,
+            Coll::Reduce => OpKind::Reduce,
+            Coll::AllGather => OpKind::AllGather,
+            Coll::ReduceScatter => OpKind::ReduceScatter,
+            Coll::Gather => OpKind::Gather,
+            Coll::Scatter => OpKind::Scatter,
+            Coll::AllToAll => OpKind::AllToAll,
+            Coll::SendRecv => OpKind::Send,
+            Coll::Barrier => OpKind::Barrier,
+        };
+        collectix::runtime::collective::busbw_factor(kind, w)
     }
 
     /// The name, as `--collective` takes it.

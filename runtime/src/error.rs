@@ -229,10 +229,11 @@ pub enum Error {
     /// The world (or the rank) was shut down before the call completed.
     #[error("the rank was shut down")]
     Shutdown,
-    /// A peer shut down while its flow control still held messages that this rank's calls
-    /// need (it had run ahead by more than the window, e.g. a broadcast root that exits
-    /// right after its calls completed), and they could not be sent within its linger time.
-    /// Make the peer wait for its peers (a barrier) before it shuts down.
+    /// A peer shut down while a call of the group was in flight on it, or while its flow
+    /// control still held messages that this rank's calls need (it had run ahead by more
+    /// than the window, e.g. a broadcast root that exits right after its calls completed)
+    /// and they could not be sent within its linger time. Make the peer wait for its peers
+    /// (a barrier) before it shuts down.
     #[error("rank {rank} shut down with {undelivered} messages for this rank unsent")]
     PeerShutdown {
         /// The rank that shut down (global).

@@ -137,23 +137,6 @@ impl OpKind {
             OpKind::Send | OpKind::Recv => &[Direct],
         }
     }
-
-    /// The bus-bandwidth factor of nccl-tests for a group of `n` ranks.
-    pub fn busbw_factor(self, n: usize) -> f64 {
-        let n = n.max(1) as f64;
-        match self {
-            OpKind::AllReduce => 2.0 * (n - 1.0) / n,
-            OpKind::AllGather
-            | OpKind::AllGatherIntoTensor
-            | OpKind::ReduceScatter
-            | OpKind::ReduceScatterTensor
-            | OpKind::AllToAll
-            | OpKind::AllToAllSingle
-            | OpKind::Gather
-            | OpKind::Scatter => (n - 1.0) / n,
-            _ => 1.0,
-        }
-    }
 }
 
 impl fmt::Display for OpKind {

@@ -548,3 +548,31 @@ fn reductions_and_joins_go_through_the_engines_data_plane() {
         "the plane reduced nothing"
     );
 }
+
+#[test]
+fn a_replayed_point_to_point_message_is_a_protocol_error() {
+    let mut e = engine(1);
+    let msg = |seq| Message {
+        src: 0,
+        header: Header::P2p {
+            group: GroupId::WORLD,
+            tag: 3,
+            seq,
+            dtype: DType::F32,
+            count: 1,
+            eager: true,
+        },
+        payload: vec![f32_bytes(&[1.0])],
+    };
+    e.handle_message(msg(0), Time::ZERO);
+    assert_eq!(e.p2p_buffered(), 1);
+    // The same message again: not stored twice, not counted twice against the window.
+    e.handle_message(msg(0), Time::ZERO);
+    assert!(matches!(
+        e.aborted(GroupId::WORLD),
+        Some(Error::Protocol {
+            rank: 0,
+            detail: ProtocolError::Duplicate { seq: 0, tag: 3 }
+        })
+    ));
+}

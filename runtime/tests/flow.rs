@@ -418,3 +418,121 @@ fn a_root_that_shuts_down_past_its_linger_fails_its_peers_at_once() {
         );
     }
 }
+
+#[test]
+fn point_to_point_messages_held_at_shutdown_fail_the_receiver_at_once() {
+    // Window 2: rank 0 sends 6 messages on one tag and shuts down with a short linger;
+    // rank 1 receives later. The first 2 went eagerly; the rest were held, and rank 1 hears
+    // that they never will come instead of waiting for its timeout.
+    let mut sim = Sim::with_options(
+        2,
+        21,
+        GroupOptions {
+            window: 2,
+            ..GroupOptions::default()
+        },
+    );
+    for k in 0..6i64 {
+        let req = Request::Send {
+            tensor: Tensor::from_vec(vec![k]),
+            dst: 1,
+            tag: 4,
+        };
+        sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    sim.settle(100_000).unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(sim.engine(0).map(|e| e.held()), Some(4));
+    sim.shutdown(0, std::time::Duration::from_millis(1));
+    sim.run(100_000).unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(sim.engine(0).is_some_and(|e| e.is_drained()));
+    let start = sim.now();
+    let req = Request::Recv {
+        spec: collectix_runtime::TensorSpec::new(&[1], collectix_runtime::DType::I64),
+        src: Some(0),
+        tag: 4,
+    };
+    let id = sim
+        .submit(1, GroupId::WORLD, req, &CallOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.run(100_000).unwrap_or_else(|e| panic!("{e:?}"));
+    let e = sim.take(1, id).and_then(|r| r.err());
+    assert!(
+        matches!(
+            e.as_ref().map(collectix_runtime::Error::root_cause),
+            Some(collectix_runtime::Error::PeerShutdown {
+                rank: 0,
+                undelivered: 4
+            })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        sim.completed_at(1, id).map(|t| t.saturating_since(start)),
+        Some(std::time::Duration::ZERO),
+        "fails at once"
+    );
+}
+
+#[test]
+fn a_rank_that_shuts_down_in_a_call_tells_every_member_at_once() {
+    // Ranks 0 and 1 are in an all_reduce, rank 2 has not made it yet; rank 0 shuts down.
+    let mut sim = Sim::new(3, 5);
+    let call = |r: usize| Request::AllReduce {
+        tensor: Tensor::from_vec(vec![r as i64]),
+        op: collectix_runtime::ReduceOp::Sum,
+    };
+    let a = sim
+        .submit(0, GroupId::WORLD, call(0), &CallOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let b = sim
+        .submit(1, GroupId::WORLD, call(1), &CallOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.settle(100_000).unwrap_or_else(|e| panic!("{e:?}"));
+    sim.shutdown(0, std::time::Duration::from_secs(5));
+    assert_eq!(
+        sim.take(0, a),
+        Some(Err(collectix_runtime::Error::Shutdown))
+    );
+    sim.settle(100_000).unwrap_or_else(|e| panic!("{e:?}"));
+    let c = sim
+        .submit(2, GroupId::WORLD, call(2), &CallOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.settle(100_000).unwrap_or_else(|e| panic!("{e:?}"));
+    for (r, id) in [(1, b), (2, c)] {
+        let e = sim.take(r, id).and_then(|r| r.err());
+        assert!(
+            matches!(
+                e.as_ref().map(collectix_runtime::Error::root_cause),
+                Some(collectix_runtime::Error::PeerShutdown { rank: 0, .. })
+            ),
+            "rank {r}: {e:?}"
+        );
+    }
+}
+
+#[test]
+fn an_aborted_group_drops_the_point_to_point_messages_it_held() {
+    let mut sim = Sim::with_options(
+        2,
+        8,
+        GroupOptions {
+            window: 1,
+            ..GroupOptions::default()
+        },
+    );
+    for k in 0..5i64 {
+        let req = Request::Send {
+            tensor: Tensor::from_vec(vec![k]),
+            dst: 1,
+            tag: 0,
+        };
+        sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    sim.settle(100_000).unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(sim.engine(0).map(|e| e.held()), Some(4));
+    sim.isolate(1);
+    let _ = sim.run(100_000);
+    assert_eq!(sim.engine(0).map(|e| e.held()), Some(0));
+}

@@ -92,3 +92,59 @@ impl Planner<'_> {
         }
     }
 }
+
+/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
+pub(super) fn busbw_factor(n: f64) -> f64 {
+    (n - 1.0) / n
+}
+
+/// The test and benchmark case of this collective: the request each rank makes and the
+/// result it must get (inputs from [`crate::testing::input`], exact in every reduction order).
+#[cfg(any(test, feature = "testing"))]
+mod case {
+    use crate::collective::{Output, Request, TensorSpec};
+    use crate::tensor::Tensor;
+    use crate::testing::concat;
+    use crate::testing::Case;
+
+    impl Case {
+        /// The all_gather case (list form): rank `r` contributes a block of `block(r)` elements
+        /// (uneven on purpose).
+        pub(crate) fn all_gather_request(&self, r: usize) -> Request {
+            Request::AllGather {
+                input: self.inp(r, 0, self.block(r)),
+                outputs: (0..self.size)
+                    .map(|j| TensorSpec::new(&[self.block(j)], self.dtype))
+                    .collect(),
+            }
+        }
+
+        /// What every rank of the all_gather case gets: every rank's block.
+        pub(crate) fn all_gather_expected(&self) -> Output {
+            Output::Tensors(
+                (0..self.size)
+                    .map(|j| self.inp(j, 0, self.block(j)))
+                    .collect(),
+            )
+        }
+
+        /// The all_gather_into_tensor case: `count` elements per rank, gathered into `[size,
+        /// count]`.
+        pub(crate) fn all_gather_into_tensor_request(&self, r: usize) -> Request {
+            Request::AllGatherIntoTensor {
+                input: self.inp(r, 0, self.count),
+                output: TensorSpec::new(&[self.size, self.count], self.dtype),
+            }
+        }
+
+        /// What every rank of the all_gather_into_tensor case gets.
+        pub(crate) fn all_gather_into_tensor_expected(&self) -> Output {
+            let (w, n) = (self.size, self.count);
+            let all = concat(&(0..w).map(|j| self.inp(j, 0, n)).collect::<Vec<_>>());
+            Output::Tensor(
+                all.reshape(&[w, n])
+                    .unwrap_or_else(|_| Tensor::empty(self.dtype)),
+            )
+        }
+    }
+}

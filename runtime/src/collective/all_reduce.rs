@@ -41,3 +41,31 @@ impl Planner<'_> {
         ))
     }
 }
+
+/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
+pub(super) fn busbw_factor(n: f64) -> f64 {
+    2.0 * (n - 1.0) / n
+}
+
+/// The test and benchmark case of this collective: the request each rank makes and the
+/// result it must get (inputs from [`crate::testing::input`], exact in every reduction order).
+#[cfg(any(test, feature = "testing"))]
+mod case {
+    use crate::collective::{Output, Request};
+    use crate::testing::Case;
+
+    impl Case {
+        /// The all_reduce case: every rank reduces its input; every rank gets the reduction.
+        pub(crate) fn all_reduce_request(&self, r: usize) -> Request {
+            Request::AllReduce {
+                tensor: self.inp(r, 0, self.count),
+                op: self.op,
+            }
+        }
+
+        /// What every rank of the all_reduce case gets.
+        pub(crate) fn all_reduce_expected(&self) -> Output {
+            Output::Tensor(self.reduced((0..self.size).map(|k| self.inp(k, 0, self.count))))
+        }
+    }
+}

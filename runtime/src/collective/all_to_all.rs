@@ -119,3 +119,67 @@ fn splits(what: &str, shape: &[usize], given: Option<Vec<usize>>, w: usize) -> R
         })
         .collect()
 }
+
+/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
+pub(super) fn busbw_factor(n: f64) -> f64 {
+    (n - 1.0) / n
+}
+
+/// The test and benchmark case of this collective: the request each rank makes and the
+/// result it must get (inputs from [`crate::testing::input`], exact in every reduction order).
+#[cfg(any(test, feature = "testing"))]
+mod case {
+    use crate::collective::{Output, Request, TensorSpec};
+    use crate::tensor::Tensor;
+    use crate::testing::Case;
+    use crate::testing::{concat, slice};
+
+    impl Case {
+        /// The all_to_all case (lists): rank `r` sends `a2a(r, j)` elements to rank `j` (uneven
+        /// on purpose).
+        pub(crate) fn all_to_all_request(&self, r: usize) -> Request {
+            let w = self.size;
+            Request::AllToAll {
+                inputs: (0..w).map(|j| self.inp(r, j, self.a2a(r, j))).collect(),
+                outputs: (0..w)
+                    .map(|j| TensorSpec::new(&[self.a2a(j, r)], self.dtype))
+                    .collect(),
+            }
+        }
+
+        /// What rank `r` of the all_to_all case gets: entry `r` of every rank's list.
+        pub(crate) fn all_to_all_expected(&self, r: usize) -> Output {
+            Output::Tensors(
+                (0..self.size)
+                    .map(|j| self.inp(j, r, self.a2a(j, r)))
+                    .collect(),
+            )
+        }
+
+        /// The all_to_all_single case: the same sizes as the list form, as explicit splits.
+        pub(crate) fn all_to_all_single_request(&self, r: usize) -> Request {
+            let w = self.size;
+            let input_splits: Vec<usize> = (0..w).map(|j| self.a2a(r, j)).collect();
+            let output_splits: Vec<usize> = (0..w).map(|j| self.a2a(j, r)).collect();
+            Request::AllToAllSingle {
+                input: self.inp(r, 0, input_splits.iter().sum()),
+                output: TensorSpec::new(&[output_splits.iter().sum()], self.dtype),
+                output_splits: Some(output_splits),
+                input_splits: Some(input_splits),
+            }
+        }
+
+        /// What rank `r` of the all_to_all_single case gets: its split of every rank's input.
+        pub(crate) fn all_to_all_single_expected(&self, r: usize) -> Output {
+            let w = self.size;
+            let parts: Vec<Tensor> = (0..w)
+                .map(|j| {
+                    let off: usize = (0..r).map(|k| self.a2a(j, k)).sum();
+                    let total: usize = (0..w).map(|k| self.a2a(j, k)).sum();
+                    slice(&self.inp(j, 0, total), off, self.a2a(j, r))
+                })
+                .collect();
+            Output::Tensor(concat(&parts))
+        }
+    }
+}

@@ -37,3 +37,37 @@ impl Planner<'_> {
         ))
     }
 }
+
+/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
+pub(super) fn busbw_factor(_n: f64) -> f64 {
+    1.0
+}
+
+/// The test and benchmark case of this collective: the request each rank makes and the
+/// result it must get (inputs from [`crate::testing::input`], exact in every reduction order).
+#[cfg(any(test, feature = "testing"))]
+mod case {
+    use crate::collective::{Output, Request};
+    use crate::tensor::Tensor;
+    use crate::testing::Case;
+
+    impl Case {
+        /// The broadcast case: the root sends its input; the others pass zeros of its shape.
+        pub(crate) fn broadcast_request(&self, r: usize) -> Request {
+            let (n, dt) = (self.count, self.dtype);
+            Request::Broadcast {
+                tensor: if r == self.root {
+                    self.inp(r, 0, n)
+                } else {
+                    Tensor::zeros(&[n], dt).unwrap_or_else(|_| Tensor::empty(dt))
+                },
+                root: self.root,
+            }
+        }
+
+        /// What every rank of the broadcast case gets: the root's input.
+        pub(crate) fn broadcast_expected(&self) -> Output {
+            Output::Tensor(self.inp(self.root, 0, self.count))
+        }
+    }
+}

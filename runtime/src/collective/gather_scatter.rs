@@ -76,3 +76,50 @@ impl Planner<'_> {
         ))
     }
 }
+
+/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
+pub(super) fn busbw_factor(n: f64) -> f64 {
+    (n - 1.0) / n
+}
+
+/// The test and benchmark case of this collective: the request each rank makes and the
+/// result it must get (inputs from [`crate::testing::input`], exact in every reduction order).
+#[cfg(any(test, feature = "testing"))]
+mod case {
+    use crate::collective::{Output, Request, TensorSpec};
+    use crate::testing::Case;
+
+    impl Case {
+        /// The gather case: every rank sends its input to the root.
+        pub(crate) fn gather_request(&self, r: usize) -> Request {
+            Request::Gather {
+                input: self.inp(r, 0, self.count),
+                root: self.root,
+            }
+        }
+
+        /// What rank `r` of the gather case gets: every input on the root, nothing elsewhere.
+        pub(crate) fn gather_expected(&self, r: usize) -> Output {
+            if r == self.root {
+                Output::Tensors((0..self.size).map(|j| self.inp(j, 0, self.count)).collect())
+            } else {
+                Output::None
+            }
+        }
+
+        /// The scatter case: the root's list holds one input per rank.
+        pub(crate) fn scatter_request(&self, r: usize) -> Request {
+            let (w, n) = (self.size, self.count);
+            Request::Scatter {
+                output: TensorSpec::new(&[n], self.dtype),
+                inputs: (r == self.root).then(|| (0..w).map(|j| self.inp(r, j, n)).collect()),
+                root: self.root,
+            }
+        }
+
+        /// What rank `r` of the scatter case gets: entry `r` of the root's list.
+        pub(crate) fn scatter_expected(&self, r: usize) -> Output {
+            Output::Tensor(self.inp(self.root, r, self.count))
+        }
+    }
+}

@@ -209,6 +209,23 @@ impl Plan {
     }
 }
 
+/// nccl-tests' bus-bandwidth factor of a call of `kind` in a group of `n` ranks (busbw =
+/// algbw × factor; 1 for point-to-point, 0 for a barrier, which moves no data).
+pub fn busbw_factor(kind: OpKind, n: usize) -> f64 {
+    let n = n.max(1) as f64;
+    match kind {
+        OpKind::AllReduce => all_reduce::busbw_factor(n),
+        OpKind::Reduce => reduce::busbw_factor(n),
+        OpKind::Broadcast => broadcast::busbw_factor(n),
+        OpKind::AllGather | OpKind::AllGatherIntoTensor => all_gather::busbw_factor(n),
+        OpKind::Gather | OpKind::Scatter => gather_scatter::busbw_factor(n),
+        OpKind::ReduceScatter | OpKind::ReduceScatterTensor => reduce_scatter::busbw_factor(n),
+        OpKind::AllToAll | OpKind::AllToAllSingle => all_to_all::busbw_factor(n),
+        OpKind::Barrier | OpKind::NewGroup => barrier::busbw_factor(n),
+        OpKind::Send | OpKind::Recv => p2p::busbw_factor(n),
+    }
+}
+
 /// The default algorithm for a call of `kind` moving `bytes` bytes per rank in a group of `w`.
 pub fn select(kind: OpKind, bytes: usize, w: usize) -> Algorithm {
     match kind {

@@ -39,3 +39,36 @@ impl Planner<'_> {
         ))
     }
 }
+
+/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
+pub(super) fn busbw_factor(_n: f64) -> f64 {
+    1.0
+}
+
+/// The test and benchmark case of this collective: the request each rank makes and the
+/// result it must get (inputs from [`crate::testing::input`], exact in every reduction order).
+#[cfg(any(test, feature = "testing"))]
+mod case {
+    use crate::collective::{Output, Request};
+    use crate::testing::Case;
+
+    impl Case {
+        /// The reduce case: every rank reduces its input to the root.
+        pub(crate) fn reduce_request(&self, r: usize) -> Request {
+            Request::Reduce {
+                tensor: self.inp(r, 0, self.count),
+                root: self.root,
+                op: self.op,
+            }
+        }
+
+        /// What rank `r` of the reduce case gets: the reduction on the root, its input elsewhere.
+        pub(crate) fn reduce_expected(&self, r: usize) -> Output {
+            if r == self.root {
+                Output::Tensor(self.reduced((0..self.size).map(|k| self.inp(k, 0, self.count))))
+            } else {
+                Output::Tensor(self.inp(r, 0, self.count))
+            }
+        }
+    }
+}

@@ -96,3 +96,51 @@ impl Planner<'_> {
         }
     }
 }
+
+/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
+pub(super) fn busbw_factor(n: f64) -> f64 {
+    (n - 1.0) / n
+}
+
+/// The test and benchmark case of this collective: the request each rank makes and the
+/// result it must get (inputs from [`crate::testing::input`], exact in every reduction order).
+#[cfg(any(test, feature = "testing"))]
+mod case {
+    use crate::collective::{Output, Request, TensorSpec};
+    use crate::testing::slice;
+    use crate::testing::Case;
+
+    impl Case {
+        /// The reduce_scatter case (list form): block `j` of every rank has `block(j)` elements.
+        pub(crate) fn reduce_scatter_request(&self, r: usize) -> Request {
+            Request::ReduceScatter {
+                inputs: (0..self.size)
+                    .map(|j| self.inp(r, j, self.block(j)))
+                    .collect(),
+                op: self.op,
+            }
+        }
+
+        /// What rank `r` of the reduce_scatter case gets: the reduction of every rank's block r.
+        pub(crate) fn reduce_scatter_expected(&self, r: usize) -> Output {
+            Output::Tensor(self.reduced((0..self.size).map(|k| self.inp(k, r, self.block(r)))))
+        }
+
+        /// The reduce_scatter_tensor case: `size × count` elements in, `count` out.
+        pub(crate) fn reduce_scatter_tensor_request(&self, r: usize) -> Request {
+            let (w, n) = (self.size, self.count);
+            Request::ReduceScatterTensor {
+                input: self.inp(r, 0, n * w),
+                output: TensorSpec::new(&[n], self.dtype),
+                op: self.op,
+            }
+        }
+
+        /// What rank `r` of the reduce_scatter_tensor case gets: its slice of the reduction.
+        pub(crate) fn reduce_scatter_tensor_expected(&self, r: usize) -> Output {
+            let (w, n) = (self.size, self.count);
+            let all = self.reduced((0..w).map(|k| self.inp(k, 0, n * w)));
+            Output::Tensor(slice(&all, r * n, n))
+        }
+    }
+}

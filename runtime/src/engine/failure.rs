@@ -7,21 +7,25 @@ use crate::error::{CallDesc, Error};
 use crate::ids::{Fingerprint, GroupId};
 use crate::time::Time;
 use crate::wire::message::{AbortReason, Header, Message, Transmit};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 impl Engine {
     /// Starts shutting this rank down at `now`: calls still pending fail with
-    /// [`Error::Shutdown`], and so do later ones. Messages that flow control still holds for
-    /// peers (of calls that completed here early, such as a broadcast root's) go on being
-    /// sent as those peers grant credit, for at most `linger`; then each peer they were for
-    /// is sent an abort of the group with [`Error::PeerShutdown`], so that its calls fail at
-    /// once instead of at their timeout. [`is_drained`](Self::is_drained) tells when nothing
-    /// is left to send; the driver keeps feeding messages and timeouts until then.
+    /// [`Error::Shutdown`], and so do later ones; every other member of a group that had a
+    /// call in flight is told at once (an abort with [`Error::PeerShutdown`]), since its part
+    /// of that call can never complete. Messages that flow control still holds for peers in
+    /// other groups (of calls that completed here early, such as a broadcast root's) go on
+    /// being sent as those peers grant credit, for at most `linger`; then every member of a
+    /// group with messages still held is told, each with how many were for it, so that their
+    /// calls fail at once instead of at their timeout. [`is_drained`](Self::is_drained) tells
+    /// when nothing is left to send; the driver keeps feeding messages and timeouts until
+    /// then, and sends what [`poll_transmit`](Self::poll_transmit) gives before it stops.
     pub fn shutdown(&mut self, now: Time, linger: std::time::Duration) {
         if self.closing.is_some() {
             return;
         }
         self.closing = Some(Some(now + linger));
+        let cut: BTreeSet<GroupId> = self.ops.values().map(|op| op.group).collect();
         let ids: Vec<OpId> = self.ops.keys().copied().collect();
         for id in ids {
             if let Some(op) = self.ops.remove(&id) {
@@ -32,42 +36,73 @@ impl Engine {
                 });
             }
         }
+        for gid in cut {
+            self.tell_shutdown(gid);
+        }
         self.handle_timeout(now);
     }
 
     /// Whether a rank that is shutting down has nothing left to send: every held message
-    /// went out, or its peers were told they never will.
+    /// went out, or its peers were told they never will, and the engine's own output queue
+    /// is empty.
     pub fn is_drained(&self) -> bool {
-        self.closing.is_some() && self.held() == 0
+        self.closing.is_some() && self.held() == 0 && self.transmits.is_empty()
     }
 
-    /// The linger time of a shutdown is over: tell each peer that this rank still holds
-    /// messages for, and drop them.
+    /// The linger time of a shutdown is over: tell every member of each group with messages
+    /// still held, and drop them.
     pub(super) fn give_up_held(&mut self) {
-        let mut told = Vec::new();
-        for (&gid, g) in &mut self.groups {
-            let mut peers: BTreeMap<usize, usize> = BTreeMap::new();
-            for (p, n) in g.flow.holding_for().chain(g.p2p_flow.holding_for()) {
-                *peers.entry(g.info.global(p)).or_insert(0) += n;
-            }
-            g.flow.clear();
-            g.p2p_flow.clear();
-            for (dst, undelivered) in peers {
-                told.push((gid, dst, undelivered));
-            }
+        let holding: Vec<GroupId> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.flow.held() + g.p2p_flow.held() > 0)
+            .map(|(&gid, _)| gid)
+            .collect();
+        for gid in holding {
+            self.tell_shutdown(gid);
         }
-        for (group, dst, undelivered) in told {
-            tracing::warn!(rank = self.rank, peer = dst, group = %group, undelivered, "shut down with messages held for a peer; telling it");
+    }
+
+    /// This rank leaves group `gid` for good: drop what flow control holds for it and send
+    /// every other member an abort with [`Error::PeerShutdown`] (with the number of messages
+    /// that were held for that member).
+    fn tell_shutdown(&mut self, gid: GroupId) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        if g.aborted.is_some() {
+            return;
+        }
+        let mut held: BTreeMap<usize, usize> = BTreeMap::new();
+        for (p, n) in g.flow.holding_for().chain(g.p2p_flow.holding_for()) {
+            *held.entry(g.info.global(p)).or_insert(0) += n;
+        }
+        g.flow.clear();
+        g.p2p_flow.clear();
+        g.aborted = Some(Error::Shutdown);
+        let me = self.rank;
+        let members: Vec<usize> = g
+            .info
+            .members
+            .iter()
+            .copied()
+            .filter(|&m| m != me)
+            .collect();
+        for dst in members {
+            let undelivered = held.get(&dst).copied().unwrap_or(0);
+            if undelivered > 0 {
+                tracing::warn!(rank = me, peer = dst, group = %gid, undelivered, "shut down with messages held for a peer; telling it");
+            }
             let cause = Error::PeerShutdown {
-                rank: self.rank,
+                rank: me,
                 undelivered,
             };
             self.transmits.push_back(Transmit {
                 dst,
                 msg: Message {
-                    src: self.rank,
+                    src: me,
                     header: Header::Abort {
-                        group,
+                        group: gid,
                         reason: AbortReason::from(&cause),
                     },
                     payload: Vec::new(),

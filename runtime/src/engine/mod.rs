@@ -298,6 +298,20 @@ impl Engine {
             Header::P2p {
                 tag, seq, eager, ..
             } => {
+                // A message of a lane consumed already, or one that is here already, is a
+                // replay: never stored twice (it would also count twice against the window).
+                let consumed = g.p2p_recv_seq.get(&(src, *tag)).copied().unwrap_or(0);
+                if *seq < consumed || g.p2p_arrived.contains_key(&(src, *tag, *seq)) {
+                    let err = Error::Protocol {
+                        rank: msg.src,
+                        detail: ProtocolError::Duplicate {
+                            seq: *seq,
+                            tag: *tag,
+                        },
+                    };
+                    self.abort(gid, err, None, true);
+                    return;
+                }
                 if !g.p2p_flow.admit(src, *tag, *seq, *eager) {
                     let err = Error::Protocol {
                         rank: msg.src,

@@ -277,6 +277,45 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_releases_exactly_the_messages_below_it() {
+        let mut f = P2pFlow::new(1);
+        let mut out: Vec<P2pOut> = (0..4).filter_map(|q| f.send(1, 3, q, msg(3, q))).collect();
+        assert_eq!(sent(&out), vec![(3, 0, true)]);
+        out.clear();
+        // One receive waits after message 0 was consumed: messages below 2 are solicited.
+        f.on_grant(1, 3, 2, &mut out);
+        assert_eq!(sent(&out), vec![(3, 1, false)]);
+        assert_eq!(f.held(), 2);
+        assert_eq!(f.holding_for().collect::<Vec<_>>(), vec![(1, 2)]);
+        f.clear();
+        assert_eq!((f.held(), f.holding_for().count()), (0, 0));
+    }
+
+    #[test]
+    fn consumption_is_reported_once_per_half_window_and_grants_are_not_repeated() {
+        let mut f = P2pFlow::new(4);
+        let mut out = Vec::new();
+        for _ in 0..4 {
+            assert!(f.admit(1, 0, 0, true));
+        }
+        for _ in 0..4 {
+            f.on_consume(1, true, &mut out);
+        }
+        let reports: Vec<u64> = out
+            .iter()
+            .filter_map(|o| match o {
+                P2pOut::Consumed { eager, .. } => Some(*eager),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reports, vec![2, 4], "a report every half window of 4");
+        out.clear();
+        f.solicit(1, 9, 3, &mut out);
+        f.solicit(1, 9, 3, &mut out);
+        assert_eq!(out.len(), 1, "an equal grant is not sent again");
+    }
+
+    #[test]
     fn the_receiver_admits_a_window_of_eager_messages_and_only_what_it_solicited() {
         let mut f = P2pFlow::new(2);
         let mut out = Vec::new();

@@ -104,7 +104,8 @@ pub fn input(dtype: DType, op: ReduceOp, rank: usize, salt: usize, n: usize) -> 
     }
 }
 
-fn concat(ts: &[Tensor]) -> Tensor {
+/// The tensors' elements, one after another, as a 1-D tensor.
+pub(crate) fn concat(ts: &[Tensor]) -> Tensor {
     let dtype = ts.first().map_or(DType::U8, Tensor::dtype);
     let mut v = Vec::new();
     for t in ts {
@@ -114,7 +115,8 @@ fn concat(ts: &[Tensor]) -> Tensor {
     Tensor::from_bytes(bytes::Bytes::from(v), dtype, &[n]).unwrap_or_else(|_| Tensor::empty(dtype))
 }
 
-fn slice(t: &Tensor, from: usize, n: usize) -> Tensor {
+/// Elements `from..from + n` of `t`, as a 1-D tensor.
+pub(crate) fn slice(t: &Tensor, from: usize, n: usize) -> Tensor {
     let s = t.dtype().size();
     Tensor::from_bytes(t.bytes().slice(from * s..(from + n) * s), t.dtype(), &[n])
         .unwrap_or_else(|_| Tensor::empty(t.dtype()))
@@ -131,129 +133,52 @@ impl Case {
         self.count + j % 2
     }
 
-    fn inp(&self, r: usize, salt: usize, n: usize) -> Tensor {
+    /// Rank `r`'s input number `salt` of `n` elements.
+    pub(crate) fn inp(&self, r: usize, salt: usize, n: usize) -> Tensor {
         input(self.dtype, self.op, r, salt, n)
     }
 
-    /// The request rank `r` makes.
+    /// The request rank `r` makes (each collective's case is in its file in
+    /// `collective/`).
     pub fn request(&self, r: usize) -> Request {
-        let (w, n, dt, op, root) = (self.size, self.count, self.dtype, self.op, self.root);
         match self.kind {
-            OpKind::AllReduce => Request::AllReduce {
-                tensor: self.inp(r, 0, n),
-                op,
-            },
-            OpKind::Reduce => Request::Reduce {
-                tensor: self.inp(r, 0, n),
-                root,
-                op,
-            },
-            OpKind::Broadcast => Request::Broadcast {
-                tensor: if r == root {
-                    self.inp(r, 0, n)
-                } else {
-                    Tensor::zeros(&[n], dt).unwrap_or_else(|_| Tensor::empty(dt))
-                },
-                root,
-            },
-            OpKind::AllGather => Request::AllGather {
-                input: self.inp(r, 0, self.block(r)),
-                outputs: (0..w)
-                    .map(|j| TensorSpec::new(&[self.block(j)], dt))
-                    .collect(),
-            },
-            OpKind::AllGatherIntoTensor => Request::AllGatherIntoTensor {
-                input: self.inp(r, 0, n),
-                output: TensorSpec::new(&[w, n], dt),
-            },
-            OpKind::Gather => Request::Gather {
-                input: self.inp(r, 0, n),
-                root,
-            },
-            OpKind::Scatter => Request::Scatter {
-                output: TensorSpec::new(&[n], dt),
-                inputs: (r == root).then(|| (0..w).map(|j| self.inp(r, j, n)).collect()),
-                root,
-            },
-            OpKind::ReduceScatter => Request::ReduceScatter {
-                inputs: (0..w).map(|j| self.inp(r, j, self.block(j))).collect(),
-                op,
-            },
-            OpKind::ReduceScatterTensor => Request::ReduceScatterTensor {
-                input: self.inp(r, 0, n * w),
-                output: TensorSpec::new(&[n], dt),
-                op,
-            },
-            OpKind::AllToAll => Request::AllToAll {
-                inputs: (0..w).map(|j| self.inp(r, j, self.a2a(r, j))).collect(),
-                outputs: (0..w)
-                    .map(|j| TensorSpec::new(&[self.a2a(j, r)], dt))
-                    .collect(),
-            },
-            OpKind::AllToAllSingle => {
-                let input_splits: Vec<usize> = (0..w).map(|j| self.a2a(r, j)).collect();
-                let output_splits: Vec<usize> = (0..w).map(|j| self.a2a(j, r)).collect();
-                Request::AllToAllSingle {
-                    input: self.inp(r, 0, input_splits.iter().sum()),
-                    output: TensorSpec::new(&[output_splits.iter().sum()], dt),
-                    output_splits: Some(output_splits),
-                    input_splits: Some(input_splits),
-                }
-            }
+            OpKind::AllReduce => self.all_reduce_request(r),
+            OpKind::Reduce => self.reduce_request(r),
+            OpKind::Broadcast => self.broadcast_request(r),
+            OpKind::AllGather => self.all_gather_request(r),
+            OpKind::AllGatherIntoTensor => self.all_gather_into_tensor_request(r),
+            OpKind::Gather => self.gather_request(r),
+            OpKind::Scatter => self.scatter_request(r),
+            OpKind::ReduceScatter => self.reduce_scatter_request(r),
+            OpKind::ReduceScatterTensor => self.reduce_scatter_tensor_request(r),
+            OpKind::AllToAll => self.all_to_all_request(r),
+            OpKind::AllToAllSingle => self.all_to_all_single_request(r),
             _ => Request::Barrier,
         }
     }
 
     /// The result rank `r` must get.
     pub fn expected(&self, r: usize) -> Output {
-        let (w, n, root) = (self.size, self.count, self.root);
-        let red =
-            |ts: Vec<Tensor>| reference(self.op, &ts).unwrap_or_else(|_| Tensor::empty(self.dtype));
         match self.kind {
-            OpKind::AllReduce => Output::Tensor(red((0..w).map(|k| self.inp(k, 0, n)).collect())),
-            OpKind::Reduce if r == root => {
-                Output::Tensor(red((0..w).map(|k| self.inp(k, 0, n)).collect()))
-            }
-            OpKind::Reduce => Output::Tensor(self.inp(r, 0, n)),
-            OpKind::Broadcast => Output::Tensor(self.inp(root, 0, n)),
-            OpKind::AllGather => {
-                Output::Tensors((0..w).map(|j| self.inp(j, 0, self.block(j))).collect())
-            }
-            OpKind::AllGatherIntoTensor => {
-                let all = concat(&(0..w).map(|j| self.inp(j, 0, n)).collect::<Vec<_>>());
-                Output::Tensor(
-                    all.reshape(&[w, n])
-                        .unwrap_or_else(|_| Tensor::empty(self.dtype)),
-                )
-            }
-            OpKind::Gather if r == root => {
-                Output::Tensors((0..w).map(|j| self.inp(j, 0, n)).collect())
-            }
-            OpKind::Gather => Output::None,
-            OpKind::Scatter => Output::Tensor(self.inp(root, r, n)),
-            OpKind::ReduceScatter => {
-                Output::Tensor(red((0..w).map(|k| self.inp(k, r, self.block(r))).collect()))
-            }
-            OpKind::ReduceScatterTensor => Output::Tensor(slice(
-                &red((0..w).map(|k| self.inp(k, 0, n * w)).collect()),
-                r * n,
-                n,
-            )),
-            OpKind::AllToAll => {
-                Output::Tensors((0..w).map(|j| self.inp(j, r, self.a2a(j, r))).collect())
-            }
-            OpKind::AllToAllSingle => {
-                let parts: Vec<Tensor> = (0..w)
-                    .map(|j| {
-                        let off: usize = (0..r).map(|k| self.a2a(j, k)).sum();
-                        let total: usize = (0..w).map(|k| self.a2a(j, k)).sum();
-                        slice(&self.inp(j, 0, total), off, self.a2a(j, r))
-                    })
-                    .collect();
-                Output::Tensor(concat(&parts))
-            }
+            OpKind::AllReduce => self.all_reduce_expected(),
+            OpKind::Reduce => self.reduce_expected(r),
+            OpKind::Broadcast => self.broadcast_expected(),
+            OpKind::AllGather => self.all_gather_expected(),
+            OpKind::AllGatherIntoTensor => self.all_gather_into_tensor_expected(),
+            OpKind::Gather => self.gather_expected(r),
+            OpKind::Scatter => self.scatter_expected(r),
+            OpKind::ReduceScatter => self.reduce_scatter_expected(r),
+            OpKind::ReduceScatterTensor => self.reduce_scatter_tensor_expected(r),
+            OpKind::AllToAll => self.all_to_all_expected(r),
+            OpKind::AllToAllSingle => self.all_to_all_single_expected(r),
             _ => Output::None,
         }
+    }
+
+    /// The sequential reference reduction of `inputs` under the case's op.
+    pub(crate) fn reduced(&self, inputs: impl Iterator<Item = Tensor>) -> Tensor {
+        let ts: Vec<Tensor> = inputs.collect();
+        reference(self.op, &ts).unwrap_or_else(|_| Tensor::empty(self.dtype))
     }
 }
 

@@ -148,7 +148,8 @@ pub struct SimOptions {
     /// [`detect_after`](Self::detect_after) (seeded, per observer).
     pub detect_jitter: Duration,
     /// Per mille of send attempts on which a rank's link to a peer says "would block": the
-    /// message waits in the link's [`Outbox`], in order, and is retried at every later step.
+    /// message waits in the link's [`Outbox`], in order, and is retried one latency later.
+    /// Capped at 999 (a link that never takes anything would never deliver).
     pub would_block_per_mille: u32,
 }
 
@@ -463,7 +464,7 @@ struct SimLink<'a> {
 
 impl Link<Transmit> for SimLink<'_> {
     fn try_send(&mut self, t: Transmit) -> std::result::Result<(), LinkError<Transmit>> {
-        if self.rng.below(1000) < self.per_mille as usize {
+        if self.rng.below(1000) < self.per_mille.min(999) as usize {
             *self.refused += 1;
             return Err(LinkError::WouldBlock(t));
         }

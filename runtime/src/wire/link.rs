@@ -71,7 +71,12 @@ impl<T> Outbox<T> {
                     self.queue.push_front(item);
                     break;
                 }
-                Err(LinkError::Closed) => return Err(Closed),
+                Err(LinkError::Closed) => {
+                    // Nothing queued can reach the peer any more; a later send tries the link
+                    // again (and finds it closed) instead of queueing behind dead items.
+                    self.queue.clear();
+                    return Err(Closed);
+                }
             }
         }
         Ok(sent)
@@ -140,5 +145,19 @@ mod tests {
         assert!(o.is_empty());
         link.closed = true;
         assert_eq!(o.send(&mut link, 5), Err(Closed));
+        // A link that closes while items wait: they are dropped, and the next send tries the
+        // link (and learns it is closed) instead of queueing silently.
+        let mut link = Fake {
+            room: 0,
+            got: Vec::new(),
+            closed: false,
+        };
+        let mut o = Outbox::default();
+        assert_eq!(o.send(&mut link, 1), Ok(()));
+        assert_eq!(o.send(&mut link, 2), Ok(()));
+        link.closed = true;
+        assert_eq!(o.flush(&mut link), Err(Closed));
+        assert!(o.is_empty());
+        assert_eq!(o.send(&mut link, 3), Err(Closed));
     }
 }

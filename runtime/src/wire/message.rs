@@ -66,8 +66,9 @@ pub enum Header {
         /// Messages of the lane below this sequence number are solicited.
         upto: u64,
     },
-    /// Point-to-point flow control: the sender has consumed `eager` of the receiver's eager
-    /// messages in the group (cumulative).
+    /// Point-to-point flow control: the sender of this message (a receiver of point-to-point
+    /// messages) has consumed `eager` of the addressee's eager messages in the group
+    /// (cumulative).
     P2pConsumed {
         /// The group.
         group: GroupId,
