@@ -1,16 +1,25 @@
 //! `all_gather` (list form, blocks may differ in size) and `all_gather_into_tensor`: every rank gets every rank's block (ring or direct).
 
-use super::{fill, list_len, same_dtype, Finish, Plan, Planner, TensorSpec};
+use super::{fill, list_len, same_dtype, Checked, Finish, Plan, Planner, TensorSpec};
 use crate::algorithm::{direct, ring};
 use crate::error::{Error, Result};
 use crate::op::{Algorithm, OpKind};
 use crate::schedule::Schedule;
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
+use bytes::Bytes;
+
+// The spec: checks, sizes, fingerprint fields, output shape, busbw factor (the expected
+// results for tests and benchmarks are in `case`, at the end).
 
 impl Planner<'_> {
-    /// Plans `all_gather`.
-    pub(super) fn all_gather(&self, input: Tensor, outputs: Vec<TensorSpec>) -> Result<Plan> {
+    /// Checks `all_gather`; also gives every rank's block size (elements) and this rank's
+    /// input.
+    fn check_all_gather(
+        &self,
+        input: Tensor,
+        outputs: Vec<TensorSpec>,
+    ) -> Result<(Checked, Vec<usize>, Bytes)> {
         let (w, me) = (self.w(), self.g.rank);
         list_len("all_gather's output list", outputs.len(), w)?;
         let dt = input.dtype();
@@ -30,27 +39,26 @@ impl Planner<'_> {
             .iter()
             .try_fold(0usize, |a, &b| a.checked_add(b))
             .ok_or_else(|| Error::invalid("output sizes overflow"))?;
-        let alg = self.algorithm(OpKind::AllGather, input.nbytes())?;
-        let s = self.all_gather_schedule(alg, &blocks, dt);
-        let mut init = vec![None; s.layout.chunk_elems.len()];
-        fill(&mut init, &s.layout, me..me + 1, input.bytes(), dt.size())?;
-        let fin = Finish::Blocks(0..w, outputs.into_iter().map(|o| o.shape).collect());
-        Ok(self.collective(
-            OpKind::AllGather,
-            dt,
-            Some(total as u64),
-            None,
-            None,
-            alg,
-            s,
-            init,
-            fin,
-        ))
+        let checked = Checked {
+            kind: OpKind::AllGather,
+            dtype: dt,
+            count: Some(total as u64),
+            root: None,
+            op: None,
+            bytes: input.nbytes(),
+            finish: Finish::Blocks(0..w, outputs.into_iter().map(|o| o.shape).collect()),
+        };
+        Ok((checked, blocks, input.into_bytes()))
     }
 
-    /// Plans `all_gather_into_tensor`.
-    pub(super) fn all_gather_into_tensor(&self, input: Tensor, output: TensorSpec) -> Result<Plan> {
-        let (w, me) = (self.w(), self.g.rank);
+    /// Checks `all_gather_into_tensor`; also gives the block size (elements) and this rank's
+    /// input.
+    fn check_all_gather_into_tensor(
+        &self,
+        input: Tensor,
+        output: TensorSpec,
+    ) -> Result<(Checked, usize, Bytes)> {
+        let w = self.w();
         let dt = input.dtype();
         same_dtype("output", dt, output.dtype)?;
         let n = input.numel();
@@ -60,25 +68,53 @@ impl Planner<'_> {
                 output.numel()?
             )));
         }
-        let alg = self.algorithm(OpKind::AllGatherIntoTensor, input.nbytes())?;
+        let checked = Checked {
+            kind: OpKind::AllGatherIntoTensor,
+            dtype: dt,
+            count: Some((n * w) as u64),
+            root: None,
+            op: None,
+            bytes: input.nbytes(),
+            finish: Finish::Whole(output.shape),
+        };
+        Ok((checked, n, input.into_bytes()))
+    }
+}
+
+/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
+pub(super) fn busbw_factor(n: f64) -> f64 {
+    (n - 1.0) / n
+}
+
+// Planning: the algorithm, its schedule and the initial chunks.
+
+impl Planner<'_> {
+    /// Plans `all_gather`.
+    pub(super) fn all_gather(&self, input: Tensor, outputs: Vec<TensorSpec>) -> Result<Plan> {
+        let me = self.g.rank;
+        let (checked, blocks, data) = self.check_all_gather(input, outputs)?;
+        let dt = checked.dtype;
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
+        let s = self.all_gather_schedule(alg, &blocks, dt);
+        let mut init = vec![None; s.layout.chunk_elems.len()];
+        fill(&mut init, &s.layout, me..me + 1, &data, dt.size())?;
+        Ok(self.collective(checked, alg, s, init))
+    }
+
+    /// Plans `all_gather_into_tensor`.
+    pub(super) fn all_gather_into_tensor(&self, input: Tensor, output: TensorSpec) -> Result<Plan> {
+        let (w, me) = (self.w(), self.g.rank);
+        let (checked, n, data) = self.check_all_gather_into_tensor(input, output)?;
+        let dt = checked.dtype;
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
         let blocks = vec![n; w];
         let s = self.all_gather_schedule(alg, &blocks, dt);
         let mut init = vec![None; s.layout.chunk_elems.len()];
-        fill(&mut init, &s.layout, me..me + 1, input.bytes(), dt.size())?;
-        let fin = Finish::Whole(output.shape);
-        Ok(self.collective(
-            OpKind::AllGatherIntoTensor,
-            dt,
-            Some((n * w) as u64),
-            None,
-            None,
-            alg,
-            s,
-            init,
-            fin,
-        ))
+        fill(&mut init, &s.layout, me..me + 1, &data, dt.size())?;
+        Ok(self.collective(checked, alg, s, init))
     }
 
+    /// The all_gather schedule of `alg` over blocks of `blocks` elements.
     pub(super) fn all_gather_schedule(
         &self,
         alg: Algorithm,
@@ -91,11 +127,6 @@ impl Planner<'_> {
             _ => ring::all_gather(me, w, blocks, self.seg_elems(dt)),
         }
     }
-}
-
-/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
-pub(super) fn busbw_factor(n: f64) -> f64 {
-    (n - 1.0) / n
 }
 
 /// The test and benchmark case of this collective: the request each rank makes and the

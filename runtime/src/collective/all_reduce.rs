@@ -1,19 +1,49 @@
 //! `all_reduce`: every rank gets the reduction of every rank's tensor (ring, halving-doubling or recursive doubling).
 
-use super::{fill, Finish, Plan, Planner};
+use super::{fill, Checked, Finish, Plan, Planner};
 use crate::algorithm::{halving_doubling, recursive_doubling, ring};
 use crate::error::Result;
 use crate::op::{Algorithm, OpKind};
 use crate::tensor::reduce::ReduceOp;
 use crate::tensor::Tensor;
+use bytes::Bytes;
+
+// The spec: checks, sizes, fingerprint fields, output shape, busbw factor (the expected
+// results for tests and benchmarks are in `case`, at the end).
+
+impl Planner<'_> {
+    /// Checks `all_reduce`; also gives the element count and the input after the op's
+    /// pre-transform.
+    fn check_all_reduce(&self, tensor: Tensor, op: ReduceOp) -> Result<(Checked, usize, Bytes)> {
+        let data = self.prepare(&tensor, op)?;
+        let (n, dt) = (tensor.numel(), tensor.dtype());
+        let checked = Checked {
+            kind: OpKind::AllReduce,
+            dtype: dt,
+            count: Some(n as u64),
+            root: None,
+            op: Some(op),
+            bytes: tensor.nbytes(),
+            finish: Finish::Whole(tensor.shape().to_vec()),
+        };
+        Ok((checked, n, data))
+    }
+}
+
+/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
+pub(super) fn busbw_factor(n: f64) -> f64 {
+    2.0 * (n - 1.0) / n
+}
+
+// Planning: the algorithm, its schedule and the initial chunks.
 
 impl Planner<'_> {
     /// Plans `all_reduce`.
     pub(super) fn all_reduce(&self, tensor: Tensor, op: ReduceOp) -> Result<Plan> {
         let (w, me) = (self.w(), self.g.rank);
-        let data = self.prepare(&tensor, op)?;
-        let (n, dt) = (tensor.numel(), tensor.dtype());
-        let alg = self.algorithm(OpKind::AllReduce, tensor.nbytes())?;
+        let (checked, n, data) = self.check_all_reduce(tensor, op)?;
+        let dt = checked.dtype;
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
         let s = match alg {
             Algorithm::Ring => ring::all_reduce(me, w, n, self.seg_elems(dt)),
             Algorithm::HalvingDoubling => halving_doubling::all_reduce(me, w, n),
@@ -27,24 +57,8 @@ impl Planner<'_> {
             &data,
             dt.size(),
         )?;
-        let fin = Finish::Whole(tensor.shape().to_vec());
-        Ok(self.collective(
-            OpKind::AllReduce,
-            dt,
-            Some(n as u64),
-            None,
-            Some(op),
-            alg,
-            s,
-            init,
-            fin,
-        ))
+        Ok(self.collective(checked, alg, s, init))
     }
-}
-
-/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
-pub(super) fn busbw_factor(n: f64) -> f64 {
-    2.0 * (n - 1.0) / n
 }
 
 /// The test and benchmark case of this collective: the request each rank makes and the

@@ -1,14 +1,27 @@
 //! `all_to_all` (lists) and `all_to_all_single` (splits along dimension 0): rank r's block j goes to rank j (pairwise exchange).
 
-use super::{fill, list_len, same_dtype, Finish, Plan, Planner, TensorSpec};
+use super::{fill, list_len, same_dtype, Checked, Finish, Plan, Planner, TensorSpec};
 use crate::algorithm::pairwise;
 use crate::error::{Error, Result};
 use crate::op::OpKind;
 use crate::tensor::{numel_of, Tensor};
+use bytes::Bytes;
+
+/// A checked all_to_all call, the elements this rank sends to and receives from each rank,
+/// and its input data.
+type CheckedAllToAll<D> = (Checked, Vec<usize>, Vec<usize>, D);
+
+// The spec: checks, sizes, fingerprint fields, output shape, busbw factor (the expected
+// results for tests and benchmarks are in `case`, at the end).
 
 impl Planner<'_> {
-    /// Plans `all_to_all`.
-    pub(super) fn all_to_all(&self, inputs: Vec<Tensor>, outputs: Vec<TensorSpec>) -> Result<Plan> {
+    /// Checks `all_to_all`; also gives the elements sent to and received from each rank, and
+    /// the input list's data.
+    fn check_all_to_all(
+        &self,
+        inputs: Vec<Tensor>,
+        outputs: Vec<TensorSpec>,
+    ) -> Result<CheckedAllToAll<Vec<Bytes>>> {
         let (w, me) = (self.w(), self.g.rank);
         list_len("all_to_all's input list", inputs.len(), w)?;
         list_len("all_to_all's output list", outputs.len(), w)?;
@@ -27,31 +40,28 @@ impl Planner<'_> {
                 send[me], recv[me]
             )));
         }
-        let alg = self.algorithm(OpKind::AllToAll, 0)?;
-        let s = pairwise::all_to_all(me, w, &send, &recv);
-        let mut init = vec![None; s.layout.chunk_elems.len()];
-        for (r, t) in inputs.iter().enumerate() {
-            fill(&mut init, &s.layout, r..r + 1, t.bytes(), dt.size())?;
-        }
-        fill(
-            &mut init,
-            &s.layout,
-            w + me..w + me + 1,
-            inputs[me].bytes(),
-            dt.size(),
-        )?;
-        let fin = Finish::Blocks(w..2 * w, outputs.into_iter().map(|o| o.shape).collect());
-        Ok(self.collective(OpKind::AllToAll, dt, None, None, None, alg, s, init, fin))
+        let checked = Checked {
+            kind: OpKind::AllToAll,
+            dtype: dt,
+            count: None,
+            root: None,
+            op: None,
+            bytes: 0,
+            finish: Finish::Blocks(w..2 * w, outputs.into_iter().map(|o| o.shape).collect()),
+        };
+        let datas = inputs.into_iter().map(Tensor::into_bytes).collect();
+        Ok((checked, send, recv, datas))
     }
 
-    /// Plans `all_to_all_single`.
-    pub(super) fn all_to_all_single(
+    /// Checks `all_to_all_single`; also gives the elements sent to and received from each
+    /// rank, and the input's data.
+    fn check_all_to_all_single(
         &self,
         input: Tensor,
         output: TensorSpec,
         output_splits: Option<Vec<usize>>,
         input_splits: Option<Vec<usize>>,
-    ) -> Result<Plan> {
+    ) -> Result<CheckedAllToAll<Bytes>> {
         let (w, me) = (self.w(), self.g.rank);
         let dt = input.dtype();
         same_dtype("output", dt, output.dtype)?;
@@ -63,23 +73,16 @@ impl Planner<'_> {
                 send[me], recv[me]
             )));
         }
-        let alg = self.algorithm(OpKind::AllToAllSingle, 0)?;
-        let s = pairwise::all_to_all(me, w, &send, &recv);
-        let mut init = vec![None; s.layout.chunk_elems.len()];
-        fill(&mut init, &s.layout, 0..w, input.bytes(), dt.size())?;
-        init[w + me] = init[me].clone();
-        let fin = Finish::Concat(w..2 * w, output.shape);
-        Ok(self.collective(
-            OpKind::AllToAllSingle,
-            dt,
-            None,
-            None,
-            None,
-            alg,
-            s,
-            init,
-            fin,
-        ))
+        let checked = Checked {
+            kind: OpKind::AllToAllSingle,
+            dtype: dt,
+            count: None,
+            root: None,
+            op: None,
+            bytes: 0,
+            finish: Finish::Concat(w..2 * w, output.shape),
+        };
+        Ok((checked, send, recv, input.into_bytes()))
     }
 }
 
@@ -123,6 +126,51 @@ fn splits(what: &str, shape: &[usize], given: Option<Vec<usize>>, w: usize) -> R
 /// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
 pub(super) fn busbw_factor(n: f64) -> f64 {
     (n - 1.0) / n
+}
+
+// Planning: the algorithm, its schedule and the initial chunks.
+
+impl Planner<'_> {
+    /// Plans `all_to_all`.
+    pub(super) fn all_to_all(&self, inputs: Vec<Tensor>, outputs: Vec<TensorSpec>) -> Result<Plan> {
+        let (w, me) = (self.w(), self.g.rank);
+        let (checked, send, recv, datas) = self.check_all_to_all(inputs, outputs)?;
+        let dt = checked.dtype;
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
+        let s = pairwise::all_to_all(me, w, &send, &recv);
+        let mut init = vec![None; s.layout.chunk_elems.len()];
+        for (r, d) in datas.iter().enumerate() {
+            fill(&mut init, &s.layout, r..r + 1, d, dt.size())?;
+        }
+        fill(
+            &mut init,
+            &s.layout,
+            w + me..w + me + 1,
+            &datas[me],
+            dt.size(),
+        )?;
+        Ok(self.collective(checked, alg, s, init))
+    }
+
+    /// Plans `all_to_all_single`.
+    pub(super) fn all_to_all_single(
+        &self,
+        input: Tensor,
+        output: TensorSpec,
+        output_splits: Option<Vec<usize>>,
+        input_splits: Option<Vec<usize>>,
+    ) -> Result<Plan> {
+        let (w, me) = (self.w(), self.g.rank);
+        let (checked, send, recv, data) =
+            self.check_all_to_all_single(input, output, output_splits, input_splits)?;
+        let dt = checked.dtype;
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
+        let s = pairwise::all_to_all(me, w, &send, &recv);
+        let mut init = vec![None; s.layout.chunk_elems.len()];
+        fill(&mut init, &s.layout, 0..w, &data, dt.size())?;
+        init[w + me] = init[me].clone();
+        Ok(self.collective(checked, alg, s, init))
+    }
 }
 
 /// The test and benchmark case of this collective: the request each rank makes and the

@@ -1,36 +1,45 @@
 //! `barrier`, and the agreement step of `new_group` (a barrier whose fingerprint carries the member list's hash): dissemination.
 
-use super::{Finish, Plan, Planner};
+use super::{Checked, Finish, Plan, Planner};
 use crate::algorithm::dissemination;
 use crate::error::Result;
 use crate::op::OpKind;
 use crate::tensor::dtype::DType;
 
-impl Planner<'_> {
-    /// Plans `barrier` (and `new_group`'s agreement step, a barrier whose fingerprint carries the members)`.
-    pub(super) fn barrier(&self, new_group: Option<u64>) -> Result<Plan> {
-        let (w, me) = (self.w(), self.g.rank);
-        let (kind, count) = match new_group {
-            Some(members) => (OpKind::NewGroup, members),
-            None => (OpKind::Barrier, 0),
-        };
-        let alg = self.algorithm(kind, 0)?;
-        let s = dissemination::barrier(me, w);
-        Ok(self.collective(
-            kind,
-            DType::U8,
-            Some(count),
-            None,
-            None,
-            alg,
-            s,
-            Vec::new(),
-            Finish::Nothing,
-        ))
+// The spec: checks, sizes, fingerprint fields, output shape, busbw factor.
+
+/// Checks `barrier` (or `new_group`'s agreement step, whose count is the members' hash):
+/// nothing to check, no data, no output.
+fn check_barrier(new_group: Option<u64>) -> Checked {
+    let (kind, count) = match new_group {
+        Some(members) => (OpKind::NewGroup, members),
+        None => (OpKind::Barrier, 0),
+    };
+    Checked {
+        kind,
+        dtype: DType::U8,
+        count: Some(count),
+        root: None,
+        op: None,
+        bytes: 0,
+        finish: Finish::Nothing,
     }
 }
 
 /// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
 pub(super) fn busbw_factor(_n: f64) -> f64 {
     0.0
+}
+
+// Planning: the algorithm and its schedule.
+
+impl Planner<'_> {
+    /// Plans `barrier` (and `new_group`'s agreement step, a barrier whose fingerprint carries the members)`.
+    pub(super) fn barrier(&self, new_group: Option<u64>) -> Result<Plan> {
+        let (w, me) = (self.w(), self.g.rank);
+        let checked = check_barrier(new_group);
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
+        let s = dissemination::barrier(me, w);
+        Ok(self.collective(checked, alg, s, Vec::new()))
+    }
 }

@@ -1,46 +1,67 @@
 //! `broadcast`: every rank gets the root's tensor (binomial tree or direct).
 
-use super::{fill, Finish, Plan, Planner};
+use super::{fill, Checked, Finish, Plan, Planner};
 use crate::algorithm::{direct, tree};
 use crate::error::Result;
 use crate::op::{Algorithm, OpKind};
 use crate::tensor::Tensor;
+use bytes::Bytes;
+
+// The spec: checks, sizes, fingerprint fields, output shape, busbw factor (the expected
+// results for tests and benchmarks are in `case`, at the end).
 
 impl Planner<'_> {
-    /// Plans `broadcast`.
-    pub(super) fn broadcast(&self, tensor: Tensor, root: usize) -> Result<Plan> {
-        let (w, me) = (self.w(), self.g.rank);
+    /// Checks `broadcast`; also gives the element count and, on the root, the data to send.
+    fn check_broadcast(
+        &self,
+        tensor: Tensor,
+        root: usize,
+    ) -> Result<(Checked, usize, Option<Bytes>)> {
         self.g.check_rank(root, "root")?;
         let (n, dt) = (tensor.numel(), tensor.dtype());
-        let alg = self.algorithm(OpKind::Broadcast, tensor.nbytes())?;
-        let s = match alg {
-            Algorithm::Direct => direct::broadcast(me, w, root, n),
-            _ => tree::broadcast(me, w, root, n, self.seg_elems(dt)),
-        };
-        let mut init = vec![None; s.layout.chunk_elems.len()];
-        let fin = if me == root {
-            fill(&mut init, &s.layout, 0..1, tensor.bytes(), dt.size())?;
-            Finish::Return(tensor)
+        let bytes = tensor.nbytes();
+        let (data, finish) = if self.g.rank == root {
+            (Some(tensor.bytes().clone()), Finish::Return(tensor))
         } else {
-            Finish::Whole(tensor.shape().to_vec())
+            (None, Finish::Whole(tensor.shape().to_vec()))
         };
-        Ok(self.collective(
-            OpKind::Broadcast,
-            dt,
-            Some(n as u64),
-            Some(root),
-            None,
-            alg,
-            s,
-            init,
-            fin,
-        ))
+        let checked = Checked {
+            kind: OpKind::Broadcast,
+            dtype: dt,
+            count: Some(n as u64),
+            root: Some(root),
+            op: None,
+            bytes,
+            finish,
+        };
+        Ok((checked, n, data))
     }
 }
 
 /// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
 pub(super) fn busbw_factor(_n: f64) -> f64 {
     1.0
+}
+
+// Planning: the algorithm, its schedule and the initial chunks.
+
+impl Planner<'_> {
+    /// Plans `broadcast`.
+    pub(super) fn broadcast(&self, tensor: Tensor, root: usize) -> Result<Plan> {
+        let (w, me) = (self.w(), self.g.rank);
+        let (checked, n, data) = self.check_broadcast(tensor, root)?;
+        let dt = checked.dtype;
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
+        let s = match alg {
+            Algorithm::Direct => direct::broadcast(me, w, root, n),
+            _ => tree::broadcast(me, w, root, n, self.seg_elems(dt)),
+        };
+        let mut init = vec![None; s.layout.chunk_elems.len()];
+        if let Some(data) = &data {
+            fill(&mut init, &s.layout, 0..1, data, dt.size())?;
+        }
+        Ok(self.collective(checked, alg, s, init))
+    }
 }
 
 /// The test and benchmark case of this collective: the request each rank makes and the

@@ -1,37 +1,97 @@
 //! `gather` (the root gets every rank's tensor) and `scatter` (each rank gets its part of the root's list), both direct.
 
-use super::{fill, list_len, same_dtype, Finish, Plan, Planner, TensorSpec};
+use super::{fill, list_len, same_dtype, Checked, Finish, Plan, Planner, TensorSpec};
 use crate::algorithm::direct;
 use crate::error::{Error, Result};
 use crate::op::OpKind;
 use crate::tensor::Tensor;
+use bytes::Bytes;
+
+// The spec: checks, sizes, fingerprint fields, output shape, busbw factor (the expected
+// results for tests and benchmarks are in `case`, at the end).
+
+impl Planner<'_> {
+    /// Checks `gather`; also gives the block size (elements) and this rank's input.
+    fn check_gather(&self, input: Tensor, root: usize) -> Result<(Checked, usize, Bytes)> {
+        let (w, me) = (self.w(), self.g.rank);
+        self.g.check_rank(root, "root")?;
+        let (n, dt) = (input.numel(), input.dtype());
+        let finish = if me == root {
+            Finish::Blocks(0..w, vec![input.shape().to_vec(); w])
+        } else {
+            Finish::Nothing
+        };
+        let checked = Checked {
+            kind: OpKind::Gather,
+            dtype: dt,
+            count: Some(n as u64),
+            root: Some(root),
+            op: None,
+            bytes: input.nbytes(),
+            finish,
+        };
+        Ok((checked, n, input.into_bytes()))
+    }
+
+    /// Checks `scatter`; also gives the block size (elements) and, on the root, the scatter
+    /// list's data (empty elsewhere).
+    fn check_scatter(
+        &self,
+        output: TensorSpec,
+        inputs: Option<Vec<Tensor>>,
+        root: usize,
+    ) -> Result<(Checked, usize, Vec<Bytes>)> {
+        let (w, me) = (self.w(), self.g.rank);
+        self.g.check_rank(root, "root")?;
+        let (n, dt) = (output.numel()?, output.dtype);
+        let bytes = n * dt.size();
+        let mut datas = Vec::new();
+        if me == root {
+            let inputs = inputs
+                .ok_or_else(|| Error::invalid("the scatter root must pass a scatter list"))?;
+            list_len("scatter list", inputs.len(), w)?;
+            for (r, t) in inputs.into_iter().enumerate() {
+                same_dtype(&format!("scatter list entry {r}"), dt, t.dtype())?;
+                if t.numel() != n {
+                    return Err(Error::invalid(format!(
+                        "scatter list entry {r} has {} elements, the output {n}",
+                        t.numel()
+                    )));
+                }
+                datas.push(t.into_bytes());
+            }
+        }
+        let checked = Checked {
+            kind: OpKind::Scatter,
+            dtype: dt,
+            count: Some(n as u64),
+            root: Some(root),
+            op: None,
+            bytes,
+            finish: Finish::Concat(me..me + 1, output.shape),
+        };
+        Ok((checked, n, datas))
+    }
+}
+
+/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
+pub(super) fn busbw_factor(n: f64) -> f64 {
+    (n - 1.0) / n
+}
+
+// Planning: the algorithm, its schedule and the initial chunks.
 
 impl Planner<'_> {
     /// Plans `gather`.
     pub(super) fn gather(&self, input: Tensor, root: usize) -> Result<Plan> {
         let (w, me) = (self.w(), self.g.rank);
-        self.g.check_rank(root, "root")?;
-        let (n, dt) = (input.numel(), input.dtype());
-        let alg = self.algorithm(OpKind::Gather, input.nbytes())?;
+        let (checked, n, data) = self.check_gather(input, root)?;
+        let dt = checked.dtype;
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
         let s = direct::gather(me, w, root, &vec![n; w]);
         let mut init = vec![None; s.layout.chunk_elems.len()];
-        fill(&mut init, &s.layout, me..me + 1, input.bytes(), dt.size())?;
-        let fin = if me == root {
-            Finish::Blocks(0..w, vec![input.shape().to_vec(); w])
-        } else {
-            Finish::Nothing
-        };
-        Ok(self.collective(
-            OpKind::Gather,
-            dt,
-            Some(n as u64),
-            Some(root),
-            None,
-            alg,
-            s,
-            init,
-            fin,
-        ))
+        fill(&mut init, &s.layout, me..me + 1, &data, dt.size())?;
+        Ok(self.collective(checked, alg, s, init))
     }
 
     /// Plans `scatter`.
@@ -42,44 +102,16 @@ impl Planner<'_> {
         root: usize,
     ) -> Result<Plan> {
         let (w, me) = (self.w(), self.g.rank);
-        self.g.check_rank(root, "root")?;
-        let (n, dt) = (output.numel()?, output.dtype);
-        let alg = self.algorithm(OpKind::Scatter, n * dt.size())?;
+        let (checked, n, datas) = self.check_scatter(output, inputs, root)?;
+        let dt = checked.dtype;
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
         let s = direct::scatter(me, w, root, &vec![n; w]);
         let mut init = vec![None; s.layout.chunk_elems.len()];
-        if me == root {
-            let inputs = inputs
-                .ok_or_else(|| Error::invalid("the scatter root must pass a scatter list"))?;
-            list_len("scatter list", inputs.len(), w)?;
-            for (r, t) in inputs.iter().enumerate() {
-                same_dtype(&format!("scatter list entry {r}"), dt, t.dtype())?;
-                if t.numel() != n {
-                    return Err(Error::invalid(format!(
-                        "scatter list entry {r} has {} elements, the output {n}",
-                        t.numel()
-                    )));
-                }
-                fill(&mut init, &s.layout, r..r + 1, t.bytes(), dt.size())?;
-            }
+        for (r, d) in datas.iter().enumerate() {
+            fill(&mut init, &s.layout, r..r + 1, d, dt.size())?;
         }
-        let fin = Finish::Concat(me..me + 1, output.shape);
-        Ok(self.collective(
-            OpKind::Scatter,
-            dt,
-            Some(n as u64),
-            Some(root),
-            None,
-            alg,
-            s,
-            init,
-            fin,
-        ))
+        Ok(self.collective(checked, alg, s, init))
     }
-}
-
-/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
-pub(super) fn busbw_factor(n: f64) -> f64 {
-    (n - 1.0) / n
 }
 
 /// The test and benchmark case of this collective: the request each rank makes and the

@@ -2,6 +2,10 @@
 //! argument checks), given an algorithm, and turned into a [`Plan`]: the fingerprint every
 //! message will carry, the schedule, the initial chunks and how to build the result.
 //! Nothing here sends anything, so a wrong argument fails on the calling rank, at once.
+//!
+//! Each collective's file holds its spec first (`check_*`: validation, sizes, fingerprint
+//! fields and output shape, as a `Checked` call; the busbw factor; the expected result for
+//! tests and benchmarks), then its host planning (algorithm, schedule, initial chunks).
 
 mod all_gather;
 mod all_reduce;
@@ -247,6 +251,25 @@ pub fn select(kind: OpKind, bytes: usize, w: usize) -> Algorithm {
     }
 }
 
+/// A call whose arguments passed the collective's checks: everything of the plan that does
+/// not depend on the algorithm.
+struct Checked {
+    /// What kind of call.
+    kind: OpKind,
+    /// The element type the call moves.
+    dtype: DType,
+    /// The element count in the fingerprint (`None` where ranks may differ, as in all_to_all).
+    count: Option<u64>,
+    /// The root, for rooted collectives.
+    root: Option<usize>,
+    /// The reduction, for reducing collectives.
+    op: Option<ReduceOp>,
+    /// The size in bytes the default algorithm is chosen by (see [`select`]).
+    bytes: usize,
+    /// How the result is assembled from the chunks.
+    finish: Finish,
+}
+
 struct Planner<'a> {
     g: &'a GroupInfo,
     opts: &'a CallOptions,
@@ -318,25 +341,21 @@ impl Planner<'_> {
         (self.g.options.segment_bytes / dtype.size()).max(1)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The plan of a checked call run by `algorithm` over `schedule` from the chunks `init`.
     fn collective(
         &self,
-        kind: OpKind,
-        dtype: DType,
-        count: Option<u64>,
-        root: Option<usize>,
-        reduce: Option<ReduceOp>,
+        checked: Checked,
         algorithm: Algorithm,
         schedule: Schedule,
         init: Vec<Option<Bytes>>,
-        finish: Finish,
     ) -> Plan {
+        let reduce = checked.op;
         Plan {
             fp: Fingerprint {
-                kind,
-                dtype,
-                count,
-                root: root.map(|r| r as u32),
+                kind: checked.kind,
+                dtype: checked.dtype,
+                count: checked.count,
+                root: checked.root.map(|r| r as u32),
                 op: reduce.map(ReduceOp::kind),
                 scalar: reduce.map_or(0, ReduceOp::scalar_bits),
                 algorithm: Some(algorithm),
@@ -346,7 +365,7 @@ impl Planner<'_> {
             body: Body::Collective {
                 schedule,
                 init,
-                finish,
+                finish: checked.finish,
             },
             timeout: self.opts.timeout.unwrap_or(self.g.options.timeout),
             group_size: self.w(),

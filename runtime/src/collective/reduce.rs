@@ -1,48 +1,69 @@
 //! `reduce`: the root gets the reduction of every rank's tensor, the others their input back (binomial tree or direct).
 
-use super::{fill, Finish, Plan, Planner};
+use super::{fill, Checked, Finish, Plan, Planner};
 use crate::algorithm::{direct, tree};
 use crate::error::Result;
 use crate::op::{Algorithm, OpKind};
 use crate::tensor::reduce::ReduceOp;
 use crate::tensor::Tensor;
+use bytes::Bytes;
+
+// The spec: checks, sizes, fingerprint fields, output shape, busbw factor (the expected
+// results for tests and benchmarks are in `case`, at the end).
 
 impl Planner<'_> {
-    /// Plans `reduce`.
-    pub(super) fn reduce(&self, tensor: Tensor, root: usize, op: ReduceOp) -> Result<Plan> {
-        let (w, me) = (self.w(), self.g.rank);
+    /// Checks `reduce`; also gives the element count and the input after the op's
+    /// pre-transform.
+    fn check_reduce(
+        &self,
+        tensor: Tensor,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(Checked, usize, Bytes)> {
         self.g.check_rank(root, "root")?;
         let data = self.prepare(&tensor, op)?;
         let (n, dt) = (tensor.numel(), tensor.dtype());
-        let alg = self.algorithm(OpKind::Reduce, tensor.nbytes())?;
-        let s = match alg {
-            Algorithm::Direct => direct::reduce(me, w, root, n),
-            _ => tree::reduce(me, w, root, n, self.seg_elems(dt)),
-        };
-        let mut init = vec![None; s.layout.chunk_elems.len()];
-        fill(&mut init, &s.layout, 0..1, &data, dt.size())?;
-        let fin = if me == root {
+        let bytes = tensor.nbytes();
+        let finish = if self.g.rank == root {
             Finish::Whole(tensor.shape().to_vec())
         } else {
             Finish::Return(tensor)
         };
-        Ok(self.collective(
-            OpKind::Reduce,
-            dt,
-            Some(n as u64),
-            Some(root),
-            Some(op),
-            alg,
-            s,
-            init,
-            fin,
-        ))
+        let checked = Checked {
+            kind: OpKind::Reduce,
+            dtype: dt,
+            count: Some(n as u64),
+            root: Some(root),
+            op: Some(op),
+            bytes,
+            finish,
+        };
+        Ok((checked, n, data))
     }
 }
 
 /// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
 pub(super) fn busbw_factor(_n: f64) -> f64 {
     1.0
+}
+
+// Planning: the algorithm, its schedule and the initial chunks.
+
+impl Planner<'_> {
+    /// Plans `reduce`.
+    pub(super) fn reduce(&self, tensor: Tensor, root: usize, op: ReduceOp) -> Result<Plan> {
+        let (w, me) = (self.w(), self.g.rank);
+        let (checked, n, data) = self.check_reduce(tensor, root, op)?;
+        let dt = checked.dtype;
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
+        let s = match alg {
+            Algorithm::Direct => direct::reduce(me, w, root, n),
+            _ => tree::reduce(me, w, root, n, self.seg_elems(dt)),
+        };
+        let mut init = vec![None; s.layout.chunk_elems.len()];
+        fill(&mut init, &s.layout, 0..1, &data, dt.size())?;
+        Ok(self.collective(checked, alg, s, init))
+    }
 }
 
 /// The test and benchmark case of this collective: the request each rank makes and the

@@ -1,6 +1,6 @@
 //! `reduce_scatter` (list form) and `reduce_scatter_tensor`: rank r gets the reduction of every rank's block r (ring or direct).
 
-use super::{fill, list_len, same_dtype, Finish, Plan, Planner, TensorSpec};
+use super::{fill, list_len, same_dtype, Checked, Finish, Plan, Planner, TensorSpec};
 use crate::algorithm::{direct, ring};
 use crate::error::{Error, Result};
 use crate::op::{Algorithm, OpKind};
@@ -8,10 +8,19 @@ use crate::schedule::Schedule;
 use crate::tensor::dtype::DType;
 use crate::tensor::reduce::ReduceOp;
 use crate::tensor::Tensor;
+use bytes::Bytes;
+
+// The spec: checks, sizes, fingerprint fields, output shape, busbw factor (the expected
+// results for tests and benchmarks are in `case`, at the end).
 
 impl Planner<'_> {
-    /// Plans `reduce_scatter`.
-    pub(super) fn reduce_scatter(&self, inputs: Vec<Tensor>, op: ReduceOp) -> Result<Plan> {
+    /// Checks `reduce_scatter`; also gives every block's size (elements) and every input after
+    /// the op's pre-transform.
+    fn check_reduce_scatter(
+        &self,
+        inputs: Vec<Tensor>,
+        op: ReduceOp,
+    ) -> Result<(Checked, Vec<usize>, Vec<Bytes>)> {
         let (w, me) = (self.w(), self.g.rank);
         list_len("reduce_scatter's input list", inputs.len(), w)?;
         let dt = inputs[0].dtype();
@@ -26,33 +35,26 @@ impl Planner<'_> {
             .iter()
             .try_fold(0usize, |a, &b| a.checked_add(b))
             .ok_or_else(|| Error::invalid("input sizes overflow"))?;
-        let alg = self.algorithm(OpKind::ReduceScatter, total * dt.size())?;
-        let s = self.reduce_scatter_schedule(alg, &blocks, dt);
-        let mut init = vec![None; s.layout.chunk_elems.len()];
-        for (r, d) in datas.iter().enumerate() {
-            fill(&mut init, &s.layout, r..r + 1, d, dt.size())?;
-        }
-        let fin = Finish::Concat(me..me + 1, inputs[me].shape().to_vec());
-        Ok(self.collective(
-            OpKind::ReduceScatter,
-            dt,
-            Some(total as u64),
-            None,
-            Some(op),
-            alg,
-            s,
-            init,
-            fin,
-        ))
+        let checked = Checked {
+            kind: OpKind::ReduceScatter,
+            dtype: dt,
+            count: Some(total as u64),
+            root: None,
+            op: Some(op),
+            bytes: total * dt.size(),
+            finish: Finish::Concat(me..me + 1, inputs[me].shape().to_vec()),
+        };
+        Ok((checked, blocks, datas))
     }
 
-    /// Plans `reduce_scatter_tensor`.
-    pub(super) fn reduce_scatter_tensor(
+    /// Checks `reduce_scatter_tensor`; also gives the block size (elements) and the input
+    /// after the op's pre-transform.
+    fn check_reduce_scatter_tensor(
         &self,
         input: Tensor,
         output: TensorSpec,
         op: ReduceOp,
-    ) -> Result<Plan> {
+    ) -> Result<(Checked, usize, Bytes)> {
         let (w, me) = (self.w(), self.g.rank);
         let dt = input.dtype();
         same_dtype("output", dt, output.dtype)?;
@@ -64,25 +66,59 @@ impl Planner<'_> {
             )));
         }
         let data = self.prepare(&input, op)?;
-        let alg = self.algorithm(OpKind::ReduceScatterTensor, input.nbytes())?;
+        let checked = Checked {
+            kind: OpKind::ReduceScatterTensor,
+            dtype: dt,
+            count: Some(input.numel() as u64),
+            root: None,
+            op: Some(op),
+            bytes: input.nbytes(),
+            finish: Finish::Concat(me..me + 1, output.shape),
+        };
+        Ok((checked, n, data))
+    }
+}
+
+/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
+pub(super) fn busbw_factor(n: f64) -> f64 {
+    (n - 1.0) / n
+}
+
+// Planning: the algorithm, its schedule and the initial chunks.
+
+impl Planner<'_> {
+    /// Plans `reduce_scatter`.
+    pub(super) fn reduce_scatter(&self, inputs: Vec<Tensor>, op: ReduceOp) -> Result<Plan> {
+        let (checked, blocks, datas) = self.check_reduce_scatter(inputs, op)?;
+        let dt = checked.dtype;
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
+        let s = self.reduce_scatter_schedule(alg, &blocks, dt);
+        let mut init = vec![None; s.layout.chunk_elems.len()];
+        for (r, d) in datas.iter().enumerate() {
+            fill(&mut init, &s.layout, r..r + 1, d, dt.size())?;
+        }
+        Ok(self.collective(checked, alg, s, init))
+    }
+
+    /// Plans `reduce_scatter_tensor`.
+    pub(super) fn reduce_scatter_tensor(
+        &self,
+        input: Tensor,
+        output: TensorSpec,
+        op: ReduceOp,
+    ) -> Result<Plan> {
+        let w = self.w();
+        let (checked, n, data) = self.check_reduce_scatter_tensor(input, output, op)?;
+        let dt = checked.dtype;
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
         let blocks = vec![n; w];
         let s = self.reduce_scatter_schedule(alg, &blocks, dt);
         let mut init = vec![None; s.layout.chunk_elems.len()];
         fill(&mut init, &s.layout, 0..w, &data, dt.size())?;
-        let fin = Finish::Concat(me..me + 1, output.shape);
-        Ok(self.collective(
-            OpKind::ReduceScatterTensor,
-            dt,
-            Some(input.numel() as u64),
-            None,
-            Some(op),
-            alg,
-            s,
-            init,
-            fin,
-        ))
+        Ok(self.collective(checked, alg, s, init))
     }
 
+    /// The reduce_scatter schedule of `alg` over blocks of `blocks` elements.
     pub(super) fn reduce_scatter_schedule(
         &self,
         alg: Algorithm,
@@ -95,11 +131,6 @@ impl Planner<'_> {
             _ => ring::reduce_scatter(me, w, blocks, self.seg_elems(dt)),
         }
     }
-}
-
-/// nccl-tests' bus-bandwidth factor for a group of `n` ranks.
-pub(super) fn busbw_factor(n: f64) -> f64 {
-    (n - 1.0) / n
 }
 
 /// The test and benchmark case of this collective: the request each rank makes and the
