@@ -89,8 +89,8 @@ pub struct Communicator {
 pub(crate) fn one(o: Output) -> Result<Tensor> {
     match o {
         Output::Tensor(t) => Ok(t),
-        other => Err(Error::invalid(format!(
-            "internal: expected one tensor, got {other:?}"
+        other => Err(Error::internal(format!(
+            "expected one tensor, got {other:?}"
         ))),
     }
 }
@@ -98,9 +98,7 @@ pub(crate) fn one(o: Output) -> Result<Tensor> {
 pub(crate) fn many(o: Output) -> Result<Vec<Tensor>> {
     match o {
         Output::Tensors(t) => Ok(t),
-        other => Err(Error::invalid(format!(
-            "internal: expected tensors, got {other:?}"
-        ))),
+        other => Err(Error::internal(format!("expected tensors, got {other:?}"))),
     }
 }
 
@@ -464,8 +462,8 @@ impl Communicator {
             &CallOptions::default(),
             |o| match o {
                 Output::Received { tensor, src } => Ok((tensor, src)),
-                other => Err(Error::invalid(format!(
-                    "internal: expected a received tensor, got {other:?}"
+                other => Err(Error::internal(format!(
+                    "expected a received tensor, got {other:?}"
                 ))),
             },
         )
@@ -504,8 +502,8 @@ impl Communicator {
                     &CallOptions::default(),
                     |o| match o {
                         Output::Received { tensor, .. } => Ok(Some(tensor)),
-                        other => Err(Error::invalid(format!(
-                            "internal: expected a received tensor, got {other:?}"
+                        other => Err(Error::internal(format!(
+                            "expected a received tensor, got {other:?}"
                         ))),
                     },
                 ),
@@ -572,7 +570,7 @@ impl Communicator {
             c.complete(
                 inner
                     .await
-                    .and_then(|g| g.ok_or_else(|| Error::invalid("internal: not in own subgroup"))),
+                    .and_then(|g| g.ok_or_else(|| Error::internal("not in own subgroup"))),
             );
         });
         work

@@ -248,12 +248,22 @@ pub enum Error {
     /// A value could not be (de)serialized (object collectives).
     #[error("serialization failed: {0}")]
     Serialization(String),
+    /// A bug in collectix: one of its own invariants did not hold (the text says what was
+    /// expected). Not the caller's fault and not a peer's: please report it, with the text
+    /// and, if you can, how to reproduce it.
+    #[error("internal error in collectix (a bug, please report it): {0}")]
+    Internal(String),
 }
 
 impl Error {
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
+    }
+
+    /// Shorthand for [`Error::Internal`]: `what` says which invariant did not hold.
+    pub fn internal(what: impl Into<String>) -> Self {
+        Error::Internal(what.into())
     }
 
     /// The failure at the root of a chain of [`GroupAborted`](Error::GroupAborted).

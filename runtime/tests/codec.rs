@@ -88,6 +88,7 @@ fn reason() -> impl Strategy<Value = AbortReason> {
         (any::<u64>(), protocol_error())
             .prop_map(|(rank, detail)| AbortReason::Protocol { rank, detail }),
         ".{0,60}".prop_map(|text| AbortReason::Other { text }),
+        ".{0,60}".prop_map(|text| AbortReason::Internal { text }),
     ]
 }
 

@@ -20,7 +20,8 @@ impl Engine {
             return;
         };
         if g.active.contains_key(&seq) || g.done.contains_key(&seq) || seq < g.forgotten_below {
-            let e = Error::invalid(format!(
+            // The communicator takes sequence numbers in order; a reused one is a driver bug.
+            let e = Error::internal(format!(
                 "sequence number {seq} of group {group} was already used"
             ));
             self.events.push_back(Event {
@@ -120,8 +121,8 @@ impl Engine {
                             Some(b) => payload.push(b.clone()),
                             None => {
                                 // A schedule bug, not a peer's fault: fail loudly, never hang.
-                                let e = Error::invalid(format!(
-                                    "internal: schedule sends chunk {ch} before it is filled"
+                                let e = Error::internal(format!(
+                                    "schedule sends chunk {ch} before it is filled"
                                 ));
                                 let gid = op.group;
                                 self.abort(gid, e.clone(), Some((id, e)), true);
@@ -174,14 +175,14 @@ impl Engine {
                                 Some(rop) => self.plane.combine(dtype, rop, a, b),
                                 // Never a silent Sum: a schedule that reduces for a call
                                 // without an op is a bug in collectix.
-                                None => Err(Error::invalid(format!(
-                                    "internal: a reduce step in {}, which has no reduce op",
+                                None => Err(Error::internal(format!(
+                                    "a reduce step in {}, which has no reduce op",
                                     op.fp
                                 ))),
                             }
                         }
                         (Action::Reduce { .. }, None) => {
-                            Err(Error::invalid("internal: reduce into an empty chunk"))
+                            Err(Error::internal("reduce into an empty chunk"))
                         }
                     };
                     match new {
@@ -220,7 +221,7 @@ impl Engine {
                 op.reduce,
                 op.group_size,
             ),
-            State::Recv { .. } => Err(Error::invalid("internal: receive finished as a collective")),
+            State::Recv { .. } => Err(Error::internal("receive finished as a collective")),
         };
         self.events.push_back(Event { op: id, result });
     }

@@ -43,7 +43,7 @@ pub(super) fn check_payload(
 /// Joins chunks into one aligned buffer (no copy when only one chunk holds data; else the
 /// data plane joins them).
 fn concat(plane: &dyn DataPlane, chunks: &[Option<Bytes>], dtype: DType) -> Result<Bytes> {
-    let missing = || Error::invalid("internal: result chunk never filled");
+    let missing = || Error::internal("result chunk never filled");
     let mut nonempty = chunks
         .iter()
         .filter(|c| c.as_ref().is_none_or(|b| !b.is_empty()));

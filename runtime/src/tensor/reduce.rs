@@ -393,7 +393,7 @@ pub(crate) fn combine(
     crate::with_storage_type!(dtype, T => {
         let n = a.len() / std::mem::size_of::<T>();
         let mut buf = pool.take(a.len());
-        let out = buf.typed_mut::<T>(n).ok_or_else(|| Error::invalid("internal: pool buffer too small"))?;
+        let out = buf.typed_mut::<T>(n).ok_or_else(|| Error::internal("pool buffer too small"))?;
         <T as Kernel>::combine(c, view::<T>(a)?, view::<T>(b)?, out, dtype == DType::Bool)
             .ok_or_else(|| unsupported(op, dtype))?;
         Ok(buf.freeze())

@@ -298,6 +298,10 @@ fn put_reason(h: &mut BytesMut, r: &AbortReason) {
             h.put_u8(6);
             put_text(h, text);
         }
+        AbortReason::Internal { text } => {
+            h.put_u8(7);
+            put_text(h, text);
+        }
     }
 }
 
@@ -633,6 +637,7 @@ fn read_reason(r: &mut Reader) -> Result<AbortReason, DecodeError> {
             detail: read_protocol(r)?,
         },
         6 => AbortReason::Other { text: r.text()? },
+        7 => AbortReason::Internal { text: r.text()? },
         code => {
             return Err(CodeError {
                 what: "abort reason",

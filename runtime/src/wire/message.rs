@@ -143,6 +143,11 @@ pub enum AbortReason {
         /// What was wrong.
         detail: ProtocolError,
     },
+    /// A bug in the aborting rank's collectix ([`Error::Internal`]).
+    Internal {
+        /// What was expected.
+        text: String,
+    },
     /// Any other failure, in words.
     Other {
         /// The failure's text.
@@ -181,6 +186,7 @@ impl From<&Error> for AbortReason {
                 rank: *rank as u64,
                 detail: detail.clone(),
             },
+            Error::Internal(text) => AbortReason::Internal { text: text.clone() },
             other => AbortReason::Other {
                 text: other.to_string(),
             },
@@ -223,6 +229,7 @@ impl AbortReason {
                 rank: rank(r),
                 detail,
             },
+            AbortReason::Internal { text } => Error::Internal(text),
             // What has no variant of its own travels in words; until the error taxonomy
             // (issue 9) gives it a home it reads as the argument error it was on the sender.
             AbortReason::Other { text } => Error::InvalidArgument(text),

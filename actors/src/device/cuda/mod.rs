@@ -121,7 +121,7 @@ impl CudaStorage {
     /// `len` bytes at `offset` of `buf` (checked).
     pub(crate) fn view(buf: &Arc<CudaSlice<u8>>, offset: usize, len: usize) -> Result<CudaStorage> {
         if offset.checked_add(len).is_none_or(|end| end > buf.len()) {
-            return Err(Error::invalid("internal: device view out of bounds"));
+            return Err(Error::internal("device view out of bounds"));
         }
         Ok(CudaStorage {
             buf: Some(buf.clone()),
@@ -257,7 +257,7 @@ fn worker(comm: &Communicator) -> Result<crossbeam_channel::Sender<Job>> {
         .device
         .worker
         .lock()
-        .map_err(|_| Error::invalid("internal: device worker lock poisoned"))?;
+        .map_err(|_| Error::internal("device worker lock poisoned"))?;
     if let Some(w) = slot.as_ref() {
         return Ok(w.sender());
     }
@@ -295,7 +295,7 @@ pub(crate) fn call<T: Send + 'static>(
     let (seq, k) = {
         let mut n = match comm.group.nccl_calls.lock() {
             Ok(n) => n,
-            Err(_) => return comm.ready(Err(Error::invalid("internal: lock poisoned"))),
+            Err(_) => return comm.ready(Err(Error::internal("lock poisoned"))),
         };
         let k = *n;
         *n += 1;
@@ -336,16 +336,12 @@ pub(crate) fn call<T: Send + 'static>(
             let checked = agreed.and_then(|out| {
                 let all = match out {
                     Output::Tensor(t) => t.to_vec::<u8>()?,
-                    other => {
-                        return Err(Error::invalid(format!(
-                            "internal: agreement step gave {other:?}"
-                        )))
-                    }
+                    other => return Err(Error::internal(format!("agreement step gave {other:?}"))),
                 };
                 let mut init_id = None;
                 for (r, block) in all.chunks(HANDSHAKE_BYTES).enumerate() {
-                    let theirs = parse(block)
-                        .ok_or_else(|| Error::invalid("internal: short agreement block"))?;
+                    let theirs =
+                        parse(block).ok_or_else(|| Error::internal("short agreement block"))?;
                     let rank = members.get(r).copied().unwrap_or(r);
                     if theirs.fp_bytes != fp_bytes || theirs.k != k {
                         let their_fp = decode_fp(&theirs.fp_bytes).unwrap_or(fp);

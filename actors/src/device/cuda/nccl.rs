@@ -341,9 +341,8 @@ impl Nccl {
             self.check(code, "ncclCommInitRankConfig")?;
         }
         // Dropping `comm` on any error below aborts it.
-        let comm = comm.ok_or_else(|| {
-            Error::invalid("internal: ncclCommInitRankConfig gave no communicator")
-        })?;
+        let comm =
+            comm.ok_or_else(|| Error::internal("ncclCommInitRankConfig gave no communicator"))?;
         comm.settle("ncclCommInitRankConfig")?;
         Ok(comm)
     }

@@ -590,11 +590,11 @@ pub(crate) fn plan(
             let op = exchange("all_to_all_single", me, pieces, &outs, out_bytes, finish)?;
             Ok((op, fp))
         }
-        Request::Barrier | Request::NewGroup { .. } => Err(Error::invalid(
-            "internal: a call without tensors on the NCCL path",
-        )),
-        Request::Send { .. } | Request::Recv { .. } => Err(Error::invalid(
-            "internal: point-to-point device calls are staged through the host",
+        Request::Barrier | Request::NewGroup { .. } => {
+            Err(Error::internal("a call without tensors on the NCCL path"))
+        }
+        Request::Send { .. } | Request::Recv { .. } => Err(Error::internal(
+            "point-to-point device calls are staged through the host",
         )),
         _ => Err(DeviceError::Unsupported("this call".into()).into()),
     }

@@ -264,7 +264,7 @@ fn launch(
     timeout: Duration,
 ) -> Result<(CudaEvent, Output, Vec<Tensor>)> {
     if let CommState::None = state {
-        let init = init.ok_or_else(|| Error::invalid("internal: first NCCL call without an id"))?;
+        let init = init.ok_or_else(|| Error::internal("first NCCL call without an id"))?;
         let ctx = context(call_device)?;
         ctx.bind_to_thread().map_err(cuda_err("cuCtxSetCurrent"))?;
         let comm = nccl.init_rank(init.size, init.id, init.rank, timeout);
@@ -285,7 +285,7 @@ fn launch(
     }
     match state {
         CommState::Broken(e) => Err(e.clone()),
-        CommState::None => Err(Error::invalid("internal: no communicator")),
+        CommState::None => Err(Error::internal("no communicator")),
         CommState::Ready {
             comm,
             stream,
