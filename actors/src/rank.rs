@@ -38,12 +38,33 @@ pub(crate) struct Quiesce(pub(crate) std::sync::mpsc::Sender<()>);
 #[rtype(result = "()")]
 pub(crate) struct SetLinks(pub(crate) Links);
 
+/// A caller waiting for a call: where the result goes, the call's `tracing` span and when it
+/// started.
+struct Waiting {
+    done: Done<Output>,
+    span: tracing::Span,
+    start: Instant,
+}
+
+impl Waiting {
+    /// Hands the result over and closes the span with the outcome and duration.
+    fn finish(self, result: collectix_runtime::Result<Output>) {
+        let micros = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        match &result {
+            Ok(_) => tracing::debug!(parent: &self.span, micros, "call completed"),
+            Err(e) => tracing::warn!(parent: &self.span, micros, error = %e, "call failed"),
+        }
+        (self.done)(result);
+    }
+}
+
 /// One rank: its engine, its transport, the callers waiting on it, and its timer.
 pub(crate) struct RankActor {
     engine: Engine,
     /// One link per global rank, with the messages it refused waiting in front of it.
     links: Option<(Links, Vec<Outbox<Message>>)>,
-    waiting: HashMap<OpId, Done<Output>>,
+    /// Callers waiting, each with its call's span (closed with the outcome) and start.
+    waiting: HashMap<OpId, Waiting>,
     origin: Instant,
     timer: Option<(Time, SpawnHandle)>,
     /// Messages sent before the links were installed.
@@ -101,8 +122,8 @@ impl RankActor {
             }
             while let Some(ev) = self.engine.poll_event() {
                 progressed = true;
-                if let Some(done) = self.waiting.remove(&ev.op) {
-                    done(ev.result);
+                if let Some(w) = self.waiting.remove(&ev.op) {
+                    w.finish(ev.result);
                 }
             }
             if !progressed {
@@ -139,9 +160,35 @@ impl Handler<Submit> for RankActor {
             (m.done)(Err(collectix_runtime::Error::Shutdown));
             return;
         }
+        let fp = m.plan.fingerprint();
+        // new_group's agreement step carries a hash of the members where a count would be.
+        let count = fp
+            .count
+            .filter(|_| fp.kind != collectix_runtime::OpKind::NewGroup);
+        let span = tracing::debug_span!(
+            "call",
+            rank = self.engine.rank(),
+            group = %m.group,
+            seq = tracing::field::Empty,
+            op = %fp.kind,
+            dtype = %fp.dtype,
+            count,
+            algorithm = fp.algorithm.map(|a| a.name()),
+            bytes = count.map(|c| c.saturating_mul(fp.dtype.size() as u64)),
+        );
+        if !m.plan.is_p2p() {
+            span.record("seq", m.seq);
+        }
         let now = self.now();
         let id = self.engine.submit(m.group, m.seq, m.plan, now);
-        self.waiting.insert(id, m.done);
+        self.waiting.insert(
+            id,
+            Waiting {
+                done: m.done,
+                span,
+                start: Instant::now(),
+            },
+        );
         self.drive(ctx);
     }
 }
@@ -203,8 +250,8 @@ impl Handler<Quiesce> for RankActor {
         // holds, and no linger is needed: each rank's waiting calls fail with `Shutdown`. (A
         // rank of a multi-process job that stops alone lingers instead: `Engine::shutdown`.)
         self.quiesced = true;
-        for (_, done) in self.waiting.drain() {
-            done(Err(collectix_runtime::Error::Shutdown));
+        for (_, w) in self.waiting.drain() {
+            w.finish(Err(collectix_runtime::Error::Shutdown));
         }
         if let Some((_, h)) = self.timer.take() {
             ctx.cancel_future(h);

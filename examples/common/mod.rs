@@ -4,11 +4,21 @@
 
 use collectix::{Communicator, Error, Result, World};
 
+/// Logs to stderr what `RUST_LOG` asks for (e.g. `RUST_LOG=collectix=debug`: every call as
+/// a span with its outcome and duration, aborts, timeouts and lost peers); nothing without it.
+pub(crate) fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 /// Runs `f` on every rank; returns each rank's lines, in rank order.
 pub(crate) fn per_rank(
     n: usize,
     f: fn(Communicator) -> Result<Vec<String>>,
 ) -> Result<Vec<Vec<String>>> {
+    init_tracing();
     let world = World::local(n)?;
     let threads: Vec<_> = world
         .communicators()

@@ -173,6 +173,7 @@ impl Engine {
     /// it belongs to is aborted. Calls that exchange messages with it later in their schedule
     /// fail with [`Error::PeerLost`]; the others with [`Error::GroupAborted`].
     pub fn handle_peer_lost(&mut self, peer: usize, _now: Time) {
+        tracing::warn!(rank = self.rank, peer, "peer lost");
         let gids: Vec<GroupId> = self
             .groups
             .iter()
@@ -256,7 +257,7 @@ impl Engine {
             return;
         }
         let root = cause.root_cause().clone();
-        tracing::debug!(rank = self.rank, group = %gid, cause = %root, "group aborted");
+        tracing::warn!(rank = self.rank, group = %gid, cause = %root, told = tell, "group aborted");
         g.aborted = Some(root.clone());
         g.unexpected.clear();
         g.p2p_arrived.clear();
