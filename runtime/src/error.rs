@@ -21,6 +21,59 @@ impl fmt::Display for CallDesc {
     }
 }
 
+/// One line of a desync report: what a rank said about a call that timed out on another
+/// rank (ranks are global).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RankCall {
+    /// The rank has made this call (it is in it, or past it), with this fingerprint.
+    Made {
+        /// The rank.
+        rank: usize,
+        /// Its call.
+        call: Fingerprint,
+    },
+    /// The rank has not reached this call; `latest` is its latest call on the group, if any
+    /// (sequence number and fingerprint).
+    NotReached {
+        /// The rank.
+        rank: usize,
+        /// Its latest call on the group.
+        latest: Option<(u64, Fingerprint)>,
+    },
+    /// The rank did not answer within the group's `desync_grace`.
+    NoAnswer {
+        /// The rank.
+        rank: usize,
+    },
+}
+
+impl fmt::Display for RankCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RankCall::Made { rank, call } => write!(f, "rank {rank} is in {call}"),
+            RankCall::NotReached {
+                rank,
+                latest: Some((seq, call)),
+            } => write!(
+                f,
+                "rank {rank} has not reached it (its latest call is #{seq}, {call})"
+            ),
+            RankCall::NotReached { rank, latest: None } => {
+                write!(
+                    f,
+                    "rank {rank} has not reached it (no call on the group yet)"
+                )
+            }
+            RankCall::NoAnswer { rank } => write!(f, "rank {rank} did not answer"),
+        }
+    }
+}
+
+/// The report's lines, for `Display`: "; " and each line, or nothing.
+fn report_text(report: &[RankCall]) -> String {
+    report.iter().map(|r| format!("; {r}")).collect()
+}
+
 /// Something a peer sent that does not follow the protocol.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[non_exhaustive]
@@ -166,7 +219,7 @@ pub enum Error {
     InvalidArgument(String),
     /// Two ranks disagreed about a call: different collectives, dtypes, counts, roots,
     /// reduce ops or algorithms for the same sequence number of a group.
-    #[error("mismatched calls on group {group} ({}): {ours}, but {theirs}", call_label(*.seq))]
+    #[error("mismatched calls on group {group} ({}): {ours}, but {theirs}{}", call_label(*.seq), report_text(.report))]
     Mismatch {
         /// The group.
         group: GroupId,
@@ -177,9 +230,12 @@ pub enum Error {
         ours: CallDesc,
         /// The peer's call.
         theirs: CallDesc,
+        /// The desync report, when the mismatch was found by one (a call timed out and the
+        /// ranks were asked which call they are in); empty otherwise.
+        report: Vec<RankCall>,
     },
     /// A call did not complete in time.
-    #[error("{op} ({} on group {group}) timed out on rank {rank}, still waiting for ranks {waiting_for:?}", call_label(*.seq))]
+    #[error("{op} ({} on group {group}) timed out on rank {rank}, still waiting for ranks {waiting_for:?}{}", call_label(*.seq), report_text(.report))]
     Timeout {
         /// The group.
         group: GroupId,
@@ -189,8 +245,13 @@ pub enum Error {
         op: OpKind,
         /// The rank (global) that timed out.
         rank: usize,
-        /// Ranks (global) whose messages had not arrived.
+        /// Ranks (global) the call waits for: with a desync report, exactly the ranks that
+        /// said they have not made the call; without one, those whose messages had not
+        /// arrived.
         waiting_for: Vec<usize>,
+        /// The desync report: what every other member said it was doing (empty for
+        /// point-to-point calls, or with a zero `desync_grace`).
+        report: Vec<RankCall>,
     },
     /// A peer this rank talks to is gone (its link closed or it was isolated).
     #[error("peer rank {rank} was lost")]

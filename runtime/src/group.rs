@@ -24,6 +24,9 @@ pub struct GroupOptions {
     /// allocated or sent. It guards against absurd sizes (a shape typed wrong, an overflow
     /// upstream); raise it for calls that really are that large.
     pub max_call_bytes: u64,
+    /// How long a rank whose call timed out waits for its peers to say which call they are
+    /// in (the desync report; 1 s by default). Zero skips the report.
+    pub desync_grace: Duration,
 }
 
 impl Default for GroupOptions {
@@ -34,6 +37,7 @@ impl Default for GroupOptions {
             algorithms: Vec::new(),
             window: 16,
             max_call_bytes: 64 << 30,
+            desync_grace: Duration::from_secs(1),
         }
     }
 }

@@ -80,7 +80,7 @@ pub mod wire;
 
 pub use collective::{Output, Plan, Request, TensorSpec};
 pub use engine::{Engine, Event, OpId};
-pub use error::{DeviceError, Error, Result};
+pub use error::{DeviceError, Error, RankCall, Result};
 pub use group::{CallOptions, GroupId, GroupInfo, GroupOptions};
 pub use ids::{DataPath, Fingerprint};
 pub use op::{Algorithm, CodeError, OpKind, ReduceKind};

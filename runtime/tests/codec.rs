@@ -3,7 +3,7 @@
 //! no length from the wire makes the decoder allocate beyond its limits.
 
 use bytes::{Bytes, BytesMut};
-use collectix_runtime::error::{CallDesc, ProtocolError};
+use collectix_runtime::error::{CallDesc, ProtocolError, RankCall};
 use collectix_runtime::wire::{decode, encode, AbortReason, DecodeError, Header, Limits, Message};
 use collectix_runtime::{Algorithm, DType, DataPath, Fingerprint, GroupId, OpKind, ReduceKind};
 use proptest::prelude::*;
@@ -60,6 +60,25 @@ fn protocol_error() -> impl Strategy<Value = ProtocolError> {
     ]
 }
 
+fn report() -> impl Strategy<Value = Vec<RankCall>> {
+    let line = prop_oneof![
+        (any::<u32>(), fingerprint()).prop_map(|(r, call)| RankCall::Made {
+            rank: r as usize,
+            call
+        }),
+        (
+            any::<u32>(),
+            proptest::option::of((any::<u64>(), fingerprint()))
+        )
+            .prop_map(|(r, latest)| RankCall::NotReached {
+                rank: r as usize,
+                latest
+            }),
+        any::<u32>().prop_map(|r| RankCall::NoAnswer { rank: r as usize }),
+    ];
+    proptest::collection::vec(line, 0..5)
+}
+
 fn reason() -> impl Strategy<Value = AbortReason> {
     let call = || {
         (any::<u32>(), fingerprint()).prop_map(|(rank, call)| CallDesc {
@@ -68,19 +87,27 @@ fn reason() -> impl Strategy<Value = AbortReason> {
         })
     };
     prop_oneof![
-        (proptest::option::of(any::<u64>()), call(), call())
-            .prop_map(|(seq, ours, theirs)| AbortReason::Mismatch { seq, ours, theirs }),
+        (proptest::option::of(any::<u64>()), call(), call(), report()).prop_map(
+            |(seq, ours, theirs, report)| AbortReason::Mismatch {
+                seq,
+                ours,
+                theirs,
+                report
+            }
+        ),
         (
             proptest::option::of(any::<u64>()),
             0u8..15,
             any::<u64>(),
-            proptest::collection::vec(any::<u64>(), 0..8)
+            proptest::collection::vec(any::<u64>(), 0..8),
+            report()
         )
-            .prop_map(|(seq, k, rank, waiting_for)| AbortReason::Timeout {
+            .prop_map(|(seq, k, rank, waiting_for, report)| AbortReason::Timeout {
                 seq,
                 op: OpKind::try_from(k + 1).unwrap_or(OpKind::Barrier),
                 rank,
                 waiting_for,
+                report,
             }),
         any::<u64>().prop_map(|rank| AbortReason::PeerLost { rank }),
         (any::<u64>(), any::<u64>())
@@ -128,6 +155,19 @@ fn header() -> impl Strategy<Value = Header> {
         }),
         (g(), any::<u64>()).prop_map(|(group, eager)| Header::P2pConsumed { group, eager }),
         (g(), reason()).prop_map(|(group, reason)| Header::Abort { group, reason }),
+        (g(), any::<u64>()).prop_map(|(group, seq)| Header::Inquire { group, seq }),
+        (
+            g(),
+            any::<u64>(),
+            proptest::option::of(fingerprint()),
+            proptest::option::of((any::<u64>(), fingerprint()))
+        )
+            .prop_map(|(group, seq, made, latest)| Header::Status {
+                group,
+                seq,
+                made,
+                latest
+            }),
     ]
 }
 
@@ -181,7 +221,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_after_a_valid_prefix_never_panic(
-        kind in 1u8..=7,
+        kind in 1u8..=9,
         header_len in 0u32..200,
         parts in 0u32..4,
         rest in proptest::collection::vec(any::<u8>(), 0..300),
@@ -254,7 +294,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
             &b"CX\x02\x01\x00\x00\x00\x00\x00\x00\x00\x00"[..],
             "version",
         ),
-        (&b"CX\x01\x09\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
+        (&b"CX\x01\x0a\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
     ] {
         let mut b = BytesMut::from(bytes);
         let e = decode(&mut b, &limits).err();

@@ -353,8 +353,9 @@ fn reusing_a_sequence_number_is_refused() {
         .any(|x| x.op == again && matches!(x.result, Err(Error::Internal(_)))));
 }
 
-#[test]
-fn timeout_names_the_awaited_rank_and_aborts() {
+/// Rank 1 of 2 makes an all_reduce that rank 0 never answers; at the deadline rank 1 asks
+/// rank 0 which call it is in. Returns the engine, the call and the deadline.
+fn timed_out_and_asking() -> (Engine, collectix_runtime::OpId, Time) {
     let mut e = engine(1);
     let id = e.submit(GroupId::WORLD, 0, all_reduce(1, vec![1.0]), Time::ZERO);
     while e.poll_transmit().is_some() {}
@@ -363,14 +364,129 @@ fn timeout_names_the_awaited_rank_and_aborts() {
     e.handle_timeout(Time::from_nanos(at.as_nanos() - 1));
     assert!(events(&mut e).is_empty(), "not yet");
     e.handle_timeout(at);
+    assert!(events(&mut e).is_empty(), "the desync report comes first");
+    let asked: Vec<_> = std::iter::from_fn(|| e.poll_transmit()).collect();
+    assert!(
+        matches!(&asked[..], [t] if t.dst == 0 && matches!(t.msg.header, Header::Inquire { seq: 0, .. })),
+        "{asked:?}"
+    );
+    (e, id, at)
+}
+
+#[test]
+fn a_timeout_without_an_answer_says_so_after_the_grace() {
+    let (mut e, id, at) = timed_out_and_asking();
+    let grace = GroupOptions::default().desync_grace;
+    assert_eq!(e.poll_timeout(), Some(at + grace));
+    e.handle_timeout(at + grace);
     let ev = events(&mut e);
     assert_eq!(ev[0].op, id);
-    assert!(
-        matches!(&ev[0].result, Err(Error::Timeout { waiting_for, rank: 1, .. }) if waiting_for == &vec![0])
-    );
+    match &ev[0].result {
+        Err(
+            err @ Error::Timeout {
+                rank: 1, report, ..
+            },
+        ) => {
+            assert_eq!(
+                report,
+                &vec![collectix_runtime::RankCall::NoAnswer { rank: 0 }]
+            );
+            assert!(err.to_string().contains("rank 0 did not answer"), "{err}");
+        }
+        other => panic!("{other:?}"),
+    }
     assert!(std::iter::from_fn(|| e.poll_transmit())
         .any(|t| matches!(t.msg.header, Header::Abort { .. })));
     assert_eq!(e.poll_timeout(), None);
+}
+
+#[test]
+fn a_timeout_names_exactly_the_ranks_that_have_not_made_the_call() {
+    let (mut e, id, at) = timed_out_and_asking();
+    // Rank 0 answers: it has not reached call 0 (no call on the group yet).
+    e.handle_message(
+        Message {
+            src: 0,
+            header: Header::Status {
+                group: GroupId::WORLD,
+                seq: 0,
+                made: None,
+                latest: None,
+            },
+            payload: Vec::new(),
+        },
+        at,
+    );
+    let ev = events(&mut e);
+    assert_eq!(ev[0].op, id);
+    assert!(
+        matches!(&ev[0].result, Err(Error::Timeout { waiting_for, rank: 1, .. }) if waiting_for == &vec![0]),
+        "{:?}",
+        ev[0].result
+    );
+}
+
+#[test]
+fn a_timeout_where_a_peer_is_in_another_call_is_a_mismatch_naming_both() {
+    let (mut e, id, at) = timed_out_and_asking();
+    let theirs = Fingerprint {
+        count: Some(7),
+        ..Fingerprint::new(collectix_runtime::OpKind::Broadcast, DType::F32)
+    };
+    e.handle_message(
+        Message {
+            src: 0,
+            header: Header::Status {
+                group: GroupId::WORLD,
+                seq: 0,
+                made: Some(theirs),
+                latest: Some((0, theirs)),
+            },
+            payload: Vec::new(),
+        },
+        at,
+    );
+    let ev = events(&mut e);
+    assert_eq!(ev[0].op, id);
+    match &ev[0].result {
+        Err(
+            err @ Error::Mismatch {
+                theirs: t, report, ..
+            },
+        ) => {
+            assert_eq!((t.rank, t.call), (0, theirs));
+            assert_eq!(report.len(), 1);
+            assert!(err.to_string().contains("rank 0 is in broadcast"), "{err}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_rank_answers_an_inquiry_with_its_call() {
+    let mut e = engine(0);
+    let p = all_reduce(0, vec![1.0]);
+    let fp = p.fingerprint();
+    let _ = e.submit(GroupId::WORLD, 0, p, Time::ZERO);
+    while e.poll_transmit().is_some() {}
+    for (seq, made) in [(0, Some(fp)), (5, None)] {
+        e.handle_message(
+            Message {
+                src: 1,
+                header: Header::Inquire {
+                    group: GroupId::WORLD,
+                    seq,
+                },
+                payload: Vec::new(),
+            },
+            Time::ZERO,
+        );
+        let out: Vec<_> = std::iter::from_fn(|| e.poll_transmit()).collect();
+        assert!(
+            matches!(&out[..], [t] if t.dst == 1 && t.msg.header == Header::Status { group: GroupId::WORLD, seq, made, latest: Some((0, fp)) }),
+            "{out:?}"
+        );
+    }
 }
 
 #[test]

@@ -23,6 +23,12 @@ use std::time::Duration;
 
 /// The calls' timeout (virtual time costs nothing, so it is long next to the network's).
 const TIMEOUT: Duration = Duration::from_millis(50);
+
+/// How long a rank whose call timed out waits for the desync report's answers (the group's
+/// default `desync_grace`).
+fn grace() -> Duration {
+    GroupOptions::default().desync_grace
+}
 const MAX_STEPS: usize = 1_000_000;
 
 /// How the victim is lost.
@@ -163,10 +169,11 @@ fn lose_mid_collective(s: &Setup, fault: Fault) -> Result<(), String> {
     // detection delay) after the loss; what holds is tighter: with a detector every rank has
     // failed once it noticed, and without one the calls time out at their deadline (they were
     // submitted at time zero) and the aborts take one propagation delay.
-    let promised = t_lost + TIMEOUT + sim.max_propagation() + sim.max_detection();
+    // A timeout first asks the group which call each rank is in and waits up to the grace.
+    let promised = t_lost + TIMEOUT + grace() + sim.max_propagation() + sim.max_detection();
     let bound = match fault {
         Fault::Isolate | Fault::Kill => t_lost + detection,
-        Fault::Partition => Time::ZERO + TIMEOUT + sim.max_propagation(),
+        Fault::Partition => Time::ZERO + TIMEOUT + grace() + sim.max_propagation(),
     };
     assert!(bound <= promised);
     let mut timeouts = BTreeMap::new();
@@ -235,10 +242,30 @@ fn lose_mid_collective(s: &Setup, fault: Fault) -> Result<(), String> {
     Ok(())
 }
 
-/// A timeout names the ranks the call was waiting for in its current step (as the
-/// simulator's model of the call sees it), or is the group abort another rank's timeout caused.
+/// A timeout with a desync report names exactly the ranks that said they have not made the
+/// call (never one that has); without a report (nobody to ask) it names the ranks the call
+/// was waiting for in its current step (as the simulator's model of the call sees it). Or it
+/// is the group abort another rank's timeout caused.
 fn check_timeout(sim: &Sim, g: usize, id: OpId, e: &Error) -> Result<(), String> {
     match e.root_cause() {
+        Error::Timeout {
+            rank,
+            waiting_for,
+            report,
+            ..
+        } if *rank == g && !report.is_empty() => {
+            let behind: Vec<usize> = report
+                .iter()
+                .filter_map(|r| match r {
+                    collectix_runtime::RankCall::NotReached { rank, .. } => Some(*rank),
+                    _ => None,
+                })
+                .collect();
+            if *waiting_for != behind {
+                return Err(format!("{e}: names {waiting_for:?}, the report {behind:?}"));
+            }
+            Ok(())
+        }
         Error::Timeout {
             rank, waiting_for, ..
         } if *rank == g => {
@@ -263,6 +290,15 @@ fn check_timeout(sim: &Sim, g: usize, id: OpId, e: &Error) -> Result<(), String>
 fn check_wait_graph(errors: &BTreeMap<usize, Error>, culprit: usize) -> Result<(), String> {
     let edges = |g: usize| -> Vec<usize> {
         match errors.get(&g) {
+            // With a desync report: the ranks that have not made the call or did not answer.
+            Some(Error::Timeout { report, .. }) if !report.is_empty() => report
+                .iter()
+                .filter_map(|r| match r {
+                    collectix_runtime::RankCall::NotReached { rank, .. }
+                    | collectix_runtime::RankCall::NoAnswer { rank } => Some(*rank),
+                    collectix_runtime::RankCall::Made { .. } => None,
+                })
+                .collect(),
             Some(Error::Timeout { waiting_for, .. }) => waiting_for.clone(),
             Some(Error::GroupAborted { cause, .. }) => match &**cause {
                 Error::Timeout { rank, .. } => vec![*rank],
@@ -462,7 +498,7 @@ fn never_calls(s: &Setup) -> Result<(), String> {
     if let Err(e) = sim.run(MAX_STEPS) {
         return Err(ctx(&sim, format!("did not settle: {e:?}")));
     }
-    let bound = Time::ZERO + TIMEOUT + sim.max_propagation();
+    let bound = Time::ZERO + TIMEOUT + grace() + sim.max_propagation();
     let mut errors = BTreeMap::new();
     let Submitted { members, case, ids } = &calls[0];
     for (local, (&g, id)) in members.iter().zip(ids).enumerate() {
@@ -666,6 +702,8 @@ fn run_ends_when_only_lost_ranks_have_calls() {
             "rank {r}: {res:?}\n{}",
             sim.trace_text()
         );
-        assert!(sim.completed_at(r, id) <= Some(Time::ZERO + TIMEOUT + sim.max_propagation()));
+        assert!(
+            sim.completed_at(r, id) <= Some(Time::ZERO + TIMEOUT + grace() + sim.max_propagation())
+        );
     }
 }

@@ -594,7 +594,8 @@ fn hand_made(rank: usize, tags: [u32; 2], recv_first: bool) -> collectix_runtime
 }
 
 /// The deliberate bug "a receive posted before its matching send, on both ranks" is caught:
-/// `run_no_timeouts` reports the deadlock, and with timeouts each rank names the other.
+/// `run_no_timeouts` reports the deadlock, and with timeouts each rank's error names the
+/// other (every rank is in the call, so the timeout names whose messages it waited for).
 #[test]
 fn deliberate_bug_receive_before_send_is_caught() {
     let mut sim = Sim::new(2, 1);
@@ -613,9 +614,22 @@ fn deliberate_bug_receive_before_send_is_caught() {
     );
     assert_eq!(sim.run(1000), Ok(()));
     for (r, id) in ids.into_iter().enumerate() {
-        match sim.result(r, id) {
-            Some(Err(collectix_runtime::Error::Timeout { waiting_for, .. })) => {
+        // Its own timeout names the other rank, or the other rank's timeout (whose desync
+        // report came back first) names it.
+        match sim
+            .result(r, id)
+            .and_then(|x| x.as_ref().err())
+            .map(|e| e.root_cause())
+        {
+            Some(collectix_runtime::Error::Timeout {
+                rank, waiting_for, ..
+            }) if *rank == r => {
                 assert_eq!(waiting_for, &vec![1 - r], "{}", sim.trace_text());
+            }
+            Some(collectix_runtime::Error::Timeout {
+                rank, waiting_for, ..
+            }) if *rank == 1 - r => {
+                assert_eq!(waiting_for, &vec![r], "{}", sim.trace_text());
             }
             other => panic!("rank {r}: {other:?}\n{}", sim.trace_text()),
         }

@@ -3,7 +3,7 @@
 //! tells the group's other members (an abort), so no rank waits for its timeout in vain.
 
 use super::{Engine, Event, Op, OpId, State};
-use crate::error::{CallDesc, Error};
+use crate::error::{CallDesc, Error, RankCall};
 use crate::ids::{Fingerprint, GroupId};
 use crate::time::Time;
 use crate::wire::message::{AbortReason, Header, Message, Transmit};
@@ -127,46 +127,217 @@ impl Engine {
             .map(|(&id, _)| id)
             .collect();
         for id in due {
+            if self.start_inquiry(id, now) {
+                continue;
+            }
+            if self.ops.get(&id).is_some_and(|op| op.inquiry.is_some()) {
+                // The grace is over: the report has what came.
+                self.conclude_inquiry(id);
+                continue;
+            }
             let Some(op) = self.ops.get(&id) else {
                 continue;
             };
-            let Some(g) = self.groups.get(&op.group) else {
-                continue;
-            };
-            let waiting_for: Vec<usize> = match &op.state {
-                State::Coll(c) => match c.sched.steps.get(c.step) {
-                    Some(step) => {
-                        let mut w: Vec<usize> = step
-                            .recvs
-                            .iter()
-                            .filter(|r| !c.inbox.contains_key(&(r.peer, r.tag)))
-                            .map(|r| g.info.global(r.peer))
-                            .collect();
-                        w.sort_unstable();
-                        w.dedup();
-                        w
-                    }
-                    None => Vec::new(),
-                },
-                State::Recv { src: Some(s), .. } => vec![g.info.global(*s)],
-                State::Recv { src: None, .. } => g
-                    .info
-                    .members
-                    .iter()
-                    .copied()
-                    .filter(|&m| m != self.rank)
-                    .collect(),
-            };
+            let waiting_for = self.awaited(op);
             let err = Error::Timeout {
                 group: op.group,
                 seq: op.seq,
                 op: op.fp.kind,
                 rank: self.rank,
                 waiting_for,
+                report: Vec::new(),
             };
             let gid = op.group;
             self.abort(gid, err.clone(), Some((id, err)), true);
         }
+    }
+
+    /// The ranks (global) whose messages call `op` waits for in its current step.
+    fn awaited(&self, op: &Op) -> Vec<usize> {
+        let Some(g) = self.groups.get(&op.group) else {
+            return Vec::new();
+        };
+        match &op.state {
+            State::Coll(c) => match c.sched.steps.get(c.step) {
+                Some(step) => {
+                    let mut w: Vec<usize> = step
+                        .recvs
+                        .iter()
+                        .filter(|r| !c.inbox.contains_key(&(r.peer, r.tag)))
+                        .map(|r| g.info.global(r.peer))
+                        .collect();
+                    w.sort_unstable();
+                    w.dedup();
+                    w
+                }
+                None => Vec::new(),
+            },
+            State::Recv { src: Some(s), .. } => vec![g.info.global(*s)],
+            State::Recv { src: None, .. } => g
+                .info
+                .members
+                .iter()
+                .copied()
+                .filter(|&m| m != self.rank)
+                .collect(),
+        }
+    }
+
+    /// A collective call `id` is past its deadline: ask every other member which call it is
+    /// in, and wait up to the group's `desync_grace` for the answers (the desync report).
+    /// `false` when there is nobody to ask, no grace, or the inquiry already ran.
+    fn start_inquiry(&mut self, id: OpId, now: Time) -> bool {
+        let Some(op) = self.ops.get_mut(&id) else {
+            return false;
+        };
+        let Some(g) = self.groups.get(&op.group) else {
+            return false;
+        };
+        let grace = g.info.options.desync_grace;
+        let (Some(seq), None) = (op.seq, &op.inquiry) else {
+            return false;
+        };
+        if grace.is_zero() || g.info.size() < 2 {
+            return false;
+        }
+        op.inquiry = Some(BTreeMap::new());
+        op.deadline = now + grace;
+        let gid = op.group;
+        tracing::warn!(rank = self.rank, group = %gid, seq, call = %op.fp, "call timed out; asking the group which call each rank is in");
+        for &m in &g.info.members {
+            if m != self.rank {
+                self.transmits.push_back(Transmit {
+                    dst: m,
+                    msg: Message {
+                        src: self.rank,
+                        header: Header::Inquire { group: gid, seq },
+                        payload: Vec::new(),
+                    },
+                });
+            }
+        }
+        true
+    }
+
+    /// This rank's answer to an inquiry about call `seq` of group `gid`.
+    pub(super) fn status_of(&self, gid: GroupId, seq: u64) -> Header {
+        let fp_of = |s: u64| -> Option<Fingerprint> {
+            let g = self.groups.get(&gid)?;
+            match g.active.get(&s) {
+                Some(id) => self.ops.get(id).map(|op| op.fp),
+                None => g.done.get(&s).copied(),
+            }
+        };
+        let latest = self.groups.get(&gid).and_then(|g| {
+            let a = g.active.keys().max().copied();
+            let d = g.done.keys().next_back().copied();
+            a.max(d).and_then(|s| fp_of(s).map(|fp| (s, fp)))
+        });
+        // A call below what is kept of the finished ones was made, but its fingerprint is
+        // forgotten: say the latest instead.
+        let made = fp_of(seq);
+        Header::Status {
+            group: gid,
+            seq,
+            made,
+            latest,
+        }
+    }
+
+    /// `from` (global) answered the inquiry about call `seq` of group `gid`.
+    pub(super) fn on_status(
+        &mut self,
+        gid: GroupId,
+        seq: u64,
+        from: usize,
+        made: Option<Fingerprint>,
+        latest: Option<(u64, Fingerprint)>,
+    ) {
+        let Some(&id) = self.groups.get(&gid).and_then(|g| g.active.get(&seq)) else {
+            return;
+        };
+        let Some(op) = self.ops.get_mut(&id) else {
+            return;
+        };
+        let Some(replies) = &mut op.inquiry else {
+            return;
+        };
+        let line = match made {
+            Some(call) => RankCall::Made { rank: from, call },
+            None => RankCall::NotReached { rank: from, latest },
+        };
+        replies.insert(from, line);
+        if replies.len() + 1 >= op.group_size {
+            self.conclude_inquiry(id);
+        }
+    }
+
+    /// Ends call `id` with its desync report: a mismatch if some rank is in a different
+    /// call, else a timeout naming exactly the ranks that said they have not made it.
+    fn conclude_inquiry(&mut self, id: OpId) {
+        let Some(replies) = self.ops.get_mut(&id).and_then(|op| op.inquiry.take()) else {
+            return;
+        };
+        let Some(op) = self.ops.get(&id) else {
+            return;
+        };
+        let Some(g) = self.groups.get(&op.group) else {
+            return;
+        };
+        let report: Vec<RankCall> = g
+            .info
+            .members
+            .iter()
+            .filter(|&&m| m != self.rank)
+            .map(|&m| {
+                replies
+                    .get(&m)
+                    .cloned()
+                    .unwrap_or(RankCall::NoAnswer { rank: m })
+            })
+            .collect();
+        let different = report.iter().find_map(|r| match r {
+            RankCall::Made { rank, call } if *call != op.fp => Some((*rank, *call)),
+            _ => None,
+        });
+        let gid = op.group;
+        let err = match different {
+            Some((rank, call)) => Error::Mismatch {
+                group: gid,
+                seq: op.seq,
+                ours: CallDesc {
+                    rank: self.rank,
+                    call: op.fp,
+                },
+                theirs: CallDesc { rank, call },
+                report,
+            },
+            None => {
+                let behind: Vec<usize> = report
+                    .iter()
+                    .filter_map(|r| match r {
+                        RankCall::NotReached { rank, .. } => Some(*rank),
+                        _ => None,
+                    })
+                    .collect();
+                let everyone_in = report.iter().all(|r| matches!(r, RankCall::Made { .. }));
+                Error::Timeout {
+                    group: gid,
+                    seq: op.seq,
+                    op: op.fp.kind,
+                    rank: self.rank,
+                    // Every rank is in the call (a lost message, a schedule bug): name whose
+                    // messages the current step still waits for.
+                    waiting_for: if everyone_in {
+                        self.awaited(op)
+                    } else {
+                        behind
+                    },
+                    report,
+                }
+            }
+        };
+        self.abort(gid, err.clone(), Some((id, err)), true);
     }
 
     /// Handles the loss of a peer (its link closed, or a simulator isolated it): every group
@@ -228,6 +399,7 @@ impl Engine {
                 rank: peer,
                 call: theirs,
             },
+            report: Vec::new(),
         }
     }
 

@@ -27,7 +27,7 @@ pub(crate) mod p2p_flow;
 
 use crate::collective::{Body, Finish, Output, Plan, TensorSpec};
 use crate::data_plane::{DataPlane, HostPlane};
-use crate::error::{Error, ProtocolError, Result};
+use crate::error::{Error, ProtocolError, RankCall, Result};
 use crate::group::GroupId;
 use crate::ids::Fingerprint;
 use crate::schedule::Schedule;
@@ -94,6 +94,9 @@ struct Op {
     group_size: usize,
     deadline: Time,
     state: State,
+    /// Set when the call timed out and this rank asked the group which call each member is
+    /// in (the desync report): the answers so far, by global rank.
+    inquiry: Option<BTreeMap<usize, RankCall>>,
 }
 
 /// The protocol engine of one rank.
@@ -227,6 +230,7 @@ impl Engine {
             group_size,
             deadline,
             state,
+            inquiry: None,
         };
         match body {
             Body::Send {
@@ -335,6 +339,24 @@ impl Engine {
                 let mut out = Vec::new();
                 g.flow.on_want(src, *seq, &mut out);
                 self.emit(gid, out);
+            }
+            Header::Inquire { seq, .. } => {
+                let seq = *seq;
+                let reply = self.status_of(gid, seq);
+                self.transmits.push_back(Transmit {
+                    dst: msg.src,
+                    msg: Message {
+                        src: self.rank,
+                        header: reply,
+                        payload: Vec::new(),
+                    },
+                });
+            }
+            Header::Status {
+                seq, made, latest, ..
+            } => {
+                let (seq, made, latest) = (*seq, *made, *latest);
+                self.on_status(gid, seq, msg.src, made, latest);
             }
             Header::P2pGrant { tag, upto, .. } => {
                 let mut out = Vec::new();

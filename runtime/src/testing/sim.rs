@@ -297,6 +297,14 @@ fn header_text(h: &Header, with_call: bool) -> String {
         Header::WantCredit { group, seq } => format!("want-credit g={group} #{seq}"),
         Header::P2pGrant { group, tag, upto } => format!("p2p-grant g={group} tag={tag} <{upto}"),
         Header::P2pConsumed { group, eager } => format!("p2p-consumed g={group} eager={eager}"),
+        Header::Inquire { group, seq } => format!("inquire g={group} #{seq}"),
+        Header::Status {
+            group, seq, made, ..
+        } => match made {
+            Some(fp) if with_call => format!("status g={group} #{seq} made {fp}"),
+            Some(_) => format!("status g={group} #{seq} made"),
+            None => format!("status g={group} #{seq} not reached"),
+        },
     }
 }
 
@@ -386,6 +394,8 @@ fn transmit_key(t: &Transmit) -> (usize, u64, u8, u64, u32) {
         Header::WantCredit { group, seq } => (group.0, 4, *seq, 0),
         Header::P2pGrant { group, tag, upto } => (group.0, 5, *upto, *tag),
         Header::P2pConsumed { group, eager } => (group.0, 6, *eager, 0),
+        Header::Inquire { group, seq } => (group.0, 7, *seq, 0),
+        Header::Status { group, seq, .. } => (group.0, 8, *seq, 0),
     };
     (t.dst, group, kind, seq, tag)
 }

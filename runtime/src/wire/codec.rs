@@ -10,7 +10,7 @@
 //!  0       2           magic "CX"
 //!  2       1           version (1)
 //!  3       1           kind: 1 data, 2 p2p, 3 credit, 4 want-credit, 5 p2p-grant,
-//!                      6 p2p-consumed, 7 abort
+//!                      6 p2p-consumed, 7 abort, 8 inquire, 9 status
 //!  4       4           header length H (u32, little-endian; at most MAX_HEADER_BYTES)
 //!  8       4           payload parts P (u32; at most Limits::max_parts)
 //!  12      8 × P       each part's length (u64; their sum at most Limits::max_payload_bytes)
@@ -22,11 +22,13 @@
 //! data `group u64, seq u64, tag u32, fingerprint`; p2p `group u64, tag u32, seq u64,
 //! dtype u8, count u64, eager u8`; credit `group u64, calls u64`; want-credit `group u64,
 //! seq u64`; p2p-grant `group u64, tag u32, upto u64`; p2p-consumed `group u64, eager u64`;
-//! abort `group u64, reason` (a code byte and its fields; see [`AbortReason`]). A header must
+//! abort `group u64, reason` (a code byte and its fields; see [`AbortReason`]); inquire
+//! `group u64, seq u64`; status `group u64, seq u64, made (flag, fingerprint), latest (flag,
+//! seq u64, fingerprint)`. A header must
 //! be consumed exactly: trailing bytes are an error. The frame carries no source rank: the
 //! transport stamps it from the link the frame came on.
 
-use crate::error::{CallDesc, ProtocolError};
+use crate::error::{CallDesc, ProtocolError, RankCall};
 use crate::ids::{Fingerprint, GroupId, FINGERPRINT_BYTES};
 use crate::op::{CodeError, OpKind};
 use crate::tensor::dtype::DType;
@@ -153,6 +155,8 @@ const WANT_CREDIT: u8 = 4;
 const P2P_GRANT: u8 = 5;
 const P2P_CONSUMED: u8 = 6;
 const ABORT: u8 = 7;
+const INQUIRE: u8 = 8;
+const STATUS: u8 = 9;
 
 /// Encodes `msg` (its `src` is not encoded: the receiving transport knows it).
 pub fn encode(msg: &Message) -> Frame {
@@ -212,6 +216,23 @@ pub fn encode(msg: &Message) -> Frame {
             put_reason(&mut h, reason);
             ABORT
         }
+        Header::Inquire { group, seq } => {
+            h.put_u64_le(group.0);
+            h.put_u64_le(*seq);
+            INQUIRE
+        }
+        Header::Status {
+            group,
+            seq,
+            made,
+            latest,
+        } => {
+            h.put_u64_le(group.0);
+            h.put_u64_le(*seq);
+            put_opt_fp(&mut h, made.as_ref());
+            put_latest(&mut h, latest.as_ref());
+            STATUS
+        }
     };
     let parts = msg.payload.clone();
     let mut head = BytesMut::with_capacity(PREFIX_BYTES + 8 * parts.len() + h.len());
@@ -241,6 +262,53 @@ fn put_opt_u64(h: &mut BytesMut, v: Option<u64>) {
     }
 }
 
+fn put_opt_fp(h: &mut BytesMut, fp: Option<&Fingerprint>) {
+    match fp {
+        Some(fp) => {
+            h.put_u8(1);
+            h.put_slice(&fp.to_bytes());
+        }
+        None => h.put_u8(0),
+    }
+}
+
+fn put_latest(h: &mut BytesMut, latest: Option<&(u64, Fingerprint)>) {
+    match latest {
+        Some((seq, fp)) => {
+            h.put_u8(1);
+            h.put_u64_le(*seq);
+            h.put_slice(&fp.to_bytes());
+        }
+        None => h.put_u8(0),
+    }
+}
+
+/// The most lines of a desync report a frame carries (a group's size, in practice).
+const MAX_REPORT: usize = 1024;
+
+fn put_report(h: &mut BytesMut, report: &[RankCall]) {
+    let n = report.len().min(MAX_REPORT);
+    h.put_u32_le(n as u32);
+    for r in &report[..n] {
+        match r {
+            RankCall::Made { rank, call } => {
+                h.put_u8(1);
+                h.put_u64_le(*rank as u64);
+                h.put_slice(&call.to_bytes());
+            }
+            RankCall::NotReached { rank, latest } => {
+                h.put_u8(2);
+                h.put_u64_le(*rank as u64);
+                put_latest(h, latest.as_ref());
+            }
+            RankCall::NoAnswer { rank } => {
+                h.put_u8(3);
+                h.put_u64_le(*rank as u64);
+            }
+        }
+    }
+}
+
 fn put_text(h: &mut BytesMut, s: &str) {
     let mut end = s.len().min(MAX_TEXT);
     while !s.is_char_boundary(end) {
@@ -257,28 +325,36 @@ fn put_call(h: &mut BytesMut, c: &CallDesc) {
 
 fn put_reason(h: &mut BytesMut, r: &AbortReason) {
     match r {
-        AbortReason::Mismatch { seq, ours, theirs } => {
+        AbortReason::Mismatch {
+            seq,
+            ours,
+            theirs,
+            report,
+        } => {
             h.put_u8(1);
             put_opt_u64(h, *seq);
             put_call(h, ours);
             put_call(h, theirs);
+            put_report(h, report);
         }
         AbortReason::Timeout {
             seq,
             op,
             rank,
             waiting_for,
+            report,
         } => {
             h.put_u8(2);
             put_opt_u64(h, *seq);
             h.put_u8(op.code());
             h.put_u64_le(*rank);
             // At most a group's size of ranks; cut so the header stays below its limit.
-            let n = waiting_for.len().min(4096);
+            let n = waiting_for.len().min(MAX_REPORT);
             h.put_u32_le(n as u32);
             for w in &waiting_for[..n] {
                 h.put_u64_le(*w);
             }
+            put_report(h, report);
         }
         AbortReason::PeerLost { rank } => {
             h.put_u8(3);
@@ -374,7 +450,7 @@ fn read_prefix(buf: &[u8], limits: &Limits) -> Result<Option<Prefix>, DecodeErro
         return Err(DecodeError::Version { got: buf[2] });
     }
     let kind = buf[3];
-    if !(DATA..=ABORT).contains(&kind) {
+    if !(DATA..=STATUS).contains(&kind) {
         return Err(DecodeError::Kind(kind));
     }
     let u32_at = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
@@ -548,6 +624,56 @@ impl Reader {
             call: self.fingerprint()?,
         })
     }
+    fn opt_fp(&mut self) -> Result<Option<Fingerprint>, DecodeError> {
+        Ok(if self.bool("fingerprint present")? {
+            Some(self.fingerprint()?)
+        } else {
+            None
+        })
+    }
+    fn latest(&mut self) -> Result<Option<(u64, Fingerprint)>, DecodeError> {
+        Ok(if self.bool("latest call present")? {
+            Some((self.u64("latest seq")?, self.fingerprint()?))
+        } else {
+            None
+        })
+    }
+    fn report(&mut self) -> Result<Vec<RankCall>, DecodeError> {
+        let n = self.u32("report lines")? as usize;
+        if n > MAX_REPORT {
+            return Err(DecodeError::TooLarge {
+                what: "report lines",
+                got: n as u64,
+                limit: MAX_REPORT as u64,
+            });
+        }
+        // Each line is at least 9 bytes: checked against the bytes present first.
+        self.need(n.saturating_mul(9), "report")?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let code = self.u8("report line")?;
+            let rank = self.usize("rank")?;
+            out.push(match code {
+                1 => RankCall::Made {
+                    rank,
+                    call: self.fingerprint()?,
+                },
+                2 => RankCall::NotReached {
+                    rank,
+                    latest: self.latest()?,
+                },
+                3 => RankCall::NoAnswer { rank },
+                code => {
+                    return Err(CodeError {
+                        what: "report line",
+                        code,
+                    }
+                    .into())
+                }
+            });
+        }
+        Ok(out)
+    }
     fn done(self) -> Result<(), DecodeError> {
         match self.b.remaining() {
             0 => Ok(()),
@@ -594,6 +720,16 @@ fn read_header(kind: u8, b: Bytes) -> Result<Header, DecodeError> {
             group: r.group()?,
             reason: read_reason(&mut r)?,
         },
+        INQUIRE => Header::Inquire {
+            group: r.group()?,
+            seq: r.u64("seq")?,
+        },
+        STATUS => Header::Status {
+            group: r.group()?,
+            seq: r.u64("seq")?,
+            made: r.opt_fp()?,
+            latest: r.latest()?,
+        },
         k => return Err(DecodeError::Kind(k)),
     };
     r.done()?;
@@ -606,6 +742,7 @@ fn read_reason(r: &mut Reader) -> Result<AbortReason, DecodeError> {
             seq: r.opt_u64("seq")?,
             ours: r.call()?,
             theirs: r.call()?,
+            report: r.report()?,
         },
         2 => {
             let seq = r.opt_u64("seq")?;
@@ -623,6 +760,7 @@ fn read_reason(r: &mut Reader) -> Result<AbortReason, DecodeError> {
                 op,
                 rank,
                 waiting_for,
+                report: r.report()?,
             }
         }
         3 => AbortReason::PeerLost {

@@ -2,7 +2,7 @@
 //! sequence number in that group, a tag naming the step, and the fingerprint of the call;
 //! the payload travels as raw byte parts (one per chunk), never through serde.
 
-use crate::error::{CallDesc, Error, ProtocolError};
+use crate::error::{CallDesc, Error, ProtocolError, RankCall};
 use crate::ids::{Fingerprint, GroupId};
 use crate::op::OpKind;
 use crate::tensor::dtype::DType;
@@ -75,6 +75,24 @@ pub enum Header {
         /// Eager messages consumed.
         eager: u64,
     },
+    /// A call timed out on the sender: which call is the receiver in? (The desync report.)
+    Inquire {
+        /// The group.
+        group: GroupId,
+        /// The call that timed out.
+        seq: u64,
+    },
+    /// The answer to [`Header::Inquire`].
+    Status {
+        /// The group.
+        group: GroupId,
+        /// The call asked about.
+        seq: u64,
+        /// The sender's fingerprint of that call, if it has made it.
+        made: Option<Fingerprint>,
+        /// The sender's latest call on the group (sequence number and fingerprint), if any.
+        latest: Option<(u64, Fingerprint)>,
+    },
     /// The sender aborted the group because of `reason`.
     Abort {
         /// The group.
@@ -94,7 +112,9 @@ impl Header {
             | Header::Credit { group, .. }
             | Header::WantCredit { group, .. }
             | Header::P2pGrant { group, .. }
-            | Header::P2pConsumed { group, .. } => *group,
+            | Header::P2pConsumed { group, .. }
+            | Header::Inquire { group, .. }
+            | Header::Status { group, .. } => *group,
         }
     }
 }
@@ -112,6 +132,8 @@ pub enum AbortReason {
         ours: CallDesc,
         /// The peer's call.
         theirs: CallDesc,
+        /// The desync report, if one found the mismatch.
+        report: Vec<RankCall>,
     },
     /// A call timed out ([`Error::Timeout`]).
     Timeout {
@@ -123,6 +145,8 @@ pub enum AbortReason {
         rank: u64,
         /// The ranks it was waiting for.
         waiting_for: Vec<u64>,
+        /// The desync report.
+        report: Vec<RankCall>,
     },
     /// A rank was lost ([`Error::PeerLost`]).
     PeerLost {
@@ -159,23 +183,30 @@ impl From<&Error> for AbortReason {
     fn from(e: &Error) -> AbortReason {
         match e.root_cause() {
             Error::Mismatch {
-                seq, ours, theirs, ..
+                seq,
+                ours,
+                theirs,
+                report,
+                ..
             } => AbortReason::Mismatch {
                 seq: *seq,
                 ours: ours.clone(),
                 theirs: theirs.clone(),
+                report: report.clone(),
             },
             Error::Timeout {
                 seq,
                 op,
                 rank,
                 waiting_for,
+                report,
                 ..
             } => AbortReason::Timeout {
                 seq: *seq,
                 op: *op,
                 rank: *rank as u64,
                 waiting_for: waiting_for.iter().map(|&r| r as u64).collect(),
+                report: report.clone(),
             },
             Error::PeerLost { rank } => AbortReason::PeerLost { rank: *rank as u64 },
             Error::PeerShutdown { rank, undelivered } => AbortReason::PeerShutdown {
@@ -199,23 +230,31 @@ impl AbortReason {
     pub fn into_error(self, group: GroupId) -> Error {
         let rank = |r: u64| usize::try_from(r).unwrap_or(usize::MAX);
         match self {
-            AbortReason::Mismatch { seq, ours, theirs } => Error::Mismatch {
+            AbortReason::Mismatch {
+                seq,
+                ours,
+                theirs,
+                report,
+            } => Error::Mismatch {
                 group,
                 seq,
                 ours,
                 theirs,
+                report,
             },
             AbortReason::Timeout {
                 seq,
                 op,
                 rank: r,
                 waiting_for,
+                report,
             } => Error::Timeout {
                 group,
                 seq,
                 op,
                 rank: rank(r),
                 waiting_for: waiting_for.into_iter().map(rank).collect(),
+                report,
             },
             AbortReason::PeerLost { rank: r } => Error::PeerLost { rank: rank(r) },
             AbortReason::PeerShutdown {

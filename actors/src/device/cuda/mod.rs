@@ -356,6 +356,7 @@ pub(crate) fn call<T: Send + 'static>(
                                 rank,
                                 call: their_fp,
                             },
+                            report: Vec::new(),
                         });
                     }
                     if theirs.status != 0 {
