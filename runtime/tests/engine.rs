@@ -694,3 +694,32 @@ fn a_replayed_point_to_point_message_is_a_protocol_error() {
         })
     ));
 }
+
+#[test]
+fn a_rank_past_the_call_is_never_named_as_behind_even_if_it_forgot_the_call() {
+    // Rank 0's fingerprint of call 0 is forgotten (it finished long ago), but its latest call
+    // is #5: it has made call 0, so the timeout must not name it as not having made it.
+    let (mut e, id, at) = timed_out_and_asking();
+    let later = Fingerprint::new(collectix_runtime::OpKind::Barrier, DType::U8);
+    e.handle_message(
+        Message {
+            src: 0,
+            header: Header::Status {
+                group: GroupId::WORLD,
+                seq: 0,
+                made: None,
+                latest: Some((5, later)),
+            },
+            payload: Vec::new(),
+        },
+        at,
+    );
+    let ev = events(&mut e);
+    assert_eq!(ev[0].op, id);
+    // Every rank is past the call: the timeout names whose messages the step waited for.
+    assert!(
+        matches!(&ev[0].result, Err(Error::Timeout { waiting_for, .. }) if waiting_for == &vec![0]),
+        "{:?}",
+        ev[0].result
+    );
+}

@@ -233,8 +233,8 @@ impl Engine {
             let d = g.done.keys().next_back().copied();
             a.max(d).and_then(|s| fp_of(s).map(|fp| (s, fp)))
         });
-        // A call below what is kept of the finished ones was made, but its fingerprint is
-        // forgotten: say the latest instead.
+        // A call finished so long ago that its fingerprint is forgotten has `made` empty, but
+        // `latest` beyond it shows the asker that this rank passed it.
         let made = fp_of(seq);
         Header::Status {
             group: gid,
@@ -313,14 +313,22 @@ impl Engine {
                 report,
             },
             None => {
+                let seq = op.seq.unwrap_or_default();
+                // A rank whose latest call is this one or later has passed it, even when its
+                // fingerprint of it is forgotten.
                 let behind: Vec<usize> = report
                     .iter()
                     .filter_map(|r| match r {
-                        RankCall::NotReached { rank, .. } => Some(*rank),
+                        RankCall::NotReached { rank, latest } => {
+                            latest.is_none_or(|(l, _)| l < seq).then_some(*rank)
+                        }
                         _ => None,
                     })
                     .collect();
-                let everyone_in = report.iter().all(|r| matches!(r, RankCall::Made { .. }));
+                let everyone_in = behind.is_empty()
+                    && !report
+                        .iter()
+                        .any(|r| matches!(r, RankCall::NoAnswer { .. }));
                 Error::Timeout {
                     group: gid,
                     seq: op.seq,
