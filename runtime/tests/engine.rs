@@ -697,28 +697,52 @@ fn a_replayed_point_to_point_message_is_a_protocol_error() {
 
 #[test]
 fn a_rank_past_the_call_is_never_named_as_behind_even_if_it_forgot_the_call() {
-    // Rank 0's fingerprint of call 0 is forgotten (it finished long ago), but its latest call
-    // is #5: it has made call 0, so the timeout must not name it as not having made it.
-    let (mut e, id, at) = timed_out_and_asking();
+    // Three ranks, a ring all_reduce: rank 0's first step waits for rank 2. At the timeout,
+    // rank 2 says it is in the call; rank 1's fingerprint of call 0 is forgotten (it finished
+    // long ago) but its latest call is #5, so it has made call 0 too. Nobody is behind: the
+    // timeout names whose messages the step waits for (rank 2), never rank 1.
+    let info = GroupInfo::world(3, 0, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let mut e = Engine::new(0);
+    e.add_group(info.clone(), Time::ZERO);
+    let opts = CallOptions {
+        algorithm: Some(Algorithm::Ring),
+        timeout: Some(Duration::from_secs(1)),
+    };
+    let req = Request::AllReduce {
+        tensor: Tensor::from_vec(vec![1.0f32; 3]),
+        op: ReduceOp::Sum,
+    };
+    let plan = Plan::new(req, &info, &opts).unwrap_or_else(|e| panic!("{e}"));
+    let fp = plan.fingerprint();
+    let id = e.submit(GroupId::WORLD, 0, plan, Time::ZERO);
+    while e.poll_transmit().is_some() {}
+    let at = Time::ZERO + Duration::from_secs(1);
+    e.handle_timeout(at);
+    while e.poll_transmit().is_some() {}
+    let status = |made, latest| Header::Status {
+        group: GroupId::WORLD,
+        seq: 0,
+        made,
+        latest,
+    };
     let later = Fingerprint::new(collectix_runtime::OpKind::Barrier, DType::U8);
-    e.handle_message(
-        Message {
-            src: 0,
-            header: Header::Status {
-                group: GroupId::WORLD,
-                seq: 0,
-                made: None,
-                latest: Some((5, later)),
+    for (src, header) in [
+        (1, status(None, Some((5, later)))),
+        (2, status(Some(fp), Some((0, fp)))),
+    ] {
+        e.handle_message(
+            Message {
+                src,
+                header,
+                payload: Vec::new(),
             },
-            payload: Vec::new(),
-        },
-        at,
-    );
+            at,
+        );
+    }
     let ev = events(&mut e);
     assert_eq!(ev[0].op, id);
-    // Every rank is past the call: the timeout names whose messages the step waited for.
     assert!(
-        matches!(&ev[0].result, Err(Error::Timeout { waiting_for, .. }) if waiting_for == &vec![0]),
+        matches!(&ev[0].result, Err(Error::Timeout { waiting_for, .. }) if waiting_for == &vec![2]),
         "{:?}",
         ev[0].result
     );
