@@ -407,3 +407,48 @@ fn calls_after_shutdown_fail_with_shutdown() {
         Some(Err(Error::Shutdown))
     ));
 }
+
+/// Serializes as a number; deserializing 13 panics (a user's `Deserialize` with a bug).
+#[derive(Clone, Debug, PartialEq)]
+struct Fragile(u32);
+
+impl Serialize for Fragile {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Fragile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = u32::deserialize(d)?;
+        assert!(v != 13, "Fragile cannot hold 13");
+        Ok(Fragile(v))
+    }
+}
+
+#[test]
+fn a_panic_in_a_users_deserialize_fails_that_call_and_the_rank_carries_on() {
+    // Issue 9: it came out as `Shutdown` while the rank kept running.
+    let w = world(2);
+    let c = w.communicators();
+    let b: Vec<_> = c
+        .iter()
+        .map(|c| c.broadcast_object((c.rank() == 0).then_some(Fragile(13)), 0))
+        .collect();
+    for r in wait_all(b, 30) {
+        match r {
+            Err(Error::Panic(what)) => assert!(what.contains("cannot hold 13"), "{what}"),
+            // The root decodes nothing: it returns its own object.
+            Ok(v) => assert_eq!(v, Fragile(13)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // The ranks are fine: the next call works.
+    let b: Vec<_> = c
+        .iter()
+        .map(|c| c.broadcast_object((c.rank() == 0).then_some(Fragile(7)), 0))
+        .collect();
+    for r in wait_all(b, 30) {
+        assert_eq!(r.ok(), Some(Fragile(7)));
+    }
+}

@@ -2,7 +2,7 @@
 
 use crate::device::DeviceBackend;
 use crate::rank::{AddGroup, RankActor, Submit};
-use crate::work::Work;
+use crate::work::{guarded, Work};
 use actix::{Addr, ArbiterHandle};
 use collectix_runtime::collective::{Request, TensorSpec};
 use collectix_runtime::group::{check_members, fnv1a};
@@ -625,8 +625,10 @@ impl Communicator {
         let (c, work) = Work::raw(self.rank.rank_threads.clone());
         let me = self.clone();
         self.rank.arbiter.spawn(async move {
-            let r = match first.await.and_then(|a| then(a, &me, seq)) {
-                Ok(w) => w.await.and_then(finish),
+            // `then` and `finish` run user code (a `Deserialize` impl): guarded, so a panic
+            // fails this call with `Error::Panic` and the rank carries on.
+            let r = match first.await.and_then(|a| guarded(|| then(a, &me, seq))) {
+                Ok(w) => w.await.and_then(|b| guarded(|| finish(b))),
                 Err(e) => Err(e),
             };
             c.complete(r);

@@ -36,7 +36,11 @@ impl<T: Send + 'static> Work<T> {
         map: impl FnOnce(I) -> Result<T> + Send + 'static,
     ) -> (Done<I>, Work<T>) {
         let (c, w) = slot::<T>();
-        let done: Done<I> = Box::new(move |r: Result<I>| c.complete(r.and_then(map)));
+        // `map` is user code on the rank's thread (a `Deserialize` impl in the object
+        // collectives): a panic in it fails this call with `Error::Panic`, and the rank
+        // carries on.
+        let done: Done<I> =
+            Box::new(move |r: Result<I>| c.complete(r.and_then(|i| guarded(|| map(i)))));
         (
             done,
             Work {
@@ -108,4 +112,20 @@ impl<T> std::fmt::Debug for Work<T> {
             .field("completed", &self.is_completed())
             .finish()
     }
+}
+
+/// Runs user code that collectix calls on a rank's thread (a `Deserialize` impl, a map of a
+/// result): a panic in it becomes [`Error::Panic`] for this call instead of unwinding
+/// through the rank.
+pub(crate) fn guarded<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|p| Err(Error::Panic(panic_text(p.as_ref()))))
+}
+
+/// The message of a caught panic (its `&str` or `String` payload), or a placeholder.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-text payload".to_string())
 }

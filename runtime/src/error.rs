@@ -309,6 +309,10 @@ pub enum Error {
     /// A value could not be (de)serialized (object collectives).
     #[error("serialization failed: {0}")]
     Serialization(String),
+    /// Code of yours that collectix ran for this call panicked (a `Deserialize` impl in an
+    /// object collective); the call fails with the panic's message, and the rank carries on.
+    #[error("your code panicked inside this call: {0}")]
+    Panic(String),
     /// A bug in collectix: one of its own invariants did not hold (the text says what was
     /// expected). Not the caller's fault and not a peer's: please report it, with the text
     /// and, if you can, how to reproduce it.
