@@ -115,12 +115,7 @@ impl Planner<'_> {
     }
 
     /// The all_gather schedule of `alg` over blocks of `blocks` elements.
-    pub(super) fn all_gather_schedule(
-        &self,
-        alg: Algorithm,
-        blocks: &[usize],
-        dt: DType,
-    ) -> Schedule {
+    fn all_gather_schedule(&self, alg: Algorithm, blocks: &[usize], dt: DType) -> Schedule {
         let (w, me) = (self.w(), self.g.rank);
         match alg {
             Algorithm::Direct => direct::all_gather(me, w, blocks),

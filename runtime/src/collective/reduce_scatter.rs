@@ -119,12 +119,7 @@ impl Planner<'_> {
     }
 
     /// The reduce_scatter schedule of `alg` over blocks of `blocks` elements.
-    pub(super) fn reduce_scatter_schedule(
-        &self,
-        alg: Algorithm,
-        blocks: &[usize],
-        dt: DType,
-    ) -> Schedule {
+    fn reduce_scatter_schedule(&self, alg: Algorithm, blocks: &[usize], dt: DType) -> Schedule {
         let (w, me) = (self.w(), self.g.rank);
         match alg {
             Algorithm::Direct => direct::reduce_scatter(me, w, blocks),

@@ -67,6 +67,10 @@ impl Engine {
         g.p2p_posted.push(id);
         self.ops.insert(id, op);
         self.match_p2p(group);
+        // What is still posted waits for messages not here yet: ask for them. Only a new
+        // receive can raise a grant (a consumed message moves one from "waiting" to
+        // "consumed", which leaves every lane's sum as it was), so arrivals skip this.
+        self.solicit(group);
     }
 
     /// Sends what the point-to-point flow control of group `gid` released or tells.
@@ -171,8 +175,6 @@ impl Engine {
                 }
             }
             let Some((rid, key)) = found else {
-                // What is still posted waits for messages not here yet: ask for them.
-                self.solicit(gid);
                 return;
             };
             let Some(g) = self.groups.get_mut(&gid) else {
