@@ -397,7 +397,8 @@ fn calls_after_shutdown_fail_with_shutdown() {
     let w = world(2);
     let c = w.communicators()[0].clone();
     let pending = c.barrier();
-    w.shutdown();
+    // A call cut off by the shutdown is no failure of the group: nothing pending.
+    assert_eq!(w.shutdown(), Ok(()));
     assert!(matches!(
         pending.wait_timeout(Duration::from_secs(10)),
         Some(Err(Error::Shutdown))

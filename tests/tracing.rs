@@ -45,7 +45,21 @@ fn calls_are_spans_with_their_outcome_and_failures_are_events() {
     let a = c[0].all_reduce(Tensor::from_vec(vec![1i64, 2]), ReduceOp::Sum);
     let b = c[1].all_reduce(Tensor::from_vec(vec![1i64, 2, 3]), ReduceOp::Sum);
     assert!(a.wait().is_err() && b.wait().is_err());
-    w.shutdown();
+    // Both ranks heard of the mismatch from their calls: nothing was swallowed.
+    assert_eq!(w.shutdown(), Ok(()));
+    // A world dropped with a failure no call returned logs it: the root's broadcast completed
+    // early, and only rank 1 saw that the counts differ.
+    let w = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+    let c = w.communicators();
+    assert!(c[0]
+        .broadcast(Tensor::from_vec(vec![1i64, 2]), 0)
+        .wait()
+        .is_ok());
+    assert!(c[1]
+        .broadcast(Tensor::from_vec(vec![0i64; 3]), 0)
+        .wait()
+        .is_err());
+    drop(w);
     let log = String::from_utf8_lossy(&buf.0.lock().unwrap_or_else(|e| e.into_inner())).to_string();
     for want in [
         "call completed",
@@ -59,6 +73,8 @@ fn calls_are_spans_with_their_outcome_and_failures_are_events() {
         "call failed",
         "group aborted",
         "mismatched calls",
+        "pending error at shutdown",
+        "swallowed this failure",
     ] {
         assert!(log.contains(want), "no {want:?} in:\n{log}");
     }

@@ -1,7 +1,7 @@
 //! [`Communicator`]: one rank's handle on one group, with every torch.distributed call.
 
 use crate::device::DeviceBackend;
-use crate::rank::{AddGroup, RankActor, Submit};
+use crate::rank::{AddGroup, Destroy, RankActor, Submit};
 use crate::work::{guarded, Work};
 use actix::{Addr, ArbiterHandle};
 use collectix_runtime::collective::{Request, TensorSpec};
@@ -421,6 +421,39 @@ impl Communicator {
     /// `barrier()`.
     pub fn barrier(&self) -> Work<()> {
         self.call(Request::Barrier, &CallOptions::default(), unit)
+    }
+
+    /// `monitored_barrier(timeout, wait_all_ranks=True)`: every rank reports to group rank
+    /// 0, which waits up to `timeout` for all of them. If some rank does not come, rank 0's
+    /// call fails with [`Error::Timeout`] whose `waiting_for` names each rank that did not
+    /// come (torch names only the first unless `wait_all_ranks`), and every other rank's call
+    /// fails with that verdict as the group's abort ([`Error::GroupAborted`] whose
+    /// [`root_cause`](Error::root_cause) is rank 0's error); a rank in another call gets
+    /// [`Error::Mismatch`]. Ranks other than 0 wait one `desync_grace` longer for the
+    /// verdict. Like every call, it also returns the group's pending error, if there is one:
+    /// a program that ends with it hears of every failure its ranks' early-finished calls
+    /// did not see.
+    pub fn monitored_barrier(&self, timeout: std::time::Duration) -> Work<()> {
+        let opts = CallOptions {
+            timeout: Some(timeout),
+            ..Default::default()
+        };
+        self.call(Request::MonitoredBarrier, &opts, unit)
+    }
+
+    /// Releases this group on this rank (torch's `destroy_process_group(group)`): local, not
+    /// collective. Returns the group's *pending error* — a failure of the group (a mismatch,
+    /// a timeout, a lost peer) that this rank learnt of after its calls had completed and
+    /// that no call of it has returned — or `Ok`. Calls still in flight on the group fail
+    /// with [`Error::Shutdown`], and the other members are told at once; later calls through
+    /// any handle of this group fail with [`Error::InvalidArgument`].
+    pub fn destroy(&self) -> Work<()> {
+        let (done, work) = Work::pair(self.rank.rank_threads.clone(), Ok);
+        self.rank.addr.do_send(Destroy {
+            group: self.group.info.id,
+            done,
+        });
+        work
     }
 
     /// `barrier()` on a device, as torch's NCCL backend does it: a one-element all_reduce

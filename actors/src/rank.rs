@@ -7,7 +7,7 @@ use crate::work::Done;
 use actix::{Actor, AsyncContext, Context, Handler, Message as ActixMessage, SpawnHandle};
 use collectix_runtime::wire::Message;
 use collectix_runtime::wire::Outbox;
-use collectix_runtime::{Engine, GroupId, GroupInfo, OpId, Output, Plan, Time};
+use collectix_runtime::{Engine, Error, GroupId, GroupInfo, OpId, Output, Plan, Time};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -27,11 +27,20 @@ pub(crate) struct Submit {
 pub(crate) struct AddGroup(pub(crate) GroupInfo);
 
 /// The world is shutting down: fail every waiting call with `Shutdown`, ignore what comes
-/// afterwards, and acknowledge. Sent to every rank before any rank stops, so that no rank
+/// afterwards, and acknowledge with the rank's pending errors (failures of its groups that
+/// no call of this rank returned). Sent to every rank before any rank stops, so that no rank
 /// mistakes a peer's orderly stop for a lost peer.
 #[derive(ActixMessage)]
 #[rtype(result = "()")]
-pub(crate) struct Quiesce(pub(crate) std::sync::mpsc::Sender<()>);
+pub(crate) struct Quiesce(pub(crate) std::sync::mpsc::Sender<(usize, Vec<Error>)>);
+
+/// Releases a group on this rank (`Communicator::destroy`); `done` gets its pending error.
+#[derive(ActixMessage)]
+#[rtype(result = "()")]
+pub(crate) struct Destroy {
+    pub(crate) group: GroupId,
+    pub(crate) done: Done<()>,
+}
 
 /// Installs the rank's links (once every peer's address is known).
 #[derive(ActixMessage)]
@@ -157,7 +166,7 @@ impl Handler<Submit> for RankActor {
     type Result = ();
     fn handle(&mut self, m: Submit, ctx: &mut Context<Self>) {
         if self.quiesced {
-            (m.done)(Err(collectix_runtime::Error::Shutdown));
+            (m.done)(Err(Error::Shutdown));
             return;
         }
         let fp = m.plan.fingerprint();
@@ -249,14 +258,31 @@ impl Handler<Quiesce> for RankActor {
         // Every rank of the world stops together, so nobody is left to take what flow control
         // holds, and no linger is needed: each rank's waiting calls fail with `Shutdown`. (A
         // rank of a multi-process job that stops alone lingers instead: `Engine::shutdown`.)
+        let pending = self.engine.pending_errors();
+        for e in &pending {
+            tracing::warn!(rank = self.engine.rank(), error = %e, "pending error at shutdown");
+        }
         self.quiesced = true;
         for (_, w) in self.waiting.drain() {
-            w.finish(Err(collectix_runtime::Error::Shutdown));
+            w.finish(Err(Error::Shutdown));
         }
         if let Some((_, h)) = self.timer.take() {
             ctx.cancel_future(h);
         }
-        let _ = m.0.send(());
+        let _ = m.0.send((self.engine.rank(), pending));
+    }
+}
+
+impl Handler<Destroy> for RankActor {
+    type Result = ();
+    fn handle(&mut self, m: Destroy, ctx: &mut Context<Self>) {
+        if self.quiesced {
+            (m.done)(Err(Error::Shutdown));
+            return;
+        }
+        let result = self.engine.destroy_group(m.group);
+        self.drive(ctx);
+        (m.done)(result);
     }
 }
 

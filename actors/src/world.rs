@@ -12,9 +12,12 @@ use std::sync::Arc;
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Instant;
 
-/// A set of in-process ranks. Dropping it (or [`shutdown`](World::shutdown)) stops every rank
-/// and joins every thread it started; calls still pending then fail with
-/// [`Error::Shutdown`], as do later calls on its communicators.
+/// A set of in-process ranks. [`shutdown`](World::shutdown) (or dropping it) stops every
+/// rank and joins every thread it started; calls still pending then fail with
+/// [`Error::Shutdown`], as do later calls on its communicators. `shutdown` also returns any
+/// *pending error*: a failure of a group that a rank learnt of after its calls had completed
+/// (a broadcast root whose peers were in another call) and that no call returned; dropping
+/// the world logs those instead (`tracing`, at `error`).
 pub struct World {
     comms: Vec<Communicator>,
     system: Option<System>,
@@ -131,12 +134,19 @@ impl World {
         self.comms.get(r)
     }
 
-    /// Stops every rank and joins every thread.
-    pub fn shutdown(mut self) {
-        self.stop();
+    /// Stops every rank and joins every thread. `Err` with the pending error of the lowest
+    /// rank that has one (each is also logged): a failure no call returned, such as a
+    /// mismatch that only the peers of an early-finished call saw. `Ok` means every failure
+    /// on every rank was returned by some call.
+    pub fn shutdown(mut self) -> Result<()> {
+        match self.stop().into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
     }
 
-    fn stop(&mut self) {
+    /// Stops the ranks; returns the pending errors they held, by rank.
+    fn stop(&mut self) -> Vec<(usize, Error)> {
         // On one of this world's own rank threads (a user's waker, callback or `Deserialize`
         // impl dropping the world) that rank cannot answer or stop while this runs: nothing
         // here may wait for it, and the joining is left to a thread of its own.
@@ -162,12 +172,15 @@ impl World {
         } else {
             asked
         };
+        let mut pending = Vec::new();
         for _ in 0..wait_for {
             // A rank that is already gone drops its sender; never wait long for one.
-            if rx.recv_timeout(std::time::Duration::from_secs(5)).is_err() {
-                break;
+            match rx.recv_timeout(std::time::Duration::from_secs(5)) {
+                Ok((rank, errors)) => pending.extend(errors.into_iter().map(|e| (rank, e))),
+                Err(_) => break,
             }
         }
+        pending.sort_by_key(|(rank, _)| *rank);
         if let Some(s) = self.system.take() {
             s.stop();
         }
@@ -182,12 +195,15 @@ impl World {
                 let _ = t.join();
             }
         }
+        pending
     }
 }
 
 impl Drop for World {
     fn drop(&mut self) {
-        self.stop();
+        for (rank, e) in self.stop() {
+            tracing::error!(rank, error = %e, "a world dropped without shutdown() swallowed this failure");
+        }
     }
 }
 

@@ -30,7 +30,7 @@ pub(crate) fn per_rank(
     for t in threads {
         out.push(t.join().map_err(|_| Error::Shutdown)??);
     }
-    world.shutdown();
+    world.shutdown()?;
     Ok(out)
 }
 

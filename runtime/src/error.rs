@@ -246,8 +246,9 @@ pub enum Error {
         /// The rank (global) that timed out.
         rank: usize,
         /// Ranks (global) the call waits for: with a desync report, exactly the ranks that
-        /// said they have not made the call; without one, those whose messages had not
-        /// arrived.
+        /// said they have not made the call, and those that did not answer whose messages
+        /// the call waits for; without a report (or when every rank is in the call), those
+        /// whose messages had not arrived.
         waiting_for: Vec<usize>,
         /// The desync report: what every other member said it was doing (empty for
         /// point-to-point calls, or with a zero `desync_grace`).

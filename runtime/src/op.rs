@@ -77,6 +77,9 @@ pub enum OpKind {
     Recv = 14,
     /// The agreement step of `new_group` (a barrier whose fingerprint carries the members).
     NewGroup = 15,
+    /// `monitored_barrier`: rank 0 collects every rank's arrival and names each one that
+    /// did not come in time.
+    MonitoredBarrier = 16,
 }
 
 coded!(
@@ -97,7 +100,8 @@ coded!(
         Barrier,
         Send,
         Recv,
-        NewGroup
+        NewGroup,
+        MonitoredBarrier
     ]
 );
 
@@ -120,6 +124,7 @@ impl OpKind {
             OpKind::Send => "send",
             OpKind::Recv => "recv",
             OpKind::NewGroup => "new_group",
+            OpKind::MonitoredBarrier => "monitored_barrier",
         }
     }
 
@@ -134,7 +139,7 @@ impl OpKind {
             OpKind::Gather | OpKind::Scatter => &[Direct],
             OpKind::AllToAll | OpKind::AllToAllSingle => &[Pairwise],
             OpKind::Barrier | OpKind::NewGroup => &[Dissemination],
-            OpKind::Send | OpKind::Recv => &[Direct],
+            OpKind::Send | OpKind::Recv | OpKind::MonitoredBarrier => &[Direct],
         }
     }
 }
@@ -276,8 +281,14 @@ mod tests {
     #[test]
     fn codes_are_pinned_and_round_trip() {
         assert_eq!(
-            [OpKind::AllReduce, OpKind::Barrier, OpKind::NewGroup].map(OpKind::code),
-            [1, 12, 15]
+            [
+                OpKind::AllReduce,
+                OpKind::Barrier,
+                OpKind::NewGroup,
+                OpKind::MonitoredBarrier
+            ]
+            .map(OpKind::code),
+            [1, 12, 15, 16]
         );
         assert_eq!(
             [Algorithm::Ring, Algorithm::Pairwise].map(Algorithm::code),

@@ -243,7 +243,8 @@ fn lose_mid_collective(s: &Setup, fault: Fault) -> Result<(), String> {
 }
 
 /// A timeout with a desync report names exactly the ranks that said they have not made the
-/// call (never one that has); without a report (nobody to ask) it names the ranks the call
+/// call (never one that has) and those that did not answer whose messages it waits for;
+/// without a report (nobody to ask) it names the ranks the call
 /// was waiting for in its current step (as the simulator's model of the call sees it). Or it
 /// is the group abort another rank's timeout caused.
 fn check_timeout(sim: &Sim, g: usize, id: OpId, e: &Error) -> Result<(), String> {
@@ -254,10 +255,16 @@ fn check_timeout(sim: &Sim, g: usize, id: OpId, e: &Error) -> Result<(), String>
             report,
             ..
         } if *rank == g && !report.is_empty() => {
+            // Those that said they have not made it, and those that did not answer whose
+            // messages the call waits for (as the simulator's model of the call sees it).
+            let awaited = sim.awaited(g, id).unwrap_or_default();
             let behind: Vec<usize> = report
                 .iter()
                 .filter_map(|r| match r {
                     collectix_runtime::RankCall::NotReached { rank, .. } => Some(*rank),
+                    collectix_runtime::RankCall::NoAnswer { rank } if awaited.contains(rank) => {
+                        Some(*rank)
+                    }
                     _ => None,
                 })
                 .collect();

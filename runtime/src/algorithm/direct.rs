@@ -16,6 +16,27 @@ fn others(rank: usize, w: usize) -> impl Iterator<Item = usize> {
     (0..w).filter(move |&p| p != rank)
 }
 
+/// `monitored_barrier`: every rank reports to rank 0 (tag 0), which, once it has heard from
+/// every rank, releases them (tag 1). No payload. Rank 0 alone knows who is missing, which
+/// is what lets it name them when the call times out.
+pub fn monitored_barrier(rank: usize, w: usize) -> Schedule {
+    let mut s = Schedule::new(Layout::default());
+    if w < 2 {
+        return s;
+    }
+    if rank == 0 {
+        s.step(
+            vec![],
+            others(0, w).map(|p| recv_copy(p, 0, 0..0)).collect(),
+        );
+        s.step(others(0, w).map(|p| send(p, 1, 0..0)).collect(), vec![]);
+    } else {
+        s.step(vec![send(0, 0, 0..0)], vec![]);
+        s.step(vec![], vec![recv_copy(0, 1, 0..0)]);
+    }
+    s
+}
+
 /// The root sends the whole tensor to every rank.
 pub fn broadcast(rank: usize, w: usize, root: usize, count: usize) -> Schedule {
     let mut s = Schedule::new(Layout::blocks(&partition(count, 1)));

@@ -1,7 +1,7 @@
 //! `barrier`, and the agreement step of `new_group` (a barrier whose fingerprint carries the member list's hash): dissemination.
 
 use super::{Checked, Finish, Plan, Planner};
-use crate::algorithm::dissemination;
+use crate::algorithm::{direct, dissemination};
 use crate::error::Result;
 use crate::op::OpKind;
 use crate::tensor::dtype::DType;
@@ -41,5 +41,24 @@ impl Planner<'_> {
         let alg = self.algorithm(checked.kind, checked.bytes)?;
         let s = dissemination::barrier(me, w);
         Ok(self.collective(checked, alg, s, Vec::new()))
+    }
+
+    /// Plans `monitored_barrier`. Rank 0 waits for every rank until the call's timeout; the
+    /// others wait for rank 0's release (or its verdict, an abort naming the missing ranks)
+    /// one `desync_grace` longer, so that rank 0's verdict, which its desync report may take
+    /// up to that grace to reach, is what they return, not a timeout of their own.
+    pub(super) fn monitored_barrier(&self) -> Result<Plan> {
+        let (w, me) = (self.w(), self.g.rank);
+        let checked = Checked {
+            kind: OpKind::MonitoredBarrier,
+            ..check_barrier(None)
+        };
+        let alg = self.algorithm(checked.kind, checked.bytes)?;
+        let s = direct::monitored_barrier(me, w);
+        let mut plan = self.collective(checked, alg, s, Vec::new());
+        if me != 0 {
+            plan.timeout = plan.timeout.saturating_add(self.g.options.desync_grace);
+        }
+        Ok(plan)
     }
 }

@@ -225,7 +225,7 @@ pub fn busbw_factor(kind: OpKind, n: usize) -> f64 {
         OpKind::Gather | OpKind::Scatter => gather_scatter::busbw_factor(n),
         OpKind::ReduceScatter | OpKind::ReduceScatterTensor => reduce_scatter::busbw_factor(n),
         OpKind::AllToAll | OpKind::AllToAllSingle => all_to_all::busbw_factor(n),
-        OpKind::Barrier | OpKind::NewGroup => barrier::busbw_factor(n),
+        OpKind::Barrier | OpKind::NewGroup | OpKind::MonitoredBarrier => barrier::busbw_factor(n),
         OpKind::Send | OpKind::Recv => p2p::busbw_factor(n),
     }
 }
@@ -407,6 +407,7 @@ impl Planner<'_> {
             } => self.all_to_all_single(input, output, output_splits, input_splits),
             Request::Barrier => self.barrier(None),
             Request::NewGroup { members } => self.barrier(Some(members)),
+            Request::MonitoredBarrier => self.monitored_barrier(),
             Request::Send { tensor, dst, tag } => self.send(tensor, dst, tag),
             Request::Recv { spec, src, tag } => self.recv(spec, src, tag),
         }

@@ -101,6 +101,10 @@ pub enum Request {
     },
     /// `barrier()`.
     Barrier,
+    /// `monitored_barrier(timeout)`: every rank reports to group rank 0, which waits for all
+    /// of them until the call's timeout and then names each rank that did not come (torch's
+    /// `wait_all_ranks=True`); every rank returns that verdict.
+    MonitoredBarrier,
     /// `send(tensor, dst, tag)`.
     Send {
         /// Data.
@@ -271,7 +275,7 @@ impl Request {
                 }
             }
             Request::Recv { spec: s, .. } => add(spec(s)?)?,
-            Request::Barrier | Request::NewGroup { .. } => {}
+            Request::Barrier | Request::MonitoredBarrier | Request::NewGroup { .. } => {}
         }
         Ok(total)
     }
@@ -297,7 +301,10 @@ impl Request {
                 Request::ReduceScatter { inputs, .. } | Request::AllToAll { inputs, .. } => {
                     inputs.iter().for_each(t)
                 }
-                Request::Barrier | Request::Recv { .. } | Request::NewGroup { .. } => {}
+                Request::Barrier
+                | Request::MonitoredBarrier
+                | Request::Recv { .. }
+                | Request::NewGroup { .. } => {}
             }
         }
         match self {

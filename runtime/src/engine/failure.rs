@@ -66,7 +66,7 @@ impl Engine {
     /// This rank leaves group `gid` for good: drop what flow control holds for it and send
     /// every other member an abort with [`Error::PeerShutdown`] (with the number of messages
     /// that were held for that member).
-    fn tell_shutdown(&mut self, gid: GroupId) {
+    pub(super) fn tell_shutdown(&mut self, gid: GroupId) {
         let Some(g) = self.groups.get_mut(&gid) else {
             return;
         };
@@ -314,15 +314,18 @@ impl Engine {
             },
             None => {
                 let seq = op.seq.unwrap_or_default();
+                let awaited = self.awaited(op);
                 // A rank whose latest call is this one or later has passed it, even when its
-                // fingerprint of it is forgotten.
+                // fingerprint of it is forgotten. A rank that did not answer is named only
+                // when the call waits for its messages: nothing shows that it made the call.
                 let behind: Vec<usize> = report
                     .iter()
                     .filter_map(|r| match r {
                         RankCall::NotReached { rank, latest } => {
                             latest.is_none_or(|(l, _)| l < seq).then_some(*rank)
                         }
-                        _ => None,
+                        RankCall::NoAnswer { rank } => awaited.contains(rank).then_some(*rank),
+                        RankCall::Made { .. } => None,
                     })
                     .collect();
                 let everyone_in = behind.is_empty()
@@ -336,11 +339,7 @@ impl Engine {
                     rank: self.rank,
                     // Every rank is in the call (a lost message, a schedule bug): name whose
                     // messages the current step still waits for.
-                    waiting_for: if everyone_in {
-                        self.awaited(op)
-                    } else {
-                        behind
-                    },
+                    waiting_for: if everyone_in { awaited } else { behind },
                     report,
                 }
             }
@@ -377,6 +376,9 @@ impl Engine {
             .filter(|(_, op)| op.group == gid && op.talks_to(local))
             .map(|(&id, _)| id)
             .collect();
+        if let Some(g) = self.groups.get_mut(&gid).filter(|_| !direct.is_empty()) {
+            g.heard = true;
+        }
         for id in direct {
             if let Some(op) = self.ops.remove(&id) {
                 self.forget(&op, id);
@@ -427,6 +429,7 @@ impl Engine {
         if g.aborted.is_some() {
             if let Some((id, e)) = failing {
                 if let Some(op) = self.ops.remove(&id) {
+                    g.heard = true;
                     self.forget(&op, id);
                     self.events.push_back(Event {
                         op: id,
@@ -467,6 +470,9 @@ impl Engine {
             .filter(|(_, op)| op.group == gid)
             .map(|(&id, _)| id)
             .collect();
+        if !ids.is_empty() {
+            g.heard = true;
+        }
         for id in ids {
             if let Some(op) = self.ops.remove(&id) {
                 self.forget(&op, id);

@@ -36,7 +36,7 @@ use crate::time::Time;
 use crate::wire::message::{Header, Message, Transmit};
 use bytes::Bytes;
 use groups::Group;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ops::Range;
 
 /// Identifies a submitted call within one engine.
@@ -118,6 +118,8 @@ pub struct Engine {
     /// Set by [`Engine::shutdown`]: until when held messages may still be sent (`None` once
     /// that time has passed and the peers were told).
     closing: Option<Option<Time>>,
+    /// Groups released by [`Engine::destroy_group`]: their messages are dropped.
+    destroyed: HashSet<GroupId>,
 }
 
 /// Free reduction buffers an engine keeps for reuse.
@@ -144,6 +146,7 @@ impl Engine {
             events: VecDeque::new(),
             plane,
             closing: None,
+            destroyed: HashSet::new(),
         }
     }
 
@@ -197,12 +200,19 @@ impl Engine {
             return id;
         }
         let Some(g) = self.groups.get_mut(&group) else {
-            self.events.push_back(Event {
-                op: id,
-                result: Err(Error::NotAMember {
+            let e = if self.destroyed.contains(&group) {
+                Error::invalid(format!(
+                    "group {group} was destroyed on this rank; make a new one for more calls"
+                ))
+            } else {
+                Error::NotAMember {
                     group,
                     rank: self.rank,
-                }),
+                }
+            };
+            self.events.push_back(Event {
+                op: id,
+                result: Err(e),
             });
             return id;
         };
@@ -211,6 +221,7 @@ impl Engine {
                 group,
                 cause: Box::new(cause.root_cause().clone()),
             });
+            g.heard = true;
             self.events.push_back(Event { op: id, result });
             return id;
         }
@@ -272,6 +283,9 @@ impl Engine {
     /// Handles a message from a peer.
     pub fn handle_message(&mut self, msg: Message, _now: Time) {
         let gid = msg.header.group();
+        if self.destroyed.contains(&gid) {
+            return;
+        }
         let Some(g) = self.groups.get_mut(&gid) else {
             let from = self.orphans_from.entry(msg.src).or_insert(0);
             if *from >= ORPHANS_PER_PEER {

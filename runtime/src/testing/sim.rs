@@ -801,6 +801,18 @@ impl Sim {
         self.drain(rank);
     }
 
+    /// Destroys group `group` on `rank` (see [`Engine::destroy_group`]) and returns its
+    /// pending error; the rank keeps running.
+    pub fn destroy_group(&mut self, rank: usize, group: GroupId) -> Result<()> {
+        let Some(e) = self.engines.get_mut(rank) else {
+            return Err(Error::invalid(format!("no rank {rank}")));
+        };
+        let r = e.destroy_group(group);
+        self.groups.remove(&(rank, group));
+        self.drain(rank);
+        r
+    }
+
     /// Kills `rank`: its engine stops, its messages are dropped, and every other rank that is
     /// not cut off is told at once, as a reset connection would.
     pub fn kill(&mut self, rank: usize) {
@@ -979,6 +991,12 @@ impl Sim {
 
     /// Picks the next event; deadlines only when `deadlines`.
     fn next(&mut self, deadlines: bool) -> Option<Next> {
+        self.next_at(deadlines).map(|(_, n)| n)
+    }
+
+    /// What comes next, and when (the time is the event's own; under
+    /// [`Delivery::AnyOrder`] it may be before the clock).
+    fn next_at(&mut self, deadlines: bool) -> Option<(Time, Next)> {
         let detect = self
             .detections
             .iter()
@@ -1010,21 +1028,21 @@ impl Sim {
                     .enumerate()
                     .filter_map(|(prio, c)| c.map(|(t, n)| (t, prio, n)))
                     .min_by_key(|(t, prio, _)| (*t, *prio))
-                    .map(|(_, _, n)| n)
+                    .map(|(t, _, n)| (t, n))
             }
             Delivery::AnyOrder => match detect {
-                Some((t, n)) if t <= self.now => Some(n),
+                Some((t, n)) if t <= self.now => Some((t, n)),
                 _ if flush.is_some() && (self.in_flight.is_empty() || self.rng.below(4) == 0) => {
-                    flush.map(|(_, n)| n)
+                    flush
                 }
                 _ if !self.in_flight.is_empty() => {
-                    Some(Next::Deliver(self.rng.below(self.in_flight.len())))
+                    let i = self.rng.below(self.in_flight.len());
+                    self.in_flight.get(i).map(|f| (f.at, Next::Deliver(i)))
                 }
                 _ => [detect, deadline]
                     .into_iter()
                     .flatten()
-                    .min_by_key(|(t, _)| *t)
-                    .map(|(_, n)| n),
+                    .min_by_key(|(t, _)| *t),
             },
         }
     }
@@ -1099,6 +1117,22 @@ impl Sim {
     /// on a rank that is not dead).
     pub fn step(&mut self) -> bool {
         self.advance(true)
+    }
+
+    /// Delivers messages, detections and deadlines due within `d` of now (under
+    /// [`Delivery::Timed`]), then moves the clock to now + `d`: time passes while a test
+    /// makes a rank late.
+    pub fn run_for(&mut self, d: Duration) {
+        let until = self.now + d;
+        loop {
+            match self.next_at(true) {
+                Some((t, _)) if t <= until => {
+                    self.step();
+                }
+                _ => break,
+            }
+        }
+        self.now = self.now.max(until);
     }
 
     /// Delivers messages, detections and deadlines until nothing is left (every call on a
