@@ -234,6 +234,27 @@ pub enum Error {
         /// ranks were asked which call they are in); empty otherwise.
         report: Vec<RankCall>,
     },
+    /// Two ranks disagreed about how much one sends the other, in a call where each rank
+    /// states its own sizes (all_to_all's split sizes and output shapes, which its
+    /// fingerprint cannot carry): `receiver` expected `expected` bytes from `sender`, which
+    /// sent `got`. Check the sizes both ranks passed; neither broke the protocol.
+    #[error("mismatched sizes on group {group} (call #{seq}, {call}): rank {receiver} expects {expected} bytes from rank {sender}, which sent {got}")]
+    SizeMismatch {
+        /// The group.
+        group: GroupId,
+        /// The group's sequence number of the call.
+        seq: u64,
+        /// The call (the same on both ranks, but for the sizes).
+        call: Fingerprint,
+        /// The sending rank (global).
+        sender: usize,
+        /// The receiving rank (global), which noticed.
+        receiver: usize,
+        /// Bytes the receiver expected.
+        expected: u64,
+        /// Bytes the sender sent.
+        got: u64,
+    },
     /// A call did not complete in time.
     #[error("{op} ({} on group {group}) timed out on rank {rank}, still waiting for ranks {waiting_for:?}{}", call_label(*.seq), report_text(.report))]
     Timeout {

@@ -116,6 +116,16 @@ fn reason() -> impl Strategy<Value = AbortReason> {
             .prop_map(|(rank, detail)| AbortReason::Protocol { rank, detail }),
         ".{0,60}".prop_map(|text| AbortReason::Other { text }),
         ".{0,60}".prop_map(|text| AbortReason::Internal { text }),
+        (any::<u64>(), fingerprint(), any::<[u64; 4]>()).prop_map(|(seq, call, v)| {
+            AbortReason::SizeMismatch {
+                seq,
+                call,
+                sender: v[0],
+                receiver: v[1],
+                expected: v[2],
+                got: v[3],
+            }
+        }),
     ]
 }
 

@@ -245,3 +245,49 @@ fn a_monitored_barrier_without_rank_0_names_rank_0() {
         );
     }
 }
+
+/// On links that keep their order, a program that ends with `monitored_barrier` hears of
+/// every mismatch its early-finished calls left behind, on every rank, however the messages
+/// are timed. The hard case is traffic between two ranks other than rank 0: rank 2 scatters
+/// (a root: done at once), rank 1 gathers to 2 (a non-root: done at once), rank 0 receives
+/// its part of the scatter. Without the barrier's first step (every rank exchanges a marker
+/// with every other), rank 0 could collect the reports and release everyone before rank 1 or
+/// 2 found the other's data, and return `Ok`.
+#[test]
+fn a_monitored_barrier_on_ordered_links_hears_of_every_mismatch_before_it() {
+    use collectix_runtime::testing::sim::{Delivery, SimOptions};
+    let w = 3;
+    let sc = Case {
+        root: 2,
+        ..case(OpKind::Scatter, w)
+    };
+    let ga = Case {
+        root: 2,
+        ..case(OpKind::Gather, w)
+    };
+    for seed in 0..200 {
+        let net = SimOptions::default().with_delivery(Delivery::Fifo);
+        let mut sim = Sim::with_config(w, seed, GroupOptions::default(), net);
+        let mut last = Vec::new();
+        for r in 0..w {
+            let req = if r == 1 { ga.request(r) } else { sc.request(r) };
+            submit(&mut sim, r, req);
+        }
+        for r in [1, 2] {
+            // The early finishers go on to the barrier at once.
+            last.push((r, submit(&mut sim, r, Request::MonitoredBarrier)));
+        }
+        // Rank 0 once its scatter has its data.
+        while sim.pending(0) > 0 && sim.step() {}
+        last.push((0, submit(&mut sim, 0, Request::MonitoredBarrier)));
+        run(&mut sim);
+        for (r, id) in last {
+            assert!(
+                matches!(sim.result(r, id), Some(Err(e)) if names(e.root_cause(), 1)),
+                "seed {seed}, rank {r}: {:?}\n{}",
+                sim.result(r, id),
+                sim.trace_text()
+            );
+        }
+    }
+}

@@ -16,23 +16,31 @@ fn others(rank: usize, w: usize) -> impl Iterator<Item = usize> {
     (0..w).filter(move |&p| p != rank)
 }
 
-/// `monitored_barrier`: every rank reports to rank 0 (tag 0), which, once it has heard from
-/// every rank, releases them (tag 1). No payload. Rank 0 alone knows who is missing, which
-/// is what lets it name them when the call times out.
+/// `monitored_barrier`, in three steps. 1: every rank sends a marker to every other (tag 0)
+/// and waits for theirs: on links that keep their order (TCP, in-process channels) a rank
+/// then has received, and checked, every message its peers sent it in the group's earlier
+/// calls, so a mismatch an early-finished call left behind is found here (and aborts the
+/// group) rather than after the barrier. 2: every rank reports to rank 0 (tag 1). 3: rank 0
+/// releases them (tag 2). No payload; W(W−1) markers, so it is a check, not a fast barrier.
+/// Rank 0 waits for every rank in step 2, which is what lets it name each one missing.
 pub fn monitored_barrier(rank: usize, w: usize) -> Schedule {
     let mut s = Schedule::new(Layout::default());
     if w < 2 {
         return s;
     }
+    s.step(
+        others(rank, w).map(|p| send(p, 0, 0..0)).collect(),
+        others(rank, w).map(|p| recv_copy(p, 0, 0..0)).collect(),
+    );
     if rank == 0 {
         s.step(
             vec![],
-            others(0, w).map(|p| recv_copy(p, 0, 0..0)).collect(),
+            others(0, w).map(|p| recv_copy(p, 1, 0..0)).collect(),
         );
-        s.step(others(0, w).map(|p| send(p, 1, 0..0)).collect(), vec![]);
+        s.step(others(0, w).map(|p| send(p, 2, 0..0)).collect(), vec![]);
     } else {
-        s.step(vec![send(0, 0, 0..0)], vec![]);
-        s.step(vec![], vec![recv_copy(0, 1, 0..0)]);
+        s.step(vec![send(0, 1, 0..0)], vec![]);
+        s.step(vec![], vec![recv_copy(0, 2, 0..0)]);
     }
     s
 }

@@ -86,6 +86,21 @@ impl Engine {
                 c.inbox.insert((src, tag), parts);
                 self.progress(id);
             }
+            // In a call whose fingerprint carries no count (each rank states its own sizes,
+            // as all_to_all's splits), a payload of another size is a disagreement between
+            // the two ranks' arguments, not a protocol violation by the sender.
+            Err(ProtocolError::Length { expected, got, .. }) if fp.count.is_none() => {
+                let err = Error::SizeMismatch {
+                    group: gid,
+                    seq,
+                    call: fp,
+                    sender: msg.src,
+                    receiver: self.rank,
+                    expected,
+                    got,
+                };
+                self.abort(gid, err.clone(), Some((id, err)), true);
+            }
             Err(detail) => {
                 let err = Error::Protocol {
                     rank: msg.src,

@@ -17,7 +17,8 @@
 //! clock means something: one *propagation delay* is at most
 //! [`Sim::max_propagation`]. With [`Delivery::AnyOrder`] each delivery picks any message in
 //! flight at random (every interleaving is possible; the clock only moves forward, so time
-//! bounds do not hold there).
+//! bounds do not hold there). [`Delivery::Fifo`] is timed delivery where each link keeps its
+//! send order, as TCP and in-process channels do.
 //!
 //! Each event (a delivery, a failure detection, a deadline) is one *step*; [`Sim::run`] takes
 //! a step bound, so a livelock fails with [`SimError::StepBound`] instead of hanging, and
@@ -123,6 +124,10 @@ pub enum Delivery {
     /// Virtual time is consistent, so time bounds can be checked.
     #[default]
     Timed,
+    /// Like [`Timed`](Delivery::Timed), but each link delivers in the order it was sent on
+    /// (a message is never delivered before one sent earlier on its link), as TCP and
+    /// in-process channels do: what guarantees that rest on FIFO links are checked here.
+    Fifo,
     /// Any message in flight, picked at random: every interleaving is possible, but the clock
     /// only follows the picks, so time bounds do not hold.
     AnyOrder,
@@ -453,6 +458,10 @@ pub struct Sim {
     /// Frames that went through the codec, and send attempts a link refused.
     stats: LinkStats,
     seed: u64,
+    /// Under [`Delivery::Fifo`]: each link's latest delivery time, and a counter that
+    /// breaks ties in send order.
+    fifo: HashMap<(usize, usize), Time>,
+    sent: u64,
 }
 
 /// What went through a simulator's links.
@@ -516,6 +525,8 @@ impl Sim {
             engines: (0..n).map(Engine::new).collect(),
             opts: net,
             in_flight: Vec::new(),
+            fifo: HashMap::new(),
+            sent: 0,
             detections: Vec::new(),
             rng: Rng::new(seed),
             now: Time::ZERO,
@@ -919,9 +930,17 @@ impl Sim {
         if self.rng.below(1000) < self.opts.delayed_per_mille as usize {
             extra += self.rng.up_to(self.opts.max_delay);
         }
-        let tiebreak = self.rng.next_u64();
+        let mut tiebreak = self.rng.next_u64();
+        let mut at = self.now + self.opts.latency + extra;
+        if self.opts.delivery == Delivery::Fifo {
+            let last = self.fifo.entry((t.msg.src, t.dst)).or_insert(Time::ZERO);
+            at = at.max(*last);
+            *last = at;
+            self.sent += 1;
+            tiebreak = self.sent;
+        }
         self.in_flight.push(Flight {
-            at: self.now + self.opts.latency + extra,
+            at,
             sent: self.now,
             tiebreak,
             t,
@@ -1014,7 +1033,7 @@ impl Sim {
             None
         };
         match self.opts.delivery {
-            Delivery::Timed => {
+            Delivery::Timed | Delivery::Fifo => {
                 let deliver = self
                     .in_flight
                     .iter()

@@ -378,6 +378,21 @@ fn put_reason(h: &mut BytesMut, r: &AbortReason) {
             h.put_u8(7);
             put_text(h, text);
         }
+        AbortReason::SizeMismatch {
+            seq,
+            call,
+            sender,
+            receiver,
+            expected,
+            got,
+        } => {
+            h.put_u8(8);
+            h.put_u64_le(*seq);
+            h.put_slice(&call.to_bytes());
+            for v in [*sender, *receiver, *expected, *got] {
+                h.put_u64_le(v);
+            }
+        }
     }
 }
 
@@ -776,6 +791,14 @@ fn read_reason(r: &mut Reader) -> Result<AbortReason, DecodeError> {
         },
         6 => AbortReason::Other { text: r.text()? },
         7 => AbortReason::Internal { text: r.text()? },
+        8 => AbortReason::SizeMismatch {
+            seq: r.u64("seq")?,
+            call: r.fingerprint()?,
+            sender: r.u64("sender")?,
+            receiver: r.u64("receiver")?,
+            expected: r.u64("expected")?,
+            got: r.u64("got")?,
+        },
         code => {
             return Err(CodeError {
                 what: "abort reason",

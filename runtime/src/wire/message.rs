@@ -135,6 +135,21 @@ pub enum AbortReason {
         /// The desync report, if one found the mismatch.
         report: Vec<RankCall>,
     },
+    /// Two ranks disagreed about a size ([`Error::SizeMismatch`]).
+    SizeMismatch {
+        /// The call's sequence number.
+        seq: u64,
+        /// The call.
+        call: crate::ids::Fingerprint,
+        /// The sending rank.
+        sender: u64,
+        /// The receiving rank.
+        receiver: u64,
+        /// Bytes expected.
+        expected: u64,
+        /// Bytes sent.
+        got: u64,
+    },
     /// A call timed out ([`Error::Timeout`]).
     Timeout {
         /// The call's sequence number (`None`: point-to-point).
@@ -208,6 +223,22 @@ impl From<&Error> for AbortReason {
                 waiting_for: waiting_for.iter().map(|&r| r as u64).collect(),
                 report: report.clone(),
             },
+            Error::SizeMismatch {
+                seq,
+                call,
+                sender,
+                receiver,
+                expected,
+                got,
+                ..
+            } => AbortReason::SizeMismatch {
+                seq: *seq,
+                call: *call,
+                sender: *sender as u64,
+                receiver: *receiver as u64,
+                expected: *expected,
+                got: *got,
+            },
             Error::PeerLost { rank } => AbortReason::PeerLost { rank: *rank as u64 },
             Error::PeerShutdown { rank, undelivered } => AbortReason::PeerShutdown {
                 rank: *rank as u64,
@@ -255,6 +286,22 @@ impl AbortReason {
                 rank: rank(r),
                 waiting_for: waiting_for.into_iter().map(rank).collect(),
                 report,
+            },
+            AbortReason::SizeMismatch {
+                seq,
+                call,
+                sender,
+                receiver,
+                expected,
+                got,
+            } => Error::SizeMismatch {
+                group,
+                seq,
+                call,
+                sender: rank(sender),
+                receiver: rank(receiver),
+                expected,
+                got,
             },
             AbortReason::PeerLost { rank: r } => Error::PeerLost { rank: rank(r) },
             AbortReason::PeerShutdown {
