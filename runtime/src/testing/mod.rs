@@ -6,6 +6,7 @@
 //! order is exact in every dtype (small integers; 1s and 2s for products), so results can be
 //! compared bit for bit with a sequential reference, f16 and bf16 included.
 
+pub mod faults;
 pub mod sim;
 
 use crate::collective::{Output, Request, TensorSpec};
