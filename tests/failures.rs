@@ -358,3 +358,38 @@ fn bad_arguments_fail_at_once_and_send_nothing() {
         );
     }
 }
+
+/// A waker that panics (a broken executor) is called on the rank's thread when the call
+/// completes: the panic does not unwind through the rank; the call reports it as
+/// `Error::Panic`, and the rank goes on serving calls (issue 9).
+#[test]
+fn a_panicking_waker_fails_its_call_not_the_rank() {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    struct Boom;
+    impl Wake for Boom {
+        fn wake(self: Arc<Self>) {
+            panic!("my executor is broken");
+        }
+    }
+    let w = world(2);
+    let c = w.communicators();
+    let mut work = c[0].barrier();
+    let waker = Waker::from(Arc::new(Boom));
+    let mut cx = Context::from_waker(&waker);
+    assert!(Future::poll(std::pin::Pin::new(&mut work), &mut cx).is_pending());
+    // Rank 1 joins: rank 0's barrier completes, and its thread wakes the panicking waker.
+    assert_eq!(c[1].barrier().wait(), Ok(()));
+    let got = work.wait_timeout(Duration::from_secs(30));
+    assert!(
+        matches!(&got, Some(Err(Error::Panic(m))) if m.contains("waker") && m.contains("my executor is broken")),
+        "{got:?}"
+    );
+    // The rank carries on.
+    let works: Vec<_> = c.iter().map(|c| c.barrier()).collect();
+    for r in wait_all(works, 30) {
+        assert_eq!(r, Ok(()));
+    }
+}

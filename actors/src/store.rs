@@ -45,9 +45,10 @@ impl MemoryStore {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::invalid(format!(
-                    "store: timed out after {timeout:?} waiting for {what}"
-                )));
+                return Err(Error::StoreTimeout {
+                    what: what.to_string(),
+                    waited_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                });
             }
             map = self
                 .changed
@@ -114,7 +115,18 @@ mod tests {
         );
         assert_eq!(s.add("n", 2).ok(), Some(2));
         assert_eq!(s.add("n", 3).ok(), Some(5));
-        assert!(s.get("missing", Duration::from_millis(5)).is_err());
+        // A key that never comes is a store timeout naming it, not the caller's fault.
+        assert_eq!(
+            s.get("missing", Duration::from_millis(5)),
+            Err(Error::StoreTimeout {
+                what: "missing".into(),
+                waited_ms: 5
+            })
+        );
         assert!(s.wait(&["addr", "n"], Duration::from_millis(5)).is_ok());
+        assert!(matches!(
+            s.wait(&["addr", "rank/3"], Duration::from_millis(5)),
+            Err(Error::StoreTimeout { what, .. }) if what == "addr, rank/3"
+        ));
     }
 }

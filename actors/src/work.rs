@@ -119,13 +119,5 @@ impl<T> std::fmt::Debug for Work<T> {
 /// through the rank.
 pub(crate) fn guarded<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-        .unwrap_or_else(|p| Err(Error::Panic(panic_text(p.as_ref()))))
-}
-
-/// The message of a caught panic (its `&str` or `String` payload), or a placeholder.
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with a non-text payload".to_string())
+        .unwrap_or_else(|p| Err(Error::from_panic("your code", p.as_ref())))
 }

@@ -40,7 +40,7 @@ impl World {
         if n == 0 {
             return Err(Error::invalid("a world needs at least one rank"));
         }
-        let (tx, rx) = mpsc::channel::<Started>();
+        let (tx, rx) = mpsc::channel::<Result<Started>>();
         let origin = Instant::now();
         // Each rank's view of the world group, made (and checked) before any thread starts.
         let infos = (0..n)
@@ -51,7 +51,23 @@ impl World {
             .name("collectix-system".into())
             .spawn(move || {
                 let sys = System::new();
-                let arbiters: Vec<Arbiter> = (0..n).map(|_| Arbiter::new()).collect();
+                // actix panics when it cannot start an arbiter's thread: that is a resource
+                // limit, reported as one (the threads started so far are stopped).
+                let mut arbiters: Vec<Arbiter> = Vec::with_capacity(n);
+                for _ in 0..n {
+                    match std::panic::catch_unwind(Arbiter::new) {
+                        Ok(a) => arbiters.push(a),
+                        Err(p) => {
+                            for a in arbiters {
+                                a.stop();
+                                let _ = a.join();
+                            }
+                            let e = Error::from_panic("starting a rank's thread", p.as_ref());
+                            let _ = tx.send(Err(Error::Resource(e.to_string())));
+                            return;
+                        }
+                    }
+                }
                 let ranks = sys.block_on(async {
                     let mut ranks = Vec::with_capacity(n);
                     for (r, (arb, world)) in arbiters.iter().zip(actor_infos).enumerate() {
@@ -77,10 +93,10 @@ impl World {
                     .filter_map(|(a, h, t)| t.map(|t| (a, h, t)))
                     .collect();
                 if tx
-                    .send(Started {
+                    .send(Ok(Started {
                         system: System::current(),
                         ranks,
-                    })
+                    }))
                     .is_ok()
                 {
                     let _ = sys.run();
@@ -92,8 +108,8 @@ impl World {
                     let _ = a.join();
                 }
             })
-            .map_err(|e| Error::invalid(format!("cannot start the actor system thread: {e}")))?;
-        let started = rx.recv().map_err(|_| Error::Shutdown)?;
+            .map_err(|e| Error::Resource(format!("cannot start the actor system thread: {e}")))?;
+        let started = rx.recv().map_err(|_| Error::Shutdown)??;
         if started.ranks.len() != n {
             started.system.stop();
             let _ = thread.join();

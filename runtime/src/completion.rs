@@ -13,6 +13,10 @@ use std::time::Duration;
 
 enum State<T> {
     Pending(Option<Waker>),
+    /// The value is set and its waker is running (outside the lock): nobody may take the
+    /// value yet, since the waker may panic and turn it into [`Error::Panic`]. A poll in this
+    /// state leaves its waker, woken once the first one returned.
+    Waking(Result<T>, Option<Waker>),
     Ready(Result<T>),
     Taken,
 }
@@ -46,13 +50,48 @@ pub fn slot<T>() -> (Completer<T>, Waiter<T>) {
     )
 }
 
+/// Runs a waker — the user's executor's code, here on the rank's thread — so that a panic in
+/// it does not unwind through the rank: the panic comes back as [`Error::Panic`].
+fn wake_guarded(w: Waker) -> Option<Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()))
+        .err()
+        .map(|p| Error::from_panic("the waker of this call's Work", p.as_ref()))
+}
+
 fn set<T>(shared: &Shared<T>, value: Result<T>) {
     let waker = {
         let mut st = lock(&shared.state);
         match std::mem::replace(&mut *st, State::Taken) {
-            State::Pending(w) => {
+            State::Pending(Some(w)) => {
+                *st = State::Waking(value, None);
+                Some(w)
+            }
+            State::Pending(None) => {
                 *st = State::Ready(value);
-                w
+                None
+            }
+            other => {
+                *st = other;
+                None
+            }
+        }
+    };
+    let Some(w) = waker else {
+        shared.ready.notify_all();
+        return;
+    };
+    // A panicking waker fails the call it was woken for (the executor that panicked may never
+    // poll again, but any later poll or wait sees it).
+    let panicked = wake_guarded(w);
+    let later = {
+        let mut st = lock(&shared.state);
+        match std::mem::replace(&mut *st, State::Taken) {
+            State::Waking(v, later) => {
+                *st = State::Ready(match panicked {
+                    Some(e) => Err(e),
+                    None => v,
+                });
+                later
             }
             other => {
                 *st = other;
@@ -61,8 +100,9 @@ fn set<T>(shared: &Shared<T>, value: Result<T>) {
         }
     };
     shared.ready.notify_all();
-    if let Some(w) = waker {
-        w.wake();
+    if let Some(l) = later {
+        // The value is final now; a second panicking waker can only be ignored.
+        let _ = wake_guarded(l);
     }
 }
 
@@ -86,7 +126,7 @@ impl<T> Drop for Completer<T> {
 impl<T> Waiter<T> {
     /// Whether the value is there (or was taken).
     pub fn is_completed(&self) -> bool {
-        !matches!(*lock(&self.shared.state), State::Pending(_))
+        matches!(*lock(&self.shared.state), State::Ready(_) | State::Taken)
     }
 
     /// Takes the value if it is there, else registers `cx`'s waker.
@@ -96,6 +136,10 @@ impl<T> Waiter<T> {
             State::Ready(v) => Poll::Ready(v),
             State::Pending(_) => {
                 *st = State::Pending(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+            State::Waking(v, _) => {
+                *st = State::Waking(v, Some(cx.waker().clone()));
                 Poll::Pending
             }
             State::Taken => Poll::Ready(Err(Error::invalid("the result was already taken"))),
@@ -109,7 +153,7 @@ impl<T> Waiter<T> {
             match std::mem::replace(&mut *st, State::Taken) {
                 State::Ready(v) => return v,
                 State::Taken => return Err(Error::invalid("the result was already taken")),
-                pending @ State::Pending(_) => {
+                pending @ (State::Pending(_) | State::Waking(..)) => {
                     *st = pending;
                     st = self
                         .shared
@@ -130,7 +174,7 @@ impl<T> Waiter<T> {
             match std::mem::replace(&mut *st, State::Taken) {
                 State::Ready(v) => return Some(v),
                 State::Taken => return Some(Err(Error::invalid("the result was already taken"))),
-                pending @ State::Pending(_) => {
+                pending @ (State::Pending(_) | State::Waking(..)) => {
                     *st = pending;
                     if waited {
                         return None;

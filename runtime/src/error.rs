@@ -206,19 +206,35 @@ pub enum DeviceError {
 /// The error type of collectix.
 ///
 /// Every failure is `Clone + Send + Sync`, so that one failure can reach many waiters. Each
-/// variant says who is at fault: the caller ([`InvalidArgument`](Error::InvalidArgument)),
-/// the ranks together ([`Mismatch`](Error::Mismatch)), a peer ([`PeerLost`](Error::PeerLost),
-/// [`Protocol`](Error::Protocol)), time ([`Timeout`](Error::Timeout)) or the runtime
-/// ([`Shutdown`](Error::Shutdown)).
+/// variant says who is at fault and what to do (see its doc):
+/// - misuse of the API, the caller's: [`InvalidArgument`](Error::InvalidArgument),
+///   [`NotAMember`](Error::NotAMember), [`WouldDeadlock`](Error::WouldDeadlock);
+/// - the ranks disagree: [`Mismatch`](Error::Mismatch), [`SizeMismatch`](Error::SizeMismatch);
+/// - time ran out, naming who is missing: [`Timeout`](Error::Timeout),
+///   [`StoreTimeout`](Error::StoreTimeout);
+/// - a peer: [`PeerLost`](Error::PeerLost), [`PeerShutdown`](Error::PeerShutdown),
+///   [`Protocol`](Error::Protocol), [`Remote`](Error::Remote);
+/// - the group failed, for any of these reasons: [`GroupAborted`](Error::GroupAborted);
+/// - stopping: [`Shutdown`](Error::Shutdown);
+/// - the system: [`Resource`](Error::Resource), [`Device`](Error::Device);
+/// - your code that collectix ran: [`Panic`](Error::Panic),
+///   [`Serialization`](Error::Serialization);
+/// - a bug in collectix: [`Internal`](Error::Internal).
+///
+/// The `Display` text says in its first words what went wrong, then the detail.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The caller passed arguments that cannot work (shapes, dtypes, roots, sizes, ops).
-    /// Raised on the calling rank before anything is sent.
+    /// Misuse of the API, the caller's fault: arguments that cannot work (shapes, dtypes,
+    /// roots, sizes, ops), or a call on a destroyed group. Raised on the calling rank before
+    /// anything is sent; the text says what to change.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// Two ranks disagreed about a call: different collectives, dtypes, counts, roots,
-    /// reduce ops or algorithms for the same sequence number of a group.
+    /// reduce ops or algorithms for the same sequence number of a group (or, for
+    /// point-to-point, a send and a receive of different shapes). Names both ranks' calls;
+    /// every rank must make the same calls on a group in the same order. With a desync
+    /// report, the report says what every rank was doing.
     #[error("mismatched calls on group {group} ({}): {ours}, but {theirs}{}", call_label(*.seq), report_text(.report))]
     Mismatch {
         /// The group.
@@ -255,7 +271,10 @@ pub enum Error {
         /// Bytes the sender sent.
         got: u64,
     },
-    /// A call did not complete in time.
+    /// A call did not complete within its timeout. Names the ranks it waited for and, with
+    /// the desync report, what every other rank was doing: look at what the named ranks are
+    /// doing (still in an earlier call, stuck in your code, or gone). Raise the timeout only
+    /// if they were merely slow.
     #[error("{op} ({} on group {group}) timed out on rank {rank}, still waiting for ranks {waiting_for:?}{}", call_label(*.seq), report_text(.report))]
     Timeout {
         /// The group.
@@ -275,14 +294,19 @@ pub enum Error {
         /// point-to-point calls, or with a zero `desync_grace`).
         report: Vec<RankCall>,
     },
-    /// A peer this rank talks to is gone (its link closed or it was isolated).
+    /// A peer this rank talks to is gone: its link closed (the process died or the
+    /// connection broke) or it was isolated. The group cannot go on; start again from the
+    /// ranks that are left (a new world).
     #[error("peer rank {rank} was lost")]
     PeerLost {
         /// The lost rank (global).
         rank: usize,
     },
     /// The group was aborted because of `cause`, seen on this or another rank; every
-    /// pending and later call on the group fails with this until the group is re-created.
+    /// pending and later call on the group fails with this, and it is the pending error
+    /// that `destroy`, `monitored_barrier` and `World::shutdown` return for a rank whose
+    /// calls had completed. [`root_cause`](Error::root_cause) gives `cause`; what to do is
+    /// that variant's.
     #[error("group {group} aborted: {cause}")]
     GroupAborted {
         /// The aborted group.
@@ -290,7 +314,10 @@ pub enum Error {
         /// The failure that aborted it.
         cause: Box<Error>,
     },
-    /// A peer sent something that breaks the protocol.
+    /// A peer sent something that breaks the protocol: a malformed frame, a message for
+    /// a step that has none, a duplicate, a message beyond its flow-control window. Names
+    /// the peer. Collectix's own ranks never do this: suspect different collectix versions,
+    /// a corrupted link, or something else speaking to the port.
     #[error("protocol violation by rank {rank}: {detail}")]
     Protocol {
         /// The sending rank (global).
@@ -298,7 +325,8 @@ pub enum Error {
         /// What was wrong.
         detail: ProtocolError,
     },
-    /// This rank is not a member of the group it called into.
+    /// This rank is not a member of the group it called into: use a communicator of a group
+    /// this rank belongs to (`new_group` returns `None` to non-members).
     #[error("rank {rank} is not a member of group {group}")]
     NotAMember {
         /// The group.
@@ -306,11 +334,15 @@ pub enum Error {
         /// The calling rank (global).
         rank: usize,
     },
-    /// A blocking wait was called on the rank's own thread, where it could never complete.
+    /// A blocking wait was called on the rank's own thread (in a callback collectix ran
+    /// there), where it could never complete: `.await` the `Work` instead, or wait from
+    /// another thread.
     #[error("blocking wait on the rank's own actor thread would deadlock; await the Work instead")]
     WouldDeadlock,
-    /// The world (or the rank) was shut down before the call completed.
-    #[error("the rank was shut down")]
+    /// The world or the rank was shut down, or the group destroyed on this rank, before
+    /// the call completed; or the call was made after. Expected while a program stops; if
+    /// not, look for who shut the world down early.
+    #[error("the rank was shut down (or the group destroyed on it)")]
     Shutdown,
     /// A peer shut down while a call of the group was in flight on it, or while its flow
     /// control still held messages that this rank's calls need (it had run ahead by more
@@ -325,16 +357,44 @@ pub enum Error {
         undelivered: usize,
     },
     /// The device layer failed: a library is missing, a CUDA or NCCL call failed, or NCCL
-    /// cannot run the call.
+    /// cannot run the call. The [`DeviceError`] says which and what to do.
     #[error("device: {0}")]
     Device(#[from] DeviceError),
-    /// A value could not be (de)serialized (object collectives).
+    /// A value of an object collective could not be serialized, or the bytes that came
+    /// are not a value of the type asked for: every rank must use the same type.
     #[error("serialization failed: {0}")]
     Serialization(String),
-    /// Code of yours that collectix ran for this call panicked (a `Deserialize` impl in an
-    /// object collective); the call fails with the panic's message, and the rank carries on.
-    #[error("your code panicked inside this call: {0}")]
+    /// Code of yours that collectix ran for this call panicked: a `Deserialize` impl in an
+    /// object collective, or the waker of the call's `Work` (your executor's). The call
+    /// fails with the panic's message, and the rank carries on. Fix the code the text names.
+    #[error("{0} (inside this call; the rank carries on)")]
     Panic(String),
+    /// The system refused something collectix needed: a thread (for the actor system, a
+    /// rank or a device worker), memory, a file descriptor. Nobody's fault in the program;
+    /// raise the limit the text names (`ulimit -u`, `ulimit -n`) or run fewer ranks per
+    /// process.
+    #[error("resource limit: {0}")]
+    Resource(String),
+    /// A store (the rendezvous key-value store) did not get what was waited for in time:
+    /// the keys, and how long. A rank that never started, or a wrong store address, are the
+    /// usual causes; check that every rank runs and points at the same store.
+    #[error("store: timed out after {waited_ms} ms waiting for {what}")]
+    StoreTimeout {
+        /// The keys waited for.
+        what: String,
+        /// How long, in milliseconds.
+        waited_ms: u64,
+    },
+    /// Another rank aborted the group because one of its calls failed with an error that
+    /// concerns that rank only (a device failure, a panic in its code): `text` is that
+    /// error as the rank reported it. Look at that rank's own error for the detail.
+    #[error("rank {rank} failed: {text}")]
+    Remote {
+        /// The rank that failed (global).
+        rank: usize,
+        /// Its error, in words.
+        text: String,
+    },
     /// A bug in collectix: one of its own invariants did not hold (the text says what was
     /// expected). Not the caller's fault and not a peer's: please report it, with the text
     /// and, if you can, how to reproduce it.
@@ -353,6 +413,18 @@ impl Error {
         Error::Internal(what.into())
     }
 
+    /// [`Error::Panic`] for a panic caught in user code: `what` names the code (a
+    /// `Deserialize` impl, a waker), `payload` is what the panic carried (its message when it
+    /// is text).
+    pub fn from_panic(what: &str, payload: &(dyn std::any::Any + Send)) -> Self {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic with a non-text payload".to_string());
+        Error::Panic(format!("{what} panicked: {msg}"))
+    }
+
     /// The failure at the root of a chain of [`GroupAborted`](Error::GroupAborted).
     pub fn root_cause(&self) -> &Error {
         match self {
@@ -369,3 +441,164 @@ fn call_label(seq: Option<u64>) -> String {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::DataPath;
+    use crate::tensor::dtype::DType;
+    use crate::wire::message::AbortReason;
+
+    fn fp(kind: OpKind) -> Fingerprint {
+        Fingerprint {
+            kind,
+            dtype: DType::F32,
+            count: Some(4),
+            root: None,
+            op: None,
+            scalar: 0,
+            algorithm: None,
+            path: DataPath::Engine,
+        }
+    }
+
+    /// Who is at fault, for each variant. The match has no wildcard: a new variant does not
+    /// compile until it is placed here and constructed in `every_variant`.
+    fn class(e: &Error) -> &'static str {
+        match e {
+            Error::InvalidArgument(_) | Error::NotAMember { .. } | Error::WouldDeadlock => "misuse",
+            Error::Mismatch { .. } | Error::SizeMismatch { .. } => "mismatch",
+            Error::Timeout { .. } | Error::StoreTimeout { .. } => "timeout",
+            Error::PeerLost { .. }
+            | Error::PeerShutdown { .. }
+            | Error::Protocol { .. }
+            | Error::Remote { .. } => "peer",
+            Error::GroupAborted { .. } => "group",
+            Error::Shutdown => "shutdown",
+            Error::Resource(_) | Error::Device(_) => "system",
+            Error::Panic(_) | Error::Serialization(_) => "user code",
+            Error::Internal(_) => "internal",
+        }
+    }
+
+    fn every_variant() -> Vec<Error> {
+        let g = GroupId::WORLD;
+        let mismatch = Error::Mismatch {
+            group: g,
+            seq: Some(3),
+            ours: CallDesc {
+                rank: 0,
+                call: fp(OpKind::AllReduce),
+            },
+            theirs: CallDesc {
+                rank: 1,
+                call: fp(OpKind::Broadcast),
+            },
+            report: vec![RankCall::Made {
+                rank: 1,
+                call: fp(OpKind::Broadcast),
+            }],
+        };
+        vec![
+            Error::invalid("count must be positive"),
+            mismatch.clone(),
+            Error::SizeMismatch {
+                group: g,
+                seq: 2,
+                call: fp(OpKind::AllToAll),
+                sender: 1,
+                receiver: 0,
+                expected: 16,
+                got: 20,
+            },
+            Error::Timeout {
+                group: g,
+                seq: Some(1),
+                op: OpKind::Barrier,
+                rank: 0,
+                waiting_for: vec![2],
+                report: vec![
+                    RankCall::NotReached {
+                        rank: 2,
+                        latest: None,
+                    },
+                    RankCall::NoAnswer { rank: 3 },
+                ],
+            },
+            Error::PeerLost { rank: 2 },
+            Error::GroupAborted {
+                group: g,
+                cause: Box::new(mismatch),
+            },
+            Error::Protocol {
+                rank: 1,
+                detail: ProtocolError::Malformed("bad kind".into()),
+            },
+            Error::NotAMember { group: g, rank: 4 },
+            Error::WouldDeadlock,
+            Error::Shutdown,
+            Error::PeerShutdown {
+                rank: 1,
+                undelivered: 3,
+            },
+            Error::Device(DeviceError::FeatureDisabled),
+            Error::Serialization("unexpected end".into()),
+            Error::from_panic("your code", &"boom"),
+            Error::Resource("cannot start a thread: EAGAIN".into()),
+            Error::StoreTimeout {
+                what: "rank/3".into(),
+                waited_ms: 30_000,
+            },
+            Error::Remote {
+                rank: 2,
+                text: "device: no CUDA device 3 (this machine has 1)".into(),
+            },
+            Error::internal("a reduce step without an op"),
+        ]
+    }
+
+    #[test]
+    fn every_variant_says_in_one_line_who_is_at_fault() {
+        let all = every_variant();
+        // Every variant once (18 of them: `class` lists them all, without a wildcard).
+        let kinds: std::collections::BTreeSet<String> = all
+            .iter()
+            .map(|e| format!("{:?}", std::mem::discriminant(e)))
+            .collect();
+        assert_eq!((kinds.len(), all.len()), (18, 18));
+        for e in &all {
+            let text = e.to_string();
+            assert!(!text.is_empty() && !text.contains('\n'), "{e:?}: {text:?}");
+            // Only a bug in collectix calls itself internal; only it asks for a report.
+            let internal = class(e) == "internal";
+            assert_eq!(text.contains("internal"), internal, "{text}");
+            assert_eq!(text.contains("please report"), internal, "{text}");
+        }
+    }
+
+    /// What aborts a group travels to the other members as itself; what concerns one rank
+    /// only arrives as `Remote`, naming the rank it came from.
+    #[test]
+    fn every_variant_survives_an_abort() {
+        for e in every_variant() {
+            let back = AbortReason::from(&e).into_error(GroupId::WORLD, 7);
+            let cause = e.root_cause();
+            match cause {
+                Error::Mismatch { .. }
+                | Error::SizeMismatch { .. }
+                | Error::Timeout { .. }
+                | Error::PeerLost { .. }
+                | Error::PeerShutdown { .. }
+                | Error::Protocol { .. }
+                | Error::Internal(_) => assert_eq!(&back, cause),
+                other => assert_eq!(
+                    back,
+                    Error::Remote {
+                        rank: 7,
+                        text: other.to_string()
+                    }
+                ),
+            }
+        }
+    }
+}

@@ -47,6 +47,6 @@ fn an_internal_error_says_it_is_a_bug_and_travels_as_itself() {
     use collectix_runtime::{Error, GroupId};
     let e = Error::internal("a reduce step without an op");
     assert!(e.to_string().contains("a bug, please report it"), "{e}");
-    let back = AbortReason::from(&e).into_error(GroupId::WORLD);
+    let back = AbortReason::from(&e).into_error(GroupId::WORLD, 0);
     assert_eq!(back, e);
 }

@@ -305,7 +305,7 @@ impl Engine {
         };
         match &msg.header {
             Header::Abort { reason, .. } => {
-                let cause = reason.clone().into_error(gid);
+                let cause = reason.clone().into_error(gid, msg.src);
                 // A lost peer heard of from another member before this rank noticed: the
                 // calls that talk to it fail with `PeerLost`, as if this rank had noticed.
                 if let Error::PeerLost { rank } = cause.root_cause() {

@@ -272,7 +272,7 @@ pub struct TraceEntry {
 }
 
 /// A header in a few words: kind, group, sequence number, tag (and call, for data).
-fn header_text(h: &Header, with_call: bool) -> String {
+fn header_text(h: &Header, src: usize, with_call: bool) -> String {
     match h {
         Header::Data {
             group,
@@ -295,7 +295,10 @@ fn header_text(h: &Header, with_call: bool) -> String {
             format!("p2p g={group} tag={tag} #{seq} {dtype}x{count} {how}")
         }
         Header::Abort { group, reason } if with_call => {
-            format!("abort g={group}: {}", reason.clone().into_error(*group))
+            format!(
+                "abort g={group}: {}",
+                reason.clone().into_error(*group, src)
+            )
         }
         Header::Abort { group, .. } => format!("abort g={group}"),
         Header::Credit { group, calls } => format!("credit g={group} calls={calls}"),
@@ -328,13 +331,13 @@ impl fmt::Display for TraceEntry {
                 f,
                 "t={t}ns {src}->{dst} +{}ns {} {bytes}B",
                 self.at.saturating_since(*sent).as_nanos(),
-                header_text(header, true)
+                header_text(header, *src, true)
             ),
             TraceEvent::Dropped { src, dst, header } => {
                 write!(
                     f,
                     "t={t}ns {src}->{dst} dropped {}",
-                    header_text(header, false)
+                    header_text(header, *src, false)
                 )
             }
             TraceEvent::Cut {

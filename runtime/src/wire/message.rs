@@ -257,8 +257,9 @@ impl From<&Error> for AbortReason {
 }
 
 impl AbortReason {
-    /// The error a rank reports for a group aborted for this reason (`group`: the group).
-    pub fn into_error(self, group: GroupId) -> Error {
+    /// The error a rank reports for a group aborted for this reason (`group`: the group;
+    /// `from`: the global rank whose abort it was).
+    pub fn into_error(self, group: GroupId, from: usize) -> Error {
         let rank = |r: u64| usize::try_from(r).unwrap_or(usize::MAX);
         match self {
             AbortReason::Mismatch {
@@ -316,9 +317,9 @@ impl AbortReason {
                 detail,
             },
             AbortReason::Internal { text } => Error::Internal(text),
-            // What has no variant of its own travels in words; until the error taxonomy
-            // (issue 9) gives it a home it reads as the argument error it was on the sender.
-            AbortReason::Other { text } => Error::InvalidArgument(text),
+            // What has no variant of its own travels in words, as the failure of the rank
+            // that sent the abort.
+            AbortReason::Other { text } => Error::Remote { rank: from, text },
         }
     }
 }

@@ -72,7 +72,7 @@ impl WorkerHandle {
         std::thread::Builder::new()
             .name(format!("collectix-nccl-{rank}"))
             .spawn(move || Worker::new(nccl, rx).run())
-            .map_err(|e| Error::invalid(format!("could not start the device worker: {e}")))?;
+            .map_err(|e| Error::Resource(format!("could not start the device worker: {e}")))?;
         Ok(WorkerHandle { tx })
     }
 
