@@ -46,6 +46,34 @@
 //! # Ok::<(), collectix::Error>(())
 //! ```
 //!
+//! ## When things go wrong
+//!
+//! A wrong program ends with a typed [`Error`] on every rank, within the call's timeout plus
+//! the group's `desync_grace`: ranks that disagree about a call get [`Error::Mismatch`]
+//! naming both calls; a call that times out first asks every member which call it is in, and
+//! its [`Error::Timeout`] names exactly the ranks that have not made it. A call that
+//! finishes early (a broadcast root, a gather non-root, a send) returns `Ok` even when its
+//! peers were in another call; what the rank learns afterwards is the group's *pending
+//! error*, returned by its next call on the group, by
+//! [`monitored_barrier`](Communicator::monitored_barrier), by
+//! [`destroy`](Communicator::destroy) and by [`World::shutdown`] (a world dropped without
+//! `shutdown` logs it). End a program, or a phase, with `monitored_barrier` to hear of
+//! everything. `docs/errors.md` shows the real texts and what each means.
+//!
+//! ```
+//! use collectix::{Error, Tensor, World};
+//!
+//! let world = World::local(2)?;
+//! let c = world.communicators();
+//! // The root's broadcast completes at once: Ok, although rank 1 expects 4 elements.
+//! assert!(c[0].broadcast(Tensor::from_vec(vec![1i32, 2, 3]), 0).wait().is_ok());
+//! assert!(c[1].broadcast(Tensor::from_vec(vec![0i32; 4]), 0).wait().is_err());
+//! // Rank 0 hears of it from the shutdown.
+//! let e = world.shutdown().unwrap_err();
+//! assert!(matches!(e.root_cause(), Error::Mismatch { .. }));
+//! # Ok::<(), collectix::Error>(())
+//! ```
+//!
 //! See `docs/architecture.md` for the layers, the life of one all_reduce message by message,
 //! and the table that maps each torch.distributed call to its collectix equivalent.
 
