@@ -47,7 +47,13 @@ fn texts() -> Vec<(&'static str, String)> {
     let w = world(2);
     let c = w.communicators();
     let x = Tensor::from_vec(vec![1.0f32; 4]);
-    let a = c[0].submit(Request::Gather { input: x.clone(), root: 0 }, &short(300));
+    let a = c[0].submit(
+        Request::Gather {
+            input: x.clone(),
+            root: 0,
+        },
+        &short(300),
+    );
     let b = c[1].submit(Request::Broadcast { tensor: x, root: 0 }, &short(10_000));
     out.push(("desync", a.wait().err().map(t).unwrap_or_default()));
     out.push(("aborted", b.wait().err().map(t).unwrap_or_default()));
@@ -98,7 +104,10 @@ fn texts() -> Vec<(&'static str, String)> {
     let c = w.communicators();
     let _ = c[0].broadcast(Tensor::from_vec(vec![1i32, 2, 3]), 0).wait();
     let _ = c[1].broadcast(Tensor::from_vec(vec![0i32; 4]), 0).wait();
-    out.push(("destroy", c[0].destroy().wait().err().map(t).unwrap_or_default()));
+    out.push((
+        "destroy",
+        c[0].destroy().wait().err().map(t).unwrap_or_default(),
+    ));
     drop(w);
 
     // Misuse.
@@ -123,10 +132,16 @@ fn texts() -> Vec<(&'static str, String)> {
         let c = w.communicators();
         let mut work = c[0].barrier();
         let waker = Waker::from(Arc::new(Boom));
-        let _ = Future::poll(std::pin::Pin::new(&mut work), &mut Context::from_waker(&waker));
+        let _ = Future::poll(
+            std::pin::Pin::new(&mut work),
+            &mut Context::from_waker(&waker),
+        );
         let _ = c[1].barrier().wait();
         let got = work.wait_timeout(Duration::from_secs(30));
-        out.push(("panic", got.and_then(Result::err).map(t).unwrap_or_default()));
+        out.push((
+            "panic",
+            got.and_then(Result::err).map(t).unwrap_or_default(),
+        ));
     }
 
     let store = MemoryStore::new();

@@ -446,8 +446,21 @@ impl Communicator {
     /// a timeout, a lost peer) that this rank learnt of after its calls had completed and
     /// that no call of it has returned — or `Ok`. Calls still in flight on the group fail
     /// with [`Error::Shutdown`], and the other members are told at once; later calls through
-    /// any handle of this group fail with [`Error::InvalidArgument`].
+    /// any handle of this group fail with [`Error::InvalidArgument`]. The group's NCCL
+    /// communicator, if it has one, is released (aborted) too.
     pub fn destroy(&self) -> Work<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(w) = self
+            .rank
+            .device
+            .worker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            // The group's NCCL communicator, if it has one, goes too.
+            w.release(self.group.info.id);
+        }
         let (done, work) = Work::pair(self.rank.rank_threads.clone(), Ok);
         self.rank.addr.do_send(Destroy {
             group: self.group.info.id,

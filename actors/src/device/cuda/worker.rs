@@ -56,6 +56,11 @@ pub(crate) enum Job {
         group: GroupId,
         k: u64,
     },
+    /// The group was destroyed on this rank: its communicator is released (aborted), its
+    /// calls in flight fail with `Shutdown`, and so do those still waiting their turn.
+    Release {
+        group: GroupId,
+    },
 }
 
 /// The rank's handle on its worker; dropping it lets the worker finish what it holds and
@@ -78,6 +83,11 @@ impl WorkerHandle {
 
     pub(crate) fn sender(&self) -> Sender<Job> {
         self.tx.clone()
+    }
+
+    /// Releases the group's NCCL state (see [`Job::Release`]).
+    pub(crate) fn release(&self, group: GroupId) {
+        let _ = self.tx.send(Job::Release { group });
     }
 }
 
@@ -156,6 +166,13 @@ impl Worker {
         let (group, k, call) = match job {
             Job::Call(c) => (c.group, c.k, Some(c)),
             Job::Skip { group, k } => (group, k, None),
+            Job::Release { group } => {
+                self.break_group(group, Error::Shutdown);
+                // Dropping the state drops the communicator (aborted) and the `done` of
+                // every call still waiting (each then completes with `Shutdown`).
+                self.groups.remove(&group);
+                return;
+            }
         };
         let g = self.groups.entry(group).or_insert_with(|| GroupState {
             next: 0,
