@@ -120,18 +120,11 @@ fn texts() -> Vec<(&'static str, String)> {
     // An executor whose waker panics.
     {
         use std::future::Future;
-        use std::sync::Arc;
-        use std::task::{Context, Wake, Waker};
-        struct Boom;
-        impl Wake for Boom {
-            fn wake(self: Arc<Self>) {
-                panic!("my executor is broken");
-            }
-        }
+        use std::task::Context;
         let w = world(2);
         let c = w.communicators();
         let mut work = c[0].barrier();
-        let waker = Waker::from(Arc::new(Boom));
+        let waker = common::panicking_waker();
         let _ = Future::poll(
             std::pin::Pin::new(&mut work),
             &mut Context::from_waker(&waker),

@@ -365,19 +365,12 @@ fn bad_arguments_fail_at_once_and_send_nothing() {
 #[test]
 fn a_panicking_waker_fails_its_call_not_the_rank() {
     use std::future::Future;
-    use std::sync::Arc;
-    use std::task::{Context, Wake, Waker};
+    use std::task::Context;
 
-    struct Boom;
-    impl Wake for Boom {
-        fn wake(self: Arc<Self>) {
-            panic!("my executor is broken");
-        }
-    }
     let w = world(2);
     let c = w.communicators();
     let mut work = c[0].barrier();
-    let waker = Waker::from(Arc::new(Boom));
+    let waker = common::panicking_waker();
     let mut cx = Context::from_waker(&waker);
     assert!(Future::poll(std::pin::Pin::new(&mut work), &mut cx).is_pending());
     // Rank 1 joins: rank 0's barrier completes, and its thread wakes the panicking waker.

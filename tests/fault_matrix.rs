@@ -62,35 +62,29 @@ fn run_rank(
             ))),
         }
     };
+    let finish = |c: &collectix::runtime::testing::faults::Call, started, w| {
+        let result = wait(w);
+        Timed {
+            on: c.on,
+            monitored: c.is_monitored_barrier(),
+            started,
+            ended: Instant::now(),
+            result,
+        }
+    };
     let program = s.program(r);
     if all_at_once {
         let works: Vec<_> = program.iter().map(|c| (c, issue(c))).collect();
         works
             .into_iter()
-            .map(|(c, (started, w))| {
-                let result = wait(w);
-                Timed {
-                    on: c.on,
-                    monitored: c.is_monitored_barrier(),
-                    started,
-                    ended: Instant::now(),
-                    result,
-                }
-            })
+            .map(|(c, (started, w))| finish(c, started, w))
             .collect()
     } else {
         program
             .iter()
             .map(|c| {
                 let (started, w) = issue(c);
-                let result = wait(w);
-                Timed {
-                    on: c.on,
-                    monitored: c.is_monitored_barrier(),
-                    started,
-                    ended: Instant::now(),
-                    result,
-                }
+                finish(c, started, w)
             })
             .collect()
     }

@@ -21,4 +21,15 @@ pub fn root(e: &Error) -> &Error {
     e.root_cause()
 }
 
+/// A waker whose `wake` panics with "my executor is broken" (a broken executor).
+pub fn panicking_waker() -> std::task::Waker {
+    struct Boom;
+    impl std::task::Wake for Boom {
+        fn wake(self: std::sync::Arc<Self>) {
+            panic!("my executor is broken");
+        }
+    }
+    std::task::Waker::from(std::sync::Arc::new(Boom))
+}
+
 pub mod device;
