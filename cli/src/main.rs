@@ -4,6 +4,8 @@
 //! ```text
 //! collectix bench --collective all_reduce --ranks 4 -b 4 -e 64M -f 4 -c 1
 //! collectix bench --device cuda -b 1M -e 1G -f 2          # with --features cuda
+//! collectix bench -b 4 -e 64M -f 4 --json now.json --plot now.svg --plot-with before.json
+//! collectix plot --out cmp.svg collectix.json mpi.json
 //! ```
 //!
 //! The method is the peers' (`bench/peers/`): a sample is the slowest rank's time for `K`
@@ -13,6 +15,7 @@
 //! the full (gathered) size, for reduce_scatter and scatter the full input.
 
 mod bench;
+mod plot;
 
 use bench::{count_wrong, flatten, Cell, Coll};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -38,6 +41,22 @@ struct Cli {
 enum Command {
     /// nccl-tests' table for one collective over a sweep of sizes.
     Bench(Args),
+    /// Draws busbw against size from `--json` files (collectix's, or peers' converted by
+    /// `bench/peers/side_by_side.py`) into one SVG.
+    Plot(PlotArgs),
+}
+
+#[derive(clap::Args)]
+struct PlotArgs {
+    /// The SVG file to write.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// The title.
+    #[arg(long, default_value = "busbw against size")]
+    title: String,
+    /// `--json` files; each line is labelled with its file's stem (or its rows' `source`).
+    #[arg(required = true)]
+    json: Vec<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -138,6 +157,13 @@ struct Args {
     /// Write every row as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Draw busbw against size into this SVG file: this run's rows, and those of the
+    /// `--plot-with` files beside them.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+    /// Earlier `--json` files to draw beside this run (repeat the flag for several).
+    #[arg(long = "plot-with", requires = "plot")]
+    plot_with: Vec<std::path::PathBuf>,
 }
 
 fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
@@ -432,10 +458,39 @@ fn run(a: &Args) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    let Command::Bench(args) = cli.command;
-    match run(&args) {
+/// This run's rows as points of a plot.
+fn points(rows: &[Row]) -> Vec<plot::Point> {
+    rows.iter()
+        .map(|r| plot::Point {
+            source: "this run".into(),
+            collective: r.collective.name().into(),
+            ranks: r.ranks as u64,
+            size: r.size as f64,
+            busbw: r.busbw_gbs,
+        })
+        .collect()
+}
+
+/// Draws this run and the earlier files it is to be compared with.
+fn plot_run(args: &Args, rows: &[Row]) -> std::result::Result<(), String> {
+    let Some(out) = &args.plot else {
+        return Ok(());
+    };
+    let mut pts = points(rows);
+    for f in &args.plot_with {
+        pts.extend(plot::load(f)?);
+    }
+    let title = format!(
+        "collectix bench: {}, {} ranks, {}",
+        args.collective.name(),
+        args.ranks,
+        args.dtype.dtype()
+    );
+    plot::draw(out, &title, &pts)
+}
+
+fn bench(args: &Args) -> std::process::ExitCode {
+    match run(args) {
         Ok(rows) => {
             if let Some(path) = &args.json {
                 let text = serde_json::to_string_pretty(&rows).unwrap_or_default();
@@ -443,6 +498,10 @@ fn main() -> std::process::ExitCode {
                     eprintln!("collectix: cannot write {}: {e}", path.display());
                     return std::process::ExitCode::FAILURE;
                 }
+            }
+            if let Err(e) = plot_run(args, &rows) {
+                eprintln!("collectix: cannot plot: {e}");
+                return std::process::ExitCode::FAILURE;
             }
             if rows.iter().any(|r| r.wrong.is_some_and(|w| w > 0)) {
                 eprintln!("collectix: wrong results");
@@ -453,6 +512,23 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             eprintln!("collectix: {e}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    match Cli::parse().command {
+        Command::Bench(args) => bench(&args),
+        Command::Plot(p) => {
+            let pts: std::result::Result<Vec<_>, String> =
+                p.json.iter().map(|f| plot::load(f)).collect();
+            match pts.and_then(|pts| plot::draw(&p.out, &p.title, &pts.concat())) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("collectix: cannot plot: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
         }
     }
 }
