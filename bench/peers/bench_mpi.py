@@ -167,7 +167,7 @@ def main():
         args.iters, 20, lat, 2000))
     rows.append(("lat_barrier", "Barrier", 0) + time_samples(comm, comm.Barrier, args.iters, 20, lat, 2000))
     perop = []
-    for nbytes in (4, 4 * KiB):
+    for nbytes in ((4, 4 * KiB) if args.per_op > 0 else ()):
         a = np.ones(nbytes // 4, np.float32)
         b = np.empty_like(a)
         for _ in range(20):

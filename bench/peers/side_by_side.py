@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""collectix and Open MPI side by side, in one run, alternately; prints a comparison table
+with ratios and keeps both tools' raw output.
+
+  python3 bench/peers/side_by_side.py                       # W=2,4; 4 B, 1 MiB, 16 MiB, 64 MiB
+  python3 bench/peers/side_by_side.py --ranks 2 --sizes 1M --collectives all_reduce --rounds 1
+
+Every later performance claim of collectix comes from this script (issue 10). What it runs:
+- `collectix bench` (target/release/collectix; built if missing): the in-process world, one
+  invocation per (ranks, collective, size), `-n ITERS`, with its correctness check on;
+- `bench_mpi.py` under `mpirun` (Open MPI over shared memory: its default ob1 + vader on one
+  host), one `mpirun` per ranks value, every collective and size at once.
+Rounds alternate the order (collectix first, then MPI first, ...), so that a drift of the
+machine's load over the run hits both. Both use the same method: a sample is the slowest
+rank's time for K back-to-back blocking calls after a barrier, K calibrated so a sample lasts
+about 5 ms; the figure is the median over ITERS samples; per cell, the median over rounds.
+Sizes follow nccl-tests (for all_gather, gather and all_to_all the gathered size; for
+reduce_scatter and scatter the full input), in float32; sizes that do not split into the ranks
+are skipped by both.
+
+Output: OUT (default /tmp/collectix-side-by-side/<UTC stamp>/): raw/ (every invocation's
+stdout, collectix's --json rows, MPI's CSV), compare.md (the table), compare.json, mpi_W*.json
+(MPI's rows in collectix's --json format) and plot_<collective>.svg (busbw against size, both
+tools, every W; drawn by `collectix plot`).
+
+Needs: mpirun and mpi4py + numpy for /usr/bin/python3 (Debian: openmpi-bin python3-mpi4py
+python3-numpy; `--install` runs apt-get for them).
+"""
+import argparse
+import csv
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+BOTH = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather",
+        "scatter", "all_to_all", "send_recv", "barrier"]
+PY = "/usr/bin/python3"
+
+
+def parse_size(s):
+    s = s.strip()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:].upper(), 1)
+    return int(s[:-1] if mult > 1 else s) * mult
+
+
+def fmt_size(b):
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if b >= unit and b % unit == 0:
+            return f"{b // unit} {name}"
+    return f"{b} B"
+
+
+def run(cmd, log, timeout):
+    """Runs cmd, its stdout to `log` (and stderr beside it); False if it failed."""
+    with open(log, "w") as out, open(log + ".err", "w") as err:
+        try:
+            p = subprocess.run(cmd, stdout=out, stderr=err, timeout=timeout, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            print(f"  timed out: {' '.join(cmd)}", flush=True)
+            return False
+    if p.returncode != 0:
+        print(f"  failed ({p.returncode}): {' '.join(cmd)} (see {log}.err)", flush=True)
+    return p.returncode == 0
+
+
+def collectix_round(args, exe, w, r, raw):
+    """One round of collectix: every (collective, size) for `w` ranks. Rows by (coll, size)."""
+    rows = {}
+    for coll in args.collectives:
+        sizes = [4] if coll == "barrier" else args.sizes
+        for s in sizes:
+            base = os.path.join(raw, f"collectix_W{w}_{coll}_{s}_r{r}")
+            cmd = [exe, "bench", "--collective", coll, "--ranks", str(w), "-b", str(s),
+                   "-e", str(s), "-n", str(args.iters), "-c", "1", "--json", base + ".json"]
+            if not run(cmd, base + ".txt", args.timeout):
+                continue
+            with open(base + ".json") as f:
+                for row in json.load(f):
+                    if row.get("wrong"):
+                        print(f"  WRONG results: {base}.txt", flush=True)
+                    rows[(coll, s)] = row
+    return rows
+
+
+def mpi_round(args, w, r, raw):
+    """One round of Open MPI for `w` ranks: every collective and size in one mpirun."""
+    base = os.path.join(raw, f"mpi_W{w}_r{r}")
+    ops = [c for c in args.collectives if c != "barrier"]
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(w), PY,
+           os.path.join(HERE, "bench_mpi.py"), "--label", "mpi-shm", "--iters", str(args.iters),
+           "--per-op", "0", "--csv", base + ".csv", "--sizes"] + [str(s) for s in args.sizes]
+    cmd += ["--ops"] + ops if ops else []
+    rows = {}
+    if not run(cmd, base + ".txt", args.timeout * 20):
+        return rows
+    with open(base + ".csv") as f:
+        for row in csv.DictReader(f):
+            op, size = row["op"], int(row["bytes"])
+            if op == "lat_barrier":
+                op, size = "barrier", 4
+            elif op.startswith("lat_"):
+                continue
+            rows[(op, size)] = {"time_us": float(row["median_us"]),
+                                "busbw_gbs": float(row["busbw_GBps"]) if op != "barrier" else 0.0}
+    return rows
+
+
+def median_of(samples, key):
+    vals = [s[key] for s in samples if s.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--sizes", nargs="+", default=["4", "1M", "16M", "64M"])
+    ap.add_argument("--collectives", nargs="+", default=BOTH, choices=BOTH)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=10, help="samples per cell (median)")
+    ap.add_argument("--timeout", type=int, default=120, help="seconds per collectix invocation")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--collectix", default=os.path.join(ROOT, "target", "release", "collectix"))
+    ap.add_argument("--install", action="store_true", help="apt-get Open MPI and mpi4py if missing")
+    args = ap.parse_args()
+    args.sizes = [parse_size(s) for s in args.sizes]
+
+    if args.install and (shutil.which("mpirun") is None or subprocess.run(
+            [PY, "-c", "import mpi4py, numpy"], capture_output=True).returncode != 0):
+        subprocess.run(["apt-get", "update", "-q"], check=False)
+        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends",
+                        "openmpi-bin", "libopenmpi-dev", "python3-mpi4py", "python3-numpy"],
+                       check=True, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    if shutil.which("mpirun") is None:
+        sys.exit("mpirun not found: install Open MPI (openmpi-bin python3-mpi4py python3-numpy) "
+                 "or pass --install")
+    if not os.path.exists(args.collectix):
+        subprocess.run(["cargo", "build", "--release", "-p", "collectix-cli"], cwd=ROOT, check=True)
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or os.path.join("/tmp/collectix-side-by-side", stamp)
+    raw = os.path.join(out, "raw")
+    os.makedirs(raw, exist_ok=True)
+    versions = {
+        "collectix": subprocess.run([args.collectix, "--version"], capture_output=True,
+                                    text=True).stdout.strip(),
+        "mpirun": subprocess.run(["mpirun", "--version"], capture_output=True,
+                                 text=True).stdout.splitlines()[0],
+        "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=ROOT).stdout.strip(),
+        "nproc": os.cpu_count(),
+    }
+    print(f"# side by side: {versions}; out {out}", flush=True)
+
+    results = {"collectix": {}, "mpi": {}}  # tool -> (w, coll, size) -> [rows]
+    for r in range(1, args.rounds + 1):
+        order = ["collectix", "mpi"] if r % 2 else ["mpi", "collectix"]
+        for w in args.ranks:
+            for tool in order:
+                print(f"round {r}, W={w}: {tool}", flush=True)
+                rows = (collectix_round(args, args.collectix, w, r, raw) if tool == "collectix"
+                        else mpi_round(args, w, r, raw))
+                for (coll, s), row in rows.items():
+                    results[tool].setdefault((w, coll, s), []).append(row)
+
+    table = []
+    for w in args.ranks:
+        for coll in args.collectives:
+            for s in ([4] if coll == "barrier" else args.sizes):
+                c = results["collectix"].get((w, coll, s), [])
+                m = results["mpi"].get((w, coll, s), [])
+                if not c or not m:
+                    continue
+                ct, mt = median_of(c, "time_us"), median_of(m, "time_us")
+                table.append({
+                    "collective": coll, "ranks": w, "size": s,
+                    "collectix_us": ct, "mpi_us": mt,
+                    "collectix_busbw": median_of(c, "busbw_gbs"), "mpi_busbw": median_of(m, "busbw_gbs"),
+                    "mpi_over_collectix": mt / ct if ct else None,
+                    "rounds": min(len(c), len(m)),
+                })
+
+    lines = [
+        f"{versions['collectix']} (git {versions['git']}) against {versions['mpirun']} "
+        f"(shared memory), {versions['nproc']} cores; median of {args.iters} samples, then of "
+        f"{args.rounds} alternating rounds. Ratio = MPI's time / collectix's (above 1: collectix "
+        f"is faster).",
+        "",
+        "| collective | W | size | collectix (µs) | Open MPI (µs) | ratio | collectix busbw (GB/s) | Open MPI busbw (GB/s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for t in table:
+        size = "—" if t["collective"] == "barrier" else fmt_size(t["size"])
+        bw = lambda v: "—" if t["collective"] == "barrier" or v is None else f"{v:.3f}"
+        lines.append(f"| {t['collective']} | {t['ranks']} | {size} | {t['collectix_us']:.1f} | "
+                     f"{t['mpi_us']:.1f} | {t['mpi_over_collectix']:.2f} | {bw(t['collectix_busbw'])} | "
+                     f"{bw(t['mpi_busbw'])} |")
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(out, "compare.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(out, "compare.json"), "w") as f:
+        json.dump({"versions": versions, "rows": table}, f, indent=1)
+
+    # MPI's medians in collectix's --json format, and the plots.
+    for tool in ("collectix", "mpi"):
+        for w in args.ranks:
+            rows = [{"source": f"{tool} W={w}" if tool == "mpi" else f"collectix W={w}",
+                     "collective": coll, "ranks": ww, "size": s,
+                     "busbw_gbs": median_of(v, "busbw_gbs") or 0.0}
+                    for (ww, coll, s), v in results[tool].items() if ww == w]
+            with open(os.path.join(out, f"{tool}_W{w}.json"), "w") as f:
+                json.dump(rows, f)
+    for coll in args.collectives:
+        if coll == "barrier":
+            continue
+        files = []
+        for tool in ("collectix", "mpi"):
+            for w in args.ranks:
+                rows = [x for x in json.load(open(os.path.join(out, f"{tool}_W{w}.json")))
+                        if x["collective"] == coll]
+                p = os.path.join(out, f"{tool}_W{w}_{coll}.json")
+                with open(p, "w") as f:
+                    json.dump(rows, f)
+                files.append(p)
+        subprocess.run([args.collectix, "plot", "--out", os.path.join(out, f"plot_{coll}.svg"),
+                        "--title", f"{coll}: collectix (in-process) and Open MPI (shared memory)"]
+                       + files, check=False)
+    print(f"# written: {out}/compare.md, compare.json, raw/, plot_*.svg")
+
+
+if __name__ == "__main__":
+    main()
