@@ -210,7 +210,7 @@ def main():
     # MPI's medians in collectix's --json format, and the plots.
     for tool in ("collectix", "mpi"):
         for w in args.ranks:
-            rows = [{"source": f"{tool} W={w}" if tool == "mpi" else f"collectix W={w}",
+            rows = [{"source": "Open MPI (shm)" if tool == "mpi" else "collectix",
                      "collective": coll, "ranks": ww, "size": s,
                      "busbw_gbs": median_of(v, "busbw_gbs") or 0.0}
                     for (ww, coll, s), v in results[tool].items() if ww == w]

@@ -123,6 +123,7 @@ pub(crate) fn draw(path: &Path, title: &str, points: &[Point]) -> Result<(), Str
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
         .margin(12)
+        .margin_right(36)
         .x_label_area_size(40)
         .y_label_area_size(56)
         .build_cartesian_2d(
