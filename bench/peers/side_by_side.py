@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""collectix and Open MPI side by side, in one run, alternately; prints a comparison table
-with ratios and keeps both tools' raw output.
+"""collectix and its peers (Open MPI; torch.distributed on Gloo with --peers mpi gloo) side
+by side, in one run, alternately; prints a comparison table with ratios and keeps every
+tool's raw output.
 
   python3 bench/peers/side_by_side.py                       # W=2,4; 4 B, 1 MiB, 16 MiB, 64 MiB
   python3 bench/peers/side_by_side.py --ranks 2 --sizes 1M --collectives all_reduce --rounds 1
+  python3 bench/peers/side_by_side.py --peers mpi gloo      # torch.distributed on Gloo too
 
 Every later performance claim of collectix comes from this script (issue 10). What it runs:
 - `collectix bench` (target/release/collectix; built if missing): the in-process world, one
@@ -88,19 +90,13 @@ def collectix_round(args, exe, w, r, raw):
     return rows
 
 
-def mpi_round(args, w, r, raw):
-    """One round of Open MPI for `w` ranks: every collective and size in one mpirun."""
-    base = os.path.join(raw, f"mpi_W{w}_r{r}")
-    ops = [c for c in args.collectives if c != "barrier"]
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(w), PY,
-           os.path.join(HERE, "bench_mpi.py"), "--label", "mpi-shm", "--iters", str(args.iters),
-           "--per-op", "0", "--csv", base + ".csv", "--sizes"] + [str(s) for s in args.sizes]
-    cmd += ["--ops"] + ops if ops else []
+def read_peer_csv(path, label):
+    """A peer script's CSV rows by (op, size); its barrier latency row as ("barrier", 4)."""
     rows = {}
-    if not run(cmd, base + ".txt", args.timeout * 20):
-        return rows
-    with open(base + ".csv") as f:
+    with open(path) as f:
         for row in csv.DictReader(f):
+            if row["label"] != label or not row["median_us"]:
+                continue  # another label, or UNSUPPORTED
             op, size = row["op"], int(row["bytes"])
             if op == "lat_barrier":
                 op, size = "barrier", 4
@@ -109,6 +105,33 @@ def mpi_round(args, w, r, raw):
             rows[(op, size)] = {"time_us": float(row["median_us"]),
                                 "busbw_gbs": float(row["busbw_GBps"]) if op != "barrier" else 0.0}
     return rows
+
+
+def gloo_round(args, w, r, raw):
+    """One round of torch.distributed on Gloo for `w` ranks (one spawn of W processes)."""
+    base = os.path.join(raw, f"gloo_W{w}_r{r}")
+    ops = [c for c in args.collectives if c != "barrier"]
+    cmd = [PY, os.path.join(HERE, "bench_torch_gloo.py"), "--label", "torch-gloo",
+           "--worlds", str(w), "--iters", str(args.iters), "--per-op", "0",
+           "--port", str(29600 + 10 * r + w), "--csv", base + ".csv",
+           "--sizes"] + [str(s) for s in args.sizes]
+    cmd += ["--ops"] + ops if ops else []
+    if not run(cmd, base + ".txt", args.timeout * 20):
+        return {}
+    return read_peer_csv(base + ".csv", "torch-gloo")
+
+
+def mpi_round(args, w, r, raw):
+    """One round of Open MPI for `w` ranks: every collective and size in one mpirun."""
+    base = os.path.join(raw, f"mpi_W{w}_r{r}")
+    ops = [c for c in args.collectives if c != "barrier"]
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(w), PY,
+           os.path.join(HERE, "bench_mpi.py"), "--label", "mpi-shm", "--iters", str(args.iters),
+           "--per-op", "0", "--csv", base + ".csv", "--sizes"] + [str(s) for s in args.sizes]
+    cmd += ["--ops"] + ops if ops else []
+    if not run(cmd, base + ".txt", args.timeout * 20):
+        return {}
+    return read_peer_csv(base + ".csv", "mpi-shm")
 
 
 def median_of(samples, key):
@@ -126,19 +149,26 @@ def main():
     ap.add_argument("--timeout", type=int, default=120, help="seconds per collectix invocation")
     ap.add_argument("--out", default=None)
     ap.add_argument("--collectix", default=os.path.join(ROOT, "target", "release", "collectix"))
-    ap.add_argument("--install", action="store_true", help="apt-get Open MPI and mpi4py if missing")
+    ap.add_argument("--peers", nargs="+", default=["mpi"], choices=["mpi", "gloo"],
+                    help="gloo: torch.distributed on Gloo (Debian python3-torch), slower to run")
+    ap.add_argument("--install", action="store_true",
+                    help="apt-get Open MPI, mpi4py (and python3-torch with --peers gloo) if missing")
     args = ap.parse_args()
     args.sizes = [parse_size(s) for s in args.sizes]
 
-    if args.install and (shutil.which("mpirun") is None or subprocess.run(
-            [PY, "-c", "import mpi4py, numpy"], capture_output=True).returncode != 0):
+    pkgs = ["openmpi-bin", "libopenmpi-dev", "python3-mpi4py", "python3-numpy"]
+    probe = "import mpi4py, numpy"
+    if "gloo" in args.peers:
+        pkgs.append("python3-torch")
+        probe += ", torch"
+    have = shutil.which("mpirun") is not None and subprocess.run(
+        [PY, "-c", probe], capture_output=True).returncode == 0
+    if args.install and not have:
         subprocess.run(["apt-get", "update", "-q"], check=False)
-        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends",
-                        "openmpi-bin", "libopenmpi-dev", "python3-mpi4py", "python3-numpy"],
+        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends"] + pkgs,
                        check=True, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-    if shutil.which("mpirun") is None:
-        sys.exit("mpirun not found: install Open MPI (openmpi-bin python3-mpi4py python3-numpy) "
-                 "or pass --install")
+    elif not have:
+        sys.exit(f"missing peers: install {' '.join(pkgs)} (Debian) or pass --install")
     if not os.path.exists(args.collectix):
         subprocess.run(["cargo", "build", "--release", "-p", "collectix-cli"], cwd=ROOT, check=True)
 
@@ -157,49 +187,63 @@ def main():
     }
     print(f"# side by side: {versions}; out {out}", flush=True)
 
-    results = {"collectix": {}, "mpi": {}}  # tool -> (w, coll, size) -> [rows]
+    tools = ["collectix"] + args.peers
+    names = {"collectix": "collectix", "mpi": "Open MPI", "gloo": "torch Gloo"}
+    rounds = {"collectix": lambda w, r: collectix_round(args, args.collectix, w, r, raw),
+              "mpi": lambda w, r: mpi_round(args, w, r, raw),
+              "gloo": lambda w, r: gloo_round(args, w, r, raw)}
+    results = {t: {} for t in tools}  # tool -> (w, coll, size) -> [rows]
     for r in range(1, args.rounds + 1):
-        order = ["collectix", "mpi"] if r % 2 else ["mpi", "collectix"]
+        # Alternate: each round starts with the tool after the one the last round started with.
+        order = tools[(r - 1) % len(tools):] + tools[:(r - 1) % len(tools)]
         for w in args.ranks:
             for tool in order:
                 print(f"round {r}, W={w}: {tool}", flush=True)
-                rows = (collectix_round(args, args.collectix, w, r, raw) if tool == "collectix"
-                        else mpi_round(args, w, r, raw))
-                for (coll, s), row in rows.items():
+                for (coll, s), row in rounds[tool](w, r).items():
                     results[tool].setdefault((w, coll, s), []).append(row)
 
     table = []
     for w in args.ranks:
         for coll in args.collectives:
             for s in ([4] if coll == "barrier" else args.sizes):
-                c = results["collectix"].get((w, coll, s), [])
-                m = results["mpi"].get((w, coll, s), [])
-                if not c or not m:
+                got = {t: results[t].get((w, coll, s), []) for t in tools}
+                if not got["collectix"] or not any(got[p] for p in args.peers):
                     continue
-                ct, mt = median_of(c, "time_us"), median_of(m, "time_us")
-                table.append({
-                    "collective": coll, "ranks": w, "size": s,
-                    "collectix_us": ct, "mpi_us": mt,
-                    "collectix_busbw": median_of(c, "busbw_gbs"), "mpi_busbw": median_of(m, "busbw_gbs"),
-                    "mpi_over_collectix": mt / ct if ct else None,
-                    "rounds": min(len(c), len(m)),
-                })
+                row = {"collective": coll, "ranks": w, "size": s}
+                ct = median_of(got["collectix"], "time_us")
+                for t in tools:
+                    row[f"{t}_us"] = median_of(got[t], "time_us")
+                    row[f"{t}_busbw"] = median_of(got[t], "busbw_gbs")
+                    if t != "collectix":
+                        pt = row[f"{t}_us"]
+                        row[f"{t}_over_collectix"] = pt / ct if pt and ct else None
+                table.append(row)
 
+    peers_text = ", ".join(
+        versions["mpirun"] + " (shared memory)" if p == "mpi" else "torch.distributed on Gloo (loopback TCP)"
+        for p in args.peers)
+    head = ["collective", "W", "size", "collectix (µs)"]
+    for p in args.peers:
+        head += [f"{names[p]} (µs)", f"ratio {names[p]}"]
+    head += ["collectix busbw"] + [f"{names[p]} busbw" for p in args.peers]
     lines = [
-        f"{versions['collectix']} (git {versions['git']}) against {versions['mpirun']} "
-        f"(shared memory), {versions['nproc']} cores; median of {args.iters} samples, then of "
-        f"{args.rounds} alternating rounds. Ratio = MPI's time / collectix's (above 1: collectix "
-        f"is faster).",
+        f"{versions['collectix']} (git {versions['git']}) against {peers_text}; "
+        f"{versions['nproc']} cores; median of {args.iters} samples, then of {args.rounds} "
+        f"alternating rounds. Ratio = the peer's time / collectix's (above 1: collectix is "
+        f"faster). busbw in GB/s.",
         "",
-        "| collective | W | size | collectix (µs) | Open MPI (µs) | ratio | collectix busbw (GB/s) | Open MPI busbw (GB/s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
     ]
+    num = lambda v, f: "—" if v is None else format(v, f)
     for t in table:
-        size = "—" if t["collective"] == "barrier" else fmt_size(t["size"])
-        bw = lambda v: "—" if t["collective"] == "barrier" or v is None else f"{v:.3f}"
-        lines.append(f"| {t['collective']} | {t['ranks']} | {size} | {t['collectix_us']:.1f} | "
-                     f"{t['mpi_us']:.1f} | {t['mpi_over_collectix']:.2f} | {bw(t['collectix_busbw'])} | "
-                     f"{bw(t['mpi_busbw'])} |")
+        barrier = t["collective"] == "barrier"
+        cells = [t["collective"], str(t["ranks"]), "—" if barrier else fmt_size(t["size"]),
+                 num(t["collectix_us"], ".1f")]
+        for p in args.peers:
+            cells += [num(t[f"{p}_us"], ".1f"), num(t[f"{p}_over_collectix"], ".2f")]
+        cells += ["—" if barrier else num(t[f"{tl}_busbw"], ".3f") for tl in tools]
+        lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(out, "compare.md"), "w") as f:
@@ -207,10 +251,11 @@ def main():
     with open(os.path.join(out, "compare.json"), "w") as f:
         json.dump({"versions": versions, "rows": table}, f, indent=1)
 
-    # MPI's medians in collectix's --json format, and the plots.
-    for tool in ("collectix", "mpi"):
+    # Each tool's medians in collectix's --json format, and the plots.
+    label = {"collectix": "collectix", "mpi": "Open MPI (shm)", "gloo": "torch Gloo"}
+    for tool in tools:
         for w in args.ranks:
-            rows = [{"source": "Open MPI (shm)" if tool == "mpi" else "collectix",
+            rows = [{"source": label[tool],
                      "collective": coll, "ranks": ww, "size": s,
                      "busbw_gbs": median_of(v, "busbw_gbs") or 0.0}
                     for (ww, coll, s), v in results[tool].items() if ww == w]
@@ -220,7 +265,7 @@ def main():
         if coll == "barrier":
             continue
         files = []
-        for tool in ("collectix", "mpi"):
+        for tool in tools:
             for w in args.ranks:
                 rows = [x for x in json.load(open(os.path.join(out, f"{tool}_W{w}.json")))
                         if x["collective"] == coll]
@@ -228,9 +273,9 @@ def main():
                 with open(p, "w") as f:
                     json.dump(rows, f)
                 files.append(p)
+        title = f"{coll}: collectix (in-process) and " + ", ".join(label[p] for p in args.peers)
         subprocess.run([args.collectix, "plot", "--out", os.path.join(out, f"plot_{coll}.svg"),
-                        "--title", f"{coll}: collectix (in-process) and Open MPI (shared memory)"]
-                       + files, check=False)
+                        "--title", title] + files, check=False)
     print(f"# written: {out}/compare.md, compare.json, raw/, plot_*.svg")
 
 
