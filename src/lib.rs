@@ -82,7 +82,8 @@ pub use collectix_runtime as runtime;
 
 pub use collectix_actors::device;
 pub use collectix_actors::{
-    Communicator, DeviceBackend, MemoryStore, P2POp, Store, TensorDeviceExt, Work, World,
+    Communicator, DeviceBackend, MemoryStore, P2POp, PrefixStore, Store, TcpStore, TcpStoreServer,
+    TensorDeviceExt, Work, World,
 };
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{

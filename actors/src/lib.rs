@@ -47,6 +47,6 @@ pub mod world;
 
 pub use comm::{Communicator, P2POp};
 pub use device::{DeviceBackend, TensorDeviceExt};
-pub use store::{MemoryStore, Store};
+pub use store::{MemoryStore, PrefixStore, Store, TcpStore, TcpStoreServer};
 pub use work::Work;
 pub use world::World;

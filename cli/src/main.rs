@@ -1,5 +1,6 @@
-//! `collectix`: the command-line tool of collectix. Its first subcommand, `bench`, prints
-//! nccl-tests' table for a collective over a size sweep, with a correctness check.
+//! `collectix`: the command-line tool of collectix. `bench` prints nccl-tests' table for a
+//! collective over a size sweep, with a correctness check; `plot` draws `--json` rows; `store`
+//! runs a TCP store server for multi-process jobs.
 //!
 //! ```text
 //! collectix bench --collective all_reduce --ranks 4 -b 4 -e 64M -f 4 -c 1
@@ -41,9 +42,22 @@ struct Cli {
 enum Command {
     /// nccl-tests' table for one collective over a sweep of sizes.
     Bench(Args),
+    /// Runs a TCP store server (the rendezvous of multi-process jobs) until interrupted.
+    Store(StoreArgs),
     /// Draws busbw against size from `--json` files (collectix's, or peers' converted by
     /// `bench/peers/side_by_side.py`) into one SVG.
     Plot(PlotArgs),
+}
+
+#[derive(clap::Args)]
+struct StoreArgs {
+    /// The port to listen on.
+    #[arg(long, default_value_t = 29500)]
+    port: u16,
+    /// The address to listen on: `::` (every IPv6 and, on a dual-stack host, IPv4 address),
+    /// `0.0.0.0`, or one address.
+    #[arg(long, default_value = "::")]
+    host: String,
 }
 
 #[derive(clap::Args)]
@@ -519,6 +533,28 @@ fn bench(args: &Args) -> std::process::ExitCode {
 fn main() -> std::process::ExitCode {
     match Cli::parse().command {
         Command::Bench(args) => bench(&args),
+        Command::Store(a) => {
+            let ip: std::net::IpAddr = match a.host.parse() {
+                Ok(ip) => ip,
+                Err(e) => {
+                    eprintln!("collectix: --host {}: {e}", a.host);
+                    return std::process::ExitCode::FAILURE;
+                }
+            };
+            match collectix::TcpStoreServer::bind((ip, a.port)) {
+                Ok(server) => {
+                    println!("collectix store: serving on {}", server.local_addr());
+                    // Serves until the process is interrupted.
+                    loop {
+                        std::thread::park();
+                    }
+                }
+                Err(e) => {
+                    eprintln!("collectix: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
         Command::Plot(p) => {
             let pts: std::result::Result<Vec<_>, String> =
                 p.json.iter().map(|f| plot::load(f)).collect();

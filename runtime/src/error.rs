@@ -216,7 +216,8 @@ pub enum DeviceError {
 ///   [`Protocol`](Error::Protocol), [`Remote`](Error::Remote);
 /// - the group failed, for any of these reasons: [`GroupAborted`](Error::GroupAborted);
 /// - stopping: [`Shutdown`](Error::Shutdown);
-/// - the system: [`Resource`](Error::Resource), [`Device`](Error::Device);
+/// - the system: [`Resource`](Error::Resource), [`Device`](Error::Device),
+///   [`Store`](Error::Store);
 /// - your code that collectix ran: [`Panic`](Error::Panic),
 ///   [`Serialization`](Error::Serialization);
 /// - a bug in collectix: [`Internal`](Error::Internal).
@@ -385,6 +386,12 @@ pub enum Error {
         /// How long, in milliseconds.
         waited_ms: u64,
     },
+    /// The store failed in a way that is not a timeout: it cannot be listened on, it is not
+    /// a collectix store (or speaks another version), it answered something malformed, or
+    /// the connection broke during a request whose effect is then unknown (`add`). The text
+    /// says which; check the store's address and that every process runs the same collectix.
+    #[error("store: {0}")]
+    Store(String),
     /// Another rank aborted the group because one of its calls failed with an error that
     /// concerns that rank only (a device failure, a panic in its code): `text` is that
     /// error as the rank reported it. Look at that rank's own error for the detail.
@@ -475,7 +482,7 @@ mod tests {
             | Error::Remote { .. } => "peer",
             Error::GroupAborted { .. } => "group",
             Error::Shutdown => "shutdown",
-            Error::Resource(_) | Error::Device(_) => "system",
+            Error::Resource(_) | Error::Device(_) | Error::Store(_) => "system",
             Error::Panic(_) | Error::Serialization(_) => "user code",
             Error::Internal(_) => "internal",
         }
@@ -549,6 +556,9 @@ mod tests {
                 what: "rank/3".into(),
                 waited_ms: 30_000,
             },
+            Error::Store(
+                "127.0.0.1:29500 answered the hello with Done: not a collectix store".into(),
+            ),
             Error::Remote {
                 rank: 2,
                 text: "device: no CUDA device 3 (this machine has 1)".into(),
@@ -560,12 +570,12 @@ mod tests {
     #[test]
     fn every_variant_says_in_one_line_who_is_at_fault() {
         let all = every_variant();
-        // Every variant once (18 of them: `class` lists them all, without a wildcard).
+        // Every variant once (19 of them: `class` lists them all, without a wildcard).
         let kinds: std::collections::BTreeSet<String> = all
             .iter()
             .map(|e| format!("{:?}", std::mem::discriminant(e)))
             .collect();
-        assert_eq!((kinds.len(), all.len()), (18, 18));
+        assert_eq!((kinds.len(), all.len()), (19, 19));
         for e in &all {
             let text = e.to_string();
             assert!(!text.is_empty() && !text.contains('\n'), "{e:?}: {text:?}");

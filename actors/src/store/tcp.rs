@@ -1,0 +1,587 @@
+//! The TCP store: [`TcpStoreServer`] serves a [`Table`] to any number of [`TcpStore`]
+//! clients, one thread per connection (a rendezvous has one connection per process, and a
+//! `get` or `wait` holds its connection's thread while it waits).
+//!
+//! A client that sends something that is not the protocol (a wrong hello, a frame above the
+//! limit, bytes that do not decode), or disconnects mid-request, is dropped with a logged
+//! reason; the server keeps serving the others. A client reconnects by itself when its
+//! connection broke, and repeats the request if it was idempotent (not `add` or
+//! `compare_set`, whose effect is then unknown: that is an error saying so).
+
+use super::proto::{self, Failure, FrameError, Request, Response, MAGIC, VERSION};
+use super::{Store, Table};
+use collectix_runtime::{Error, Result};
+use std::collections::HashMap;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How much longer than a request's own wait a client waits for the answer before it
+/// calls the connection broken.
+const ANSWER_SLACK: Duration = Duration::from_secs(30);
+
+/// A TCP store server (torch's `TCPStore` with `is_master=True`). It stops when dropped or
+/// [`shutdown`](TcpStoreServer::shutdown).
+pub struct TcpStoreServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
+}
+
+impl TcpStoreServer {
+    /// Listens on `addr` (`"0.0.0.0:29500"`, `"[::]:29500"`, port 0 for any free port) and
+    /// starts serving.
+    pub fn bind(addr: impl ToSocketAddrs + std::fmt::Debug) -> Result<TcpStoreServer> {
+        let listener = TcpListener::bind(&addr)
+            .map_err(|e| Error::Store(format!("cannot listen on {addr:?}: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Store(format!("no local address: {e}")))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<HashMap<u64, TcpStream>>> = Arc::default();
+        let table = Arc::new(Table::default());
+        let (s, c) = (stop.clone(), conns.clone());
+        let accept = std::thread::Builder::new()
+            .name("collectix-store".into())
+            .spawn(move || accept_loop(listener, table, s, c))
+            .map_err(|e| Error::Resource(format!("cannot start the store's thread: {e}")))?;
+        tracing::debug!(addr = %local, "store serving");
+        Ok(TcpStoreServer {
+            addr: local,
+            stop,
+            accept: Some(accept),
+            conns,
+        })
+    }
+
+    /// The address it listens on (with the port chosen, if 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// An address a client on this host can connect to: the listening address, with a
+    /// wildcard (`0.0.0.0`, `::`) replaced by the loopback of its family.
+    pub fn connect_addr(&self) -> SocketAddr {
+        let mut a = self.addr;
+        if a.ip().is_unspecified() {
+            a.set_ip(if a.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
+        a
+    }
+
+    /// Stops listening and closes every connection.
+    pub fn shutdown(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        if self.stop.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Wake the accept loop with a connection of our own.
+        let _ = TcpStream::connect_timeout(&self.connect_addr(), Duration::from_secs(1));
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        for (_, c) in self.conns.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for TcpStoreServer {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    table: Arc<Table>,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
+) {
+    let next = AtomicU64::new(0);
+    for stream in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "store: accept failed");
+                continue;
+            }
+        };
+        let id = next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(c) = stream.try_clone() {
+            conns
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, c);
+        }
+        let (table, conns) = (table.clone(), conns.clone());
+        let spawned = std::thread::Builder::new()
+            .name("collectix-store-conn".into())
+            .spawn(move || {
+                serve(stream, &table);
+                conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "store: cannot start a connection's thread; dropping it");
+        }
+    }
+}
+
+/// Serves one client until it closes or breaks the protocol.
+fn serve(mut s: TcpStream, table: &Table) {
+    let peer = s
+        .peer_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let _ = s.set_nodelay(true);
+    let drop_client = |why: String| {
+        tracing::warn!(client = %peer, reason = %why, "store: client dropped");
+    };
+    match proto::read::<Request>(&mut s) {
+        Ok(Some(Request::Hello { magic, version })) if magic == MAGIC && version == VERSION => {
+            if proto::write(&mut s, &Response::Done).is_err() {
+                return;
+            }
+        }
+        Ok(Some(Request::Hello { magic, version })) if magic == MAGIC => {
+            let why = format!("store protocol version {version}; this server speaks {VERSION}");
+            let _ = proto::write(&mut s, &Response::Failed(Failure::Invalid(why.clone())));
+            return drop_client(why);
+        }
+        Ok(Some(other)) => return drop_client(format!("{other:?} before the hello")),
+        Ok(None) => return,
+        Err(e) => return drop_client(e.to_string()),
+    }
+    loop {
+        let req = match proto::read::<Request>(&mut s) {
+            Ok(Some(r)) => r,
+            Ok(None) => return,
+            Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return drop_client("closed in the middle of a request".into())
+            }
+            Err(e) => return drop_client(e.to_string()),
+        };
+        let answer = handle(table, req);
+        if let Err(e) = proto::write(&mut s, &answer) {
+            return drop_client(format!("cannot answer: {e}"));
+        }
+    }
+}
+
+fn handle(t: &Table, req: Request) -> Response {
+    let ms = Duration::from_millis;
+    let failed = |e: Error| Response::Failed(Failure::from(e));
+    match req {
+        Request::Hello { .. } => Response::Failed(Failure::Invalid("a second hello".into())),
+        Request::Set { key, value } => {
+            t.set(&key, value);
+            Response::Done
+        }
+        Request::Get { key, timeout_ms } => t
+            .get(&key, ms(timeout_ms))
+            .map_or_else(failed, Response::Value),
+        Request::Add { key, delta } => t.add(&key, delta).map_or_else(failed, Response::Int),
+        Request::CompareSet {
+            key,
+            expected,
+            desired,
+        } => Response::Value(t.compare_set(&key, &expected, desired)),
+        Request::Wait { keys, timeout_ms } => {
+            let k: Vec<&str> = keys.iter().map(String::as_str).collect();
+            t.wait(&k, ms(timeout_ms))
+                .map_or_else(failed, |()| Response::Done)
+        }
+        Request::Check { keys } => {
+            let k: Vec<&str> = keys.iter().map(String::as_str).collect();
+            Response::Bool(t.check(&k))
+        }
+        Request::Delete { key } => Response::Bool(t.delete(&key)),
+        Request::NumKeys => Response::Count(t.num_keys()),
+    }
+}
+
+/// A client of a [`TcpStoreServer`] (torch's `TCPStore` with `is_master=False`): one
+/// connection, made (and remade after a break) within the connect timeout, so that clients
+/// may start before the server. `Send + Sync`; requests from several threads take turns.
+pub struct TcpStore {
+    addr: String,
+    connect_timeout: Duration,
+    conn: Mutex<Option<TcpStream>>,
+}
+
+impl TcpStore {
+    /// Connects to the server at `addr` (`"host:port"`; names resolve to IPv4 or IPv6),
+    /// retrying until `timeout` while the server is not up yet.
+    pub fn connect(addr: impl Into<String>, timeout: Duration) -> Result<TcpStore> {
+        let store = TcpStore {
+            addr: addr.into(),
+            connect_timeout: timeout,
+            conn: Mutex::new(None),
+        };
+        let c = store.open()?;
+        *store.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+        Ok(store)
+    }
+
+    /// A new connection, hello exchanged.
+    fn open(&self) -> Result<TcpStream> {
+        let deadline = Instant::now() + self.connect_timeout;
+        let mut last = String::from("no address");
+        loop {
+            let addrs: Vec<SocketAddr> = match self.addr.to_socket_addrs() {
+                Ok(a) => a.collect(),
+                Err(e) => {
+                    last = format!("cannot resolve it: {e}");
+                    Vec::new()
+                }
+            };
+            for a in addrs {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match TcpStream::connect_timeout(&a, left.max(Duration::from_millis(1))) {
+                    Ok(mut s) => {
+                        let _ = s.set_nodelay(true);
+                        let _ = s.set_read_timeout(Some(ANSWER_SLACK));
+                        let hello = Request::Hello {
+                            magic: MAGIC,
+                            version: VERSION,
+                        };
+                        proto::write(&mut s, &hello)
+                            .map_err(|e| Error::Store(format!("{}: hello: {e}", self.addr)))?;
+                        return match proto::read::<Response>(&mut s) {
+                            Ok(Some(Response::Done)) => Ok(s),
+                            Ok(Some(Response::Failed(f))) => Err(Error::Store(format!(
+                                "{} refused the connection: {}",
+                                self.addr,
+                                Error::from(f)
+                            ))),
+                            Ok(other) => Err(Error::Store(format!(
+                                "{} answered the hello with {other:?}: not a collectix store",
+                                self.addr
+                            ))),
+                            Err(e) => Err(Error::Store(format!(
+                                "{} answered the hello with {e}: not a collectix store",
+                                self.addr
+                            ))),
+                        };
+                    }
+                    Err(e) => last = format!("{a}: {e}"),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::StoreTimeout {
+                    what: format!("a connection to the store at {} ({last})", self.addr),
+                    waited_ms: u64::try_from(self.connect_timeout.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends `req`, which the server may hold for up to `wait`, and returns the answer.
+    fn call(&self, req: Request, wait: Duration) -> Result<Response> {
+        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        for attempt in 0..2 {
+            let s = match conn.as_mut() {
+                Some(s) => s,
+                None => conn.insert(self.open()?),
+            };
+            let _ = s.set_read_timeout(Some(wait.saturating_add(ANSWER_SLACK)));
+            let written = proto::write(s, &req);
+            let sent = written.is_ok();
+            let answer = match written {
+                Ok(()) => proto::read::<Response>(s),
+                Err(e) => Err(FrameError::Io(e)),
+            };
+            match answer {
+                Ok(Some(Response::Failed(f))) => return Err(f.into()),
+                Ok(Some(r)) => return Ok(r),
+                Ok(None) | Err(FrameError::Io(_)) => {
+                    *conn = None;
+                    if !req.idempotent() && sent {
+                        return Err(Error::Store(format!(
+                            "the connection to the store at {} broke during {req:?}; whether it took effect is unknown",
+                            self.addr
+                        )));
+                    }
+                    if attempt == 1 {
+                        return Err(Error::Store(format!(
+                            "the connection to the store at {} broke twice during {req:?}",
+                            self.addr
+                        )));
+                    }
+                }
+                Err(e) => {
+                    *conn = None;
+                    return Err(Error::Store(format!(
+                        "the store at {} answered {e}",
+                        self.addr
+                    )));
+                }
+            }
+        }
+        Err(Error::internal("store request loop ended"))
+    }
+
+    fn unexpected<T>(&self, what: &str, r: Response) -> Result<T> {
+        Err(Error::Store(format!(
+            "the store at {} answered {r:?} to {what}",
+            self.addr
+        )))
+    }
+}
+
+impl Store for TcpStore {
+    fn set(&self, key: &str, value: Vec<u8>) -> Result<()> {
+        let req = Request::Set {
+            key: key.into(),
+            value,
+        };
+        match self.call(req, Duration::ZERO)? {
+            Response::Done => Ok(()),
+            r => self.unexpected("set", r),
+        }
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let req = Request::Get {
+            key: key.into(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        match self.call(req, timeout)? {
+            Response::Value(v) => Ok(v),
+            r => self.unexpected("get", r),
+        }
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let req = Request::Add {
+            key: key.into(),
+            delta,
+        };
+        match self.call(req, Duration::ZERO)? {
+            Response::Int(v) => Ok(v),
+            r => self.unexpected("add", r),
+        }
+    }
+
+    fn compare_set(&self, key: &str, expected: &[u8], desired: Vec<u8>) -> Result<Vec<u8>> {
+        let req = Request::CompareSet {
+            key: key.into(),
+            expected: expected.to_vec(),
+            desired,
+        };
+        match self.call(req, Duration::ZERO)? {
+            Response::Value(v) => Ok(v),
+            r => self.unexpected("compare_set", r),
+        }
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        let req = Request::Wait {
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        match self.call(req, timeout)? {
+            Response::Done => Ok(()),
+            r => self.unexpected("wait", r),
+        }
+    }
+
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        let req = Request::Check {
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+        };
+        match self.call(req, Duration::ZERO)? {
+            Response::Bool(b) => Ok(b),
+            r => self.unexpected("check", r),
+        }
+    }
+
+    fn delete(&self, key: &str) -> Result<bool> {
+        match self.call(Request::Delete { key: key.into() }, Duration::ZERO)? {
+            Response::Bool(b) => Ok(b),
+            r => self.unexpected("delete", r),
+        }
+    }
+
+    fn num_keys(&self) -> Result<u64> {
+        match self.call(Request::NumKeys, Duration::ZERO)? {
+            Response::Count(n) => Ok(n),
+            r => self.unexpected("num_keys", r),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn server() -> TcpStoreServer {
+        TcpStoreServer::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn client(s: &TcpStoreServer) -> TcpStore {
+        TcpStore::connect(s.connect_addr().to_string(), Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_tcp_store_has_torch_semantics() {
+        let s = server();
+        super::super::tests::semantics(&client(&s));
+    }
+
+    #[test]
+    fn many_clients_adding_concurrently_end_exact() {
+        let s = server();
+        let (clients, adds) = (32, 10_000);
+        std::thread::scope(|sc| {
+            for _ in 0..clients {
+                sc.spawn(|| {
+                    let c = client(&s);
+                    for _ in 0..adds {
+                        assert!(c.add("counter", 1).is_ok());
+                    }
+                });
+            }
+        });
+        assert_eq!(client(&s).add("counter", 0), Ok(clients * adds));
+    }
+
+    #[test]
+    fn a_client_sending_garbage_is_dropped_and_the_others_carry_on() {
+        let s = server();
+        let good = client(&s);
+        good.set("k", b"v".to_vec()).unwrap_or(());
+        // Random bytes, a hello with the wrong magic, a 4 GiB length, half a frame then a close.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let garbage: Vec<u8> = (0..4096)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect();
+        let attacks: Vec<Vec<u8>> = vec![
+            garbage,
+            {
+                let mut v = Vec::new();
+                let hello = Request::Hello {
+                    magic: *b"not-ours",
+                    version: VERSION,
+                };
+                proto::write(&mut v, &hello).unwrap_or(());
+                v
+            },
+            vec![0xff, 0xff, 0xff, 0xff, 0, 0, 0],
+            vec![200, 0, 0, 0, 1, 2, 3],
+        ];
+        for bytes in attacks {
+            let mut raw = TcpStream::connect(s.connect_addr()).unwrap_or_else(|e| panic!("{e}"));
+            let _ = raw.write_all(&bytes);
+            let _ = raw.shutdown(Shutdown::Write);
+            // The server closes it (read sees the end or a reset), never answers garbage.
+            let _ = raw.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut buf = [0u8; 64];
+            let n = std::io::Read::read(&mut raw, &mut buf).unwrap_or(0);
+            assert_eq!(n, 0, "answered garbage with {:?}", &buf[..n]);
+            // And the good client is served as before.
+            assert_eq!(good.get("k", Duration::from_secs(1)), Ok(b"v".to_vec()));
+        }
+        // A client of another version is told why.
+        let mut raw = TcpStream::connect(s.connect_addr()).unwrap_or_else(|e| panic!("{e}"));
+        let hello = Request::Hello {
+            magic: MAGIC,
+            version: VERSION + 1,
+        };
+        proto::write(&mut raw, &hello).unwrap_or(());
+        let got = proto::read::<Response>(&mut raw).ok().flatten();
+        assert!(
+            matches!(&got, Some(Response::Failed(Failure::Invalid(m))) if m.contains("version")),
+            "{got:?}"
+        );
+        assert_eq!(good.num_keys(), Ok(1));
+    }
+
+    #[test]
+    fn a_client_reconnects_after_its_connection_broke() {
+        let s = server();
+        let c = client(&s);
+        c.set("a", b"1".to_vec()).unwrap_or(());
+        // Break the connection under the client.
+        if let Some(conn) = c.conn.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+        assert_eq!(c.get("a", Duration::from_secs(1)), Ok(b"1".to_vec()));
+        // An add whose connection breaks after it was sent is not repeated: its effect is
+        // unknown, and the error says so. (Broken before sending, it goes on a new one.)
+        if let Some(conn) = c.conn.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+        let got = c.add("n", 1);
+        assert!(
+            got == Ok(1) || matches!(&got, Err(Error::Store(m)) if m.contains("unknown")),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn a_client_waits_for_a_server_that_starts_late_and_times_out_on_none() {
+        // Nothing listens: the connect timeout names the address.
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+            l.local_addr().map(|a| a.port()).unwrap_or(1)
+        };
+        let got = TcpStore::connect(format!("127.0.0.1:{port}"), Duration::from_millis(200));
+        assert!(
+            matches!(&got, Err(Error::StoreTimeout { what, .. }) if what.contains(&port.to_string())),
+            "{:?}",
+            got.err()
+        );
+        // A server that comes up while the client is trying.
+        let t = std::thread::spawn(move || {
+            TcpStore::connect(format!("127.0.0.1:{port}"), Duration::from_secs(20))
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let s = TcpStoreServer::bind(("127.0.0.1", port)).unwrap_or_else(|e| panic!("{e}"));
+        let c = t.join().ok().and_then(Result::ok);
+        assert!(c.is_some_and(|c| c.set("x", vec![1]).is_ok()));
+        s.shutdown();
+    }
+
+    #[test]
+    fn a_dual_stack_server_takes_ipv4_and_ipv6_clients() {
+        let Ok(s) = TcpStoreServer::bind("[::]:0") else {
+            eprintln!("SKIPPED: no IPv6 on this machine");
+            return;
+        };
+        let port = s.local_addr().port();
+        let v6 = TcpStore::connect(format!("[::1]:{port}"), Duration::from_secs(5));
+        let v4 = TcpStore::connect(format!("127.0.0.1:{port}"), Duration::from_secs(5));
+        match (v6, v4) {
+            (Ok(a), Ok(b)) => {
+                a.set("k", b"6".to_vec()).unwrap_or(());
+                assert_eq!(b.get("k", Duration::from_secs(1)), Ok(b"6".to_vec()));
+            }
+            (a, b) => eprintln!(
+                "SKIPPED: dual stack unavailable: {:?} {:?}",
+                a.err(),
+                b.err()
+            ),
+        }
+    }
+}
