@@ -8,7 +8,7 @@
 //! - [`PrefixStore`]: a namespace inside another store (torch's `PrefixStore`).
 //!
 //! Every store has torch's semantics (the [`Store`] trait). The memory store and the TCP
-//! server share one implementation of them ([`Table`]), so the two cannot drift apart.
+//! server share one implementation of them (a private table), so the two cannot drift apart.
 
 mod proto;
 mod tcp;
