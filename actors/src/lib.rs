@@ -38,6 +38,7 @@
 
 pub mod comm;
 pub mod device;
+pub mod init;
 pub mod object;
 pub(crate) mod rank;
 pub mod store;
@@ -47,6 +48,7 @@ pub mod world;
 
 pub use comm::{Communicator, P2POp};
 pub use device::{DeviceBackend, TensorDeviceExt};
+pub use init::{InitArgs, JobConfig, Launcher, Rendezvous};
 pub use store::{MemoryStore, PrefixStore, Store, TcpStore, TcpStoreServer};
 pub use work::Work;
 pub use world::World;
