@@ -49,6 +49,6 @@ pub mod world;
 pub use comm::{Communicator, P2POp};
 pub use device::{DeviceBackend, TensorDeviceExt};
 pub use init::{InitArgs, JobConfig, Launcher, Rendezvous};
-pub use store::{MemoryStore, PrefixStore, Store, TcpStore, TcpStoreServer};
+pub use store::{FileStore, MemoryStore, PrefixStore, Store, TcpStore, TcpStoreServer};
 pub use work::Work;
 pub use world::World;

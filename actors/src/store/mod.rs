@@ -5,14 +5,17 @@
 //! - [`TcpStore`] (a client) and [`TcpStoreServer`]: across processes and hosts, as torch's
 //!   `TCPStore`. Rank 0 usually runs the server in its process; `collectix store --port P`
 //!   runs one on its own.
+//! - [`FileStore`]: a file on a file system every process sees (torch's `FileStore`).
 //! - [`PrefixStore`]: a namespace inside another store (torch's `PrefixStore`).
 //!
 //! Every store has torch's semantics (the [`Store`] trait). The memory store and the TCP
 //! server share one implementation of them (a private table), so the two cannot drift apart.
 
+mod file;
 mod proto;
 mod tcp;
 
+pub use file::FileStore;
 pub use tcp::{TcpStore, TcpStoreServer};
 
 use collectix_runtime::{Error, Result};
@@ -42,6 +45,38 @@ pub trait Store: Send + Sync {
     fn delete(&self, key: &str) -> Result<bool>;
     /// How many keys are set.
     fn num_keys(&self) -> Result<u64>;
+}
+
+/// `add` on a map: torch's rules (an unset key is 0; the value is its decimal text).
+pub(crate) fn add_in(map: &mut HashMap<String, Vec<u8>>, key: &str, delta: i64) -> Result<i64> {
+    let cur = match map.get(key) {
+        None => 0,
+        Some(v) => std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| Error::invalid(format!("store: value of {key} is not an integer")))?,
+    };
+    let new = cur.wrapping_add(delta);
+    map.insert(key.to_owned(), new.to_string().into_bytes());
+    Ok(new)
+}
+
+/// `compare_set` on a map: torch's rules (see [`Store::compare_set`]).
+pub(crate) fn compare_set_in(
+    map: &mut HashMap<String, Vec<u8>>,
+    key: &str,
+    expected: &[u8],
+    desired: Vec<u8>,
+) -> Vec<u8> {
+    let swap = match map.get(key) {
+        None => expected.is_empty(),
+        Some(cur) => cur.as_slice() == expected,
+    };
+    if swap {
+        map.insert(key.to_owned(), desired.clone());
+        return desired;
+    }
+    map.get(key).cloned().unwrap_or_else(|| expected.to_vec())
 }
 
 /// The key-value table behind [`MemoryStore`] and [`TcpStoreServer`]: torch's semantics,
@@ -95,36 +130,15 @@ impl Table {
     }
 
     pub(crate) fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        let mut map = self.lock();
-        let cur = match map.get(key) {
-            None => 0,
-            Some(v) => std::str::from_utf8(v)
-                .ok()
-                .and_then(|s| s.parse::<i64>().ok())
-                .ok_or_else(|| {
-                    Error::invalid(format!("store: value of {key} is not an integer"))
-                })?,
-        };
-        let new = cur.wrapping_add(delta);
-        map.insert(key.to_owned(), new.to_string().into_bytes());
-        drop(map);
+        let new = add_in(&mut self.lock(), key, delta)?;
         self.changed.notify_all();
         Ok(new)
     }
 
     pub(crate) fn compare_set(&self, key: &str, expected: &[u8], desired: Vec<u8>) -> Vec<u8> {
-        let mut map = self.lock();
-        let swap = match map.get(key) {
-            None => expected.is_empty(),
-            Some(cur) => cur.as_slice() == expected,
-        };
-        if swap {
-            map.insert(key.to_owned(), desired.clone());
-            drop(map);
-            self.changed.notify_all();
-            return desired;
-        }
-        map.get(key).cloned().unwrap_or_else(|| expected.to_vec())
+        let now = compare_set_in(&mut self.lock(), key, expected, desired);
+        self.changed.notify_all();
+        now
     }
 
     pub(crate) fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
