@@ -9,10 +9,12 @@
 //!
 //! - [`local`]: the in-process transport (payloads are shared `Bytes`, moved into the peer
 //!   actor's mailbox, never serialized).
-//! - TCP and shared memory come next, behind the same seam, with frames from
-//!   [`collectix_runtime::wire::codec`].
+//! - [`tcp`]: one connection per pair of ranks, with a handshake, the core's frames and a
+//!   bounded queue per link (its process-level wiring comes next, issue 11). Shared memory
+//!   comes later behind the same seam.
 
 pub mod local;
+pub mod tcp;
 
 use actix::Message as ActixMessage;
 use collectix_runtime::wire::Message;

@@ -1,0 +1,610 @@
+//! The TCP transport's link (issue 11, first part): one connection per pair of ranks, opened
+//! with a handshake, carrying the core's frames ([`collectix_runtime::wire::codec`]).
+//!
+//! **Handshake.** The connecting rank writes a [`Hello`]: the link's magic, its version, the
+//! job's identity, both ranks and the world's size (32 bytes). The accepting rank checks it
+//! before it reads anything else and answers with one byte (accepted) or a refusal with its
+//! reason, which the connecting rank reports. A connection from another job, another version
+//! or a rank out of range is so refused on both sides, and no frame is read from it.
+//!
+//! **Sending.** [`TcpLink::try_send`] hands the message to the connection's writer thread
+//! through a bounded queue ([`QUEUE`] messages); a full queue is "would block", and the
+//! writer tells the rank ([`Inbound::flush`]) once it has taken the message after which the
+//! queue had filled. The writer encodes each message (its payload parts are not copied) and
+//! writes the head and the parts with vectored writes. `TCP_NODELAY` is on: the frames are
+//! whole messages, and a rank waits for each.
+//!
+//! **Receiving.** A reader thread reads into one growing buffer and decodes frames from it
+//! (payload parts are slices of the buffer, not copies), each handed to the rank with the
+//! link's rank as its source ([`Inbound::deliver`]). The decoder's limits are checked before
+//! anything is allocated for a frame.
+//!
+//! **Loss.** A connection that closes, breaks, or carries something that is not a frame
+//! (logged with the reason) is reported once as a lost peer ([`Inbound::lost`]).
+
+use super::Link;
+use bytes::BytesMut;
+use collectix_runtime::wire::codec::{self, Limits};
+use collectix_runtime::wire::{LinkError, Message};
+use std::io::{IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// The link protocol's magic (the first bytes of every connection).
+pub const MAGIC: [u8; 8] = *b"cx-link1";
+/// The link protocol's version.
+pub const VERSION: u32 = 1;
+/// Messages a link queues for its writer before it says "would block".
+pub const QUEUE: usize = 64;
+/// How long an accepting rank waits for a connection's hello.
+pub const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Bytes the reader asks the socket for at least, per read.
+const READ_CHUNK: usize = 256 << 10;
+
+/// What the connecting rank says first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// The job's identity (every rank of one job has the same).
+    pub job: u64,
+    /// The connecting rank.
+    pub from: u32,
+    /// The rank it wants.
+    pub to: u32,
+    /// The world's size.
+    pub world: u32,
+}
+
+impl Hello {
+    fn to_bytes(self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[..8].copy_from_slice(&MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[12..20].copy_from_slice(&self.job.to_le_bytes());
+        b[20..24].copy_from_slice(&self.from.to_le_bytes());
+        b[24..28].copy_from_slice(&self.to.to_le_bytes());
+        b[28..32].copy_from_slice(&self.world.to_le_bytes());
+        b
+    }
+
+    /// Parses the 32 bytes; `Err` with why they are not a hello of this version.
+    fn parse(b: &[u8; 32]) -> Result<Hello, String> {
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        if b[..8] != MAGIC {
+            return Err("not a collectix link (wrong magic)".into());
+        }
+        let version = word(8);
+        if version != VERSION {
+            return Err(format!(
+                "link protocol version {version}; this rank speaks {VERSION}"
+            ));
+        }
+        let mut job = [0u8; 8];
+        job.copy_from_slice(&b[12..20]);
+        Ok(Hello {
+            job: u64::from_le_bytes(job),
+            from: word(20),
+            to: word(24),
+            world: word(28),
+        })
+    }
+}
+
+/// Connects: writes `hello` on `s` and reads the answer. `Err` with the accepting rank's
+/// reason (or the connection's failure).
+pub fn connect(s: &mut TcpStream, hello: Hello) -> Result<(), String> {
+    s.write_all(&hello.to_bytes())
+        .map_err(|e| format!("cannot send the hello: {e}"))?;
+    let mut status = [0u8; 1];
+    s.read_exact(&mut status)
+        .map_err(|e| format!("no answer to the hello: {e}"))?;
+    if status[0] == 0 {
+        return Ok(());
+    }
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len)
+        .map_err(|e| format!("refused, without a reason: {e}"))?;
+    let mut text = vec![0u8; u16::from_le_bytes(len) as usize];
+    s.read_exact(&mut text)
+        .map_err(|e| format!("refused, without a reason: {e}"))?;
+    Err(format!("refused: {}", String::from_utf8_lossy(&text)))
+}
+
+/// Accepts: reads the hello on `s` and checks it against this rank (`me` of `world` in job
+/// `job`); answers it either way. `Ok` with the connecting rank.
+pub fn accept(s: &mut TcpStream, job: u64, me: u32, world: u32) -> Result<u32, String> {
+    // A connection that does not say its hello in time (a port scanner, a stuck client) is
+    // dropped rather than left holding the accepting rank.
+    s.set_read_timeout(Some(HELLO_TIMEOUT))
+        .map_err(|e| format!("cannot set a timeout: {e}"))?;
+    let mut b = [0u8; 32];
+    let read = s.read_exact(&mut b);
+    let _ = s.set_read_timeout(None);
+    read.map_err(|e| format!("no hello within {HELLO_TIMEOUT:?}: {e}"))?;
+    let verdict = Hello::parse(&b).and_then(|h| {
+        if h.job != job {
+            Err(format!(
+                "a connection from job {:#x}; this is job {job:#x}",
+                h.job
+            ))
+        } else if h.world != world {
+            Err(format!(
+                "the peer's world has {} ranks; this one has {world}",
+                h.world
+            ))
+        } else if h.to != me {
+            Err(format!("the peer wants rank {}; this is rank {me}", h.to))
+        } else if h.from >= world || h.from == me {
+            Err(format!(
+                "rank {} is not a peer in a world of {world}",
+                h.from
+            ))
+        } else {
+            Ok(h.from)
+        }
+    });
+    match &verdict {
+        Ok(_) => s
+            .write_all(&[0])
+            .map_err(|e| format!("cannot answer the hello: {e}"))?,
+        Err(why) => {
+            let text = &why.as_bytes()[..why.len().min(u16::MAX as usize)];
+            let mut answer = vec![1u8];
+            answer.extend_from_slice(&(text.len() as u16).to_le_bytes());
+            answer.extend_from_slice(text);
+            let _ = s.write_all(&answer);
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+    verdict
+}
+
+/// Where a link's arrivals and events go (the rank actor, or a test).
+pub trait Inbound: Send + Sync + 'static {
+    /// A message from global rank `src` (stamped by the link).
+    fn deliver(&self, src: usize, msg: Message);
+    /// The link to `peer` can take messages again.
+    fn flush(&self, peer: usize);
+    /// The link to `peer` is gone.
+    fn lost(&self, peer: usize);
+}
+
+/// The sending side of a connection to one peer (see the module doc).
+pub struct TcpLink {
+    tx: SyncSender<Message>,
+    /// Set when the queue was found full; the writer then sends a flush.
+    full: Arc<AtomicBool>,
+}
+
+impl Link<Message> for TcpLink {
+    fn try_send(&mut self, msg: Message) -> Result<(), LinkError<Message>> {
+        match self.tx.try_send(msg) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(m)) => {
+                self.full.store(true, Ordering::SeqCst);
+                Err(LinkError::WouldBlock(m))
+            }
+            Err(TrySendError::Disconnected(_)) => Err(LinkError::Closed),
+        }
+    }
+}
+
+/// The threads of one connection; joining waits for the writer to send what was queued.
+pub struct Connection {
+    /// The writer (ends when the link is dropped and its queue is sent, or the socket
+    /// breaks).
+    pub writer: JoinHandle<()>,
+    /// The reader (ends when the peer closes or the socket breaks).
+    pub reader: JoinHandle<()>,
+}
+
+/// Starts the reader and writer of an accepted or connected `stream` to global rank `peer`;
+/// what arrives goes to `inbound`.
+pub fn start(
+    stream: TcpStream,
+    peer: usize,
+    limits: Limits,
+    inbound: Arc<dyn Inbound>,
+) -> std::io::Result<(TcpLink, Connection)> {
+    stream.set_nodelay(true)?;
+    let reading = stream.try_clone()?;
+    let (tx, rx) = sync_channel::<Message>(QUEUE);
+    let full = Arc::new(AtomicBool::new(false));
+    let lost_once = Arc::new(AtomicBool::new(false));
+    let lose = {
+        let (inbound, lost_once) = (inbound.clone(), lost_once.clone());
+        move |why: &str| {
+            if !lost_once.swap(true, Ordering::SeqCst) {
+                tracing::warn!(peer, reason = why, "link lost");
+                inbound.lost(peer);
+            }
+        }
+    };
+    let writer = {
+        let (full, inbound, lose) = (full.clone(), inbound.clone(), lose.clone());
+        std::thread::Builder::new()
+            .name(format!("collectix-tx-{peer}"))
+            .spawn(move || write_loop(stream, rx, peer, &full, inbound.as_ref(), &lose))?
+    };
+    let reader = std::thread::Builder::new()
+        .name(format!("collectix-rx-{peer}"))
+        .spawn(move || read_loop(reading, peer, limits, inbound.as_ref(), &lose))?;
+    Ok((TcpLink { tx, full }, Connection { writer, reader }))
+}
+
+fn write_loop(
+    mut s: TcpStream,
+    rx: Receiver<Message>,
+    peer: usize,
+    full: &AtomicBool,
+    inbound: &dyn Inbound,
+    lose: &dyn Fn(&str),
+) {
+    for msg in rx.iter() {
+        let frame = codec::encode(&msg);
+        drop(msg);
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + frame.parts.len());
+        slices.push(IoSlice::new(&frame.head));
+        slices.extend(frame.parts.iter().map(|p| IoSlice::new(p)));
+        if let Err(e) = write_all_vectored(&mut s, &mut slices) {
+            return lose(&format!("write failed: {e}"));
+        }
+        if full.swap(false, Ordering::SeqCst) {
+            inbound.flush(peer);
+        }
+    }
+    // The link was dropped and its queue is sent: an orderly end of the sending side.
+    let _ = s.flush();
+    let _ = s.shutdown(Shutdown::Write);
+}
+
+fn write_all_vectored(s: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    while !slices.is_empty() {
+        match s.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn read_loop(
+    mut s: TcpStream,
+    peer: usize,
+    limits: Limits,
+    inbound: &dyn Inbound,
+    lose: &dyn Fn(&str),
+) {
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    loop {
+        loop {
+            match codec::decode(&mut buf, &limits) {
+                Ok(Some(d)) => inbound.deliver(peer, d.into_message(peer)),
+                Ok(None) => break,
+                Err(e) => return lose(&format!("not a collectix frame: {e}")),
+            }
+        }
+        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+            buf.reserve(READ_CHUNK);
+        }
+        let start = buf.len();
+        buf.resize(buf.capacity(), 0);
+        match s.read(&mut buf[start..]) {
+            Ok(0) => {
+                buf.truncate(start);
+                let why = if buf.is_empty() {
+                    "the peer closed the connection"
+                } else {
+                    "the peer closed the connection in the middle of a frame"
+                };
+                return lose(why);
+            }
+            Ok(n) => buf.truncate(start + n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => buf.truncate(start),
+            Err(e) => return lose(&format!("read failed: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use collectix_runtime::wire::{Header, Outbox};
+    use collectix_runtime::{DType, GroupId};
+    use std::net::TcpListener;
+    use std::sync::mpsc::{channel, Receiver, Sender};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    #[derive(Debug)]
+    enum Event {
+        Msg(usize, Message),
+        Flush(usize),
+        Lost(usize),
+    }
+
+    struct Chan(Mutex<Sender<Event>>);
+
+    impl Inbound for Chan {
+        fn deliver(&self, src: usize, msg: Message) {
+            let _ = self.0.lock().map(|t| t.send(Event::Msg(src, msg)));
+        }
+        fn flush(&self, peer: usize) {
+            let _ = self.0.lock().map(|t| t.send(Event::Flush(peer)));
+        }
+        fn lost(&self, peer: usize) {
+            let _ = self.0.lock().map(|t| t.send(Event::Lost(peer)));
+        }
+    }
+
+    fn inbound() -> (Arc<dyn Inbound>, Receiver<Event>) {
+        let (tx, rx) = channel();
+        (Arc::new(Chan(Mutex::new(tx))), rx)
+    }
+
+    /// Two connected sockets with the handshake done: (rank 0's end, rank 1's end).
+    fn pair(job: u64) -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
+            let from = accept(&mut s, job, 1, 2);
+            (s, from)
+        });
+        let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+        let hello = Hello {
+            job,
+            from: 0,
+            to: 1,
+            world: 2,
+        };
+        assert_eq!(connect(&mut c, hello), Ok(()));
+        let (s, from) = t.join().unwrap_or_else(|_| panic!("accept panicked"));
+        assert_eq!(from, Ok(0));
+        (c, s)
+    }
+
+    fn data(seq: u64, payload: Vec<Bytes>) -> Message {
+        Message {
+            src: 99,
+            header: Header::P2p {
+                group: GroupId::WORLD,
+                tag: 1,
+                seq,
+                dtype: DType::U8,
+                count: payload.iter().map(|p| p.len() as u64).sum(),
+                eager: true,
+            },
+            payload,
+        }
+    }
+
+    #[test]
+    fn the_handshake_refuses_another_job_version_or_rank_on_both_sides() {
+        let cases: Vec<(Hello, &str)> = vec![
+            (
+                Hello {
+                    job: 8,
+                    from: 0,
+                    to: 1,
+                    world: 2,
+                },
+                "job",
+            ),
+            (
+                Hello {
+                    job: 7,
+                    from: 5,
+                    to: 1,
+                    world: 2,
+                },
+                "world",
+            ),
+            (
+                Hello {
+                    job: 7,
+                    from: 5,
+                    to: 1,
+                    world: 9,
+                },
+                "world",
+            ),
+            (
+                Hello {
+                    job: 7,
+                    from: 2,
+                    to: 1,
+                    world: 2,
+                },
+                "not a peer",
+            ),
+            (
+                Hello {
+                    job: 7,
+                    from: 0,
+                    to: 0,
+                    world: 2,
+                },
+                "wants rank 0",
+            ),
+        ];
+        for (hello, why) in cases {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+            let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            let t = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
+                accept(&mut s, 7, 1, 2)
+            });
+            let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+            let told = connect(&mut c, hello);
+            let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
+            assert!(
+                matches!(&told, Err(m) if m.contains(why)),
+                "{hello:?}: {told:?}"
+            );
+            assert!(
+                matches!(&saw, Err(m) if m.contains(why)),
+                "{hello:?}: {saw:?}"
+            );
+        }
+        // Another version, and something that is not a link at all.
+        for bytes in [
+            {
+                let mut b = Hello {
+                    job: 7,
+                    from: 0,
+                    to: 1,
+                    world: 2,
+                }
+                .to_bytes();
+                b[8] = 2;
+                b.to_vec()
+            },
+            b"GET / HTTP/1.1\r\nHost: collectix.example\r\n\r\n".to_vec(),
+        ] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+            let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            let t = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
+                accept(&mut s, 7, 1, 2)
+            });
+            let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+            let _ = c.write_all(&bytes);
+            let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
+            assert!(
+                matches!(&saw, Err(m) if m.contains("version") || m.contains("magic")),
+                "{saw:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn messages_arrive_whole_and_in_order_with_the_links_rank_as_source() {
+        let (a, b) = pair(1);
+        let (in_a, _rx_a) = inbound();
+        let (in_b, rx_b) = inbound();
+        let (mut link, conn_a) =
+            start(a, 1, Limits::default(), in_a).unwrap_or_else(|e| panic!("{e}"));
+        let (_link_b, _conn_b) =
+            start(b, 0, Limits::default(), in_b).unwrap_or_else(|e| panic!("{e}"));
+        // Small messages, an empty one, and one of 8 MiB in three parts.
+        let big: Vec<Bytes> = (0..3u8)
+            .map(|i| Bytes::from(vec![i; (8 << 20) / 3]))
+            .collect();
+        let mut sent = Vec::new();
+        for seq in 0..200u64 {
+            let payload = match seq {
+                7 => Vec::new(),
+                100 => big.clone(),
+                _ => vec![Bytes::from(seq.to_le_bytes().to_vec())],
+            };
+            sent.push(payload.clone());
+            let mut outbox = Outbox::default();
+            assert!(outbox.send(&mut link, data(seq, payload)).is_ok());
+            // Whatever the link refused goes as soon as it can.
+            while !outbox.is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+                assert!(outbox.flush(&mut link).is_ok());
+            }
+        }
+        for (seq, want) in sent.iter().enumerate() {
+            match rx_b.recv_timeout(Duration::from_secs(30)) {
+                Ok(Event::Msg(src, m)) => {
+                    assert_eq!(src, 0, "the link's rank, not the message's claim (99)");
+                    assert_eq!(m.src, 0);
+                    assert!(matches!(m.header, Header::P2p { seq: s, .. } if s == seq as u64));
+                    assert_eq!(&m.payload, want, "message {seq}");
+                }
+                other => panic!("message {seq}: {other:?}"),
+            }
+        }
+        // Dropping the link ends the writer once its queue is sent; the peer sees the close.
+        drop(link);
+        let _ = conn_a.writer.join();
+        assert!(matches!(
+            rx_b.recv_timeout(Duration::from_secs(30)),
+            Ok(Event::Lost(0))
+        ));
+    }
+
+    #[test]
+    fn a_full_queue_would_block_and_a_flush_follows() {
+        let (a, b) = pair(2);
+        let (in_a, rx_a) = inbound();
+        let (in_b, rx_b) = inbound();
+        let (mut link, _conn_a) =
+            start(a, 1, Limits::default(), in_a).unwrap_or_else(|e| panic!("{e}"));
+        let (_link_b, _conn_b) =
+            start(b, 0, Limits::default(), in_b).unwrap_or_else(|e| panic!("{e}"));
+        // Messages of 1 MiB, faster than the writer sends them: the queue fills.
+        let chunk = Bytes::from(vec![5u8; 1 << 20]);
+        let mut refused = None;
+        for seq in 0..(4 * QUEUE as u64) {
+            match link.try_send(data(seq, vec![chunk.clone()])) {
+                Ok(()) => {}
+                Err(LinkError::WouldBlock(m)) => {
+                    refused = Some(m);
+                    break;
+                }
+                Err(LinkError::Closed) => panic!("closed"),
+            }
+        }
+        assert!(refused.is_some(), "the queue never filled");
+        // The writer says when it has room again.
+        let mut flushed = false;
+        while let Ok(ev) = rx_a.recv_timeout(Duration::from_secs(30)) {
+            if matches!(ev, Event::Flush(1)) {
+                flushed = true;
+                break;
+            }
+        }
+        assert!(flushed, "no flush after the queue was full");
+        drop(rx_b);
+    }
+
+    #[test]
+    fn a_peer_that_dies_or_sends_garbage_is_lost_once() {
+        // Dies: its socket closes without a goodbye.
+        let (a, b) = pair(3);
+        let (in_a, rx_a) = inbound();
+        let (_link, _conn) = start(a, 1, Limits::default(), in_a).unwrap_or_else(|e| panic!("{e}"));
+        drop(b);
+        assert!(matches!(
+            rx_a.recv_timeout(Duration::from_secs(30)),
+            Ok(Event::Lost(1))
+        ));
+        assert!(
+            rx_a.recv_timeout(Duration::from_millis(200)).is_err(),
+            "lost once"
+        );
+        // Garbage after the handshake: not a frame; dropped, reported lost, with the reason
+        // logged.
+        let (a, mut b) = pair(4);
+        let (in_a, rx_a) = inbound();
+        let (_link, _conn) = start(a, 1, Limits::default(), in_a).unwrap_or_else(|e| panic!("{e}"));
+        let _ = b.write_all(&[0xde; 64]);
+        assert!(matches!(
+            rx_a.recv_timeout(Duration::from_secs(30)),
+            Ok(Event::Lost(1))
+        ));
+        // A frame header announcing more parts than the limits allow: refused from its prefix.
+        let (a, mut b) = pair(5);
+        let (in_a, rx_a) = inbound();
+        let tight = Limits {
+            max_parts: 1,
+            max_payload_bytes: 16,
+        };
+        let (_link, _conn) = start(a, 1, tight, in_a).unwrap_or_else(|e| panic!("{e}"));
+        let frame = codec::encode(&data(0, vec![Bytes::from(vec![1u8; 1000])]));
+        let _ = b.write_all(&frame.to_contiguous());
+        assert!(matches!(
+            rx_a.recv_timeout(Duration::from_secs(30)),
+            Ok(Event::Lost(1))
+        ));
+    }
+}
