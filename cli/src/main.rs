@@ -16,6 +16,7 @@
 //! the full (gathered) size, for reduce_scatter and scatter the full input.
 
 mod bench;
+mod launch;
 mod plot;
 
 use bench::{count_wrong, flatten, Cell, Coll};
@@ -42,6 +43,10 @@ struct Cli {
 enum Command {
     /// nccl-tests' table for one collective over a sweep of sizes.
     Bench(Args),
+    /// Starts the processes of a job on this host with torchrun's environment, prefixes
+    /// their output with their rank, forwards SIGINT/SIGTERM, and stops them all when one
+    /// fails.
+    Launch(launch::LaunchArgs),
     /// Runs a TCP store server (the rendezvous of multi-process jobs) until interrupted.
     Store(StoreArgs),
     /// Draws busbw against size from `--json` files (collectix's, or peers' converted by
@@ -533,6 +538,7 @@ fn bench(args: &Args) -> std::process::ExitCode {
 fn main() -> std::process::ExitCode {
     match Cli::parse().command {
         Command::Bench(args) => bench(&args),
+        Command::Launch(a) => std::process::ExitCode::from(launch::run(&a)),
         Command::Store(a) => {
             let ip: std::net::IpAddr = match a.host.parse() {
                 Ok(ip) => ip,

@@ -1,0 +1,230 @@
+//! `collectix launch`: starts the processes of a job on this host with torchrun's
+//! environment, in the spirit of torchrun and mpirun.
+//!
+//! - Each process gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`
+//!   (the node's rank), `MASTER_ADDR` and `MASTER_PORT` (what `JobConfig::from_env` reads).
+//! - Every line a process writes is printed with its rank in front (`[rank 3] …`), on the
+//!   launcher's stdout or stderr as the process wrote it.
+//! - SIGINT and SIGTERM sent to the launcher are forwarded to every process (each leads a
+//!   process group of its own, so what it started gets them too).
+//! - When a process exits with an error or is killed by a signal, the others are sent
+//!   SIGTERM, then SIGKILL after a grace period, and the launcher exits non-zero with a
+//!   summary of who failed and how.
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `collectix launch`'s arguments.
+#[derive(clap::Args, Debug)]
+pub(crate) struct LaunchArgs {
+    /// Processes on this node.
+    #[arg(long = "nproc-per-node")]
+    nproc_per_node: usize,
+    /// Nodes in the job.
+    #[arg(long, default_value_t = 1)]
+    nnodes: usize,
+    /// This node's rank among the nodes.
+    #[arg(long = "node-rank", default_value_t = 0)]
+    node_rank: usize,
+    /// Rank 0's host (where the store runs).
+    #[arg(long = "master-addr", default_value = "127.0.0.1")]
+    master_addr: String,
+    /// The store's port.
+    #[arg(long = "master-port", default_value_t = 29500)]
+    master_port: u16,
+    /// Seconds the other processes get, after a failure or a forwarded signal, before they
+    /// are killed.
+    #[arg(long, default_value_t = 5.0)]
+    grace: f64,
+    /// The program and its arguments (after `--`).
+    #[arg(required = true, last = true)]
+    program: Vec<String>,
+}
+
+/// How one process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Ok,
+    Code(i32),
+    Signal(i32),
+}
+
+impl End {
+    fn of(s: ExitStatus) -> End {
+        match (s.code(), s.signal()) {
+            (Some(0), _) => End::Ok,
+            (Some(c), _) => End::Code(c),
+            (None, Some(sig)) => End::Signal(sig),
+            (None, None) => End::Code(-1),
+        }
+    }
+
+    fn text(self) -> String {
+        match self {
+            End::Ok => "exited with status 0".into(),
+            End::Code(c) => format!("exited with status {c}"),
+            End::Signal(s) => {
+                let name = Signal::try_from(s).map_or_else(|_| format!("{s}"), |n| n.to_string());
+                format!("was killed by signal {s} ({name})")
+            }
+        }
+    }
+}
+
+/// Copies each line of `from` to the launcher's stdout (or stderr), prefixed with the rank.
+fn relay(
+    from: impl std::io::Read + Send + 'static,
+    rank: usize,
+    to_stderr: bool,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).split(b'\n').map_while(Result::ok) {
+            let mut out = Vec::with_capacity(line.len() + 12);
+            out.extend_from_slice(format!("[rank {rank}] ").as_bytes());
+            out.extend_from_slice(&line);
+            out.push(b'\n');
+            let _ = if to_stderr {
+                std::io::stderr().lock().write_all(&out)
+            } else {
+                std::io::stdout().lock().write_all(&out)
+            };
+        }
+    })
+}
+
+/// Sends `sig` to the process group of every process still running (each process leads a
+/// group of its own, so what it started gets the signal too).
+fn signal_all(children: &mut [(usize, Child, Option<End>)], sig: Signal) {
+    for (_, c, end) in children.iter_mut() {
+        if end.is_none() {
+            if let Ok(pid) = i32::try_from(c.id()) {
+                let _ = kill(Pid::from_raw(-pid), sig);
+            }
+        }
+    }
+}
+
+/// Runs the job; the launcher's exit code.
+pub(crate) fn run(a: &LaunchArgs) -> u8 {
+    if a.nproc_per_node == 0 || a.nnodes == 0 || a.node_rank >= a.nnodes {
+        eprintln!(
+            "collectix launch: --nproc-per-node and --nnodes must be positive, and --node-rank below --nnodes"
+        );
+        return 2;
+    }
+    let world = a.nproc_per_node * a.nnodes;
+    // SIGINT and SIGTERM to the launcher: remembered, then forwarded.
+    let caught = Arc::new(AtomicUsize::new(0));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let c = caught.clone();
+        // The handler only stores the signal's number in an atomic (async-signal-safe); it
+        // fails only for signals that cannot be caught, which these are not.
+        let _ = signal_hook::flag::register_usize(sig, c, sig as usize);
+    }
+    let mut children: Vec<(usize, Child, Option<End>)> = Vec::with_capacity(a.nproc_per_node);
+    let mut relays = Vec::with_capacity(2 * a.nproc_per_node);
+    for local in 0..a.nproc_per_node {
+        let rank = a.node_rank * a.nproc_per_node + local;
+        let spawned = Command::new(&a.program[0])
+            .args(&a.program[1..])
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("LOCAL_RANK", local.to_string())
+            .env("LOCAL_WORLD_SIZE", a.nproc_per_node.to_string())
+            .env("GROUP_RANK", a.node_rank.to_string())
+            .env("MASTER_ADDR", &a.master_addr)
+            .env("MASTER_PORT", a.master_port.to_string())
+            // A process group of its own: signals reach what it starts, and a terminal's
+            // Ctrl-C reaches the launcher, which forwards it.
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        match spawned {
+            Ok(mut c) => {
+                if let Some(o) = c.stdout.take() {
+                    relays.push(relay(o, rank, false));
+                }
+                if let Some(e) = c.stderr.take() {
+                    relays.push(relay(e, rank, true));
+                }
+                children.push((rank, c, None));
+            }
+            Err(e) => {
+                eprintln!(
+                    "collectix launch: cannot start {:?} as rank {rank}: {e}",
+                    a.program[0]
+                );
+                signal_all(&mut children, Signal::SIGKILL);
+                for (_, c, _) in &mut children {
+                    let _ = c.wait();
+                }
+                return 1;
+            }
+        }
+    }
+    let grace = Duration::from_secs_f64(a.grace.max(0.0));
+    let mut stopping: Option<(Instant, String)> = None;
+    let (mut termed, mut killed) = (false, false);
+    loop {
+        for (rank, c, end) in children.iter_mut() {
+            if end.is_none() {
+                if let Ok(Some(s)) = c.try_wait() {
+                    let e = End::of(s);
+                    *end = Some(e);
+                    if e != End::Ok && stopping.is_none() {
+                        stopping = Some((Instant::now(), format!("rank {rank} {}", e.text())));
+                    }
+                }
+            }
+        }
+        let sig = caught.swap(0, Ordering::SeqCst);
+        if sig != 0 {
+            let s = Signal::try_from(sig as i32).unwrap_or(Signal::SIGTERM);
+            signal_all(&mut children, s);
+            if stopping.is_none() {
+                stopping = Some((Instant::now(), format!("the launcher got {s}")));
+                termed = true;
+            }
+        }
+        if children.iter().all(|(_, _, e)| e.is_some()) {
+            break;
+        }
+        if let Some((since, _)) = &stopping {
+            if !termed {
+                termed = true;
+                signal_all(&mut children, Signal::SIGTERM);
+            } else if !killed && since.elapsed() > grace {
+                killed = true;
+                signal_all(&mut children, Signal::SIGKILL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Let the relays print what the processes wrote last: they end when the pipes close,
+    // which a process's own children (still running) can delay; wait at most 2 s for that.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while relays.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    match stopping {
+        None => 0,
+        Some((_, why)) => {
+            eprintln!("collectix launch: {why}; the job stopped:");
+            for (rank, _, end) in &children {
+                eprintln!(
+                    "  rank {rank} {}",
+                    end.map_or("did not end".into(), End::text)
+                );
+            }
+            1
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! `collectix launch`: torchrun's environment, rank-prefixed output, a failing or killed rank
+//! stopping the job with a summary, and SIGTERM forwarded. The bounds on elapsed time are
+//! hang guards (a job that should stop at once must not wait for its 30 s sleeps), not
+//! performance assertions.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn launch(n: &str, script: &str) -> (Output, Duration) {
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .args([
+            "launch",
+            "--nproc-per-node",
+            n,
+            "--grace",
+            "5",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run collectix launch: {e}"));
+    (out, start.elapsed())
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn each_process_gets_torchruns_environment_and_its_output_is_prefixed() {
+    let (out, _) = launch(
+        "3",
+        r#"echo "hi $RANK of $WORLD_SIZE, local $LOCAL_RANK of $LOCAL_WORLD_SIZE, $MASTER_ADDR:$MASTER_PORT"; echo "to stderr" >&2"#,
+    );
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{so}\n{se}");
+    for r in 0..3 {
+        let want = format!("[rank {r}] hi {r} of 3, local {r} of 3, 127.0.0.1:29500");
+        assert!(so.lines().any(|l| l == want), "no {want:?} in:\n{so}");
+        assert!(se.contains(&format!("[rank {r}] to stderr")), "{se}");
+    }
+}
+
+#[test]
+fn a_failing_rank_stops_the_others_and_is_named() {
+    let (out, took) = launch(
+        "3",
+        r#"if [ "$RANK" = 1 ]; then echo "rank one gives up" >&2; exit 3; fi; exec sleep 30"#,
+    );
+    let se = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(se.contains("[rank 1] rank one gives up"), "{se}");
+    assert!(
+        se.contains("rank 1 exited with status 3; the job stopped"),
+        "{se}"
+    );
+    assert!(
+        se.contains("rank 0 was killed by signal 15 (SIGTERM)"),
+        "{se}"
+    );
+}
+
+#[test]
+fn a_rank_killed_by_sigkill_is_named() {
+    let (out, took) = launch(
+        "2",
+        r#"if [ "$RANK" = 1 ]; then kill -9 $$; fi; exec sleep 30"#,
+    );
+    let se = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(
+        se.contains("rank 1 was killed by signal 9 (SIGKILL)"),
+        "{se}"
+    );
+}
+
+#[test]
+fn sigterm_to_the_launcher_reaches_every_process() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            r#"trap 'echo "rank $RANK got TERM"; exit 7' TERM; echo ready; sleep 30 & wait"#,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run collectix launch: {e}"));
+    // Both processes have set their trap once they said "ready".
+    let mut stdout =
+        std::io::BufReader::new(child.stdout.take().unwrap_or_else(|| panic!("no stdout")));
+    let mut so = String::new();
+    while so.matches("ready").count() < 2 {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut stdout, &mut line).unwrap_or(0) == 0 {
+            panic!("the job ended before both ranks were ready:\n{so}");
+        }
+        so.push_str(&line);
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0));
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let start = Instant::now();
+    let _ = std::io::Read::read_to_string(&mut stdout, &mut so);
+    let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    let se = text(&out.stderr);
+    assert!(start.elapsed() < Duration::from_secs(20));
+    assert!(!out.status.success());
+    for r in 0..2 {
+        assert!(
+            so.contains(&format!("[rank {r}] rank {r} got TERM")),
+            "{so}\n{se}"
+        );
+        assert!(
+            se.contains(&format!("rank {r} exited with status 7")),
+            "{se}"
+        );
+    }
+    assert!(se.contains("the launcher got SIGTERM"), "{se}");
+}
