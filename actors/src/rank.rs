@@ -34,6 +34,17 @@ pub(crate) struct AddGroup(pub(crate) GroupInfo);
 #[rtype(result = "()")]
 pub(crate) struct Quiesce(pub(crate) std::sync::mpsc::Sender<(usize, Vec<Error>)>);
 
+/// This rank leaves a multi-process job: its calls still waiting fail with `Shutdown`, its
+/// peers in calls with it are told, and what flow control holds for peers goes on being sent
+/// as they grant credit, for at most `linger` (`Engine::shutdown`). `done` gets the rank's
+/// pending errors once nothing is left to send.
+#[derive(ActixMessage)]
+#[rtype(result = "()")]
+pub(crate) struct Leave {
+    pub(crate) linger: std::time::Duration,
+    pub(crate) done: std::sync::mpsc::Sender<Vec<Error>>,
+}
+
 /// Releases a group on this rank (`Communicator::destroy`); `done` gets its pending error.
 #[derive(ActixMessage)]
 #[rtype(result = "()")]
@@ -80,6 +91,8 @@ pub(crate) struct RankActor {
     backlog: Vec<(usize, Message)>,
     /// Set by [`Quiesce`]: the world is shutting down.
     quiesced: bool,
+    /// Set by [`Leave`]: the rank's pending errors, and who waits for the rank to be drained.
+    leaving: Option<(Vec<Error>, std::sync::mpsc::Sender<Vec<Error>>)>,
 }
 
 impl RankActor {
@@ -94,6 +107,20 @@ impl RankActor {
             timer: None,
             backlog: Vec::new(),
             quiesced: false,
+            leaving: None,
+        }
+    }
+
+    /// A leaving rank with nothing left to send (in the engine or in front of a link) says so.
+    fn check_left(&mut self) {
+        let outboxes_empty = self
+            .links
+            .as_ref()
+            .is_none_or(|(_, o)| o.iter().all(Outbox::is_empty));
+        if self.leaving.is_some() && self.engine.is_drained() && outboxes_empty {
+            if let Some((pending, done)) = self.leaving.take() {
+                let _ = done.send(pending);
+            }
         }
     }
 
@@ -139,6 +166,7 @@ impl RankActor {
                 break;
             }
         }
+        self.check_left();
         let next = self.engine.poll_timeout();
         if self.timer.as_ref().map(|t| t.0) != next {
             if let Some((_, h)) = self.timer.take() {
@@ -232,6 +260,21 @@ impl Handler<Flush> for RankActor {
             self.engine.handle_peer_lost(m.0, now);
             self.drive(ctx);
         }
+        self.check_left();
+    }
+}
+
+impl Handler<Leave> for RankActor {
+    type Result = ();
+    fn handle(&mut self, m: Leave, ctx: &mut Context<Self>) {
+        let pending = self.engine.pending_errors();
+        for e in &pending {
+            tracing::warn!(rank = self.engine.rank(), error = %e, "pending error at shutdown");
+        }
+        self.leaving = Some((pending, m.done));
+        let now = self.now();
+        self.engine.shutdown(now, m.linger);
+        self.drive(ctx);
     }
 }
 

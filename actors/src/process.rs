@@ -1,0 +1,417 @@
+//! [`Process`]: this process's rank of a multi-process job, joined over TCP (issue 11).
+//!
+//! [`init`] reads the job's settings ([`JobConfig`]), meets the other ranks through the
+//! store, connects to every peer (rank `i` connects to every `j > i` and accepts the others,
+//! each connection opened with the link's handshake), and starts this rank's actor with a TCP
+//! link per peer. The result is the world communicator, as `init_process_group` gives.
+//!
+//! Joining, step by step:
+//! 1. rank 0 serves the TCP store (a `file://` rendezvous needs none);
+//! 2. every rank listens on a port of its own and publishes `addr/RANK` (the address it is
+//!    reached at: `COLLECTIX_ADDR` if set, else the local address of its route to the store);
+//!    rank 0 publishes the job's identity (`job`);
+//! 3. every rank waits for all the addresses: a rank that never arrives is named by the
+//!    timeout's error (`Error::StoreTimeout`, the missing `addr/…` keys);
+//! 4. connections, then the actor.
+//!
+//! Leaving ([`Process::shutdown`]): the rank stops taking calls, fails those still waiting,
+//! sends what flow control still holds as peers grant credit (for at most the linger), then
+//! waits (bounded) until every rank has left the same way, so that no rank mistakes another's
+//! orderly exit for a lost peer; then the connections close after their queues are sent.
+
+use crate::comm::{Communicator, RankShared};
+use crate::init::{InitArgs, JobConfig, Rendezvous};
+use crate::rank::{Leave, RankActor, SetLinks};
+use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
+use crate::transport::tcp::{self, Hello, Inbound};
+use crate::transport::{Deliver, Flush, Links, PeerLost};
+use actix::{Actor, Addr, Arbiter, System};
+use collectix_runtime::wire::codec::Limits;
+use collectix_runtime::wire::{Link, LinkError, Message};
+use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a leaving rank keeps sending what flow control holds, and how long it waits for
+/// the others to leave.
+const LINGER: Duration = Duration::from_secs(10);
+/// How long the rank serving the store keeps it after its own join failed.
+const JOIN_LINGER: Duration = Duration::from_secs(5);
+
+/// This process's rank of a multi-process job.
+pub struct Process {
+    comm: Communicator,
+    config: JobConfig,
+    store: Arc<dyn Store>,
+    system: Option<System>,
+    thread: Option<JoinHandle<()>>,
+    connections: Vec<tcp::Connection>,
+    server: Option<TcpStoreServer>,
+}
+
+/// Forwards a link's arrivals to the rank actor.
+struct ToActor(Addr<RankActor>);
+
+impl Inbound for ToActor {
+    fn deliver(&self, src: usize, msg: Message) {
+        self.0.do_send(Deliver { src, msg });
+    }
+    fn flush(&self, peer: usize) {
+        self.0.do_send(Flush(peer));
+    }
+    fn lost(&self, peer: usize) {
+        self.0.do_send(PeerLost(peer));
+    }
+}
+
+/// The link to this rank itself (the engine never sends to itself; were it to, the message
+/// would go to the rank's own mailbox).
+struct SelfLink(usize, Addr<RankActor>);
+
+impl Link<Message> for SelfLink {
+    fn try_send(&mut self, msg: Message) -> std::result::Result<(), LinkError<Message>> {
+        self.1.do_send(Deliver { src: self.0, msg });
+        Ok(())
+    }
+}
+
+/// "host:port", with an IPv6 address in brackets.
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The address peers reach this process at: `COLLECTIX_ADDR`, else the local end of a route
+/// to the store's host (no packet is sent), else loopback.
+fn own_ip(store_host: Option<&str>) -> String {
+    if let Ok(a) = std::env::var("COLLECTIX_ADDR") {
+        if !a.trim().is_empty() {
+            return a.trim().to_string();
+        }
+    }
+    let route = store_host.and_then(|h| {
+        let target = (h, 9).to_socket_addrs().ok()?.next()?;
+        let bind = if target.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        };
+        let s = UdpSocket::bind(bind).ok()?;
+        s.connect(target).ok()?;
+        s.local_addr().ok().map(|a| a.ip().to_string())
+    });
+    route.unwrap_or_else(|| "127.0.0.1".into())
+}
+
+/// Joins the job: see the module doc. `options` are the world group's; `timeout` bounds the
+/// whole join (the store, the other ranks' arrival, the connections).
+pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result<Process> {
+    let config = JobConfig::from_env(args)?;
+    let (rank, world) = (config.rank, config.world_size);
+    let deadline = Instant::now() + timeout;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    // 1. The store.
+    let (store, server, store_host): (Arc<dyn Store>, _, Option<String>) = match &config.rendezvous
+    {
+        Rendezvous::Tcp { host, port } => {
+            let server = if rank == 0 {
+                let s = TcpStoreServer::bind(("::", *port))
+                    .or_else(|_| TcpStoreServer::bind(("0.0.0.0", *port)))?;
+                Some(s)
+            } else {
+                None
+            };
+            let client = TcpStore::connect(host_port(host, *port), left())?;
+            (Arc::new(client), server, Some(host.clone()))
+        }
+        Rendezvous::File { path } => (Arc::new(FileStore::new(path)?), None, None),
+    };
+    let joined = join(
+        rank,
+        world,
+        options,
+        &store,
+        store_host.as_deref(),
+        deadline,
+        timeout,
+    );
+    match joined {
+        Ok((comm, system, thread, connections)) => Ok(Process {
+            comm,
+            config,
+            store,
+            system: Some(system),
+            thread: Some(thread),
+            connections,
+            server,
+        }),
+        Err(e) => {
+            // The others' joins are timing out about now too: the store stays up a little
+            // longer, so that their errors name the missing ranks, not a vanished store.
+            if let Some(server) = server {
+                let _ = std::thread::Builder::new()
+                    .name("collectix-store-linger".into())
+                    .spawn(move || {
+                        std::thread::sleep(JOIN_LINGER);
+                        drop(server);
+                    });
+            }
+            Err(e)
+        }
+    }
+}
+
+/// What joining gives: the world communicator, the actor system and its thread, and the
+/// connections.
+type Joined = (Communicator, System, JoinHandle<()>, Vec<tcp::Connection>);
+
+/// Steps 2–5 of joining (see the module doc), once the store is there.
+fn join(
+    rank: usize,
+    world: usize,
+    options: GroupOptions,
+    store: &Arc<dyn Store>,
+    store_host: Option<&str>,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Joined> {
+    let left = || deadline.saturating_duration_since(Instant::now());
+    // 2. Listen, publish.
+    let listener = TcpListener::bind("[::]:0")
+        .or_else(|_| TcpListener::bind("0.0.0.0:0"))
+        .map_err(|e| Error::Resource(format!("cannot listen for peers: {e}")))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| Error::Resource(format!("no local address: {e}")))?
+        .port();
+    let me = host_port(&own_ip(store_host), port);
+    if rank == 0 {
+        let id = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32);
+        store.compare_set("job", b"", id.to_string().into_bytes())?;
+    }
+    store.set(&format!("addr/{rank}"), me.into_bytes())?;
+    // 3. Everyone.
+    let keys: Vec<String> = (0..world).map(|r| format!("addr/{r}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    store.wait(&refs, left())?;
+    let job_text = store.get("job", left())?;
+    let job = String::from_utf8_lossy(&job_text)
+        .parse::<u64>()
+        .map_err(|_| Error::Store("the job id in the store is not a number".into()))?;
+    let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+    // 4a. Connect to every higher rank.
+    for (peer, key) in keys.iter().enumerate().skip(rank + 1) {
+        let addr = String::from_utf8_lossy(&store.get(key, left())?).into_owned();
+        let mut s = connect_retrying(&addr, left())
+            .map_err(|e| Error::Store(format!("cannot connect to rank {peer} at {addr}: {e}")))?;
+        let hello = Hello {
+            job,
+            from: rank as u32,
+            to: peer as u32,
+            world: world as u32,
+        };
+        tcp::connect(&mut s, hello)
+            .map_err(|e| Error::Store(format!("rank {peer} at {addr}: {e}")))?;
+        streams[peer] = Some(s);
+    }
+    // 4b. Accept every lower rank.
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::Resource(e.to_string()))?;
+    while streams[..rank].iter().any(Option::is_none) {
+        match listener.accept() {
+            Ok((mut s, from_addr)) => {
+                let _ = s.set_nonblocking(false);
+                match tcp::accept(&mut s, job, rank as u32, world as u32) {
+                    Ok(from) if streams[from as usize].is_none() => {
+                        streams[from as usize] = Some(s)
+                    }
+                    Ok(from) => tracing::warn!(from, "a second connection from one rank refused"),
+                    Err(why) => tracing::warn!(%from_addr, reason = %why, "connection refused"),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if left().is_zero() {
+                    let missing: Vec<usize> = (0..rank).filter(|&r| streams[r].is_none()).collect();
+                    return Err(Error::StoreTimeout {
+                        what: format!("connections from ranks {missing:?}"),
+                        waited_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(Error::Resource(format!("accept failed: {e}"))),
+        }
+    }
+    // 5. The actor, then its links.
+    let info = GroupInfo::world(world, rank, options.clone())?;
+    let (addr, arbiter, thread_id, system, thread) = start_actor(rank, info.clone())?;
+    let limits = Limits {
+        max_payload_bytes: options.max_call_bytes,
+        ..Limits::default()
+    };
+    let inbound: Arc<dyn Inbound> = Arc::new(ToActor(addr.clone()));
+    let mut links: Links = Vec::with_capacity(world);
+    let mut connections = Vec::new();
+    for (peer, s) in streams.into_iter().enumerate() {
+        match s {
+            Some(s) => {
+                let (link, conn) = tcp::start(s, peer, limits, inbound.clone()).map_err(|e| {
+                    Error::Resource(format!("cannot start rank {peer}'s link: {e}"))
+                })?;
+                links.push(Box::new(link));
+                connections.push(conn);
+            }
+            None => links.push(Box::new(SelfLink(rank, addr.clone()))),
+        }
+    }
+    addr.do_send(SetLinks(links));
+    let shared = Arc::new(RankShared {
+        rank,
+        world,
+        addr,
+        arbiter,
+        rank_threads: Arc::from(vec![thread_id]),
+        device: Default::default(),
+    });
+    Ok((Communicator::new(shared, info), system, thread, connections))
+}
+fn connect_retrying(addr: &str, within: Duration) -> std::io::Result<TcpStream> {
+    let deadline = Instant::now() + within;
+    loop {
+        let attempt = addr
+            .to_socket_addrs()
+            .and_then(|mut a| a.next().ok_or_else(|| std::io::Error::other("no address")))
+            .and_then(|a| {
+                TcpStream::connect_timeout(
+                    &a,
+                    Duration::from_secs(5).min(within.max(Duration::from_millis(1))),
+                )
+            });
+        match attempt {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+type Started = (
+    Addr<RankActor>,
+    actix::ArbiterHandle,
+    std::thread::ThreadId,
+    System,
+    JoinHandle<()>,
+);
+
+/// Starts an actix system on a thread of its own with this rank's actor on an arbiter.
+fn start_actor(rank: usize, info: GroupInfo) -> Result<Started> {
+    let (tx, rx) = mpsc::channel();
+    let origin = Instant::now();
+    let thread = std::thread::Builder::new()
+        .name(format!("collectix-system-{rank}"))
+        .spawn(move || {
+            let sys = System::new();
+            let arbiter = match std::panic::catch_unwind(Arbiter::new) {
+                Ok(a) => a,
+                Err(p) => {
+                    let e = Error::from_panic("starting the rank's thread", p.as_ref());
+                    let _ = tx.send(Err(Error::Resource(e.to_string())));
+                    return;
+                }
+            };
+            let (ttx, trx) = mpsc::channel();
+            let addr = RankActor::start_in_arbiter(&arbiter.handle(), move |_| {
+                let _ = ttx.send(std::thread::current().id());
+                RankActor::new(rank, info, origin)
+            });
+            let started = trx
+                .recv()
+                .map(|tid| (addr, arbiter.handle(), tid, System::current()))
+                .map_err(|_| Error::Shutdown);
+            if tx.send(started).is_ok() {
+                let _ = sys.run();
+            }
+            arbiter.stop();
+            let _ = arbiter.join();
+        })
+        .map_err(|e| Error::Resource(format!("cannot start the actor system thread: {e}")))?;
+    let (addr, arbiter, tid, system) = rx.recv().map_err(|_| Error::Shutdown)??;
+    Ok((addr, arbiter, tid, system, thread))
+}
+
+impl Process {
+    /// This rank's world communicator.
+    pub fn communicator(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// The job's settings as this process read them.
+    pub fn config(&self) -> &JobConfig {
+        &self.config
+    }
+
+    /// Leaves the job in order (see the module doc) and returns this rank's pending error,
+    /// if any: a failure of a group that no call of this rank returned.
+    pub fn shutdown(mut self) -> Result<()> {
+        let pending = self.leave();
+        match pending.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn leave(&mut self) -> Vec<Error> {
+        let Some(system) = self.system.take() else {
+            return Vec::new();
+        };
+        let (tx, rx) = mpsc::channel();
+        self.comm.rank.addr.do_send(Leave {
+            linger: LINGER,
+            done: tx,
+        });
+        let pending = rx.recv_timeout(LINGER * 2).unwrap_or_default();
+        // Every rank has left (or the wait ran out): closing now harms nobody.
+        let (rank, world) = (self.config.rank, self.config.world_size);
+        let _ = self.store.set(&format!("left/{rank}"), Vec::new());
+        let keys: Vec<String> = (0..world).map(|r| format!("left/{r}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        if let Err(e) = self.store.wait(&refs, LINGER) {
+            tracing::warn!(rank, error = %e, "not every rank left in order; closing anyway");
+        }
+        // The rank serving the store keeps it until every rank has had its answer (else a
+        // rank's last request could find the store gone and wait out its timeout).
+        let _ = self.store.set(&format!("gone/{rank}"), Vec::new());
+        if self.server.is_some() {
+            let keys: Vec<String> = (0..world).map(|r| format!("gone/{r}")).collect();
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let _ = self.store.wait(&refs, LINGER);
+        }
+        system.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // The links were dropped with the actor: each writer sends what it queued, then
+        // closes its side.
+        for c in self.connections.drain(..) {
+            let _ = c.writer.join();
+        }
+        pending
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        for e in self.leave() {
+            tracing::error!(error = %e, "a process dropped without shutdown() swallowed this failure");
+        }
+    }
+}
