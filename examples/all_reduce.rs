@@ -2,6 +2,10 @@
 //! over the world is `[10, 20]` on every rank. Then the subgroup of ranks 1 and 3 reduces the
 //! original inputs with min and max.
 //!
+//! The same program runs as 4 processes over TCP: `collectix launch --nproc-per-node 4 --
+//! target/debug/examples/all_reduce` (or under `mpirun -np 4`); each process then prints its
+//! own rank's lines.
+//!
 //! Prints, in rank order:
 //! ```text
 //! rank 0: sum [10, 20]
@@ -47,6 +51,11 @@ pub(crate) fn lines() -> Result<Vec<String>> {
 
 #[allow(dead_code)]
 fn main() -> Result<()> {
+    // Started by `collectix launch --nproc-per-node 4` (or mpirun, srun): this process is one
+    // rank and prints its own lines.
+    if common::launched() {
+        return common::run_launched(run);
+    }
     common::print(&lines()?);
     Ok(())
 }

@@ -34,6 +34,29 @@ pub(crate) fn per_rank(
     Ok(out)
 }
 
+/// Whether this process was started as one rank of a multi-process job (by
+/// `collectix launch`, torchrun, `mpirun` or `srun`): then it joins the job with
+/// `collectix::init` instead of starting its own world.
+pub(crate) fn launched() -> bool {
+    ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
+/// As one rank of a launched job: joins it, runs `f` on this rank's communicator, prints its
+/// lines, and leaves in order.
+pub(crate) fn run_launched(f: fn(Communicator) -> Result<Vec<String>>) -> Result<()> {
+    init_tracing();
+    let p = collectix::init(
+        &collectix::InitArgs::default(),
+        collectix::GroupOptions::default(),
+        std::time::Duration::from_secs(120),
+    )?;
+    let lines = f(p.communicator().clone())?;
+    print(&lines);
+    p.shutdown()
+}
+
 /// Prints lines.
 pub(crate) fn print(lines: &[String]) {
     for l in lines {

@@ -1,0 +1,140 @@
+//! Separate OS processes over TCP loopback (issue 11): the README's main example under
+//! `collectix launch` and under `mpirun`, and a rank killed with SIGKILL in the middle of an
+//! all_reduce loop. The examples' binaries are built here (a no-op after `cargo test
+//! --workspace`, which builds them). Elapsed-time bounds are hang guards, not timings.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The example's binary, built if needed (same profile and target directory as this test).
+fn example(name: &str) -> PathBuf {
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", "collectix", "--example", name])
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cargo: {e}"));
+    assert!(status.success(), "cannot build the example {name}");
+    // target/<profile>/deps/<this test> -> target/<profile>/examples/<name>
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+    let profile_dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .unwrap_or_else(|| panic!("no target directory above {exe:?}"));
+    profile_dir.join("examples").join(name)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(29_777, |a| a.port())
+}
+
+/// The example's lines, as one process per rank prints them.
+const ALL_REDUCE_LINES: [&str; 8] = [
+    "rank 0: sum [10, 20]",
+    "rank 1: sum [10, 20]",
+    "rank 2: sum [10, 20]",
+    "rank 3: sum [10, 20]",
+    "rank 1: group_min [2, 4]",
+    "rank 1: group_max [4, 8]",
+    "rank 3: group_min [2, 4]",
+    "rank 3: group_max [4, 8]",
+];
+
+#[test]
+fn the_readme_example_runs_as_four_processes_under_collectix_launch() {
+    let exe = example("all_reduce");
+    let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .args(["launch", "--nproc-per-node", "4", "--master-port"])
+        .arg(free_port().to_string())
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{so}\n{se}");
+    for line in ALL_REDUCE_LINES {
+        let rank = &line[5..6];
+        let want = format!("[rank {rank}] {line}");
+        assert!(so.lines().any(|l| l == want), "no {want:?} in:\n{so}\n{se}");
+    }
+}
+
+#[test]
+fn the_readme_example_runs_under_mpirun() {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "mpirun is missing in CI: .ci/run installs openmpi-bin"
+        );
+        eprintln!("SKIPPED: no mpirun here (Debian: apt-get install openmpi-bin)");
+        return;
+    }
+    let exe = example("all_reduce");
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{so}\n{se}");
+    for line in ALL_REDUCE_LINES {
+        assert!(so.lines().any(|l| l == line), "no {line:?} in:\n{so}\n{se}");
+    }
+}
+
+#[test]
+fn a_rank_killed_mid_all_reduce_is_named_by_every_other_rank() {
+    let exe = example("multiprocess");
+    let (w, port) = (3, free_port());
+    let mut children: Vec<_> = (0..w)
+        .map(|r| {
+            Command::new(&exe)
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", w.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("ITERS", "100000000")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    // Each says its pid once it has joined.
+    let mut outs: Vec<_> = children
+        .iter_mut()
+        .map(|c| BufReader::new(c.stdout.take().unwrap_or_else(|| panic!("no stdout"))))
+        .collect();
+    let mut first = String::new();
+    let _ = outs[1].read_line(&mut first);
+    assert!(first.starts_with("rank 1: pid "), "{first:?}");
+    for o in [0, 2] {
+        let mut l = String::new();
+        let _ = outs[o].read_line(&mut l);
+        assert!(l.starts_with(&format!("rank {o}: pid ")), "{l:?}");
+    }
+    // Let them run a little, then kill rank 1 mid-loop.
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = children[1].kill();
+    let killed_at = Instant::now();
+    let _ = children[1].wait();
+    for r in [0, 2] {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut outs[r], &mut rest);
+        let status = children[r].wait().unwrap_or_else(|e| panic!("{e}"));
+        let took = killed_at.elapsed();
+        assert!(!status.success(), "rank {r}: {rest}");
+        assert!(
+            rest.contains(&format!("rank {r}: error:")) && rest.contains("rank 1"),
+            "rank {r} does not name rank 1: {rest:?}"
+        );
+        assert!(
+            took < Duration::from_secs(5),
+            "rank {r} heard after {took:?}"
+        );
+    }
+}
