@@ -13,7 +13,7 @@
 //!   │    submit / handle_message / handle_timeout               │
 //!   │    poll_transmit / poll_event / poll_timeout              │
 //!   └──────────────┬───────────────────────────────────────────┘
-//!                  │ Transport (in-process mailboxes now; TCP next)
+//!                  │ Transport (in-process mailboxes, or TCP between processes)
 //!   ┌──────────────▼───────────────────────────────────────────┐
 //!   │ peer rank actors …                                        │
 //!   └───────────────────────────────────────────────────────────┘
@@ -22,7 +22,7 @@
 //! - [`runtime`] (`collectix-runtime`) is the protocol: tensors, dtypes, reduce kernels,
 //!   algorithm schedules, message tags and matching, timeouts, aborts. No threads, no IO, no
 //!   clock, so the same code runs under the seeded simulator (`runtime::testing::sim`, with
-//!   the `testing` feature), loom, the in-process world and, later, TCP.
+//!   the `testing` feature), loom, the in-process world and processes over TCP.
 //! - [`actors`] (`collectix-actors`) drives it: one actor per rank, the transports, the
 //!   [`World`], and the public API on [`Communicator`].
 //!

@@ -248,7 +248,7 @@ impl Scenario {
     /// opposite-order program is valid: a rank's calls on two groups proceed independently
     /// in collectix, where torch's blocking calls deadlock). `last_must_fail`: the rank
     /// waited for each call before the next, on links that keep their order, so its closing
-    /// `monitored_barrier` must return the fault.
+    /// `monitored_barrier` must return the fault if no earlier call did.
     pub fn check_rank(
         &self,
         r: usize,
@@ -269,7 +269,13 @@ impl Scenario {
                     let failed_before = calls.iter().any(|d| {
                         d.on == c.on && d.result.is_err() && d.completed_nanos < c.completed_nanos
                     });
-                    if failed_before || (last_must_fail && i + 1 == calls.len()) {
+                    // The closing monitored_barrier must fail unless the rank already heard
+                    // of the fault from an earlier call: in the opposite-order program the
+                    // fault is on one group, and the other can be healthy (rank 1's late
+                    // call on A can still complete rank 0's, which was waiting in its desync
+                    // inquiry; then only B failed, and the barrier on A rightly succeeds).
+                    let heard_before = calls[..i].iter().any(|d| d.result.is_err());
+                    if failed_before || (last_must_fail && i + 1 == calls.len() && !heard_before) {
                         return Err(format!(
                             "rank {r} call {i}: Ok after a failure it should have heard of"
                         ));
