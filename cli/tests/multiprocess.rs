@@ -11,7 +11,18 @@ use std::time::{Duration, Instant};
 /// The example's binary, built if needed (same profile and target directory as this test).
 fn example(name: &str) -> PathBuf {
     let status = Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "collectix", "--example", name])
+        // The test profile: what `cargo test` built already (the dev profile would rebuild
+        // every dependency unoptimized).
+        .args([
+            "build",
+            "-q",
+            "-p",
+            "collectix",
+            "--profile",
+            "test",
+            "--example",
+            name,
+        ])
         .status()
         .unwrap_or_else(|e| panic!("cannot run cargo: {e}"));
     assert!(status.success(), "cannot build the example {name}");
