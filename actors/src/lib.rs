@@ -43,6 +43,7 @@ pub mod object;
 pub mod process;
 pub(crate) mod rank;
 pub mod store;
+mod system;
 pub mod transport;
 pub mod work;
 pub mod world;

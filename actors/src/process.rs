@@ -23,9 +23,10 @@ use crate::comm::{Communicator, RankShared};
 use crate::init::{InitArgs, JobConfig, Rendezvous};
 use crate::rank::{Leave, RankActor, SetLinks};
 use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
+use crate::system;
 use crate::transport::tcp::{self, Hello, Inbound};
 use crate::transport::{Deliver, Flush, Links, PeerLost};
-use actix::{Actor, Addr, Arbiter, System};
+use actix::{Addr, System};
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
@@ -253,7 +254,17 @@ fn join(
     }
     // 5. The actor, then its links.
     let info = GroupInfo::world(world, rank, options.clone())?;
-    let (addr, arbiter, thread_id, system, thread) = start_actor(rank, info.clone())?;
+    let system::Started {
+        system,
+        thread,
+        mut ranks,
+    } = system::start(
+        &format!("collectix-system-{rank}"),
+        vec![(rank, info.clone())],
+    )?;
+    let (addr, arbiter, thread_id) = ranks
+        .pop()
+        .ok_or_else(|| Error::internal("the actor system started no rank"))?;
     let limits = Limits {
         max_payload_bytes: options.max_call_bytes,
         ..Limits::default()
@@ -302,50 +313,6 @@ fn connect_retrying(addr: &str, within: Duration) -> std::io::Result<TcpStream> 
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
-}
-
-type Started = (
-    Addr<RankActor>,
-    actix::ArbiterHandle,
-    std::thread::ThreadId,
-    System,
-    JoinHandle<()>,
-);
-
-/// Starts an actix system on a thread of its own with this rank's actor on an arbiter.
-fn start_actor(rank: usize, info: GroupInfo) -> Result<Started> {
-    let (tx, rx) = mpsc::channel();
-    let origin = Instant::now();
-    let thread = std::thread::Builder::new()
-        .name(format!("collectix-system-{rank}"))
-        .spawn(move || {
-            let sys = System::new();
-            let arbiter = match std::panic::catch_unwind(Arbiter::new) {
-                Ok(a) => a,
-                Err(p) => {
-                    let e = Error::from_panic("starting the rank's thread", p.as_ref());
-                    let _ = tx.send(Err(Error::Resource(e.to_string())));
-                    return;
-                }
-            };
-            let (ttx, trx) = mpsc::channel();
-            let addr = RankActor::start_in_arbiter(&arbiter.handle(), move |_| {
-                let _ = ttx.send(std::thread::current().id());
-                RankActor::new(rank, info, origin)
-            });
-            let started = trx
-                .recv()
-                .map(|tid| (addr, arbiter.handle(), tid, System::current()))
-                .map_err(|_| Error::Shutdown);
-            if tx.send(started).is_ok() {
-                let _ = sys.run();
-            }
-            arbiter.stop();
-            let _ = arbiter.join();
-        })
-        .map_err(|e| Error::Resource(format!("cannot start the actor system thread: {e}")))?;
-    let (addr, arbiter, tid, system) = rx.recv().map_err(|_| Error::Shutdown)??;
-    Ok((addr, arbiter, tid, system, thread))
 }
 
 impl Process {

@@ -1,16 +1,15 @@
 //! [`World`]: N in-process ranks, each an actor on its own actix `Arbiter` thread, under an
-//! actix `System` that runs on a thread of its own (so a world works from plain `fn main`,
-//! from inside a tokio runtime and from tests alike).
+//! actix `System` that runs on a thread of its own (see the private `system` module).
 
 use crate::comm::{Communicator, RankShared};
-use crate::rank::{Quiesce, RankActor, SetLinks};
+use crate::rank::{Quiesce, SetLinks};
+use crate::system;
 use crate::transport::local;
-use actix::{Actor, Addr, Arbiter, System};
+use actix::System;
 use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::{JoinHandle, ThreadId};
-use std::time::Instant;
 
 /// A set of in-process ranks. [`shutdown`](World::shutdown) (or dropping it) stops every
 /// rank and joins every thread it started; calls still pending then fail with
@@ -24,11 +23,6 @@ pub struct World {
     thread: Option<JoinHandle<()>>,
 }
 
-struct Started {
-    system: System,
-    ranks: Vec<(Addr<RankActor>, actix::ArbiterHandle, ThreadId)>,
-}
-
 impl World {
     /// Starts `n` ranks with default group options.
     pub fn local(n: usize) -> Result<World> {
@@ -40,80 +34,21 @@ impl World {
         if n == 0 {
             return Err(Error::invalid("a world needs at least one rank"));
         }
-        let (tx, rx) = mpsc::channel::<Result<Started>>();
-        let origin = Instant::now();
         // Each rank's view of the world group, made (and checked) before any thread starts.
         let infos = (0..n)
             .map(|r| GroupInfo::world(n, r, options.clone()))
             .collect::<Result<Vec<_>>>()?;
-        let actor_infos = infos.clone();
-        let thread = std::thread::Builder::new()
-            .name("collectix-system".into())
-            .spawn(move || {
-                let sys = System::new();
-                // actix panics when it cannot start an arbiter's thread: that is a resource
-                // limit, reported as one (the threads started so far are stopped).
-                let mut arbiters: Vec<Arbiter> = Vec::with_capacity(n);
-                for _ in 0..n {
-                    match std::panic::catch_unwind(Arbiter::new) {
-                        Ok(a) => arbiters.push(a),
-                        Err(p) => {
-                            for a in arbiters {
-                                a.stop();
-                                let _ = a.join();
-                            }
-                            let e = Error::from_panic("starting a rank's thread", p.as_ref());
-                            let _ = tx.send(Err(Error::Resource(e.to_string())));
-                            return;
-                        }
-                    }
-                }
-                let ranks = sys.block_on(async {
-                    let mut ranks = Vec::with_capacity(n);
-                    for (r, (arb, world)) in arbiters.iter().zip(actor_infos).enumerate() {
-                        let (ttx, trx) = mpsc::channel();
-                        let addr = RankActor::start_in_arbiter(&arb.handle(), move |_| {
-                            let _ = ttx.send(std::thread::current().id());
-                            RankActor::new(r, world, origin)
-                        });
-                        let tid = trx.recv().ok();
-                        ranks.push((addr, arb.handle(), tid));
-                    }
-                    ranks
-                });
-                let recipients: Vec<_> = ranks
-                    .iter()
-                    .map(|(a, _, _)| a.clone().recipient())
-                    .collect();
-                for (r, (addr, _, _)) in ranks.iter().enumerate() {
-                    addr.do_send(SetLinks(local::links(r, &recipients)));
-                }
-                let ranks: Vec<_> = ranks
-                    .into_iter()
-                    .filter_map(|(a, h, t)| t.map(|t| (a, h, t)))
-                    .collect();
-                if tx
-                    .send(Ok(Started {
-                        system: System::current(),
-                        ranks,
-                    }))
-                    .is_ok()
-                {
-                    let _ = sys.run();
-                }
-                for a in &arbiters {
-                    a.stop();
-                }
-                for a in arbiters {
-                    let _ = a.join();
-                }
-            })
-            .map_err(|e| Error::Resource(format!("cannot start the actor system thread: {e}")))?;
-        let started = rx.recv().map_err(|_| Error::Shutdown)??;
-        if started.ranks.len() != n {
-            started.system.stop();
-            let _ = thread.join();
-            return Err(Error::Shutdown);
+        let started = system::start(
+            "collectix-system",
+            infos.iter().cloned().enumerate().collect(),
+        )?;
+        let recipients: Vec<_> = started
+            .ranks
+            .iter()
+            .map(|(a, _, _)| a.clone().recipient())
+            .collect();
+        for (r, (addr, _, _)) in started.ranks.iter().enumerate() {
+            addr.do_send(SetLinks(local::links(r, &recipients)));
         }
         let threads: Arc<[ThreadId]> = started.ranks.iter().map(|(_, _, t)| *t).collect();
         let mut comms = Vec::with_capacity(n);
@@ -131,7 +66,7 @@ impl World {
         Ok(World {
             comms,
             system: Some(started.system),
-            thread: Some(thread),
+            thread: Some(started.thread),
         })
     }
 

@@ -1,0 +1,92 @@
+//! Starting rank actors: an actix `System` on a thread of its own (so that ranks work from
+//! plain `fn main`, from inside a tokio runtime and from tests alike), with one `Arbiter`
+//! thread per rank. Shared by the in-process [`World`](crate::World) (many ranks) and a
+//! multi-process [`Process`](crate::Process) (one).
+
+use crate::rank::RankActor;
+use actix::{Actor, Addr, Arbiter, ArbiterHandle, System};
+use collectix_runtime::{Error, GroupInfo, Result};
+use std::sync::mpsc;
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Instant;
+
+/// Started ranks: the system, its thread, and per rank (in the order asked) its actor, its
+/// arbiter and the arbiter's thread.
+pub(crate) struct Started {
+    pub(crate) system: System,
+    pub(crate) thread: JoinHandle<()>,
+    pub(crate) ranks: Vec<(Addr<RankActor>, ArbiterHandle, ThreadId)>,
+}
+
+/// Starts one actor per `(global rank, world group)`, without links (the caller sends
+/// `SetLinks`). A thread the system refuses is [`Error::Resource`].
+pub(crate) fn start(name: &str, ranks: Vec<(usize, GroupInfo)>) -> Result<Started> {
+    let n = ranks.len();
+    type Reply = Result<(System, Vec<(Addr<RankActor>, ArbiterHandle, ThreadId)>)>;
+    let (tx, rx) = mpsc::channel::<Reply>();
+    let origin = Instant::now();
+    let thread = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let sys = System::new();
+            // actix panics when it cannot start an arbiter's thread: that is a resource
+            // limit, reported as one (the threads started so far are stopped).
+            let mut arbiters: Vec<Arbiter> = Vec::with_capacity(n);
+            for _ in 0..n {
+                match std::panic::catch_unwind(Arbiter::new) {
+                    Ok(a) => arbiters.push(a),
+                    Err(p) => {
+                        for a in arbiters {
+                            a.stop();
+                            let _ = a.join();
+                        }
+                        let e = Error::from_panic("starting a rank's thread", p.as_ref());
+                        let _ = tx.send(Err(Error::Resource(e.to_string())));
+                        return;
+                    }
+                }
+            }
+            let started: Vec<_> = arbiters
+                .iter()
+                .zip(ranks)
+                .filter_map(|(arb, (r, world))| {
+                    let (ttx, trx) = mpsc::channel();
+                    let addr = RankActor::start_in_arbiter(&arb.handle(), move |_| {
+                        let _ = ttx.send(std::thread::current().id());
+                        RankActor::new(r, world, origin)
+                    });
+                    trx.recv().ok().map(|tid| (addr, arb.handle(), tid))
+                })
+                .collect();
+            let reply = if started.len() == n {
+                Ok((System::current(), started))
+            } else {
+                Err(Error::Shutdown)
+            };
+            if tx.send(reply).is_ok() {
+                let _ = sys.run();
+            }
+            for a in &arbiters {
+                a.stop();
+            }
+            for a in arbiters {
+                let _ = a.join();
+            }
+        })
+        .map_err(|e| Error::Resource(format!("cannot start the actor system thread: {e}")))?;
+    match rx.recv() {
+        Ok(Ok((system, ranks))) => Ok(Started {
+            system,
+            thread,
+            ranks,
+        }),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = thread.join();
+            Err(Error::Shutdown)
+        }
+    }
+}
