@@ -1,13 +1,13 @@
 //! The process world over TCP loopback (issue 11, first part): ranks join through `init`
 //! with `tcp://127.0.0.1:PORT` (rank 0 serves the store), connect to each other with the
-//! link's handshake, and run every collective × algorithm, several dtypes and ops, with
-//! values checked exactly; then they leave in order and none sees another's exit as a
+//! link's handshake, and run the matrix (`testing::matrix`: every collective × algorithm,
+//! several dtypes and ops), with values checked exactly; then they leave in order and none sees another's exit as a
 //! failure. Each rank is a thread of this test process with its own actor system and its
-//! own sockets: what crosses between ranks goes through the TCP links. (Tests with separate
-//! OS processes come with the launcher wiring: issue 11's next part.)
+//! own sockets: what crosses between ranks goes through the TCP links. The same matrix runs
+//! across separate OS processes in `cli/tests/multiprocess.rs` (the `check_job` example).
 
-use collectix::runtime::testing::{reduces, rooted, Case, COLLECTIVES};
-use collectix::{init, CallOptions, DType, Error, GroupOptions, InitArgs, ReduceOp};
+use collectix::runtime::testing::matrix;
+use collectix::{init, CallOptions, Error, GroupOptions, InitArgs};
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -17,44 +17,10 @@ fn free_port() -> u16 {
         .map_or(29_999, |a| a.port())
 }
 
-fn cases(w: usize) -> Vec<Case> {
-    let mut out = Vec::new();
-    for (i, kind) in COLLECTIVES.into_iter().enumerate() {
-        for (j, &alg) in kind.algorithms().iter().enumerate() {
-            let (dtype, op) = match (i + j) % 4 {
-                0 => (DType::F32, ReduceOp::Sum),
-                1 => (DType::I64, ReduceOp::Max),
-                2 => (DType::BF16, ReduceOp::Sum),
-                _ => (DType::I32, ReduceOp::Product),
-            };
-            out.push(Case {
-                kind,
-                size: w,
-                count: 1000 + i,
-                dtype,
-                op: if reduces(kind) { op } else { ReduceOp::Sum },
-                root: if rooted(kind) { (i + j) % w } else { 0 },
-                algorithm: Some(alg),
-            });
-        }
-    }
-    // Large enough to fill a link's queue (segments of 1 KiB: thousands of messages per call).
-    out.push(Case {
-        kind: collectix::OpKind::AllReduce,
-        size: w,
-        count: 1 << 20,
-        dtype: DType::F32,
-        op: ReduceOp::Sum,
-        root: 0,
-        algorithm: Some(collectix::Algorithm::Ring),
-    });
-    out
-}
-
 /// Every rank joins, runs `cases` one after another (each waited for), and leaves.
 fn run(w: usize) -> Vec<Result<(), String>> {
     let port = free_port();
-    let cases = cases(w);
+    let cases = matrix(w);
     std::thread::scope(|sc| {
         let handles: Vec<_> = (0..w)
             .map(|r| {

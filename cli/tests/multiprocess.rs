@@ -149,3 +149,49 @@ fn a_rank_killed_mid_all_reduce_is_named_by_every_other_rank() {
         );
     }
 }
+
+/// Runs `exe` under `collectix launch --nproc-per-node w`; (success, stdout, stderr).
+fn launch(w: usize, exe: &std::path::Path) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .args(["launch", "--nproc-per-node"])
+        .arg(w.to_string())
+        .arg("--master-port")
+        .arg(free_port().to_string())
+        .arg("--")
+        .arg(exe)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn every_collective_checks_out_across_2_3_4_processes() {
+    let exe = example("check_job");
+    for w in [2, 3, 4] {
+        let (ok, so, se) = launch(w, &exe);
+        assert!(ok, "W={w}:\n{so}\n{se}");
+        // Every rank ran the whole matrix: the same count everywhere, and more cases than
+        // there are collectives (12).
+        let counts: Vec<usize> = (0..w)
+            .map(|r| {
+                let head = format!("[rank {r}] rank {r}: ");
+                so.lines()
+                    .find_map(|l| {
+                        l.strip_prefix(&head)?
+                            .strip_suffix(" cases ok")?
+                            .parse()
+                            .ok()
+                    })
+                    .unwrap_or_else(|| panic!("W={w}: rank {r} did not finish:\n{so}\n{se}"))
+            })
+            .collect();
+        assert!(
+            counts.iter().all(|&n| n == counts[0] && n > 12),
+            "W={w}: {counts:?}"
+        );
+    }
+}

@@ -183,6 +183,43 @@ impl Case {
     }
 }
 
+/// The matrix the multi-rank tests run over a real transport, for a world of `w` ranks:
+/// every collective × every algorithm, with dtypes and ops that change from cell to cell
+/// (f32 sum, i64 max, bf16 sum, i32 product), roots that move, and a last all_reduce of 4 MiB
+/// (with 1 KiB segments, thousands of messages: enough to fill a link's queue).
+pub fn matrix(w: usize) -> Vec<Case> {
+    let mut out = Vec::new();
+    for (i, kind) in COLLECTIVES.into_iter().enumerate() {
+        for (j, &alg) in kind.algorithms().iter().enumerate() {
+            let (dtype, op) = match (i + j) % 4 {
+                0 => (DType::F32, ReduceOp::Sum),
+                1 => (DType::I64, ReduceOp::Max),
+                2 => (DType::BF16, ReduceOp::Sum),
+                _ => (DType::I32, ReduceOp::Product),
+            };
+            out.push(Case {
+                kind,
+                size: w,
+                count: 1000 + i,
+                dtype,
+                op: if reduces(kind) { op } else { ReduceOp::Sum },
+                root: if rooted(kind) { (i + j) % w } else { 0 },
+                algorithm: Some(alg),
+            });
+        }
+    }
+    out.push(Case {
+        kind: OpKind::AllReduce,
+        size: w,
+        count: 1 << 20,
+        dtype: DType::F32,
+        op: ReduceOp::Sum,
+        root: 0,
+        algorithm: Some(Algorithm::Ring),
+    });
+    out
+}
+
 /// The `k`-th call of rank `r` in the liveness tests' sequences, and its expected result:
 /// collective `kind` (root 0, i32 sum), or send/recv from rank 0 to rank 1 for `None` (`None`
 /// back for ranks that take no part). Sizes change from call to call (1, 2, 3 elements), so a
