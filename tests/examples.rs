@@ -5,6 +5,8 @@
 mod all_gather_into_tensor;
 #[path = "../examples/all_reduce.rs"]
 mod all_reduce;
+#[path = "../examples/ddp.rs"]
+mod ddp;
 #[path = "../examples/parameter_server.rs"]
 mod parameter_server;
 #[path = "../examples/reduce_scatter.rs"]
@@ -120,4 +122,24 @@ fn tensor_scatter_example() {
             "gather [[1, 1], [4, 3]]",
         ],
     );
+}
+
+/// The ddp example's loss curve on 2 and 4 in-process ranks is single-process training's on
+/// the same data, to float tolerance (the sums are added in another order), and it learns.
+#[test]
+fn ddp_example_matches_single_process_training() {
+    let single = ddp::train(None).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(single.len(), ddp::STEPS);
+    let tail: f32 = single[ddp::STEPS - 5..].iter().sum::<f32>() / 5.0;
+    assert!(tail < 0.6 * single[0], "it does not learn: {single:?}");
+    for w in [2, 4] {
+        let got = ddp::in_process(w).unwrap_or_else(|e| panic!("W={w}: {e}"));
+        assert_eq!(got.len(), single.len());
+        for (s, (a, b)) in got.iter().zip(&single).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * b.abs(),
+                "W={w}, step {s}: {a} against single-process {b}"
+            );
+        }
+    }
 }

@@ -195,3 +195,33 @@ fn every_collective_checks_out_across_2_3_4_processes() {
         );
     }
 }
+
+/// `step S: loss L` lines, as `(S, L)`, after `prefix`.
+fn losses(text: &str, prefix: &str) -> Vec<f64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix)?.strip_prefix("step "))
+        .filter_map(|l| l.split_once(": loss ")?.1.parse().ok())
+        .collect()
+}
+
+#[test]
+fn the_ddp_example_under_collectix_launch_matches_single_process_training() {
+    let exe = example("ddp");
+    let single = Command::new(&exe)
+        .arg("--single")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(single.status.success());
+    let want = losses(&String::from_utf8_lossy(&single.stdout), "");
+    assert_eq!(want.len(), 40, "{single:?}");
+    let (ok, so, se) = launch(4, &exe);
+    assert!(ok, "{so}\n{se}");
+    for r in 0..4 {
+        let got = losses(&so, &format!("[rank {r}] "));
+        assert_eq!(got.len(), want.len(), "rank {r}:\n{so}\n{se}");
+        for (s, (a, b)) in got.iter().zip(&want).enumerate() {
+            // Printed to 6 decimals; the sums differ in their order of additions only.
+            assert!((a - b).abs() <= 1e-5, "rank {r}, step {s}: {a} against {b}");
+        }
+    }
+}
