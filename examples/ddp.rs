@@ -217,7 +217,7 @@ impl Buckets<'_> {
 /// share of every batch), else alone on whole batches. Returns the loss before each step.
 pub(crate) fn train(comm: Option<&Communicator>) -> Result<Vec<f32>> {
     let (r, w) = comm.map_or((0, 1), |c| (c.rank(), c.size()));
-    if BATCH % w != 0 {
+    if !BATCH.is_multiple_of(w) {
         return Err(Error::invalid(format!(
             "the batch of {BATCH} rows does not split evenly over {w} ranks"
         )));

@@ -133,6 +133,18 @@ pub enum ProtocolError {
     /// A message that could not be decoded.
     #[error("malformed frame: {0}")]
     Malformed(String),
+    /// Payload bytes sent ahead of this rank's calls beyond the byte budget
+    /// (`GroupOptions::peer_budget_bytes`; a conforming peer waits for the call instead).
+    #[error("{bytes} bytes sent ahead of this rank's calls (up to call #{seq}), beyond the budget of {budget}")]
+    Budget {
+        /// The call the message that went over the budget belongs to (for point-to-point,
+        /// its lane sequence number).
+        seq: u64,
+        /// The bytes buffered with it.
+        bytes: u64,
+        /// The budget.
+        budget: u64,
+    },
 }
 
 /// A failure of the device layer (CUDA memory, NCCL): what was missing or which call failed.

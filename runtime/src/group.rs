@@ -19,6 +19,12 @@ pub struct GroupOptions {
     /// How many calls a rank may run ahead of a peer before its messages to that peer wait
     /// (flow control; bounds what a peer buffers for calls it has not made yet).
     pub window: u64,
+    /// The most payload bytes a peer may make this rank buffer, per group, for calls this
+    /// rank has not made yet (64 MiB by default); the same bound holds for point-to-point
+    /// messages sent before their receive is posted. Beyond it a sender waits for the
+    /// receiver's call before sending (a rendezvous): see `engine::flow`. With the window, it
+    /// bounds the memory one peer can take on this rank.
+    pub peer_budget_bytes: u64,
     /// The most bytes one call may declare, its inputs and outputs together (64 GiB by
     /// default): a call above it is [`Error::InvalidArgument`] on the caller, before anything is
     /// allocated or sent. It guards against absurd sizes (a shape typed wrong, an overflow
@@ -36,6 +42,7 @@ impl Default for GroupOptions {
             segment_bytes: 1 << 20,
             algorithms: Vec::new(),
             window: 16,
+            peer_budget_bytes: 64 << 20,
             max_call_bytes: 64 << 30,
             desync_grace: Duration::from_secs(1),
         }

@@ -57,6 +57,8 @@ fn protocol_error() -> impl Strategy<Value = ProtocolError> {
         any::<u64>().prop_map(|seq| ProtocolError::Stale { seq }),
         any::<u64>().prop_map(|seq| ProtocolError::Window { seq }),
         ".{0,40}".prop_map(ProtocolError::Malformed),
+        (any::<u64>(), any::<u64>(), any::<u64>())
+            .prop_map(|(seq, bytes, budget)| { ProtocolError::Budget { seq, bytes, budget } }),
     ]
 }
 

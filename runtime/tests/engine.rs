@@ -747,3 +747,76 @@ fn a_rank_past_the_call_is_never_named_as_behind_even_if_it_forgot_the_call() {
         ev[0].result
     );
 }
+
+/// An engine of rank 1 of 2 with a byte budget of 64 (window 16: eager limit 4 bytes).
+fn budgeted() -> Engine {
+    let opts = GroupOptions {
+        peer_budget_bytes: 64,
+        ..GroupOptions::default()
+    };
+    let mut e = Engine::new(1);
+    e.add_group(
+        GroupInfo::world(W, 1, opts).unwrap_or_else(|e| panic!("{e}")),
+        Time::ZERO,
+    );
+    e
+}
+
+#[test]
+fn bytes_sent_ahead_beyond_the_budget_are_a_protocol_error() {
+    let mut e = budgeted();
+    let fp = all_reduce(0, vec![1.0; 10]).fingerprint();
+    let msg = |seq| Message {
+        src: 0,
+        header: data(seq, 0)(fp),
+        payload: vec![Bytes::from(vec![0u8; 40])],
+    };
+    // Calls 0 and 1 not made here: 40 bytes are within 64, 80 are not.
+    e.handle_message(msg(0), Time::ZERO);
+    assert_eq!((e.buffered(), e.buffered_bytes()), (1, 40));
+    assert!(e.aborted(GroupId::WORLD).is_none());
+    e.handle_message(msg(1), Time::ZERO);
+    match e.aborted(GroupId::WORLD) {
+        Some(Error::Protocol {
+            rank: 0,
+            detail:
+                ProtocolError::Budget {
+                    seq: 1,
+                    bytes: 80,
+                    budget: 64,
+                },
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_eager_message_above_the_eager_limit_is_a_protocol_error() {
+    let mut e = budgeted();
+    let msg = |bytes: usize| Message {
+        src: 0,
+        header: Header::P2p {
+            group: GroupId::WORLD,
+            tag: 3,
+            seq: 0,
+            dtype: DType::U8,
+            count: bytes as u64,
+            eager: true,
+        },
+        payload: vec![Bytes::from(vec![0u8; bytes])],
+    };
+    e.handle_message(msg(5), Time::ZERO);
+    match e.aborted(GroupId::WORLD) {
+        Some(Error::Protocol {
+            rank: 0,
+            detail:
+                ProtocolError::Budget {
+                    bytes: 5,
+                    budget: 4,
+                    ..
+                },
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.p2p_buffered(), 0);
+}

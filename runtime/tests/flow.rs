@@ -536,3 +536,113 @@ fn an_aborted_group_drops_the_point_to_point_messages_it_held() {
     let _ = sim.run(100_000);
     assert_eq!(sim.engine(0).map(|e| e.held()), Some(0));
 }
+
+#[test]
+fn a_root_far_ahead_is_held_to_the_byte_budget_and_everything_arrives() {
+    // 40 broadcasts of 1200 bytes from a root far ahead; budget 4 KiB, window 16: the window
+    // alone would let 16 calls (19 200 bytes) pile up in each peer.
+    let budget = 4096u64;
+    for seed in 0..5 {
+        let mut sim = Sim::with_options(
+            3,
+            seed,
+            GroupOptions {
+                peer_budget_bytes: budget,
+                ..GroupOptions::default()
+            },
+        );
+        let data = |k: u64| Tensor::from_vec(vec![k as f32; 300]);
+        for k in 0..40 {
+            let req = Request::Broadcast {
+                tensor: data(k),
+                root: 0,
+            };
+            sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        sim.run_no_timeouts(1_000_000)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        for r in 1..3 {
+            let b = sim.engine(r).map_or(u64::MAX, |e| e.buffered_bytes());
+            assert!(b > 0 && b <= budget, "seed {seed}: rank {r} buffers {b} bytes");
+        }
+        // The peers catch up one call at a time, checking each value; the budget never
+        // breaks (a breach would abort the group with ProtocolError::Budget).
+        for k in 0..40 {
+            let mut ids = Vec::new();
+            for r in 1..3 {
+                let req = Request::Broadcast {
+                    tensor: Tensor::zeros(&[300], collectix_runtime::DType::F32)
+                        .unwrap_or_else(|e| panic!("{e}")),
+                    root: 0,
+                };
+                ids.push((
+                    r,
+                    sim.submit(r, GroupId::WORLD, req, &CallOptions::default())
+                        .unwrap_or_else(|e| panic!("{e}")),
+                ));
+            }
+            sim.run_no_timeouts(1_000_000)
+                .unwrap_or_else(|e| panic!("{e:?}"));
+            for (r, id) in ids {
+                assert_eq!(
+                    sim.take(r, id),
+                    Some(Ok(Output::Tensor(data(k)))),
+                    "seed {seed} rank {r} call {k}"
+                );
+                let b = sim.engine(r).map_or(u64::MAX, |e| e.buffered_bytes());
+                assert!(b <= budget, "seed {seed}: rank {r} buffers {b} bytes");
+            }
+        }
+    }
+}
+
+#[test]
+fn large_sends_without_receives_wait_in_the_sender() {
+    use collectix_runtime::collective::TensorSpec;
+    use collectix_runtime::DType;
+    // Budget 4 KiB over a window of 16: messages above 256 bytes wait for their receive.
+    let mut sim = Sim::with_options(
+        2,
+        3,
+        GroupOptions {
+            peer_budget_bytes: 4096,
+            ..GroupOptions::default()
+        },
+    );
+    let n = 20;
+    for k in 0..n {
+        let req = Request::Send {
+            tensor: Tensor::from_vec(vec![k as i32; 100]),
+            dst: 1,
+            tag: 9,
+        };
+        sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    sim.run_no_timeouts(100_000)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(sim.engine(1).map(|e| e.buffered_bytes()), Some(0));
+    assert_eq!(sim.engine(0).map(|e| e.held()), Some(n));
+    let mut recvs = Vec::new();
+    for _ in 0..n {
+        let req = Request::Recv {
+            spec: TensorSpec::new(&[100], DType::I32),
+            src: Some(0),
+            tag: 9,
+        };
+        recvs.push(
+            sim.submit(1, GroupId::WORLD, req, &CallOptions::default())
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+    }
+    sim.run_no_timeouts(100_000)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    for (k, id) in recvs.into_iter().enumerate() {
+        let want = Output::Received {
+            tensor: Tensor::from_vec(vec![k as i32; 100]),
+            src: 0,
+        };
+        assert_eq!(sim.take(1, id), Some(Ok(want)), "message {k}");
+    }
+}

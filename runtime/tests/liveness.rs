@@ -55,9 +55,10 @@ struct Driver {
 }
 
 impl Driver {
-    fn new(kind: Kind, w: usize, window: u64, seed: u64, label: String) -> Driver {
+    fn new(kind: Kind, w: usize, window: u64, budget: u64, seed: u64, label: String) -> Driver {
         let opts = GroupOptions {
             window,
+            peer_budget_bytes: budget,
             ..GroupOptions::default()
         };
         Driver {
@@ -197,13 +198,24 @@ fn kinds() -> Vec<Kind> {
 }
 
 fn sweep(ws: &[usize], windows: &[u64], patterns: &[Pattern]) -> usize {
+    sweep_with(
+        ws,
+        windows,
+        GroupOptions::default().peer_budget_bytes,
+        patterns,
+    )
+}
+
+/// The sweep with a byte budget per peer (`GroupOptions::peer_budget_bytes`).
+fn sweep_with(ws: &[usize], windows: &[u64], budget: u64, patterns: &[Pattern]) -> usize {
     let mut n = 0;
     for &w in ws {
         for kind in kinds() {
             for &window in windows {
                 for &pattern in patterns {
-                    let label = format!("{kind:?} w={w} window={window} {pattern:?}");
-                    let mut d = Driver::new(kind, w, window, 7 + n as u64, label.clone());
+                    let label =
+                        format!("{kind:?} w={w} window={window} budget={budget} {pattern:?}");
+                    let mut d = Driver::new(kind, w, window, budget, 7 + n as u64, label.clone());
                     d.run(pattern);
                     // A rank more than a window ahead must have made the sender hold.
                     let one_way = matches!(
@@ -211,7 +223,8 @@ fn sweep(ws: &[usize], windows: &[u64], patterns: &[Pattern]) -> usize {
                         Kind::P2p | Kind::Coll(OpKind::Broadcast) | Kind::Coll(OpKind::Scatter)
                     );
                     if let Pattern::Ahead(a) = pattern {
-                        if a > window && one_way {
+                        // Beyond the window, or carrying more than the budget (12 bytes).
+                        if (a > window || (budget < 12 && a > 2)) && one_way {
                             assert!(d.max_held > 0, "{label}: nothing was held");
                         }
                     }
@@ -255,6 +268,22 @@ fn every_valid_schedule_completes_on_three_ranks() {
             Pattern::Greedy,
         ],
     );
+    assert!(n > 0);
+}
+
+/// A byte budget of 8: the calls carry 4, 8 or 12 bytes per message, so some go ahead and
+/// some wait for the peer's call (a rendezvous); with windows above 1 every point-to-point
+/// message waits for its receive's grant (the eager limit, 8 / window, is below 4 bytes).
+#[test]
+fn every_valid_schedule_completes_with_a_tight_byte_budget() {
+    let patterns = [
+        Pattern::AllAtOnce,
+        Pattern::OneAtATime,
+        Pattern::Ahead(4),
+        Pattern::Ahead(34),
+        Pattern::Greedy,
+    ];
+    let n = sweep_with(&[2], &[1, 4, 16], 8, &patterns) + sweep_with(&[3], &[2], 8, &patterns);
     assert!(n > 0);
 }
 

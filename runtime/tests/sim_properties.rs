@@ -32,6 +32,8 @@ struct Scenario {
     /// Each subgroup's members (global ranks) in group-rank order.
     subs: Vec<Vec<usize>>,
     segment_bytes: usize,
+    /// The byte budget per peer (tight ones force rendezvous).
+    budget: u64,
     calls: Vec<Call>,
 }
 
@@ -57,6 +59,7 @@ impl Scenario {
     fn group_options(&self) -> GroupOptions {
         GroupOptions {
             segment_bytes: self.segment_bytes,
+            peer_budget_bytes: self.budget,
             ..GroupOptions::default()
         }
     }
@@ -131,9 +134,10 @@ prop_compose! {
             1..=2,
         ),
         segment_bytes in prop_oneof![Just(16usize), Just(64), Just(4096), Just(1 << 20)],
+        budget in prop_oneof![Just(0u64), Just(100), Just(64 << 20)],
         raws in proptest::collection::vec(raw_call(), 1..=4),
     ) -> Scenario {
-        let mut sc = Scenario { world, subs, segment_bytes, calls: Vec::new() };
+        let mut sc = Scenario { world, subs, segment_bytes, budget, calls: Vec::new() };
         sc.calls = raws.into_iter().map(|r| make_call(r, &sc)).collect();
         sc
     }
@@ -402,6 +406,7 @@ fn replay_scenario() -> Scenario {
         world: 6,
         subs: vec![vec![4, 1, 5, 0]],
         segment_bytes: 64,
+        budget: 100,
         calls: vec![
             Call {
                 group: 1,

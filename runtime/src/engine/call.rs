@@ -152,6 +152,7 @@ impl Engine {
                         call: op.fp,
                     };
                     let dst = g.info.global(s.peer);
+                    let bytes = payload.iter().map(|b| b.len() as u64).sum();
                     let t = Transmit {
                         dst,
                         msg: Message {
@@ -160,7 +161,7 @@ impl Engine {
                             payload,
                         },
                     };
-                    g.flow.send(s.peer, c.seq, t, &mut out);
+                    g.flow.send(s.peer, c.seq, bytes, t, &mut out);
                 }
                 c.posted = true;
                 let gid = op.group;

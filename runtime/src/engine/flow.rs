@@ -15,6 +15,22 @@
 //! call `seq` is itself a credit of `seq + 1` (the peer has made that call), so ranks that
 //! exchange data rarely need the explicit messages at all.
 //!
+//! **Bytes.** The window bounds calls; a byte budget (`GroupOptions::peer_budget_bytes`)
+//! bounds what they carry. A message of a call the peer has not made yet, as far as this rank
+//! knows, is sent *ahead*: it may end up buffered in the peer until the peer makes the call.
+//! A rank sends a message ahead only while the bytes it has sent ahead to that peer (for calls
+//! not yet known made) stay within the budget; otherwise the message waits here until the
+//! peer has made its call — a rendezvous, as MPI does for large messages — and then goes
+//! whatever its size. The receiver counts the bytes it buffers per peer for calls it has not
+//! made and treats a count beyond the budget as a protocol violation: what it counts is a
+//! subset of what the sender counted (the sender's knowledge of the peer's calls lags the
+//! peer's own), so a conforming sender never trips it. To wait for "the peer has made call
+//! `s`" a sender asks about call `s + window` (the peer answers once `s + window` is within
+//! its window, that is once it has made `s`); a rank that has more than half its budget
+//! ahead asks early, so that ranks in step rarely wait for the answer. Deadlock freedom is
+//! the argument below with a window of 1: a rank blocked in a call has made it, so the
+//! messages of that call held for bytes are released by the credit that follows.
+//!
 //! Point-to-point messages have flow control of their own ([`crate::engine::p2p_flow`]): a window of
 //! eager messages per peer over all tags, and grants from posted receives.
 //!
@@ -39,7 +55,7 @@
 //! turn, never buffers more than `window` calls per peer that it has not made yet, and treats
 //! a message beyond that as a protocol violation.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// What the flow state asks the engine to send.
 #[derive(Debug, PartialEq)]
@@ -56,8 +72,17 @@ pub(crate) enum FlowOut<T> {
 struct Peer<T> {
     /// Calls the peer has made, as far as this rank knows.
     known: u64,
-    /// Messages waiting for credit, with their call's seq.
-    held: Vec<(u64, T)>,
+    /// Messages waiting for credit, with their call's seq and payload bytes.
+    held: Vec<(u64, u64, T)>,
+    /// Bytes sent ahead (for calls not known made), by call.
+    ahead: BTreeMap<u64, u64>,
+    /// Their sum.
+    ahead_bytes: u64,
+    /// Receiver side: bytes of the peer buffered here for calls this rank has not made, by
+    /// call.
+    early: BTreeMap<u64, u64>,
+    /// Their sum.
+    early_bytes: u64,
     /// The highest seq this rank has asked the peer about.
     asked: Option<u64>,
     /// The highest seq the peer asked this rank about and has not been granted yet.
@@ -72,13 +97,48 @@ impl<T> Peer<T> {
         if self.asked.is_some_and(|a| a < self.known.saturating_add(w)) {
             self.asked = None;
         }
-        let Some(first) = self.held.iter().map(|(s, _)| *s).min() else {
+        let Some(first) = self.held.iter().map(|(s, _, _)| self.ask_for(*s, w)).min() else {
             return;
         };
         if self.asked.is_none_or(|a| first < a) {
             self.asked = Some(first);
             out.push(FlowOut::Ask { peer, seq: first });
         }
+    }
+
+    /// The call to ask about for a message of call `seq` held here: `seq` itself beyond the
+    /// window; within it (held for bytes), `seq + w`, whose answer says the peer made `seq`.
+    fn ask_for(&self, seq: u64, w: u64) -> u64 {
+        if seq >= self.known.saturating_add(w) {
+            seq
+        } else {
+            seq.saturating_add(w)
+        }
+    }
+
+    /// Whether a message of call `seq` and `bytes` may go now; counts it if it goes ahead.
+    fn may_send(&mut self, seq: u64, bytes: u64, w: u64, budget: u64) -> bool {
+        if seq >= self.known.saturating_add(w) {
+            return false;
+        }
+        if seq < self.known {
+            return true;
+        }
+        if self.ahead_bytes.saturating_add(bytes) > budget {
+            return false;
+        }
+        self.ahead_bytes += bytes;
+        *self.ahead.entry(seq).or_insert(0) += bytes;
+        true
+    }
+
+    /// The peer has made every call below `known`: what was sent ahead of them is not ahead
+    /// any more.
+    fn forget_ahead(&mut self) {
+        let still = self.ahead.split_off(&self.known);
+        let done: u64 = self.ahead.values().sum();
+        self.ahead = still;
+        self.ahead_bytes = self.ahead_bytes.saturating_sub(done);
     }
 }
 
@@ -87,6 +147,10 @@ impl<T> Default for Peer<T> {
         Peer {
             known: 0,
             held: Vec::new(),
+            ahead: BTreeMap::new(),
+            ahead_bytes: 0,
+            early: BTreeMap::new(),
+            early_bytes: 0,
             asked: None,
             want: None,
         }
@@ -97,15 +161,18 @@ impl<T> Default for Peer<T> {
 #[derive(Debug)]
 pub(crate) struct Flow<T> {
     window: u64,
+    /// Bytes a peer may have sent ahead of this rank's calls (see the module doc).
+    budget: u64,
     /// Calls this rank has made in the group (highest seq + 1).
     made: u64,
     peers: HashMap<usize, Peer<T>>,
 }
 
 impl<T> Flow<T> {
-    pub(crate) fn new(window: u64) -> Self {
+    pub(crate) fn new(window: u64, budget: u64) -> Self {
         Flow {
             window: window.max(1),
+            budget,
             made: 0,
             peers: HashMap::new(),
         }
@@ -116,36 +183,56 @@ impl<T> Flow<T> {
         seq < self.made.saturating_add(self.window)
     }
 
-    /// A message of call `seq` for `peer`.
-    pub(crate) fn send(&mut self, peer: usize, seq: u64, msg: T, out: &mut Vec<FlowOut<T>>) {
-        let w = self.window;
+    /// A message of call `seq` with `bytes` of payload for `peer`.
+    pub(crate) fn send(
+        &mut self,
+        peer: usize,
+        seq: u64,
+        bytes: u64,
+        msg: T,
+        out: &mut Vec<FlowOut<T>>,
+    ) {
+        let (w, budget) = (self.window, self.budget);
         let p = self.peers.entry(peer).or_default();
-        if seq < p.known.saturating_add(w) {
+        if p.may_send(seq, bytes, w, budget) {
             out.push(FlowOut::Send(msg));
-            // Ask early, so that ranks in step never stall on a credit.
+            // Ask early, so that ranks in step never stall on a credit: past half the window,
+            // or past half the byte budget.
             let ahead = seq.saturating_add(w / 2);
             if seq >= p.known.saturating_add(w / 2) && p.asked.is_none_or(|a| a < ahead) {
                 p.asked = Some(ahead);
                 out.push(FlowOut::Ask { peer, seq: ahead });
+            } else if p.ahead_bytes > budget / 2
+                && p.asked.is_none_or(|a| a < p.known.saturating_add(w))
+            {
+                if let Some(&first) = p.ahead.keys().next() {
+                    let q = first.saturating_add(w);
+                    p.asked = Some(q);
+                    out.push(FlowOut::Ask { peer, seq: q });
+                }
             }
         } else {
-            p.held.push((seq, msg));
+            p.held.push((seq, bytes, msg));
             p.ask_lowest(peer, w, out);
         }
     }
 
-    /// `peer` has made `calls` calls: release what that allows.
+    /// `peer` has made `calls` calls: release what that allows (lowest calls first).
     pub(crate) fn on_credit(&mut self, peer: usize, calls: u64, out: &mut Vec<FlowOut<T>>) {
-        let w = self.window;
+        let (w, budget) = (self.window, self.budget);
         let p = self.peers.entry(peer).or_default();
         if calls > p.known {
             p.known = calls;
-            let limit = p.known.saturating_add(w);
-            let (go, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut p.held)
-                .into_iter()
-                .partition(|(s, _)| *s < limit);
-            p.held = stay;
-            out.extend(go.into_iter().map(|(_, m)| FlowOut::Send(m)));
+            p.forget_ahead();
+            let mut held = std::mem::take(&mut p.held);
+            held.sort_by_key(|(s, _, _)| *s);
+            for (seq, bytes, m) in held {
+                if p.may_send(seq, bytes, w, budget) {
+                    out.push(FlowOut::Send(m));
+                } else {
+                    p.held.push((seq, bytes, m));
+                }
+            }
         }
         // Even a credit that brings nothing new answers the ask it replies to: ask again for
         // what is still held.
@@ -167,11 +254,36 @@ impl<T> Flow<T> {
         }
     }
 
+    /// `bytes` of `peer` arrived for call `seq`, which this rank has not made yet: counts
+    /// them; `Err` with the count they would make if that is beyond the budget (a protocol
+    /// violation: a conforming peer never gets there).
+    pub(crate) fn early(&mut self, peer: usize, seq: u64, bytes: u64) -> Result<(), u64> {
+        let budget = self.budget;
+        let p = self.peers.entry(peer).or_default();
+        let total = p.early_bytes.saturating_add(bytes);
+        if total > budget {
+            return Err(total);
+        }
+        p.early_bytes = total;
+        *p.early.entry(seq).or_insert(0) += bytes;
+        Ok(())
+    }
+
+    /// The byte budget.
+    pub(crate) fn budget(&self) -> u64 {
+        self.budget
+    }
+
     /// This rank made call `seq`: answer the peers that were waiting for it.
     pub(crate) fn on_made(&mut self, seq: u64, out: &mut Vec<FlowOut<T>>) {
         self.made = self.made.max(seq.saturating_add(1));
         let limit = self.made.saturating_add(self.window);
         for (&peer, p) in &mut self.peers {
+            // What arrived early for the calls made now is the calls' own.
+            let still = p.early.split_off(&self.made);
+            let done: u64 = p.early.values().sum();
+            p.early = still;
+            p.early_bytes = p.early_bytes.saturating_sub(done);
             if p.want.is_some_and(|s| s < limit) {
                 p.want = None;
                 out.push(FlowOut::Credit {
@@ -226,10 +338,10 @@ mod tests {
 
     #[test]
     fn holds_beyond_the_window_and_releases_on_credit() {
-        let mut f = Flow::new(4);
+        let mut f = Flow::new(4, u64::MAX);
         let mut out = Vec::new();
         for seq in 0..10 {
-            f.send(1, seq, seq as u32, &mut out);
+            f.send(1, seq, 0, seq as u32, &mut out);
         }
         assert_eq!(sends(&out), vec![0, 1, 2, 3]);
         assert_eq!(f.held(), 6);
@@ -248,7 +360,7 @@ mod tests {
 
     #[test]
     fn receiver_answers_now_and_again_when_it_catches_up() {
-        let mut f: Flow<u32> = Flow::new(4);
+        let mut f: Flow<u32> = Flow::new(4, u64::MAX);
         let mut out = Vec::new();
         f.on_want(0, 9, &mut out);
         assert_eq!(out, vec![FlowOut::Credit { peer: 0, calls: 0 }]);
@@ -264,7 +376,7 @@ mod tests {
 
     #[test]
     fn the_receiver_answers_for_the_lowest_call_asked_about() {
-        let mut f: Flow<u32> = Flow::new(2);
+        let mut f: Flow<u32> = Flow::new(2, u64::MAX);
         let mut out = Vec::new();
         f.on_want(0, 9, &mut out);
         f.on_want(0, 4, &mut out);
@@ -279,15 +391,15 @@ mod tests {
 
     #[test]
     fn an_older_call_held_after_a_newer_one_is_asked_about() {
-        let mut f = Flow::new(1);
+        let mut f = Flow::new(1, u64::MAX);
         let mut out = Vec::new();
-        f.send(1, 5, 5u32, &mut out);
+        f.send(1, 5, 0, 5u32, &mut out);
         assert_eq!(out, vec![FlowOut::Ask { peer: 1, seq: 5 }]);
         out.clear();
-        f.send(1, 3, 3, &mut out);
+        f.send(1, 3, 0, 3, &mut out);
         assert_eq!(out, vec![FlowOut::Ask { peer: 1, seq: 3 }]);
         out.clear();
-        f.send(1, 7, 7, &mut out);
+        f.send(1, 7, 0, 7, &mut out);
         assert!(out.is_empty(), "7 is above the call asked about");
         f.on_credit(1, 3, &mut out);
         assert_eq!(sends(&out), vec![3]);
@@ -296,15 +408,15 @@ mod tests {
 
     #[test]
     fn the_early_ask_comes_at_half_window_and_names_half_a_window_ahead() {
-        let mut f = Flow::new(8);
+        let mut f = Flow::new(8, u64::MAX);
         let mut out = Vec::new();
         for seq in 0..4 {
-            f.send(1, seq, seq as u32, &mut out);
+            f.send(1, seq, 0, seq as u32, &mut out);
         }
         assert_eq!(sends(&out), vec![0, 1, 2, 3]);
         assert_eq!(out.len(), 4, "no ask below half a window: {out:?}");
         out.clear();
-        f.send(1, 4, 4, &mut out);
+        f.send(1, 4, 0, 4, &mut out);
         assert_eq!(
             out,
             vec![FlowOut::Send(4), FlowOut::Ask { peer: 1, seq: 8 }]
@@ -313,23 +425,23 @@ mod tests {
         // Known calls move the half-window mark: nothing to ask below it.
         f.on_credit(1, 4, &mut out);
         out.clear();
-        f.send(1, 6, 6, &mut out);
+        f.send(1, 6, 0, 6, &mut out);
         assert_eq!(out, vec![FlowOut::Send(6)]);
         out.clear();
-        f.send(1, 8, 8, &mut out);
+        f.send(1, 8, 0, 8, &mut out);
         assert_eq!(
             out,
             vec![FlowOut::Send(8), FlowOut::Ask { peer: 1, seq: 12 }]
         );
         out.clear();
         // A second message of the same call asks nothing new; the next call asks further.
-        let mut g = Flow::new(8);
-        g.send(1, 4, 4u32, &mut out);
+        let mut g = Flow::new(8, u64::MAX);
+        g.send(1, 4, 0, 4u32, &mut out);
         out.clear();
-        g.send(1, 4, 40, &mut out);
+        g.send(1, 4, 0, 40, &mut out);
         assert_eq!(out, vec![FlowOut::Send(40)]);
         out.clear();
-        g.send(1, 5, 5, &mut out);
+        g.send(1, 5, 0, 5, &mut out);
         assert_eq!(
             out,
             vec![FlowOut::Send(5), FlowOut::Ask { peer: 1, seq: 9 }]
@@ -337,20 +449,20 @@ mod tests {
         out.clear();
         // An ask already out for a later call is not repeated.
         g.asked_for_test(1, 20);
-        g.send(1, 5, 5, &mut out);
+        g.send(1, 5, 0, 5, &mut out);
         assert_eq!(out, vec![FlowOut::Send(5)]);
     }
 
     #[test]
     fn ranks_in_step_ask_early_and_never_hold() {
         // Two ranks making the same calls, each crediting the other as asked.
-        let mut a: Flow<u64> = Flow::new(8);
-        let mut b: Flow<u64> = Flow::new(8);
+        let mut a: Flow<u64> = Flow::new(8, u64::MAX);
+        let mut b: Flow<u64> = Flow::new(8, u64::MAX);
         for seq in 0..100 {
             let mut out = Vec::new();
             b.on_made(seq, &mut out);
             a.on_made(seq, &mut out);
-            a.send(1, seq, seq, &mut out);
+            a.send(1, seq, 0, seq, &mut out);
             let mut replies = Vec::new();
             for o in out {
                 if let FlowOut::Ask { seq, .. } = o {
@@ -364,5 +476,141 @@ mod tests {
             }
             assert_eq!(a.held(), 0, "seq {seq}");
         }
+    }
+
+    #[test]
+    fn bytes_beyond_the_budget_wait_for_the_peers_call_then_go() {
+        // Window 4, budget 100 bytes: call 0's 60 bytes go ahead; call 1's 60 would make 120.
+        let mut f = Flow::new(4, 100);
+        let mut out = Vec::new();
+        f.send(1, 0, 60, 0u32, &mut out);
+        // Over half the budget ahead: it asks about call 0 + window, whose answer comes once
+        // the peer has made call 0.
+        assert_eq!(
+            out,
+            vec![FlowOut::Send(0), FlowOut::Ask { peer: 1, seq: 4 }]
+        );
+        out.clear();
+        f.send(1, 1, 60, 1, &mut out);
+        assert!(
+            out.is_empty(),
+            "held, and the ask about call 0 is out: {out:?}"
+        );
+        // A message larger than the whole budget waits too, and nothing of it goes ahead.
+        f.send(1, 2, 500, 2, &mut out);
+        assert!(sends(&out).is_empty());
+        // The peer made call 0: call 0's bytes are not ahead any more; call 1's 60 go ahead.
+        f.on_credit(1, 1, &mut out);
+        assert_eq!(sends(&out), vec![1]);
+        assert!(out.contains(&FlowOut::Ask { peer: 1, seq: 6 }), "{out:?}");
+        out.clear();
+        // The peer made call 2: everything below goes, the 500 bytes included (not ahead).
+        f.on_credit(1, 3, &mut out);
+        assert_eq!(sends(&out), vec![2]);
+        assert_eq!(f.held(), 0);
+        // Calls the peer is known to have made are never counted.
+        out.clear();
+        f.send(1, 0, 1 << 40, 9, &mut out);
+        assert_eq!(sends(&out), vec![9]);
+    }
+
+    #[test]
+    fn half_the_budget_ahead_asks_early() {
+        let mut f = Flow::new(16, 100);
+        let mut out = Vec::new();
+        f.send(1, 0, 40, 0u32, &mut out);
+        assert_eq!(out, vec![FlowOut::Send(0)]);
+        out.clear();
+        f.send(1, 0, 20, 1, &mut out);
+        assert_eq!(
+            out,
+            vec![FlowOut::Send(1), FlowOut::Ask { peer: 1, seq: 16 }]
+        );
+        out.clear();
+        // Not again while that ask is out.
+        f.send(1, 1, 10, 2, &mut out);
+        assert_eq!(out, vec![FlowOut::Send(2)]);
+    }
+
+    #[test]
+    fn the_receiver_counts_early_bytes_until_it_makes_their_call() {
+        let mut f: Flow<u32> = Flow::new(4, 100);
+        let mut out = Vec::new();
+        assert_eq!(f.early(1, 0, 60), Ok(()));
+        assert_eq!(f.early(2, 0, 60), Ok(()), "per peer");
+        assert_eq!(f.early(1, 1, 41), Err(101));
+        assert_eq!(f.early(1, 1, 40), Ok(()));
+        f.on_made(0, &mut out);
+        // Call 0's 60 bytes are the call's own now; call 1's 40 still count.
+        assert_eq!(f.early(1, 2, 60), Ok(()));
+        assert_eq!(f.early(1, 3, 1), Err(101));
+    }
+
+    #[test]
+    fn a_conforming_sender_never_trips_the_receivers_count() {
+        // Sender 0 runs ahead of receiver 1 with messages of random sizes; the receiver makes
+        // its calls late; credits travel with delays. The receiver's count stays within the
+        // budget, and everything is sent in the end.
+        let (w, budget) = (4u64, 1000u64);
+        let mut seed = 7u64;
+        let mut rnd = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut a: Flow<(u64, u64)> = Flow::new(w, budget);
+        let mut b: Flow<(u64, u64)> = Flow::new(w, budget);
+        let mut to_b: Vec<FlowOut<(u64, u64)>> = Vec::new();
+        let mut to_a: Vec<FlowOut<(u64, u64)>> = Vec::new();
+        let (mut made, mut next, mut delivered) = (0u64, 0u64, 0usize);
+        let total = 200usize;
+        let mut sent_calls = 0u64;
+        for _ in 0..100_000 {
+            match rnd(4) {
+                0 if next < 50 => {
+                    let mut out = Vec::new();
+                    for _ in 0..4 {
+                        let bytes = rnd(700);
+                        a.send(1, next, bytes, (next, bytes), &mut out);
+                    }
+                    next += 1;
+                    sent_calls += 1;
+                    to_b.extend(out);
+                }
+                1 if made < sent_calls => {
+                    let mut out = Vec::new();
+                    b.on_made(made, &mut out);
+                    made += 1;
+                    to_a.extend(out);
+                }
+                2 if !to_b.is_empty() => {
+                    let i = rnd(to_b.len() as u64) as usize;
+                    match to_b.remove(i) {
+                        FlowOut::Send((seq, bytes)) => {
+                            if seq >= made {
+                                assert!(b.early(0, seq, bytes).is_ok(), "tripped at {seq}");
+                            }
+                            delivered += 1;
+                        }
+                        FlowOut::Ask { seq, .. } => {
+                            let mut out = Vec::new();
+                            b.on_want(0, seq, &mut out);
+                            to_a.extend(out);
+                        }
+                        FlowOut::Credit { .. } => {}
+                    }
+                }
+                3 if !to_a.is_empty() => {
+                    if let FlowOut::Credit { calls, .. } = to_a.remove(0) {
+                        let mut out = Vec::new();
+                        a.on_credit(1, calls, &mut out);
+                        to_b.extend(out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(delivered, total, "held: {}", a.held());
     }
 }

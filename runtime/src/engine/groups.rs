@@ -42,7 +42,7 @@ impl Engine {
     /// now.
     pub fn add_group(&mut self, info: GroupInfo, now: Time) {
         let id = info.id;
-        let window = info.options.window;
+        let (window, budget) = (info.options.window, info.options.peer_budget_bytes);
         self.groups.entry(id).or_insert_with(|| Group {
             info,
             aborted: None,
@@ -55,8 +55,8 @@ impl Engine {
             p2p_recv_seq: HashMap::new(),
             p2p_arrived: BTreeMap::new(),
             p2p_posted: Vec::new(),
-            flow: Flow::new(window),
-            p2p_flow: P2pFlow::new(window),
+            flow: Flow::new(window, budget),
+            p2p_flow: P2pFlow::new(window, budget),
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
             if let Some(n) = self.orphans_from.get_mut(&m.src) {

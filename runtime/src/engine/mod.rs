@@ -171,6 +171,20 @@ impl Engine {
             .sum()
     }
 
+    /// Payload bytes buffered for calls this rank has not made yet and in point-to-point
+    /// messages waiting for a receive, over all groups: what peers made this rank hold
+    /// (bounded per peer and group by `GroupOptions::peer_budget_bytes`, twice).
+    pub fn buffered_bytes(&self) -> u64 {
+        let bytes = |m: &Message| m.payload.iter().map(|b| b.len() as u64).sum::<u64>();
+        self.groups
+            .values()
+            .map(|g| {
+                g.unexpected.values().flatten().map(bytes).sum::<u64>()
+                    + g.p2p_arrived.values().map(|(_, m)| bytes(m)).sum::<u64>()
+            })
+            .sum()
+    }
+
     /// Messages kept for groups this rank has not created yet.
     pub fn orphaned(&self) -> usize {
         self.orphans.values().map(Vec::len).sum()
@@ -330,6 +344,20 @@ impl Engine {
                     self.abort(gid, err, None, true);
                     return;
                 }
+                let bytes: u64 = msg.payload.iter().map(|b| b.len() as u64).sum();
+                if *eager && bytes > g.p2p_flow.eager_limit() {
+                    // A conforming peer sends a message this large only when asked for it.
+                    let err = Error::Protocol {
+                        rank: msg.src,
+                        detail: ProtocolError::Budget {
+                            seq: *seq,
+                            bytes,
+                            budget: g.p2p_flow.eager_limit(),
+                        },
+                    };
+                    self.abort(gid, err, None, true);
+                    return;
+                }
                 if !g.p2p_flow.admit(src, *tag, *seq, *eager) {
                     let err = Error::Protocol {
                         rank: msg.src,
@@ -418,6 +446,20 @@ impl Engine {
                 } else if seq < g.forgotten_below {
                     tracing::warn!(rank = self.rank, seq, group = %gid, "message for a forgotten call dropped");
                 } else {
+                    let bytes = msg.payload.iter().map(|b| b.len() as u64).sum();
+                    if let Err(total) = g.flow.early(src, seq, bytes) {
+                        // A conforming peer waits for this rank's call beyond its budget.
+                        let err = Error::Protocol {
+                            rank: msg.src,
+                            detail: ProtocolError::Budget {
+                                seq,
+                                bytes: total,
+                                budget: g.flow.budget(),
+                            },
+                        };
+                        self.abort(gid, err, None, true);
+                        return;
+                    }
                     g.unexpected.entry(seq).or_default().push(msg);
                 }
             }

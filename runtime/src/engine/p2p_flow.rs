@@ -13,8 +13,12 @@
 //!   half a window has been consumed since its last report, which frees the sender's budget.
 //!   Beyond the budget a message waits in the sender (it refers to the sender's own tensor).
 //!
-//! Bound: the receiver buffers at most `window` eager messages per peer (a message beyond
-//! that is a protocol violation), plus solicited messages that a receive from any source
+//! - **Large.** A message of more than `budget / window` bytes (`GroupOptions::
+//!   peer_budget_bytes`) never goes eager: it waits for its grant (a rendezvous, as MPI's
+//!   large messages do), while smaller ones may pass it.
+//!
+//! Bound: the receiver buffers at most `window` eager messages per peer, each of at most
+//! `budget / window` bytes (a message beyond either is a protocol violation), plus solicited messages that a receive from any source
 //! asked for and another peer's message then satisfied, which are bounded by the receives the
 //! receiver itself posted.
 //!
@@ -47,8 +51,9 @@ struct Peer {
     eager_done: u64,
     /// Per tag: lane sequence numbers below this were solicited by the peer.
     granted: HashMap<u32, u64>,
-    /// Messages waiting for a grant or eager budget, in the order they were sent.
-    held: VecDeque<(u32, u64, Transmit)>,
+    /// Messages waiting for a grant or eager budget, in the order they were sent, with their
+    /// payload bytes.
+    held: VecDeque<(u32, u64, u64, Transmit)>,
     // From the peer.
     /// Eager messages of the peer buffered here, not consumed yet.
     eager_in: u64,
@@ -63,6 +68,8 @@ struct Peer {
 #[derive(Debug)]
 pub(crate) struct P2pFlow {
     window: u64,
+    /// The largest eager message (`budget / window`).
+    eager_limit: u64,
     peers: HashMap<usize, Peer>,
 }
 
@@ -75,27 +82,39 @@ fn flag(mut t: Transmit, eager: bool) -> Transmit {
 }
 
 impl P2pFlow {
-    pub(crate) fn new(window: u64) -> Self {
+    pub(crate) fn new(window: u64, budget: u64) -> Self {
+        let window = window.max(1);
         P2pFlow {
-            window: window.max(1),
+            window,
+            eager_limit: budget / window,
             peers: HashMap::new(),
         }
     }
 
     /// Message `seq` of lane (`peer`, `tag`), sent by this rank.
     pub(crate) fn send(&mut self, peer: usize, tag: u32, seq: u64, t: Transmit) -> Option<P2pOut> {
-        let w = self.window;
+        let (w, limit) = (self.window, self.eager_limit);
+        let bytes = t.msg.payload.iter().map(|b| b.len() as u64).sum();
         let p = self.peers.entry(peer).or_default();
         if p.granted.get(&tag).is_some_and(|&g| seq < g) {
             return Some(P2pOut::Send(flag(t, false)));
         }
-        // Held messages go first (oldest first), so a new one waits behind them.
-        if p.held.is_empty() && p.eager_sent.saturating_sub(p.eager_done) < w {
+        // Held messages that may go eager go first (oldest first), so a new one waits behind
+        // them; large ones wait for their grants and hold nothing up.
+        if bytes <= limit
+            && p.held.iter().all(|h| h.2 > limit)
+            && p.eager_sent.saturating_sub(p.eager_done) < w
+        {
             p.eager_sent += 1;
             return Some(P2pOut::Send(flag(t, true)));
         }
-        p.held.push_back((tag, seq, t));
+        p.held.push_back((tag, seq, bytes, t));
         None
+    }
+
+    /// The largest message that may go eager.
+    pub(crate) fn eager_limit(&self) -> u64 {
+        self.eager_limit
     }
 
     /// `peer` solicited its messages on `tag` below `upto`.
@@ -106,9 +125,12 @@ impl P2pFlow {
         let g = *g;
         let (go, stay): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut p.held)
             .into_iter()
-            .partition(|(tg, s, _)| *tg == tag && *s < g);
+            .partition(|(tg, s, _, _)| *tg == tag && *s < g);
         p.held = stay;
-        out.extend(go.into_iter().map(|(_, _, t)| P2pOut::Send(flag(t, false))));
+        out.extend(
+            go.into_iter()
+                .map(|(_, _, _, t)| P2pOut::Send(flag(t, false))),
+        );
         self.release_eager(peer, out);
     }
 
@@ -119,14 +141,19 @@ impl P2pFlow {
         self.release_eager(peer, out);
     }
 
-    /// Sends held messages, oldest first, while the eager budget allows.
+    /// Sends held messages that may go eager, oldest first, while the eager budget allows.
     fn release_eager(&mut self, peer: usize, out: &mut Vec<P2pOut>) {
-        let w = self.window;
+        let (w, limit) = (self.window, self.eager_limit);
         let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
-        while p.eager_sent.saturating_sub(p.eager_done) < w {
-            let Some((_, _, t)) = p.held.pop_front() else {
+        let mut i = 0;
+        while i < p.held.len() && p.eager_sent.saturating_sub(p.eager_done) < w {
+            if p.held[i].2 > limit {
+                i += 1;
+                continue;
+            }
+            let Some((_, _, _, t)) = p.held.remove(i) else {
                 break;
             };
             p.eager_sent += 1;
@@ -244,9 +271,35 @@ mod tests {
             .collect()
     }
 
+    fn big(tag: u32, seq: u64, bytes: usize) -> Transmit {
+        let mut t = msg(tag, seq);
+        t.msg.payload = vec![bytes::Bytes::from(vec![0u8; bytes])];
+        t
+    }
+
+    #[test]
+    fn a_message_above_budget_over_window_waits_for_its_grant_and_small_ones_pass_it() {
+        // Window 2, budget 200: messages above 100 bytes never go eager.
+        let mut f = P2pFlow::new(2, 200);
+        assert_eq!(f.eager_limit(), 100);
+        assert!(f.send(1, 5, 0, big(5, 0, 101)).is_none(), "large: held");
+        // A small one passes it, eager.
+        let o: Vec<P2pOut> = f.send(1, 6, 0, big(6, 0, 100)).into_iter().collect();
+        assert_eq!(sent(&o), vec![(6, 0, true)]);
+        // Consumed reports release small ones only.
+        let mut out = Vec::new();
+        f.on_consumed(1, 1, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(f.held(), 1);
+        // The receive for it grants it: it goes, solicited.
+        f.on_grant(1, 5, 1, &mut out);
+        assert_eq!(sent(&out), vec![(5, 0, false)]);
+        assert_eq!(f.held(), 0);
+    }
+
     #[test]
     fn the_eager_budget_spans_every_tag_and_grants_go_around_it() {
-        let mut f = P2pFlow::new(2);
+        let mut f = P2pFlow::new(2, u64::MAX);
         let mut out: Vec<P2pOut> = (0..5).filter_map(|t| f.send(1, t, 0, msg(t, 0))).collect();
         assert_eq!(sent(&out), vec![(0, 0, true), (1, 0, true)]);
         assert_eq!(f.held(), 3);
@@ -267,7 +320,7 @@ mod tests {
         assert_eq!(sent(&out), vec![(3, 0, true)]);
         assert_eq!(f.held(), 0);
         // A granted lane sends at once even with the budget spent.
-        let mut g = P2pFlow::new(1);
+        let mut g = P2pFlow::new(1, u64::MAX);
         assert!(g.send(1, 7, 0, msg(7, 0)).is_some());
         assert!(g.send(1, 7, 1, msg(7, 1)).is_none());
         g.on_grant(1, 7, 3, &mut out);
@@ -278,7 +331,7 @@ mod tests {
 
     #[test]
     fn a_grant_releases_exactly_the_messages_below_it() {
-        let mut f = P2pFlow::new(1);
+        let mut f = P2pFlow::new(1, u64::MAX);
         let mut out: Vec<P2pOut> = (0..4).filter_map(|q| f.send(1, 3, q, msg(3, q))).collect();
         assert_eq!(sent(&out), vec![(3, 0, true)]);
         out.clear();
@@ -293,7 +346,7 @@ mod tests {
 
     #[test]
     fn consumption_is_reported_once_per_half_window_and_grants_are_not_repeated() {
-        let mut f = P2pFlow::new(4);
+        let mut f = P2pFlow::new(4, u64::MAX);
         let mut out = Vec::new();
         for _ in 0..4 {
             assert!(f.admit(1, 0, 0, true));
@@ -317,7 +370,7 @@ mod tests {
 
     #[test]
     fn the_receiver_admits_a_window_of_eager_messages_and_only_what_it_solicited() {
-        let mut f = P2pFlow::new(2);
+        let mut f = P2pFlow::new(2, u64::MAX);
         let mut out = Vec::new();
         assert!(f.admit(1, 0, 0, true));
         assert!(f.admit(1, 9, 0, true));

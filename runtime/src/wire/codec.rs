@@ -439,6 +439,12 @@ fn put_protocol(h: &mut BytesMut, d: &ProtocolError) {
             h.put_u8(8);
             put_text(h, text);
         }
+        ProtocolError::Budget { seq, bytes, budget } => {
+            h.put_u8(9);
+            for v in [*seq, *bytes, *budget] {
+                h.put_u64_le(v);
+            }
+        }
     }
 }
 
@@ -834,6 +840,11 @@ fn read_protocol(r: &mut Reader) -> Result<ProtocolError, DecodeError> {
         6 => ProtocolError::Stale { seq: r.u64("seq")? },
         7 => ProtocolError::Window { seq: r.u64("seq")? },
         8 => ProtocolError::Malformed(r.text()?),
+        9 => ProtocolError::Budget {
+            seq: r.u64("seq")?,
+            bytes: r.u64("bytes")?,
+            budget: r.u64("budget")?,
+        },
         code => {
             return Err(CodeError {
                 what: "protocol error",
