@@ -114,3 +114,82 @@ fn a_rank_that_never_joins_is_named() {
         }
     }
 }
+
+/// Two groups share every connection: the world, and `b` (all three ranks, in another order).
+/// Rank 0 issues 40 all_reduces on `b` and does not wait for them; nobody else touches `b`
+/// until the world has run 200 all_reduces, each waited for and checked. `b`'s messages,
+/// far beyond its window and its byte budget, wait in rank 0 — they never hold up the world's
+/// on the shared connections — and then `b` catches up, every value exact.
+#[test]
+fn a_group_far_behind_never_blocks_another_on_the_same_connections() {
+    let (w, port) = (3usize, free_port());
+    let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..w)
+            .map(|r| {
+                sc.spawn(move || -> Result<(), String> {
+                    let args = InitArgs {
+                        init_method: Some(format!("tcp://127.0.0.1:{port}")),
+                        rank: Some(r),
+                        world_size: Some(w),
+                    };
+                    // A budget of 1 MiB, segments of 64 KiB: `b`'s calls of 256 KiB each
+                    // exceed it four calls ahead.
+                    let opts = GroupOptions {
+                        peer_budget_bytes: 1 << 20,
+                        segment_bytes: 64 << 10,
+                        ..GroupOptions::default()
+                    };
+                    let p = init(&args, opts, Duration::from_secs(60))
+                        .map_err(|e| format!("rank {r} cannot join: {e}"))?;
+                    let c = p.communicator();
+                    let b = c
+                        .new_group(&[2, 0, 1])
+                        .wait()
+                        .map_err(|e| e.to_string())?
+                        .ok_or("not a member of b")?;
+                    let big =
+                        |k: usize| collectix::Tensor::from_vec(vec![(r + k) as f32; 64 << 10]);
+                    let behind = |k: usize| b.all_reduce(big(k), collectix::ReduceOp::Sum);
+                    let mut b_calls = Vec::new();
+                    if r == 0 {
+                        b_calls = (0..40).map(behind).collect();
+                    }
+                    let opts = CallOptions {
+                        algorithm: None,
+                        timeout: Some(Duration::from_secs(30)),
+                    };
+                    for k in 0..200 {
+                        let x = collectix::Tensor::from_vec(vec![(r * k) as i64; 8]);
+                        let got = c
+                            .all_reduce_with(x, collectix::ReduceOp::Sum, &opts)
+                            .wait()
+                            .map_err(|e| format!("rank {r}, world call {k}: {e}"))?;
+                        let want = collectix::Tensor::from_vec(vec![(3 * k) as i64; 8]);
+                        if got != want {
+                            return Err(format!("rank {r}, world call {k}: {got}"));
+                        }
+                    }
+                    if r != 0 {
+                        b_calls = (0..40).map(behind).collect();
+                    }
+                    for (k, work) in b_calls.into_iter().enumerate() {
+                        let got = work
+                            .wait()
+                            .map_err(|e| format!("rank {r}, b call {k}: {e}"))?;
+                        let want = collectix::Tensor::from_vec(vec![(3 + 3 * k) as f32; 64 << 10]);
+                        if got != want {
+                            return Err(format!("rank {r}, b call {k}: wrong values"));
+                        }
+                    }
+                    p.shutdown().map_err(|e| format!("rank {r} left with {e}"))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect()
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        assert_eq!(res, Ok(()), "rank {r}");
+    }
+}

@@ -564,7 +564,10 @@ fn a_root_far_ahead_is_held_to_the_byte_budget_and_everything_arrives() {
             .unwrap_or_else(|e| panic!("{e:?}"));
         for r in 1..3 {
             let b = sim.engine(r).map_or(u64::MAX, |e| e.buffered_bytes());
-            assert!(b > 0 && b <= budget, "seed {seed}: rank {r} buffers {b} bytes");
+            assert!(
+                b > 0 && b <= budget,
+                "seed {seed}: rank {r} buffers {b} bytes"
+            );
         }
         // The peers catch up one call at a time, checking each value; the budget never
         // breaks (a breach would abort the group with ProtocolError::Budget).
