@@ -1,17 +1,23 @@
 //! A long all_reduce loop for multi-process jobs, each result checked: every rank adds
 //! `[rank + 1; 1024]` for `ITERS` rounds (environment, default 200), and the sum is
-//! `W(W+1)/2` everywhere. Prints `rank R: pid P` first (so that a test can kill a chosen rank)
-//! and `rank R: ok ITERS` at the end, or `rank R: error: …` when a call fails, then exits 1.
+//! `W(W+1)/2` everywhere. Prints `rank R: pid P, joined in T ms` first (so that a test can
+//! kill a chosen rank) and `rank R: ok ITERS in T ms (first F ms), N threads` at the end (the
+//! loop's time, its first call's, and this process's threads where `/proc` tells), or
+//! `rank R: error: …` when a call fails, then exits 1. With `FIRST=all_to_all` the first
+//! call is an all_to_all instead (every rank talks to every other: with lazy connection it
+//! makes every pair's connection). The timings are what `bench/connect.py` collects to
+//! compare eager and lazy connection.
 //!
 //! ```text
 //! collectix launch --nproc-per-node 3 -- target/debug/examples/multiprocess
 //! ```
 
 mod common;
-use collectix::{ReduceOp, Result, Tensor};
+use collectix::{DType, ReduceOp, Result, Tensor, TensorSpec};
 
 fn main() -> Result<()> {
     common::init_tracing();
+    let start = std::time::Instant::now();
     let p = collectix::init(
         &collectix::InitArgs::default(),
         collectix::GroupOptions::default(),
@@ -19,16 +25,47 @@ fn main() -> Result<()> {
     )?;
     let c = p.communicator();
     let (r, w) = (c.rank(), c.size());
-    println!("rank {r}: pid {}", std::process::id());
+    let joined = start.elapsed();
+    println!(
+        "rank {r}: pid {}, joined in {:.1} ms",
+        std::process::id(),
+        joined.as_secs_f64() * 1e3
+    );
     let iters: usize = std::env::var("ITERS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
     let want = (w * (w + 1) / 2) as f32;
+    let looping = std::time::Instant::now();
+    let mut first = None;
+    if std::env::var("FIRST").is_ok_and(|v| v == "all_to_all") {
+        // Block j of rank r is `[r]`: every rank gets `[0, 1, …, W-1]` back.
+        let blocks = vec![Tensor::from_vec(vec![r as f32]); w];
+        let out = c.all_to_all(vec![TensorSpec::new(&[1], DType::F32); w], blocks);
+        match out.wait() {
+            Ok(o)
+                if o.iter()
+                    .enumerate()
+                    .all(|(j, t)| *t == Tensor::from_vec(vec![j as f32])) =>
+            {
+                first = Some(looping.elapsed());
+            }
+            Ok(_) => {
+                println!("rank {r}: wrong all_to_all");
+                std::process::exit(1);
+            }
+            Err(e) => {
+                println!("rank {r}: error: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
     for i in 0..iters {
         let x = Tensor::from_vec(vec![(r + 1) as f32; 1024]);
         match c.all_reduce(x, ReduceOp::Sum).wait() {
-            Ok(t) if t.to_vec::<f32>()?.iter().all(|&v| v == want) => {}
+            Ok(t) if t.to_vec::<f32>()?.iter().all(|&v| v == want) => {
+                first.get_or_insert(looping.elapsed());
+            }
             Ok(_) => {
                 println!("rank {r}: wrong sum in round {i}");
                 std::process::exit(1);
@@ -39,6 +76,18 @@ fn main() -> Result<()> {
             }
         }
     }
-    println!("rank {r}: ok {iters}");
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let threads = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:")?.trim().parse::<usize>().ok())
+        })
+        .map_or("? threads".to_string(), |n| format!("{n} threads"));
+    println!(
+        "rank {r}: ok {iters} in {:.1} ms (first {:.2} ms), {threads}",
+        ms(looping.elapsed()),
+        ms(first.unwrap_or_default())
+    );
     p.shutdown()
 }

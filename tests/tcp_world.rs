@@ -7,7 +7,7 @@
 //! across separate OS processes in `cli/tests/multiprocess.rs` (the `check_job` example).
 
 use collectix::runtime::testing::matrix;
-use collectix::{init, CallOptions, Error, GroupOptions, InitArgs};
+use collectix::{init, CallOptions, Connect, Error, GroupOptions, InitArgs};
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ fn free_port() -> u16 {
 }
 
 /// Every rank joins, runs `cases` one after another (each waited for), and leaves.
-fn run(w: usize) -> Vec<Result<(), String>> {
+fn run(w: usize, connect: Connect) -> Vec<Result<(), String>> {
     let port = free_port();
     let cases = matrix(w);
     std::thread::scope(|sc| {
@@ -30,6 +30,7 @@ fn run(w: usize) -> Vec<Result<(), String>> {
                         init_method: Some(format!("tcp://127.0.0.1:{port}")),
                         rank: Some(r),
                         world_size: Some(w),
+                        connect: Some(connect),
                     };
                     let opts = GroupOptions {
                         segment_bytes: 1024,
@@ -77,9 +78,103 @@ fn run(w: usize) -> Vec<Result<(), String>> {
 #[test]
 fn every_collective_over_tcp_on_2_3_4_ranks() {
     for w in [2, 3, 4] {
-        for (r, res) in run(w).into_iter().enumerate() {
+        for (r, res) in run(w, Connect::Eager).into_iter().enumerate() {
             assert_eq!(res, Ok(()), "W={w} rank {r}");
         }
+    }
+}
+
+#[test]
+fn every_collective_over_lazy_connections_on_3_and_4_ranks() {
+    for w in [3, 4] {
+        for (r, res) in run(w, Connect::Lazy).into_iter().enumerate() {
+            assert_eq!(res, Ok(()), "W={w} rank {r}");
+        }
+    }
+}
+
+/// Lazy connection: nothing is connected at join; a send from rank 0 to rank 1 connects that
+/// pair only; an all_to_all connects every pair.
+#[test]
+fn lazy_connections_are_made_by_the_first_message_between_two_ranks() {
+    let (w, port) = (3usize, free_port());
+    let results: Vec<Result<Vec<usize>, String>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..w)
+            .map(|r| {
+                sc.spawn(move || -> Result<Vec<usize>, String> {
+                    let args = InitArgs {
+                        init_method: Some(format!("tcp://127.0.0.1:{port}")),
+                        rank: Some(r),
+                        world_size: Some(w),
+                        connect: Some(Connect::Lazy),
+                    };
+                    let p = init(&args, GroupOptions::default(), Duration::from_secs(60))
+                        .map_err(|e| e.to_string())?;
+                    let c = p.communicator();
+                    // A round through the store (not the links): every rank is at `label`.
+                    let sync = |label: &str| -> Result<(), String> {
+                        let store = p.store();
+                        store
+                            .set(&format!("test/{label}/{r}"), Vec::new())
+                            .map_err(|e| e.to_string())?;
+                        let keys: Vec<String> =
+                            (0..w).map(|j| format!("test/{label}/{j}")).collect();
+                        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                        store
+                            .wait(&keys, Duration::from_secs(30))
+                            .map_err(|e| e.to_string())
+                    };
+                    let mut seen = vec![p.connected_peers()];
+                    sync("joined")?;
+                    let t = collectix::Tensor::from_vec(vec![7i32; 4]);
+                    match r {
+                        0 => c.send(t, 1, 0).wait().map_err(|e| e.to_string())?,
+                        1 => {
+                            let spec = collectix::TensorSpec::new(&[4], collectix::DType::I32);
+                            let (got, _) =
+                                c.recv(spec, Some(0), 0).wait().map_err(|e| e.to_string())?;
+                            if got != t {
+                                return Err(format!("received {got}"));
+                            }
+                        }
+                        _ => {}
+                    }
+                    sync("sent")?;
+                    seen.push(p.connected_peers());
+                    sync("counted")?;
+                    let blocks: Vec<_> = (0..w)
+                        .map(|j| collectix::Tensor::from_vec(vec![(10 * r + j) as i32; 2]))
+                        .collect();
+                    let specs = vec![collectix::TensorSpec::new(&[2], collectix::DType::I32); w];
+                    let out = c
+                        .all_to_all(specs, blocks)
+                        .wait()
+                        .map_err(|e| e.to_string())?;
+                    for (j, b) in out.iter().enumerate() {
+                        if *b != collectix::Tensor::from_vec(vec![(10 * j + r) as i32; 2]) {
+                            return Err(format!("block {j}: {b}"));
+                        }
+                    }
+                    seen.push(p.connected_peers());
+                    p.shutdown().map_err(|e| e.to_string())?;
+                    Ok(seen)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect()
+    });
+    let seen: Vec<Vec<usize>> = results
+        .into_iter()
+        .enumerate()
+        .map(|(r, res)| res.unwrap_or_else(|e| panic!("rank {r}: {e}")))
+        .collect();
+    assert_eq!(seen[0][..2], [0, 1], "rank 0: {seen:?}");
+    assert_eq!(seen[1][..2], [0, 1], "rank 1: {seen:?}");
+    assert_eq!(seen[2][..2], [0, 0], "rank 2: {seen:?}");
+    for (r, s) in seen.iter().enumerate() {
+        assert_eq!(s[2], w - 1, "rank {r}: {seen:?}");
     }
 }
 
@@ -95,6 +190,7 @@ fn a_rank_that_never_joins_is_named() {
                         init_method: Some(format!("tcp://127.0.0.1:{port}")),
                         rank: Some(r),
                         world_size: Some(3),
+                        connect: None,
                     };
                     init(&args, GroupOptions::default(), Duration::from_millis(1500)).map(|_| ())
                 })
@@ -131,6 +227,7 @@ fn a_group_far_behind_never_blocks_another_on_the_same_connections() {
                         init_method: Some(format!("tcp://127.0.0.1:{port}")),
                         rank: Some(r),
                         world_size: Some(w),
+                        connect: None,
                     };
                     // A budget of 1 MiB, segments of 64 KiB: `b`'s calls of 256 KiB each
                     // exceed it four calls ahead.

@@ -36,6 +36,8 @@ pub struct InitArgs {
     pub rank: Option<usize>,
     /// The number of processes.
     pub world_size: Option<usize>,
+    /// When to connect to the peers (else `COLLECTIX_CONNECT`, else eager).
+    pub connect: Option<crate::transport::mesh::Connect>,
 }
 
 /// Where the job's rendezvous store is.
@@ -490,6 +492,7 @@ mod tests {
             init_method: Some("tcp://[fd00::2]:29400".into()),
             rank: Some(1),
             world_size: Some(4),
+            connect: None,
         };
         let c = resolve(&args, &[("RANK", "3"), ("WORLD_SIZE", "8")]);
         assert!(
@@ -500,6 +503,7 @@ mod tests {
             init_method: Some("file:///shared/job7/store".into()),
             rank: Some(0),
             world_size: Some(2),
+            connect: None,
         };
         assert!(matches!(
             resolve(&f, &[]),
@@ -513,6 +517,7 @@ mod tests {
                 init_method: Some(bad.into()),
                 rank: Some(0),
                 world_size: Some(1),
+                connect: None,
             };
             assert!(
                 matches!(resolve(&a, &[]), Err(Error::InvalidArgument(_))),

@@ -53,5 +53,6 @@ pub use device::{DeviceBackend, TensorDeviceExt};
 pub use init::{InitArgs, JobConfig, Launcher, Rendezvous};
 pub use process::{init, Process};
 pub use store::{FileStore, MemoryStore, PrefixStore, Store, TcpStore, TcpStoreServer};
+pub use transport::mesh::Connect;
 pub use work::Work;
 pub use world::World;

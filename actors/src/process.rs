@@ -24,13 +24,14 @@ use crate::init::{InitArgs, JobConfig, Rendezvous};
 use crate::rank::{Leave, RankActor, SetLinks};
 use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
 use crate::system;
-use crate::transport::tcp::{self, Hello, Inbound};
-use crate::transport::{Deliver, Flush, Links, PeerLost};
+use crate::transport::mesh::{Connect, Mesh};
+use crate::transport::tcp::Inbound;
+use crate::transport::{Deliver, Flush, PeerLost};
 use actix::{Addr, System};
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
+use std::net::{TcpListener, ToSocketAddrs, UdpSocket};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -48,7 +49,7 @@ pub struct Process {
     store: Arc<dyn Store>,
     system: Option<System>,
     thread: Option<JoinHandle<()>>,
-    connections: Vec<tcp::Connection>,
+    mesh: Option<Mesh>,
     server: Option<TcpStoreServer>,
 }
 
@@ -113,6 +114,10 @@ fn own_ip(store_host: Option<&str>) -> String {
 /// whole join (the store, the other ranks' arrival, the connections).
 pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result<Process> {
     let config = JobConfig::from_env(args)?;
+    let connect = match args.connect {
+        Some(c) => c,
+        None => Connect::from_env()?,
+    };
     let (rank, world) = (config.rank, config.world_size);
     let deadline = Instant::now() + timeout;
     let left = || deadline.saturating_duration_since(Instant::now());
@@ -133,6 +138,7 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         Rendezvous::File { path } => (Arc::new(FileStore::new(path)?), None, None),
     };
     let joined = join(
+        connect,
         rank,
         world,
         options,
@@ -142,13 +148,13 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         timeout,
     );
     match joined {
-        Ok((comm, system, thread, connections)) => Ok(Process {
+        Ok((comm, system, thread, mesh)) => Ok(Process {
             comm,
             config,
             store,
             system: Some(system),
             thread: Some(thread),
-            connections,
+            mesh: Some(mesh),
             server,
         }),
         Err(e) => {
@@ -169,10 +175,12 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
 
 /// What joining gives: the world communicator, the actor system and its thread, and the
 /// connections.
-type Joined = (Communicator, System, JoinHandle<()>, Vec<tcp::Connection>);
+type Joined = (Communicator, System, JoinHandle<()>, Mesh);
 
 /// Steps 2–5 of joining (see the module doc), once the store is there.
+#[allow(clippy::too_many_arguments)]
 fn join(
+    connect: Connect,
     rank: usize,
     world: usize,
     options: GroupOptions,
@@ -207,52 +215,11 @@ fn join(
     let job = String::from_utf8_lossy(&job_text)
         .parse::<u64>()
         .map_err(|_| Error::Store("the job id in the store is not a number".into()))?;
-    let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
-    // 4a. Connect to every higher rank.
-    for (peer, key) in keys.iter().enumerate().skip(rank + 1) {
-        let addr = String::from_utf8_lossy(&store.get(key, left())?).into_owned();
-        let mut s = connect_retrying(&addr, left())
-            .map_err(|e| Error::Store(format!("cannot connect to rank {peer} at {addr}: {e}")))?;
-        let hello = Hello {
-            job,
-            from: rank as u32,
-            to: peer as u32,
-            world: world as u32,
-        };
-        tcp::connect(&mut s, hello)
-            .map_err(|e| Error::Store(format!("rank {peer} at {addr}: {e}")))?;
-        streams[peer] = Some(s);
+    let mut addrs = Vec::with_capacity(world);
+    for key in &keys {
+        addrs.push(String::from_utf8_lossy(&store.get(key, left())?).into_owned());
     }
-    // 4b. Accept every lower rank.
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| Error::Resource(e.to_string()))?;
-    while streams[..rank].iter().any(Option::is_none) {
-        match listener.accept() {
-            Ok((mut s, from_addr)) => {
-                let _ = s.set_nonblocking(false);
-                match tcp::accept(&mut s, job, rank as u32, world as u32) {
-                    Ok(from) if streams[from as usize].is_none() => {
-                        streams[from as usize] = Some(s)
-                    }
-                    Ok(from) => tracing::warn!(from, "a second connection from one rank refused"),
-                    Err(why) => tracing::warn!(%from_addr, reason = %why, "connection refused"),
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if left().is_zero() {
-                    let missing: Vec<usize> = (0..rank).filter(|&r| streams[r].is_none()).collect();
-                    return Err(Error::StoreTimeout {
-                        what: format!("connections from ranks {missing:?}"),
-                        waited_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => return Err(Error::Resource(format!("accept failed: {e}"))),
-        }
-    }
-    // 5. The actor, then its links.
+    // 4. The actor, the links, the connections.
     let info = GroupInfo::world(world, rank, options.clone())?;
     let system::Started {
         system,
@@ -270,21 +237,16 @@ fn join(
         ..Limits::default()
     };
     let inbound: Arc<dyn Inbound> = Arc::new(ToActor(addr.clone()));
-    let mut links: Links = Vec::with_capacity(world);
-    let mut connections = Vec::new();
-    for (peer, s) in streams.into_iter().enumerate() {
-        match s {
-            Some(s) => {
-                let (link, conn) = tcp::start(s, peer, limits, inbound.clone()).map_err(|e| {
-                    Error::Resource(format!("cannot start rank {peer}'s link: {e}"))
-                })?;
-                links.push(Box::new(link));
-                connections.push(conn);
-            }
-            None => links.push(Box::new(SelfLink(rank, addr.clone()))),
+    let mesh = Mesh::start(listener, rank, addrs, job, limits, inbound)?;
+    let links = mesh.links(Box::new(SelfLink(rank, addr.clone())));
+    addr.do_send(SetLinks(links));
+    if connect == Connect::Eager {
+        if let Err(e) = mesh.connect_all(deadline, timeout) {
+            system.stop();
+            let _ = thread.join();
+            return Err(e);
         }
     }
-    addr.do_send(SetLinks(links));
     let shared = Arc::new(RankShared {
         rank,
         world,
@@ -293,32 +255,25 @@ fn join(
         rank_threads: Arc::from(vec![thread_id]),
         device: Default::default(),
     });
-    Ok((Communicator::new(shared, info), system, thread, connections))
+    Ok((Communicator::new(shared, info), system, thread, mesh))
 }
-fn connect_retrying(addr: &str, within: Duration) -> std::io::Result<TcpStream> {
-    let deadline = Instant::now() + within;
-    loop {
-        let attempt = addr
-            .to_socket_addrs()
-            .and_then(|mut a| a.next().ok_or_else(|| std::io::Error::other("no address")))
-            .and_then(|a| {
-                TcpStream::connect_timeout(
-                    &a,
-                    Duration::from_secs(5).min(within.max(Duration::from_millis(1))),
-                )
-            });
-        match attempt {
-            Ok(s) => return Ok(s),
-            Err(e) if Instant::now() >= deadline => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
 impl Process {
     /// This rank's world communicator.
     pub fn communicator(&self) -> &Communicator {
         &self.comm
+    }
+
+    /// How many peers this rank has a connection to: every one with eager connection, the
+    /// ones it has talked with (either way) with lazy connection.
+    pub fn connected_peers(&self) -> usize {
+        self.mesh.as_ref().map_or(0, Mesh::connected)
+    }
+
+    /// The job's store (torch's default store): every rank of the job sees the same keys.
+    /// collectix keeps its own keys in it (`addr/…`, `job`, `left/…`, `gone/…`); a program
+    /// should use a prefix of its own ([`PrefixStore`](crate::PrefixStore)).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
     }
 
     /// The job's settings as this process read them.
@@ -366,10 +321,9 @@ impl Process {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // The links were dropped with the actor: each writer sends what it queued, then
-        // closes its side.
-        for c in self.connections.drain(..) {
-            let _ = c.writer.join();
+        // The actor is gone: each link's writer sends what it queued, then closes its side.
+        if let Some(mut mesh) = self.mesh.take() {
+            mesh.close();
         }
         pending
     }

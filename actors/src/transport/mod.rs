@@ -10,10 +10,12 @@
 //! - [`local`]: the in-process transport (payloads are shared `Bytes`, moved into the peer
 //!   actor's mailbox, never serialized).
 //! - [`tcp`]: one connection per pair of ranks, with a handshake, the core's frames and a
-//!   bounded queue per link (its process-level wiring comes next, issue 11). Shared memory
-//!   comes later behind the same seam.
+//!   bounded queue per link; [`mesh`]: a process's connections to its peers (an acceptor,
+//!   a slot per peer, eager or lazy connection). Shared memory comes later behind the same
+//!   seam.
 
 pub mod local;
+pub mod mesh;
 pub mod tcp;
 
 use actix::Message as ActixMessage;

@@ -3,8 +3,10 @@
 //!
 //! **Handshake.** The connecting rank writes a [`Hello`]: the link's magic, its version, the
 //! job's identity, both ranks and the world's size (32 bytes). The accepting rank checks it
-//! before it reads anything else and answers with one byte (accepted) or a refusal with its
-//! reason, which the connecting rank reports. A connection from another job, another version
+//! before it reads anything else and answers with one byte (accepted), a refusal with its
+//! reason, which the connecting rank reports, or "duplicate": the accepting rank, the lower
+//! of the two, is connecting the other way at this moment, and its connection is the one
+//! both keep ([`Refused::Duplicate`]; see [`super::mesh`]). A connection from another job, another version
 //! or a rank out of range is so refused on both sides, and no frame is read from it.
 //!
 //! **Sending.** [`TcpLink::try_send`] hands the message to the connection's writer thread
@@ -92,29 +94,62 @@ impl Hello {
     }
 }
 
+/// Why a hello was not accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The accepting rank is connecting to this one at the same moment, and keeps its own
+    /// connection: this one is not needed.
+    Duplicate,
+    /// Refused, with the accepting rank's reason, or the connection failed.
+    Why(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Duplicate => f.write_str("the peer is connecting to this rank already"),
+            Refused::Why(why) => f.write_str(why),
+        }
+    }
+}
+
 /// Connects: writes `hello` on `s` and reads the answer. `Err` with the accepting rank's
 /// reason (or the connection's failure).
-pub fn connect(s: &mut TcpStream, hello: Hello) -> Result<(), String> {
+pub fn connect(s: &mut TcpStream, hello: Hello) -> Result<(), Refused> {
+    let fail = |what: &str, e: std::io::Error| Refused::Why(format!("{what}: {e}"));
     s.write_all(&hello.to_bytes())
-        .map_err(|e| format!("cannot send the hello: {e}"))?;
+        .map_err(|e| fail("cannot send the hello", e))?;
     let mut status = [0u8; 1];
     s.read_exact(&mut status)
-        .map_err(|e| format!("no answer to the hello: {e}"))?;
-    if status[0] == 0 {
-        return Ok(());
+        .map_err(|e| fail("no answer to the hello", e))?;
+    match status[0] {
+        0 => return Ok(()),
+        2 => return Err(Refused::Duplicate),
+        _ => {}
     }
     let mut len = [0u8; 2];
     s.read_exact(&mut len)
-        .map_err(|e| format!("refused, without a reason: {e}"))?;
+        .map_err(|e| fail("refused, without a reason", e))?;
     let mut text = vec![0u8; u16::from_le_bytes(len) as usize];
     s.read_exact(&mut text)
-        .map_err(|e| format!("refused, without a reason: {e}"))?;
-    Err(format!("refused: {}", String::from_utf8_lossy(&text)))
+        .map_err(|e| fail("refused, without a reason", e))?;
+    Err(Refused::Why(format!(
+        "refused: {}",
+        String::from_utf8_lossy(&text)
+    )))
 }
 
 /// Accepts: reads the hello on `s` and checks it against this rank (`me` of `world` in job
-/// `job`); answers it either way. `Ok` with the connecting rank.
-pub fn accept(s: &mut TcpStream, job: u64, me: u32, world: u32) -> Result<u32, String> {
+/// `job`); answers it either way. `Ok` with the connecting rank. A hello from a higher rank
+/// that this rank is connecting to at the moment (`connecting(from)`) is answered
+/// "duplicate": this rank's own connection is the one both keep.
+pub fn accept(
+    s: &mut TcpStream,
+    job: u64,
+    me: u32,
+    world: u32,
+    connecting: &dyn Fn(u32) -> bool,
+) -> Result<u32, String> {
     // A connection that does not say its hello in time (a port scanner, a stuck client) is
     // dropped rather than left holding the accepting rank.
     s.set_read_timeout(Some(HELLO_TIMEOUT))
@@ -146,6 +181,13 @@ pub fn accept(s: &mut TcpStream, job: u64, me: u32, world: u32) -> Result<u32, S
         }
     });
     match &verdict {
+        Ok(from) if *from > me && connecting(*from) => {
+            let _ = s.write_all(&[2]);
+            let _ = s.shutdown(Shutdown::Both);
+            return Err(format!(
+                "rank {from}: a duplicate of this rank's connection to it"
+            ));
+        }
         Ok(_) => s
             .write_all(&[0])
             .map_err(|e| format!("cannot answer the hello: {e}"))?,
@@ -353,7 +395,7 @@ mod tests {
         let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-            let from = accept(&mut s, job, 1, 2);
+            let from = accept(&mut s, job, 1, 2, &|_| false);
             (s, from)
         });
         let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
@@ -438,13 +480,13 @@ mod tests {
             let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
             let t = std::thread::spawn(move || {
                 let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-                accept(&mut s, 7, 1, 2)
+                accept(&mut s, 7, 1, 2, &|_| false)
             });
             let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
             let told = connect(&mut c, hello);
             let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
             assert!(
-                matches!(&told, Err(m) if m.contains(why)),
+                matches!(&told, Err(Refused::Why(m)) if m.contains(why)),
                 "{hello:?}: {told:?}"
             );
             assert!(
@@ -471,7 +513,7 @@ mod tests {
             let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
             let t = std::thread::spawn(move || {
                 let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-                accept(&mut s, 7, 1, 2)
+                accept(&mut s, 7, 1, 2, &|_| false)
             });
             let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
             let _ = c.write_all(&bytes);
@@ -480,6 +522,36 @@ mod tests {
                 matches!(&saw, Err(m) if m.contains("version") || m.contains("magic")),
                 "{saw:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_lower_rank_connecting_the_other_way_answers_duplicate_and_a_higher_one_accepts() {
+        // (accepting rank, connecting rank, whether the accepting rank is connecting to it)
+        let cases = [(0u32, 1u32, true), (1, 0, true), (0, 1, false)];
+        for (me, from, connecting) in cases {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+            let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            let t = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
+                accept(&mut s, 7, me, 2, &|_| connecting)
+            });
+            let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+            let hello = Hello {
+                job: 7,
+                from,
+                to: me,
+                world: 2,
+            };
+            let told = connect(&mut c, hello);
+            let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
+            if me < from && connecting {
+                assert_eq!(told, Err(Refused::Duplicate));
+                assert!(matches!(&saw, Err(m) if m.contains("duplicate")), "{saw:?}");
+            } else {
+                assert_eq!(told, Ok(()), "{me} <- {from}");
+                assert_eq!(saw, Ok(from));
+            }
         }
     }
 

@@ -1,0 +1,420 @@
+//! The TCP connections of one process to its peers (issue 11): a listener with an acceptor
+//! thread, a slot per peer, and connections made at once ([`Connect::Eager`]) or on a link's
+//! first message ([`Connect::Lazy`]).
+//!
+//! **One connection per pair.** When two ranks connect to each other at the same moment, the
+//! lower rank answers the higher one's hello with "duplicate" ([`Refused::Duplicate`]) and
+//! both keep the lower rank's connection; the higher rank's connector then waits for it. Should
+//! two connections come up all the same (a hello accepted just before this rank's own
+//! connector started), the first installed becomes this rank's link, on which it sends
+//! everything, so its messages to that peer keep their order; each rank reads from both, and
+//! the other stays open, idle, until the process leaves (closing it earlier would look like a
+//! lost peer to the other side).
+//!
+//! **Lazy.** A link whose peer has no connection yet answers its first message with "would
+//! block" and starts a connector thread; once the connection is up (opened or accepted), the
+//! rank is told to flush ([`Inbound::flush`]) and sends what waited. A connection that cannot
+//! be made is a lost peer ([`Inbound::lost`]).
+//!
+//! **Eager.** [`Mesh::connect_all`] connects to every higher rank and waits until every peer
+//! has a connection: the lower ranks connect to this one, answered by the acceptor thread
+//! meanwhile. The rank that never connects is named by the error.
+//!
+//! Eager is the default: see `docs/deployment.md` for the measurements at 32 and 64 processes
+//! behind that choice. `COLLECTIX_CONNECT=lazy` chooses the other.
+
+use super::tcp::{self, Connection, Hello, Inbound, Refused, TcpLink};
+use super::Link;
+use collectix_runtime::wire::codec::Limits;
+use collectix_runtime::wire::{LinkError, Message};
+use collectix_runtime::{Error, Result};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// When a process connects to its peers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Connect {
+    /// Every pair at join: a rank learns of any peer's death at once, and the first calls pay
+    /// nothing.
+    Eager,
+    /// A pair when one of them first sends to the other.
+    Lazy,
+}
+
+impl Connect {
+    /// From `COLLECTIX_CONNECT` (`eager` or `lazy`; unset is eager).
+    pub fn from_env() -> Result<Connect> {
+        match std::env::var("COLLECTIX_CONNECT") {
+            Err(_) => Ok(Connect::Eager),
+            Ok(v) => match v.trim() {
+                "" | "eager" => Ok(Connect::Eager),
+                "lazy" => Ok(Connect::Lazy),
+                other => Err(Error::invalid(format!(
+                    "COLLECTIX_CONNECT is {other:?}; set it to eager or lazy"
+                ))),
+            },
+        }
+    }
+}
+
+/// A peer's connection, as far as this rank's sending goes.
+enum Slot {
+    /// None yet.
+    Idle,
+    /// A connector is at work.
+    Connecting,
+    /// This rank's link to the peer.
+    Up(TcpLink),
+    /// The connector failed (the peer was reported lost).
+    Failed,
+}
+
+/// What the links, the acceptor and the connectors share.
+struct Shared {
+    rank: usize,
+    world: usize,
+    job: u64,
+    /// Each peer's address ("host:port").
+    addrs: Vec<String>,
+    slots: Vec<Mutex<Slot>>,
+    /// Every connection's threads, to join when leaving.
+    connections: Mutex<Vec<Connection>>,
+    /// Second connections' links, kept open until the process leaves.
+    spare: Mutex<Vec<TcpLink>>,
+    inbound: Arc<dyn Inbound>,
+    limits: Limits,
+    closing: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Starts the threads of a connection made with `peer` and makes it this rank's link to
+    /// the peer, unless it has one already. Whether it did.
+    fn install(&self, stream: TcpStream, peer: usize) -> std::io::Result<bool> {
+        // The slot is locked before the reader starts: whoever learns of a message that came
+        // on the connection (and asks about the slot) finds it up.
+        let mut slot = lock(&self.slots[peer]);
+        let (link, conn) = tcp::start(stream, peer, self.limits, self.inbound.clone())?;
+        lock(&self.connections).push(conn);
+        if self.closing.load(Ordering::SeqCst) {
+            // Too late: the process is leaving (dropping the link closes the connection).
+            return Ok(false);
+        }
+        if matches!(*slot, Slot::Up(_)) {
+            drop(slot);
+            lock(&self.spare).push(link);
+            return Ok(false);
+        }
+        *slot = Slot::Up(link);
+        drop(slot);
+        // Whatever waited for the connection goes now.
+        self.inbound.flush(peer);
+        Ok(true)
+    }
+
+    /// Opens a connection to `peer` and installs it.
+    fn connect(&self, peer: usize, within: Duration) -> std::result::Result<(), String> {
+        let addr = &self.addrs[peer];
+        let mut s = connect_retrying(addr, within)
+            .map_err(|e| format!("cannot connect to rank {peer} at {addr}: {e}"))?;
+        let hello = Hello {
+            job: self.job,
+            from: self.rank as u32,
+            to: peer as u32,
+            world: self.world as u32,
+        };
+        let _ = s.set_read_timeout(Some(tcp::HELLO_TIMEOUT));
+        match tcp::connect(&mut s, hello) {
+            Ok(()) => {}
+            Err(Refused::Duplicate) => {
+                // The peer (a lower rank) is connecting to this one: its connection comes.
+                drop(s);
+                let deadline = Instant::now() + within;
+                while Instant::now() < deadline {
+                    if matches!(*lock(&self.slots[peer]), Slot::Up(_)) {
+                        return Ok(());
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                return Err(format!("rank {peer} said it was connecting, and never did"));
+            }
+            Err(Refused::Why(e)) => return Err(format!("rank {peer} at {addr}: {e}")),
+        }
+        let _ = s.set_read_timeout(None);
+        self.install(s, peer)
+            .map(|_| ())
+            .map_err(|e| format!("cannot start rank {peer}'s link: {e}"))
+    }
+
+    /// Whether every peer has a link.
+    fn missing(&self) -> Vec<usize> {
+        (0..self.world)
+            .filter(|&p| p != self.rank && !matches!(*lock(&self.slots[p]), Slot::Up(_)))
+            .collect()
+    }
+}
+
+/// The connections of this process (see the module doc).
+pub struct Mesh {
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+    port: u16,
+}
+
+impl Mesh {
+    /// Starts accepting on `listener` for rank `rank` of `world` in job `job`; `addrs` are
+    /// every rank's addresses (this rank's unused). Nothing is connected yet.
+    pub fn start(
+        listener: TcpListener,
+        rank: usize,
+        addrs: Vec<String>,
+        job: u64,
+        limits: Limits,
+        inbound: Arc<dyn Inbound>,
+    ) -> Result<Mesh> {
+        let world = addrs.len();
+        let port = listener
+            .local_addr()
+            .map_err(|e| Error::Resource(format!("no local address: {e}")))?
+            .port();
+        let shared = Arc::new(Shared {
+            rank,
+            world,
+            job,
+            addrs,
+            slots: (0..world).map(|_| Mutex::new(Slot::Idle)).collect(),
+            connections: Mutex::new(Vec::new()),
+            spare: Mutex::new(Vec::new()),
+            inbound,
+            limits,
+            closing: AtomicBool::new(false),
+        });
+        let acceptor = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("collectix-accept-{rank}"))
+                .spawn(move || accept_loop(&listener, &shared))
+                .map_err(|e| Error::Resource(format!("cannot start the acceptor: {e}")))?
+        };
+        Ok(Mesh {
+            shared,
+            acceptor: Some(acceptor),
+            port,
+        })
+    }
+
+    /// The rank's links, one per global rank: `own` for itself.
+    pub fn links(&self, own: Box<dyn Link<Message> + Send>) -> super::Links {
+        let mut own = Some(own);
+        (0..self.shared.world)
+            .map(|peer| -> Box<dyn Link<Message> + Send> {
+                match (peer == self.shared.rank).then(|| own.take()).flatten() {
+                    Some(own) => own,
+                    None => Box::new(PeerLink {
+                        peer,
+                        shared: self.shared.clone(),
+                    }),
+                }
+            })
+            .collect()
+    }
+
+    /// Eager connection: connects to every higher rank and waits (until `deadline`) until
+    /// every peer has a connection. The timeout's error names the ranks still missing.
+    pub fn connect_all(&self, deadline: Instant, timeout: Duration) -> Result<()> {
+        let s = &self.shared;
+        let left = || deadline.saturating_duration_since(Instant::now());
+        for peer in s.rank + 1..s.world {
+            if matches!(*lock(&s.slots[peer]), Slot::Up(_)) {
+                continue;
+            }
+            s.connect(peer, left()).map_err(Error::Store)?;
+        }
+        let mut nap = Duration::from_micros(200);
+        loop {
+            let missing = s.missing();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if left().is_zero() {
+                return Err(Error::StoreTimeout {
+                    what: format!("connections from ranks {missing:?}"),
+                    waited_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+            std::thread::sleep(nap.min(left()));
+            nap = (nap * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    /// How many peers this rank has a connection to (eager: all, once joined; lazy: those
+    /// it has talked with).
+    pub fn connected(&self) -> usize {
+        let s = &self.shared;
+        (0..s.world)
+            .filter(|&p| p != s.rank && matches!(*lock(&s.slots[p]), Slot::Up(_)))
+            .count()
+    }
+
+    /// Stops accepting, closes every link (each writer sends what it queued first) and waits
+    /// for the writers. Call it once the rank actor is gone.
+    pub fn close(&mut self) {
+        let s = &self.shared;
+        s.closing.store(true, Ordering::SeqCst);
+        // Wake the acceptor with a connection of our own.
+        let _ = TcpStream::connect_timeout(
+            &std::net::SocketAddr::from(([127, 0, 0, 1], self.port)),
+            Duration::from_secs(1),
+        )
+        .or_else(|_| {
+            TcpStream::connect_timeout(
+                &std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, self.port)),
+                Duration::from_secs(1),
+            )
+        });
+        if let Some(t) = self.acceptor.take() {
+            let _ = t.join();
+        }
+        for slot in &s.slots {
+            *lock(slot) = Slot::Failed;
+        }
+        lock(&s.spare).clear();
+        // Bounded: a writer stuck on a peer that reads nothing more is left behind.
+        let conns = std::mem::take(&mut *lock(&s.connections));
+        let deadline = Instant::now() + CLOSE_TIMEOUT;
+        for c in conns {
+            while !c.writer.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if c.writer.is_finished() {
+                let _ = c.writer.join();
+            } else {
+                tracing::warn!("a connection's writer did not finish sending; left behind");
+            }
+        }
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        if self.acceptor.is_some() {
+            self.close();
+        }
+    }
+}
+
+/// This rank's link to one peer: the slot's connection, made on the first message if need
+/// be.
+struct PeerLink {
+    peer: usize,
+    shared: Arc<Shared>,
+}
+
+impl Link<Message> for PeerLink {
+    fn try_send(&mut self, msg: Message) -> std::result::Result<(), LinkError<Message>> {
+        let mut slot = lock(&self.shared.slots[self.peer]);
+        match &mut *slot {
+            Slot::Up(link) => link.try_send(msg),
+            Slot::Connecting => Err(LinkError::WouldBlock(msg)),
+            Slot::Failed => Err(LinkError::Closed),
+            Slot::Idle => {
+                *slot = Slot::Connecting;
+                drop(slot);
+                let (shared, peer) = (self.shared.clone(), self.peer);
+                let started = std::thread::Builder::new()
+                    .name(format!("collectix-connect-{peer}"))
+                    .spawn(move || {
+                        if let Err(why) = shared.connect(peer, CONNECT_TIMEOUT) {
+                            let mut slot = lock(&shared.slots[peer]);
+                            if !matches!(*slot, Slot::Up(_)) {
+                                *slot = Slot::Failed;
+                                drop(slot);
+                                tracing::warn!(peer, reason = %why, "cannot connect");
+                                shared.inbound.lost(peer);
+                            }
+                        }
+                    });
+                match started {
+                    Ok(_) => Err(LinkError::WouldBlock(msg)),
+                    Err(_) => {
+                        *lock(&self.shared.slots[self.peer]) = Slot::Failed;
+                        Err(LinkError::Closed)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How long leaving waits for the writers to send what they queued.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a lazy link tries to reach its peer. The peer was listening before it published
+/// its address, so a peer that cannot be reached for this long is taken as lost.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    loop {
+        let accepted = listener.accept();
+        if shared.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        let (mut s, from_addr) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        // The hello is read on a thread of its own, so that a slow or silent client holds
+        // up nobody else.
+        let shared = shared.clone();
+        let _ = std::thread::Builder::new()
+            .name("collectix-hello".into())
+            .spawn(move || {
+                let (job, me, world) = (shared.job, shared.rank as u32, shared.world as u32);
+                let connecting = |from: u32| {
+                    shared
+                        .slots
+                        .get(from as usize)
+                        .is_some_and(|slot| matches!(*lock(slot), Slot::Connecting))
+                };
+                match tcp::accept(&mut s, job, me, world, &connecting) {
+                    Ok(from) => {
+                        if let Err(e) = shared.install(s, from as usize) {
+                            tracing::warn!(from, error = %e, "cannot start a link");
+                        }
+                    }
+                    Err(why) => tracing::warn!(%from_addr, reason = %why, "connection refused"),
+                }
+            });
+    }
+}
+
+/// Connects to `addr`, retrying while nobody listens there yet, for at most `within`.
+pub(crate) fn connect_retrying(addr: &str, within: Duration) -> std::io::Result<TcpStream> {
+    let deadline = Instant::now() + within;
+    loop {
+        let attempt = addr
+            .to_socket_addrs()
+            .and_then(|mut a| a.next().ok_or_else(|| std::io::Error::other("no address")))
+            .and_then(|a| {
+                TcpStream::connect_timeout(
+                    &a,
+                    Duration::from_secs(5).min(within.max(Duration::from_millis(1))),
+                )
+            });
+        match attempt {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
