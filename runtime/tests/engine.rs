@@ -820,3 +820,37 @@ fn an_eager_message_above_the_eager_limit_is_a_protocol_error() {
     }
     assert_eq!(e.p2p_buffered(), 0);
 }
+
+#[test]
+fn bytes_for_groups_not_yet_created_are_bounded_per_peer() {
+    // 40 messages of 8 MiB for groups this rank has not created: 32 fit in
+    // ORPHAN_BYTES_PER_PEER (256 MiB), the rest are dropped; destroying a group frees its
+    // share, so others can be kept again.
+    use collectix_runtime::engine::ORPHAN_BYTES_PER_PEER;
+    let mut b = engine(1);
+    let chunk = Bytes::from(vec![0u8; 8 << 20]);
+    let gid = |g: u64| GroupId::derive(GroupId::WORLD, g, &[0, 1]);
+    let send = |b: &mut Engine, g: u64| {
+        let header = Header::Data {
+            group: gid(g),
+            seq: 0,
+            call: all_reduce(0, vec![1.0]).fingerprint(),
+            tag: 0,
+        };
+        b.handle_message(
+            Message {
+                src: 0,
+                header,
+                payload: vec![chunk.clone()],
+            },
+            Time::ZERO,
+        );
+    };
+    for g in 0..40 {
+        send(&mut b, g);
+    }
+    assert_eq!(b.orphaned() as u64, ORPHAN_BYTES_PER_PEER / (8 << 20));
+    let _ = b.destroy_group(gid(0));
+    send(&mut b, 100);
+    assert_eq!(b.orphaned() as u64, ORPHAN_BYTES_PER_PEER / (8 << 20));
+}

@@ -59,9 +59,7 @@ impl Engine {
             p2p_flow: P2pFlow::new(window, budget),
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
-            if let Some(n) = self.orphans_from.get_mut(&m.src) {
-                *n = n.saturating_sub(1);
-            }
+            self.unorphan(&m);
             self.handle_message(m, now);
         }
     }
@@ -139,7 +137,9 @@ impl Engine {
             self.tell_shutdown(id);
         }
         self.groups.remove(&id);
-        self.orphans.remove(&id);
+        for m in self.orphans.remove(&id).unwrap_or_default() {
+            self.unorphan(&m);
+        }
         self.destroyed.insert(id);
         match pending {
             Some(e) => Err(e),

@@ -59,6 +59,11 @@ pub struct Event {
 /// `Timeout` on this rank (never a hang, never unbounded memory).
 pub const ORPHANS_PER_PEER: usize = 4096;
 
+/// The most payload bytes kept per peer for groups this rank has not created yet (256 MiB:
+/// four default byte budgets, `GroupOptions::peer_budget_bytes`); beyond it, as beyond
+/// [`ORPHANS_PER_PEER`], messages are dropped with a warning.
+pub const ORPHAN_BYTES_PER_PEER: u64 = 256 << 20;
+
 /// Fingerprints of completed calls kept per group, to check late messages against.
 const DONE_KEPT: usize = 4096;
 
@@ -105,8 +110,9 @@ pub struct Engine {
     groups: HashMap<GroupId, Group>,
     /// Messages for groups this rank has not registered yet.
     orphans: HashMap<GroupId, Vec<Message>>,
-    /// Messages in `orphans`, per sending rank (bounded by [`ORPHANS_PER_PEER`]).
-    orphans_from: HashMap<usize, usize>,
+    /// Messages in `orphans` and their payload bytes, per sending rank (bounded by
+    /// [`ORPHANS_PER_PEER`] and [`ORPHAN_BYTES_PER_PEER`]).
+    orphans_from: HashMap<usize, (usize, u64)>,
     ops: BTreeMap<OpId, Op>,
     next_op: u64,
     arrivals: u64,
@@ -183,6 +189,15 @@ impl Engine {
                     + g.p2p_arrived.values().map(|(_, m)| bytes(m)).sum::<u64>()
             })
             .sum()
+    }
+
+    /// No longer keeps `m` for a group not created yet.
+    pub(super) fn unorphan(&mut self, m: &Message) {
+        if let Some(n) = self.orphans_from.get_mut(&m.src) {
+            let bytes: u64 = m.payload.iter().map(|b| b.len() as u64).sum();
+            n.0 = n.0.saturating_sub(1);
+            n.1 = n.1.saturating_sub(bytes);
+        }
     }
 
     /// Messages kept for groups this rank has not created yet.
@@ -301,12 +316,14 @@ impl Engine {
             return;
         }
         let Some(g) = self.groups.get_mut(&gid) else {
-            let from = self.orphans_from.entry(msg.src).or_insert(0);
-            if *from >= ORPHANS_PER_PEER {
-                tracing::warn!(rank = self.rank, src = msg.src, group = %gid, "message for a group not created yet dropped: the peer is over ORPHANS_PER_PEER");
+            let bytes: u64 = msg.payload.iter().map(|b| b.len() as u64).sum();
+            let from = self.orphans_from.entry(msg.src).or_insert((0, 0));
+            if from.0 >= ORPHANS_PER_PEER || from.1.saturating_add(bytes) > ORPHAN_BYTES_PER_PEER {
+                tracing::warn!(rank = self.rank, src = msg.src, group = %gid, "message for a group not created yet dropped: the peer is over ORPHANS_PER_PEER or ORPHAN_BYTES_PER_PEER");
                 return;
             }
-            *from += 1;
+            from.0 += 1;
+            from.1 += bytes;
             self.orphans.entry(gid).or_default().push(msg);
             return;
         };
