@@ -225,3 +225,69 @@ fn the_ddp_example_under_collectix_launch_matches_single_process_training() {
         }
     }
 }
+
+#[test]
+fn a_rank_killed_mid_all_reduce_under_collectix_launch_stops_the_job_and_is_named() {
+    let exe = example("multiprocess");
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .args(["launch", "--nproc-per-node", "3", "--master-port"])
+        .arg(free_port().to_string())
+        .arg("--")
+        .arg(&exe)
+        .env("ITERS", "100000000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut out = BufReader::new(
+        launcher
+            .stdout
+            .take()
+            .unwrap_or_else(|| panic!("no stdout")),
+    );
+    // "[rank 1] rank 1: pid P, joined in T ms"
+    let mut pid = None;
+    let mut seen = String::new();
+    while pid.is_none() {
+        let mut l = String::new();
+        if out.read_line(&mut l).unwrap_or(0) == 0 {
+            break;
+        }
+        seen.push_str(&l);
+        pid = l
+            .strip_prefix("[rank 1] rank 1: pid ")
+            .and_then(|r| r.split(',').next())
+            .and_then(|p| p.trim().parse::<i32>().ok());
+    }
+    let pid = pid.unwrap_or_else(|| panic!("rank 1 never said its pid:\n{seen}"));
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(killed.success());
+    let killed_at = Instant::now();
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+    let status = launcher.wait().unwrap_or_else(|e| panic!("{e}"));
+    let took = killed_at.elapsed();
+    let mut se = String::new();
+    if let Some(mut e) = launcher.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut se);
+    }
+    assert!(!status.success(), "{rest}\n{se}");
+    assert!(
+        se.contains("rank 1 was killed by signal 9 (SIGKILL)"),
+        "{rest}\n{se}"
+    );
+    // A hang guard: the others stopped (by their own error naming rank 1, or by the
+    // launcher's SIGTERM, whichever came first), and the launcher exited.
+    assert!(took < Duration::from_secs(10), "took {took:?}:\n{se}");
+    for r in [0, 2] {
+        assert!(
+            se.contains(&format!("rank {r} exited with status 1"))
+                || se.contains(&format!("rank {r} was killed by signal 15 (SIGTERM)")),
+            "rank {r}:\n{rest}\n{se}"
+        );
+    }
+}
