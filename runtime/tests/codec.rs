@@ -4,7 +4,9 @@
 
 use bytes::{Bytes, BytesMut};
 use collectix_runtime::error::{CallDesc, ProtocolError, RankCall};
-use collectix_runtime::wire::{decode, encode, AbortReason, DecodeError, Header, Limits, Message};
+use collectix_runtime::wire::{
+    decode, encode, encode_head, AbortReason, DecodeError, Header, Limits, Message,
+};
 use collectix_runtime::{Algorithm, DType, DataPath, Fingerprint, GroupId, OpKind, ReduceKind};
 use proptest::prelude::*;
 
@@ -224,6 +226,20 @@ proptest! {
         prop_assert_eq!(&got.payload, &msg.payload);
         prop_assert_eq!(got.src, src);
         prop_assert_eq!(buf.len(), frame.len());
+    }
+
+    #[test]
+    fn a_head_encoded_into_a_reused_buffer_is_the_frames_head(
+        msgs in proptest::collection::vec(message(), 1..4),
+    ) {
+        // One buffer for every frame, as the TCP writer keeps it; here never cleared, so
+        // each head starts where the last ended.
+        let mut head = BytesMut::new();
+        for msg in &msgs {
+            let before = head.len();
+            encode_head(msg, &mut head);
+            prop_assert_eq!(&head[before..], &encode(msg).head[..]);
+        }
     }
 
     #[test]

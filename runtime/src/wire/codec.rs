@@ -160,8 +160,38 @@ const STATUS: u8 = 9;
 
 /// Encodes `msg` (its `src` is not encoded: the receiving transport knows it).
 pub fn encode(msg: &Message) -> Frame {
-    let mut h = BytesMut::with_capacity(64);
-    let kind = match &msg.header {
+    let mut head = BytesMut::with_capacity(PREFIX_BYTES + 8 * msg.payload.len() + 64);
+    encode_head(msg, &mut head);
+    Frame {
+        head: head.freeze(),
+        parts: msg.payload.clone(),
+    }
+}
+
+/// Appends the frame head of `msg` (prefix, part lengths, header) to `head`: what
+/// [`encode`] gives as [`Frame::head`], into a buffer the caller reuses, so that a transport
+/// writing `head` and then the message's payload parts allocates nothing per frame.
+pub fn encode_head(msg: &Message, head: &mut BytesMut) {
+    let start = head.len();
+    head.put_slice(&MAGIC);
+    head.put_u8(VERSION);
+    head.put_u8(0); // the kind, once known
+    head.put_u32_le(0); // the header's length, once known
+    head.put_u32_le(u32::try_from(msg.payload.len()).unwrap_or(u32::MAX));
+    for p in &msg.payload {
+        head.put_u64_le(p.len() as u64);
+    }
+    let header_start = head.len();
+    let kind = put_header(head, &msg.header);
+    // Headers are small by construction (texts are cut), so this never truncates.
+    let len = u32::try_from(head.len() - header_start).unwrap_or(u32::MAX);
+    head[start + 3] = kind;
+    head[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Writes the header's fields; returns its kind.
+fn put_header(h: &mut BytesMut, header: &Header) -> u8 {
+    match header {
         Header::Data {
             group,
             seq,
@@ -213,7 +243,7 @@ pub fn encode(msg: &Message) -> Frame {
         }
         Header::Abort { group, reason } => {
             h.put_u64_le(group.0);
-            put_reason(&mut h, reason);
+            put_reason(h, reason);
             ABORT
         }
         Header::Inquire { group, seq } => {
@@ -229,26 +259,10 @@ pub fn encode(msg: &Message) -> Frame {
         } => {
             h.put_u64_le(group.0);
             h.put_u64_le(*seq);
-            put_opt_fp(&mut h, made.as_ref());
-            put_latest(&mut h, latest.as_ref());
+            put_opt_fp(h, made.as_ref());
+            put_latest(h, latest.as_ref());
             STATUS
         }
-    };
-    let parts = msg.payload.clone();
-    let mut head = BytesMut::with_capacity(PREFIX_BYTES + 8 * parts.len() + h.len());
-    head.put_slice(&MAGIC);
-    head.put_u8(VERSION);
-    head.put_u8(kind);
-    // Headers are small by construction (texts are cut), so these never truncate.
-    head.put_u32_le(u32::try_from(h.len()).unwrap_or(u32::MAX));
-    head.put_u32_le(u32::try_from(parts.len()).unwrap_or(u32::MAX));
-    for p in &parts {
-        head.put_u64_le(p.len() as u64);
-    }
-    head.put_slice(&h);
-    Frame {
-        head: head.freeze(),
-        parts,
     }
 }
 

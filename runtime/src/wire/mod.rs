@@ -5,6 +5,6 @@ pub mod codec;
 pub mod link;
 pub mod message;
 
-pub use codec::{decode, encode, DecodeError, Decoded, Frame, Limits};
+pub use codec::{decode, encode, encode_head, DecodeError, Decoded, Frame, Limits};
 pub use link::{Closed, Link, LinkError, Outbox};
 pub use message::{AbortReason, Header, Message, Transmit};
