@@ -17,15 +17,16 @@ use collectix::{CallOptions, Communicator, GroupOptions, Result, World};
 use std::time::Duration;
 
 /// Small segments: many messages per call, so that queues and flow control are exercised.
-fn options() -> GroupOptions {
+pub(crate) fn options() -> GroupOptions {
     GroupOptions {
         segment_bytes: 1024,
         ..GroupOptions::default()
     }
 }
 
-/// Runs the matrix on this rank; `Err` with the first failure, named.
-fn check(c: &Communicator) -> std::result::Result<usize, String> {
+/// Runs the matrix on this rank; `Err` with the first failure, named. (`tests/tcp_world.rs`
+/// runs it too.)
+pub(crate) fn check(c: &Communicator) -> std::result::Result<usize, String> {
     let (r, w) = (c.rank(), c.size());
     let cases = matrix(w);
     for case in &cases {
@@ -44,6 +45,7 @@ fn check(c: &Communicator) -> std::result::Result<usize, String> {
     Ok(cases.len())
 }
 
+#[allow(dead_code)]
 fn report(r: usize, res: std::result::Result<usize, String>) -> bool {
     match res {
         Ok(n) => {
@@ -57,6 +59,7 @@ fn report(r: usize, res: std::result::Result<usize, String>) -> bool {
     }
 }
 
+#[allow(dead_code)]
 fn main() -> Result<()> {
     common::init_tracing();
     let ok = if common::launched() {

@@ -6,10 +6,24 @@
 //! own sockets: what crosses between ranks goes through the TCP links. The same matrix runs
 //! across separate OS processes in `cli/tests/multiprocess.rs` (the `check_job` example).
 
+#[allow(clippy::duplicate_mod)]
+#[path = "../examples/check_job.rs"]
+mod check_job;
+
 use collectix::runtime::testing::matrix;
 use collectix::{init, CallOptions, Connect, Error, GroupOptions, InitArgs};
 use std::net::TcpListener;
 use std::time::Duration;
+
+/// Rank `r` of `w` joining through `tcp://127.0.0.1:PORT`.
+fn args(port: u16, r: usize, w: usize, connect: Option<Connect>) -> InitArgs {
+    InitArgs {
+        init_method: Some(format!("tcp://127.0.0.1:{port}")),
+        rank: Some(r),
+        world_size: Some(w),
+        connect,
+    }
+}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -17,41 +31,22 @@ fn free_port() -> u16 {
         .map_or(29_999, |a| a.port())
 }
 
-/// Every rank joins, runs `cases` one after another (each waited for), and leaves.
+/// Every rank joins, runs the matrix (`examples/check_job.rs`: one call after another, each
+/// waited for and checked), and leaves.
 fn run(w: usize, connect: Connect) -> Vec<Result<(), String>> {
     let port = free_port();
-    let cases = matrix(w);
     std::thread::scope(|sc| {
         let handles: Vec<_> = (0..w)
             .map(|r| {
-                let cases = &cases;
                 sc.spawn(move || -> Result<(), String> {
-                    let args = InitArgs {
-                        init_method: Some(format!("tcp://127.0.0.1:{port}")),
-                        rank: Some(r),
-                        world_size: Some(w),
-                        connect: Some(connect),
-                    };
-                    let opts = GroupOptions {
-                        segment_bytes: 1024,
-                        ..GroupOptions::default()
-                    };
-                    let p = init(&args, opts, Duration::from_secs(60))
+                    let args = args(port, r, w, Some(connect));
+                    let p = init(&args, check_job::options(), Duration::from_secs(60))
                         .map_err(|e| format!("rank {r} cannot join: {e}"))?;
                     let c = p.communicator();
                     assert_eq!((c.rank(), c.size()), (r, w));
-                    for case in cases {
-                        let opts = CallOptions {
-                            algorithm: case.algorithm,
-                            timeout: Some(Duration::from_secs(60)),
-                        };
-                        let got = c
-                            .submit(case.request(r), &opts)
-                            .wait()
-                            .map_err(|e| format!("{case:?} rank {r}: {e}"))?;
-                        if got != case.expected(r) {
-                            return Err(format!("{case:?} rank {r}: wrong result"));
-                        }
+                    let n = check_job::check(c).map_err(|e| format!("rank {r}: {e}"))?;
+                    if n != matrix(w).len() {
+                        return Err(format!("rank {r}: {n} cases"));
                     }
                     // A hang guard, not a timing: leaving in order needs no timeout to run out
                     // (it once waited one out when the store's owner closed it too early).
@@ -102,12 +97,7 @@ fn lazy_connections_are_made_by_the_first_message_between_two_ranks() {
         let hs: Vec<_> = (0..w)
             .map(|r| {
                 sc.spawn(move || -> Result<Vec<usize>, String> {
-                    let args = InitArgs {
-                        init_method: Some(format!("tcp://127.0.0.1:{port}")),
-                        rank: Some(r),
-                        world_size: Some(w),
-                        connect: Some(Connect::Lazy),
-                    };
+                    let args = args(port, r, w, Some(Connect::Lazy));
                     let p = init(&args, GroupOptions::default(), Duration::from_secs(60))
                         .map_err(|e| e.to_string())?;
                     let c = p.communicator();
@@ -186,12 +176,7 @@ fn a_rank_that_never_joins_is_named() {
         let hs: Vec<_> = (0..2)
             .map(|r| {
                 sc.spawn(move || {
-                    let args = InitArgs {
-                        init_method: Some(format!("tcp://127.0.0.1:{port}")),
-                        rank: Some(r),
-                        world_size: Some(3),
-                        connect: None,
-                    };
+                    let args = args(port, r, 3, None);
                     init(&args, GroupOptions::default(), Duration::from_millis(1500)).map(|_| ())
                 })
             })
@@ -223,12 +208,7 @@ fn a_group_far_behind_never_blocks_another_on_the_same_connections() {
         let hs: Vec<_> = (0..w)
             .map(|r| {
                 sc.spawn(move || -> Result<(), String> {
-                    let args = InitArgs {
-                        init_method: Some(format!("tcp://127.0.0.1:{port}")),
-                        rank: Some(r),
-                        world_size: Some(w),
-                        connect: None,
-                    };
+                    let args = args(port, r, w, None);
                     // A budget of 1 MiB, segments of 64 KiB: `b`'s calls of 256 KiB each
                     // exceed it four calls ahead.
                     let opts = GroupOptions {

@@ -5,6 +5,37 @@ use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
 use collectix_runtime::testing::sim::Sim;
 use collectix_runtime::{Output, Request, Tensor};
 
+/// Rank 0 makes `calls` broadcasts as root of `data(k)`, without waiting, and the simulator
+/// runs until nothing moves.
+fn root_broadcasts(
+    sim: &mut Sim,
+    calls: u64,
+    data: &dyn Fn(u64) -> Tensor,
+) -> Vec<collectix_runtime::OpId> {
+    let mut roots = Vec::new();
+    for k in 0..calls {
+        let req = Request::Broadcast {
+            tensor: data(k),
+            root: 0,
+        };
+        roots.push(
+            sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+    }
+    sim.run_no_timeouts(1_000_000)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    roots
+}
+
+/// A non-root's broadcast call of `n` elements of `dtype`.
+fn receive_broadcast(n: usize, dtype: collectix_runtime::DType) -> Request {
+    Request::Broadcast {
+        tensor: Tensor::zeros(&[n], dtype).unwrap_or_else(|e| panic!("{e}")),
+        root: 0,
+    }
+}
+
 #[test]
 fn a_root_far_ahead_is_held_to_the_window() {
     for seed in 0..5 {
@@ -19,19 +50,7 @@ fn a_root_far_ahead_is_held_to_the_window() {
         );
         let calls = 50u64;
         let data = |k: u64| Tensor::from_vec(vec![k as i64; 3]);
-        let mut roots = Vec::new();
-        for k in 0..calls {
-            let req = Request::Broadcast {
-                tensor: data(k),
-                root: 0,
-            };
-            roots.push(
-                sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
-                    .unwrap_or_else(|e| panic!("{e}")),
-            );
-        }
-        sim.run_no_timeouts(1_000_000)
-            .unwrap_or_else(|e| panic!("{e:?}"));
+        let roots = root_broadcasts(&mut sim, calls, &data);
         let peer = |sim: &Sim, r| sim.engine(r).map_or(usize::MAX, |e| e.buffered());
         // Ranks 1 and 2 made no call: each buffers at most `window` calls' messages.
         assert!(
@@ -47,11 +66,7 @@ fn a_root_far_ahead_is_held_to_the_window() {
         let mut others = Vec::new();
         for k in 0..calls {
             for r in 1..3 {
-                let req = Request::Broadcast {
-                    tensor: Tensor::zeros(&[3], collectix_runtime::DType::I64)
-                        .unwrap_or_else(|e| panic!("{e}")),
-                    root: 0,
-                };
+                let req = receive_broadcast(3, collectix_runtime::DType::I64);
                 others.push((
                     r,
                     k,
@@ -79,23 +94,15 @@ fn a_root_far_ahead_is_held_to_the_window() {
     }
 }
 
-#[test]
-fn an_isend_loop_without_receives_is_held_to_the_window() {
+/// Rank 0 sends `n` messages of `len` i32s (`[k; len]`) to rank 1 on one tag, with no
+/// receive posted; `between` checks the state then; then rank 1 posts its receives, and every
+/// message arrives, in order.
+fn sends_then_receives(sim: &mut Sim, n: usize, len: usize, between: &dyn Fn(&Sim)) {
     use collectix_runtime::collective::TensorSpec;
     use collectix_runtime::DType;
-    let window = 3;
-    let mut sim = Sim::with_options(
-        2,
-        11,
-        GroupOptions {
-            window,
-            ..GroupOptions::default()
-        },
-    );
-    let n = 40;
     for k in 0..n {
         let req = Request::Send {
-            tensor: Tensor::from_vec(vec![k as i32]),
+            tensor: Tensor::from_vec(vec![k as i32; len]),
             dst: 1,
             tag: 9,
         };
@@ -104,18 +111,11 @@ fn an_isend_loop_without_receives_is_held_to_the_window() {
     }
     sim.run_no_timeouts(100_000)
         .unwrap_or_else(|e| panic!("{e:?}"));
-    let arrived = |sim: &Sim| sim.engine(1).map_or(usize::MAX, |e| e.p2p_buffered());
-    assert!(
-        arrived(&sim) <= window as usize,
-        "receiver buffers {} messages",
-        arrived(&sim)
-    );
-    assert_eq!(sim.engine(0).map(|e| e.held()), Some(n - window as usize));
-    // The receives come: every message, in order.
+    between(sim);
     let mut recvs = Vec::new();
     for _ in 0..n {
         let req = Request::Recv {
-            spec: TensorSpec::new(&[1], DType::I32),
+            spec: TensorSpec::new(&[len], DType::I32),
             src: Some(0),
             tag: 9,
         };
@@ -128,11 +128,33 @@ fn an_isend_loop_without_receives_is_held_to_the_window() {
         .unwrap_or_else(|e| panic!("{e:?}\n{}", sim.trace_text()));
     for (k, id) in recvs.into_iter().enumerate() {
         let want = Output::Received {
-            tensor: Tensor::from_vec(vec![k as i32]),
+            tensor: Tensor::from_vec(vec![k as i32; len]),
             src: 0,
         };
         assert_eq!(sim.take(1, id), Some(Ok(want)), "message {k}");
     }
+}
+
+#[test]
+fn an_isend_loop_without_receives_is_held_to_the_window() {
+    let window = 3;
+    let mut sim = Sim::with_options(
+        2,
+        11,
+        GroupOptions {
+            window,
+            ..GroupOptions::default()
+        },
+    );
+    let n = 40;
+    sends_then_receives(&mut sim, n, 1, &|sim| {
+        let arrived = sim.engine(1).map_or(usize::MAX, |e| e.p2p_buffered());
+        assert!(
+            arrived <= window as usize,
+            "receiver buffers {arrived} messages"
+        );
+        assert_eq!(sim.engine(0).map(|e| e.held()), Some(n - window as usize));
+    });
     assert_eq!(sim.engine(0).map(|e| e.held()), Some(0));
 }
 
@@ -552,16 +574,7 @@ fn a_root_far_ahead_is_held_to_the_byte_budget_and_everything_arrives() {
             },
         );
         let data = |k: u64| Tensor::from_vec(vec![k as f32; 300]);
-        for k in 0..40 {
-            let req = Request::Broadcast {
-                tensor: data(k),
-                root: 0,
-            };
-            sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
-        sim.run_no_timeouts(1_000_000)
-            .unwrap_or_else(|e| panic!("{e:?}"));
+        root_broadcasts(&mut sim, 40, &data);
         for r in 1..3 {
             let b = sim.engine(r).map_or(u64::MAX, |e| e.buffered_bytes());
             assert!(
@@ -574,11 +587,7 @@ fn a_root_far_ahead_is_held_to_the_byte_budget_and_everything_arrives() {
         for k in 0..40 {
             let mut ids = Vec::new();
             for r in 1..3 {
-                let req = Request::Broadcast {
-                    tensor: Tensor::zeros(&[300], collectix_runtime::DType::F32)
-                        .unwrap_or_else(|e| panic!("{e}")),
-                    root: 0,
-                };
+                let req = receive_broadcast(300, collectix_runtime::DType::F32);
                 ids.push((
                     r,
                     sim.submit(r, GroupId::WORLD, req, &CallOptions::default())
@@ -602,8 +611,6 @@ fn a_root_far_ahead_is_held_to_the_byte_budget_and_everything_arrives() {
 
 #[test]
 fn large_sends_without_receives_wait_in_the_sender() {
-    use collectix_runtime::collective::TensorSpec;
-    use collectix_runtime::DType;
     // Budget 4 KiB over a window of 16: messages above 256 bytes wait for their receive.
     let mut sim = Sim::with_options(
         2,
@@ -613,39 +620,8 @@ fn large_sends_without_receives_wait_in_the_sender() {
             ..GroupOptions::default()
         },
     );
-    let n = 20;
-    for k in 0..n {
-        let req = Request::Send {
-            tensor: Tensor::from_vec(vec![k as i32; 100]),
-            dst: 1,
-            tag: 9,
-        };
-        sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-    sim.run_no_timeouts(100_000)
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    assert_eq!(sim.engine(1).map(|e| e.buffered_bytes()), Some(0));
-    assert_eq!(sim.engine(0).map(|e| e.held()), Some(n));
-    let mut recvs = Vec::new();
-    for _ in 0..n {
-        let req = Request::Recv {
-            spec: TensorSpec::new(&[100], DType::I32),
-            src: Some(0),
-            tag: 9,
-        };
-        recvs.push(
-            sim.submit(1, GroupId::WORLD, req, &CallOptions::default())
-                .unwrap_or_else(|e| panic!("{e}")),
-        );
-    }
-    sim.run_no_timeouts(100_000)
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    for (k, id) in recvs.into_iter().enumerate() {
-        let want = Output::Received {
-            tensor: Tensor::from_vec(vec![k as i32; 100]),
-            src: 0,
-        };
-        assert_eq!(sim.take(1, id), Some(Ok(want)), "message {k}");
-    }
+    sends_then_receives(&mut sim, 20, 100, &|sim| {
+        assert_eq!(sim.engine(1).map(|e| e.buffered_bytes()), Some(0));
+        assert_eq!(sim.engine(0).map(|e| e.held()), Some(20));
+    });
 }
