@@ -137,9 +137,7 @@ impl Engine {
             self.tell_shutdown(id);
         }
         self.groups.remove(&id);
-        for m in self.orphans.remove(&id).unwrap_or_default() {
-            self.unorphan(&m);
-        }
+        // (No orphans to drop: a registered group adopted its orphans when it was added.)
         self.destroyed.insert(id);
         match pending {
             Some(e) => Err(e),
