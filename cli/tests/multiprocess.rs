@@ -55,17 +55,8 @@ const ALL_REDUCE_LINES: [&str; 8] = [
 
 #[test]
 fn the_readme_example_runs_as_four_processes_under_collectix_launch() {
-    let exe = example("all_reduce");
-    let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
-        .args(["launch", "--nproc-per-node", "4", "--master-port"])
-        .arg(free_port().to_string())
-        .arg("--")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let so = String::from_utf8_lossy(&out.stdout);
-    let se = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{so}\n{se}");
+    let (ok, so, se) = launch(4, &example("all_reduce"));
+    assert!(ok, "{so}\n{se}");
     for line in ALL_REDUCE_LINES {
         let rank = &line[5..6];
         let want = format!("[rank {rank}] {line}");

@@ -576,15 +576,29 @@ mod tests {
         }
     }
 
+    /// A connected pair with both links started: rank 0's link to rank 1 and its
+    /// connection, rank 0's and rank 1's events, and rank 1's side (kept alive).
+    #[allow(clippy::type_complexity)]
+    fn linked(
+        job: u64,
+    ) -> (
+        TcpLink,
+        Connection,
+        Receiver<Event>,
+        Receiver<Event>,
+        (TcpLink, Connection),
+    ) {
+        let (a, b) = pair(job);
+        let (in_a, rx_a) = inbound();
+        let (in_b, rx_b) = inbound();
+        let (link, conn_a) = start(a, 1, Limits::default(), in_a).unwrap_or_else(|e| panic!("{e}"));
+        let b_side = start(b, 0, Limits::default(), in_b).unwrap_or_else(|e| panic!("{e}"));
+        (link, conn_a, rx_a, rx_b, b_side)
+    }
+
     #[test]
     fn messages_arrive_whole_and_in_order_with_the_links_rank_as_source() {
-        let (a, b) = pair(1);
-        let (in_a, _rx_a) = inbound();
-        let (in_b, rx_b) = inbound();
-        let (mut link, conn_a) =
-            start(a, 1, Limits::default(), in_a).unwrap_or_else(|e| panic!("{e}"));
-        let (_link_b, _conn_b) =
-            start(b, 0, Limits::default(), in_b).unwrap_or_else(|e| panic!("{e}"));
+        let (mut link, conn_a, _rx_a, rx_b, _b) = linked(1);
         // Small messages, an empty one, and one of 8 MiB in three parts.
         let big: Vec<Bytes> = (0..3u8)
             .map(|i| Bytes::from(vec![i; (8 << 20) / 3]))
@@ -627,13 +641,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_would_block_and_a_flush_follows() {
-        let (a, b) = pair(2);
-        let (in_a, rx_a) = inbound();
-        let (in_b, rx_b) = inbound();
-        let (mut link, _conn_a) =
-            start(a, 1, Limits::default(), in_a).unwrap_or_else(|e| panic!("{e}"));
-        let (_link_b, _conn_b) =
-            start(b, 0, Limits::default(), in_b).unwrap_or_else(|e| panic!("{e}"));
+        let (mut link, _conn_a, rx_a, rx_b, _b) = linked(2);
         // Messages of 1 MiB, faster than the writer sends them: the queue fills.
         let chunk = Bytes::from(vec![5u8; 1 << 20]);
         let mut refused = None;
