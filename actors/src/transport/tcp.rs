@@ -447,6 +447,24 @@ mod tests {
         }
     }
 
+    /// A listener accepting one connection as rank `me` of 2 in job 7 (`connecting`: what
+    /// it says about connecting the other way): its address, and the accept's outcome.
+    fn accepting(
+        me: u32,
+        connecting: bool,
+    ) -> (
+        std::net::SocketAddr,
+        std::thread::JoinHandle<Result<u32, String>>,
+    ) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
+            accept(&mut s, 7, me, 2, &|_| connecting)
+        });
+        (addr, t)
+    }
+
     #[test]
     fn the_handshake_refuses_another_job_version_or_rank_on_both_sides() {
         let cases: Vec<(Hello, &str)> = vec![
@@ -497,12 +515,7 @@ mod tests {
             ),
         ];
         for (hello, why) in cases {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-            let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
-            let t = std::thread::spawn(move || {
-                let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-                accept(&mut s, 7, 1, 2, &|_| false)
-            });
+            let (addr, t) = accepting(1, false);
             let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
             let told = connect(&mut c, hello);
             let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
@@ -530,12 +543,7 @@ mod tests {
             },
             b"GET / HTTP/1.1\r\nHost: collectix.example\r\n\r\n".to_vec(),
         ] {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-            let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
-            let t = std::thread::spawn(move || {
-                let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-                accept(&mut s, 7, 1, 2, &|_| false)
-            });
+            let (addr, t) = accepting(1, false);
             let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
             let _ = c.write_all(&bytes);
             let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
@@ -551,12 +559,7 @@ mod tests {
         // (accepting rank, connecting rank, whether the accepting rank is connecting to it)
         let cases = [(0u32, 1u32, true), (1, 0, true), (0, 1, false)];
         for (me, from, connecting) in cases {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-            let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
-            let t = std::thread::spawn(move || {
-                let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-                accept(&mut s, 7, me, 2, &|_| connecting)
-            });
+            let (addr, t) = accepting(me, connecting);
             let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
             let hello = Hello {
                 job: 7,
