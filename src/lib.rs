@@ -83,8 +83,8 @@ pub use collectix_runtime as runtime;
 pub use collectix_actors::device;
 pub use collectix_actors::{
     init, Communicator, Connect, DeviceBackend, FileStore, InitArgs, JobConfig, Launcher,
-    MemoryStore, P2POp, PrefixStore, Process, Rendezvous, Store, TcpStore, TcpStoreServer,
-    TensorDeviceExt, Work, World,
+    MemoryStore, P2POp, PrefixStore, Process, Rendezvous, Secret, Security, Store, TcpStore,
+    TcpStoreServer, TensorDeviceExt, Work, World,
 };
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{

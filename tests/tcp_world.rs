@@ -11,9 +11,14 @@
 mod check_job;
 
 use collectix::runtime::testing::matrix;
-use collectix::{init, CallOptions, Connect, Error, GroupOptions, InitArgs};
+use collectix::{init, CallOptions, Connect, Error, GroupOptions, InitArgs, Secret, Security};
 use std::net::TcpListener;
 use std::time::Duration;
+
+/// The job's secret in these tests (every connection passes the secret handshake).
+fn secured(text: &str) -> Security {
+    Security::with_secret(Secret::new(text).unwrap_or_else(|e| panic!("{e}")))
+}
 
 /// Rank `r` of `w` joining through `tcp://127.0.0.1:PORT`.
 fn args(port: u16, r: usize, w: usize, connect: Option<Connect>) -> InitArgs {
@@ -22,6 +27,7 @@ fn args(port: u16, r: usize, w: usize, connect: Option<Connect>) -> InitArgs {
         rank: Some(r),
         world_size: Some(w),
         connect,
+        security: Some(secured("the tcp_world tests' secret")),
     }
 }
 
@@ -193,6 +199,161 @@ fn a_rank_that_never_joins_is_named() {
             }
             other => panic!("rank {r}: {other:?}"),
         }
+    }
+}
+
+/// A rank whose secret differs cannot join (it is told so at once, naming the store), and
+/// the others are told which rank never came.
+#[test]
+fn a_rank_with_another_secret_is_refused_and_named_by_the_others() {
+    let port = free_port();
+    let results: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                sc.spawn(move || {
+                    let mut args = args(port, r, 3, None);
+                    if r == 2 {
+                        args.security = Some(secured("not the job's secret"));
+                    }
+                    init(&args, GroupOptions::default(), Duration::from_secs(3)).map(|_| ())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join()).collect()
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        match (r, res) {
+            (2, Ok(Err(Error::Unauthenticated { peer, reason }))) => {
+                assert!(peer.contains(&port.to_string()), "{peer}: {reason}")
+            }
+            (0 | 1, Ok(Err(Error::StoreTimeout { what, .. }))) => {
+                assert!(what.contains("addr/2"), "rank {r}: {what}")
+            }
+            (r, other) => panic!("rank {r}: {other:?}"),
+        }
+    }
+}
+
+/// Intruders at a running job's doors — a rank's listener and the store — without the secret:
+/// one with a wrong secret, one that skips the handshake and sends a frame, one that sends
+/// HTTP. Each is refused before anything it sends is read, and the job runs on, exact.
+#[test]
+fn intruders_without_the_secret_are_refused_and_the_job_runs_on() {
+    use collectix::actors::transport::tcp::{connect, Hello, Refused};
+    use std::io::{Read, Write};
+    let (w, port) = (2usize, free_port());
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel::<String>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let done_rx = std::sync::Mutex::new(done_rx);
+    let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
+        let intruder = sc.spawn(move || -> Result<(), String> {
+            let rank1 = addr_rx
+                .recv_timeout(Duration::from_secs(60))
+                .map_err(|e| e.to_string())?;
+            let store = format!("127.0.0.1:{port}");
+            for door in [&rank1, &store] {
+                // A wrong secret.
+                let mut s = std::net::TcpStream::connect(door).map_err(|e| e.to_string())?;
+                let hello = Hello {
+                    job: 0,
+                    from: 0,
+                    to: 1,
+                    world: 2,
+                };
+                match connect(&mut s, hello, &secured("a guess at the secret")) {
+                    Err(Refused::Auth(_)) => {}
+                    other => return Err(format!("{door}: a wrong secret got {other:?}")),
+                }
+                // No handshake: a frame, or HTTP; the door closes without an answer.
+                let frame =
+                    collectix::runtime::wire::codec::encode(&collectix::runtime::wire::Message {
+                        src: 0,
+                        header: collectix::runtime::wire::Header::Abort {
+                            group: collectix::GroupId::WORLD,
+                            reason: collectix::runtime::wire::AbortReason::PeerLost { rank: 1 },
+                        },
+                        payload: Vec::new(),
+                    })
+                    .to_contiguous();
+                for bytes in [&frame[..], &[0u8; 40][..], b"GET / HTTP/1.1\r\n\r\n"] {
+                    let mut s = std::net::TcpStream::connect(door).map_err(|e| e.to_string())?;
+                    let _ = s.write_all(bytes);
+                    let _ = s.shutdown(std::net::Shutdown::Write);
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(20)));
+                    let mut answer = Vec::new();
+                    let _ = s.read_to_end(&mut answer);
+                    if !answer.is_empty() {
+                        return Err(format!(
+                            "{door} answered {} bytes to an intruder",
+                            answer.len()
+                        ));
+                    }
+                }
+            }
+            let _ = done_tx.send(());
+            Ok(())
+        });
+        let ranks: Vec<_> = (0..w)
+            .map(|r| {
+                let (addr_tx, done_rx) = (addr_tx.clone(), &done_rx);
+                sc.spawn(move || -> Result<(), String> {
+                    let p = init(
+                        &args(port, r, w, None),
+                        GroupOptions::default(),
+                        Duration::from_secs(60),
+                    )
+                    .map_err(|e| format!("rank {r} cannot join: {e}"))?;
+                    let c = p.communicator();
+                    let round = |k: i64| -> Result<(), String> {
+                        let got = c
+                            .all_reduce(
+                                collectix::Tensor::from_vec(vec![k + r as i64; 4]),
+                                collectix::ReduceOp::Sum,
+                            )
+                            .wait()
+                            .map_err(|e| format!("rank {r}: {e}"))?;
+                        if got != collectix::Tensor::from_vec(vec![2 * k + 1; 4]) {
+                            return Err(format!("rank {r}: {got}"));
+                        }
+                        Ok(())
+                    };
+                    round(1)?;
+                    if r == 1 {
+                        let _ = addr_tx.send(p.address().to_string());
+                    }
+                    // Both ranks wait for the intruder to be done, then carry on.
+                    if r == 1 {
+                        done_rx
+                            .lock()
+                            .map_err(|e| e.to_string())?
+                            .recv_timeout(Duration::from_secs(120))
+                            .map_err(|e| format!("the intruder never finished: {e}"))?;
+                    }
+                    for k in 2..50 {
+                        round(k)?;
+                    }
+                    p.shutdown().map_err(|e| format!("rank {r} left with {e}"))
+                })
+            })
+            .collect();
+        let mut out: Vec<Result<(), String>> = ranks
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect();
+        out.push(intruder.join().unwrap_or_else(|_| Err("panicked".into())));
+        out
+    });
+    for (who, res) in results.into_iter().enumerate() {
+        assert_eq!(
+            res,
+            Ok(()),
+            "{}",
+            if who < w {
+                format!("rank {who}")
+            } else {
+                "intruder".into()
+            }
+        );
     }
 }
 

@@ -38,6 +38,8 @@ pub struct InitArgs {
     pub world_size: Option<usize>,
     /// When to connect to the peers (else `COLLECTIX_CONNECT`, else eager).
     pub connect: Option<crate::transport::mesh::Connect>,
+    /// The job's secret and where it may listen (else [`Security::from_env`](crate::Security::from_env)).
+    pub security: Option<crate::security::Security>,
 }
 
 /// Where the job's rendezvous store is.
@@ -492,7 +494,7 @@ mod tests {
             init_method: Some("tcp://[fd00::2]:29400".into()),
             rank: Some(1),
             world_size: Some(4),
-            connect: None,
+            ..InitArgs::default()
         };
         let c = resolve(&args, &[("RANK", "3"), ("WORLD_SIZE", "8")]);
         assert!(
@@ -503,7 +505,7 @@ mod tests {
             init_method: Some("file:///shared/job7/store".into()),
             rank: Some(0),
             world_size: Some(2),
-            connect: None,
+            ..InitArgs::default()
         };
         assert!(matches!(
             resolve(&f, &[]),
@@ -517,7 +519,7 @@ mod tests {
                 init_method: Some(bad.into()),
                 rank: Some(0),
                 world_size: Some(1),
-                connect: None,
+                ..InitArgs::default()
             };
             assert!(
                 matches!(resolve(&a, &[]), Err(Error::InvalidArgument(_))),

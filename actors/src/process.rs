@@ -22,6 +22,7 @@
 use crate::comm::{Communicator, RankShared};
 use crate::init::{InitArgs, JobConfig, Rendezvous};
 use crate::rank::{Leave, RankActor, SetLinks};
+use crate::security::{self, Security};
 use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
 use crate::system;
 use crate::transport::mesh::{Connect, Mesh};
@@ -31,7 +32,7 @@ use actix::{Addr, System};
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
-use std::net::{TcpListener, ToSocketAddrs, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -51,6 +52,7 @@ pub struct Process {
     thread: Option<JoinHandle<()>>,
     mesh: Option<Mesh>,
     server: Option<TcpStoreServer>,
+    address: String,
 }
 
 /// Forwards a link's arrivals to the rank actor.
@@ -88,32 +90,44 @@ fn host_port(host: &str, port: u16) -> String {
     }
 }
 
-/// The address peers reach this process at: `COLLECTIX_ADDR`, else the local end of a route
-/// to the store's host (no packet is sent), else loopback.
-fn own_ip(store_host: Option<&str>) -> String {
-    if let Ok(a) = std::env::var("COLLECTIX_ADDR") {
-        if !a.trim().is_empty() {
-            return a.trim().to_string();
-        }
+/// Serves the job's store on rank 0: on every address with a secret (or insecure), else on
+/// the loopback address `host` names (any other is refused: [`Security::check_bind`]).
+fn serve_store(host: &str, port: u16, security: &Security) -> Result<TcpStoreServer> {
+    if security.any_address() {
+        return TcpStoreServer::bind_secured((Ipv6Addr::UNSPECIFIED, port), security.clone())
+            .or_else(|_| {
+                TcpStoreServer::bind_secured((Ipv4Addr::UNSPECIFIED, port), security.clone())
+            });
     }
-    let route = store_host.and_then(|h| {
-        let target = (h, 9).to_socket_addrs().ok()?.next()?;
-        let bind = if target.is_ipv4() {
-            "0.0.0.0:0"
-        } else {
-            "[::]:0"
-        };
-        let s = UdpSocket::bind(bind).ok()?;
-        s.connect(target).ok()?;
-        s.local_addr().ok().map(|a| a.ip().to_string())
-    });
-    route.unwrap_or_else(|| "127.0.0.1".into())
+    let ip = security::resolve_ip(host).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    TcpStoreServer::bind_secured((ip, port), security.clone())
+}
+
+/// Listens for peers on `ip` (this rank's address), or on every address when that one is not
+/// this host's (a name behind NAT) and any address is allowed.
+fn listen(ip: &str, security: &Security) -> Result<TcpListener> {
+    let ip = security::resolve_ip(ip).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    security.check_bind(ip, "this rank")?;
+    TcpListener::bind((ip, 0))
+        .or_else(|e| {
+            if security.any_address() {
+                TcpListener::bind((Ipv6Addr::UNSPECIFIED, 0))
+                    .or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)))
+            } else {
+                Err(e)
+            }
+        })
+        .map_err(|e| Error::Resource(format!("cannot listen for peers on {ip}: {e}")))
 }
 
 /// Joins the job: see the module doc. `options` are the world group's; `timeout` bounds the
 /// whole join (the store, the other ranks' arrival, the connections).
 pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result<Process> {
     let config = JobConfig::from_env(args)?;
+    let security = match &args.security {
+        Some(s) => s.clone(),
+        None => Security::from_env()?,
+    };
     let connect = match args.connect {
         Some(c) => c,
         None => Connect::from_env()?,
@@ -126,13 +140,12 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
     {
         Rendezvous::Tcp { host, port } => {
             let server = if rank == 0 {
-                let s = TcpStoreServer::bind(("::", *port))
-                    .or_else(|_| TcpStoreServer::bind(("0.0.0.0", *port)))?;
-                Some(s)
+                Some(serve_store(host, *port, &security)?)
             } else {
                 None
             };
-            let client = TcpStore::connect(host_port(host, *port), left())?;
+            let client =
+                TcpStore::connect_secured(host_port(host, *port), left(), security.clone())?;
             (Arc::new(client), server, Some(host.clone()))
         }
         Rendezvous::File { path } => (Arc::new(FileStore::new(path)?), None, None),
@@ -144,11 +157,12 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         options,
         &store,
         store_host.as_deref(),
+        &security,
         deadline,
         timeout,
     );
     match joined {
-        Ok((comm, system, thread, mesh)) => Ok(Process {
+        Ok((comm, system, thread, mesh, address)) => Ok(Process {
             comm,
             config,
             store,
@@ -156,6 +170,7 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
             thread: Some(thread),
             mesh: Some(mesh),
             server,
+            address,
         }),
         Err(e) => {
             // The others' joins are timing out about now too: the store stays up a little
@@ -173,9 +188,9 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
     }
 }
 
-/// What joining gives: the world communicator, the actor system and its thread, and the
-/// connections.
-type Joined = (Communicator, System, JoinHandle<()>, Mesh);
+/// What joining gives: the world communicator, the actor system and its thread, the
+/// connections, and the address this rank published.
+type Joined = (Communicator, System, JoinHandle<()>, Mesh, String);
 
 /// Steps 2–5 of joining (see the module doc), once the store is there.
 #[allow(clippy::too_many_arguments)]
@@ -186,19 +201,19 @@ fn join(
     options: GroupOptions,
     store: &Arc<dyn Store>,
     store_host: Option<&str>,
+    security: &Security,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Joined> {
     let left = || deadline.saturating_duration_since(Instant::now());
     // 2. Listen, publish.
-    let listener = TcpListener::bind("[::]:0")
-        .or_else(|_| TcpListener::bind("0.0.0.0:0"))
-        .map_err(|e| Error::Resource(format!("cannot listen for peers: {e}")))?;
+    let ip = security::own_ip(store_host)?;
+    let listener = listen(&ip, security)?;
     let port = listener
         .local_addr()
         .map_err(|e| Error::Resource(format!("no local address: {e}")))?
         .port();
-    let me = host_port(&own_ip(store_host), port);
+    let me = host_port(&ip, port);
     if rank == 0 {
         let id = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -206,7 +221,7 @@ fn join(
             ^ u64::from(std::process::id()).rotate_left(32);
         store.compare_set("job", b"", id.to_string().into_bytes())?;
     }
-    store.set(&format!("addr/{rank}"), me.into_bytes())?;
+    store.set(&format!("addr/{rank}"), me.clone().into_bytes())?;
     // 3. Everyone.
     let keys: Vec<String> = (0..world).map(|r| format!("addr/{r}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -237,7 +252,15 @@ fn join(
         ..Limits::default()
     };
     let inbound: Arc<dyn Inbound> = Arc::new(ToActor(addr.clone()));
-    let mesh = Mesh::start(listener, rank, addrs, job, limits, inbound)?;
+    let mesh = Mesh::start(
+        listener,
+        rank,
+        addrs,
+        job,
+        limits,
+        inbound,
+        security.clone(),
+    )?;
     let links = mesh.links(Box::new(SelfLink(rank, addr.clone())));
     addr.do_send(SetLinks(links));
     if connect == Connect::Eager {
@@ -255,7 +278,7 @@ fn join(
         rank_threads: Arc::from(vec![thread_id]),
         device: Default::default(),
     });
-    Ok((Communicator::new(shared, info), system, thread, mesh))
+    Ok((Communicator::new(shared, info), system, thread, mesh, me))
 }
 impl Process {
     /// This rank's world communicator.
@@ -267,6 +290,11 @@ impl Process {
     /// ones it has talked with (either way) with lazy connection.
     pub fn connected_peers(&self) -> usize {
         self.mesh.as_ref().map_or(0, Mesh::connected)
+    }
+
+    /// The address ("host:port") this rank listens on for its peers, as it published it.
+    pub fn address(&self) -> &str {
+        &self.address
     }
 
     /// The job's store (torch's default store): every rank of the job sees the same keys.

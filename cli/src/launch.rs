@@ -3,6 +3,10 @@
 //!
 //! - Each process gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`
 //!   (the node's rank), `MASTER_ADDR` and `MASTER_PORT` (what `JobConfig::from_env` reads).
+//! - The job's secret: a fresh one (32 random bytes, in hex) in `COLLECTIX_SECRET`, unless
+//!   the launcher's own environment has `COLLECTIX_SECRET` or `COLLECTIX_SECRET_FILE`, which
+//!   the processes then inherit. A job of several nodes needs the same secret on every node:
+//!   the launcher of each must be given it (it cannot make one the others would know).
 //! - Every line a process writes is printed with its rank in front (`[rank 3] …`), on the
 //!   launcher's stdout or stderr as the process wrote it.
 //! - SIGINT and SIGTERM sent to the launcher are forwarded to every process (each leads a
@@ -119,6 +123,28 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
         return 2;
     }
     let world = a.nproc_per_node * a.nnodes;
+    let given = ["COLLECTIX_SECRET", "COLLECTIX_SECRET_FILE"]
+        .iter()
+        .any(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()));
+    let secret = match (given, a.nnodes) {
+        (true, _) => None,
+        (false, 1) => match collectix::Secret::random_text() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("collectix launch: cannot make the job's secret: {e}");
+                return 1;
+            }
+        },
+        (false, _) => {
+            eprintln!(
+                "collectix launch: a job of {} nodes needs one secret on every node: export the same \
+                 COLLECTIX_SECRET (e.g. `openssl rand -hex 32`) or COLLECTIX_SECRET_FILE before \
+                 launching on each",
+                a.nnodes
+            );
+            return 2;
+        }
+    };
     // SIGINT and SIGTERM to the launcher: remembered, then forwarded.
     let caught = Arc::new(AtomicUsize::new(0));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -131,7 +157,11 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
     let mut relays = Vec::with_capacity(2 * a.nproc_per_node);
     for local in 0..a.nproc_per_node {
         let rank = a.node_rank * a.nproc_per_node + local;
-        let spawned = Command::new(&a.program[0])
+        let mut cmd = Command::new(&a.program[0]);
+        if let Some(s) = &secret {
+            cmd.env("COLLECTIX_SECRET", s);
+        }
+        let spawned = cmd
             .args(&a.program[1..])
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", world.to_string())

@@ -60,9 +60,11 @@ struct StoreArgs {
     #[arg(long, default_value_t = 29500)]
     port: u16,
     /// The address to listen on: `::` (every IPv6 and, on a dual-stack host, IPv4 address),
-    /// `0.0.0.0`, or one address.
-    #[arg(long, default_value = "::")]
-    host: String,
+    /// `0.0.0.0`, or one address. Default: `::` with a secret (`COLLECTIX_SECRET` or
+    /// `COLLECTIX_SECRET_FILE`) or `COLLECTIX_INSECURE=1`, else `127.0.0.1` (without a secret
+    /// the store listens on loopback only).
+    #[arg(long)]
+    host: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -540,14 +542,29 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => bench(&args),
         Command::Launch(a) => std::process::ExitCode::from(launch::run(&a)),
         Command::Store(a) => {
-            let ip: std::net::IpAddr = match a.host.parse() {
-                Ok(ip) => ip,
+            let security = match collectix::Security::from_env() {
+                Ok(s) => s,
                 Err(e) => {
-                    eprintln!("collectix: --host {}: {e}", a.host);
+                    eprintln!("collectix: {e}");
                     return std::process::ExitCode::FAILURE;
                 }
             };
-            match collectix::TcpStoreServer::bind((ip, a.port)) {
+            let host = a.host.unwrap_or_else(|| {
+                if security.any_address() {
+                    "::"
+                } else {
+                    "127.0.0.1"
+                }
+                .to_string()
+            });
+            let ip: std::net::IpAddr = match host.parse() {
+                Ok(ip) => ip,
+                Err(e) => {
+                    eprintln!("collectix: --host {host}: {e}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            };
+            match collectix::TcpStoreServer::bind_secured((ip, a.port), security) {
                 Ok(server) => {
                     println!("collectix store: serving on {}", server.local_addr());
                     // Serves until the process is interrupted.

@@ -126,3 +126,60 @@ fn sigterm_to_the_launcher_reaches_every_process() {
     }
     assert!(se.contains("the launcher got SIGTERM"), "{se}");
 }
+
+/// `collectix launch` with `args` before `--`, `script` after, the secret variables removed
+/// from its environment and `env` added.
+fn launch_with(args: &[&str], env: &[(&str, &str)], script: &str) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_collectix"));
+    c.arg("launch")
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .env_remove("COLLECTIX_SECRET")
+        .env_remove("COLLECTIX_SECRET_FILE");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output()
+        .unwrap_or_else(|e| panic!("cannot run collectix launch: {e}"))
+}
+
+#[test]
+fn the_launcher_hands_every_process_one_fresh_secret_or_the_one_it_was_given() {
+    let secrets = |out: &Output| -> Vec<String> {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let mut s: Vec<String> = text(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once("secret=").map(|(_, s)| s.to_string()))
+            .collect();
+        s.sort();
+        s
+    };
+    let script = r#"echo "secret=$COLLECTIX_SECRET""#;
+    let a = secrets(&launch_with(&["--nproc-per-node", "3"], &[], script));
+    let b = secrets(&launch_with(&["--nproc-per-node", "3"], &[], script));
+    assert_eq!(a.len(), 3);
+    assert!(a.iter().all(|s| s == &a[0]), "one secret per job: {a:?}");
+    assert!(
+        a[0].len() == 64 && a[0].bytes().all(|c| c.is_ascii_hexdigit()),
+        "{a:?}"
+    );
+    assert_ne!(a[0], b[0], "a fresh secret per job");
+    let given = secrets(&launch_with(
+        &["--nproc-per-node", "2"],
+        &[("COLLECTIX_SECRET", "the user's own secret")],
+        script,
+    ));
+    assert_eq!(given, vec!["the user's own secret"; 2]);
+    // Several nodes: each launcher would make its own; it asks for one instead.
+    let out = launch_with(
+        &["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "0"],
+        &[],
+        script,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("COLLECTIX_SECRET"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -404,6 +404,17 @@ pub enum Error {
     /// says which; check the store's address and that every process runs the same collectix.
     #[error("store: {0}")]
     Store(String),
+    /// A connection failed the job's secret handshake (`docs/deployment.md`, "Security
+    /// model"): `peer` (a rank and its address, or the store's address) does not hold the
+    /// secret this process holds, or one of the two has none. Give every process of the job
+    /// the same `COLLECTIX_SECRET` (or `COLLECTIX_SECRET_FILE`).
+    #[error("authentication failed with {peer}: {reason}")]
+    Unauthenticated {
+        /// Who: "rank 3 at 10.0.0.4:41234", or the store's address.
+        peer: String,
+        /// Which side lacked the secret or proved it wrongly.
+        reason: String,
+    },
     /// Another rank aborted the group because one of its calls failed with an error that
     /// concerns that rank only (a device failure, a panic in its code): `text` is that
     /// error as the rank reported it. Look at that rank's own error for the detail.
@@ -485,7 +496,10 @@ mod tests {
     /// compile until it is placed here and constructed in `every_variant`.
     fn class(e: &Error) -> &'static str {
         match e {
-            Error::InvalidArgument(_) | Error::NotAMember { .. } | Error::WouldDeadlock => "misuse",
+            Error::InvalidArgument(_)
+            | Error::NotAMember { .. }
+            | Error::WouldDeadlock
+            | Error::Unauthenticated { .. } => "misuse",
             Error::Mismatch { .. } | Error::SizeMismatch { .. } => "mismatch",
             Error::Timeout { .. } | Error::StoreTimeout { .. } => "timeout",
             Error::PeerLost { .. }
@@ -575,6 +589,10 @@ mod tests {
                 rank: 2,
                 text: "device: no CUDA device 3 (this machine has 1)".into(),
             },
+            Error::Unauthenticated {
+                peer: "rank 1 at 10.0.0.2:41234".into(),
+                reason: "it does not know this job's secret".into(),
+            },
             Error::internal("a reduce step without an op"),
         ]
     }
@@ -582,12 +600,12 @@ mod tests {
     #[test]
     fn every_variant_says_in_one_line_who_is_at_fault() {
         let all = every_variant();
-        // Every variant once (19 of them: `class` lists them all, without a wildcard).
+        // Every variant once (20 of them: `class` lists them all, without a wildcard).
         let kinds: std::collections::BTreeSet<String> = all
             .iter()
             .map(|e| format!("{:?}", std::mem::discriminant(e)))
             .collect();
-        assert_eq!((kinds.len(), all.len()), (19, 19));
+        assert_eq!((kinds.len(), all.len()), (20, 20));
         for e in &all {
             let text = e.to_string();
             assert!(!text.is_empty() && !text.contains('\n'), "{e:?}: {text:?}");

@@ -1,6 +1,7 @@
 //! The TCP store's wire protocol: a frame is a 4-byte little-endian length and that many
 //! bytes of a bincode-encoded [`Request`] or [`Response`] (control messages; no tensor data
-//! travels here). The first frame of a connection is [`Request::Hello`] with the protocol's
+//! travels here). A connection opens with the secret handshake ([`crate::Security`]); its first
+//! frame then is [`Request::Hello`] with the protocol's
 //! magic and version; a server answers anything else, or another version, by closing.
 //!
 //! Nothing from the wire is trusted: a length above [`MAX_FRAME`] is refused before anything
@@ -14,7 +15,7 @@ use std::io::{Read, Write};
 /// Identifies the protocol in [`Request::Hello`].
 pub(crate) const MAGIC: [u8; 8] = *b"cx-store";
 /// The protocol's version; a server refuses any other.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 /// The largest frame: keys and values are small (addresses, counters, ids); a value larger
 /// than this is refused on both sides.
 pub(crate) const MAX_FRAME: usize = 64 << 20;

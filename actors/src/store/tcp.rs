@@ -2,6 +2,10 @@
 //! clients, one thread per connection (a rendezvous has one connection per process, and a
 //! `get` or `wait` holds its connection's thread while it waits).
 //!
+//! Every connection first passes the secret handshake ([`Security`], context `store`): a
+//! client without the job's secret is refused before any request of its is read. Without a
+//! secret the server listens on loopback only ([`Security::check_bind`]).
+//!
 //! A client that sends something that is not the protocol (a wrong hello, a frame above the
 //! limit, bytes that do not decode), or disconnects mid-request, is dropped with a logged
 //! reason; the server keeps serving the others. A client reconnects by itself when its
@@ -10,6 +14,7 @@
 
 use super::proto::{self, Failure, FrameError, Request, Response, MAGIC, VERSION};
 use super::{Store, Table};
+use crate::security::{Denied, Security};
 use collectix_runtime::{Error, Result};
 use std::collections::HashMap;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -21,6 +26,8 @@ use std::time::{Duration, Instant};
 /// How much longer than a request's own wait a client waits for the answer before it
 /// calls the connection broken.
 const ANSWER_SLACK: Duration = Duration::from_secs(30);
+/// How long a new connection has for the handshake and its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A TCP store server (torch's `TCPStore` with `is_master=True`). It stops when dropped or
 /// [`shutdown`](TcpStoreServer::shutdown).
@@ -32,9 +39,25 @@ pub struct TcpStoreServer {
 }
 
 impl TcpStoreServer {
-    /// Listens on `addr` (`"0.0.0.0:29500"`, `"[::]:29500"`, port 0 for any free port) and
-    /// starts serving.
+    /// Listens on `addr` (`"127.0.0.1:29500"`, port 0 for any free port) and starts serving,
+    /// without a secret: loopback addresses only (see [`bind_secured`](Self::bind_secured)).
     pub fn bind(addr: impl ToSocketAddrs + std::fmt::Debug) -> Result<TcpStoreServer> {
+        TcpStoreServer::bind_secured(addr, Security::loopback_only())
+    }
+
+    /// Listens on `addr` (`"0.0.0.0:29500"`, `"[::]:29500"`, port 0 for any free port) and
+    /// starts serving clients that pass `security`'s handshake. An address beyond loopback
+    /// needs a secret, or [`Security::insecure`].
+    pub fn bind_secured(
+        addr: impl ToSocketAddrs + std::fmt::Debug,
+        security: Security,
+    ) -> Result<TcpStoreServer> {
+        for a in addr
+            .to_socket_addrs()
+            .map_err(|e| Error::Store(format!("cannot resolve {addr:?}: {e}")))?
+        {
+            security.check_bind(a.ip(), "the store")?;
+        }
         let listener = TcpListener::bind(&addr)
             .map_err(|e| Error::Store(format!("cannot listen on {addr:?}: {e}")))?;
         let local = listener
@@ -46,7 +69,7 @@ impl TcpStoreServer {
         let (s, c) = (stop.clone(), conns.clone());
         let accept = std::thread::Builder::new()
             .name("collectix-store".into())
-            .spawn(move || accept_loop(listener, table, s, c))
+            .spawn(move || accept_loop(listener, table, s, c, security))
             .map_err(|e| Error::Resource(format!("cannot start the store's thread: {e}")))?;
         tracing::debug!(addr = %local, "store serving");
         Ok(TcpStoreServer {
@@ -107,6 +130,7 @@ fn accept_loop(
     table: Arc<Table>,
     stop: Arc<AtomicBool>,
     conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
+    security: Security,
 ) {
     let next = AtomicU64::new(0);
     for stream in listener.incoming() {
@@ -127,11 +151,11 @@ fn accept_loop(
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(id, c);
         }
-        let (table, conns) = (table.clone(), conns.clone());
+        let (table, conns, security) = (table.clone(), conns.clone(), security.clone());
         let spawned = std::thread::Builder::new()
             .name("collectix-store-conn".into())
             .spawn(move || {
-                serve(stream, &table);
+                serve(stream, &table, &security);
                 conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
             });
         if let Err(e) = spawned {
@@ -141,7 +165,7 @@ fn accept_loop(
 }
 
 /// Serves one client until it closes or breaks the protocol.
-fn serve(mut s: TcpStream, table: &Table) {
+fn serve(mut s: TcpStream, table: &Table, security: &Security) {
     let peer = s
         .peer_addr()
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
@@ -149,8 +173,15 @@ fn serve(mut s: TcpStream, table: &Table) {
     let drop_client = |why: String| {
         tracing::warn!(client = %peer, reason = %why, "store: client dropped");
     };
+    // The handshake and the hello in bounded time: a silent client holds nothing for long.
+    let _ = s.set_read_timeout(Some(HELLO_TIMEOUT));
+    if let Err(d) = security.server(&mut s, b"store") {
+        let _ = s.shutdown(Shutdown::Both);
+        return drop_client(format!("authentication failed: {d}"));
+    }
     match proto::read::<Request>(&mut s) {
         Ok(Some(Request::Hello { magic, version })) if magic == MAGIC && version == VERSION => {
+            let _ = s.set_read_timeout(None);
             if proto::write(&mut s, &Response::Done).is_err() {
                 return;
             }
@@ -218,16 +249,28 @@ fn handle(t: &Table, req: Request) -> Response {
 pub struct TcpStore {
     addr: String,
     connect_timeout: Duration,
+    security: Security,
     conn: Mutex<Option<TcpStream>>,
 }
 
 impl TcpStore {
     /// Connects to the server at `addr` (`"host:port"`; names resolve to IPv4 or IPv6),
-    /// retrying until `timeout` while the server is not up yet.
+    /// retrying until `timeout` while the server is not up yet; without a secret.
     pub fn connect(addr: impl Into<String>, timeout: Duration) -> Result<TcpStore> {
+        TcpStore::connect_secured(addr, timeout, Security::loopback_only())
+    }
+
+    /// [`connect`](Self::connect), proving `security`'s secret to the server (and checking
+    /// the server's proof) on every connection.
+    pub fn connect_secured(
+        addr: impl Into<String>,
+        timeout: Duration,
+        security: Security,
+    ) -> Result<TcpStore> {
         let store = TcpStore {
             addr: addr.into(),
             connect_timeout: timeout,
+            security,
             conn: Mutex::new(None),
         };
         let c = store.open()?;
@@ -253,6 +296,18 @@ impl TcpStore {
                     Ok(mut s) => {
                         let _ = s.set_nodelay(true);
                         let _ = s.set_read_timeout(Some(ANSWER_SLACK));
+                        match self.security.client(&mut s, b"store") {
+                            Ok(()) => {}
+                            Err(Denied::Secret(reason)) => {
+                                return Err(Error::Unauthenticated {
+                                    peer: format!("the store at {}", self.addr),
+                                    reason,
+                                })
+                            }
+                            Err(d) => {
+                                return Err(Error::Store(format!("{}: {d}", self.addr)));
+                            }
+                        }
                         let hello = Request::Hello {
                             magic: MAGIC,
                             version: VERSION,
@@ -504,6 +559,7 @@ mod tests {
         }
         // A client of another version is told why.
         let mut raw = TcpStream::connect(s.connect_addr()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(Security::default().client(&mut raw, b"store"), Ok(()));
         let hello = Request::Hello {
             magic: MAGIC,
             version: VERSION + 1,
@@ -515,6 +571,60 @@ mod tests {
             "{got:?}"
         );
         assert_eq!(good.num_keys(), Ok(1));
+    }
+
+    fn secret(text: &str) -> Security {
+        match crate::security::Secret::new(text) {
+            Ok(k) => Security::with_secret(k),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn only_clients_with_the_secret_are_served_and_the_others_carry_on() {
+        let s = TcpStoreServer::bind_secured("127.0.0.1:0", secret("the job's secret"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = s.connect_addr().to_string();
+        let good =
+            TcpStore::connect_secured(&addr, Duration::from_secs(5), secret("the job's secret"))
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert!(good.set("k", b"v".to_vec()).is_ok());
+        for who in [secret("another secret!!"), Security::default()] {
+            let got = TcpStore::connect_secured(&addr, Duration::from_secs(5), who);
+            assert!(
+                matches!(&got, Err(Error::Unauthenticated { peer, .. }) if peer.contains(&addr)),
+                "{:?}",
+                got.err()
+            );
+        }
+        // A client with a secret does not talk to a server without one either.
+        let open = server();
+        let got = TcpStore::connect_secured(
+            open.connect_addr().to_string(),
+            Duration::from_secs(5),
+            secret("the job's secret"),
+        );
+        assert!(
+            matches!(&got, Err(Error::Unauthenticated { .. })),
+            "{:?}",
+            got.err()
+        );
+        assert_eq!(good.get("k", Duration::from_secs(1)), Ok(b"v".to_vec()));
+        assert_eq!(good.num_keys(), Ok(1));
+    }
+
+    #[test]
+    fn without_a_secret_the_store_listens_on_loopback_only() {
+        for addr in ["0.0.0.0:0", "[::]:0"] {
+            let got = TcpStoreServer::bind(addr);
+            assert!(
+                matches!(&got, Err(Error::InvalidArgument(m)) if m.contains("COLLECTIX_SECRET")),
+                "{addr}: {:?}",
+                got.err().map(|e| e.to_string())
+            );
+        }
+        assert!(TcpStoreServer::bind_secured("0.0.0.0:0", secret("the job's secret")).is_ok());
+        assert!(TcpStoreServer::bind_secured("0.0.0.0:0", Security::insecure()).is_ok());
     }
 
     #[test]
@@ -565,7 +675,7 @@ mod tests {
 
     #[test]
     fn a_dual_stack_server_takes_ipv4_and_ipv6_clients() {
-        let Ok(s) = TcpStoreServer::bind("[::]:0") else {
+        let Ok(s) = TcpStoreServer::bind_secured("[::]:0", Security::insecure()) else {
             eprintln!("SKIPPED: no IPv6 on this machine");
             return;
         };

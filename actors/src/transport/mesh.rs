@@ -25,6 +25,7 @@
 
 use super::tcp::{self, Connection, Hello, Inbound, Refused, TcpLink};
 use super::Link;
+use crate::security::Security;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{LinkError, Message};
 use collectix_runtime::{Error, Result};
@@ -86,6 +87,8 @@ struct Shared {
     spare: Mutex<Vec<TcpLink>>,
     inbound: Arc<dyn Inbound>,
     limits: Limits,
+    /// What each connection must prove, either way.
+    security: Security,
     closing: AtomicBool,
 }
 
@@ -119,10 +122,10 @@ impl Shared {
     }
 
     /// Opens a connection to `peer` and installs it.
-    fn connect(&self, peer: usize, within: Duration) -> std::result::Result<(), String> {
+    fn connect(&self, peer: usize, within: Duration) -> Result<()> {
         let addr = &self.addrs[peer];
         let mut s = connect_retrying(addr, within)
-            .map_err(|e| format!("cannot connect to rank {peer} at {addr}: {e}"))?;
+            .map_err(|e| Error::Store(format!("cannot connect to rank {peer} at {addr}: {e}")))?;
         let hello = Hello {
             job: self.job,
             from: self.rank as u32,
@@ -130,7 +133,7 @@ impl Shared {
             world: self.world as u32,
         };
         let _ = s.set_read_timeout(Some(tcp::HELLO_TIMEOUT));
-        match tcp::connect(&mut s, hello) {
+        match tcp::connect(&mut s, hello, &self.security) {
             Ok(()) => {}
             Err(Refused::Duplicate) => {
                 // The peer (a lower rank) is connecting to this one: its connection comes.
@@ -142,14 +145,24 @@ impl Shared {
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                return Err(format!("rank {peer} said it was connecting, and never did"));
+                return Err(Error::Store(format!(
+                    "rank {peer} said it was connecting, and never did"
+                )));
             }
-            Err(Refused::Why(e)) => return Err(format!("rank {peer} at {addr}: {e}")),
+            Err(Refused::Auth(d)) => {
+                return Err(Error::Unauthenticated {
+                    peer: format!("rank {peer} at {addr}"),
+                    reason: d.to_string(),
+                })
+            }
+            Err(Refused::Why(e)) => {
+                return Err(Error::Store(format!("rank {peer} at {addr}: {e}")))
+            }
         }
         let _ = s.set_read_timeout(None);
         self.install(s, peer)
             .map(|_| ())
-            .map_err(|e| format!("cannot start rank {peer}'s link: {e}"))
+            .map_err(|e| Error::Resource(format!("cannot start rank {peer}'s link: {e}")))
     }
 
     /// Whether every peer has a link.
@@ -164,12 +177,14 @@ impl Shared {
 pub struct Mesh {
     shared: Arc<Shared>,
     acceptor: Option<JoinHandle<()>>,
-    port: u16,
+    /// Where a connection reaches the listener (to wake the acceptor when closing).
+    wake: std::net::SocketAddr,
 }
 
 impl Mesh {
     /// Starts accepting on `listener` for rank `rank` of `world` in job `job`; `addrs` are
-    /// every rank's addresses (this rank's unused). Nothing is connected yet.
+    /// every rank's addresses (this rank's unused). Every connection, either way, must pass
+    /// `security`'s handshake. Nothing is connected yet.
     pub fn start(
         listener: TcpListener,
         rank: usize,
@@ -177,12 +192,19 @@ impl Mesh {
         job: u64,
         limits: Limits,
         inbound: Arc<dyn Inbound>,
+        security: Security,
     ) -> Result<Mesh> {
         let world = addrs.len();
-        let port = listener
+        let mut wake = listener
             .local_addr()
-            .map_err(|e| Error::Resource(format!("no local address: {e}")))?
-            .port();
+            .map_err(|e| Error::Resource(format!("no local address: {e}")))?;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(if wake.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
         let shared = Arc::new(Shared {
             rank,
             world,
@@ -193,6 +215,7 @@ impl Mesh {
             spare: Mutex::new(Vec::new()),
             inbound,
             limits,
+            security,
             closing: AtomicBool::new(false),
         });
         let acceptor = {
@@ -205,7 +228,7 @@ impl Mesh {
         Ok(Mesh {
             shared,
             acceptor: Some(acceptor),
-            port,
+            wake,
         })
     }
 
@@ -234,7 +257,7 @@ impl Mesh {
             if matches!(*lock(&s.slots[peer]), Slot::Up(_)) {
                 continue;
             }
-            s.connect(peer, left()).map_err(Error::Store)?;
+            s.connect(peer, left())?;
         }
         let mut nap = Duration::from_micros(200);
         loop {
@@ -268,16 +291,7 @@ impl Mesh {
         let s = &self.shared;
         s.closing.store(true, Ordering::SeqCst);
         // Wake the acceptor with a connection of our own.
-        let _ = TcpStream::connect_timeout(
-            &std::net::SocketAddr::from(([127, 0, 0, 1], self.port)),
-            Duration::from_secs(1),
-        )
-        .or_else(|_| {
-            TcpStream::connect_timeout(
-                &std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, self.port)),
-                Duration::from_secs(1),
-            )
-        });
+        let _ = TcpStream::connect_timeout(&self.wake, Duration::from_secs(1));
         if let Some(t) = self.acceptor.take() {
             let _ = t.join();
         }
@@ -386,7 +400,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
                         .get(from as usize)
                         .is_some_and(|slot| matches!(*lock(slot), Slot::Connecting))
                 };
-                match tcp::accept(&mut s, job, me, world, &connecting) {
+                match tcp::accept(&mut s, job, me, world, &connecting, &shared.security) {
                     Ok(from) => {
                         if let Err(e) = shared.install(s, from as usize) {
                             tracing::warn!(from, error = %e, "cannot start a link");

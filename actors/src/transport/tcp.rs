@@ -1,7 +1,9 @@
 //! The TCP transport's link (issue 11, first part): one connection per pair of ranks, opened
 //! with a handshake, carrying the core's frames ([`collectix_runtime::wire::codec`]).
 //!
-//! **Handshake.** The connecting rank writes a [`Hello`]: the link's magic, its version, the
+//! **Handshake.** The connection first proves both sides hold the job's secret
+//! ([`Security`]'s challenge–response, context `link`; nothing is exchanged in the clear
+//! beyond nonces and proofs before it passes). Then the connecting rank writes a [`Hello`]: the link's magic, its version, the
 //! job's identity, both ranks and the world's size (32 bytes). The accepting rank checks it
 //! before it reads anything else and answers with one byte (accepted), a refusal with its
 //! reason, which the connecting rank reports, or "duplicate": the accepting rank, the lower
@@ -29,6 +31,7 @@
 //! (logged with the reason) is reported once as a lost peer ([`Inbound::lost`]).
 
 use super::Link;
+use crate::security::{Denied, Security};
 use bytes::BytesMut;
 use collectix_runtime::wire::codec::{self, Limits};
 use collectix_runtime::wire::{LinkError, Message};
@@ -42,7 +45,7 @@ use std::thread::JoinHandle;
 /// The link protocol's magic (the first bytes of every connection).
 pub const MAGIC: [u8; 8] = *b"cx-link1";
 /// The link protocol's version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Messages a link queues for its writer before it says "would block".
 pub const QUEUE: usize = 64;
 /// How long an accepting rank waits for a connection's hello.
@@ -108,6 +111,8 @@ pub enum Refused {
     Duplicate,
     /// Refused, with the accepting rank's reason, or the connection failed.
     Why(String),
+    /// The secret handshake failed (see [`Security`]).
+    Auth(Denied),
 }
 
 impl std::fmt::Display for Refused {
@@ -115,13 +120,15 @@ impl std::fmt::Display for Refused {
         match self {
             Refused::Duplicate => f.write_str("the peer is connecting to this rank already"),
             Refused::Why(why) => f.write_str(why),
+            Refused::Auth(d) => write!(f, "authentication failed: {d}"),
         }
     }
 }
 
-/// Connects: writes `hello` on `s` and reads the answer. `Err` with the accepting rank's
-/// reason (or the connection's failure).
-pub fn connect(s: &mut TcpStream, hello: Hello) -> Result<(), Refused> {
+/// Connects: proves the secret (as `security` has it), writes `hello` on `s` and reads the
+/// answer. `Err` with the accepting rank's reason (or the connection's failure).
+pub fn connect(s: &mut TcpStream, hello: Hello, security: &Security) -> Result<(), Refused> {
+    security.client(s, b"link").map_err(Refused::Auth)?;
     let fail = |what: &str, e: std::io::Error| Refused::Why(format!("{what}: {e}"));
     s.write_all(&hello.to_bytes())
         .map_err(|e| fail("cannot send the hello", e))?;
@@ -145,8 +152,9 @@ pub fn connect(s: &mut TcpStream, hello: Hello) -> Result<(), Refused> {
     )))
 }
 
-/// Accepts: reads the hello on `s` and checks it against this rank (`me` of `world` in job
-/// `job`); answers it either way. `Ok` with the connecting rank. A hello from a higher rank
+/// Accepts: checks the secret (as `security` has it; nothing else is read before it
+/// passes), then reads the hello on `s` and checks it against this rank (`me` of `world` in
+/// job `job`); answers it either way. `Ok` with the connecting rank. A hello from a higher rank
 /// that this rank is connecting to at the moment (`connecting(from)`) is answered
 /// "duplicate": this rank's own connection is the one both keep.
 pub fn accept(
@@ -155,11 +163,16 @@ pub fn accept(
     me: u32,
     world: u32,
     connecting: &dyn Fn(u32) -> bool,
+    security: &Security,
 ) -> Result<u32, String> {
     // A connection that does not say its hello in time (a port scanner, a stuck client) is
     // dropped rather than left holding the accepting rank.
     s.set_read_timeout(Some(HELLO_TIMEOUT))
         .map_err(|e| format!("cannot set a timeout: {e}"))?;
+    if let Err(d) = security.server(s, b"link") {
+        let _ = s.shutdown(Shutdown::Both);
+        return Err(format!("authentication failed: {d}"));
+    }
     let mut b = [0u8; 32];
     let read = s.read_exact(&mut b);
     let _ = s.set_read_timeout(None);
@@ -405,6 +418,14 @@ mod tests {
         }
     }
 
+    /// The tests' job secret.
+    fn secured() -> Security {
+        match crate::security::Secret::new("a test job's secret") {
+            Ok(k) => Security::with_secret(k),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     fn inbound() -> (Arc<dyn Inbound>, Receiver<Event>) {
         let (tx, rx) = channel();
         (Arc::new(Chan(Mutex::new(tx))), rx)
@@ -416,7 +437,7 @@ mod tests {
         let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-            let from = accept(&mut s, job, 1, 2, &|_| false);
+            let from = accept(&mut s, job, 1, 2, &|_| false, &secured());
             (s, from)
         });
         let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
@@ -426,7 +447,7 @@ mod tests {
             to: 1,
             world: 2,
         };
-        assert_eq!(connect(&mut c, hello), Ok(()));
+        assert_eq!(connect(&mut c, hello, &secured()), Ok(()));
         let (s, from) = t.join().unwrap_or_else(|_| panic!("accept panicked"));
         assert_eq!(from, Ok(0));
         (c, s)
@@ -460,7 +481,7 @@ mod tests {
         let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-            accept(&mut s, 7, me, 2, &|_| connecting)
+            accept(&mut s, 7, me, 2, &|_| connecting, &secured())
         });
         (addr, t)
     }
@@ -517,7 +538,7 @@ mod tests {
         for (hello, why) in cases {
             let (addr, t) = accepting(1, false);
             let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
-            let told = connect(&mut c, hello);
+            let told = connect(&mut c, hello, &secured());
             let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
             assert!(
                 matches!(&told, Err(Refused::Why(m)) if m.contains(why)),
@@ -528,9 +549,9 @@ mod tests {
                 "{hello:?}: {saw:?}"
             );
         }
-        // Another version, and something that is not a link at all.
-        for bytes in [
-            {
+        // Another version (after the secret), and something that is not collectix at all.
+        for (authenticate, bytes) in [
+            (true, {
                 let mut b = Hello {
                     job: 7,
                     from: 0,
@@ -538,17 +559,45 @@ mod tests {
                     world: 2,
                 }
                 .to_bytes();
-                b[8] = 2;
+                b[8] = 9;
                 b.to_vec()
-            },
-            b"GET / HTTP/1.1\r\nHost: collectix.example\r\n\r\n".to_vec(),
+            }),
+            (
+                false,
+                b"GET / HTTP/1.1\r\nHost: collectix.example\r\n\r\n".to_vec(),
+            ),
         ] {
             let (addr, t) = accepting(1, false);
             let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+            if authenticate {
+                assert_eq!(secured().client(&mut c, b"link"), Ok(()));
+            }
             let _ = c.write_all(&bytes);
             let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
             assert!(
-                matches!(&saw, Err(m) if m.contains("version") || m.contains("magic")),
+                matches!(&saw, Err(m) if m.contains("version 9") || m.contains("not a collectix connection")),
+                "{saw:?}"
+            );
+        }
+        // The wrong secret, or none: refused before the hello is read, on both sides.
+        let wrong = match crate::security::Secret::new("another job's secret") {
+            Ok(k) => Security::with_secret(k),
+            Err(e) => panic!("{e}"),
+        };
+        for security in [wrong, Security::default()] {
+            let (addr, t) = accepting(1, false);
+            let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+            let hello = Hello {
+                job: 7,
+                from: 0,
+                to: 1,
+                world: 2,
+            };
+            let told = connect(&mut c, hello, &security);
+            let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
+            assert!(matches!(&told, Err(Refused::Auth(_))), "{told:?}");
+            assert!(
+                matches!(&saw, Err(m) if m.starts_with("authentication failed")),
                 "{saw:?}"
             );
         }
@@ -567,7 +616,7 @@ mod tests {
                 to: me,
                 world: 2,
             };
-            let told = connect(&mut c, hello);
+            let told = connect(&mut c, hello, &secured());
             let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
             if me < from && connecting {
                 assert_eq!(told, Err(Refused::Duplicate));
