@@ -28,6 +28,7 @@ fn args(port: u16, r: usize, w: usize, connect: Option<Connect>) -> InitArgs {
         world_size: Some(w),
         connect,
         security: Some(secured("the tcp_world tests' secret")),
+        liveness: None,
     }
 }
 

@@ -40,6 +40,9 @@ pub struct InitArgs {
     pub connect: Option<crate::transport::mesh::Connect>,
     /// The job's secret and where it may listen (else [`Security::from_env`](crate::Security::from_env)).
     pub security: Option<crate::security::Security>,
+    /// How long a silent peer is given before it is lost (else `COLLECTIX_LINK_TIMEOUT`,
+    /// else 10 s; see [`Liveness`](crate::transport::tcp::Liveness)).
+    pub liveness: Option<crate::transport::tcp::Liveness>,
 }
 
 /// Where the job's rendezvous store is.

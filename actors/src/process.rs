@@ -25,8 +25,8 @@ use crate::rank::{Leave, RankActor, SetLinks};
 use crate::security::{self, Security};
 use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
 use crate::system;
-use crate::transport::mesh::{Connect, Mesh};
-use crate::transport::tcp::Inbound;
+use crate::transport::mesh::{Connect, Mesh, Settings};
+use crate::transport::tcp::{Inbound, Liveness};
 use crate::transport::{Deliver, Flush, PeerLost};
 use actix::{Addr, System};
 use collectix_runtime::wire::codec::Limits;
@@ -128,6 +128,10 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         Some(s) => s.clone(),
         None => Security::from_env()?,
     };
+    let liveness = match args.liveness {
+        Some(l) => l,
+        None => Liveness::from_env()?,
+    };
     let connect = match args.connect {
         Some(c) => c,
         None => Connect::from_env()?,
@@ -158,6 +162,7 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         &store,
         store_host.as_deref(),
         &security,
+        liveness,
         deadline,
         timeout,
     );
@@ -202,6 +207,7 @@ fn join(
     store: &Arc<dyn Store>,
     store_host: Option<&str>,
     security: &Security,
+    liveness: Liveness,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Joined> {
@@ -252,15 +258,13 @@ fn join(
         ..Limits::default()
     };
     let inbound: Arc<dyn Inbound> = Arc::new(ToActor(addr.clone()));
-    let mesh = Mesh::start(
-        listener,
-        rank,
-        addrs,
+    let settings = Settings {
         job,
         limits,
-        inbound,
-        security.clone(),
-    )?;
+        security: security.clone(),
+        liveness,
+    };
+    let mesh = Mesh::start(listener, rank, addrs, settings, inbound)?;
     let links = mesh.links(Box::new(SelfLink(rank, addr.clone())));
     addr.do_send(SetLinks(links));
     if connect == Connect::Eager {

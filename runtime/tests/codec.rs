@@ -4,6 +4,7 @@
 
 use bytes::{Bytes, BytesMut};
 use collectix_runtime::error::{CallDesc, ProtocolError, RankCall};
+use collectix_runtime::wire::codec::HEARTBEAT;
 use collectix_runtime::wire::{
     decode, encode, encode_head, AbortReason, DecodeError, Header, Limits, Message,
 };
@@ -243,13 +244,39 @@ proptest! {
     }
 
     #[test]
+    fn heartbeats_between_frames_are_skipped_and_change_nothing(
+        msgs in proptest::collection::vec(message(), 1..5),
+        beats in proptest::collection::vec(0usize..3, 6),
+    ) {
+        let mut buf = BytesMut::new();
+        for (i, msg) in msgs.iter().enumerate() {
+            for _ in 0..beats[i] {
+                buf.extend_from_slice(&HEARTBEAT);
+            }
+            buf.extend_from_slice(&encode(msg).to_contiguous());
+        }
+        for _ in 0..beats[5] {
+            buf.extend_from_slice(&HEARTBEAT);
+        }
+        for msg in &msgs {
+            let got = decode(&mut buf, &Limits::default()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let got = got.ok_or_else(|| TestCaseError::fail("incomplete"))?;
+            prop_assert_eq!(&got.header, &msg.header);
+            prop_assert_eq!(&got.payload, &msg.payload);
+        }
+        // Trailing heartbeats are taken off; nothing is left, and nothing is returned.
+        prop_assert!(matches!(decode(&mut buf, &Limits::default()), Ok(None)));
+        prop_assert!(buf.is_empty());
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         let _ = decode_all(&bytes);
     }
 
     #[test]
     fn arbitrary_bytes_after_a_valid_prefix_never_panic(
-        kind in 1u8..=9,
+        kind in 1u8..=10,
         header_len in 0u32..200,
         parts in 0u32..4,
         rest in proptest::collection::vec(any::<u8>(), 0..300),
@@ -279,6 +306,22 @@ proptest! {
         full[i] ^= 1 << bit;
         let _ = decode_all(&full);
     }
+}
+
+#[test]
+fn a_heartbeat_with_a_header_or_a_payload_is_an_error() {
+    let mut with_part = HEARTBEAT.to_vec();
+    with_part[8] = 1;
+    with_part.extend_from_slice(&[0u8; 9]);
+    assert!(matches!(
+        decode_all(&with_part),
+        Err(DecodeError::TooLarge { .. })
+    ));
+    let mut with_header = HEARTBEAT.to_vec();
+    with_header[4] = 2;
+    with_header.extend_from_slice(&[0u8; 2]);
+    assert_eq!(decode_all(&with_header), Err(DecodeError::Trailing(2)));
+    assert_eq!(decode_all(&HEARTBEAT), Ok(0));
 }
 
 #[test]
@@ -322,7 +365,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
             &b"CX\x02\x01\x00\x00\x00\x00\x00\x00\x00\x00"[..],
             "version",
         ),
-        (&b"CX\x01\x0a\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
+        (&b"CX\x01\x0b\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
     ] {
         let mut b = BytesMut::from(bytes);
         let e = decode(&mut b, &limits).err();

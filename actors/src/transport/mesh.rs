@@ -23,7 +23,7 @@
 //! Eager is the default: see `docs/deployment.md` for the measurements at 32 and 64 processes
 //! behind that choice. `COLLECTIX_CONNECT=lazy` chooses the other.
 
-use super::tcp::{self, Connection, Hello, Inbound, Refused, TcpLink};
+use super::tcp::{self, Connection, Hello, Inbound, Liveness, Refused, TcpLink};
 use super::Link;
 use crate::security::Security;
 use collectix_runtime::wire::codec::Limits;
@@ -89,6 +89,8 @@ struct Shared {
     limits: Limits,
     /// What each connection must prove, either way.
     security: Security,
+    /// Heartbeats and how long a silent peer is given.
+    liveness: Liveness,
     closing: AtomicBool,
 }
 
@@ -103,7 +105,13 @@ impl Shared {
         // The slot is locked before the reader starts: whoever learns of a message that came
         // on the connection (and asks about the slot) finds it up.
         let mut slot = lock(&self.slots[peer]);
-        let (link, conn) = tcp::start(stream, peer, self.limits, self.inbound.clone())?;
+        let (link, conn) = tcp::start(
+            stream,
+            peer,
+            self.limits,
+            self.inbound.clone(),
+            self.liveness,
+        )?;
         lock(&self.connections).push(conn);
         if self.closing.load(Ordering::SeqCst) {
             // Too late: the process is leaving (dropping the link closes the connection).
@@ -173,6 +181,19 @@ impl Shared {
     }
 }
 
+/// What every connection of a job's mesh shares.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The job's identity (in every hello).
+    pub job: u64,
+    /// The frame decoder's limits.
+    pub limits: Limits,
+    /// What each connection must prove, either way.
+    pub security: Security,
+    /// Heartbeats, and how long a silent peer is given.
+    pub liveness: Liveness,
+}
+
 /// The connections of this process (see the module doc).
 pub struct Mesh {
     shared: Arc<Shared>,
@@ -182,18 +203,22 @@ pub struct Mesh {
 }
 
 impl Mesh {
-    /// Starts accepting on `listener` for rank `rank` of `world` in job `job`; `addrs` are
-    /// every rank's addresses (this rank's unused). Every connection, either way, must pass
-    /// `security`'s handshake. Nothing is connected yet.
+    /// Starts accepting on `listener` for rank `rank`; `addrs` are every rank's addresses
+    /// (this rank's unused). Every connection, either way, must pass the settings' secret
+    /// handshake, and is watched with their liveness. Nothing is connected yet.
     pub fn start(
         listener: TcpListener,
         rank: usize,
         addrs: Vec<String>,
-        job: u64,
-        limits: Limits,
+        settings: Settings,
         inbound: Arc<dyn Inbound>,
-        security: Security,
     ) -> Result<Mesh> {
+        let Settings {
+            job,
+            limits,
+            security,
+            liveness,
+        } = settings;
         let world = addrs.len();
         let mut wake = listener
             .local_addr()
@@ -216,6 +241,7 @@ impl Mesh {
             inbound,
             limits,
             security,
+            liveness,
             closing: AtomicBool::new(false),
         });
         let acceptor = {

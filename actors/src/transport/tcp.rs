@@ -27,8 +27,15 @@
 //! link's rank as its source ([`Inbound::deliver`]). The decoder's limits are checked before
 //! anything is allocated for a frame.
 //!
-//! **Loss.** A connection that closes, breaks, or carries something that is not a frame
-//! (logged with the reason) is reported once as a lost peer ([`Inbound::lost`]).
+//! **Silence.** A writer with nothing to send for [`Liveness::heartbeat`] (1 s) sends a
+//! heartbeat frame ([`codec::HEARTBEAT`], 12 bytes; the decoder skips it). A reader that gets
+//! nothing at all, not even a heartbeat, for [`Liveness::silence`] (10 s;
+//! `COLLECTIX_LINK_TIMEOUT`) reports the peer lost: a partition that drops packets without a
+//! FIN or a reset, a host that went down, or a process stopped cold. TCP alone would notice
+//! none of them while this side only waits to receive.
+//!
+//! **Loss.** A connection that closes, breaks, falls silent, or carries something that is not
+//! a frame (logged with the reason) is reported once as a lost peer ([`Inbound::lost`]).
 
 use super::Link;
 use crate::security::{Denied, Security};
@@ -38,9 +45,10 @@ use collectix_runtime::wire::{LinkError, Message};
 use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// The link protocol's magic (the first bytes of every connection).
 pub const MAGIC: [u8; 8] = *b"cx-link1";
@@ -54,6 +62,56 @@ pub const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10
 const INLINE_SLICES: usize = 16;
 /// Bytes the reader asks the socket for at least, per read.
 const READ_CHUNK: usize = 256 << 10;
+
+/// How a link tells a silent peer from a quiet one (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Liveness {
+    /// A heartbeat goes after this long with nothing else sent.
+    pub heartbeat: Duration,
+    /// A peer from which nothing, not even a heartbeat, came for this long is lost (`None`:
+    /// never, however long it is silent).
+    pub silence: Option<Duration>,
+}
+
+impl Default for Liveness {
+    /// A heartbeat every second of quiet; lost after 10 s of silence.
+    fn default() -> Self {
+        Liveness {
+            heartbeat: Duration::from_secs(1),
+            silence: Some(Duration::from_secs(10)),
+        }
+    }
+}
+
+impl Liveness {
+    /// Silence of `timeout` is loss (`None`: never), with heartbeats ten times as often (at
+    /// most one a second).
+    pub fn with_timeout(timeout: Option<Duration>) -> Liveness {
+        Liveness {
+            heartbeat: timeout.map_or(Duration::from_secs(1), |t| {
+                (t / 10).clamp(Duration::from_millis(1), Duration::from_secs(1))
+            }),
+            silence: timeout,
+        }
+    }
+
+    /// From `COLLECTIX_LINK_TIMEOUT` (seconds, fractions allowed; `0` for never); unset is
+    /// the default (10 s).
+    pub fn from_env() -> collectix_runtime::Result<Liveness> {
+        match std::env::var("COLLECTIX_LINK_TIMEOUT") {
+            Err(_) => Ok(Liveness::default()),
+            Ok(v) => match v.trim().parse::<f64>() {
+                Ok(0.0) => Ok(Liveness::with_timeout(None)),
+                Ok(secs) if secs.is_finite() && secs > 0.0 && secs < 1e9 => {
+                    Ok(Liveness::with_timeout(Some(Duration::from_secs_f64(secs))))
+                }
+                _ => Err(collectix_runtime::Error::invalid(format!(
+                    "COLLECTIX_LINK_TIMEOUT is {v:?}; give seconds (0 for never)"
+                ))),
+            },
+        }
+    }
+}
 
 /// What the connecting rank says first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -268,8 +326,10 @@ pub fn start(
     peer: usize,
     limits: Limits,
     inbound: Arc<dyn Inbound>,
+    liveness: Liveness,
 ) -> std::io::Result<(TcpLink, Connection)> {
     stream.set_nodelay(true)?;
+    stream.set_read_timeout(liveness.silence)?;
     let reading = stream.try_clone()?;
     let (tx, rx) = sync_channel::<Message>(QUEUE);
     let full = Arc::new(AtomicBool::new(false));
@@ -287,11 +347,21 @@ pub fn start(
         let (full, inbound, lose) = (full.clone(), inbound.clone(), lose.clone());
         std::thread::Builder::new()
             .name(format!("collectix-tx-{peer}"))
-            .spawn(move || write_loop(stream, rx, peer, &full, inbound.as_ref(), &lose))?
+            .spawn(move || {
+                write_loop(
+                    stream,
+                    rx,
+                    peer,
+                    liveness.heartbeat,
+                    &full,
+                    inbound.as_ref(),
+                    &lose,
+                )
+            })?
     };
     let reader = std::thread::Builder::new()
         .name(format!("collectix-rx-{peer}"))
-        .spawn(move || read_loop(reading, peer, limits, inbound.as_ref(), &lose))?;
+        .spawn(move || read_loop(reading, peer, limits, liveness, inbound.as_ref(), &lose))?;
     Ok((TcpLink { tx, full }, Connection { writer, reader }))
 }
 
@@ -299,6 +369,7 @@ fn write_loop(
     mut s: TcpStream,
     rx: Receiver<Message>,
     peer: usize,
+    heartbeat: Duration,
     full: &AtomicBool,
     inbound: &dyn Inbound,
     lose: &dyn Fn(&str),
@@ -306,7 +377,17 @@ fn write_loop(
     // One head buffer for every frame, and the slices on the stack for up to
     // `INLINE_SLICES - 1` parts: no allocation per frame.
     let mut head = BytesMut::with_capacity(256);
-    for msg in rx.iter() {
+    loop {
+        let msg = match rx.recv_timeout(heartbeat) {
+            Ok(m) => m,
+            Err(RecvTimeoutError::Timeout) => {
+                if let Err(e) = s.write_all(&codec::HEARTBEAT) {
+                    return lose(&format!("write failed: {e}"));
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
         head.clear();
         codec::encode_head(&msg, &mut head);
         let n = 1 + msg.payload.len();
@@ -352,6 +433,7 @@ fn read_loop(
     mut s: TcpStream,
     peer: usize,
     limits: Limits,
+    liveness: Liveness,
     inbound: &dyn Inbound,
     lose: &dyn Fn(&str),
 ) {
@@ -381,6 +463,18 @@ fn read_loop(
             }
             Ok(n) => buf.truncate(start + n),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => buf.truncate(start),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return lose(&format!(
+                    "nothing from rank {peer} for {:?}, not even a heartbeat: unreachable \
+                     (a network partition, a host down, or a stopped process)",
+                    liveness.silence.unwrap_or_default()
+                ));
+            }
             Err(e) => return lose(&format!("read failed: {e}")),
         }
     }
@@ -643,8 +737,10 @@ mod tests {
         let (a, b) = pair(job);
         let (in_a, rx_a) = inbound();
         let (in_b, rx_b) = inbound();
-        let (link, conn_a) = start(a, 1, Limits::default(), in_a).unwrap_or_else(|e| panic!("{e}"));
-        let b_side = start(b, 0, Limits::default(), in_b).unwrap_or_else(|e| panic!("{e}"));
+        let (link, conn_a) = start(a, 1, Limits::default(), in_a, Liveness::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let b_side = start(b, 0, Limits::default(), in_b, Liveness::default())
+            .unwrap_or_else(|e| panic!("{e}"));
         (link, conn_a, rx_a, rx_b, b_side)
     }
 
@@ -725,7 +821,8 @@ mod tests {
         // Dies: its socket closes without a goodbye.
         let (a, b) = pair(3);
         let (in_a, rx_a) = inbound();
-        let (_link, _conn) = start(a, 1, Limits::default(), in_a).unwrap_or_else(|e| panic!("{e}"));
+        let (_link, _conn) = start(a, 1, Limits::default(), in_a, Liveness::default())
+            .unwrap_or_else(|e| panic!("{e}"));
         drop(b);
         assert!(matches!(
             rx_a.recv_timeout(Duration::from_secs(30)),
@@ -739,7 +836,8 @@ mod tests {
         // logged.
         let (a, mut b) = pair(4);
         let (in_a, rx_a) = inbound();
-        let (_link, _conn) = start(a, 1, Limits::default(), in_a).unwrap_or_else(|e| panic!("{e}"));
+        let (_link, _conn) = start(a, 1, Limits::default(), in_a, Liveness::default())
+            .unwrap_or_else(|e| panic!("{e}"));
         let _ = b.write_all(&[0xde; 64]);
         assert!(matches!(
             rx_a.recv_timeout(Duration::from_secs(30)),
@@ -752,12 +850,47 @@ mod tests {
             max_parts: 1,
             max_payload_bytes: 16,
         };
-        let (_link, _conn) = start(a, 1, tight, in_a).unwrap_or_else(|e| panic!("{e}"));
+        let (_link, _conn) =
+            start(a, 1, tight, in_a, Liveness::default()).unwrap_or_else(|e| panic!("{e}"));
         let frame = codec::encode(&data(0, vec![Bytes::from(vec![1u8; 1000])]));
         let _ = b.write_all(&frame.to_contiguous());
         assert!(matches!(
             rx_a.recv_timeout(Duration::from_secs(30)),
             Ok(Event::Lost(1))
         ));
+    }
+
+    #[test]
+    fn a_peer_that_falls_silent_is_lost_and_a_quiet_one_is_not() {
+        let quick = Liveness::with_timeout(Some(Duration::from_millis(400)));
+        // Quiet: both sides run their links and send nothing for 3 s; the heartbeats (every
+        // 40 ms) keep each side from calling the other lost.
+        let (a, b) = pair(6);
+        let (in_a, rx_a) = inbound();
+        let (in_b, rx_b) = inbound();
+        let _a = start(a, 1, Limits::default(), in_a, quick).unwrap_or_else(|e| panic!("{e}"));
+        let _b = start(b, 0, Limits::default(), in_b, quick).unwrap_or_else(|e| panic!("{e}"));
+        std::thread::sleep(Duration::from_secs(3));
+        assert!(
+            rx_a.try_recv().is_err() && rx_b.try_recv().is_err(),
+            "a false alarm"
+        );
+        // Silent: the peer's socket stays open (no FIN, no reset) and says nothing, as behind
+        // a partition: lost once the silence has lasted.
+        let (a, b) = pair(7);
+        let (in_a, rx_a) = inbound();
+        let _a = start(a, 1, Limits::default(), in_a, quick).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            rx_a.recv_timeout(Duration::from_secs(30)),
+            Ok(Event::Lost(1))
+        ));
+        drop(b);
+        // Never, when asked so: a silent peer stays.
+        let (a, b) = pair(8);
+        let (in_a, rx_a) = inbound();
+        let never = Liveness::with_timeout(None);
+        let _a = start(a, 1, Limits::default(), in_a, never).unwrap_or_else(|e| panic!("{e}"));
+        assert!(rx_a.recv_timeout(Duration::from_secs(2)).is_err());
+        drop(b);
     }
 }

@@ -10,7 +10,7 @@
 //!  0       2           magic "CX"
 //!  2       1           version (1)
 //!  3       1           kind: 1 data, 2 p2p, 3 credit, 4 want-credit, 5 p2p-grant,
-//!                      6 p2p-consumed, 7 abort, 8 inquire, 9 status
+//!                      6 p2p-consumed, 7 abort, 8 inquire, 9 status, 10 heartbeat
 //!  4       4           header length H (u32, little-endian; at most MAX_HEADER_BYTES)
 //!  8       4           payload parts P (u32; at most Limits::max_parts)
 //!  12      8 × P       each part's length (u64; their sum at most Limits::max_payload_bytes)
@@ -24,7 +24,9 @@
 //! seq u64`; p2p-grant `group u64, tag u32, upto u64`; p2p-consumed `group u64, eager u64`;
 //! abort `group u64, reason` (a code byte and its fields; see [`AbortReason`]); inquire
 //! `group u64, seq u64`; status `group u64, seq u64, made (flag, fingerprint), latest (flag,
-//! seq u64, fingerprint)`. A header must
+//! seq u64, fingerprint)`; heartbeat: none (no header, no parts: [`HEARTBEAT`], 12 bytes, which
+//! a link sends when it has had nothing to send for a while; [`decode`] takes it off the
+//! stream and returns the next frame: it is never a message). A header must
 //! be consumed exactly: trailing bytes are an error. The frame carries no source rank: the
 //! transport stamps it from the link the frame came on.
 
@@ -157,6 +159,24 @@ const P2P_CONSUMED: u8 = 6;
 const ABORT: u8 = 7;
 const INQUIRE: u8 = 8;
 const STATUS: u8 = 9;
+const HEARTBEAT_KIND: u8 = 10;
+
+/// The heartbeat frame: a link's "still here" when it has nothing else to send. [`decode`]
+/// skips it.
+pub const HEARTBEAT: [u8; PREFIX_BYTES] = [
+    MAGIC[0],
+    MAGIC[1],
+    VERSION,
+    HEARTBEAT_KIND,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+];
 
 /// Encodes `msg` (its `src` is not encoded: the receiving transport knows it).
 pub fn encode(msg: &Message) -> Frame {
@@ -485,7 +505,7 @@ fn read_prefix(buf: &[u8], limits: &Limits) -> Result<Option<Prefix>, DecodeErro
         return Err(DecodeError::Version { got: buf[2] });
     }
     let kind = buf[3];
-    if !(DATA..=STATUS).contains(&kind) {
+    if !(DATA..=HEARTBEAT_KIND).contains(&kind) {
         return Err(DecodeError::Kind(kind));
     }
     let u32_at = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
@@ -567,12 +587,28 @@ impl Decoded {
     }
 }
 
-/// Decodes one frame from the front of `buf`: `Ok(None)` while more bytes are needed (then
-/// `buf` is untouched); on success the frame's bytes are taken off `buf`, payload parts
+/// Decodes one frame from the front of `buf`, skipping the heartbeats before it: `Ok(None)`
+/// while more bytes are needed (then `buf` has lost only those heartbeats); on success the frame's bytes are taken off `buf`, payload parts
 /// without a copy. An error means the stream is not a valid collectix stream; drop the link.
 pub fn decode(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Decoded>, DecodeError> {
-    let Some(p) = read_prefix(buf, limits)? else {
-        return Ok(None);
+    let p = loop {
+        let Some(p) = read_prefix(buf, limits)? else {
+            return Ok(None);
+        };
+        if p.kind != HEARTBEAT_KIND {
+            break p;
+        }
+        if !p.parts.is_empty() {
+            return Err(DecodeError::TooLarge {
+                what: "a heartbeat's payload part count",
+                got: p.parts.len() as u64,
+                limit: 0,
+            });
+        }
+        if p.header != 0 {
+            return Err(DecodeError::Trailing(p.header));
+        }
+        buf.advance(PREFIX_BYTES);
     };
     if buf.len() < p.total {
         return Ok(None);
