@@ -69,6 +69,7 @@ fn main() -> Result<()> {
             Duration::from_secs(120),
         )?;
         let c = p.communicator().clone();
+        println!("rank {}: at {}", c.rank(), p.address());
         let ok = report(c.rank(), check(&c));
         p.shutdown()?;
         ok

@@ -3,43 +3,11 @@
 //! all_reduce loop. The examples' binaries are built here (a no-op after `cargo test
 //! --workspace`, which builds them). Elapsed-time bounds are hang guards, not timings.
 
+mod common;
+use common::{example, free_port};
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The example's binary, built if needed (same profile and target directory as this test).
-fn example(name: &str) -> PathBuf {
-    let status = Command::new(env!("CARGO"))
-        // The test profile: what `cargo test` built already (the dev profile would rebuild
-        // every dependency unoptimized).
-        .args([
-            "build",
-            "-q",
-            "-p",
-            "collectix",
-            "--profile",
-            "test",
-            "--example",
-            name,
-        ])
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run cargo: {e}"));
-    assert!(status.success(), "cannot build the example {name}");
-    // target/<profile>/deps/<this test> -> target/<profile>/examples/<name>
-    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
-    let profile_dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap_or_else(|| panic!("no target directory above {exe:?}"));
-    profile_dir.join("examples").join(name)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_or(29_777, |a| a.port())
-}
 
 /// The example's lines, as one process per rank prints them.
 const ALL_REDUCE_LINES: [&str; 8] = [

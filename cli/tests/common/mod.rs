@@ -1,0 +1,48 @@
+//! What the tests that run examples as processes share.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The example's binary, built if needed (same profile and target directory as this test).
+pub(crate) fn example(name: &str) -> PathBuf {
+    let status = Command::new(env!("CARGO"))
+        // The test profile: what `cargo test` built already (the dev profile would rebuild
+        // every dependency unoptimized).
+        .args([
+            "build",
+            "-q",
+            "-p",
+            "collectix",
+            "--profile",
+            "test",
+            "--example",
+            name,
+        ])
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cargo: {e}"));
+    assert!(status.success(), "cannot build the example {name}");
+    // target/<profile>/deps/<this test> -> target/<profile>/examples/<name>
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+    let profile_dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .unwrap_or_else(|| panic!("no target directory above {exe:?}"));
+    profile_dir.join("examples").join(name)
+}
+
+/// A port that is free on loopback at the moment.
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(29_777, |a| a.port())
+}
+
+/// The target directory (`target/`), above this test's binary.
+pub(crate) fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+    exe.ancestors()
+        .nth(3)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("no target directory above {exe:?}"))
+}

@@ -1,0 +1,369 @@
+//! Several hosts, made on one machine (issue 12): each rank runs in a network namespace of
+//! its own, with its own address, joined to the others by veth pairs on a bridge. The
+//! collective matrix passes across them; a silent partition (one veth set down: no FIN, no
+//! reset) fails every rank's pending call, naming the unreachable peer, within the link
+//! timeout; added delay and loss raise no false alarm.
+//!
+//! Making namespaces takes root (CI runs as root). Where they cannot be made the tests say so
+//! and pass — except in CI (`CI` set), where that is a failure. What each test saw (the
+//! namespaces, their addresses, each rank's address and outcome) is written to
+//! `target/netns-evidence/`, which `.ci/run` prints.
+
+mod common;
+use common::{example, target_dir};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Namespaces made by this process so far (each net gets its own names and subnet).
+static NETS: AtomicUsize = AtomicUsize::new(0);
+
+/// `ip` (or another command) with `args`; `Err` with what it printed.
+fn sh(cmd: &str, args: &[&str]) -> Result<String, String> {
+    let out: Output = Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// `n` network namespaces, each with one veth into a bridge in this namespace and an
+/// address `10.213.K.(i+1)/24`. Removed when dropped.
+struct Net {
+    tag: String,
+    n: usize,
+    subnet: String,
+    /// A bridge-family nftables table of ours, if one was made.
+    nft: bool,
+}
+
+impl Net {
+    fn ns(&self, i: usize) -> String {
+        format!("{}n{i}", self.tag)
+    }
+    fn host_end(&self, i: usize) -> String {
+        format!("{}h{i}", self.tag)
+    }
+    fn bridge(&self) -> String {
+        format!("{}b", self.tag)
+    }
+    fn addr(&self, i: usize) -> String {
+        format!("{}.{}", self.subnet, i + 1)
+    }
+
+    /// Makes the namespaces, or says why it cannot.
+    fn create(n: usize) -> Result<Net, String> {
+        let k = NETS.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        let net = Net {
+            tag: format!("cx{}{k}", pid % 10_000),
+            n,
+            subnet: format!("10.{}.{}", 200 + k % 50, pid % 250),
+            nft: false,
+        };
+        let b = net.bridge();
+        sh("ip", &["link", "add", &b, "type", "bridge"])?;
+        sh("ip", &["link", "set", &b, "up"])?;
+        for i in 0..n {
+            let (ns, h, v) = (net.ns(i), net.host_end(i), format!("{}v{i}", net.tag));
+            sh("ip", &["netns", "add", &ns])?;
+            sh(
+                "ip",
+                &["link", "add", &h, "type", "veth", "peer", "name", &v],
+            )?;
+            sh("ip", &["link", "set", &v, "netns", &ns])?;
+            sh("ip", &["link", "set", &h, "master", &b])?;
+            sh("ip", &["link", "set", &h, "up"])?;
+            let cidr = format!("{}/24", net.addr(i));
+            sh("ip", &["-n", &ns, "addr", "add", &cidr, "dev", &v])?;
+            sh("ip", &["-n", &ns, "link", "set", &v, "up"])?;
+            sh("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(net)
+    }
+
+    /// The namespaces, or `None` (with the reason printed) where they cannot be made and
+    /// this is not CI.
+    fn or_skip(n: usize) -> Option<Net> {
+        match Net::create(n) {
+            Ok(net) => Some(net),
+            Err(why) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "CI must make network namespaces (it runs as root): {why}"
+                );
+                eprintln!("SKIPPED: cannot make network namespaces here: {why}");
+                None
+            }
+        }
+    }
+
+    /// `exe` as rank `r` of `w` in namespace `r`, joining through rank 0's address.
+    fn rank(&self, r: usize, w: usize, exe: &std::path::Path, env: &[(&str, &str)]) -> Child {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns(r)])
+            .arg(exe)
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", w.to_string())
+            .env("MASTER_ADDR", self.addr(0))
+            .env("MASTER_PORT", "29500")
+            .env_remove("COLLECTIX_SECRET_FILE")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.spawn()
+            .unwrap_or_else(|e| panic!("cannot start rank {r}: {e}"))
+    }
+
+    /// What `ip` says about the namespaces: the evidence that they exist.
+    fn describe(&self) -> String {
+        let mut s = format!(
+            "ip netns list:\n{}",
+            sh("ip", &["netns", "list"]).unwrap_or_else(|e| e)
+        );
+        for i in 0..self.n {
+            let ns = self.ns(i);
+            s += &format!(
+                "ip -n {ns} -brief addr:\n{}",
+                sh("ip", &["-n", &ns, "-brief", "addr"]).unwrap_or_else(|e| e)
+            );
+        }
+        s
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        if self.nft {
+            let _ = sh("nft", &["delete", "table", "bridge", &self.tag]);
+        }
+        for i in 0..self.n {
+            let _ = sh("ip", &["netns", "del", &self.ns(i)]);
+            let _ = sh("ip", &["link", "del", &self.host_end(i)]);
+        }
+        let _ = sh("ip", &["link", "del", &self.bridge()]);
+    }
+}
+
+/// Writes what a test saw to `target/netns-evidence/NAME.txt` (and stderr).
+fn evidence(name: &str, text: &str) {
+    let dir = target_dir().join("netns-evidence");
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(format!("{name}.txt")), text);
+    eprintln!("{text}");
+}
+
+/// A fresh secret for one job (the ranks listen on addresses other hosts could reach).
+fn secret() -> String {
+    collectix::Secret::random_text().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Waits for `c` at most `limit` (a hang guard), then kills it; its output and status.
+fn finish(mut c: Child, limit: Duration) -> (String, Option<std::process::ExitStatus>) {
+    let start = Instant::now();
+    let status = loop {
+        match c.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = c.kill();
+                let _ = c.wait();
+                break None;
+            }
+        }
+    };
+    let mut out = String::new();
+    if let Some(mut o) = c.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = c.stderr.take() {
+        let _ = e.read_to_string(&mut out);
+    }
+    (out, status)
+}
+
+#[test]
+fn the_matrix_passes_across_three_network_namespaces() {
+    let Some(net) = Net::or_skip(3) else { return };
+    let exe = example("check_job");
+    let key = secret();
+    let ranks: Vec<Child> = (0..3)
+        .map(|r| net.rank(r, 3, &exe, &[("COLLECTIX_SECRET", &key)]))
+        .collect();
+    let mut report = net.describe();
+    let mut counts = Vec::new();
+    for (r, c) in ranks.into_iter().enumerate() {
+        let (out, status) = finish(c, Duration::from_secs(300));
+        report += &format!("rank {r} ({status:?}):\n{out}");
+        assert!(status.is_some_and(|s| s.success()), "rank {r}:\n{out}");
+        // Each rank was reached at its own namespace's address.
+        let at = format!("rank {r}: at {}:", net.addr(r));
+        assert!(out.contains(&at), "rank {r}: no {at:?} in\n{out}");
+        let n: usize = out
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!("rank {r}: "))?
+                    .strip_suffix(" cases ok")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("rank {r} did not finish:\n{out}"));
+        counts.push(n);
+    }
+    assert!(
+        counts.iter().all(|&n| n == counts[0] && n > 12),
+        "{counts:?}"
+    );
+    evidence("matrix", &report);
+}
+
+/// The multiprocess example's ranks in the namespaces, looping all_reduces, each having said
+/// where it is.
+fn looping(net: &Net, w: usize, iters: &str) -> Vec<(Child, BufReader<std::process::ChildStdout>)> {
+    let exe = example("multiprocess");
+    let key = secret();
+    (0..w)
+        .map(|r| {
+            let mut c = net.rank(r, w, &exe, &[("COLLECTIX_SECRET", &key), ("ITERS", iters)]);
+            let out = BufReader::new(c.stdout.take().unwrap_or_else(|| panic!("no stdout")));
+            (c, out)
+        })
+        .collect()
+}
+
+#[test]
+fn a_silent_partition_fails_every_ranks_call_naming_the_unreachable_peer() {
+    let Some(net) = Net::or_skip(3) else { return };
+    let mut ranks = looping(&net, 3, "1000000000");
+    let mut report = net.describe();
+    for (r, (_, out)) in ranks.iter_mut().enumerate() {
+        let mut first = String::new();
+        let _ = out.read_line(&mut first);
+        assert!(first.starts_with(&format!("rank {r}: pid ")), "{first:?}");
+        report += &first;
+    }
+    // Running: now cut rank 2 off without a word (its veth goes down: no FIN, no reset).
+    std::thread::sleep(Duration::from_millis(500));
+    let cut = Instant::now();
+    sh("ip", &["link", "set", &net.host_end(2), "down"]).unwrap_or_else(|e| panic!("{e}"));
+    report += &format!("rank 2's veth {} set down\n", net.host_end(2));
+    for (r, (c, mut out)) in ranks.into_iter().enumerate() {
+        // A hang guard well above the bound (10 s of silence, then the call fails).
+        let (_, status) = finish(c, Duration::from_secs(60));
+        let took = cut.elapsed();
+        let mut rest = String::new();
+        let _ = out.read_to_string(&mut rest);
+        report += &format!("rank {r}: ended {status:?} {took:.1?} after the cut: {rest}");
+        assert!(status.is_some_and(|s| !s.success()), "rank {r}: {rest}");
+        let named = if r == 2 {
+            rest.contains("rank 0") || rest.contains("rank 1")
+        } else {
+            rest.contains("rank 2")
+        };
+        assert!(
+            rest.contains(&format!("rank {r}: error:")) && named,
+            "rank {r} does not name the unreachable peer: {rest:?}"
+        );
+        assert!(took < Duration::from_secs(30), "rank {r}: {took:?}");
+    }
+    evidence("partition", &report);
+}
+
+#[test]
+fn delay_and_loss_raise_no_false_alarm() {
+    let Some(mut net) = Net::or_skip(3) else {
+        return;
+    };
+    let mut report = net.describe();
+    // netem where the kernel has it; else 1 % loss (nftables) and a token bucket whose queue
+    // delays bursts by up to 50 ms.
+    let mut how = Vec::new();
+    for i in 0..3 {
+        let h = net.host_end(i);
+        match sh(
+            "tc",
+            &[
+                "qdisc", "add", "dev", &h, "root", "netem", "delay", "20ms", "loss", "1%",
+            ],
+        ) {
+            Ok(_) => how.push(format!("{h}: netem delay 20ms loss 1%")),
+            Err(netem) => {
+                sh(
+                    "tc",
+                    &[
+                        "qdisc", "add", "dev", &h, "root", "tbf", "rate", "20mbit", "burst",
+                        "32kbit", "latency", "50ms",
+                    ],
+                )
+                .unwrap_or_else(|e| panic!("neither netem ({netem}) nor tbf: {e}"));
+                how.push(format!(
+                    "{h}: no netem in this kernel ({netem}); tbf rate 20mbit latency 50ms"
+                ));
+            }
+        }
+    }
+    if how.iter().any(|h| h.contains("tbf")) {
+        let t = net.tag.clone();
+        let chain = "{ type filter hook forward priority 0; }";
+        let made = sh("nft", &["add", "table", "bridge", &t])
+            .and_then(|_| sh("nft", &["add", "chain", "bridge", &t, "cxloss", chain]))
+            .and_then(|_| {
+                let ends = format!("{t}h*");
+                sh(
+                    "nft",
+                    &[
+                        "add", "rule", "bridge", &t, "cxloss", "iifname", &ends, "numgen",
+                        "random", "mod", "100", "<", "1", "counter", "drop",
+                    ],
+                )
+            });
+        net.nft = true;
+        match made {
+            Ok(_) => how.push("nftables: 1% of the bridge's frames dropped at random".into()),
+            Err(e) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "CI needs nftables (.ci/run installs it): {e}"
+                );
+                how.push(format!("no loss: {e}"));
+            }
+        }
+    }
+    report += &format!("impairment:\n{}\n", how.join("\n"));
+    let ranks = looping(&net, 3, "3000");
+    for (r, (c, mut out)) in ranks.into_iter().enumerate() {
+        let (_, status) = finish(c, Duration::from_secs(300));
+        let mut text = String::new();
+        let _ = out.read_to_string(&mut text);
+        report += &format!("rank {r}: {status:?}\n{text}");
+        assert!(status.is_some_and(|s| s.success()), "rank {r}: {text}");
+        assert!(
+            text.contains(&format!("rank {r}: ok 3000")),
+            "rank {r}: {text}"
+        );
+    }
+    if net.nft {
+        let counted = sh("nft", &["list", "table", "bridge", &net.tag]).unwrap_or_else(|e| e);
+        report += &format!("what nftables dropped:\n{counted}");
+        // The loss was real: some frames were dropped.
+        let dropped: u64 = counted
+            .split("counter packets ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(dropped > 0 || std::env::var_os("CI").is_none(), "{counted}");
+    }
+    evidence("impaired", &report);
+}
