@@ -121,6 +121,10 @@ enum Backend {
 enum Transport {
     /// Ranks in this process, over the in-process transport.
     Local,
+    /// Ranks in processes of their own, over TCP loopback: the bench starts `--ranks`
+    /// processes of itself (torchrun's variables, a fresh secret), or, started by a launcher
+    /// (`RANK` set), is one of them. Rank 0 prints the table.
+    Tcp,
 }
 
 #[derive(clap::Args)]
@@ -292,9 +296,181 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-fn run(a: &Args) -> Result<Vec<Row>> {
-    let Transport::Local = a.transport;
+/// The ranks this process drives: every rank of an in-process world, or its own rank of a
+/// job over TCP.
+enum Ranks {
+    Local(World, Vec<Communicator>),
+    Tcp(Box<collectix::Process>, Communicator),
+}
+
+impl Ranks {
+    fn size(&self) -> usize {
+        match self {
+            Ranks::Local(_, c) => c.len(),
+            Ranks::Tcp(_, c) => c.size(),
+        }
+    }
+
+    /// Whether this process prints the table (and writes the files).
+    fn prints(&self) -> bool {
+        match self {
+            Ranks::Local(..) => true,
+            Ranks::Tcp(_, c) => c.rank() == 0,
+        }
+    }
+
+    /// `f(rank, comm)` on every rank this process drives (each on a thread of its own); the
+    /// first one's result (`measure` makes every rank's the same).
+    fn run<T: Send>(&self, f: impl Fn(usize, &Communicator) -> Result<T> + Sync) -> Result<T> {
+        let mut got = match self {
+            Ranks::Local(_, comms) => on_every_rank(comms, f)?,
+            Ranks::Tcp(_, c) => vec![f(c.rank(), c)?],
+        };
+        if got.is_empty() {
+            return Err(collectix::Error::internal("no rank ran"));
+        }
+        Ok(got.swap_remove(0))
+    }
+
+    fn shutdown(self) -> Result<()> {
+        match self {
+            Ranks::Local(world, _) => world.shutdown(),
+            Ranks::Tcp(p, _) => p.shutdown(),
+        }
+    }
+}
+
+/// One cell as one rank measured it, made the same on every rank by collectives: the wrong
+/// elements over all ranks, the calls per sample, and each sample's slowest rank's time.
+struct Measured {
+    wrong: Option<usize>,
+    calls: usize,
+    slowest: Vec<f64>,
+}
+
+/// `v` reduced elementwise over every rank with `op`.
+fn over_ranks(c: &Communicator, v: Vec<f64>, op: ReduceOp) -> Result<Vec<f64>> {
+    c.all_reduce(collectix::Tensor::from_vec(v), op)
+        .wait()?
+        .to_vec::<f64>()
+}
+
+/// Rank `r`'s part of one cell: the check (one call, every output element compared), the
+/// warm-up (which calibrates `K`, the calls per sample, from the slowest rank), and the
+/// samples (barrier, `K` calls); what each rank saw is combined with all_reduces outside the
+/// timed parts.
+fn measure(
+    a: &Args,
+    c: &Communicator,
+    r: usize,
+    cell: &Cell,
+    opts: &CallOptions,
+) -> Result<Measured> {
+    let reqs = cell.requests(r)?;
+    let (op, dtype) = (cell.op, cell.dtype);
+    let wrong = if a.check != 0 && a.collective != Coll::Barrier {
+        let out = submit_all(c, &reqs, opts)?;
+        let want = cell.expected(r).unwrap_or_default();
+        let mine = count_wrong(&flatten(&out)?, &want, op, dtype) as f64;
+        Some(over_ranks(c, vec![mine], ReduceOp::Sum)?[0] as usize)
+    } else {
+        None
+    };
+    c.barrier().wait()?;
+    let t0 = Instant::now();
+    for _ in 0..a.warmup.max(1) {
+        submit_all(c, &reqs, opts)?;
+    }
+    let mine = t0.elapsed().as_secs_f64() / a.warmup.max(1) as f64;
+    let per_call = over_ranks(c, vec![mine], ReduceOp::Max)?[0].max(1e-9);
+    let calls = ((a.sample_ms / 1e3 / per_call).ceil() as usize).clamp(1, 100_000);
+    let mut v = Vec::with_capacity(a.iters);
+    for _ in 0..a.iters.max(1) {
+        c.barrier().wait()?;
+        let t0 = Instant::now();
+        for _ in 0..calls {
+            submit_all(c, &reqs, opts)?;
+        }
+        v.push(t0.elapsed().as_secs_f64() / calls as f64);
+    }
+    Ok(Measured {
+        wrong,
+        calls,
+        slowest: over_ranks(c, v, ReduceOp::Max)?,
+    })
+}
+
+/// `--transport tcp` started by hand: runs `--ranks` processes of this program as the job's
+/// ranks (torchrun's variables, a free port, a fresh secret); rank 0's output is this one's.
+fn spawn_ranks(a: &Args) -> std::process::ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("collectix: cannot find this program to start its ranks: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(29_500, |a| a.port());
+    let secret = match collectix::Secret::random_text() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("collectix: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let w = a.ranks.max(1);
+    let mut children = Vec::with_capacity(w);
+    for r in 0..w {
+        let spawned = std::process::Command::new(&exe)
+            .args(std::env::args_os().skip(1))
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", w.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("LOCAL_WORLD_SIZE", w.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("COLLECTIX_SECRET", &secret)
+            .env_remove("COLLECTIX_SECRET_FILE")
+            .stdout(if r == 0 {
+                std::process::Stdio::inherit()
+            } else {
+                std::process::Stdio::null()
+            })
+            .spawn();
+        match spawned {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                eprintln!("collectix: cannot start rank {r}: {e}");
+                for mut c in children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
+    let mut ok = true;
+    for (r, mut c) in children.into_iter().enumerate() {
+        match c.wait() {
+            Ok(s) if s.success() => {}
+            other => {
+                eprintln!("collectix: bench rank {r} ended with {other:?}");
+                ok = false;
+            }
+        }
+    }
+    if ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
+/// The sweep on the ranks this process drives; `None` where it is a rank other than 0 of a
+/// TCP job (which prints nothing).
+fn run(a: &Args) -> Result<Option<Vec<Row>>> {
     let (dtype, op) = (a.dtype.dtype(), a.op.reduce_op());
     let algorithm = match a.algorithm.as_str() {
         "auto" => None,
@@ -319,12 +495,29 @@ fn run(a: &Args) -> Result<Vec<Row>> {
         Backend::Nccl => DeviceBackend::Nccl,
         Backend::Staged => DeviceBackend::HostStaged,
     };
-    let world = World::local(w)?;
-    let comms: Vec<Communicator> = world
-        .communicators()
-        .iter()
-        .map(|c| c.with_device_backend(backend))
-        .collect();
+    let ranks = match a.transport {
+        Transport::Local => {
+            let world = World::local(a.ranks.max(1))?;
+            let comms: Vec<Communicator> = world
+                .communicators()
+                .iter()
+                .map(|c| c.with_device_backend(backend))
+                .collect();
+            Ranks::Local(world, comms)
+        }
+        Transport::Tcp => {
+            let p = collectix::init(
+                &collectix::InitArgs::default(),
+                collectix::GroupOptions::default(),
+                std::time::Duration::from_secs(120),
+            )?;
+            let c = p.communicator().with_device_backend(backend);
+            Ranks::Tcp(Box::new(p), c)
+        }
+    };
+    let w = ranks.size();
+    let prints = ranks.prints();
+    let transport = format!("{:?}", a.transport).to_lowercase();
 
     let mut sizes = Vec::new();
     let mut s = a.minbytes.max(1);
@@ -339,14 +532,20 @@ fn run(a: &Args) -> Result<Vec<Row>> {
     if a.collective == Coll::Barrier {
         sizes = vec![0];
     }
-    println!(
-        "# collectix bench: {}, {w} ranks, transport local, device {}{}, {dtype}, op {op}, {} samples",
+    // Only the printing process prints: every line below goes through `say`.
+    let say = |line: String| {
+        if prints {
+            println!("{line}");
+        }
+    };
+    say(format!(
+        "# collectix bench: {}, {w} ranks, transport {transport}, device {}{}, {dtype}, op {op}, {} samples",
         a.collective.name(),
         format!("{:?}", a.device).to_lowercase(),
         if a.device == Dev::Cuda { format!(" ({backend:?})") } else { String::new() },
         a.iters
-    );
-    println!(
+    ));
+    say(format!(
         "#{:>11} {:>11} {:>8} {:>6} {:>5} {:>10} {:>10} {:>10} {:>8} {:>8} {:>7}",
         "size(B)",
         "count",
@@ -359,11 +558,13 @@ fn run(a: &Args) -> Result<Vec<Row>> {
         "algbw",
         "busbw",
         "#wrong"
-    );
+    ));
     let mut rows = Vec::new();
     for (k, &bytes) in sizes.iter().enumerate() {
-        eprint!("\rbench: size {} of {} ({bytes} B)   ", k + 1, sizes.len());
-        let _ = std::io::stderr().flush();
+        if prints {
+            eprint!("\rbench: size {} of {} ({bytes} B)   ", k + 1, sizes.len());
+            let _ = std::io::stderr().flush();
+        }
         // Each rank's device can differ; the cell's device is rank 0's, and each rank's
         // requests are made on its own.
         let cells: Vec<Cell> = match (0..w)
@@ -372,56 +573,15 @@ fn run(a: &Args) -> Result<Vec<Row>> {
         {
             Ok(c) => c,
             Err(why) => {
-                println!("# {bytes} B skipped: {why}");
+                say(format!("# {bytes} B skipped: {why}"));
                 continue;
             }
         };
-        let reqs: Vec<Vec<Request>> = (0..w)
-            .map(|r| cells[r].requests(r))
-            .collect::<Result<_>>()?;
-        // The check: one call of its own, every output element compared.
-        let wrong = if a.check != 0 && a.collective != Coll::Barrier {
-            let outs = on_every_rank(&comms, |r, c| submit_all(c, &reqs[r], &opts))?;
-            let mut wrong = 0;
-            for (r, o) in outs.iter().enumerate() {
-                let want = cells[r].expected(r).unwrap_or_default();
-                wrong += count_wrong(&flatten(o)?, &want, op, dtype);
-            }
-            Some(wrong)
-        } else {
-            None
-        };
-        // Warm-up, which also calibrates K (the slowest rank's time per call).
-        let warm = on_every_rank(&comms, |r, c| {
-            c.barrier().wait()?;
-            let t0 = Instant::now();
-            for _ in 0..a.warmup.max(1) {
-                submit_all(c, &reqs[r], &opts)?;
-            }
-            Ok(t0.elapsed().as_secs_f64() / a.warmup.max(1) as f64)
-        })?;
-        let per_call = warm.iter().cloned().fold(0.0, f64::max).max(1e-9);
-        let calls = ((a.sample_ms / 1e3 / per_call).ceil() as usize).clamp(1, 100_000);
-        let samples = on_every_rank(&comms, |r, c| {
-            let mut v = Vec::with_capacity(a.iters);
-            for _ in 0..a.iters.max(1) {
-                c.barrier().wait()?;
-                let t0 = Instant::now();
-                for _ in 0..calls {
-                    submit_all(c, &reqs[r], &opts)?;
-                }
-                v.push(t0.elapsed().as_secs_f64() / calls as f64);
-            }
-            Ok(v)
-        })?;
-        let mut slowest: Vec<f64> = (0..a.iters.max(1))
-            .map(|i| {
-                samples
-                    .iter()
-                    .map(|v| v.get(i).copied().unwrap_or(0.0))
-                    .fold(0.0, f64::max)
-            })
-            .collect();
+        let Measured {
+            wrong,
+            calls,
+            mut slowest,
+        } = ranks.run(|r, c| measure(a, c, r, &cells[r], &opts))?;
         let t = median(&mut slowest);
         let (tmin, tmax) = (
             slowest.first().copied().unwrap_or(0.0),
@@ -454,7 +614,7 @@ fn run(a: &Args) -> Result<Vec<Row>> {
             busbw_gbs: algbw * a.collective.busbw_factor(w),
             wrong,
         };
-        println!(
+        say(format!(
             " {:>11} {:>11} {:>8} {:>6} {:>5} {:>10.2} {:>10.2} {:>10.2} {:>8.3} {:>8.3} {:>7}",
             row.size,
             row.count,
@@ -467,16 +627,24 @@ fn run(a: &Args) -> Result<Vec<Row>> {
             row.algbw_gbs,
             row.busbw_gbs,
             row.wrong.map_or("N/A".into(), |w| w.to_string()),
-        );
+        ));
         rows.push(row);
     }
-    eprint!("\r{:60}\r", "");
-    let wrong: usize = rows.iter().filter_map(|r| r.wrong).sum();
-    println!("# #wrong in total: {wrong}");
-    if let Some(mib) = peak_rss_mib() {
-        println!("# peak RSS: {mib:.1} MiB");
+    if prints {
+        eprint!("\r{:60}\r", "");
     }
-    Ok(rows)
+    let wrong: usize = rows.iter().filter_map(|r| r.wrong).sum();
+    say(format!("# #wrong in total: {wrong}"));
+    if let Some(mib) = peak_rss_mib() {
+        let whose = if matches!(ranks, Ranks::Tcp(..)) {
+            " (rank 0's process)"
+        } else {
+            ""
+        };
+        say(format!("# peak RSS{whose}: {mib:.1} MiB"));
+    }
+    ranks.shutdown()?;
+    Ok(prints.then_some(rows))
 }
 
 /// This run's rows as points of a plot.
@@ -511,8 +679,12 @@ fn plot_run(args: &Args, rows: &[Row]) -> std::result::Result<(), String> {
 }
 
 fn bench(args: &Args) -> std::process::ExitCode {
+    if args.transport == Transport::Tcp && std::env::var_os("RANK").is_none() {
+        return spawn_ranks(args);
+    }
     match run(args) {
-        Ok(rows) => {
+        Ok(None) => std::process::ExitCode::SUCCESS,
+        Ok(Some(rows)) => {
             if let Some(path) = &args.json {
                 let text = serde_json::to_string_pretty(&rows).unwrap_or_default();
                 if let Err(e) = std::fs::write(path, text) {

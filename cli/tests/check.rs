@@ -130,3 +130,40 @@ fn sizes_that_do_not_divide_are_skipped_with_a_note_and_json_is_written() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--transport tcp`: the bench starts its ranks as processes of their own; every collective
+/// checks out over TCP, and only rank 0 prints the table.
+#[test]
+fn every_collective_checks_out_over_tcp_between_processes() {
+    for c in COLLECTIVES {
+        let (ok, text) = bench(&[
+            "--transport",
+            "tcp",
+            "--collective",
+            c,
+            "--ranks",
+            "3",
+            "-b",
+            "48",
+            "-e",
+            "48K",
+            "-f",
+            "32",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--sample-ms",
+            "0.2",
+            "-c",
+            "1",
+        ]);
+        assert!(ok, "{c} over tcp:\n{text}");
+        assert!(text.contains("transport tcp"), "{c}:\n{text}");
+        assert_eq!(
+            text.matches("#wrong in total: 0").count(),
+            1,
+            "{c}:\n{text}"
+        );
+    }
+}
