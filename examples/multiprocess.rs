@@ -23,7 +23,7 @@ fn main() -> Result<()> {
         collectix::GroupOptions::default(),
         std::time::Duration::from_secs(120),
     )?;
-    let c = p.communicator();
+    let c = p.communicator().clone();
     let (r, w) = (c.rank(), c.size());
     let joined = start.elapsed();
     println!(
@@ -57,6 +57,7 @@ fn main() -> Result<()> {
             }
             Err(e) => {
                 println!("rank {r}: error: {e}");
+                p.abort();
                 std::process::exit(1);
             }
         }
@@ -73,6 +74,8 @@ fn main() -> Result<()> {
             }
             Err(e) => {
                 println!("rank {r}: error: {e}");
+                // The abort this rank sent its peers goes out before the process does.
+                p.abort();
                 std::process::exit(1);
             }
         }

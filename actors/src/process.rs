@@ -323,6 +323,23 @@ impl Process {
         }
     }
 
+    /// Leaves at once, without waiting for the other ranks (torch's `abort`): the rank's
+    /// actor stops, what its links had queued (an abort this rank sent its peers when a call
+    /// failed, say) is sent — bounded, 10 s at most — and the connections close. For a rank
+    /// that failed and is about to exit: its peers then learn of the failure itself, not only
+    /// of a closed connection. (The store this rank may serve closes too.)
+    pub fn abort(mut self) {
+        if let Some(system) = self.system.take() {
+            system.stop();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(mut mesh) = self.mesh.take() {
+            mesh.close();
+        }
+    }
+
     fn leave(&mut self) -> Vec<Error> {
         let Some(system) = self.system.take() else {
             return Vec::new();

@@ -6,12 +6,17 @@ tool's raw output.
   python3 bench/peers/side_by_side.py                       # W=2,4; 4 B, 1 MiB, 16 MiB, 64 MiB
   python3 bench/peers/side_by_side.py --ranks 2 --sizes 1M --collectives all_reduce --rounds 1
   python3 bench/peers/side_by_side.py --peers mpi gloo      # torch.distributed on Gloo too
+  python3 bench/peers/side_by_side.py --transport tcp --peers mpi gloo   # TCP between processes
 
 Every later performance claim of collectix comes from this script (issue 10). What it runs:
-- `collectix bench` (target/release/collectix; built if missing): the in-process world, one
-  invocation per (ranks, collective, size), `-n ITERS`, with its correctness check on;
-- `bench_mpi.py` under `mpirun` (Open MPI over shared memory: its default ob1 + vader on one
-  host), one `mpirun` per ranks value, every collective and size at once.
+- `collectix bench` (target/release/collectix; built if missing): the in-process world, or
+  with `--transport tcp` one process per rank over TCP loopback; one invocation per (ranks,
+  collective, size), `-n ITERS`, with its correctness check on;
+- `bench_mpi.py` under `mpirun`, one `mpirun` per ranks value, every collective and size at
+  once: over shared memory (its default ob1 + vader on one host), or with `--transport tcp`
+  restricted to TCP on loopback (`--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include
+  lo`);
+- with `--peers gloo`, `bench_torch_gloo.py`: torch.distributed on Gloo (TCP on loopback).
 Rounds alternate the order (collectix first, then MPI first, ...), so that a drift of the
 machine's load over the run hits both. Both use the same method: a sample is the slowest
 rank's time for K back-to-back blocking calls after a barrier, K calibrated so a sample lasts
@@ -79,7 +84,8 @@ def collectix_round(args, exe, w, r, raw):
         for s in sizes:
             base = os.path.join(raw, f"collectix_W{w}_{coll}_{s}_r{r}")
             cmd = [exe, "bench", "--collective", coll, "--ranks", str(w), "-b", str(s),
-                   "-e", str(s), "-n", str(args.iters), "-c", "1", "--json", base + ".json"]
+                   "-e", str(s), "-n", str(args.iters), "-c", "1", "--json", base + ".json",
+                   "--transport", args.transport]
             if not run(cmd, base + ".txt", args.timeout):
                 continue
             with open(base + ".json") as f:
@@ -125,13 +131,16 @@ def mpi_round(args, w, r, raw):
     """One round of Open MPI for `w` ranks: every collective and size in one mpirun."""
     base = os.path.join(raw, f"mpi_W{w}_r{r}")
     ops = [c for c in args.collectives if c != "barrier"]
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(w), PY,
-           os.path.join(HERE, "bench_mpi.py"), "--label", "mpi-shm", "--iters", str(args.iters),
+    label = "mpi-" + ("tcp" if args.transport == "tcp" else "shm")
+    mca = (["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
+           if args.transport == "tcp" else [])
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(w)] + mca + [PY,
+           os.path.join(HERE, "bench_mpi.py"), "--label", label, "--iters", str(args.iters),
            "--per-op", "0", "--csv", base + ".csv", "--sizes"] + [str(s) for s in args.sizes]
     cmd += ["--ops"] + ops if ops else []
     if not run(cmd, base + ".txt", args.timeout * 20):
         return {}
-    return read_peer_csv(base + ".csv", "mpi-shm")
+    return read_peer_csv(base + ".csv", label)
 
 
 def median_of(samples, key):
@@ -145,6 +154,8 @@ def main():
     ap.add_argument("--sizes", nargs="+", default=["4", "1M", "16M", "64M"])
     ap.add_argument("--collectives", nargs="+", default=BOTH, choices=BOTH)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--transport", default="local", choices=["local", "tcp"],
+                    help="tcp: collectix and Open MPI between processes over TCP loopback")
     ap.add_argument("--iters", type=int, default=10, help="samples per cell (median)")
     ap.add_argument("--timeout", type=int, default=120, help="seconds per collectix invocation")
     ap.add_argument("--out", default=None)
@@ -220,7 +231,8 @@ def main():
                 table.append(row)
 
     peers_text = ", ".join(
-        versions["mpirun"] + " (shared memory)" if p == "mpi" else "torch.distributed on Gloo (loopback TCP)"
+        versions["mpirun"] + (" (TCP)" if args.transport == "tcp" else " (shared memory)")
+        if p == "mpi" else "torch.distributed on Gloo (loopback TCP)"
         for p in args.peers)
     head = ["collective", "W", "size", "collectix (µs)"]
     for p in args.peers:
@@ -252,7 +264,9 @@ def main():
         json.dump({"versions": versions, "rows": table}, f, indent=1)
 
     # Each tool's medians in collectix's --json format, and the plots.
-    label = {"collectix": "collectix", "mpi": "Open MPI (shm)", "gloo": "torch Gloo"}
+    label = {"collectix": "collectix" + (" (tcp)" if args.transport == "tcp" else ""),
+             "mpi": "Open MPI (tcp)" if args.transport == "tcp" else "Open MPI (shm)",
+             "gloo": "torch Gloo"}
     for tool in tools:
         for w in args.ranks:
             rows = [{"source": label[tool],
@@ -273,7 +287,8 @@ def main():
                 with open(p, "w") as f:
                     json.dump(rows, f)
                 files.append(p)
-        title = f"{coll}: collectix (in-process) and " + ", ".join(label[p] for p in args.peers)
+        where = "over TCP" if args.transport == "tcp" else "in-process"
+        title = f"{coll}: collectix ({where}) and " + ", ".join(label[p] for p in args.peers)
         subprocess.run([args.collectix, "plot", "--out", os.path.join(out, f"plot_{coll}.svg"),
                         "--title", title] + files, check=False)
     print(f"# written: {out}/compare.md, compare.json, raw/, plot_*.svg")

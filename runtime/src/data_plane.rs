@@ -23,8 +23,9 @@ pub trait DataPlane: Send {
     fn join(&self, dtype: DType, parts: &[&Bytes]) -> Result<Bytes>;
 }
 
-/// Host memory: reduction results in buffers recycled through a pool (up to `limit` bytes
-/// kept free), outputs joined into one new allocation.
+/// Host memory: reduction results and joined outputs in buffers recycled through a pool (up
+/// to `limit` bytes kept free): a call's output, once the caller drops it, is the next call's
+/// (no fresh pages to fault in).
 pub struct HostPlane {
     pool: Pool,
 }
@@ -43,14 +44,15 @@ impl DataPlane for HostPlane {
         reduce::combine(dtype, op, a, b, &self.pool)
     }
 
-    fn join(&self, dtype: DType, parts: &[&Bytes]) -> Result<Bytes> {
+    fn join(&self, _dtype: DType, parts: &[&Bytes]) -> Result<Bytes> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
-        crate::with_storage_type!(dtype, T => {
-            let mut v: Vec<T> = Vec::with_capacity(total / dtype.size());
-            for p in parts {
-                v.extend_from_slice(reduce::view::<T>(p)?);
-            }
-            Ok(crate::tensor::bytes_from_vec(v))
-        })
+        let mut out = self.pool.take(total);
+        let mut at = 0;
+        let dst = out.bytes_mut();
+        for p in parts {
+            dst[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        Ok(out.freeze())
     }
 }

@@ -22,10 +22,12 @@
 //! setting `SO_SNDBUF`/`SO_RCVBUF` would switch it off for that socket and cap the window at
 //! the size set.
 //!
-//! **Receiving.** A reader thread reads into one growing buffer and decodes frames from it
-//! (payload parts are slices of the buffer, not copies), each handed to the rank with the
-//! link's rank as its source ([`Inbound::deliver`]). The decoder's limits are checked before
-//! anything is allocated for a frame.
+//! **Receiving.** A reader thread decodes each frame's head ([`codec::decode_head`]; its
+//! limits are checked before anything is allocated for the frame), then reads each payload
+//! part straight from the socket into an 8-aligned buffer of its own, recycled through a pool
+//! once the rank has dropped it: the kernel's copy is the only one, and a part can be viewed
+//! as any dtype without realigning. The message goes to the rank with the link's rank as its
+//! source ([`Inbound::deliver`]).
 //!
 //! **Silence.** A writer with nothing to send for [`Liveness::heartbeat`] (1 s) sends a
 //! heartbeat frame ([`codec::HEARTBEAT`], 12 bytes; the decoder skips it). A reader that gets
@@ -39,7 +41,8 @@
 
 use super::Link;
 use crate::security::{Denied, Security};
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
+use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::{self, Limits};
 use collectix_runtime::wire::{LinkError, Message};
 use std::io::{IoSlice, Read, Write};
@@ -60,8 +63,13 @@ pub const QUEUE: usize = 64;
 pub const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Slices of one vectored write kept on the writer's stack (a head and up to 15 parts).
 const INLINE_SLICES: usize = 16;
-/// Bytes the reader asks the socket for at least, per read.
+/// Bytes the reader asks the socket for, per read of heads.
 const READ_CHUNK: usize = 256 << 10;
+/// Parts up to this size are read into a pooled buffer taken whole; larger ones into a buffer
+/// that grows by this much as the bytes arrive.
+const BIG_PART: usize = 64 << 20;
+/// Free payload buffers one connection's reader keeps for reuse.
+const RECV_POOL_BYTES: usize = 32 << 20;
 
 /// How a link tells a silent peer from a quiet one (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -437,46 +445,117 @@ fn read_loop(
     inbound: &dyn Inbound,
     lose: &dyn Fn(&str),
 ) {
+    // Heads (and what a read brought beyond them) gather in `buf`; each payload part goes
+    // into an aligned buffer of its own from `pool`, read straight from the socket: one copy,
+    // the kernel's, and no zeroing (`scratch` is zeroed once).
+    let pool = Pool::new(RECV_POOL_BYTES);
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut scratch = vec![0u8; READ_CHUNK];
+    let silence = liveness.silence.unwrap_or_default();
     loop {
-        loop {
-            match codec::decode(&mut buf, &limits) {
-                Ok(Some(d)) => inbound.deliver(peer, d.into_message(peer)),
-                Ok(None) => break,
+        let head = loop {
+            match codec::decode_head(&mut buf, &limits) {
+                Ok(Some(h)) => break h,
+                Ok(None) => {}
                 Err(e) => return lose(&format!("not a collectix frame: {e}")),
             }
-        }
-        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-            buf.reserve(READ_CHUNK);
-        }
-        let start = buf.len();
-        buf.resize(buf.capacity(), 0);
-        match s.read(&mut buf[start..]) {
-            Ok(0) => {
-                buf.truncate(start);
-                let why = if buf.is_empty() {
-                    "the peer closed the connection"
-                } else {
-                    "the peer closed the connection in the middle of a frame"
-                };
-                return lose(why);
+            match read_some(&mut s, &mut scratch, !buf.is_empty(), peer, silence) {
+                Ok(n) => buf.extend_from_slice(&scratch[..n]),
+                Err(why) => return lose(&why),
             }
-            Ok(n) => buf.truncate(start + n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => buf.truncate(start),
+        };
+        let mut payload = Vec::with_capacity(head.parts.len());
+        for &len in &head.parts {
+            if len > BIG_PART {
+                match read_big(&mut s, &mut buf, len, peer, silence) {
+                    Ok(b) => payload.push(b),
+                    Err(why) => return lose(&why),
+                }
+                continue;
+            }
+            let mut part = pool.take(len);
+            let dst = part.bytes_mut();
+            let have = buf.len().min(len);
+            dst[..have].copy_from_slice(&buf[..have]);
+            buf.advance(have);
+            let mut at = have;
+            while at < len {
+                match read_some(&mut s, &mut dst[at..], true, peer, silence) {
+                    Ok(n) => at += n,
+                    Err(why) => return lose(&why),
+                }
+            }
+            payload.push(part.freeze());
+        }
+        inbound.deliver(
+            peer,
+            Message {
+                src: peer,
+                header: head.header,
+                payload,
+            },
+        );
+    }
+}
+
+/// A part above [`BIG_PART`]: read into a buffer that grows as its bytes arrive (a length
+/// announced by a peer is never allocated ahead of the data, beyond one step).
+fn read_big(
+    s: &mut TcpStream,
+    buf: &mut BytesMut,
+    len: usize,
+    peer: usize,
+    silence: Duration,
+) -> Result<bytes::Bytes, String> {
+    let mut words: Vec<u64> = Vec::new();
+    let mut at = 0;
+    while at < len {
+        let upto = (at + BIG_PART).min(len);
+        words.resize(upto.div_ceil(8), 0);
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(words.as_mut_slice());
+        if at == 0 {
+            let have = buf.len().min(upto);
+            dst[..have].copy_from_slice(&buf[..have]);
+            buf.advance(have);
+            at = have;
+        }
+        while at < upto {
+            at += read_some(s, &mut dst[at..upto], true, peer, silence)?;
+        }
+    }
+    let mut b = collectix_runtime::tensor::bytes_from_vec(words);
+    b.truncate(len);
+    Ok(b)
+}
+
+/// One read into `dst` (not empty): how many bytes came, or why the connection is lost
+/// (`mid`: in the middle of a frame).
+fn read_some(
+    s: &mut TcpStream,
+    dst: &mut [u8],
+    mid: bool,
+    peer: usize,
+    silence: Duration,
+) -> Result<usize, String> {
+    loop {
+        return match s.read(dst) {
+            Ok(0) if mid => Err("the peer closed the connection in the middle of a frame".into()),
+            Ok(0) => Err("the peer closed the connection".into()),
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e)
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                return lose(&format!(
-                    "nothing from rank {peer} for {:?}, not even a heartbeat: unreachable \
-                     (a network partition, a host down, or a stopped process)",
-                    liveness.silence.unwrap_or_default()
-                ));
+                Err(format!(
+                    "nothing from rank {peer} for {silence:?}, not even a heartbeat: unreachable \
+                     (a network partition, a host down, or a stopped process)"
+                ))
             }
-            Err(e) => return lose(&format!("read failed: {e}")),
-        }
+            Err(e) => Err(format!("read failed: {e}")),
+        };
     }
 }
 

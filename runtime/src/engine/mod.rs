@@ -128,8 +128,9 @@ pub struct Engine {
     destroyed: HashSet<GroupId>,
 }
 
-/// Free reduction buffers an engine keeps for reuse.
-const POOL_BYTES: usize = 64 << 20;
+/// Free buffers (reduction results, joined outputs) an engine keeps for reuse: room for a
+/// 64 MiB output and its chunks.
+const POOL_BYTES: usize = 256 << 20;
 
 impl Engine {
     /// An engine for global rank `rank`.

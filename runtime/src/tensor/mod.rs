@@ -7,7 +7,7 @@
 
 pub mod dtype;
 pub mod local_ops;
-pub(crate) mod pool;
+pub mod pool;
 pub mod reduce;
 
 use crate::error::{Error, Result};
@@ -69,7 +69,7 @@ impl<T: Element> AsRef<[u8]> for VecOwner<T> {
 }
 
 /// Turns a vector into shared bytes without copying it.
-pub(crate) fn bytes_from_vec<T: Element>(v: Vec<T>) -> Bytes {
+pub fn bytes_from_vec<T: Element>(v: Vec<T>) -> Bytes {
     if v.is_empty() {
         return Bytes::new();
     }

@@ -1,5 +1,6 @@
-//! Recycled, aligned buffers for reduction results, so that a long collective does not
-//! allocate (and page-fault in) a fresh buffer for every chunk it reduces.
+//! Recycled, aligned buffers for reduction results, joined outputs and received payloads, so
+//! that a long collective does not allocate (and page-fault in) a fresh buffer for every chunk
+//! it reduces, every output it assembles, or every segment a socket delivers.
 //!
 //! A [`PoolBuf`] is a `Vec<u64>` (8-aligned, so it can be viewed as any element type) that
 //! becomes a `Bytes` without copying ([`PoolBuf::freeze`]). When the last `Bytes` that shares
@@ -24,13 +25,13 @@ fn lock(m: &Mutex<Free>) -> MutexGuard<'_, Free> {
 
 /// A pool of buffers, shared by the buffers it hands out.
 #[derive(Clone)]
-pub(crate) struct Pool {
+pub struct Pool {
     free: Option<Arc<Mutex<Free>>>,
 }
 
 impl Pool {
     /// A pool that keeps at most `limit` bytes of free buffers.
-    pub(crate) fn new(limit: usize) -> Pool {
+    pub fn new(limit: usize) -> Pool {
         Pool {
             free: Some(Arc::new(Mutex::new(Free {
                 bufs: Vec::new(),
@@ -41,12 +42,12 @@ impl Pool {
     }
 
     /// No pool: every buffer is a fresh allocation, freed when dropped.
-    pub(crate) fn none() -> Pool {
+    pub fn none() -> Pool {
         Pool { free: None }
     }
 
     /// A buffer of `len` bytes; its contents are unspecified (the caller overwrites them).
-    pub(crate) fn take(&self, len: usize) -> PoolBuf {
+    pub fn take(&self, len: usize) -> PoolBuf {
         let words = len.div_ceil(8);
         let reused = self.free.as_ref().and_then(|f| {
             let mut f = lock(f);
@@ -74,8 +75,8 @@ impl Pool {
     }
 }
 
-/// A buffer from a [`Pool`].
-pub(crate) struct PoolBuf {
+/// A buffer from a [`Pool`]: 8-aligned, so its bytes can be viewed as any element type.
+pub struct PoolBuf {
     words: Vec<u64>,
     len: usize,
     home: Option<Arc<Mutex<Free>>>,
@@ -88,9 +89,17 @@ impl PoolBuf {
         all.get_mut(..n)
     }
 
+    /// Its bytes, to fill.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        let all: &mut [u8] = bytemuck::cast_slice_mut(self.words.as_mut_slice());
+        let n = len.min(all.len());
+        &mut all[..n]
+    }
+
     /// Shares the buffer as `Bytes` (no copy); it returns to the pool when the last share is
     /// dropped.
-    pub(crate) fn freeze(self) -> Bytes {
+    pub fn freeze(self) -> Bytes {
         if self.len == 0 {
             return Bytes::new();
         }

@@ -591,24 +591,8 @@ impl Decoded {
 /// while more bytes are needed (then `buf` has lost only those heartbeats); on success the frame's bytes are taken off `buf`, payload parts
 /// without a copy. An error means the stream is not a valid collectix stream; drop the link.
 pub fn decode(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Decoded>, DecodeError> {
-    let p = loop {
-        let Some(p) = read_prefix(buf, limits)? else {
-            return Ok(None);
-        };
-        if p.kind != HEARTBEAT_KIND {
-            break p;
-        }
-        if !p.parts.is_empty() {
-            return Err(DecodeError::TooLarge {
-                what: "a heartbeat's payload part count",
-                got: p.parts.len() as u64,
-                limit: 0,
-            });
-        }
-        if p.header != 0 {
-            return Err(DecodeError::Trailing(p.header));
-        }
-        buf.advance(PREFIX_BYTES);
+    let Some(p) = next_prefix(buf, limits)? else {
+        return Ok(None);
     };
     if buf.len() < p.total {
         return Ok(None);
@@ -622,6 +606,62 @@ pub fn decode(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Decoded>, De
         payload.push(frame.split_to(len).freeze());
     }
     Ok(Some(Decoded { header, payload }))
+}
+
+/// The prefix of the next frame that is not a heartbeat (the heartbeats before it are taken
+/// off `buf`); `None` while more bytes are needed.
+fn next_prefix(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Prefix>, DecodeError> {
+    loop {
+        let Some(p) = read_prefix(buf, limits)? else {
+            return Ok(None);
+        };
+        if p.kind != HEARTBEAT_KIND {
+            return Ok(Some(p));
+        }
+        if !p.parts.is_empty() {
+            return Err(DecodeError::TooLarge {
+                what: "a heartbeat's payload part count",
+                got: p.parts.len() as u64,
+                limit: 0,
+            });
+        }
+        if p.header != 0 {
+            return Err(DecodeError::Trailing(p.header));
+        }
+        buf.advance(PREFIX_BYTES);
+    }
+}
+
+/// A frame's head, decoded before its payload: what a transport that reads each payload part
+/// into a buffer of its own (aligned, pooled, straight from the socket) needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Head {
+    /// The header.
+    pub header: Header,
+    /// Each payload part's length, in order (checked against the limits).
+    pub parts: Vec<usize>,
+}
+
+/// Decodes the head of the frame at the front of `buf` (skipping heartbeats before it): the
+/// header and its parts' lengths. `Ok(None)` while more bytes are needed (then `buf` has lost
+/// only those heartbeats); on success the head's bytes are taken off `buf`, and the payload's
+/// bytes — the parts, back to back — come next in the stream. Limits are checked as
+/// [`decode`] checks them.
+pub fn decode_head(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Head>, DecodeError> {
+    let Some(p) = next_prefix(buf, limits)? else {
+        return Ok(None);
+    };
+    let head_len = PREFIX_BYTES + 8 * p.parts.len() + p.header;
+    if buf.len() < head_len {
+        return Ok(None);
+    }
+    let mut head = buf.split_to(head_len);
+    head.advance(PREFIX_BYTES + 8 * p.parts.len());
+    let header = read_header(p.kind, head.freeze())?;
+    Ok(Some(Head {
+        header,
+        parts: p.parts,
+    }))
 }
 
 /// Reads fixed-size fields off a header, failing (never panicking) when it runs out.

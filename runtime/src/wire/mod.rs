@@ -5,6 +5,8 @@ pub mod codec;
 pub mod link;
 pub mod message;
 
-pub use codec::{decode, encode, encode_head, DecodeError, Decoded, Frame, Limits};
+pub use codec::{
+    decode, decode_head, encode, encode_head, DecodeError, Decoded, Frame, Head, Limits,
+};
 pub use link::{Closed, Link, LinkError, Outbox};
 pub use message::{AbortReason, Header, Message, Transmit};
