@@ -26,6 +26,7 @@
 use super::tcp::{self, Connection, Hello, Inbound, Liveness, Refused, TcpLink};
 use super::Link;
 use crate::security::Security;
+use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{LinkError, Message};
 use collectix_runtime::{Error, Result};
@@ -91,6 +92,8 @@ struct Shared {
     security: Security,
     /// Heartbeats and how long a silent peer is given.
     liveness: Liveness,
+    /// Received payloads' buffers, shared by every connection's reader.
+    pool: Pool,
     closing: AtomicBool,
 }
 
@@ -111,6 +114,7 @@ impl Shared {
             self.limits,
             self.inbound.clone(),
             self.liveness,
+            self.pool.clone(),
         )?;
         lock(&self.connections).push(conn);
         if self.closing.load(Ordering::SeqCst) {
@@ -242,6 +246,7 @@ impl Mesh {
             limits,
             security,
             liveness,
+            pool: Pool::new(tcp::RECV_POOL_BYTES),
             closing: AtomicBool::new(false),
         });
         let acceptor = {

@@ -68,8 +68,9 @@ const READ_CHUNK: usize = 256 << 10;
 /// Parts up to this size are read into a pooled buffer taken whole; larger ones into a buffer
 /// that grows by this much as the bytes arrive.
 const BIG_PART: usize = 64 << 20;
-/// Free payload buffers one connection's reader keeps for reuse.
-const RECV_POOL_BYTES: usize = 32 << 20;
+/// Free payload buffers a process's readers keep for reuse (one pool for all its
+/// connections; see [`start`]).
+pub const RECV_POOL_BYTES: usize = 256 << 20;
 
 /// How a link tells a silent peer from a quiet one (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -328,13 +329,15 @@ pub struct Connection {
 }
 
 /// Starts the reader and writer of an accepted or connected `stream` to global rank `peer`;
-/// what arrives goes to `inbound`.
+/// what arrives goes to `inbound`, its payload parts in buffers from `pool` (shared by a
+/// process's connections, [`RECV_POOL_BYTES`]).
 pub fn start(
     stream: TcpStream,
     peer: usize,
     limits: Limits,
     inbound: Arc<dyn Inbound>,
     liveness: Liveness,
+    pool: Pool,
 ) -> std::io::Result<(TcpLink, Connection)> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(liveness.silence)?;
@@ -369,7 +372,17 @@ pub fn start(
     };
     let reader = std::thread::Builder::new()
         .name(format!("collectix-rx-{peer}"))
-        .spawn(move || read_loop(reading, peer, limits, liveness, inbound.as_ref(), &lose))?;
+        .spawn(move || {
+            read_loop(
+                reading,
+                peer,
+                limits,
+                liveness,
+                &pool,
+                inbound.as_ref(),
+                &lose,
+            )
+        })?;
     Ok((TcpLink { tx, full }, Connection { writer, reader }))
 }
 
@@ -442,13 +455,13 @@ fn read_loop(
     peer: usize,
     limits: Limits,
     liveness: Liveness,
+    pool: &Pool,
     inbound: &dyn Inbound,
     lose: &dyn Fn(&str),
 ) {
     // Heads (and what a read brought beyond them) gather in `buf`; each payload part goes
     // into an aligned buffer of its own from `pool`, read straight from the socket: one copy,
     // the kernel's, and no zeroing (`scratch` is zeroed once).
-    let pool = Pool::new(RECV_POOL_BYTES);
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut scratch = vec![0u8; READ_CHUNK];
     let silence = liveness.silence.unwrap_or_default();
@@ -816,10 +829,24 @@ mod tests {
         let (a, b) = pair(job);
         let (in_a, rx_a) = inbound();
         let (in_b, rx_b) = inbound();
-        let (link, conn_a) = start(a, 1, Limits::default(), in_a, Liveness::default())
-            .unwrap_or_else(|e| panic!("{e}"));
-        let b_side = start(b, 0, Limits::default(), in_b, Liveness::default())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (link, conn_a) = start(
+            a,
+            1,
+            Limits::default(),
+            in_a,
+            Liveness::default(),
+            Pool::new(RECV_POOL_BYTES),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let b_side = start(
+            b,
+            0,
+            Limits::default(),
+            in_b,
+            Liveness::default(),
+            Pool::new(RECV_POOL_BYTES),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         (link, conn_a, rx_a, rx_b, b_side)
     }
 
@@ -900,8 +927,15 @@ mod tests {
         // Dies: its socket closes without a goodbye.
         let (a, b) = pair(3);
         let (in_a, rx_a) = inbound();
-        let (_link, _conn) = start(a, 1, Limits::default(), in_a, Liveness::default())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (_link, _conn) = start(
+            a,
+            1,
+            Limits::default(),
+            in_a,
+            Liveness::default(),
+            Pool::new(RECV_POOL_BYTES),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         drop(b);
         assert!(matches!(
             rx_a.recv_timeout(Duration::from_secs(30)),
@@ -915,8 +949,15 @@ mod tests {
         // logged.
         let (a, mut b) = pair(4);
         let (in_a, rx_a) = inbound();
-        let (_link, _conn) = start(a, 1, Limits::default(), in_a, Liveness::default())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (_link, _conn) = start(
+            a,
+            1,
+            Limits::default(),
+            in_a,
+            Liveness::default(),
+            Pool::new(RECV_POOL_BYTES),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let _ = b.write_all(&[0xde; 64]);
         assert!(matches!(
             rx_a.recv_timeout(Duration::from_secs(30)),
@@ -929,8 +970,15 @@ mod tests {
             max_parts: 1,
             max_payload_bytes: 16,
         };
-        let (_link, _conn) =
-            start(a, 1, tight, in_a, Liveness::default()).unwrap_or_else(|e| panic!("{e}"));
+        let (_link, _conn) = start(
+            a,
+            1,
+            tight,
+            in_a,
+            Liveness::default(),
+            Pool::new(RECV_POOL_BYTES),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let frame = codec::encode(&data(0, vec![Bytes::from(vec![1u8; 1000])]));
         let _ = b.write_all(&frame.to_contiguous());
         assert!(matches!(
@@ -947,8 +995,24 @@ mod tests {
         let (a, b) = pair(6);
         let (in_a, rx_a) = inbound();
         let (in_b, rx_b) = inbound();
-        let _a = start(a, 1, Limits::default(), in_a, quick).unwrap_or_else(|e| panic!("{e}"));
-        let _b = start(b, 0, Limits::default(), in_b, quick).unwrap_or_else(|e| panic!("{e}"));
+        let _a = start(
+            a,
+            1,
+            Limits::default(),
+            in_a,
+            quick,
+            Pool::new(RECV_POOL_BYTES),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let _b = start(
+            b,
+            0,
+            Limits::default(),
+            in_b,
+            quick,
+            Pool::new(RECV_POOL_BYTES),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         std::thread::sleep(Duration::from_secs(3));
         assert!(
             rx_a.try_recv().is_err() && rx_b.try_recv().is_err(),
@@ -958,7 +1022,15 @@ mod tests {
         // a partition: lost once the silence has lasted.
         let (a, b) = pair(7);
         let (in_a, rx_a) = inbound();
-        let _a = start(a, 1, Limits::default(), in_a, quick).unwrap_or_else(|e| panic!("{e}"));
+        let _a = start(
+            a,
+            1,
+            Limits::default(),
+            in_a,
+            quick,
+            Pool::new(RECV_POOL_BYTES),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(
             rx_a.recv_timeout(Duration::from_secs(30)),
             Ok(Event::Lost(1))
@@ -968,7 +1040,15 @@ mod tests {
         let (a, b) = pair(8);
         let (in_a, rx_a) = inbound();
         let never = Liveness::with_timeout(None);
-        let _a = start(a, 1, Limits::default(), in_a, never).unwrap_or_else(|e| panic!("{e}"));
+        let _a = start(
+            a,
+            1,
+            Limits::default(),
+            in_a,
+            never,
+            Pool::new(RECV_POOL_BYTES),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert!(rx_a.recv_timeout(Duration::from_secs(2)).is_err());
         drop(b);
     }
