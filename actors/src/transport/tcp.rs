@@ -619,13 +619,58 @@ mod tests {
 
     /// Two connected sockets with the handshake done: (rank 0's end, rank 1's end).
     fn pair(job: u64) -> (TcpStream, TcpStream) {
+        pair_via(job, None)
+    }
+
+    /// Copies `from` to `to`, each chunk `delay` after it was read (a delay line).
+    fn delay_line(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+        let (tx, rx) = channel::<(std::time::Instant, Vec<u8>)>();
+        std::thread::spawn(move || {
+            let mut b = vec![0u8; 64 << 10];
+            while let Ok(n) = from.read(&mut b) {
+                if n == 0
+                    || tx
+                        .send((std::time::Instant::now() + delay, b[..n].to_vec()))
+                        .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        std::thread::spawn(move || {
+            for (due, chunk) in rx {
+                std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+                if to.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Two connected sockets with the handshake done, through a proxy that delays every byte
+    /// by `delay` each way when one is given: (rank 0's end, rank 1's end).
+    fn pair_via(job: u64, delay: Option<Duration>) -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let mut addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
             let from = accept(&mut s, job, 1, 2, &|_| false, &secured());
             (s, from)
         });
+        if let Some(delay) = delay {
+            let proxy = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+            let (target, at) = (addr, proxy.local_addr().unwrap_or_else(|e| panic!("{e}")));
+            std::thread::spawn(move || {
+                let (a, _) = proxy.accept().unwrap_or_else(|e| panic!("{e}"));
+                let b = TcpStream::connect(target).unwrap_or_else(|e| panic!("{e}"));
+                let (a2, b2) = (a.try_clone(), b.try_clone());
+                if let (Ok(a2), Ok(b2)) = (a2, b2) {
+                    delay_line(a, b, delay);
+                    delay_line(b2, a2, delay);
+                }
+            });
+            addr = at;
+        }
         let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
         let hello = Hello {
             job,
@@ -985,6 +1030,41 @@ mod tests {
             rx_a.recv_timeout(Duration::from_secs(30)),
             Ok(Event::Lost(1))
         ));
+    }
+
+    /// A path that delays every byte by 20 ms each way (tc netem's delay, in user space):
+    /// with a link timeout of 400 ms, ten times the heartbeat, neither side calls the other
+    /// lost over 3 s, and messages still arrive whole and in order.
+    #[test]
+    fn a_delayed_path_raises_no_false_alarm() {
+        let quick = Liveness::with_timeout(Some(Duration::from_millis(400)));
+        let (a, b) = pair_via(9, Some(Duration::from_millis(20)));
+        let (in_a, rx_a) = inbound();
+        let (in_b, rx_b) = inbound();
+        let pool = || Pool::new(RECV_POOL_BYTES);
+        let (mut link, _ca) =
+            start(a, 1, Limits::default(), in_a, quick, pool()).unwrap_or_else(|e| panic!("{e}"));
+        let _b =
+            start(b, 0, Limits::default(), in_b, quick, pool()).unwrap_or_else(|e| panic!("{e}"));
+        for seq in 0..20u64 {
+            assert!(link
+                .try_send(data(seq, vec![Bytes::from(vec![seq as u8; 100])]))
+                .is_ok());
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let mut got = Vec::new();
+        while let Ok(ev) = rx_b.try_recv() {
+            match ev {
+                Event::Msg(_, m) => got.push(m.payload.concat()),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(got.len(), 20);
+        for (seq, p) in got.iter().enumerate() {
+            assert_eq!(p, &vec![seq as u8; 100]);
+        }
+        assert!(rx_a.try_recv().is_err(), "a false alarm on rank 0's side");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! pool it came from, as long as the pool holds less than its limit.
 //!
 //! Like the payload buffers it recycles, the pool stays outside the loom model: it uses
-//! `std::sync` directly, not the [`crate::sync`] facade.
+//! `std::sync` directly, not the `crate::sync` facade.
 
 use bytes::Bytes;
 use std::sync::{Arc, Mutex, MutexGuard};
