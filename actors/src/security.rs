@@ -576,15 +576,26 @@ mod tests {
         assert!(matches!(&s, Err(Denied::Io(_))), "{s:?}");
     }
 
-    #[test]
-    fn a_client_that_echoes_the_servers_proof_or_guesses_is_refused() {
-        let server = with("the job's secret");
+    /// A listener running the server's side of the handshake (context `link`) for one
+    /// connection: its address, and the outcome.
+    fn serving(
+        server: Security,
+    ) -> (
+        std::net::SocketAddr,
+        std::thread::JoinHandle<Result<(), Denied>>,
+    ) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
         let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
             server.server(&mut s, b"link")
         });
+        (addr, t)
+    }
+
+    #[test]
+    fn a_client_that_echoes_the_servers_proof_or_guesses_is_refused() {
+        let (addr, t) = serving(with("the job's secret"));
         // A forger: sends a challenge, then hands the server's own proof back.
         let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
         let mut hello = MAGIC.to_vec();
@@ -600,13 +611,7 @@ mod tests {
         let s = t.join().unwrap_or_else(|_| panic!("server panicked"));
         assert!(matches!(s, Err(Denied::Secret(_))), "{s:?}");
         // Something that is not collectix at all.
-        let server = with("the job's secret");
-        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
-        let t = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-            server.server(&mut s, b"link")
-        });
+        let (addr, t) = serving(with("the job's secret"));
         let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
         assert!(c
             .write_all(b"GET / HTTP/1.1\r\nHost: collectix.example\r\n\r\n")

@@ -17,6 +17,24 @@ const COLLECTIVES: [&str; 10] = [
     "barrier",
 ];
 
+/// Small sizes (48 B to 48 KiB), two samples, the check on: quick.
+const SMALL: [&str; 14] = [
+    "-b",
+    "48",
+    "-e",
+    "48K",
+    "-f",
+    "32",
+    "-n",
+    "2",
+    "-w",
+    "1",
+    "--sample-ms",
+    "0.2",
+    "-c",
+    "1",
+];
+
 fn bench(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
         .arg("bench")
@@ -34,28 +52,9 @@ fn every_collective_checks_out_on_small_sizes() {
     for ranks in ["3", "4"] {
         for c in COLLECTIVES {
             for dtype in ["float", "bfloat16", "int32"] {
-                let (ok, text) = bench(&[
-                    "--collective",
-                    c,
-                    "--ranks",
-                    ranks,
-                    "-d",
-                    dtype,
-                    "-b",
-                    "48",
-                    "-e",
-                    "48K",
-                    "-f",
-                    "32",
-                    "-n",
-                    "2",
-                    "-w",
-                    "1",
-                    "--sample-ms",
-                    "0.2",
-                    "-c",
-                    "1",
-                ]);
+                let mut args = vec!["--collective", c, "--ranks", ranks, "-d", dtype];
+                args.extend(SMALL);
+                let (ok, text) = bench(&args);
                 assert!(ok, "{c} on {ranks} ranks, {dtype}:\n{text}");
                 assert!(
                     text.contains("#wrong in total: 0"),
@@ -136,28 +135,9 @@ fn sizes_that_do_not_divide_are_skipped_with_a_note_and_json_is_written() {
 #[test]
 fn every_collective_checks_out_over_tcp_between_processes() {
     for c in COLLECTIVES {
-        let (ok, text) = bench(&[
-            "--transport",
-            "tcp",
-            "--collective",
-            c,
-            "--ranks",
-            "3",
-            "-b",
-            "48",
-            "-e",
-            "48K",
-            "-f",
-            "32",
-            "-n",
-            "2",
-            "-w",
-            "1",
-            "--sample-ms",
-            "0.2",
-            "-c",
-            "1",
-        ]);
+        let mut args = vec!["--transport", "tcp", "--collective", c, "--ranks", "3"];
+        args.extend(SMALL);
+        let (ok, text) = bench(&args);
         assert!(ok, "{c} over tcp:\n{text}");
         assert!(text.contains("transport tcp"), "{c}:\n{text}");
         assert_eq!(

@@ -604,6 +604,24 @@ mod tests {
         }
     }
 
+    /// Starts `stream`'s link to `peer` with default limits, `live`, and a pool of its own.
+    fn started(
+        stream: TcpStream,
+        peer: usize,
+        inb: Arc<dyn Inbound>,
+        live: Liveness,
+    ) -> (TcpLink, Connection) {
+        start(
+            stream,
+            peer,
+            Limits::default(),
+            inb,
+            live,
+            Pool::new(RECV_POOL_BYTES),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// The tests' job secret.
     fn secured() -> Security {
         match crate::security::Secret::new("a test job's secret") {
@@ -874,24 +892,8 @@ mod tests {
         let (a, b) = pair(job);
         let (in_a, rx_a) = inbound();
         let (in_b, rx_b) = inbound();
-        let (link, conn_a) = start(
-            a,
-            1,
-            Limits::default(),
-            in_a,
-            Liveness::default(),
-            Pool::new(RECV_POOL_BYTES),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let b_side = start(
-            b,
-            0,
-            Limits::default(),
-            in_b,
-            Liveness::default(),
-            Pool::new(RECV_POOL_BYTES),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let (link, conn_a) = started(a, 1, in_a, Liveness::default());
+        let b_side = started(b, 0, in_b, Liveness::default());
         (link, conn_a, rx_a, rx_b, b_side)
     }
 
@@ -972,15 +974,7 @@ mod tests {
         // Dies: its socket closes without a goodbye.
         let (a, b) = pair(3);
         let (in_a, rx_a) = inbound();
-        let (_link, _conn) = start(
-            a,
-            1,
-            Limits::default(),
-            in_a,
-            Liveness::default(),
-            Pool::new(RECV_POOL_BYTES),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let (_link, _conn) = started(a, 1, in_a, Liveness::default());
         drop(b);
         assert!(matches!(
             rx_a.recv_timeout(Duration::from_secs(30)),
@@ -994,15 +988,7 @@ mod tests {
         // logged.
         let (a, mut b) = pair(4);
         let (in_a, rx_a) = inbound();
-        let (_link, _conn) = start(
-            a,
-            1,
-            Limits::default(),
-            in_a,
-            Liveness::default(),
-            Pool::new(RECV_POOL_BYTES),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let (_link, _conn) = started(a, 1, in_a, Liveness::default());
         let _ = b.write_all(&[0xde; 64]);
         assert!(matches!(
             rx_a.recv_timeout(Duration::from_secs(30)),
@@ -1041,11 +1027,8 @@ mod tests {
         let (a, b) = pair_via(9, Some(Duration::from_millis(20)));
         let (in_a, rx_a) = inbound();
         let (in_b, rx_b) = inbound();
-        let pool = || Pool::new(RECV_POOL_BYTES);
-        let (mut link, _ca) =
-            start(a, 1, Limits::default(), in_a, quick, pool()).unwrap_or_else(|e| panic!("{e}"));
-        let _b =
-            start(b, 0, Limits::default(), in_b, quick, pool()).unwrap_or_else(|e| panic!("{e}"));
+        let (mut link, _ca) = started(a, 1, in_a, quick);
+        let _b = started(b, 0, in_b, quick);
         for seq in 0..20u64 {
             assert!(link
                 .try_send(data(seq, vec![Bytes::from(vec![seq as u8; 100])]))
@@ -1075,24 +1058,8 @@ mod tests {
         let (a, b) = pair(6);
         let (in_a, rx_a) = inbound();
         let (in_b, rx_b) = inbound();
-        let _a = start(
-            a,
-            1,
-            Limits::default(),
-            in_a,
-            quick,
-            Pool::new(RECV_POOL_BYTES),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let _b = start(
-            b,
-            0,
-            Limits::default(),
-            in_b,
-            quick,
-            Pool::new(RECV_POOL_BYTES),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let _a = started(a, 1, in_a, quick);
+        let _b = started(b, 0, in_b, quick);
         std::thread::sleep(Duration::from_secs(3));
         assert!(
             rx_a.try_recv().is_err() && rx_b.try_recv().is_err(),
@@ -1102,15 +1069,7 @@ mod tests {
         // a partition: lost once the silence has lasted.
         let (a, b) = pair(7);
         let (in_a, rx_a) = inbound();
-        let _a = start(
-            a,
-            1,
-            Limits::default(),
-            in_a,
-            quick,
-            Pool::new(RECV_POOL_BYTES),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let _a = started(a, 1, in_a, quick);
         assert!(matches!(
             rx_a.recv_timeout(Duration::from_secs(30)),
             Ok(Event::Lost(1))
@@ -1120,15 +1079,7 @@ mod tests {
         let (a, b) = pair(8);
         let (in_a, rx_a) = inbound();
         let never = Liveness::with_timeout(None);
-        let _a = start(
-            a,
-            1,
-            Limits::default(),
-            in_a,
-            never,
-            Pool::new(RECV_POOL_BYTES),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let _a = started(a, 1, in_a, never);
         assert!(rx_a.recv_timeout(Duration::from_secs(2)).is_err());
         drop(b);
     }
