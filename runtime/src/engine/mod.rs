@@ -129,8 +129,9 @@ pub struct Engine {
 }
 
 /// Free buffers (reduction results, joined outputs) an engine keeps for reuse: room for a
-/// 64 MiB output and its chunks.
-const POOL_BYTES: usize = 256 << 20;
+/// 64 MiB output and its chunks (larger limits measured no faster; each engine keeps at
+/// most this much, so a process of W in-process ranks up to W times it).
+const POOL_BYTES: usize = 128 << 20;
 
 impl Engine {
     /// An engine for global rank `rank`.
