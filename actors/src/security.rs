@@ -90,23 +90,36 @@ impl Secret {
         Ok(b.iter().map(|x| format!("{x:02x}")).collect())
     }
 
-    fn mac(&self, label: &[u8], ctx: &[u8], nc: &[u8; NONCE], ns: &[u8; NONCE]) -> Hmac<Sha256> {
-        // HMAC takes keys of any length: `new_from_slice` cannot fail for it.
-        let mut m = match <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0) {
-            Ok(m) => m,
-            Err(_) => unreachable_key(),
-        };
+    /// The MAC over the handshake's values (HMAC takes keys of any length, so `None` never
+    /// comes; it is a failed handshake, not a panic, if it ever did).
+    fn mac(
+        &self,
+        label: &[u8],
+        ctx: &[u8],
+        nc: &[u8; NONCE],
+        ns: &[u8; NONCE],
+    ) -> Option<Hmac<Sha256>> {
+        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).ok()?;
         for part in [label, ctx, nc, ns] {
             m.update(&(part.len() as u32).to_le_bytes());
             m.update(part);
         }
-        m
+        Some(m)
     }
 
-    fn proof(&self, label: &[u8], ctx: &[u8], nc: &[u8; NONCE], ns: &[u8; NONCE]) -> [u8; NONCE] {
+    fn proof(
+        &self,
+        label: &[u8],
+        ctx: &[u8],
+        nc: &[u8; NONCE],
+        ns: &[u8; NONCE],
+    ) -> Result<[u8; NONCE], Denied> {
+        let m = self
+            .mac(label, ctx, nc, ns)
+            .ok_or_else(|| Denied::Secret("the secret is not an HMAC key".into()))?;
         let mut out = [0u8; NONCE];
-        out.copy_from_slice(&self.mac(label, ctx, nc, ns).finalize().into_bytes());
-        out
+        out.copy_from_slice(&m.finalize().into_bytes());
+        Ok(out)
     }
 
     /// Whether `got` is the proof for these values (in constant time).
@@ -118,14 +131,9 @@ impl Secret {
         ns: &[u8; NONCE],
         got: &[u8],
     ) -> bool {
-        self.mac(label, ctx, nc, ns).verify_slice(got).is_ok()
+        self.mac(label, ctx, nc, ns)
+            .is_some_and(|m| m.verify_slice(got).is_ok())
     }
-}
-
-#[cold]
-fn unreachable_key() -> ! {
-    // HMAC's `new_from_slice` accepts every key length; this is never reached.
-    panic!("HMAC refused a key")
 }
 
 /// What a process demands of those who connect to it, and where it may listen.
@@ -291,7 +299,7 @@ impl Security {
                     .into(),
             ));
         }
-        s.write_all(&secret.proof(b"client", ctx, &nc, &ns))
+        s.write_all(&secret.proof(b"client", ctx, &nc, &ns)?)
             .map_err(io("cannot send the proof"))?;
         let mut verdict = [0u8; 1];
         s.read_exact(&mut verdict)
@@ -324,7 +332,7 @@ impl Security {
         let mut answer = [0u8; 1 + 2 * NONCE];
         answer[0] = 1;
         answer[1..=NONCE].copy_from_slice(&ns);
-        answer[1 + NONCE..].copy_from_slice(&secret.proof(b"server", ctx, &nc, &ns));
+        answer[1 + NONCE..].copy_from_slice(&secret.proof(b"server", ctx, &nc, &ns)?);
         s.write_all(&answer)
             .map_err(io("cannot answer the challenge"))?;
         let mut proof = [0u8; NONCE];
