@@ -70,6 +70,7 @@ pub mod ids;
 #[cfg(all(test, collectix_loom))]
 mod loom_models;
 mod op;
+pub mod progress;
 pub mod schedule;
 mod sync;
 pub mod tensor;

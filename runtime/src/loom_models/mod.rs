@@ -19,14 +19,16 @@
 //! Model groups, one file each: [`collectives`] (every collective completes with the right
 //! result), [`concurrent`] (two calls in flight, same group and overlapping groups),
 //! [`faults`] (mismatch, timeout, peer loss end in errors on every rank), [`completion`]
-//! (the slot: wait/poll/drop/timeout racing completion) and [`bugs`] (deliberate bugs the
-//! models must catch).
+//! (the slot: wait/poll/drop/timeout racing completion), [`bugs`] (deliberate bugs the
+//! models must catch) and [`progress`] (who takes a rank's arrivals: a driving caller, a
+//! leaving one, or the background driver).
 
 mod bugs;
 mod collectives;
 mod completion;
 mod concurrent;
 mod faults;
+mod progress;
 
 use crate::collective::{Output, Plan};
 use crate::engine::{Engine, OpId};

@@ -1,0 +1,255 @@
+//! [`Inbox`]: a rank's arrivals, and who turns them into progress.
+//!
+//! A rank's engine is driven by whoever is at hand: a caller waiting for one of the rank's
+//! calls drives it itself (MPI's progress in the wait: no thread hand-off on the critical
+//! path), and when no caller is waiting a *background driver* (the rank's actor) does. Every
+//! transport hands arrivals to the rank the same way, with [`Inbox::push`]: the in-process
+//! links from the sending rank's thread, a TCP connection from its reader thread, and a
+//! shared-memory ring's poller later.
+//!
+//! The protocol, which the loom model `progress` checks in every interleaving:
+//! - A caller that drives enters ([`Inbox::enter`]) and, while it is counted, takes what
+//!   arrives ([`Inbox::take`]). Before it stops driving it leaves ([`Driving::leave`]), which
+//!   says whether arrivals are waiting that nobody else will take: it then takes them itself.
+//! - [`Inbox::push`] says whether the pusher must wake the background driver: only when no
+//!   caller drives and nobody has woken it since it last started a run
+//!   ([`Inbox::begin_background`]). One wake-up covers a burst of arrivals.
+//! - A pusher that can look again shortly (a caller's thread, which goes on to wait for its
+//!   own call) may defer that decision: [`Inbox::push_deferred`] asks nobody, and the pusher
+//!   then owes an [`Inbox::ask_if_unattended`] within a bounded time. Between two calls a
+//!   rank's caller is briefly not driving; a peer's message landing in that gap would wake the
+//!   rank's actor for nothing, since the caller takes it a microsecond later.
+//!
+//! So every arrival is taken by a driving caller, by a leaving one, or by a background run
+//! that was asked for (at once, or by the deferred ask): none is stranded. Every decision (push and count the drivers, leave
+//! and look, start a run and take) is made under the inbox's one lock, so the argument needs
+//! no reasoning about memory orders; a spinning caller reads an atomic length hint between
+//! looks, without the lock.
+
+use crate::sync::{lock, AtomicUsize, Mutex, Ordering};
+use std::collections::VecDeque;
+
+/// A rank's arrivals (any number of producers), with the doorbell protocol of the module doc.
+pub struct Inbox<T> {
+    state: Mutex<State<T>>,
+    /// Arrivals in the queue: read without the lock by a spinning caller (a hint; the
+    /// protocol's decisions are made under the lock).
+    len: AtomicUsize,
+    /// Callers driving, as a hint read without the lock (the count itself is under it).
+    drivers_hint: AtomicUsize,
+}
+
+/// What the inbox's lock guards: every decision of the protocol is made under it.
+struct State<T> {
+    queue: VecDeque<T>,
+    /// Callers driving the rank now.
+    drivers: usize,
+    /// The background driver was asked to run and has not started since.
+    asked: bool,
+}
+
+impl<T> State<T> {
+    fn ask(&mut self) -> bool {
+        !std::mem::replace(&mut self.asked, true)
+    }
+}
+
+impl<T> Default for Inbox<T> {
+    fn default() -> Self {
+        Inbox::new()
+    }
+}
+
+impl<T> Inbox<T> {
+    /// An empty inbox, nobody driving.
+    pub fn new() -> Inbox<T> {
+        Inbox {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                drivers: 0,
+                asked: false,
+            }),
+            len: AtomicUsize::new(0),
+            drivers_hint: AtomicUsize::new(0),
+        }
+    }
+
+    /// Adds an arrival. `true`: the pusher must wake the background driver (nobody drives
+    /// the rank and nobody has asked it to run yet).
+    #[must_use = "`true` means the background driver must be woken"]
+    pub fn push(&self, item: T) -> bool {
+        let mut st = lock(&self.state);
+        st.queue.push_back(item);
+        self.len.store(st.queue.len(), Ordering::Release);
+        st.drivers == 0 && st.ask()
+    }
+
+    /// Adds an arrival from a pusher that can look again shortly (a caller's thread): it
+    /// asks nobody now. `true`: nobody drives the rank and no background run is asked for,
+    /// so the pusher owes a call to [`ask_if_unattended`](Inbox::ask_if_unattended) within a
+    /// bounded time (by then a caller of this rank has usually come and taken it, and no
+    /// thread needs waking).
+    #[must_use = "`true` means a later `ask_if_unattended` is owed"]
+    pub fn push_deferred(&self, item: T) -> bool {
+        let mut st = lock(&self.state);
+        st.queue.push_back(item);
+        self.len.store(st.queue.len(), Ordering::Release);
+        st.drivers == 0 && !st.asked
+    }
+
+    /// The owed half of [`push_deferred`](Inbox::push_deferred): asks for a background run
+    /// if arrivals still wait and nobody drives. `true`: the caller must wake it.
+    #[must_use = "`true` means the background driver must be woken"]
+    pub fn ask_if_unattended(&self) -> bool {
+        let mut st = lock(&self.state);
+        st.drivers == 0 && !st.queue.is_empty() && st.ask()
+    }
+
+    /// Whether someone seems to attend to the arrivals (none wait, or a caller drives):
+    /// without the lock, a hint for a pusher deciding whether to look again.
+    pub fn looks_attended(&self) -> bool {
+        self.looks_empty() || self.drivers_hint.load(Ordering::Acquire) > 0
+    }
+
+    /// Asks for a background run. `true`: this call is the one that must wake it.
+    #[must_use = "`true` means the background driver must be woken"]
+    pub fn ask(&self) -> bool {
+        lock(&self.state).ask()
+    }
+
+    /// The background driver starts a run: takes every arrival, in order, to the end of
+    /// `out`; arrivals from now on ask again.
+    pub fn begin_background(&self, out: &mut Vec<T>) {
+        let mut st = lock(&self.state);
+        st.asked = false;
+        out.extend(st.queue.drain(..));
+        self.len.store(0, Ordering::Release);
+    }
+
+    /// Whether arrivals seem to wait (without the lock: a hint for a spinning caller).
+    pub fn looks_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+
+    /// Moves every arrival, in order, to the end of `out`.
+    pub fn take(&self, out: &mut Vec<T>) {
+        let mut st = lock(&self.state);
+        out.extend(st.queue.drain(..));
+        self.len.store(0, Ordering::Release);
+    }
+
+    /// A caller starts driving the rank: arrivals no longer wake the background driver
+    /// until it leaves.
+    pub fn enter(&self) -> Driving<'_, T> {
+        let mut st = lock(&self.state);
+        st.drivers += 1;
+        self.drivers_hint.store(st.drivers, Ordering::Release);
+        drop(st);
+        Driving {
+            inbox: self,
+            left: false,
+        }
+    }
+
+    /// Callers driving the rank now.
+    pub fn drivers(&self) -> usize {
+        lock(&self.state).drivers
+    }
+}
+
+/// A caller counted as driving its rank (from [`Inbox::enter`]); [`leave`](Driving::leave)
+/// ends it. Dropped without `leave`, it stops counting but cannot report arrivals left
+/// behind: always leave.
+pub struct Driving<'a, T> {
+    inbox: &'a Inbox<T>,
+    left: bool,
+}
+
+impl<T> Driving<'_, T> {
+    /// Stops driving. `true`: arrivals are waiting that no other driver is sure to take,
+    /// and the caller must take them itself (or ask for a background run).
+    #[must_use = "`true` means arrivals wait that only this caller will take"]
+    pub fn leave(mut self) -> bool {
+        self.left = true;
+        let mut st = lock(&self.inbox.state);
+        st.drivers = st.drivers.saturating_sub(1);
+        self.inbox.drivers_hint.store(st.drivers, Ordering::Release);
+        !st.queue.is_empty()
+    }
+}
+
+impl<T> Drop for Driving<'_, T> {
+    fn drop(&mut self) {
+        if !self.left {
+            let mut st = lock(&self.inbox.state);
+            st.drivers = st.drivers.saturating_sub(1);
+            self.inbox.drivers_hint.store(st.drivers, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(all(test, not(collectix_loom)))]
+mod tests {
+    use super::Inbox;
+
+    #[test]
+    fn the_first_arrival_with_nobody_driving_asks_for_the_background_driver_once() {
+        let inbox = Inbox::new();
+        assert!(inbox.push(1));
+        assert!(!inbox.push(2), "one wake-up covers a burst");
+        let mut out = Vec::new();
+        inbox.begin_background(&mut out);
+        assert_eq!(out, [1, 2]);
+        assert!(inbox.looks_empty());
+        assert!(
+            inbox.push(3),
+            "after a run started, the next arrival asks again"
+        );
+    }
+
+    #[test]
+    fn arrivals_while_a_caller_drives_wake_nobody_and_a_leaving_caller_is_told_of_them() {
+        let inbox = Inbox::new();
+        let d = inbox.enter();
+        assert_eq!(inbox.drivers(), 1);
+        assert!(!inbox.push(1));
+        assert!(!inbox.looks_empty());
+        assert!(d.leave(), "the arrival is left to the leaving caller");
+        assert_eq!(inbox.drivers(), 0);
+        let mut out = Vec::new();
+        inbox.take(&mut out);
+        assert_eq!(out, [1]);
+        let d = inbox.enter();
+        assert!(!d.leave(), "nothing waits");
+    }
+
+    #[test]
+    fn a_deferred_push_asks_later_only_if_nobody_came_for_it() {
+        let inbox = Inbox::new();
+        assert!(inbox.push_deferred(1), "nobody drives: an ask is owed");
+        assert!(!inbox.looks_attended());
+        let mut out = Vec::new();
+        inbox.take(&mut out);
+        assert!(inbox.looks_attended());
+        assert!(
+            !inbox.ask_if_unattended(),
+            "taken meanwhile: nobody to wake"
+        );
+        assert!(inbox.push_deferred(2));
+        let d = inbox.enter();
+        assert!(inbox.looks_attended());
+        assert!(
+            !inbox.ask_if_unattended(),
+            "a caller drives: it will take it"
+        );
+        assert!(d.leave());
+        assert!(
+            inbox.ask_if_unattended(),
+            "left behind: wake the background driver"
+        );
+        assert!(
+            !inbox.push_deferred(3),
+            "a run is asked for already: nothing owed"
+        );
+    }
+}
