@@ -7,7 +7,8 @@
 //! Otherwise the message waits here, in the sender's memory (it refers to the sender's own
 //! tensors). Knowledge comes from `Credit { calls }` messages, which a peer sends in answer to
 //! `WantCredit { seq }`: at once, and again once it has made enough calls to let through the
-//! *lowest* `seq` it was asked about and has not granted yet. A sender's ask always names its
+//! *lowest* `seq` it was asked about and has not granted yet, and again for the *last* one it
+//! was asked about (the one the sender waits for), as each fits. A sender's ask always names its
 //! lowest held call (it asks again whenever it holds an older one, and after every credit
 //! that leaves messages held), so that answer is always the one that lets it go on.
 //! A sender asks early, when it passes the middle of its window, so ranks that keep in step
@@ -45,7 +46,7 @@
 //! peer's last known call. Let `s` be the lowest call the sender holds for a peer. The sender
 //! has asked about `s` (or a lower call, which the peer has since granted, and the credit that
 //! did so made the sender ask about `s`); the peer keeps the lowest call asked about and not
-//! granted, so its record is at most `s`. If the peer has made call `s − window + 1`, it has
+//! granted (and the last), so its record is at most `s`. If the peer has made call `s − window + 1`, it has
 //! sent a credit at that point (at once, or when it made the call), which releases `s`; if it
 //! has not, the calls it waits for are below `s − window + 1`, so none of their messages is
 //! held. Either way the lowest held message is released or is not waited for, so `window >= 1`
@@ -85,8 +86,11 @@ struct Peer<T> {
     early_bytes: u64,
     /// The highest seq this rank has asked the peer about.
     asked: Option<u64>,
-    /// The highest seq the peer asked this rank about and has not been granted yet.
-    want: Option<u64>,
+    /// The lowest call the peer asked this rank about and has not been granted yet.
+    want_lowest: Option<u64>,
+    /// The call the peer asked about last, if not granted yet: the sender waits for the
+    /// answer to its last ask, which need not be the lowest.
+    want_last: Option<u64>,
 }
 
 impl<T> Peer<T> {
@@ -152,7 +156,8 @@ impl<T> Default for Peer<T> {
             early: BTreeMap::new(),
             early_bytes: 0,
             asked: None,
-            want: None,
+            want_lowest: None,
+            want_last: None,
         }
     }
 }
@@ -246,11 +251,17 @@ impl<T> Flow<T> {
         let p = self.peers.entry(peer).or_default();
         out.push(FlowOut::Credit { peer, calls: made });
         if seq >= made.saturating_add(w) {
-            // Remember the lowest call asked about: the sender releases its held messages
-            // lowest first, so that is the one whose credit lets it go on (it asks again for
-            // the next). Keeping the highest instead made the receiver wait for a call that
-            // itself needed the held messages: a deadlock (issue 7).
-            p.want = Some(p.want.map_or(seq, |x| x.min(seq)));
+            // Remember the lowest call asked about and the last, and answer each as soon as it
+            // fits. The lowest is the one whose credit lets the sender go on (it releases its
+            // held messages lowest first): keeping only the highest made the receiver wait for
+            // a call that itself needed the held messages (issue 7). The last is the one the
+            // sender waits for (every ask it sends replaces the one it waits for): keeping
+            // only the lowest lost it when the last was higher (an early ask for a message
+            // sent ahead), and the sender waited for an answer that never came (issue 13's
+            // bench). Asks in between need no record: every credit makes the sender ask again
+            // about its lowest held call if that is below the ask it waits for.
+            p.want_lowest = Some(p.want_lowest.map_or(seq, |x| x.min(seq)));
+            p.want_last = Some(seq);
         }
     }
 
@@ -284,8 +295,9 @@ impl<T> Flow<T> {
             let done: u64 = p.early.values().sum();
             p.early = still;
             p.early_bytes = p.early_bytes.saturating_sub(done);
-            if p.want.is_some_and(|s| s < limit) {
-                p.want = None;
+            let lowest = p.want_lowest.take_if(|s| *s < limit).is_some();
+            let last = p.want_last.take_if(|s| *s < limit).is_some();
+            if lowest || last {
                 out.push(FlowOut::Credit {
                     peer,
                     calls: self.made,
@@ -387,6 +399,29 @@ mod tests {
         assert!(out.is_empty(), "4 is not yet within 2 + 2");
         f.on_made(2, &mut out);
         assert_eq!(out, vec![FlowOut::Credit { peer: 0, calls: 3 }]);
+    }
+
+    #[test]
+    fn the_receiver_answers_the_last_call_asked_about_not_only_the_lowest() {
+        // The sender asks about 9, then (its early ask, for a message it sent ahead) about 10,
+        // and waits for the answer to 10. The credit that answers 9 does not answer 10: the
+        // receiver must answer 10 too once it fits (a root running ahead of a peer hung on
+        // this in the bench: its held broadcasts waited for an answer that never came).
+        let mut f: Flow<u32> = Flow::new(4, u64::MAX);
+        let mut out = Vec::new();
+        f.on_want(0, 9, &mut out);
+        f.on_want(0, 10, &mut out);
+        out.clear();
+        for seq in 0..6 {
+            f.on_made(seq, &mut out);
+        }
+        assert_eq!(out, vec![FlowOut::Credit { peer: 0, calls: 6 }], "9 fits");
+        out.clear();
+        f.on_made(6, &mut out);
+        assert_eq!(out, vec![FlowOut::Credit { peer: 0, calls: 7 }], "10 fits");
+        out.clear();
+        f.on_made(7, &mut out);
+        assert!(out.is_empty(), "nothing asked any more");
     }
 
     #[test]
