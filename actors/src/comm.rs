@@ -1,7 +1,8 @@
 //! [`Communicator`]: one rank's handle on one group, with every torch.distributed call.
 
 use crate::device::DeviceBackend;
-use crate::rank::{AddGroup, Destroy, RankActor, Submit};
+use crate::driver::Driver;
+use crate::rank::RankActor;
 use crate::work::{guarded, Work};
 use actix::{Addr, ArbiterHandle};
 use collectix_runtime::collective::{Request, TensorSpec};
@@ -18,6 +19,8 @@ pub(crate) struct RankShared {
     pub(crate) rank: usize,
     pub(crate) world: usize,
     pub(crate) addr: Addr<RankActor>,
+    /// The rank's engine and inbox: calls are issued on it directly (see `driver`).
+    pub(crate) driver: Arc<Driver>,
     pub(crate) arbiter: ArbiterHandle,
     pub(crate) rank_threads: Arc<[ThreadId]>,
     /// The rank's device state (its NCCL worker, started on first use).
@@ -164,6 +167,13 @@ impl Communicator {
         self.group.info.id
     }
 
+    /// How many times this rank's actor has been woken to make progress that no waiting
+    /// caller made (arrivals while nobody waited, or an earlier timer): a statistic of the
+    /// hot path, which `collectix bench` reports per call.
+    pub fn background_wakeups(&self) -> u64 {
+        self.rank.driver.wakeups()
+    }
+
     /// The group's members, as world ranks, in group-rank order.
     pub fn members(&self) -> &[usize] {
         &self.group.info.members
@@ -217,17 +227,13 @@ impl Communicator {
     ) -> Work<T> {
         let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
         self.issue_raw(seq, plan, done);
-        work
+        work.driven_by(self.rank.driver.clone())
     }
 
-    /// Issues `plan` at `seq`; `done` is called with its output on the rank's thread.
+    /// Issues `plan` at `seq`, now, on the caller's thread; `done` is called with its
+    /// output by whoever drives the rank when it completes.
     pub(crate) fn issue_raw(&self, seq: u64, plan: Plan, done: crate::work::Done<Output>) {
-        self.rank.addr.do_send(Submit {
-            group: self.group.info.id,
-            seq,
-            plan,
-            done,
-        });
+        self.rank.driver.submit(self.group.info.id, seq, plan, done);
     }
 
     /// Issues any [`Request`] and hands back the raw [`Output`] (the typed methods below are
@@ -461,12 +467,7 @@ impl Communicator {
             // The group's NCCL communicator, if it has one, goes too.
             w.release(self.group.info.id);
         }
-        let (done, work) = Work::pair(self.rank.rank_threads.clone(), Ok);
-        self.rank.addr.do_send(Destroy {
-            group: self.group.info.id,
-            done,
-        });
-        work
+        self.ready(self.rank.driver.destroy(self.group.info.id))
     }
 
     /// `barrier()` on a device, as torch's NCCL backend does it: a one-element all_reduce
@@ -585,7 +586,7 @@ impl Communicator {
         let child =
             GroupInfo::new(id, members, self.rank.rank, self.group.info.options.clone()).ok();
         if let Some(info) = &child {
-            self.rank.addr.do_send(AddGroup(info.clone()));
+            self.rank.driver.add_group(info.clone());
         }
         let rank = self.rank.clone();
         let seq = self.reserve(1);
@@ -644,7 +645,7 @@ impl Communicator {
                     m.into_iter().map(|(_, r)| group.info.global(r)).collect();
                 let id = GroupId::derive(group.info.id, index, &[2, u64::from(color)]);
                 let info = GroupInfo::new(id, members, rank.rank, group.info.options.clone())?;
-                rank.addr.do_send(AddGroup(info.clone()));
+                rank.driver.add_group(info.clone());
                 Ok(Some(Communicator::new(rank, info)))
             });
             c.complete(r);

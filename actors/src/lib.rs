@@ -1,26 +1,29 @@
 //! # collectix-actors: rank actors, transports and the public API
 //!
-//! Each rank is an actix actor on its own `Arbiter` thread that owns one
-//! [`Engine`](collectix_runtime::Engine) and drives it: handlers feed the engine (a call, a
-//! peer's message, a timer), then one `drive()` drains its outputs to its per-peer links
-//! ([`transport`]: a link may say "would block"; what it refuses waits in an outbox), to the
-//! callers' [`Work`] handles and to the next timer. No protocol decision lives here.
+//! Each rank's [`Engine`](collectix_runtime::Engine) sits behind a lock in the rank's
+//! driver, which its communicators, its actor and its transports share. Callers issue their
+//! calls on it directly, and a caller waiting for a call drives the rank itself for a short
+//! while (it takes the rank's arrivals and runs the engine); when no caller drives, the
+//! rank's actix actor (on its own `Arbiter` thread) does, woken by the transport once per
+//! burst. The actor also owns the rank's timer and its shutdown. No protocol decision lives
+//! here (see `docs/architecture.md`, "The hot path").
 //!
 //! ```text
 //!   World::local(n)
+//!     ├─ Driver per rank: { Engine, links + outboxes, waiting Works } behind a lock, + Inbox
 //!     └─ "collectix-system" thread: actix System
-//!          ├─ Arbiter thread 0: RankActor { Engine, links + outboxes, waiting Works, timer }
-//!          ├─ Arbiter thread 1: RankActor …
+//!          ├─ Arbiter thread 0: RankActor (background driver of rank 0, its timer)
 //!          └─ …
-//!   Communicator (Send + Sync + Clone) ──Submit──▶ RankActor mailbox
-//!   RankActor ──LocalLink: Deliver { src, Message }──▶ peer RankActor mailbox
+//!   Communicator (Send + Sync + Clone) ──submit, on the caller's thread──▶ Driver
+//!   Driver ──LocalLink: deliver(src, Message)──▶ peer Driver's Inbox
 //!                                  (payloads moved, never serialized; src stamped by the link)
+//!   Work::wait / .await ──drives the rank while it waits, then parks──▶ completion slot
 //! ```
 //!
 //! The actix `System` runs on a thread of its own, so a [`World`] can be made from plain
 //! `fn main`, from inside `#[tokio::main]` and from tests; handles are `Send + Sync` and
 //! [`Work`] is an ordinary `Future` (any executor) with a blocking `wait()` besides. Messages
-//! between ranks are one-way (`do_send`); no handler waits for a peer.
+//! between ranks are one-way; nothing waits for a peer while it holds a rank's lock.
 //!
 //! ```
 //! use collectix_actors::World;
@@ -38,6 +41,7 @@
 
 pub mod comm;
 pub mod device;
+mod driver;
 pub mod init;
 pub mod object;
 pub mod process;

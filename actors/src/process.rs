@@ -20,15 +20,15 @@
 //! orderly exit for a lost peer; then the connections close after their queues are sent.
 
 use crate::comm::{Communicator, RankShared};
+use crate::driver::{spin_from_env, Driver, DEFAULT_SPIN_TCP};
 use crate::init::{InitArgs, JobConfig, Rendezvous};
-use crate::rank::{Leave, RankActor, SetLinks};
+use crate::rank::Leave;
 use crate::security::{self, Security};
 use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
 use crate::system;
 use crate::transport::mesh::{Connect, Mesh, Settings};
 use crate::transport::tcp::{Inbound, Liveness};
-use crate::transport::{Deliver, Flush, PeerLost};
-use actix::{Addr, System};
+use actix::System;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
@@ -55,28 +55,29 @@ pub struct Process {
     address: String,
 }
 
-/// Forwards a link's arrivals to the rank actor.
-struct ToActor(Addr<RankActor>);
+/// Hands a connection's arrivals, its "can take more" and its loss to the rank's driver,
+/// from the connection's own threads: the same hot path as the in-process links.
+struct ToRank(Arc<Driver>);
 
-impl Inbound for ToActor {
+impl Inbound for ToRank {
     fn deliver(&self, src: usize, msg: Message) {
-        self.0.do_send(Deliver { src, msg });
+        self.0.deliver_read(src, msg);
     }
     fn flush(&self, peer: usize) {
-        self.0.do_send(Flush(peer));
+        self.0.flush(peer);
     }
     fn lost(&self, peer: usize) {
-        self.0.do_send(PeerLost(peer));
+        self.0.peer_lost(peer);
     }
 }
 
 /// The link to this rank itself (the engine never sends to itself; were it to, the message
-/// would go to the rank's own mailbox).
-struct SelfLink(usize, Addr<RankActor>);
+/// would go to the rank's own inbox).
+struct SelfLink(usize, Arc<Driver>);
 
 impl Link<Message> for SelfLink {
     fn try_send(&mut self, msg: Message) -> std::result::Result<(), LinkError<Message>> {
-        self.1.do_send(Deliver { src: self.0, msg });
+        self.1.deliver(self.0, msg);
         Ok(())
     }
 }
@@ -242,14 +243,16 @@ fn join(
     }
     // 4. The actor, the links, the connections.
     let info = GroupInfo::world(world, rank, options.clone())?;
+    let driver = Arc::new(Driver::new(
+        rank,
+        info.clone(),
+        spin_from_env(DEFAULT_SPIN_TCP),
+    ));
     let system::Started {
         system,
         thread,
         mut ranks,
-    } = system::start(
-        &format!("collectix-system-{rank}"),
-        vec![(rank, info.clone())],
-    )?;
+    } = system::start(&format!("collectix-system-{rank}"), vec![driver.clone()])?;
     let (addr, arbiter, thread_id) = ranks
         .pop()
         .ok_or_else(|| Error::internal("the actor system started no rank"))?;
@@ -257,7 +260,7 @@ fn join(
         max_payload_bytes: options.max_call_bytes,
         ..Limits::default()
     };
-    let inbound: Arc<dyn Inbound> = Arc::new(ToActor(addr.clone()));
+    let inbound: Arc<dyn Inbound> = Arc::new(ToRank(driver.clone()));
     let settings = Settings {
         job,
         limits,
@@ -265,8 +268,8 @@ fn join(
         liveness,
     };
     let mesh = Mesh::start(listener, rank, addrs, settings, inbound)?;
-    let links = mesh.links(Box::new(SelfLink(rank, addr.clone())));
-    addr.do_send(SetLinks(links));
+    let links = mesh.links(Box::new(SelfLink(rank, driver.clone())));
+    driver.set_links(links);
     if connect == Connect::Eager {
         if let Err(e) = mesh.connect_all(deadline, timeout) {
             system.stop();
@@ -278,6 +281,7 @@ fn join(
         rank,
         world,
         addr,
+        driver,
         arbiter,
         rank_threads: Arc::from(vec![thread_id]),
         device: Default::default(),

@@ -3,12 +3,13 @@
 //! thread per rank. Shared by the in-process [`World`](crate::World) (many ranks) and a
 //! multi-process [`Process`](crate::Process) (one).
 
+use crate::driver::Driver;
 use crate::rank::RankActor;
 use actix::{Actor, Addr, Arbiter, ArbiterHandle, System};
-use collectix_runtime::{Error, GroupInfo, Result};
+use collectix_runtime::{Error, Result};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::thread::{JoinHandle, ThreadId};
-use std::time::Instant;
 
 /// Started ranks: the system, its thread, and per rank (in the order asked) its actor, its
 /// arbiter and the arbiter's thread.
@@ -18,13 +19,13 @@ pub(crate) struct Started {
     pub(crate) ranks: Vec<(Addr<RankActor>, ArbiterHandle, ThreadId)>,
 }
 
-/// Starts one actor per `(global rank, world group)`, without links (the caller sends
-/// `SetLinks`). A thread the system refuses is [`Error::Resource`].
-pub(crate) fn start(name: &str, ranks: Vec<(usize, GroupInfo)>) -> Result<Started> {
+/// Starts one actor per rank's driver, each the background driver of its rank (named in the
+/// driver before this returns); links are the caller's to install. A thread the system
+/// refuses is [`Error::Resource`].
+pub(crate) fn start(name: &str, ranks: Vec<Arc<Driver>>) -> Result<Started> {
     let n = ranks.len();
     type Reply = Result<(System, Vec<(Addr<RankActor>, ArbiterHandle, ThreadId)>)>;
     let (tx, rx) = mpsc::channel::<Reply>();
-    let origin = Instant::now();
     let thread = std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
@@ -49,12 +50,14 @@ pub(crate) fn start(name: &str, ranks: Vec<(usize, GroupInfo)>) -> Result<Starte
             let started: Vec<_> = arbiters
                 .iter()
                 .zip(ranks)
-                .filter_map(|(arb, (r, world))| {
+                .filter_map(|(arb, driver)| {
                     let (ttx, trx) = mpsc::channel();
+                    let d = driver.clone();
                     let addr = RankActor::start_in_arbiter(&arb.handle(), move |_| {
                         let _ = ttx.send(std::thread::current().id());
-                        RankActor::new(r, world, origin)
+                        RankActor::new(d)
                     });
+                    driver.set_actor(addr.clone());
                     trx.recv().ok().map(|tid| (addr, arb.handle(), tid))
                 })
                 .collect();

@@ -1,5 +1,6 @@
 //! [`Work`]: the handle of a call in flight (torch's `Work`, from `async_op=True`).
 
+use crate::driver::Driver;
 use collectix_runtime::completion::{slot, Completer, Waiter};
 use collectix_runtime::{Error, Result};
 use std::future::Future;
@@ -18,11 +19,22 @@ use std::time::Duration;
 ///
 /// Dropping a `Work` detaches it: the call still completes on this rank, so the group stays
 /// in step; only its result is dropped.
+///
+/// Waiting makes progress: [`wait`](Work::wait), [`wait_timeout`](Work::wait_timeout) and the
+/// first poll of the future drive the rank on the waiting thread (they take the rank's
+/// arrivals and run its engine) for up to the rank's spin budget (`COLLECTIX_SPIN_US`;
+/// 50 µs by default in one process, 200 µs over TCP), so a short call completes with no
+/// thread hand-off; a longer one then parks (blocks, or returns `Pending`) and the rank's
+/// actor finishes it.
 #[must_use = "a dropped Work detaches the call; await or wait it to see its result"]
 pub struct Work<T> {
     waiter: Waiter<T>,
     /// Threads that run ranks of the world: blocking there would stop a rank.
     rank_threads: Arc<[ThreadId]>,
+    /// The rank a waiting caller drives (none for a handle no engine call stands behind).
+    driver: Option<Arc<Driver>>,
+    /// The future was polled before (later polls do not spin).
+    polled: bool,
 }
 
 /// What completes a [`Work`]: takes the engine's output (boxed so the rank actor can hold
@@ -46,6 +58,8 @@ impl<T: Send + 'static> Work<T> {
             Work {
                 waiter: w,
                 rank_threads,
+                driver: None,
+                polled: false,
             },
         )
     }
@@ -58,6 +72,8 @@ impl<T: Send + 'static> Work<T> {
             Work {
                 waiter: w,
                 rank_threads,
+                driver: None,
+                polled: false,
             },
         )
     }
@@ -75,6 +91,21 @@ impl<T> Work<T> {
         self.rank_threads.contains(&std::thread::current().id())
     }
 
+    /// This handle, waited for by driving `driver`'s rank (the rank its call runs on).
+    pub(crate) fn driven_by(mut self, driver: Arc<Driver>) -> Work<T> {
+        self.driver = Some(driver);
+        self
+    }
+
+    /// Drives the rank until the call completes, for at most `budget` (the rank's spin
+    /// budget if shorter).
+    fn drive(&self, budget: Duration) {
+        if let Some(d) = &self.driver {
+            let waiter = &self.waiter;
+            d.drive_until(&|| waiter.is_completed(), budget.min(d.spin()));
+        }
+    }
+
     /// Whether the call has finished (successfully or not).
     pub fn is_completed(&self) -> bool {
         self.waiter.is_completed()
@@ -86,6 +117,7 @@ impl<T> Work<T> {
         if self.on_rank_thread() {
             return Err(Error::WouldDeadlock);
         }
+        self.drive(Duration::MAX);
         self.waiter.wait()
     }
 
@@ -95,14 +127,32 @@ impl<T> Work<T> {
         if self.on_rank_thread() {
             return Some(Err(Error::WouldDeadlock));
         }
-        self.waiter.wait_timeout(d)
+        let start = std::time::Instant::now();
+        self.drive(d);
+        self.waiter.wait_timeout(
+            d.saturating_sub(start.elapsed())
+                .max(Duration::from_nanos(1)),
+        )
     }
 }
 
 impl<T> Future for Work<T> {
     type Output = Result<T>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
-        self.waiter.poll(cx)
+        let this = self.get_mut();
+        if let Some(d) = &this.driver {
+            // The first poll drives the rank for up to its spin budget (as `wait` does); a
+            // later one (after a wake-up) takes what arrived, if nobody else is at it. On a
+            // rank's own thread, never spin: that thread is a rank's background driver.
+            if !this.polled && !this.on_rank_thread() {
+                let waiter = &this.waiter;
+                d.drive_until(&|| waiter.is_completed(), d.spin());
+            } else {
+                d.poke();
+            }
+            this.polled = true;
+        }
+        this.waiter.poll(cx)
     }
 }
 

@@ -2,7 +2,8 @@
 //! actix `System` that runs on a thread of its own (see the private `system` module).
 
 use crate::comm::{Communicator, RankShared};
-use crate::rank::{Quiesce, SetLinks};
+use crate::driver::{spin_from_env, Driver, DEFAULT_SPIN};
+use crate::rank::Quiesce;
 use crate::system;
 use crate::transport::local;
 use actix::System;
@@ -38,25 +39,25 @@ impl World {
         let infos = (0..n)
             .map(|r| GroupInfo::world(n, r, options.clone()))
             .collect::<Result<Vec<_>>>()?;
-        let started = system::start(
-            "collectix-system",
-            infos.iter().cloned().enumerate().collect(),
-        )?;
-        let recipients: Vec<_> = started
-            .ranks
+        let spin = spin_from_env(DEFAULT_SPIN);
+        let drivers: Vec<Arc<Driver>> = infos
             .iter()
-            .map(|(a, _, _)| a.clone().recipient())
+            .enumerate()
+            .map(|(r, info)| Arc::new(Driver::new(r, info.clone(), spin)))
             .collect();
-        for (r, (addr, _, _)) in started.ranks.iter().enumerate() {
-            addr.do_send(SetLinks(local::links(r, &recipients)));
+        let started = system::start("collectix-system", drivers.clone())?;
+        for (r, d) in drivers.iter().enumerate() {
+            d.set_links(local::links(r, &drivers));
         }
         let threads: Arc<[ThreadId]> = started.ranks.iter().map(|(_, _, t)| *t).collect();
         let mut comms = Vec::with_capacity(n);
-        for (r, ((addr, arbiter, _), info)) in started.ranks.into_iter().zip(infos).enumerate() {
+        let ranks = started.ranks.into_iter().zip(drivers).zip(infos);
+        for (r, (((addr, arbiter, _), driver), info)) in ranks.enumerate() {
             let shared = Arc::new(RankShared {
                 rank: r,
                 world: n,
                 addr,
+                driver,
                 arbiter,
                 rank_threads: threads.clone(),
                 device: Default::default(),
@@ -161,7 +162,6 @@ impl Drop for World {
 #[cfg(test)]
 mod tests {
     use super::World;
-    use crate::transport::{Deliver, PeerLost};
     use collectix_runtime::wire::{Header, Message};
     use collectix_runtime::{DType, Error, GroupId, Tensor, TensorSpec};
     use std::time::Duration;
@@ -171,7 +171,7 @@ mod tests {
         let w = World::local(3).unwrap_or_else(|e| panic!("{e}"));
         let c = w.communicators();
         let r = c[1].recv(TensorSpec::new(&[1], DType::I64), Some(0), 1);
-        c[1].rank.addr.do_send(PeerLost(0));
+        c[1].rank.driver.peer_lost(0);
         let got = r.wait_timeout(Duration::from_secs(30));
         assert!(
             matches!(got, Some(Err(Error::PeerLost { rank: 0 }))),
@@ -186,9 +186,9 @@ mod tests {
         let r = c[1].recv(TensorSpec::new(&[1], DType::I64), None, 5);
         let data = Tensor::from_vec(vec![7i64]);
         // Rank 0's link delivers a message that claims to come from rank 2.
-        c[1].rank.addr.do_send(Deliver {
-            src: 0,
-            msg: Message {
+        c[1].rank.driver.deliver(
+            0,
+            Message {
                 src: 2,
                 header: Header::P2p {
                     group: GroupId::WORLD,
@@ -200,7 +200,7 @@ mod tests {
                 },
                 payload: vec![data.bytes().clone()],
             },
-        });
+        );
         let got = r.wait_timeout(Duration::from_secs(30));
         assert!(matches!(&got, Some(Ok((t, 0))) if *t == data), "{got:?}");
     }

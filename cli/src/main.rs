@@ -346,6 +346,9 @@ struct Measured {
     wrong: Option<usize>,
     calls: usize,
     slowest: Vec<f64>,
+    /// The rank actor's wake-ups per call during the samples (the most on any rank): how
+    /// often progress was left to the background driver instead of a waiting caller.
+    wakeups: f64,
 }
 
 /// `v` reduced elementwise over every rank with `op`.
@@ -385,18 +388,23 @@ fn measure(
     let per_call = over_ranks(c, vec![mine], ReduceOp::Max)?[0].max(1e-9);
     let calls = ((a.sample_ms / 1e3 / per_call).ceil() as usize).clamp(1, 100_000);
     let mut v = Vec::with_capacity(a.iters);
+    let mut woken = 0;
     for _ in 0..a.iters.max(1) {
         c.barrier().wait()?;
+        let before = c.background_wakeups();
         let t0 = Instant::now();
         for _ in 0..calls {
             submit_all(c, &reqs, opts)?;
         }
         v.push(t0.elapsed().as_secs_f64() / calls as f64);
+        woken += c.background_wakeups() - before;
     }
+    let per_call = woken as f64 / (calls * a.iters.max(1) * reqs.len().max(1)) as f64;
     Ok(Measured {
         wrong,
         calls,
         slowest: over_ranks(c, v, ReduceOp::Max)?,
+        wakeups: over_ranks(c, vec![per_call], ReduceOp::Max)?[0],
     })
 }
 
@@ -560,6 +568,7 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
         "#wrong"
     ));
     let mut rows = Vec::new();
+    let mut woken = Vec::new();
     for (k, &bytes) in sizes.iter().enumerate() {
         if prints {
             eprint!("\rbench: size {} of {} ({bytes} B)   ", k + 1, sizes.len());
@@ -581,7 +590,9 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
             wrong,
             calls,
             mut slowest,
+            wakeups,
         } = ranks.run(|r, c| measure(a, c, r, &cells[r], &opts))?;
+        woken.push((bytes, wakeups));
         let t = median(&mut slowest);
         let (tmin, tmax) = (
             slowest.first().copied().unwrap_or(0.0),
@@ -635,6 +646,14 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
     }
     let wrong: usize = rows.iter().filter_map(|r| r.wrong).sum();
     say(format!("# #wrong in total: {wrong}"));
+    let woken: Vec<String> = woken
+        .iter()
+        .map(|(b, w)| format!("{b} B: {w:.2}"))
+        .collect();
+    say(format!(
+        "# rank actor wake-ups per call (most on one rank): {}",
+        woken.join(", ")
+    ));
     if let Some(mib) = peak_rss_mib() {
         let whose = if matches!(ranks, Ranks::Tcp(..)) {
             " (rank 0's process)"

@@ -1,35 +1,43 @@
-//! The in-process transport: one link per (rank, peer) that moves a message into the peer
-//! actor's mailbox. An actix mailbox is unbounded, so a local link never says "would block";
-//! it is gone when the peer actor has stopped.
+//! The in-process transport: one link per (rank, peer) that hands a message to the peer
+//! rank's driver (`Driver`) on the sending caller's thread: into the peer's inbox,
+//! where a caller of the peer waiting for a call takes it, or the peer's actor if none does
+//! (woken by the sender only if nobody came for it within a short grace: `Driver::settle`).
+//! Payloads are shared `Bytes`, moved, never serialized. The inbox is unbounded, so a local
+//! link never says "would block"; it is closed once the peer's actor has stopped.
 
-use super::{Deliver, Link, LinkError, Links};
-use actix::Recipient;
+use super::{Link, LinkError, Links};
+use crate::driver::{Driver, Owed};
 use collectix_runtime::wire::Message;
+use std::sync::Arc;
 
-/// The link from global rank `src` to one peer actor.
-pub struct LocalLink {
+/// The link from global rank `src` to one peer rank.
+pub(crate) struct LocalLink {
     src: usize,
-    peer: Recipient<Deliver>,
+    peer: Arc<Driver>,
+    /// The sending rank's list of peers it owes a second look (`Driver::settle`).
+    owed: Owed,
 }
 
 impl Link<Message> for LocalLink {
     fn try_send(&mut self, msg: Message) -> Result<(), LinkError<Message>> {
-        if !self.peer.connected() {
+        if self.peer.is_closed() {
             return Err(LinkError::Closed);
         }
-        self.peer.do_send(Deliver { src: self.src, msg });
+        self.peer.deliver_from_peer(self.src, msg, &self.owed);
         Ok(())
     }
 }
 
 /// The links of rank `src` to `peers` (indexed by global rank).
-pub fn links(src: usize, peers: &[Recipient<Deliver>]) -> Links {
+pub(crate) fn links(src: usize, peers: &[Arc<Driver>]) -> Links {
+    let owed = peers.get(src).map(|d| d.owed()).unwrap_or_default();
     peers
         .iter()
         .map(|p| {
             Box::new(LocalLink {
                 src,
                 peer: p.clone(),
+                owed: owed.clone(),
             }) as Box<dyn Link<Message> + Send>
         })
         .collect()

@@ -1,14 +1,15 @@
 //! Transports: how a rank's messages reach its peers, behind the runtime's link seam
-//! ([`collectix_runtime::wire::link`]). A rank actor holds one [`Link`] per peer (global
-//! rank) and an [`Outbox`](collectix_runtime::wire::Outbox) in front of each: a link may say
-//! "would block", and the transport then sends the rank [`Flush`] once it can take more. A
-//! link that is gone makes the rank treat the peer as lost; a transport that notices a loss
-//! by itself (a closed connection) sends the rank [`PeerLost`]. Messages arrive as
-//! [`Deliver`], whose source the *receiving* side of the link stamps: never the message's own
-//! field.
+//! ([`collectix_runtime::wire::link`]). A rank holds one [`Link`] per peer (global rank) and
+//! an [`Outbox`](collectix_runtime::wire::Outbox) in front of each: a link may say "would
+//! block", and the transport then tells the rank's driver once it can take more
+//! ([`tcp::Inbound::flush`]). A link that is gone makes the rank treat the peer as lost; a
+//! transport that notices a loss by itself (a closed connection) tells the driver
+//! ([`tcp::Inbound::lost`]). Every transport hands arrivals to the receiving rank's driver
+//! the same way, into its inbox, with the source the *receiving* side of the link stamps:
+//! never the message's own field (see `docs/architecture.md`, "The hot path").
 //!
 //! - [`local`]: the in-process transport (payloads are shared `Bytes`, moved into the peer
-//!   actor's mailbox, never serialized).
+//!   rank's inbox on the sender's thread, never serialized).
 //! - [`tcp`]: one connection per pair of ranks, with a handshake, the core's frames and a
 //!   bounded queue per link; [`mesh`]: a process's connections to its peers (an acceptor,
 //!   a slot per peer, eager or lazy connection). Shared memory comes later behind the same
@@ -18,30 +19,8 @@ pub mod local;
 pub mod mesh;
 pub mod tcp;
 
-use actix::Message as ActixMessage;
 use collectix_runtime::wire::Message;
 pub use collectix_runtime::wire::{Link, LinkError};
-
-/// A message for a rank actor, from global rank `src` (stamped by the link it came on).
-#[derive(ActixMessage)]
-#[rtype(result = "()")]
-pub struct Deliver {
-    /// The sender, as the link knows it.
-    pub src: usize,
-    /// The message (its own `src` field is overwritten with the link's).
-    pub msg: Message,
-}
-
-/// The link to global rank `.0` can take messages again: the rank sends what waits for it.
-#[derive(ActixMessage, Clone, Copy, Debug)]
-#[rtype(result = "()")]
-pub struct Flush(pub usize);
-
-/// Global rank `.0` is gone (its connection closed, its process died): the rank fails the
-/// calls that need it and aborts the groups it belongs to.
-#[derive(ActixMessage, Clone, Copy, Debug)]
-#[rtype(result = "()")]
-pub struct PeerLost(pub usize);
 
 /// A rank's links, one per global rank (its own included, unused).
 pub type Links = Vec<Box<dyn Link<Message> + Send>>;

@@ -1,0 +1,628 @@
+//! The hot path every transport shares: a rank's [`Driver`].
+//!
+//! A rank's [`Engine`] sits behind one lock, in a [`Driver`] that the rank's communicators,
+//! its actor and its transports share. Whoever is at hand makes progress:
+//! - **a caller** issues its call on the engine itself (no mailbox), and a caller that waits
+//!   for a call (`Work::wait`, or the first poll of a `Work` future) drives the rank while it
+//!   waits: it takes the rank's arrivals, feeds them to the engine and completes the calls
+//!   they finish, spinning for at most the rank's spin budget (`COLLECTIX_SPIN_US`; 50 µs by
+//!   default in one process, 200 µs for a rank of a multi-process job, whose messages cross
+//!   a writer and a reader thread) before it parks on its call's completion slot;
+//! - **the rank's actor** (the background driver) when no caller drives: a transport that
+//!   hands over an arrival while nobody drives wakes it, once per burst
+//!   ([`collectix_runtime::progress`] holds that protocol, which loom checks). The actor also
+//!   owns the rank's timer, its shutdown and its leaving.
+//!
+//! Every transport delivers the same way, with [`Driver::deliver`]: the in-process links
+//! from the sending caller's thread, a TCP connection from its reader thread. So a small
+//! all_reduce between two in-process ranks whose callers wait crosses no thread at all.
+//!
+//! User code (a result's mapping, a future's waker) never runs under the lock: a run of the
+//! engine collects the finished calls and completes them once the lock is released, so that
+//! code may issue calls on the same rank.
+
+use crate::rank::{Kick, RankActor};
+use crate::transport::Links;
+use crate::work::Done;
+use actix::Addr;
+use collectix_runtime::progress::Inbox;
+use collectix_runtime::wire::{Message, Outbox};
+use collectix_runtime::{Engine, Error, GroupId, GroupInfo, OpId, Output, Plan, Result, Time};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::time::{Duration, Instant};
+
+/// How long a waiting caller drives its rank before it parks, unless `COLLECTIX_SPIN_US`
+/// says otherwise.
+pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+/// How long a caller that handed a peer a message while nobody drove that peer looks again
+/// before it wakes the peer's actor (at most the spin budget): a peer between two calls
+/// takes it itself a moment later.
+const GRACE: Duration = Duration::from_micros(20);
+
+/// Peers a rank's caller handed messages to while nobody drove them: it owes each an
+/// `Inbox::ask_if_unattended` (see `Driver::settle`).
+pub(crate) type Owed = Arc<Mutex<Vec<Arc<Driver>>>>;
+
+/// The default spin budget of a rank of a multi-process job: a message over TCP crosses two
+/// more threads (the sender's writer, the receiver's reader), each hand-off 20–30 µs on a
+/// small VM, so a caller spinning only [`DEFAULT_SPIN`] would park before most answers came.
+pub(crate) const DEFAULT_SPIN_TCP: Duration = Duration::from_micros(200);
+
+/// The spin budget from `COLLECTIX_SPIN_US` (microseconds; 0: a waiting caller parks at
+/// once and the actor does all the work), or `default`.
+pub(crate) fn spin_from_env(default: Duration) -> Duration {
+    match std::env::var("COLLECTIX_SPIN_US") {
+        Err(_) => default,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(us) => Duration::from_micros(us.min(1_000_000)),
+            Err(_) => {
+                tracing::warn!(value = %v, "COLLECTIX_SPIN_US is not a number of microseconds; using the default");
+                default
+            }
+        },
+    }
+}
+
+/// A caller waiting for a call: where the result goes, the call's `tracing` span and when it
+/// started.
+pub(crate) struct Waiting {
+    done: Done<Output>,
+    span: tracing::Span,
+    start: Instant,
+}
+
+impl Waiting {
+    /// Hands the result over and closes the span with the outcome and duration.
+    fn finish(self, result: Result<Output>) {
+        let micros = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        match &result {
+            Ok(_) => tracing::debug!(parent: &self.span, micros, "call completed"),
+            Err(e) => tracing::warn!(parent: &self.span, micros, error = %e, "call failed"),
+        }
+        (self.done)(result);
+    }
+}
+
+/// What a run of the engine leaves to do once the lock is released.
+#[derive(Default)]
+pub(crate) struct After {
+    finished: Vec<(Waiting, Result<Output>)>,
+    refused: Vec<Done<Output>>,
+}
+
+impl After {
+    fn complete(self) {
+        for (w, r) in self.finished {
+            w.finish(r);
+        }
+        for done in self.refused {
+            done(Err(Error::Shutdown));
+        }
+    }
+}
+
+/// The state behind the rank's lock.
+pub(crate) struct Core {
+    pub(crate) engine: Engine,
+    /// One link per global rank, with the messages it refused waiting in front of it.
+    links: Option<(Links, Vec<Outbox<Message>>)>,
+    /// Callers waiting, each with its call's span (closed with the outcome) and start.
+    waiting: HashMap<OpId, Waiting>,
+    /// Messages sent before the links were installed.
+    backlog: Vec<(usize, Message)>,
+    /// The world is shutting down: arrivals are dropped and calls refused.
+    quiesced: bool,
+    /// Set when the rank leaves its job: its pending errors, and who waits for it to drain.
+    leaving: Option<(Vec<Error>, mpsc::Sender<Vec<Error>>)>,
+    /// Arrivals taken from the inbox (kept to reuse its allocation).
+    arrivals: Vec<(usize, Message)>,
+}
+
+impl Core {
+    /// Sends `msg` to global rank `dst` through its link (or its outbox, if the link would
+    /// block); a link that is gone is a lost peer.
+    fn send(&mut self, dst: usize, msg: Message, now: Time) {
+        let Some((links, outboxes)) = &mut self.links else {
+            self.backlog.push((dst, msg));
+            return;
+        };
+        let sent = match (links.get_mut(dst), outboxes.get_mut(dst)) {
+            (Some(link), Some(outbox)) => outbox.send(link.as_mut(), msg).is_ok(),
+            _ => false,
+        };
+        if !sent {
+            self.engine.handle_peer_lost(dst, now);
+        }
+    }
+
+    /// Drains the engine's outputs: messages to the links, results to `after`. Whether
+    /// anything came out.
+    fn drain(&mut self, now: Time, after: &mut After) -> bool {
+        let mut any = false;
+        loop {
+            let mut progressed = false;
+            while let Some(t) = self.engine.poll_transmit() {
+                progressed = true;
+                self.send(t.dst, t.msg, now);
+            }
+            while let Some(ev) = self.engine.poll_event() {
+                progressed = true;
+                if let Some(w) = self.waiting.remove(&ev.op) {
+                    after.finished.push((w, ev.result));
+                }
+            }
+            if !progressed {
+                return any;
+            }
+            any = true;
+        }
+    }
+
+    /// Feeds the inbox's arrivals to the engine and drains it, until neither gives more.
+    fn progress(&mut self, inbox: &Inbox<(usize, Message)>, now: Time, after: &mut After) {
+        loop {
+            inbox.take(&mut self.arrivals);
+            let arrived = !self.arrivals.is_empty();
+            let mut arrivals = std::mem::take(&mut self.arrivals);
+            for (src, mut msg) in arrivals.drain(..) {
+                if self.quiesced {
+                    continue;
+                }
+                // The source is the link's, never the message's own claim.
+                msg.src = src;
+                self.engine.handle_message(msg, now);
+            }
+            self.arrivals = arrivals;
+            if !self.drain(now, after) && !arrived {
+                break;
+            }
+        }
+        self.check_left();
+    }
+
+    /// A leaving rank with nothing left to send (in the engine or in front of a link) says so.
+    fn check_left(&mut self) {
+        let outboxes_empty = self
+            .links
+            .as_ref()
+            .is_none_or(|(_, o)| o.iter().all(Outbox::is_empty));
+        if self.leaving.is_some() && self.engine.is_drained() && outboxes_empty {
+            if let Some((pending, done)) = self.leaving.take() {
+                let _ = done.send(pending);
+            }
+        }
+    }
+}
+
+/// One rank's engine behind its lock, its inbox, and who drives it (see the module doc).
+pub(crate) struct Driver {
+    core: Mutex<Core>,
+    inbox: Inbox<(usize, Message)>,
+    /// The background driver: the rank's actor (set once it started).
+    actor: OnceLock<Addr<RankActor>>,
+    origin: Instant,
+    /// When the actor's timer fires, in ns since `origin` (`u64::MAX`: not armed).
+    timer_at: AtomicU64,
+    /// How long a waiting caller drives the rank before it parks.
+    spin: Duration,
+    /// The rank's actor has stopped: links to this rank are closed.
+    closed: AtomicBool,
+    /// Times the actor was woken (a statistic for the bench).
+    wakeups: AtomicU64,
+    /// Peers this rank's runs handed messages to while nobody drove them.
+    owed: Owed,
+}
+
+impl Driver {
+    /// A rank's driver, its engine holding the world group.
+    pub(crate) fn new(rank: usize, world: GroupInfo, spin: Duration) -> Driver {
+        let mut engine = Engine::new(rank);
+        engine.add_group(world, Time::ZERO);
+        Driver {
+            core: Mutex::new(Core {
+                engine,
+                links: None,
+                waiting: HashMap::new(),
+                backlog: Vec::new(),
+                quiesced: false,
+                leaving: None,
+                arrivals: Vec::new(),
+            }),
+            inbox: Inbox::new(),
+            actor: OnceLock::new(),
+            origin: Instant::now(),
+            timer_at: AtomicU64::new(u64::MAX),
+            spin,
+            closed: AtomicBool::new(false),
+            wakeups: AtomicU64::new(0),
+            owed: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Names the rank's actor, which drives the rank when no caller does.
+    pub(crate) fn set_actor(&self, addr: Addr<RankActor>) {
+        let _ = self.actor.set(addr);
+    }
+
+    /// The global rank.
+    pub(crate) fn rank(&self) -> usize {
+        lock(&self.core).engine.rank()
+    }
+
+    /// How long a waiting caller drives the rank before it parks.
+    pub(crate) fn spin(&self) -> Duration {
+        self.spin
+    }
+
+    pub(crate) fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// An arrival from global rank `src` (the link's word for it), from any transport.
+    pub(crate) fn deliver(&self, src: usize, msg: Message) {
+        if self.inbox.push((src, msg)) {
+            self.wake_actor();
+        }
+    }
+
+    /// An arrival handed over by a run of a peer rank in this process, which records in
+    /// `owed` (the peer's) that it must look again if nobody drives this rank now.
+    pub(crate) fn deliver_from_peer(self: &Arc<Self>, src: usize, msg: Message, owed: &Owed) {
+        if self.inbox.push_deferred((src, msg)) {
+            let mut o = lock(owed);
+            if !o.iter().any(|d| Arc::ptr_eq(d, self)) {
+                o.push(self.clone());
+            }
+        }
+    }
+
+    /// An arrival handed over by a connection's reader thread, which looks again for up to
+    /// the grace before it wakes the actor if nobody drives this rank now (a caller between
+    /// two calls takes it itself a moment later); the next frame waits meanwhile.
+    pub(crate) fn deliver_read(&self, src: usize, msg: Message) {
+        if self.inbox.push_deferred((src, msg)) {
+            wait_attended(&[self], GRACE.min(self.spin));
+            if self.inbox.ask_if_unattended() {
+                self.wake_actor();
+            }
+        }
+    }
+
+    /// Where this rank's in-process links record the peers it owes a look.
+    pub(crate) fn owed(&self) -> Owed {
+        self.owed.clone()
+    }
+
+    /// Settles what this rank's runs owe its peers: waits up to `grace` for each to be
+    /// attended (its caller took the message, or drives), then wakes the actor of any still
+    /// unattended.
+    fn settle(&self, grace: Duration) {
+        let owed = {
+            let mut o = lock(&self.owed);
+            if o.is_empty() {
+                return;
+            }
+            std::mem::take(&mut *o)
+        };
+        let peers: Vec<&Driver> = owed.iter().map(|p| p.as_ref()).collect();
+        wait_attended(&peers, grace);
+        for p in owed {
+            if p.inbox.ask_if_unattended() {
+                p.wake_actor();
+            }
+        }
+    }
+
+    /// Whether the rank's actor has stopped (a link to it is closed).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Times the rank's actor was woken to drive it (or re-arm its timer).
+    pub(crate) fn wakeups(&self) -> u64 {
+        self.wakeups.load(Ordering::Relaxed)
+    }
+
+    fn wake_actor(&self) {
+        self.wakeups.fetch_add(1, Ordering::Relaxed);
+        if let Some(a) = self.actor.get() {
+            a.do_send(Kick);
+        }
+    }
+
+    /// Runs `f` on the core, then the engine until it has nothing more to do; completes the
+    /// calls that finished once the lock is released, and asks the actor for an earlier
+    /// timer if the engine needs one.
+    pub(crate) fn run<R>(&self, f: impl FnOnce(&mut Core, Time, &mut After) -> R) -> R {
+        self.run_locked(lock(&self.core), f)
+    }
+
+    fn run_locked<R>(
+        &self,
+        core: MutexGuard<'_, Core>,
+        f: impl FnOnce(&mut Core, Time, &mut After) -> R,
+    ) -> R {
+        let (r, next) = self.run_with(core, f, GRACE.min(self.spin));
+        if let Some(at) = next {
+            if at.as_nanos() < self.timer_at.load(Ordering::SeqCst) && self.inbox.ask() {
+                self.wake_actor();
+            }
+        }
+        r
+    }
+
+    /// [`run`](Driver::run) without the timer check (for the actor, which arms its timer
+    /// itself, and which settles what it owes peers at once): also returns when the engine
+    /// wants its next timer.
+    fn run_inner<R>(
+        &self,
+        core: MutexGuard<'_, Core>,
+        f: impl FnOnce(&mut Core, Time, &mut After) -> R,
+    ) -> (R, Option<Time>) {
+        self.run_with(core, f, Duration::ZERO)
+    }
+
+    /// A run, then the completions, then what it owes peers settled within `grace`.
+    fn run_with<R>(
+        &self,
+        mut core: MutexGuard<'_, Core>,
+        f: impl FnOnce(&mut Core, Time, &mut After) -> R,
+        grace: Duration,
+    ) -> (R, Option<Time>) {
+        let mut after = After::default();
+        let now = self.now();
+        // What arrived before this run goes first (a peer's abort before a `destroy`, as a
+        // mailbox would have ordered them).
+        if !self.inbox.looks_empty() {
+            core.progress(&self.inbox, now, &mut after);
+        }
+        let r = f(&mut core, now, &mut after);
+        core.progress(&self.inbox, now, &mut after);
+        let next = core.engine.poll_timeout();
+        drop(core);
+        after.complete();
+        self.settle(grace);
+        (r, next)
+    }
+
+    /// A run of the engine if nobody holds it now (whoever does will look at the inbox).
+    fn try_run(&self) {
+        let core = match self.core.try_lock() {
+            Ok(c) => c,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        self.run_locked(core, |_, _, _| ());
+    }
+
+    /// Issues a call: the engine takes it now, on the caller's thread; `done` gets its result.
+    pub(crate) fn submit(&self, group: GroupId, seq: u64, plan: Plan, done: Done<Output>) {
+        self.run(|core, now, after| {
+            if core.quiesced {
+                after.refused.push(done);
+                return;
+            }
+            let fp = plan.fingerprint();
+            // new_group's agreement step carries a hash of the members where a count would be.
+            let count = fp
+                .count
+                .filter(|_| fp.kind != collectix_runtime::OpKind::NewGroup);
+            let span = tracing::debug_span!(
+                "call",
+                rank = core.engine.rank(),
+                group = %group,
+                seq = tracing::field::Empty,
+                op = %fp.kind,
+                dtype = %fp.dtype,
+                count,
+                algorithm = fp.algorithm.map(|a| a.name()),
+                bytes = count.map(|c| c.saturating_mul(fp.dtype.size() as u64)),
+            );
+            if !plan.is_p2p() {
+                span.record("seq", seq);
+            }
+            let id = core.engine.submit(group, seq, plan, now);
+            core.waiting.insert(
+                id,
+                Waiting {
+                    done,
+                    span,
+                    start: Instant::now(),
+                },
+            );
+        });
+    }
+
+    /// Registers a group on the rank.
+    pub(crate) fn add_group(&self, info: GroupInfo) {
+        self.run(|core, now, _| core.engine.add_group(info, now));
+    }
+
+    /// Releases a group on the rank; its pending error, if it has one.
+    pub(crate) fn destroy(&self, group: GroupId) -> Result<()> {
+        self.run(|core, _, _| {
+            if core.quiesced {
+                return Err(Error::Shutdown);
+            }
+            core.engine.destroy_group(group)
+        })
+    }
+
+    /// Installs the rank's links (once every peer's address is known) and sends what waited.
+    pub(crate) fn set_links(&self, links: Links) {
+        self.run(|core, now, _| {
+            let outboxes = links.iter().map(|_| Outbox::default()).collect();
+            core.links = Some((links, outboxes));
+            for (dst, msg) in std::mem::take(&mut core.backlog) {
+                core.send(dst, msg, now);
+            }
+        });
+    }
+
+    /// The link to global rank `peer` can take messages again: what waits for it is sent.
+    pub(crate) fn flush(&self, peer: usize) {
+        self.run(|core, now, _| {
+            let Some((links, outboxes)) = &mut core.links else {
+                return;
+            };
+            let closed = match (links.get_mut(peer), outboxes.get_mut(peer)) {
+                (Some(link), Some(outbox)) => outbox.flush(link.as_mut()).is_err(),
+                _ => false,
+            };
+            if closed && !core.quiesced {
+                core.engine.handle_peer_lost(peer, now);
+            }
+        });
+    }
+
+    /// Global rank `peer` is gone: the calls that need it fail and its groups abort.
+    pub(crate) fn peer_lost(&self, peer: usize) {
+        self.run(|core, now, _| {
+            if core.quiesced {
+                return;
+            }
+            if let Some((_, outboxes)) = &mut core.links {
+                if let Some(o) = outboxes.get_mut(peer) {
+                    o.clear();
+                }
+            }
+            core.engine.handle_peer_lost(peer, now);
+        });
+    }
+
+    /// A run of the background driver: takes the arrivals (later ones ask again), drives the
+    /// engine, and returns when the engine wants its next timer.
+    pub(crate) fn background(&self) -> Option<Time> {
+        self.run_inner(lock(&self.core), |core, _, _| {
+            let mut arrivals = std::mem::take(&mut core.arrivals);
+            self.inbox.begin_background(&mut arrivals);
+            core.arrivals = arrivals;
+        })
+        .1
+    }
+
+    /// The engine's timer fired: returns when it wants the next one.
+    pub(crate) fn timeout(&self) -> Option<Time> {
+        self.timer_at.store(u64::MAX, Ordering::SeqCst);
+        self.run_inner(lock(&self.core), |core, now, _| {
+            core.engine.handle_timeout(now)
+        })
+        .1
+    }
+
+    /// The actor armed its timer for `at` (`None`: not armed).
+    pub(crate) fn timer_armed(&self, at: Option<Time>) {
+        self.timer_at
+            .store(at.map_or(u64::MAX, Time::as_nanos), Ordering::SeqCst);
+    }
+
+    /// The world is shutting down: every waiting call fails with `Shutdown`, later arrivals
+    /// are dropped and later calls refused. Returns the rank's pending errors.
+    pub(crate) fn quiesce(&self) -> Vec<Error> {
+        self.run_inner(lock(&self.core), |core, _, after| {
+            let pending = core.engine.pending_errors();
+            core.quiesced = true;
+            for (_, w) in core.waiting.drain() {
+                after.finished.push((w, Err(Error::Shutdown)));
+            }
+            pending
+        })
+        .0
+    }
+
+    /// This rank leaves its job (see `rank::Leave`): returns when the engine wants its next
+    /// timer.
+    pub(crate) fn leave(&self, linger: Duration, done: mpsc::Sender<Vec<Error>>) -> Option<Time> {
+        self.run_inner(lock(&self.core), |core, now, _| {
+            let pending = core.engine.pending_errors();
+            for e in &pending {
+                tracing::warn!(rank = core.engine.rank(), error = %e, "pending error at shutdown");
+            }
+            core.leaving = Some((pending, done));
+            core.engine.shutdown(now, linger);
+        })
+        .1
+    }
+
+    /// The rank's actor stopped: links to this rank close, its own links are dropped (they
+    /// hold its peers), and calls still waiting fail with `Shutdown`.
+    pub(crate) fn stopped(&self) {
+        self.closed.store(true, Ordering::Release);
+        let (links, waiting) = {
+            let mut core = lock(&self.core);
+            core.quiesced = true;
+            (core.links.take(), std::mem::take(&mut core.waiting))
+        };
+        drop(links);
+        for (_, w) in waiting {
+            w.finish(Err(Error::Shutdown));
+        }
+    }
+
+    /// Drives the rank until `done()` says so, for at most `budget`, then stops driving
+    /// (taking what arrived meanwhile, so that nothing is left behind for nobody). The
+    /// caller then parks on its call's slot if it is not done; the actor finishes the work.
+    pub(crate) fn drive_until(&self, done: &dyn Fn() -> bool, budget: Duration) {
+        if budget.is_zero() || done() {
+            return;
+        }
+        let driving = self.inbox.enter();
+        let start = Instant::now();
+        let mut idle: u32 = 0;
+        loop {
+            if !self.inbox.looks_empty() {
+                self.try_run();
+                idle = 0;
+            }
+            if done() {
+                break;
+            }
+            idle = idle.wrapping_add(1);
+            if idle.is_multiple_of(64) {
+                if start.elapsed() >= budget {
+                    break;
+                }
+                // More ranks than cores: let the thread we are waiting for run.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if driving.leave() {
+            self.run(|_, _, _| ());
+        }
+    }
+
+    /// One run of the engine if arrivals wait and nobody drives it now (a `Work` polled
+    /// again).
+    pub(crate) fn poke(&self) {
+        if !self.inbox.looks_empty() {
+            self.try_run();
+        }
+    }
+}
+
+/// Spins until every one of `peers` looks attended (its arrivals taken, or a caller
+/// driving it), for at most `grace`.
+fn wait_attended(peers: &[&Driver], grace: Duration) {
+    if grace.is_zero() || peers.iter().all(|p| p.inbox.looks_attended()) {
+        return;
+    }
+    let start = Instant::now();
+    let mut turns: u32 = 0;
+    while !peers.iter().all(|p| p.inbox.looks_attended()) {
+        turns = turns.wrapping_add(1);
+        if turns.is_multiple_of(64) && start.elapsed() >= grace {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Locks, ignoring poisoning: a panic elsewhere must not turn into a panic here.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
