@@ -30,7 +30,7 @@ use collectix_runtime::wire::{Message, Outbox};
 use collectix_runtime::{Engine, Error, GroupId, GroupInfo, OpId, Output, Plan, Result, Time};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 /// How long a waiting caller drives its rank before it parks, unless `COLLECTIX_SPIN_US`
@@ -214,6 +214,18 @@ pub(crate) struct Driver {
     wakeups: AtomicU64,
     /// Peers this rank's runs handed messages to while nobody drove them.
     owed: Owed,
+    /// Callers parked in `Work::wait` on this rank: the background driver's work goes to
+    /// one of them before the actor (see [`Driver::sleep_until`]).
+    bell: Mutex<Bell>,
+    bell_rung: Condvar,
+}
+
+/// The parked callers of a rank, and whether one of them was asked to run it.
+#[derive(Default)]
+struct Bell {
+    sleepers: usize,
+    /// A background run was asked for and handed to a sleeper.
+    rung: bool,
 }
 
 impl Driver {
@@ -239,6 +251,8 @@ impl Driver {
             closed: AtomicBool::new(false),
             wakeups: AtomicU64::new(0),
             owed: Arc::new(Mutex::new(Vec::new())),
+            bell: Mutex::new(Bell::default()),
+            bell_rung: Condvar::new(),
         }
     }
 
@@ -264,7 +278,7 @@ impl Driver {
     /// An arrival from global rank `src` (the link's word for it), from any transport.
     pub(crate) fn deliver(&self, src: usize, msg: Message) {
         if self.inbox.push((src, msg)) {
-            self.wake_actor();
+            self.wake_background();
         }
     }
 
@@ -286,7 +300,7 @@ impl Driver {
         if self.inbox.push_deferred((src, msg)) {
             wait_attended(&[self], GRACE.min(self.spin));
             if self.inbox.ask_if_unattended() {
-                self.wake_actor();
+                self.wake_background();
             }
         }
     }
@@ -311,7 +325,7 @@ impl Driver {
         wait_attended(&peers, grace);
         for p in owed {
             if p.inbox.ask_if_unattended() {
-                p.wake_actor();
+                p.wake_background();
             }
         }
     }
@@ -330,6 +344,63 @@ impl Driver {
         self.wakeups.fetch_add(1, Ordering::Relaxed);
         if let Some(a) = self.actor.get() {
             a.do_send(Kick);
+        }
+    }
+
+    /// Wakes whoever makes the asked-for background run: a caller parked on this rank if
+    /// there is one (it then drives the rank again, as in its wait), else the actor.
+    fn wake_background(&self) {
+        {
+            let mut b = lock(&self.bell);
+            if b.sleepers > 0 {
+                b.rung = true;
+                self.bell_rung.notify_one();
+                return;
+            }
+        }
+        self.wake_actor();
+    }
+
+    /// Tells the parked callers that calls completed (theirs may be among them).
+    fn completed(&self) {
+        let b = lock(&self.bell);
+        if b.sleepers > 0 {
+            self.bell_rung.notify_all();
+        }
+    }
+
+    /// Parks a caller until `done()` (its call completed) or the bell asks it to run the
+    /// rank: then it makes the background run and drives the rank while arrivals keep
+    /// coming, as in its wait, before it parks again. A long call whose caller parked while
+    /// its peers were late is thus still driven by its caller, with no actor hand-off per
+    /// message.
+    pub(crate) fn sleep_until(&self, done: &dyn Fn() -> bool) {
+        loop {
+            let rung = {
+                let mut b = lock(&self.bell);
+                b.sleepers += 1;
+                while !b.rung && !done() {
+                    b = self.bell_rung.wait(b).unwrap_or_else(|e| e.into_inner());
+                }
+                b.sleepers -= 1;
+                std::mem::take(&mut b.rung)
+            };
+            if rung {
+                // The run asked for must happen even if this caller's call is done now; the
+                // actor still owns the timer.
+                if let Some(at) = self.background() {
+                    if at.as_nanos() < self.timer_at.load(Ordering::SeqCst) && self.inbox.ask() {
+                        self.wake_actor();
+                    }
+                }
+            }
+            if done() {
+                return;
+            }
+            self.drive_until(done, self.spin, Duration::MAX);
+            if done() {
+                return;
+            }
         }
     }
 
@@ -383,7 +454,11 @@ impl Driver {
         core.progress(&self.inbox, now, &mut after);
         let next = core.engine.poll_timeout();
         drop(core);
+        let any = !after.finished.is_empty() || !after.refused.is_empty();
         after.complete();
+        if any {
+            self.completed();
+        }
         self.settle(grace);
         (r, next)
     }
@@ -560,29 +635,35 @@ impl Driver {
         for (_, w) in waiting {
             w.finish(Err(Error::Shutdown));
         }
+        self.completed();
     }
 
-    /// Drives the rank until `done()` says so, for at most `budget`, then stops driving
-    /// (taking what arrived meanwhile, so that nothing is left behind for nobody). The
-    /// caller then parks on its call's slot if it is not done; the actor finishes the work.
-    pub(crate) fn drive_until(&self, done: &dyn Fn() -> bool, budget: Duration) {
-        if budget.is_zero() || done() {
+    /// Drives the rank until `done()` says so, for at most `limit` in all, and until it has
+    /// been idle (nothing arrived) for `idle`: a long call that keeps receiving is driven by
+    /// its caller to the end, a call waiting for a slow peer parks. Then it stops driving
+    /// (taking what arrived meanwhile, so that nothing is left behind for nobody); the caller
+    /// parks on its call's slot if it is not done, and the actor finishes the work.
+    pub(crate) fn drive_until(&self, done: &dyn Fn() -> bool, idle: Duration, limit: Duration) {
+        if idle.is_zero() || limit.is_zero() || done() {
             return;
         }
         let driving = self.inbox.enter();
         let start = Instant::now();
-        let mut idle: u32 = 0;
+        let mut active = start;
+        let mut turns: u32 = 0;
         loop {
             if !self.inbox.looks_empty() {
                 self.try_run();
-                idle = 0;
+                turns = 0;
+                active = Instant::now();
             }
             if done() {
                 break;
             }
-            idle = idle.wrapping_add(1);
-            if idle.is_multiple_of(64) {
-                if start.elapsed() >= budget {
+            turns = turns.wrapping_add(1);
+            if turns.is_multiple_of(64) {
+                let now = Instant::now();
+                if now.duration_since(active) >= idle || now.duration_since(start) >= limit {
                     break;
                 }
                 // More ranks than cores: let the thread we are waiting for run.

@@ -97,12 +97,12 @@ impl<T> Work<T> {
         self
     }
 
-    /// Drives the rank until the call completes, for at most `budget` (the rank's spin
-    /// budget if shorter).
-    fn drive(&self, budget: Duration) {
+    /// Drives the rank until the call completes, for at most `limit`, parking once nothing
+    /// arrived for the rank's spin budget.
+    fn drive(&self, limit: Duration) {
         if let Some(d) = &self.driver {
             let waiter = &self.waiter;
-            d.drive_until(&|| waiter.is_completed(), budget.min(d.spin()));
+            d.drive_until(&|| waiter.is_completed(), d.spin(), limit);
         }
     }
 
@@ -118,6 +118,10 @@ impl<T> Work<T> {
             return Err(Error::WouldDeadlock);
         }
         self.drive(Duration::MAX);
+        if let Some(d) = &self.driver {
+            let waiter = &self.waiter;
+            d.sleep_until(&|| waiter.is_completed());
+        }
         self.waiter.wait()
     }
 
@@ -146,7 +150,7 @@ impl<T> Future for Work<T> {
             // rank's own thread, never spin: that thread is a rank's background driver.
             if !this.polled && !this.on_rank_thread() {
                 let waiter = &this.waiter;
-                d.drive_until(&|| waiter.is_completed(), d.spin());
+                d.drive_until(&|| waiter.is_completed(), d.spin(), d.spin());
             } else {
                 d.poke();
             }
