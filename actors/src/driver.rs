@@ -298,7 +298,7 @@ impl Driver {
     /// two calls takes it itself a moment later); the next frame waits meanwhile.
     pub(crate) fn deliver_read(&self, src: usize, msg: Message) {
         if self.inbox.push_deferred((src, msg)) {
-            wait_attended(&[self], GRACE.min(self.spin));
+            wait_attended(|| self.inbox.looks_attended(), GRACE.min(self.spin));
             if self.inbox.ask_if_unattended() {
                 self.wake_background();
             }
@@ -321,8 +321,7 @@ impl Driver {
             }
             std::mem::take(&mut *o)
         };
-        let peers: Vec<&Driver> = owed.iter().map(|p| p.as_ref()).collect();
-        wait_attended(&peers, grace);
+        wait_attended(|| owed.iter().all(|p| p.inbox.looks_attended()), grace);
         for p in owed {
             if p.inbox.ask_if_unattended() {
                 p.wake_background();
@@ -686,15 +685,15 @@ impl Driver {
     }
 }
 
-/// Spins until every one of `peers` looks attended (its arrivals taken, or a caller
-/// driving it), for at most `grace`.
-fn wait_attended(peers: &[&Driver], grace: Duration) {
-    if grace.is_zero() || peers.iter().all(|p| p.inbox.looks_attended()) {
+/// Spins until `attended()` (the peers owed a look have had their arrivals taken, or a
+/// caller drives them), for at most `grace`.
+fn wait_attended(attended: impl Fn() -> bool, grace: Duration) {
+    if grace.is_zero() || attended() {
         return;
     }
     let start = Instant::now();
     let mut turns: u32 = 0;
-    while !peers.iter().all(|p| p.inbox.looks_attended()) {
+    while !attended() {
         turns = turns.wrapping_add(1);
         if turns.is_multiple_of(64) && start.elapsed() >= grace {
             return;
