@@ -89,5 +89,5 @@ pub use collectix_actors::{
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{
     Algorithm, CallOptions, DType, Device, DeviceError, Element, Error, GroupId, GroupOptions,
-    OpKind, ReduceOp, Result, Tensor,
+    Locality, OpKind, ReduceOp, Result, Tensor,
 };

@@ -230,8 +230,7 @@ struct Bell {
 
 impl Driver {
     /// A rank's driver, its engine holding the world group.
-    pub(crate) fn new(rank: usize, world: GroupInfo, spin: Duration) -> Driver {
-        let mut engine = Engine::new(rank);
+    pub(crate) fn new(mut engine: Engine, world: GroupInfo, spin: Duration) -> Driver {
         engine.add_group(world, Time::ZERO);
         Driver {
             core: Mutex::new(Core {

@@ -242,9 +242,11 @@ fn join(
         addrs.push(String::from_utf8_lossy(&store.get(key, left())?).into_owned());
     }
     // 4. The actor, the links, the connections.
+    let mut options = options;
+    options.locality = collectix_runtime::Locality::Network;
     let info = GroupInfo::world(world, rank, options.clone())?;
     let driver = Arc::new(Driver::new(
-        rank,
+        collectix_runtime::Engine::new(rank),
         info.clone(),
         spin_from_env(DEFAULT_SPIN_TCP),
     ));

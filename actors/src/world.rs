@@ -7,7 +7,9 @@ use crate::rank::Quiesce;
 use crate::system;
 use crate::transport::local;
 use actix::System;
-use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
+use collectix_runtime::data_plane::Arenas;
+use collectix_runtime::engine::POOL_BYTES;
+use collectix_runtime::{Engine, Error, GroupInfo, GroupOptions, Locality, Result};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::{JoinHandle, ThreadId};
@@ -31,19 +33,26 @@ impl World {
     }
 
     /// Starts `n` ranks whose world group uses `options`.
-    pub fn local_with(n: usize, options: GroupOptions) -> Result<World> {
+    pub fn local_with(n: usize, mut options: GroupOptions) -> Result<World> {
         if n == 0 {
             return Err(Error::invalid("a world needs at least one rank"));
         }
+        options.locality = Locality::Process;
         // Each rank's view of the world group, made (and checked) before any thread starts.
         let infos = (0..n)
             .map(|r| GroupInfo::world(n, r, options.clone()))
             .collect::<Result<Vec<_>>>()?;
         let spin = spin_from_env(DEFAULT_SPIN);
+        // The ranks share an address space: outputs that can be shared are one buffer for
+        // all of them (tensors are immutable values).
+        let arenas = Arenas::new(POOL_BYTES);
         let drivers: Vec<Arc<Driver>> = infos
             .iter()
             .enumerate()
-            .map(|(r, info)| Arc::new(Driver::new(r, info.clone(), spin)))
+            .map(|(r, info)| {
+                let engine = Engine::in_process(r, arenas.clone());
+                Arc::new(Driver::new(engine, info.clone(), spin))
+            })
             .collect();
         let started = system::start("collectix-system", drivers.clone())?;
         for (r, d) in drivers.iter().enumerate() {

@@ -289,6 +289,12 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// Resets this process's peak RSS to its current RSS (Linux: `clear_refs` with 5), so that
+/// the next [`peak_rss_mib`] covers only what ran since; whether it could.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 fn peak_rss_mib() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -349,6 +355,10 @@ struct Measured {
     /// The rank actor's wake-ups per call during the samples (the most on any rank): how
     /// often progress was left to the background driver instead of a waiting caller.
     wakeups: f64,
+    /// Rank 0's process's peak RSS during the warm-up and samples (MiB), and whether it
+    /// covers only them (the peak was reset after the inputs were made and checked) or the
+    /// whole run so far.
+    peak: Option<(f64, bool)>,
 }
 
 /// `v` reduced elementwise over every rank with `op`.
@@ -380,6 +390,9 @@ fn measure(
         None
     };
     c.barrier().wait()?;
+    // Every rank has made its inputs and finished its check: the peak from here on is the
+    // calls' own (inputs, outputs and what the calls hold), not the check's reference copies.
+    let reset = r == 0 && reset_peak_rss();
     let t0 = Instant::now();
     for _ in 0..a.warmup.max(1) {
         submit_all(c, &reqs, opts)?;
@@ -400,11 +413,17 @@ fn measure(
         woken += c.background_wakeups() - before;
     }
     let per_call = woken as f64 / (calls * a.iters.max(1) * reqs.len().max(1)) as f64;
+    let peak = if r == 0 {
+        peak_rss_mib().map(|m| (m, reset))
+    } else {
+        None
+    };
     Ok(Measured {
         wrong,
         calls,
         slowest: over_ranks(c, v, ReduceOp::Max)?,
         wakeups: over_ranks(c, vec![per_call], ReduceOp::Max)?[0],
+        peak,
     })
 }
 
@@ -569,6 +588,7 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
     ));
     let mut rows = Vec::new();
     let mut woken = Vec::new();
+    let mut peaks: Vec<(f64, bool)> = Vec::new();
     for (k, &bytes) in sizes.iter().enumerate() {
         if prints {
             eprint!("\rbench: size {} of {} ({bytes} B)   ", k + 1, sizes.len());
@@ -591,8 +611,10 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
             calls,
             mut slowest,
             wakeups,
+            peak,
         } = ranks.run(|r, c| measure(a, c, r, &cells[r], &opts))?;
         woken.push((bytes, wakeups));
+        peaks.extend(peak);
         let t = median(&mut slowest);
         let (tmin, tmax) = (
             slowest.first().copied().unwrap_or(0.0),
@@ -654,13 +676,21 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
         "# rank actor wake-ups per call (most on one rank): {}",
         woken.join(", ")
     ));
-    if let Some(mib) = peak_rss_mib() {
-        let whose = if matches!(ranks, Ranks::Tcp(..)) {
-            " (rank 0's process)"
-        } else {
-            ""
-        };
-        say(format!("# peak RSS{whose}: {mib:.1} MiB"));
+    let whose = if matches!(ranks, Ranks::Tcp(..)) {
+        " (rank 0's process)"
+    } else {
+        ""
+    };
+    if let Some(&(mib, true)) = peaks.iter().max_by(|x, y| x.0.total_cmp(&y.0)) {
+        // Each size's peak covers its warm-up and samples only: what the calls themselves
+        // hold (inputs made before them included), not the check's reference copies.
+        say(format!(
+            "# peak RSS{whose}: {mib:.1} MiB (during the timed calls, the largest over sizes)"
+        ));
+    } else if let Some(mib) = peak_rss_mib() {
+        say(format!(
+            "# peak RSS{whose}: {mib:.1} MiB (the whole run, checks included)"
+        ));
     }
     ranks.shutdown()?;
     Ok(prints.then_some(rows))

@@ -9,10 +9,14 @@
 //! nothing else changes); a device plane would do the same with pinned staging memory.
 
 use crate::error::Result;
+use crate::ids::GroupId;
+use crate::tensor::arena::{Arena, ArenaPart};
 use crate::tensor::dtype::DType;
 use crate::tensor::pool::Pool;
 use crate::tensor::reduce::{self, ReduceOp};
 use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 
 /// Where chunks live and how they are combined; one per engine (rank).
 pub trait DataPlane: Send {
@@ -21,6 +25,76 @@ pub trait DataPlane: Send {
 
     /// The chunks of an output (two or more), in order, as one buffer aligned for `dtype`.
     fn join(&self, dtype: DType, parts: &[&Bytes]) -> Result<Bytes>;
+
+    /// `local` folded with every `(x, x_first)` of `others` in order (`acc = x ⊕ acc` when
+    /// `x_first`, else `acc ⊕ x`), into `into` when given (a part of the call's shared
+    /// output), else into a new chunk. The default combines pair by pair.
+    fn fold(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        local: &[u8],
+        others: &[(&[u8], bool)],
+        into: Option<ArenaPart>,
+    ) -> Result<Bytes> {
+        let mut acc = Bytes::copy_from_slice(local);
+        for (x, x_first) in others {
+            acc = if *x_first {
+                self.combine(dtype, op, x, &acc)?
+            } else {
+                self.combine(dtype, op, &acc, x)?
+            };
+        }
+        Ok(match into {
+            Some(mut part) => {
+                part.bytes_mut().copy_from_slice(&acc);
+                part.freeze()
+            }
+            None => acc,
+        })
+    }
+
+    /// The output buffer the ranks of this process share for call `call` (its group and
+    /// sequence number), `len` bytes (see [`crate::tensor::arena`]): the same arena for every
+    /// rank of the call that asks while any holds it. `None` (the default) where ranks do not
+    /// share an address space.
+    fn arena(&self, _call: (GroupId, u64), _len: usize) -> Option<Arc<Arena>> {
+        None
+    }
+}
+
+/// The arenas of the calls in flight among the ranks of one process (an in-process world),
+/// shared by their data planes: the first rank of a call to ask makes its arena, the others
+/// find it. Entries are weak, so an arena lives as long as a rank holds it (a call running,
+/// an output kept) and no longer; its memory comes from, and returns to, one pool.
+pub struct Arenas {
+    pool: Pool,
+    calls: Mutex<HashMap<(GroupId, u64), Weak<Arena>>>,
+}
+
+impl Arenas {
+    /// Arenas whose memory is recycled through a pool keeping at most `limit` free bytes.
+    pub fn new(limit: usize) -> Arc<Arenas> {
+        Arc::new(Arenas {
+            pool: Pool::new(limit),
+            calls: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The arena of `call`, made if no rank holds one; `None` if the one held has another
+    /// length (the ranks disagree on the call, which then fails on its fingerprint).
+    pub fn get(&self, call: (GroupId, u64), len: usize) -> Option<Arc<Arena>> {
+        let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = calls.get(&call).and_then(Weak::upgrade) {
+            return (a.len() == len).then_some(a);
+        }
+        if calls.len() >= 64 {
+            calls.retain(|_, w| w.strong_count() > 0);
+        }
+        let a = Arena::new(&self.pool, len);
+        calls.insert(call, Arc::downgrade(&a));
+        Some(a)
+    }
 }
 
 /// Host memory: reduction results and joined outputs in buffers recycled through a pool (up
@@ -28,6 +102,8 @@ pub trait DataPlane: Send {
 /// (no fresh pages to fault in).
 pub struct HostPlane {
     pool: Pool,
+    /// The arenas shared with the other ranks of this process, in an in-process world.
+    arenas: Option<Arc<Arenas>>,
 }
 
 impl HostPlane {
@@ -35,6 +111,16 @@ impl HostPlane {
     pub fn new(limit: usize) -> HostPlane {
         HostPlane {
             pool: Pool::new(limit),
+            arenas: None,
+        }
+    }
+
+    /// A host plane of a rank whose peers share its address space: calls whose output can
+    /// be shared get one arena for all of them from `arenas`.
+    pub fn shared(limit: usize, arenas: Arc<Arenas>) -> HostPlane {
+        HostPlane {
+            pool: Pool::new(limit),
+            arenas: Some(arenas),
         }
     }
 }
@@ -54,5 +140,30 @@ impl DataPlane for HostPlane {
             at += p.len();
         }
         Ok(out.freeze())
+    }
+
+    fn fold(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        local: &[u8],
+        others: &[(&[u8], bool)],
+        into: Option<ArenaPart>,
+    ) -> Result<Bytes> {
+        match into {
+            Some(mut part) => {
+                reduce::fold_into(dtype, op, local, others, part.bytes_mut())?;
+                Ok(part.freeze())
+            }
+            None => {
+                let mut out = self.pool.take(local.len());
+                reduce::fold_into(dtype, op, local, others, out.bytes_mut())?;
+                Ok(out.freeze())
+            }
+        }
+    }
+
+    fn arena(&self, call: (GroupId, u64), len: usize) -> Option<Arc<Arena>> {
+        self.arenas.as_ref()?.get(call, len)
     }
 }

@@ -5,6 +5,19 @@ pub use crate::ids::{fnv1a, GroupId};
 use crate::op::{Algorithm, OpKind};
 use std::time::Duration;
 
+/// Where a group's ranks live, which decides the algorithms chosen by default (see
+/// `collective::select`): the best schedule for ranks that share memory is not the best
+/// for ranks that talk over sockets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Locality {
+    /// Ranks in separate processes (TCP): every byte sent is a byte carried.
+    #[default]
+    Network,
+    /// Every rank in this process (an in-process world, set by `World`): a message's payload
+    /// is shared, not copied, so the direct algorithms (whole blocks, few steps) win.
+    Process,
+}
+
 /// Tunables of a group; every member must use the same values (they feed algorithm
 /// selection, and the algorithm is part of each call's fingerprint).
 #[derive(Clone, Debug, PartialEq)]
@@ -33,6 +46,9 @@ pub struct GroupOptions {
     /// How long a rank whose call timed out waits for its peers to say which call they are
     /// in (the desync report; 1 s by default). Zero skips the report.
     pub desync_grace: Duration,
+    /// Where the ranks live (set by the world or process that makes the group; a sub-group
+    /// inherits it).
+    pub locality: Locality,
 }
 
 impl Default for GroupOptions {
@@ -45,6 +61,7 @@ impl Default for GroupOptions {
             peer_budget_bytes: 64 << 20,
             max_call_bytes: 64 << 30,
             desync_grace: Duration::from_secs(1),
+            locality: Locality::Network,
         }
     }
 }

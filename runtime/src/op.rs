@@ -132,7 +132,7 @@ impl OpKind {
     pub fn algorithms(self) -> &'static [Algorithm] {
         use Algorithm::*;
         match self {
-            OpKind::AllReduce => &[Ring, HalvingDoubling, RecursiveDoubling],
+            OpKind::AllReduce => &[Ring, HalvingDoubling, RecursiveDoubling, Direct],
             OpKind::Reduce | OpKind::Broadcast => &[BinomialTree, Direct],
             OpKind::AllGather | OpKind::AllGatherIntoTensor => &[Ring, Direct],
             OpKind::ReduceScatter | OpKind::ReduceScatterTensor => &[Ring, Direct],

@@ -417,7 +417,7 @@ fn losing_a_rank_mid_collective_ends_every_other_rank() {
             }
         }
     }
-    assert_eq!(n, 20 * 5 * 8);
+    assert_eq!(n, 21 * 5 * 8);
 }
 
 prop_compose! {

@@ -1,6 +1,6 @@
 //! `all_gather` (list form, blocks may differ in size) and `all_gather_into_tensor`: every rank gets every rank's block (ring or direct).
 
-use super::{fill, list_len, same_dtype, Checked, Finish, Plan, Planner, TensorSpec};
+use super::{fill, list_len, same_dtype, Checked, Finish, Plan, Planner, Share, TensorSpec};
 use crate::algorithm::{direct, ring};
 use crate::error::{Error, Result};
 use crate::op::{Algorithm, OpKind};
@@ -111,7 +111,12 @@ impl Planner<'_> {
         let s = self.all_gather_schedule(alg, &blocks, dt);
         let mut init = vec![None; s.layout.chunk_elems.len()];
         fill(&mut init, &s.layout, me..me + 1, &data, dt.size())?;
-        Ok(self.collective(checked, alg, s, init))
+        let share = if alg == Algorithm::Direct {
+            Share::Own(s.layout.chunks_of(me..me + 1))
+        } else {
+            Share::Nothing
+        };
+        Ok(self.collective(checked, alg, s, init).sharing(share))
     }
 
     /// The all_gather schedule of `alg` over blocks of `blocks` elements.

@@ -1,9 +1,10 @@
 //! `all_reduce`: every rank gets the reduction of every rank's tensor (ring, halving-doubling or recursive doubling).
 
-use super::{fill, Checked, Finish, Plan, Planner};
-use crate::algorithm::{halving_doubling, recursive_doubling, ring};
+use super::{fill, Checked, Finish, Plan, Planner, Share};
+use crate::algorithm::{direct, halving_doubling, recursive_doubling, ring};
 use crate::error::Result;
 use crate::op::{Algorithm, OpKind};
+use crate::schedule::partition;
 use crate::tensor::reduce::ReduceOp;
 use crate::tensor::Tensor;
 use bytes::Bytes;
@@ -47,6 +48,7 @@ impl Planner<'_> {
         let s = match alg {
             Algorithm::Ring => ring::all_reduce(me, w, n, self.seg_elems(dt)),
             Algorithm::HalvingDoubling => halving_doubling::all_reduce(me, w, n),
+            Algorithm::Direct => direct::all_reduce(me, w, &partition(n, w)),
             _ => recursive_doubling::all_reduce(me, w, n),
         };
         let mut init = vec![None; s.layout.chunk_elems.len()];
@@ -57,7 +59,12 @@ impl Planner<'_> {
             &data,
             dt.size(),
         )?;
-        Ok(self.collective(checked, alg, s, init))
+        let share = if alg == Algorithm::Direct {
+            Share::Folds
+        } else {
+            Share::Nothing
+        };
+        Ok(self.collective(checked, alg, s, init).sharing(share))
     }
 }
 

@@ -17,6 +17,7 @@ mod p2p;
 mod reduce;
 mod reduce_scatter;
 mod request;
+mod select;
 
 pub use request::Request;
 
@@ -113,6 +114,7 @@ pub(crate) enum Body {
         schedule: Schedule,
         init: Vec<Option<Bytes>>,
         finish: Finish,
+        share: Share,
     },
     Send {
         dst: usize,
@@ -125,6 +127,22 @@ pub(crate) enum Body {
         tag: u32,
         spec: TensorSpec,
     },
+}
+
+/// Which chunks of a call's output a rank writes into the arena the ranks of one process
+/// share for it (see [`crate::tensor::arena`]); the engine uses an arena only where its data
+/// plane offers one, and only for outputs made of all the call's chunks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Share {
+    /// No arena: the output is joined from the chunks.
+    #[default]
+    Nothing,
+    /// The chunks this rank reduces in a step that folds several received values are
+    /// written into the arena (direct all_reduce: each rank its own block).
+    Folds,
+    /// These chunks of this rank's own data are copied into the arena when the call starts
+    /// (direct all_gather_into_tensor: each rank its own block).
+    Own(Range<usize>),
 }
 
 /// A validated call, ready for the engine.
@@ -156,6 +174,14 @@ impl Plan {
         }
     }
 
+    /// With `share` as the arena use of a collective's plan.
+    fn sharing(mut self, how: Share) -> Plan {
+        if let Body::Collective { share, .. } = &mut self.body {
+            *share = how;
+        }
+        self
+    }
+
     /// Whether this is a point-to-point call (matched by tag, outside the group sequence).
     pub fn is_p2p(&self) -> bool {
         matches!(self.body, Body::Send { .. } | Body::Recv { .. })
@@ -179,6 +205,7 @@ impl Plan {
                 schedule,
                 init,
                 finish,
+                share: Share::Nothing,
             },
             timeout,
             group_size,
@@ -230,26 +257,7 @@ pub fn busbw_factor(kind: OpKind, n: usize) -> f64 {
     }
 }
 
-/// The default algorithm for a call of `kind` moving `bytes` bytes per rank in a group of `w`.
-pub fn select(kind: OpKind, bytes: usize, w: usize) -> Algorithm {
-    match kind {
-        OpKind::AllReduce if bytes <= 32 << 10 || w <= 2 && bytes <= 1 << 20 => {
-            Algorithm::RecursiveDoubling
-        }
-        OpKind::AllReduce if bytes <= 1 << 20 => Algorithm::HalvingDoubling,
-        OpKind::AllReduce => Algorithm::Ring,
-        OpKind::AllGather
-        | OpKind::AllGatherIntoTensor
-        | OpKind::ReduceScatter
-        | OpKind::ReduceScatterTensor
-            if bytes <= 64 << 10 =>
-        {
-            Algorithm::Direct
-        }
-        OpKind::Reduce | OpKind::Broadcast if w <= 2 => Algorithm::Direct,
-        k => k.algorithms()[0],
-    }
-}
+pub use select::select;
 
 /// A call whose arguments passed the collective's checks: everything of the plan that does
 /// not depend on the algorithm.
@@ -333,7 +341,7 @@ impl Planner<'_> {
         match forced {
             Some(a) if kind.algorithms().contains(&a) => Ok(a),
             Some(a) => Err(Error::invalid(format!("algorithm {a} cannot run {kind}"))),
-            None => Ok(select(kind, bytes, self.w())),
+            None => Ok(select(kind, bytes, self.w(), self.g.options.locality)),
         }
     }
 
@@ -366,6 +374,7 @@ impl Planner<'_> {
                 schedule,
                 init,
                 finish: checked.finish,
+                share: Share::Nothing,
             },
             timeout: self.opts.timeout.unwrap_or(self.g.options.timeout),
             group_size: self.w(),

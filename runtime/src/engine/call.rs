@@ -5,11 +5,13 @@
 use super::flow::FlowOut;
 use super::output::{build_output, check_payload};
 use super::{Engine, Event, Op, OpId, State, DONE_KEPT};
+use crate::collective::Share;
 use crate::error::{Error, ProtocolError};
 use crate::ids::GroupId;
 use crate::schedule::Action;
 use crate::time::Time;
 use crate::wire::message::{Header, Message, Transmit};
+use bytes::Bytes;
 
 impl Engine {
     /// Starts collective call `id` (its op is `op`, in state [`State::Coll`]): registers its
@@ -176,6 +178,59 @@ impl Engine {
                 return;
             }
             let (dtype, rop) = (op.fp.dtype, op.reduce);
+            // A step that reduces several received values into the same chunks folds them
+            // in one pass; this rank's folds go into the call's shared output if it has one.
+            let to_arena = matches!(&c.arena, Some((_, Share::Folds)));
+            let folds = step.recvs.first().is_some_and(|first| {
+                (step.recvs.len() > 1 || to_arena)
+                    && step.recvs.iter().all(|r| {
+                        matches!(r.action, Action::Reduce { .. }) && r.chunks == first.chunks
+                    })
+            });
+            if folds {
+                let parts: Vec<(Vec<Bytes>, bool)> = step
+                    .recvs
+                    .iter()
+                    .map(|r| {
+                        let first = matches!(r.action, Action::Reduce { remote_first: true });
+                        (c.inbox.remove(&(r.peer, r.tag)).unwrap_or_default(), first)
+                    })
+                    .collect();
+                let chunks = step.recvs.first().map_or(0..0, |r| r.chunks.clone());
+                for (i, ch) in chunks.enumerate() {
+                    let new = match (rop, &c.chunks[ch]) {
+                        (Some(rop), Some(local)) => {
+                            let others: Vec<(&[u8], bool)> = parts
+                                .iter()
+                                .map(|(p, f)| (p.get(i).map_or(&[][..], |b| &b[..]), *f))
+                                .collect();
+                            let into = match &c.arena {
+                                Some((a, Share::Folds)) => {
+                                    a.claim(c.output_range(ch, dtype.size()))
+                                }
+                                _ => None,
+                            };
+                            self.plane.fold(dtype, rop, local, &others, into)
+                        }
+                        (None, _) => Err(Error::internal(format!(
+                            "a reduce step in {}, which has no reduce op",
+                            op.fp
+                        ))),
+                        (_, None) => Err(Error::internal("reduce into an empty chunk")),
+                    };
+                    match new {
+                        Ok(b) => c.chunks[ch] = Some(b),
+                        Err(e) => {
+                            let gid = op.group;
+                            self.abort(gid, e.clone(), Some((id, e)), true);
+                            return;
+                        }
+                    }
+                }
+                c.step += 1;
+                c.posted = false;
+                continue;
+            }
             for r in &step.recvs {
                 let parts = c.inbox.remove(&(r.peer, r.tag)).unwrap_or_default();
                 for (ch, part) in r.chunks.clone().zip(parts) {

@@ -25,12 +25,13 @@ mod output;
 mod p2p;
 pub(crate) mod p2p_flow;
 
-use crate::collective::{Body, Finish, Output, Plan, TensorSpec};
+use crate::collective::{Body, Finish, Output, Plan, Share, TensorSpec};
 use crate::data_plane::{DataPlane, HostPlane};
 use crate::error::{Error, ProtocolError, RankCall, Result};
 use crate::group::GroupId;
 use crate::ids::Fingerprint;
 use crate::schedule::Schedule;
+use crate::tensor::arena::Arena;
 use crate::tensor::reduce::ReduceOp;
 use crate::time::Time;
 use crate::wire::message::{Header, Message, Transmit};
@@ -38,6 +39,7 @@ use bytes::Bytes;
 use groups::Group;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Identifies a submitted call within one engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -79,6 +81,19 @@ struct Coll {
     /// Chunks each expected (source, tag) carries.
     expected: HashMap<(usize, u32), Range<usize>>,
     finish: Finish,
+    /// The output the ranks of this process share for this call, and which chunks this rank
+    /// writes into it (see `tensor::arena`).
+    arena: Option<(Arc<Arena>, Share)>,
+}
+
+impl Coll {
+    /// Where chunk `ch` lies in the call's output, in bytes (for outputs made of every chunk).
+    fn output_range(&self, ch: usize, size: usize) -> Range<usize> {
+        let elems = &self.sched.layout.chunk_elems;
+        let start: usize = elems[..ch.min(elems.len())].iter().sum();
+        let len = elems.get(ch).copied().unwrap_or(0);
+        start * size..(start + len) * size
+    }
 }
 
 enum State {
@@ -131,12 +146,19 @@ pub struct Engine {
 /// Free buffers (reduction results, joined outputs) an engine keeps for reuse: room for a
 /// 64 MiB output and its chunks (larger limits measured no faster; each engine keeps at
 /// most this much, so a process of W in-process ranks up to W times it).
-const POOL_BYTES: usize = 128 << 20;
+pub const POOL_BYTES: usize = 128 << 20;
 
 impl Engine {
     /// An engine for global rank `rank`.
     pub fn new(rank: usize) -> Engine {
         Engine::with_data_plane(rank, Box::new(HostPlane::new(POOL_BYTES)))
+    }
+
+    /// An engine for global rank `rank` of an in-process world: its peers share its address
+    /// space, and calls whose output can be shared get one buffer for all of them from
+    /// `arenas` (see [`crate::tensor::arena`]).
+    pub fn in_process(rank: usize, arenas: Arc<crate::data_plane::Arenas>) -> Engine {
+        Engine::with_data_plane(rank, Box::new(HostPlane::shared(POOL_BYTES, arenas)))
     }
 
     /// An engine for global rank `rank` whose chunks live in, and are combined by, `plane`
@@ -286,8 +308,9 @@ impl Engine {
             }
             Body::Collective {
                 schedule,
-                init,
+                mut init,
                 finish,
+                share,
             } => {
                 let mut expected = HashMap::new();
                 for step in &schedule.steps {
@@ -295,16 +318,44 @@ impl Engine {
                         expected.insert((r.peer, r.tag), r.chunks.clone());
                     }
                 }
-                let coll = Coll {
+                let size = fp.dtype.size();
+                let arena = match (&share, &finish) {
+                    (Share::Folds | Share::Own(_), Finish::Whole(_)) => self
+                        .plane
+                        .arena((group, seq), schedule.layout.total().saturating_mul(size))
+                        .map(|a| (a, share)),
+                    _ => None,
+                };
+                let mut coll = Coll {
                     seq,
                     sched: schedule,
                     step: 0,
                     posted: false,
-                    chunks: init,
+                    chunks: Vec::new(),
                     inbox: HashMap::new(),
                     expected,
                     finish,
+                    arena: None,
                 };
+                if let Some((a, Share::Own(own))) = &arena {
+                    // This rank's own blocks go into the shared output now; a range it cannot
+                    // claim (a stale arena) stays where it is, and the output is joined.
+                    for ch in own.clone() {
+                        let range = coll.output_range(ch, size);
+                        let Some(Some(data)) = init.get(ch) else {
+                            continue;
+                        };
+                        if data.len() != range.len() {
+                            continue;
+                        }
+                        if let Some(mut part) = a.claim(range) {
+                            part.bytes_mut().copy_from_slice(data);
+                            init[ch] = Some(part.freeze());
+                        }
+                    }
+                }
+                coll.chunks = init;
+                coll.arena = arena;
                 self.submit_collective(id, op(Some(seq), State::Coll(Box::new(coll))), now);
             }
         }

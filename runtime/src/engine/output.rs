@@ -59,6 +59,24 @@ fn concat(plane: &dyn DataPlane, chunks: &[Option<Bytes>], dtype: DType) -> Resu
     plane.join(dtype, &parts)
 }
 
+/// The call's output as the arena the ranks of this process share for it (no copy), if
+/// every chunk is the arena's frozen bytes at its own offset; else `None`, and the chunks
+/// are joined.
+fn shared(c: &Coll, dtype: DType) -> Option<Bytes> {
+    let (arena, _) = c.arena.as_ref()?;
+    let mut at = 0usize;
+    for (chunk, &elems) in c.chunks.iter().zip(&c.sched.layout.chunk_elems) {
+        let b = chunk.as_ref()?;
+        if !b.is_empty() && !arena.holds_at(b, at) {
+            return None;
+        }
+        at = at.checked_add(elems.checked_mul(dtype.size())?)?;
+    }
+    (at == arena.len() && c.chunks.len() == c.sched.layout.chunk_elems.len())
+        .then(|| arena.frozen(0..at))
+        .flatten()
+}
+
 pub(super) fn build_output(
     plane: &dyn DataPlane,
     c: Coll,
@@ -74,11 +92,19 @@ pub(super) fn build_output(
     };
     let layout = &c.sched.layout;
     let tensor = |b: Bytes, shape: Vec<usize>| Tensor::from_parts(b, dtype, shape);
+    let whole = match c.finish {
+        Finish::Whole(_) => shared(&c, dtype),
+        _ => None,
+    };
     Ok(match c.finish {
         Finish::Nothing => Output::None,
         Finish::Return(t) => Output::Tensor(t),
         Finish::Whole(shape) => {
-            Output::Tensor(tensor(post(concat(plane, &c.chunks, dtype)?)?, shape))
+            let whole = match whole {
+                Some(b) => b,
+                None => concat(plane, &c.chunks, dtype)?,
+            };
+            Output::Tensor(tensor(post(whole)?, shape))
         }
         Finish::Concat(blocks, shape) => {
             let b = concat(plane, &c.chunks[layout.chunks_of(blocks)], dtype)?;

@@ -5,6 +5,7 @@
 //! message payloads: that is how in-process ranks share data. Operations that produce new
 //! values (reductions, the local [`scatter_`](Tensor::scatter_) family) write a new buffer.
 
+pub mod arena;
 pub mod dtype;
 pub mod local_ops;
 pub mod pool;

@@ -400,6 +400,60 @@ pub(crate) fn combine(
     })
 }
 
+/// Elements per tile of [`fold_into`]: a tile of every operand stays in the first cache levels
+/// while all of them are folded into it.
+const FOLD_TILE_BYTES: usize = 16 << 10;
+
+/// `local` folded with each of `others` in order — `acc = x (op) acc` where `x`'s flag says
+/// the received value goes first, else `acc = acc (op) x` — written into `out` once: the same
+/// bits as combining pairwise in that order, but one pass over memory however many operands
+/// there are (tile by tile), instead of one pass, and one new buffer, per operand. All are
+/// `dtype` storage of `out`'s length; `out` is 8-aligned.
+pub(crate) fn fold_into(
+    dtype: DType,
+    op: ReduceOp,
+    local: &[u8],
+    others: &[(&[u8], bool)],
+    out: &mut [u8],
+) -> Result<()> {
+    if local.len() != out.len() || others.iter().any(|(x, _)| x.len() != out.len()) {
+        return Err(Error::invalid("reduce operands differ in length"));
+    }
+    let Some(((first, first_remote), rest)) = others.split_first() else {
+        out.copy_from_slice(local);
+        return Ok(());
+    };
+    let c = op.combiner();
+    let is_bool = dtype == DType::Bool;
+    crate::with_storage_type!(dtype, T => {
+        let out: &mut [T] = bytemuck::try_cast_slice_mut(out)
+            .map_err(|e| Error::internal(format!("misaligned fold output: {e}")))?;
+        let local = view::<T>(local)?;
+        let first = view::<T>(first)?;
+        let rest = rest
+            .iter()
+            .map(|(x, f)| Ok((view::<T>(x)?, *f)))
+            .collect::<Result<Vec<_>>>()?;
+        let tile = (FOLD_TILE_BYTES / std::mem::size_of::<T>()).max(1);
+        let mut tmp = vec![<T as bytemuck::Zeroable>::zeroed(); if rest.is_empty() { 0 } else { tile.min(out.len()) }];
+        for start in (0..out.len()).step_by(tile) {
+            let end = (start + tile).min(out.len());
+            let acc = &mut out[start..end];
+            let (l, x) = (&local[start..end], &first[start..end]);
+            let (a, b) = if *first_remote { (x, l) } else { (l, x) };
+            <T as Kernel>::combine(c, a, b, acc, is_bool).ok_or_else(|| unsupported(op, dtype))?;
+            for (x, remote_first) in &rest {
+                let t = &mut tmp[..end - start];
+                let x = &x[start..end];
+                let (a, b) = if *remote_first { (x, &*acc) } else { (&*acc, x) };
+                <T as Kernel>::combine(c, a, b, t, is_bool).ok_or_else(|| unsupported(op, dtype))?;
+                acc.copy_from_slice(t);
+            }
+        }
+        Ok(())
+    })
+}
+
 /// The input transform of `op` (PremulSum's scaling), or `None` when there is none.
 pub(crate) fn pre(dtype: DType, op: ReduceOp, a: &[u8]) -> Result<Option<Bytes>> {
     let ReduceOp::PremulSum(s) = op else {
@@ -467,6 +521,63 @@ mod tests {
         );
         r.map(|b| bytemuck::cast_slice::<u8, T>(&b).to_vec())
             .unwrap_or_default()
+    }
+
+    /// `fold_into` over several operands, across tile boundaries, gives the bits of the
+    /// pairwise combines in the same order (with the received value first or second).
+    #[test]
+    fn a_fold_is_the_pairwise_combines_in_order() {
+        let n = FOLD_TILE_BYTES / 2 + 37; // several f16 and f32 tiles, a ragged last one
+        let vals = |k: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 31 + k * 17) % 101) as f32 / 7.0 - 5.0)
+                .collect()
+        };
+        let (local, xs) = (vals(0), [vals(1), vals(2), vals(3)]);
+        let flags = [true, false, true];
+        for op in [ReduceOp::Sum, ReduceOp::Product, ReduceOp::Max] {
+            for dtype in [DType::F32, DType::F16] {
+                let bytes = |v: &[f32]| -> Vec<u8> {
+                    match dtype {
+                        DType::F16 => {
+                            let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+                            bytemuck::cast_slice(&h).to_vec()
+                        }
+                        _ => bytemuck::cast_slice(v).to_vec(),
+                    }
+                };
+                let pool = Pool::new(1 << 24);
+                let mut want = Bytes::from(bytes(&local));
+                for (x, &first) in xs.iter().zip(&flags) {
+                    let x = bytes(x);
+                    want = if first {
+                        combine(dtype, op, &x, &want, &pool)
+                    } else {
+                        combine(dtype, op, &want, &x, &pool)
+                    }
+                    .unwrap_or_default();
+                }
+                let others: Vec<Vec<u8>> = xs.iter().map(|x| bytes(x)).collect();
+                let refs: Vec<(&[u8], bool)> =
+                    others.iter().zip(flags).map(|(x, f)| (&x[..], f)).collect();
+                let mut out = pool.take(want.len());
+                let folded = fold_into(dtype, op, &bytes(&local), &refs, out.bytes_mut());
+                assert!(folded.is_ok(), "{op} {dtype}: {folded:?}");
+                assert_eq!(out.as_ref(), &want[..], "{op} {dtype}");
+            }
+        }
+        let mut out = [0u8; 8];
+        assert!(
+            fold_into(
+                DType::F32,
+                ReduceOp::Sum,
+                &[0; 8],
+                &[(&[0; 4], false)],
+                &mut out
+            )
+            .is_err(),
+            "operands of another length are refused"
+        );
     }
 
     #[test]

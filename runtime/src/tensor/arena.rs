@@ -1,0 +1,292 @@
+//! [`Arena`]: one output buffer that the ranks of a process fill together, each its own
+//! disjoint part, and then all share as immutable `Bytes`. This is how an in-process world
+//! gives W ranks one result instead of W copies: the rank that reduces (or owns) block `b`
+//! writes it straight into the arena, sends the frozen part to its peers (a message in one
+//! process carries the `Bytes`, not a copy), and every rank's output is the whole arena once
+//! every part is frozen — no join, no copy, one allocation for the world.
+//!
+//! The safety argument is the claim rule, checked at run time under the arena's lock:
+//! - a byte range is written only through the one [`ArenaPart`] that claimed it, and a claim
+//!   never overlaps another (so writers never alias, and never alias a reader);
+//! - a range is read only once it is frozen ([`ArenaPart::freeze`] consumes the part, so its
+//!   writer is gone), and a frozen range is never claimed again.
+//!
+//! Correctness never depends on the arena: a caller that cannot claim a part (a stale arena,
+//! a mismatched call) falls back to an ordinary buffer, and an output is taken from the arena
+//! only when every chunk of it is the frozen part at its own offset ([`Arena::frozen`]).
+//!
+//! This module holds the crate's only `unsafe` code outside the zero-copy casts of
+//! `bytemuck`; its tests run under Miri (`cargo +nightly miri test -p collectix-runtime arena`).
+
+#![allow(unsafe_code)]
+
+use crate::tensor::pool::{Pool, PoolBuf};
+use bytes::Bytes;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Who holds each claimed range of an arena.
+#[derive(Default)]
+struct Claims {
+    /// Ranges claimed by a live [`ArenaPart`] (being written).
+    writing: Vec<Range<usize>>,
+    /// Ranges frozen: written once, read-only from now on.
+    frozen: Vec<Range<usize>>,
+}
+
+impl Claims {
+    fn overlaps(&self, r: &Range<usize>) -> bool {
+        self.writing
+            .iter()
+            .chain(&self.frozen)
+            .any(|c| c.start < r.end && r.start < c.end)
+    }
+
+    /// Whether `r` is covered by frozen ranges.
+    fn covered(&self, r: &Range<usize>) -> bool {
+        let mut frozen: Vec<&Range<usize>> = self
+            .frozen
+            .iter()
+            .filter(|c| c.start < r.end && r.start < c.end)
+            .collect();
+        frozen.sort_by_key(|c| c.start);
+        let mut at = r.start;
+        for c in frozen {
+            if c.start > at {
+                return false;
+            }
+            at = at.max(c.end);
+        }
+        at >= r.end
+    }
+}
+
+/// One buffer filled in disjoint parts by several ranks, then shared read-only (see the
+/// module doc). Its memory comes from a [`Pool`] and goes back to it when the last share is
+/// dropped.
+pub struct Arena {
+    /// The start of the buffer (8-aligned; `len` bytes). Derived once from `_buf`, which is
+    /// never touched again until it is dropped.
+    base: *mut u8,
+    len: usize,
+    claims: Mutex<Claims>,
+    /// Owns the memory `base` points into; returns it to its pool on drop.
+    _buf: PoolBuf,
+}
+
+// SAFETY: `base` points into `_buf`, which the arena owns and which lives as long as it. Every
+// access through `base` follows the claim rule (module doc), enforced under `claims`: writes
+// go through one exclusive `ArenaPart` per range, reads only to frozen ranges. So sharing the
+// arena between threads creates no data race.
+unsafe impl Send for Arena {}
+// SAFETY: as for `Send`: `&Arena` gives no access to the buffer outside the claim rule.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    /// An arena of `len` bytes from `pool` (8-aligned, so any element type can view it); its
+    /// contents are unspecified until its parts are written.
+    pub fn new(pool: &Pool, len: usize) -> Arc<Arena> {
+        let mut buf = pool.take(len);
+        let bytes = buf.bytes_mut();
+        let base = bytes.as_mut_ptr();
+        let len = bytes.len();
+        Arc::new(Arena {
+            base,
+            len,
+            claims: Mutex::new(Claims::default()),
+            _buf: buf,
+        })
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn claims(&self) -> MutexGuard<'_, Claims> {
+        self.claims.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The exclusive right to write `range`; `None` if it is out of bounds, empty, or
+    /// overlaps a range claimed before (by this rank or another).
+    pub fn claim(self: &Arc<Self>, range: Range<usize>) -> Option<ArenaPart> {
+        if range.start >= range.end || range.end > self.len {
+            return None;
+        }
+        let mut c = self.claims();
+        if c.overlaps(&range) {
+            return None;
+        }
+        c.writing.push(range.clone());
+        Some(ArenaPart {
+            arena: self.clone(),
+            range,
+        })
+    }
+
+    /// `range` as shared `Bytes`, if every byte of it is frozen.
+    pub fn frozen(self: &Arc<Self>, range: Range<usize>) -> Option<Bytes> {
+        if range.start > range.end || range.end > self.len {
+            return None;
+        }
+        if range.is_empty() {
+            return Some(Bytes::new());
+        }
+        if !self.claims().covered(&range) {
+            return None;
+        }
+        Some(Bytes::from_owner(Frozen {
+            arena: self.clone(),
+            range,
+        }))
+    }
+
+    /// Whether `b` is exactly the arena's bytes at `offset..offset + b.len()` (the same
+    /// memory, not equal contents).
+    pub fn holds_at(&self, b: &[u8], offset: usize) -> bool {
+        (self.base as usize).checked_add(offset) == Some(b.as_ptr() as usize)
+            && offset
+                .checked_add(b.len())
+                .is_some_and(|end| end <= self.len)
+    }
+}
+
+/// The exclusive right to write one range of an [`Arena`]; [`freeze`](ArenaPart::freeze)
+/// ends it and shares the range.
+pub struct ArenaPart {
+    arena: Arc<Arena>,
+    range: Range<usize>,
+}
+
+impl ArenaPart {
+    /// The range's bytes, to fill (their contents are unspecified until then).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the range is in bounds (checked by `claim`) and claimed by this part alone:
+        // no other part writes it and nobody reads it until it is frozen, which consumes this
+        // part. The `&mut self` borrow makes the slice the only access through this part.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.arena.base.add(self.range.start),
+                self.range.end - self.range.start,
+            )
+        }
+    }
+
+    /// Ends the writing and shares the range, read-only from now on.
+    pub fn freeze(self) -> Bytes {
+        let range = self.range.clone();
+        {
+            let mut c = self.arena.claims();
+            c.writing.retain(|r| *r != range);
+            c.frozen.push(range.clone());
+        }
+        Bytes::from_owner(Frozen {
+            arena: self.arena.clone(),
+            range,
+        })
+    }
+}
+
+impl Drop for ArenaPart {
+    fn drop(&mut self) {
+        // A part dropped unfrozen (an error midway) keeps its claim: its range was maybe
+        // half-written and is never read, nor claimed again.
+    }
+}
+
+/// A frozen range of an arena, as the owner of a `Bytes`.
+struct Frozen {
+    arena: Arc<Arena>,
+    range: Range<usize>,
+}
+
+impl AsRef<[u8]> for Frozen {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the range is in bounds and frozen: its writer is gone (freezing consumed
+        // it) and it is never claimed again, so shared reads of it cannot race a write.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.arena.base.add(self.range.start),
+                self.range.end - self.range.start,
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_written_on_several_threads_read_back_as_one_buffer() {
+        let pool = Pool::new(1 << 20);
+        let arena = Arena::new(&pool, 64);
+        let parts: Vec<Bytes> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|k| {
+                    let arena = arena.clone();
+                    s.spawn(move || {
+                        let mut p = arena.claim(k * 16..(k + 1) * 16)?;
+                        p.bytes_mut().fill(k as u8 + 1);
+                        Some(p.freeze())
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .filter_map(|h| h.join().ok().flatten())
+                .collect()
+        });
+        assert_eq!(parts.len(), 4);
+        for (k, p) in parts.iter().enumerate() {
+            assert!(arena.holds_at(p, k * 16));
+            assert!(!arena.holds_at(p, k * 16 + 1));
+        }
+        let whole = arena.frozen(0..64).map(|b| b.to_vec());
+        let want: Vec<u8> = (0..64).map(|i| (i / 16) as u8 + 1).collect();
+        assert_eq!(whole, Some(want));
+    }
+
+    #[test]
+    fn a_claimed_or_frozen_range_cannot_be_claimed_again() {
+        let pool = Pool::none();
+        let arena = Arena::new(&pool, 32);
+        let a = arena.claim(0..16);
+        assert!(a.is_some());
+        assert!(
+            arena.claim(8..24).is_none(),
+            "overlaps a part being written"
+        );
+        assert!(arena.claim(0..0).is_none() && arena.claim(16..40).is_none());
+        assert!(arena.frozen(0..16).is_none(), "not frozen yet");
+        let frozen = a.map(ArenaPart::freeze);
+        assert!(
+            arena.claim(0..16).is_none(),
+            "frozen ranges are never written again"
+        );
+        assert!(
+            arena.frozen(0..32).is_none(),
+            "half of it was never written"
+        );
+        assert_eq!(arena.frozen(0..16).map(|b| b.len()), Some(16));
+        assert_eq!(frozen.map(|b| b.len()), Some(16));
+        // A part dropped unfrozen keeps its claim, and is never readable.
+        drop(arena.claim(16..32));
+        assert!(arena.claim(16..32).is_none() && arena.frozen(16..32).is_none());
+    }
+
+    #[test]
+    fn the_memory_returns_to_the_pool_when_the_last_share_drops() {
+        let pool = Pool::new(1 << 20);
+        let arena = Arena::new(&pool, 4096);
+        let part = arena.claim(0..4096).map(ArenaPart::freeze);
+        drop(arena);
+        assert_eq!(pool.free_bytes(), 0, "the frozen part still shares it");
+        drop(part);
+        assert_eq!(pool.free_bytes(), 4096);
+    }
+}
