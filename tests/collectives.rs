@@ -188,3 +188,37 @@ fn a_root_far_ahead_of_its_peers_is_throttled_and_everything_arrives() {
         }
     }
 }
+
+/// The list-form all_gather lets ranks contribute blocks of different sizes. The default
+/// algorithm must be chosen from what every rank agrees on (the output list), not from the
+/// rank's own block: blocks of 16 B, 1 KiB and 128 KiB straddle the table's thresholds (and
+/// the 64 KiB one of the table before it), so ranks choosing by their own input picked
+/// different algorithms and the call failed with a mismatch.
+#[test]
+fn an_all_gather_whose_blocks_straddle_a_selection_threshold_completes() {
+    let world = World::local(3).unwrap_or_else(|e| panic!("{e}"));
+    let sizes = [4usize, 256, 32 << 10]; // f32 elements: 16 B, 1 KiB, 128 KiB
+    let specs: Vec<collectix::TensorSpec> = sizes
+        .iter()
+        .map(|&n| collectix::TensorSpec::new(&[n], DType::F32))
+        .collect();
+    let works: Vec<_> = world
+        .communicators()
+        .iter()
+        .map(|c| {
+            let r = c.rank();
+            let t = collectix::Tensor::from_vec(vec![r as f32; sizes[r]]);
+            c.all_gather(specs.clone(), t)
+        })
+        .collect();
+    for (r, w) in works.into_iter().enumerate() {
+        let got = w.wait().unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        for (k, t) in got.iter().enumerate() {
+            assert_eq!(
+                t.to_vec::<f32>().ok(),
+                Some(vec![k as f32; sizes[k]]),
+                "rank {r}, block {k}"
+            );
+        }
+    }
+}

@@ -25,10 +25,10 @@ use crate::rank::{Kick, RankActor};
 use crate::transport::Links;
 use crate::work::Done;
 use actix::Addr;
+use collectix_runtime::fast_hash::FastMap;
 use collectix_runtime::progress::Inbox;
 use collectix_runtime::wire::{Message, Outbox};
 use collectix_runtime::{Engine, Error, GroupId, GroupInfo, OpId, Output, Plan, Result, Time};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
@@ -71,16 +71,22 @@ pub(crate) fn spin_from_env(default: Duration) -> Duration {
 pub(crate) struct Waiting {
     done: Done<Output>,
     span: tracing::Span,
-    start: Instant,
+    /// When the call started (`None` when no subscriber records its span: reading the
+    /// clock twice per call is a measurable part of a small call).
+    start: Option<Instant>,
 }
 
 impl Waiting {
     /// Hands the result over and closes the span with the outcome and duration.
     fn finish(self, result: Result<Output>) {
-        let micros = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
-        match &result {
-            Ok(_) => tracing::debug!(parent: &self.span, micros, "call completed"),
-            Err(e) => tracing::warn!(parent: &self.span, micros, error = %e, "call failed"),
+        if let Some(start) = self.start {
+            let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+            match &result {
+                Ok(_) => tracing::debug!(parent: &self.span, micros, "call completed"),
+                Err(e) => tracing::warn!(parent: &self.span, micros, error = %e, "call failed"),
+            }
+        } else if let Err(e) = &result {
+            tracing::warn!(error = %e, "call failed");
         }
         (self.done)(result);
     }
@@ -110,7 +116,7 @@ pub(crate) struct Core {
     /// One link per global rank, with the messages it refused waiting in front of it.
     links: Option<(Links, Vec<Outbox<Message>>)>,
     /// Callers waiting, each with its call's span (closed with the outcome) and start.
-    waiting: HashMap<OpId, Waiting>,
+    waiting: FastMap<OpId, Waiting>,
     /// Messages sent before the links were installed.
     backlog: Vec<(usize, Message)>,
     /// The world is shutting down: arrivals are dropped and calls refused.
@@ -208,6 +214,9 @@ pub(crate) struct Driver {
     timer_at: AtomicU64,
     /// How long a waiting caller drives the rank before it parks.
     spin: Duration,
+    /// Whether a spinning caller yields its core now and then: when the process's ranks
+    /// outnumber the cores, the rank it waits for may need that core to run.
+    yields: bool,
     /// The rank's actor has stopped: links to this rank are closed.
     closed: AtomicBool,
     /// Times the actor was woken (a statistic for the bench).
@@ -230,13 +239,18 @@ struct Bell {
 
 impl Driver {
     /// A rank's driver, its engine holding the world group.
-    pub(crate) fn new(mut engine: Engine, world: GroupInfo, spin: Duration) -> Driver {
+    pub(crate) fn new(
+        mut engine: Engine,
+        world: GroupInfo,
+        spin: Duration,
+        yields: bool,
+    ) -> Driver {
         engine.add_group(world, Time::ZERO);
         Driver {
             core: Mutex::new(Core {
                 engine,
                 links: None,
-                waiting: HashMap::new(),
+                waiting: FastMap::default(),
                 backlog: Vec::new(),
                 quiesced: false,
                 leaving: None,
@@ -247,6 +261,7 @@ impl Driver {
             origin: Instant::now(),
             timer_at: AtomicU64::new(u64::MAX),
             spin,
+            yields,
             closed: AtomicBool::new(false),
             wakeups: AtomicU64::new(0),
             owed: Arc::new(Mutex::new(Vec::new())),
@@ -498,14 +513,8 @@ impl Driver {
                 span.record("seq", seq);
             }
             let id = core.engine.submit(group, seq, plan, now);
-            core.waiting.insert(
-                id,
-                Waiting {
-                    done,
-                    span,
-                    start: Instant::now(),
-                },
-            );
+            let start = (!span.is_disabled()).then(Instant::now);
+            core.waiting.insert(id, Waiting { done, span, start });
         });
     }
 
@@ -664,8 +673,10 @@ impl Driver {
                 if now.duration_since(active) >= idle || now.duration_since(start) >= limit {
                     break;
                 }
-                // More ranks than cores: let the thread we are waiting for run.
-                std::thread::yield_now();
+                if self.yields {
+                    // More ranks than cores: let the thread we are waiting for run.
+                    std::thread::yield_now();
+                }
             } else {
                 std::hint::spin_loop();
             }

@@ -249,6 +249,8 @@ fn join(
         collectix_runtime::Engine::new(rank),
         info.clone(),
         spin_from_env(DEFAULT_SPIN_TCP),
+        // The job's other processes may share this host's cores: yield now and then.
+        true,
     ));
     let system::Started {
         system,

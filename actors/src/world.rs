@@ -46,12 +46,16 @@ impl World {
         // The ranks share an address space: outputs that can be shared are one buffer for
         // all of them (tensors are immutable values).
         let arenas = Arenas::new(POOL_BYTES);
+        // Spinning callers yield their core now and then only if the ranks outnumber the
+        // cores (a yield is a system call; with a core each, the peer is already running).
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let yields = n > cores;
         let drivers: Vec<Arc<Driver>> = infos
             .iter()
             .enumerate()
             .map(|(r, info)| {
                 let engine = Engine::in_process(r, arenas.clone());
-                Arc::new(Driver::new(engine, info.clone(), spin))
+                Arc::new(Driver::new(engine, info.clone(), spin, yields))
             })
             .collect();
         let started = system::start("collectix-system", drivers.clone())?;

@@ -21,8 +21,17 @@ enum State<T> {
     Taken,
 }
 
+/// The slot's state, and how many threads are blocked on its condition variable (so that
+/// completing a call nobody blocks on makes no system call: a futex wake-up is a syscall
+/// even with no waiter, and a waiting caller that drives its rank usually sees the value
+/// before it would block).
+struct Inner<T> {
+    st: State<T>,
+    sleepers: usize,
+}
+
 struct Shared<T> {
-    state: Mutex<State<T>>,
+    state: Mutex<Inner<T>>,
     ready: Condvar,
 }
 
@@ -39,7 +48,10 @@ pub struct Waiter<T> {
 /// A new, empty slot.
 pub fn slot<T>() -> (Completer<T>, Waiter<T>) {
     let shared = Arc::new(Shared {
-        state: Mutex::new(State::Pending(None)),
+        state: Mutex::new(Inner {
+            st: State::Pending(None),
+            sleepers: 0,
+        }),
         ready: Condvar::new(),
     });
     (
@@ -59,47 +71,53 @@ fn wake_guarded(w: Waker) -> Option<Error> {
 }
 
 fn set<T>(shared: &Shared<T>, value: Result<T>) {
-    let waker = {
+    let (waker, sleepers) = {
         let mut st = lock(&shared.state);
-        match std::mem::replace(&mut *st, State::Taken) {
+        let waker = match std::mem::replace(&mut st.st, State::Taken) {
             State::Pending(Some(w)) => {
-                *st = State::Waking(value, None);
+                st.st = State::Waking(value, None);
                 Some(w)
             }
             State::Pending(None) => {
-                *st = State::Ready(value);
+                st.st = State::Ready(value);
                 None
             }
             other => {
-                *st = other;
+                st.st = other;
                 None
             }
-        }
+        };
+        (waker, st.sleepers)
     };
     let Some(w) = waker else {
-        shared.ready.notify_all();
+        if sleepers > 0 {
+            shared.ready.notify_all();
+        }
         return;
     };
     // A panicking waker fails the call it was woken for (the executor that panicked may never
     // poll again, but any later poll or wait sees it).
     let panicked = wake_guarded(w);
-    let later = {
+    let (later, sleepers) = {
         let mut st = lock(&shared.state);
-        match std::mem::replace(&mut *st, State::Taken) {
+        let later = match std::mem::replace(&mut st.st, State::Taken) {
             State::Waking(v, later) => {
-                *st = State::Ready(match panicked {
+                st.st = State::Ready(match panicked {
                     Some(e) => Err(e),
                     None => v,
                 });
                 later
             }
             other => {
-                *st = other;
+                st.st = other;
                 None
             }
-        }
+        };
+        (later, st.sleepers)
     };
-    shared.ready.notify_all();
+    if sleepers > 0 {
+        shared.ready.notify_all();
+    }
     if let Some(l) = later {
         // The value is final now; a second panicking waker can only be ignored.
         let _ = wake_guarded(l);
@@ -126,20 +144,20 @@ impl<T> Drop for Completer<T> {
 impl<T> Waiter<T> {
     /// Whether the value is there (or was taken).
     pub fn is_completed(&self) -> bool {
-        matches!(*lock(&self.shared.state), State::Ready(_) | State::Taken)
+        matches!(lock(&self.shared.state).st, State::Ready(_) | State::Taken)
     }
 
     /// Takes the value if it is there, else registers `cx`'s waker.
     pub fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let mut st = lock(&self.shared.state);
-        match std::mem::replace(&mut *st, State::Taken) {
+        match std::mem::replace(&mut st.st, State::Taken) {
             State::Ready(v) => Poll::Ready(v),
             State::Pending(_) => {
-                *st = State::Pending(Some(cx.waker().clone()));
+                st.st = State::Pending(Some(cx.waker().clone()));
                 Poll::Pending
             }
             State::Waking(v, _) => {
-                *st = State::Waking(v, Some(cx.waker().clone()));
+                st.st = State::Waking(v, Some(cx.waker().clone()));
                 Poll::Pending
             }
             State::Taken => Poll::Ready(Err(Error::invalid("the result was already taken"))),
@@ -150,16 +168,18 @@ impl<T> Waiter<T> {
     pub fn wait(self) -> Result<T> {
         let mut st = lock(&self.shared.state);
         loop {
-            match std::mem::replace(&mut *st, State::Taken) {
+            match std::mem::replace(&mut st.st, State::Taken) {
                 State::Ready(v) => return v,
                 State::Taken => return Err(Error::invalid("the result was already taken")),
                 pending @ (State::Pending(_) | State::Waking(..)) => {
-                    *st = pending;
+                    st.st = pending;
+                    st.sleepers += 1;
                     st = self
                         .shared
                         .ready
                         .wait(st)
                         .unwrap_or_else(|e| e.into_inner());
+                    st.sleepers -= 1;
                 }
             }
         }
@@ -171,21 +191,23 @@ impl<T> Waiter<T> {
         let mut st = lock(&self.shared.state);
         let mut waited = false;
         loop {
-            match std::mem::replace(&mut *st, State::Taken) {
+            match std::mem::replace(&mut st.st, State::Taken) {
                 State::Ready(v) => return Some(v),
                 State::Taken => return Some(Err(Error::invalid("the result was already taken"))),
                 pending @ (State::Pending(_) | State::Waking(..)) => {
-                    *st = pending;
+                    st.st = pending;
                     if waited {
                         return None;
                     }
                     // One timed wait: spurious wake-ups end it early, which is allowed.
+                    st.sleepers += 1;
                     st = self
                         .shared
                         .ready
                         .wait_timeout(st, d)
                         .map(|(g, _)| g)
                         .unwrap_or_else(|e| e.into_inner().0);
+                    st.sleepers -= 1;
                     waited = true;
                 }
             }

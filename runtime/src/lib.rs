@@ -65,6 +65,7 @@ pub mod completion;
 pub mod data_plane;
 pub mod engine;
 pub mod error;
+pub mod fast_hash;
 pub mod group;
 pub mod ids;
 #[cfg(all(test, collectix_loom))]

@@ -45,7 +45,9 @@ impl Planner<'_> {
             count: Some(total as u64),
             root: None,
             op: None,
-            bytes: input.nbytes(),
+            // The mean block, which every rank computes alike from the output list: blocks may
+            // differ in size, and ranks choosing the algorithm by their own would disagree.
+            bytes: (total / w.max(1)).saturating_mul(dt.size()),
             finish: Finish::Blocks(0..w, outputs.into_iter().map(|o| o.shape).collect()),
         };
         Ok((checked, blocks, input.into_bytes()))

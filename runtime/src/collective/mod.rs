@@ -272,7 +272,9 @@ struct Checked {
     root: Option<usize>,
     /// The reduction, for reducing collectives.
     op: Option<ReduceOp>,
-    /// The size in bytes the default algorithm is chosen by (see [`select`]).
+    /// The size in bytes the default algorithm is chosen by (see [`select`]): the same on
+    /// every rank of the call (for the list-form all_gather, whose blocks may differ, the
+    /// mean block), or ranks would choose different algorithms.
     bytes: usize,
     /// How the result is assembled from the chunks.
     finish: Finish,

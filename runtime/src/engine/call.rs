@@ -36,7 +36,7 @@ impl Engine {
         let mut out = Vec::new();
         g.flow.on_made(seq, &mut out);
         let early = g.unexpected.remove(&seq).unwrap_or_default();
-        self.ops.insert(id, op);
+        self.ops.insert(id, Box::new(op));
         self.emit(group, out);
         for m in early {
             if self.ops.contains_key(&id) {

@@ -56,7 +56,8 @@
 //! turn, never buffers more than `window` calls per peer that it has not made yet, and treats
 //! a message beyond that as a protocol violation.
 
-use std::collections::{BTreeMap, HashMap};
+use crate::fast_hash::FastMap;
+use std::collections::BTreeMap;
 
 /// What the flow state asks the engine to send.
 #[derive(Debug, PartialEq)]
@@ -170,7 +171,7 @@ pub(crate) struct Flow<T> {
     budget: u64,
     /// Calls this rank has made in the group (highest seq + 1).
     made: u64,
-    peers: HashMap<usize, Peer<T>>,
+    peers: FastMap<usize, Peer<T>>,
 }
 
 impl<T> Flow<T> {
@@ -179,7 +180,7 @@ impl<T> Flow<T> {
             window: window.max(1),
             budget,
             made: 0,
-            peers: HashMap::new(),
+            peers: FastMap::default(),
         }
     }
 

@@ -6,6 +6,7 @@ use super::flow::Flow;
 use super::p2p_flow::P2pFlow;
 use super::{Engine, Event, OpId};
 use crate::error::{Error, Result};
+use crate::fast_hash::FastMap;
 use crate::group::{GroupId, GroupInfo};
 use crate::ids::Fingerprint;
 use crate::time::Time;
@@ -18,7 +19,7 @@ pub(super) struct Group {
     /// Whether a call of this rank on the group has failed since it was aborted, so that the
     /// user heard of the failure; an abort nobody heard of is the group's *pending error*.
     pub(super) heard: bool,
-    pub(super) active: HashMap<u64, OpId>,
+    pub(super) active: FastMap<u64, OpId>,
     pub(super) unexpected: HashMap<u64, Vec<Message>>,
     pub(super) done: BTreeMap<u64, Fingerprint>,
     pub(super) forgotten_below: u64,
@@ -47,7 +48,7 @@ impl Engine {
             info,
             aborted: None,
             heard: false,
-            active: HashMap::new(),
+            active: FastMap::default(),
             unexpected: HashMap::new(),
             done: BTreeMap::new(),
             forgotten_below: 0,

@@ -28,6 +28,7 @@ pub(crate) mod p2p_flow;
 use crate::collective::{Body, Finish, Output, Plan, Share, TensorSpec};
 use crate::data_plane::{DataPlane, HostPlane};
 use crate::error::{Error, ProtocolError, RankCall, Result};
+use crate::fast_hash::FastMap;
 use crate::group::GroupId;
 use crate::ids::Fingerprint;
 use crate::schedule::Schedule;
@@ -77,9 +78,9 @@ struct Coll {
     posted: bool,
     chunks: Vec<Option<Bytes>>,
     /// Arrived payloads by (group-local source, tag).
-    inbox: HashMap<(usize, u32), Vec<Bytes>>,
+    inbox: FastMap<(usize, u32), Vec<Bytes>>,
     /// Chunks each expected (source, tag) carries.
-    expected: HashMap<(usize, u32), Range<usize>>,
+    expected: FastMap<(usize, u32), Range<usize>>,
     finish: Finish,
     /// The output the ranks of this process share for this call, and which chunks this rank
     /// writes into it (see `tensor::arena`).
@@ -122,13 +123,13 @@ struct Op {
 /// The protocol engine of one rank.
 pub struct Engine {
     rank: usize,
-    groups: HashMap<GroupId, Group>,
+    groups: FastMap<GroupId, Group>,
     /// Messages for groups this rank has not registered yet.
     orphans: HashMap<GroupId, Vec<Message>>,
     /// Messages in `orphans` and their payload bytes, per sending rank (bounded by
     /// [`ORPHANS_PER_PEER`] and [`ORPHAN_BYTES_PER_PEER`]).
     orphans_from: HashMap<usize, (usize, u64)>,
-    ops: BTreeMap<OpId, Op>,
+    ops: BTreeMap<OpId, Box<Op>>,
     next_op: u64,
     arrivals: u64,
     transmits: VecDeque<Transmit>,
@@ -166,7 +167,7 @@ impl Engine {
     pub fn with_data_plane(rank: usize, plane: Box<dyn DataPlane>) -> Engine {
         Engine {
             rank,
-            groups: HashMap::new(),
+            groups: FastMap::default(),
             orphans: HashMap::new(),
             orphans_from: HashMap::new(),
             ops: BTreeMap::new(),
@@ -312,7 +313,7 @@ impl Engine {
                 finish,
                 share,
             } => {
-                let mut expected = HashMap::new();
+                let mut expected = FastMap::default();
                 for step in &schedule.steps {
                     for r in &step.recvs {
                         expected.insert((r.peer, r.tag), r.chunks.clone());
@@ -332,7 +333,7 @@ impl Engine {
                     step: 0,
                     posted: false,
                     chunks: Vec::new(),
-                    inbox: HashMap::new(),
+                    inbox: FastMap::default(),
                     expected,
                     finish,
                     arena: None,

@@ -65,7 +65,7 @@ impl Engine {
             return;
         };
         g.p2p_posted.push(id);
-        self.ops.insert(id, op);
+        self.ops.insert(id, Box::new(op));
         self.match_p2p(group);
         // What is still posted waits for messages not here yet: ask for them. Only a new
         // receive can raise a grant (a consumed message moves one from "waiting" to
@@ -119,7 +119,7 @@ impl Engine {
             if let Some(Op {
                 state: State::Recv { src, tag, .. },
                 ..
-            }) = self.ops.get(rid)
+            }) = self.ops.get(rid).map(|b| &**b)
             {
                 match src {
                     Some(s) => *named.entry((*s, *tag)).or_insert(0) += 1,
@@ -155,7 +155,7 @@ impl Engine {
                 let Some(Op {
                     state: State::Recv { src, tag, .. },
                     ..
-                }) = self.ops.get(&rid)
+                }) = self.ops.get(&rid).map(|b| &**b)
                 else {
                     continue;
                 };
