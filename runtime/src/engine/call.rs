@@ -3,8 +3,8 @@
 //! its output is assembled ([`super::output`]).
 
 use super::flow::FlowOut;
-use super::output::{build_output, check_payload};
-use super::{Engine, Event, Op, OpId, State, DONE_KEPT};
+use super::output::check_payload;
+use super::{Engine, Event, Finishing, Op, OpId, State, DONE_KEPT};
 use crate::collective::Share;
 use crate::error::{Error, ProtocolError};
 use crate::ids::GroupId;
@@ -284,17 +284,22 @@ impl Engine {
                 }
             }
         }
-        let result = match op.state {
-            State::Coll(c) => build_output(
-                self.plane.as_ref(),
-                *c,
-                op.fp.dtype,
-                op.reduce,
-                op.group_size,
-            ),
-            State::Recv { .. } => Err(Error::internal("receive finished as a collective")),
-        };
-        self.events.push_back(Event { op: id, result });
+        match op.state {
+            // The output is assembled when the event is polled, after the messages this call
+            // (and the run that finished it) queued have been taken: a rank that joins a
+            // large output must not hold back the peer waiting for those messages.
+            State::Coll(c) => self.finishing.push_back(Finishing {
+                op: id,
+                coll: c,
+                dtype: op.fp.dtype,
+                reduce: op.reduce,
+                group_size: op.group_size,
+            }),
+            State::Recv { .. } => self.events.push_back(Event {
+                op: id,
+                result: Err(Error::internal("receive finished as a collective")),
+            }),
+        }
     }
 
     /// Removes a call's traces from its group's indexes.

@@ -32,12 +32,14 @@ use crate::fast_hash::FastMap;
 use crate::group::GroupId;
 use crate::ids::Fingerprint;
 use crate::schedule::Schedule;
+use crate::tensor::dtype::DType;
 use crate::tensor::arena::Arena;
 use crate::tensor::reduce::ReduceOp;
 use crate::time::Time;
 use crate::wire::message::{Header, Message, Transmit};
 use bytes::Bytes;
 use groups::Group;
+use output::build_output;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
@@ -69,6 +71,15 @@ pub const ORPHAN_BYTES_PER_PEER: u64 = 256 << 20;
 
 /// Fingerprints of completed calls kept per group, to check late messages against.
 const DONE_KEPT: usize = 4096;
+
+/// A collective that finished: its output is built when its event is polled.
+struct Finishing {
+    op: OpId,
+    coll: Box<Coll>,
+    dtype: DType,
+    reduce: Option<ReduceOp>,
+    group_size: usize,
+}
 
 struct Coll {
     /// The call's sequence number in its group.
@@ -134,6 +145,8 @@ pub struct Engine {
     arrivals: u64,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
+    /// Collectives that finished, whose outputs are assembled when their events are polled.
+    finishing: VecDeque<Finishing>,
     /// Where chunks live and how they are combined (host memory with recycled reduction
     /// buffers by default).
     plane: Box<dyn DataPlane>,
@@ -175,6 +188,7 @@ impl Engine {
             arrivals: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            finishing: VecDeque::new(),
             plane,
             closing: None,
             destroyed: HashSet::new(),
@@ -546,7 +560,18 @@ impl Engine {
     /// The next completed or failed call.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        if let Some(e) = self.events.pop_front() {
+            return Some(e);
+        }
+        let f = self.finishing.pop_front()?;
+        let result = build_output(
+            self.plane.as_ref(),
+            *f.coll,
+            f.dtype,
+            f.reduce,
+            f.group_size,
+        );
+        Some(Event { op: f.op, result })
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) should next be called.
