@@ -227,15 +227,17 @@ fn duplicate_message_is_a_protocol_error() {
     e.handle_message(msg(), Time::ZERO);
     let _ = e.submit(GroupId::WORLD, 0, p, Time::ZERO);
     let ev = events(&mut e);
-    // The first copy completes the call; the second is then a late duplicate: the group is
-    // aborted with a protocol error naming the sender, never a silent drop.
+    // The second copy arrives while the call still holds the first (its reduction waits
+    // for the call's own message to leave): the group is aborted with a protocol error
+    // naming the sender and the duplicate, never a silent drop. (Had the call finished
+    // first, the copy would be a late one: `Stale`.)
     assert_eq!(ev.len(), 1);
     assert!(
         matches!(
             e.aborted(GroupId::WORLD),
             Some(Error::Protocol {
                 rank: 0,
-                detail: ProtocolError::Stale { seq: 0 }
+                detail: ProtocolError::Duplicate { seq: 0, tag: 1 }
             })
         ),
         "{:?}",
@@ -912,7 +914,11 @@ fn an_output_is_joined_when_its_event_is_polled_after_the_transmits() {
     let info = GroupInfo::world(W, 1, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
     let p1 = Plan::new(req(1), &info, &CallOptions::default()).unwrap_or_else(|e| panic!("{e}"));
     let id1 = engines[1].submit(GroupId::WORLD, 0, p1, Time::ZERO);
-    assert_eq!(joins.load(Ordering::Relaxed), 0, "joined before its data left");
+    assert_eq!(
+        joins.load(Ordering::Relaxed),
+        0,
+        "joined before its data left"
+    );
     let out: Vec<_> = std::iter::from_fn(|| engines[1].poll_transmit()).collect();
     assert!(!out.is_empty(), "rank 1's block for rank 0 is ready to go");
     assert_eq!(joins.load(Ordering::Relaxed), 0);
@@ -921,12 +927,18 @@ fn an_output_is_joined_when_its_event_is_polled_after_the_transmits() {
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0].op, id1);
     let want = [0.0f32, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
-    assert_eq!(ev[0].result, Ok(Output::Tensor(Tensor::from_vec(want.to_vec()))));
+    assert_eq!(
+        ev[0].result,
+        Ok(Output::Tensor(Tensor::from_vec(want.to_vec())))
+    );
     for t in out {
         engines[0].handle_message(t.msg, Time::ZERO);
     }
     let ev = events(&mut engines[0]);
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0].op, id0);
-    assert_eq!(ev[0].result, Ok(Output::Tensor(Tensor::from_vec(want.to_vec()))));
+    assert_eq!(
+        ev[0].result,
+        Ok(Output::Tensor(Tensor::from_vec(want.to_vec())))
+    );
 }

@@ -177,6 +177,20 @@ impl Engine {
             {
                 return;
             }
+            if self.hold_reductions
+                && !self.transmits.is_empty()
+                && step
+                    .recvs
+                    .iter()
+                    .any(|r| matches!(r.action, Action::Reduce { .. }))
+            {
+                // Messages wait to leave (this step's sends, or an earlier call's): let them
+                // go before reducing; `poll_transmit` resumes this call once they have.
+                if !self.reducing.contains(&id) {
+                    self.reducing.push_back(id);
+                }
+                return;
+            }
             let (dtype, rop) = (op.fp.dtype, op.reduce);
             // A step that reduces several received values into the same chunks folds them
             // in one pass; this rank's folds go into the call's shared output if it has one.

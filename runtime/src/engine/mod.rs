@@ -32,8 +32,8 @@ use crate::fast_hash::FastMap;
 use crate::group::GroupId;
 use crate::ids::Fingerprint;
 use crate::schedule::Schedule;
-use crate::tensor::dtype::DType;
 use crate::tensor::arena::Arena;
+use crate::tensor::dtype::DType;
 use crate::tensor::reduce::ReduceOp;
 use crate::time::Time;
 use crate::wire::message::{Header, Message, Transmit};
@@ -147,6 +147,13 @@ pub struct Engine {
     events: VecDeque<Event>,
     /// Collectives that finished, whose outputs are assembled when their events are polled.
     finishing: VecDeque<Finishing>,
+    /// Calls whose received values are ready to reduce, held back until the messages queued
+    /// before them have been taken ([`Engine::poll_transmit`] runs them once its queue is
+    /// empty): a peer waiting for those messages need not wait for this rank's reduction.
+    reducing: VecDeque<OpId>,
+    /// Whether reductions may be held back for queued messages (not while
+    /// [`Engine::poll_event`] runs the held ones for a driver that polls events first).
+    hold_reductions: bool,
     /// Where chunks live and how they are combined (host memory with recycled reduction
     /// buffers by default).
     plane: Box<dyn DataPlane>,
@@ -189,6 +196,8 @@ impl Engine {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             finishing: VecDeque::new(),
+            reducing: VecDeque::new(),
+            hold_reductions: true,
             plane,
             closing: None,
             destroyed: HashSet::new(),
@@ -554,12 +563,26 @@ impl Engine {
     /// The next message to send.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        while self.transmits.is_empty() {
+            // The queue is empty: now the reductions held back for it run (they may send).
+            let id = self.reducing.pop_front()?;
+            self.progress(id);
+        }
         self.transmits.pop_front()
     }
 
     /// The next completed or failed call.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {
+        if self.events.is_empty() && self.finishing.is_empty() && !self.reducing.is_empty() {
+            // A driver that polls events before (or instead of) messages: the held
+            // reductions run now (what they send joins the queue).
+            self.hold_reductions = false;
+            while let Some(id) = self.reducing.pop_front() {
+                self.progress(id);
+            }
+            self.hold_reductions = true;
+        }
         if let Some(e) = self.events.pop_front() {
             return Some(e);
         }
