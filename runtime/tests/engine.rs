@@ -942,3 +942,72 @@ fn an_output_is_joined_when_its_event_is_polled_after_the_transmits() {
         Ok(Output::Tensor(Tensor::from_vec(want.to_vec())))
     );
 }
+
+/// A call whose received values are ready when it posts its own sends reduces only after
+/// those sends have been taken (`poll_transmit` runs the held reduction once its queue is
+/// empty): a peer waiting for this rank's data does not wait for this rank's reduction too.
+#[test]
+fn a_reduction_waits_until_the_messages_queued_before_it_are_taken() {
+    use collectix_runtime::data_plane::{DataPlane, HostPlane};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// The host plane, counting its reductions.
+    struct Reductions(HostPlane, Arc<AtomicUsize>);
+    impl DataPlane for Reductions {
+        fn combine(
+            &self,
+            dtype: DType,
+            op: ReduceOp,
+            a: &[u8],
+            b: &[u8],
+        ) -> collectix_runtime::Result<Bytes> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.combine(dtype, op, a, b)
+        }
+        fn join(&self, dtype: DType, parts: &[&Bytes]) -> collectix_runtime::Result<Bytes> {
+            self.0.join(dtype, parts)
+        }
+    }
+    let reductions = Arc::new(AtomicUsize::new(0));
+    let mut engines: Vec<Engine> = (0..W)
+        .map(|r| {
+            let plane = Reductions(HostPlane::new(0), reductions.clone());
+            let mut e = Engine::with_data_plane(r, Box::new(plane));
+            let info = GroupInfo::world(W, r, GroupOptions::default())
+                .unwrap_or_else(|err| panic!("{err}"));
+            e.add_group(info, Time::ZERO);
+            e
+        })
+        .collect();
+    let id0 = engines[0].submit(GroupId::WORLD, 0, all_reduce(0, vec![1.0, 2.0]), Time::ZERO);
+    while let Some(t) = engines[0].poll_transmit() {
+        engines[1].handle_message(t.msg, Time::ZERO);
+    }
+    let id1 = engines[1].submit(GroupId::WORLD, 0, all_reduce(1, vec![3.0, 4.0]), Time::ZERO);
+    assert_eq!(
+        reductions.load(Ordering::Relaxed),
+        0,
+        "reduced before its data left"
+    );
+    let first = engines[1].poll_transmit();
+    assert!(first.is_some(), "rank 1's data for rank 0 is ready to go");
+    assert_eq!(reductions.load(Ordering::Relaxed), 0);
+    let mut out: Vec<_> = first.into_iter().collect();
+    out.extend(std::iter::from_fn(|| engines[1].poll_transmit()));
+    assert_eq!(
+        reductions.load(Ordering::Relaxed),
+        1,
+        "reduced once the queue was empty"
+    );
+    let want = Output::Tensor(Tensor::from_vec(vec![4.0f32, 6.0]));
+    let ev = events(&mut engines[1]);
+    assert_eq!((ev.len(), ev[0].op), (1, id1));
+    assert_eq!(ev[0].result, Ok(want.clone()));
+    for t in out {
+        engines[0].handle_message(t.msg, Time::ZERO);
+    }
+    let ev = events(&mut engines[0]);
+    assert_eq!((ev.len(), ev[0].op), (1, id0));
+    assert_eq!(ev[0].result, Ok(want));
+}
