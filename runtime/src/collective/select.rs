@@ -9,9 +9,10 @@
 //! large ones), as before the table existed; TCP sweeps are next.
 //!
 //! Every rank of a group looks up the same row: the locality, kind, size and W are the same
-//! on all of them (the size is one every rank computes alike: for the list-form all_gather,
-//! whose blocks may differ, the mean block) (the algorithm is part of each call's fingerprint, so a rank that chose
-//! differently would fail the call with a mismatch, not hang).
+//! on all of them. The size is one every rank computes alike: for the list-form all_gather,
+//! whose blocks may differ, the mean block. (The algorithm is part of each call's
+//! fingerprint, so a rank that chose differently would fail the call with a mismatch, not
+//! hang.)
 
 use crate::group::Locality;
 use crate::op::{Algorithm, OpKind};
