@@ -336,11 +336,61 @@ impl Driver {
             std::mem::take(&mut *o)
         };
         wait_attended(|| owed.iter().all(|p| p.inbox.looks_attended()), grace);
+        Driver::ask_owed(owed);
+    }
+
+    /// Asks for a background run of each owed peer still unattended.
+    fn ask_owed(owed: Vec<Arc<Driver>>) {
         for p in owed {
             if p.inbox.ask_if_unattended() {
                 p.wake_background();
             }
         }
+    }
+
+    /// [`settle`](Driver::settle) for a caller that issued a call: while it waits for its
+    /// peers to attend, it drives its own rank (it is counted as a driver, and takes and
+    /// runs what arrives). Two ranks that send to each other between their calls thus never
+    /// wait on each other here: each one's arrivals are attended by its own settling caller.
+    fn settle_driving(&self, grace: Duration) {
+        if lock(&self.owed).is_empty() {
+            return;
+        }
+        let driving = self.inbox.enter();
+        let mut owed: Vec<Arc<Driver>> = Vec::new();
+        let start = Instant::now();
+        let mut turns: u32 = 0;
+        loop {
+            owed.append(&mut lock(&self.owed));
+            if owed.iter().all(|p| p.inbox.looks_attended()) {
+                break;
+            }
+            if !self.inbox.looks_empty() {
+                self.try_run_unsettled();
+            }
+            turns = turns.wrapping_add(1);
+            if turns.is_multiple_of(64) && start.elapsed() >= grace {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if driving.leave() {
+            let core = lock(&self.core);
+            self.run_with(core, |_, _, _| (), None);
+        }
+        owed.append(&mut lock(&self.owed));
+        Driver::ask_owed(owed);
+    }
+
+    /// A run if nobody holds the rank now, leaving what it owes peers to the caller.
+    fn try_run_unsettled(&self) {
+        let core = match self.core.try_lock() {
+            Ok(c) => c,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        let (_, next) = self.run_with(core, |_, _, _| (), None);
+        self.check_timer(next);
     }
 
     /// Whether the rank's actor has stopped (a link to it is closed).
@@ -429,13 +479,18 @@ impl Driver {
         core: MutexGuard<'_, Core>,
         f: impl FnOnce(&mut Core, Time, &mut After) -> R,
     ) -> R {
-        let (r, next) = self.run_with(core, f, GRACE.min(self.spin));
+        let (r, next) = self.run_with(core, f, Some(GRACE.min(self.spin)));
+        self.check_timer(next);
+        r
+    }
+
+    /// Asks the actor for an earlier timer if the engine wants one before the armed one.
+    fn check_timer(&self, next: Option<Time>) {
         if let Some(at) = next {
             if at.as_nanos() < self.timer_at.load(Ordering::SeqCst) && self.inbox.ask() {
                 self.wake_actor();
             }
         }
-        r
     }
 
     /// [`run`](Driver::run) without the timer check (for the actor, which arms its timer
@@ -446,15 +501,16 @@ impl Driver {
         core: MutexGuard<'_, Core>,
         f: impl FnOnce(&mut Core, Time, &mut After) -> R,
     ) -> (R, Option<Time>) {
-        self.run_with(core, f, Duration::ZERO)
+        self.run_with(core, f, Some(Duration::ZERO))
     }
 
-    /// A run, then the completions, then what it owes peers settled within `grace`.
+    /// A run, then the completions, then what it owes peers settled within `grace` (`None`:
+    /// left to the caller, which settles them itself).
     fn run_with<R>(
         &self,
         mut core: MutexGuard<'_, Core>,
         f: impl FnOnce(&mut Core, Time, &mut After) -> R,
-        grace: Duration,
+        grace: Option<Duration>,
     ) -> (R, Option<Time>) {
         let mut after = After::default();
         let now = self.now();
@@ -472,7 +528,9 @@ impl Driver {
         if any {
             self.completed();
         }
-        self.settle(grace);
+        if let Some(grace) = grace {
+            self.settle(grace);
+        }
         (r, next)
     }
 
@@ -488,34 +546,41 @@ impl Driver {
 
     /// Issues a call: the engine takes it now, on the caller's thread; `done` gets its result.
     pub(crate) fn submit(&self, group: GroupId, seq: u64, plan: Plan, done: Done<Output>) {
-        self.run(|core, now, after| {
-            if core.quiesced {
-                after.refused.push(done);
-                return;
-            }
-            let fp = plan.fingerprint();
-            // new_group's agreement step carries a hash of the members where a count would be.
-            let count = fp
-                .count
-                .filter(|_| fp.kind != collectix_runtime::OpKind::NewGroup);
-            let span = tracing::debug_span!(
-                "call",
-                rank = core.engine.rank(),
-                group = %group,
-                seq = tracing::field::Empty,
-                op = %fp.kind,
-                dtype = %fp.dtype,
-                count,
-                algorithm = fp.algorithm.map(|a| a.name()),
-                bytes = count.map(|c| c.saturating_mul(fp.dtype.size() as u64)),
-            );
-            if !plan.is_p2p() {
-                span.record("seq", seq);
-            }
-            let id = core.engine.submit(group, seq, plan, now);
-            let start = (!span.is_disabled()).then(Instant::now);
-            core.waiting.insert(id, Waiting { done, span, start });
-        });
+        let core = lock(&self.core);
+        let ((), next) = self.run_with(
+            core,
+            |core, now, after| {
+                if core.quiesced {
+                    after.refused.push(done);
+                    return;
+                }
+                let fp = plan.fingerprint();
+                // new_group's agreement step carries a hash of the members where a count would be.
+                let count = fp
+                    .count
+                    .filter(|_| fp.kind != collectix_runtime::OpKind::NewGroup);
+                let span = tracing::debug_span!(
+                    "call",
+                    rank = core.engine.rank(),
+                    group = %group,
+                    seq = tracing::field::Empty,
+                    op = %fp.kind,
+                    dtype = %fp.dtype,
+                    count,
+                    algorithm = fp.algorithm.map(|a| a.name()),
+                    bytes = count.map(|c| c.saturating_mul(fp.dtype.size() as u64)),
+                );
+                if !plan.is_p2p() {
+                    span.record("seq", seq);
+                }
+                let id = core.engine.submit(group, seq, plan, now);
+                let start = (!span.is_disabled()).then(Instant::now);
+                core.waiting.insert(id, Waiting { done, span, start });
+            },
+            None,
+        );
+        self.check_timer(next);
+        self.settle_driving(GRACE.min(self.spin));
     }
 
     /// Registers a group on the rank.
