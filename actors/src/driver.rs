@@ -42,6 +42,9 @@ pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// takes it itself a moment later.
 const GRACE: Duration = Duration::from_micros(20);
 
+/// Spin turns between two yields of a caller whose process has more ranks than cores.
+const YIELD_TURNS: u32 = 1;
+
 /// Peers a rank's caller handed messages to while nobody drove them: it owes each an
 /// `Inbox::ask_if_unattended` (see `Driver::settle`).
 pub(crate) type Owed = Arc<Mutex<Vec<Arc<Driver>>>>;
@@ -372,7 +375,7 @@ impl Driver {
             if turns.is_multiple_of(64) && start.elapsed() >= grace {
                 break;
             }
-            std::hint::spin_loop();
+            self.pause(turns);
         }
         if driving.leave() {
             let core = lock(&self.core);
@@ -738,16 +741,21 @@ impl Driver {
                 if now.duration_since(active) >= idle || now.duration_since(start) >= limit {
                     break;
                 }
-                if self.yields {
-                    // More ranks than cores: let the thread we are waiting for run.
-                    std::thread::yield_now();
-                }
-            } else {
-                std::hint::spin_loop();
             }
+            self.pause(turns);
         }
         if driving.leave() {
             self.run(|_, _, _| ());
+        }
+    }
+
+    /// One turn of a spin: a pause, and every `YIELD_TURNS` turns, when the process's
+    /// ranks outnumber the cores, the core itself (the rank we wait for may need it).
+    fn pause(&self, turns: u32) {
+        if self.yields && turns.is_multiple_of(YIELD_TURNS) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
         }
     }
 
