@@ -5,8 +5,11 @@
 //! and prints the rows between the `BEGIN GENERATED` and `END GENERATED` markers below
 //! (regenerate with `python3 bench/tune.py --write`, on a quiet machine). Groups larger than
 //! the largest W measured use its rows. The [`Locality::Network`] rows are hand-picked from
-//! the algorithms' costs (latency-bound schedules for small calls, bandwidth-optimal rings for
-//! large ones), as before the table existed; TCP sweeps are next.
+//! the algorithms' costs (latency-bound schedules for small calls, bandwidth-optimal rings and
+//! trees for large ones), as before the table existed. They serve jobs across hosts too, so a
+//! sweep over loopback on one host (`bench/tune.py --transport tcp`, which prints rows but
+//! does not write them) does not replace them: over loopback a root sending a whole tensor to
+//! every rank costs memory copies, across hosts it costs the root's link W − 1 times.
 //!
 //! Every rank of a group looks up the same row: the locality, kind, size and W are the same
 //! on all of them. The size is one every rank computes alike: for the list-form all_gather,
