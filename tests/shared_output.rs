@@ -20,6 +20,18 @@ fn input(rank: usize, call: usize, n: usize) -> Tensor {
     )
 }
 
+/// Waits for every rank's output: each holds `want`, all in the same memory.
+fn one_buffer_holding(works: Vec<collectix::Work<Tensor>>, want: &[f32]) {
+    let outs: Vec<Tensor> = works
+        .into_iter()
+        .map(|wk| wk.wait().unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    for o in &outs {
+        assert_eq!(o.to_vec::<f32>().ok().as_deref(), Some(want));
+        assert_eq!(o.bytes().as_ptr(), outs[0].bytes().as_ptr(), "one buffer");
+    }
+}
+
 #[test]
 fn ranks_of_one_process_get_one_buffer_holding_the_right_values() {
     let w = 4;
@@ -34,14 +46,7 @@ fn ranks_of_one_process_get_one_buffer_holding_the_right_values() {
         .enumerate()
         .map(|(r, c)| c.all_reduce_with(input(r, 0, n), ReduceOp::Sum, &direct()))
         .collect();
-    let outs: Vec<Tensor> = works
-        .into_iter()
-        .map(|wk| wk.wait().unwrap_or_else(|e| panic!("{e}")))
-        .collect();
-    for o in &outs {
-        assert_eq!(o.to_vec::<f32>().ok().as_ref(), Some(&want));
-        assert_eq!(o.bytes().as_ptr(), outs[0].bytes().as_ptr(), "one buffer");
-    }
+    one_buffer_holding(works, &want);
 
     let works: Vec<_> = cs
         .iter()
@@ -57,14 +62,7 @@ fn ranks_of_one_process_get_one_buffer_holding_the_right_values() {
     let gathered: Vec<f32> = (0..w)
         .flat_map(|r| input(r, 0, n).to_vec::<f32>().unwrap_or_default())
         .collect();
-    let outs: Vec<Tensor> = works
-        .into_iter()
-        .map(|wk| wk.wait().unwrap_or_else(|e| panic!("{e}")))
-        .collect();
-    for o in &outs {
-        assert_eq!(o.to_vec::<f32>().ok().as_ref(), Some(&gathered));
-        assert_eq!(o.bytes().as_ptr(), outs[0].bytes().as_ptr(), "one buffer");
-    }
+    one_buffer_holding(works, &gathered);
 }
 
 /// Outputs kept while 40 more calls run (whose arenas come from the same pool) keep their

@@ -2,6 +2,7 @@
 //! (never a panic, never wrong data), and bookkeeping errors are caught.
 
 use bytes::Bytes;
+use collectix_runtime::data_plane::{DataPlane, HostPlane};
 use collectix_runtime::error::ProtocolError;
 use collectix_runtime::group::{CallOptions, GroupId, GroupInfo, GroupOptions};
 use collectix_runtime::wire::{Header, Message};
@@ -9,6 +10,8 @@ use collectix_runtime::Fingerprint;
 use collectix_runtime::{
     Algorithm, DType, Engine, Error, Event, Output, Plan, ReduceOp, Request, Tensor, Time,
 };
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 const W: usize = 2;
@@ -597,40 +600,54 @@ fn a_reduce_step_in_a_call_without_an_op_is_an_internal_error_not_a_sum() {
     }
 }
 
-#[test]
-fn reductions_and_joins_go_through_the_engines_data_plane() {
-    use collectix_runtime::data_plane::{DataPlane, HostPlane};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+/// The host plane, counting the reductions and joins it is asked for.
+struct Counting {
+    host: HostPlane,
+    combines: Arc<AtomicUsize>,
+    joins: Arc<AtomicUsize>,
+}
 
-    /// The host plane, counting what it is asked to do.
-    struct Counting(HostPlane, Arc<AtomicUsize>);
-    impl DataPlane for Counting {
-        fn combine(
-            &self,
-            dtype: DType,
-            op: ReduceOp,
-            a: &[u8],
-            b: &[u8],
-        ) -> collectix_runtime::Result<Bytes> {
-            self.1.fetch_add(1, Ordering::Relaxed);
-            self.0.combine(dtype, op, a, b)
-        }
-        fn join(&self, dtype: DType, parts: &[&Bytes]) -> collectix_runtime::Result<Bytes> {
-            self.0.join(dtype, parts)
-        }
+impl DataPlane for Counting {
+    fn combine(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        a: &[u8],
+        b: &[u8],
+    ) -> collectix_runtime::Result<Bytes> {
+        self.combines.fetch_add(1, Ordering::Relaxed);
+        self.host.combine(dtype, op, a, b)
     }
-    let calls = Arc::new(AtomicUsize::new(0));
-    let mut engines: Vec<Engine> = (0..W)
+    fn join(&self, dtype: DType, parts: &[&Bytes]) -> collectix_runtime::Result<Bytes> {
+        self.joins.fetch_add(1, Ordering::Relaxed);
+        self.host.join(dtype, parts)
+    }
+}
+
+/// W engines of the world group on counting planes (`pool` bytes kept free each), and the
+/// counters of reductions and joins they share.
+fn counting_engines(pool: usize) -> (Vec<Engine>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let (combines, joins) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let engines = (0..W)
         .map(|r| {
-            let plane = Box::new(Counting(HostPlane::new(1 << 20), calls.clone()));
-            let mut e = Engine::with_data_plane(r, plane);
+            let plane = Counting {
+                host: HostPlane::new(pool),
+                combines: combines.clone(),
+                joins: joins.clone(),
+            };
+            let mut e = Engine::with_data_plane(r, Box::new(plane));
             let info = GroupInfo::world(W, r, GroupOptions::default())
                 .unwrap_or_else(|err| panic!("{err}"));
             e.add_group(info, Time::ZERO);
             e
         })
         .collect();
+    (engines, combines, joins)
+}
+
+#[test]
+fn reductions_and_joins_go_through_the_engines_data_plane() {
+    let (mut engines, calls, _) = counting_engines(1 << 20);
     let ids: Vec<_> = (0..W)
         .map(|r| {
             let p = all_reduce(r, vec![r as f32 + 1.0, 10.0]);
@@ -866,38 +883,7 @@ fn bytes_for_groups_not_yet_created_are_bounded_per_peer() {
 /// all_to_all joined 64 MiB inside `submit`, and rank 0 waited that long for its message.
 #[test]
 fn an_output_is_joined_when_its_event_is_polled_after_the_transmits() {
-    use collectix_runtime::data_plane::{DataPlane, HostPlane};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
-    /// The host plane, counting its joins.
-    struct Joins(HostPlane, Arc<AtomicUsize>);
-    impl DataPlane for Joins {
-        fn combine(
-            &self,
-            dtype: DType,
-            op: ReduceOp,
-            a: &[u8],
-            b: &[u8],
-        ) -> collectix_runtime::Result<Bytes> {
-            self.0.combine(dtype, op, a, b)
-        }
-        fn join(&self, dtype: DType, parts: &[&Bytes]) -> collectix_runtime::Result<Bytes> {
-            self.1.fetch_add(1, Ordering::Relaxed);
-            self.0.join(dtype, parts)
-        }
-    }
-    let joins = Arc::new(AtomicUsize::new(0));
-    let mut engines: Vec<Engine> = (0..W)
-        .map(|r| {
-            let mut e =
-                Engine::with_data_plane(r, Box::new(Joins(HostPlane::new(0), joins.clone())));
-            let info = GroupInfo::world(W, r, GroupOptions::default())
-                .unwrap_or_else(|err| panic!("{err}"));
-            e.add_group(info, Time::ZERO);
-            e
-        })
-        .collect();
+    let (mut engines, _, joins) = counting_engines(0);
     let req = |r: usize| Request::AllToAllSingle {
         input: Tensor::from_vec(vec![r as f32; 8]),
         output: collectix_runtime::TensorSpec::new(&[8], DType::F32),
@@ -948,38 +934,7 @@ fn an_output_is_joined_when_its_event_is_polled_after_the_transmits() {
 /// empty): a peer waiting for this rank's data does not wait for this rank's reduction too.
 #[test]
 fn a_reduction_waits_until_the_messages_queued_before_it_are_taken() {
-    use collectix_runtime::data_plane::{DataPlane, HostPlane};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
-    /// The host plane, counting its reductions.
-    struct Reductions(HostPlane, Arc<AtomicUsize>);
-    impl DataPlane for Reductions {
-        fn combine(
-            &self,
-            dtype: DType,
-            op: ReduceOp,
-            a: &[u8],
-            b: &[u8],
-        ) -> collectix_runtime::Result<Bytes> {
-            self.1.fetch_add(1, Ordering::Relaxed);
-            self.0.combine(dtype, op, a, b)
-        }
-        fn join(&self, dtype: DType, parts: &[&Bytes]) -> collectix_runtime::Result<Bytes> {
-            self.0.join(dtype, parts)
-        }
-    }
-    let reductions = Arc::new(AtomicUsize::new(0));
-    let mut engines: Vec<Engine> = (0..W)
-        .map(|r| {
-            let plane = Reductions(HostPlane::new(0), reductions.clone());
-            let mut e = Engine::with_data_plane(r, Box::new(plane));
-            let info = GroupInfo::world(W, r, GroupOptions::default())
-                .unwrap_or_else(|err| panic!("{err}"));
-            e.add_group(info, Time::ZERO);
-            e
-        })
-        .collect();
+    let (mut engines, reductions, _) = counting_engines(0);
     let id0 = engines[0].submit(GroupId::WORLD, 0, all_reduce(0, vec![1.0, 2.0]), Time::ZERO);
     while let Some(t) = engines[0].poll_transmit() {
         engines[1].handle_message(t.msg, Time::ZERO);

@@ -4,11 +4,14 @@
 
 use super::flow::FlowOut;
 use super::output::check_payload;
-use super::{Engine, Event, Finishing, Op, OpId, State, DONE_KEPT};
+use super::{Coll, Engine, Event, Finishing, Op, OpId, State, DONE_KEPT};
 use crate::collective::Share;
+use crate::data_plane::DataPlane;
 use crate::error::{Error, ProtocolError};
+use crate::ids::Fingerprint;
 use crate::ids::GroupId;
 use crate::schedule::Action;
+use crate::tensor::reduce::ReduceOp;
 use crate::time::Time;
 use crate::wire::message::{Header, Message, Transmit};
 use bytes::Bytes;
@@ -191,94 +194,10 @@ impl Engine {
                 }
                 return;
             }
-            let (dtype, rop) = (op.fp.dtype, op.reduce);
-            // A step that reduces several received values into the same chunks folds them
-            // in one pass; this rank's folds go into the call's shared output if it has one.
-            let to_arena = matches!(&c.arena, Some((_, Share::Folds)));
-            let folds = step.recvs.first().is_some_and(|first| {
-                (step.recvs.len() > 1 || to_arena)
-                    && step.recvs.iter().all(|r| {
-                        matches!(r.action, Action::Reduce { .. }) && r.chunks == first.chunks
-                    })
-            });
-            if folds {
-                let parts: Vec<(Vec<Bytes>, bool)> = step
-                    .recvs
-                    .iter()
-                    .map(|r| {
-                        let first = matches!(r.action, Action::Reduce { remote_first: true });
-                        (c.inbox.remove(&(r.peer, r.tag)).unwrap_or_default(), first)
-                    })
-                    .collect();
-                let chunks = step.recvs.first().map_or(0..0, |r| r.chunks.clone());
-                for (i, ch) in chunks.enumerate() {
-                    let new = match (rop, &c.chunks[ch]) {
-                        (Some(rop), Some(local)) => {
-                            let others: Vec<(&[u8], bool)> = parts
-                                .iter()
-                                .map(|(p, f)| (p.get(i).map_or(&[][..], |b| &b[..]), *f))
-                                .collect();
-                            let into = match &c.arena {
-                                Some((a, Share::Folds)) => {
-                                    a.claim(c.output_range(ch, dtype.size()))
-                                }
-                                _ => None,
-                            };
-                            self.plane.fold(dtype, rop, local, &others, into)
-                        }
-                        (None, _) => Err(Error::internal(format!(
-                            "a reduce step in {}, which has no reduce op",
-                            op.fp
-                        ))),
-                        (_, None) => Err(Error::internal("reduce into an empty chunk")),
-                    };
-                    match new {
-                        Ok(b) => c.chunks[ch] = Some(b),
-                        Err(e) => {
-                            let gid = op.group;
-                            self.abort(gid, e.clone(), Some((id, e)), true);
-                            return;
-                        }
-                    }
-                }
-                c.step += 1;
-                c.posted = false;
-                continue;
-            }
-            for r in &step.recvs {
-                let parts = c.inbox.remove(&(r.peer, r.tag)).unwrap_or_default();
-                for (ch, part) in r.chunks.clone().zip(parts) {
-                    let new = match (r.action, &c.chunks[ch]) {
-                        (Action::Copy, _) => Ok(part),
-                        (Action::Reduce { remote_first }, Some(local)) => {
-                            let (a, b) = if remote_first {
-                                (&part, local)
-                            } else {
-                                (local, &part)
-                            };
-                            match rop {
-                                Some(rop) => self.plane.combine(dtype, rop, a, b),
-                                // Never a silent Sum: a schedule that reduces for a call
-                                // without an op is a bug in collectix.
-                                None => Err(Error::internal(format!(
-                                    "a reduce step in {}, which has no reduce op",
-                                    op.fp
-                                ))),
-                            }
-                        }
-                        (Action::Reduce { .. }, None) => {
-                            Err(Error::internal("reduce into an empty chunk"))
-                        }
-                    };
-                    match new {
-                        Ok(b) => c.chunks[ch] = Some(b),
-                        Err(e) => {
-                            let gid = op.group;
-                            self.abort(gid, e.clone(), Some((id, e)), true);
-                            return;
-                        }
-                    }
-                }
+            if let Err(e) = receive_step(self.plane.as_ref(), c, op.fp, op.reduce) {
+                let gid = op.group;
+                self.abort(gid, e.clone(), Some((id, e)), true);
+                return;
             }
             c.step += 1;
             c.posted = false;
@@ -354,4 +273,76 @@ impl Engine {
             self.transmits.push_back(Transmit { dst, msg });
         }
     }
+}
+
+/// Runs the receives of call `c`'s current step, all of which have arrived: copies,
+/// reductions, and folds. A step that reduces several received values into the same chunks
+/// folds them in one pass; this rank's folds go into the call's shared output if it has one.
+fn receive_step(
+    plane: &dyn DataPlane,
+    c: &mut Coll,
+    fp: Fingerprint,
+    rop: Option<ReduceOp>,
+) -> Result<(), Error> {
+    let Some(step) = c.sched.steps.get(c.step) else {
+        return Ok(());
+    };
+    let dtype = fp.dtype;
+    // Never a silent Sum: a schedule that reduces for a call without an op is a bug.
+    let rop = || {
+        rop.ok_or_else(|| Error::internal(format!("a reduce step in {fp}, which has no reduce op")))
+    };
+    let empty = || Error::internal("reduce into an empty chunk");
+    let to_arena = matches!(&c.arena, Some((_, Share::Folds)));
+    let folds = step.recvs.first().is_some_and(|first| {
+        (step.recvs.len() > 1 || to_arena)
+            && step
+                .recvs
+                .iter()
+                .all(|r| matches!(r.action, Action::Reduce { .. }) && r.chunks == first.chunks)
+    });
+    if folds {
+        let parts: Vec<(Vec<Bytes>, bool)> = step
+            .recvs
+            .iter()
+            .map(|r| {
+                let first = matches!(r.action, Action::Reduce { remote_first: true });
+                (c.inbox.remove(&(r.peer, r.tag)).unwrap_or_default(), first)
+            })
+            .collect();
+        let chunks = step.recvs.first().map_or(0..0, |r| r.chunks.clone());
+        for (i, ch) in chunks.enumerate() {
+            let local = c.chunks[ch].as_ref().ok_or_else(empty)?;
+            let others: Vec<(&[u8], bool)> = parts
+                .iter()
+                .map(|(p, f)| (p.get(i).map_or(&[][..], |b| &b[..]), *f))
+                .collect();
+            let into = match &c.arena {
+                Some((a, Share::Folds)) => a.claim(c.output_range(ch, dtype.size())),
+                _ => None,
+            };
+            let new = plane.fold(dtype, rop()?, local, &others, into)?;
+            c.chunks[ch] = Some(new);
+        }
+        return Ok(());
+    }
+    for r in &step.recvs {
+        let parts = c.inbox.remove(&(r.peer, r.tag)).unwrap_or_default();
+        for (ch, part) in r.chunks.clone().zip(parts) {
+            let new = match (r.action, &c.chunks[ch]) {
+                (Action::Copy, _) => part,
+                (Action::Reduce { remote_first }, Some(local)) => {
+                    let (a, b) = if remote_first {
+                        (&part, local)
+                    } else {
+                        (local, &part)
+                    };
+                    plane.combine(dtype, rop()?, a, b)?
+                }
+                (Action::Reduce { .. }, None) => return Err(empty()),
+            };
+            c.chunks[ch] = Some(new);
+        }
+    }
+    Ok(())
 }

@@ -157,7 +157,8 @@ impl Arena {
 }
 
 /// The exclusive right to write one range of an [`Arena`]; [`freeze`](ArenaPart::freeze)
-/// ends it and shares the range.
+/// ends it and shares the range. A part dropped unfrozen (an error midway) keeps its claim:
+/// its range, maybe half-written, is never read nor claimed again.
 pub struct ArenaPart {
     arena: Arc<Arena>,
     range: Range<usize>,
@@ -189,13 +190,6 @@ impl ArenaPart {
             arena: self.arena.clone(),
             range,
         })
-    }
-}
-
-impl Drop for ArenaPart {
-    fn drop(&mut self) {
-        // A part dropped unfrozen (an error midway) keeps its claim: its range was maybe
-        // half-written and is never read, nor claimed again.
     }
 }
 
