@@ -37,14 +37,16 @@ pub trait DataPlane: Send {
         others: &[(&[u8], bool)],
         into: Option<ArenaPart>,
     ) -> Result<Bytes> {
-        let mut acc = Bytes::copy_from_slice(local);
+        let mut acc: Option<Bytes> = None;
         for (x, x_first) in others {
-            acc = if *x_first {
-                self.combine(dtype, op, x, &acc)?
+            let l = acc.as_deref().unwrap_or(local);
+            acc = Some(if *x_first {
+                self.combine(dtype, op, x, l)?
             } else {
-                self.combine(dtype, op, &acc, x)?
-            };
+                self.combine(dtype, op, l, x)?
+            });
         }
+        let acc = acc.unwrap_or_else(|| Bytes::copy_from_slice(local));
         Ok(match into {
             Some(mut part) => {
                 part.bytes_mut().copy_from_slice(&acc);

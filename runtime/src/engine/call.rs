@@ -311,12 +311,15 @@ fn receive_step(
             })
             .collect();
         let chunks = step.recvs.first().map_or(0..0, |r| r.chunks.clone());
+        let mut others: Vec<(&[u8], bool)> = Vec::with_capacity(parts.len());
         for (i, ch) in chunks.enumerate() {
             let local = c.chunks[ch].as_ref().ok_or_else(empty)?;
-            let others: Vec<(&[u8], bool)> = parts
-                .iter()
-                .map(|(p, f)| (p.get(i).map_or(&[][..], |b| &b[..]), *f))
-                .collect();
+            others.clear();
+            others.extend(
+                parts
+                    .iter()
+                    .map(|(p, f)| (p.get(i).map_or(&[][..], |b| &b[..]), *f)),
+            );
             let into = match &c.arena {
                 Some((a, Share::Folds)) => a.claim(c.output_range(ch, dtype.size())),
                 _ => None,
