@@ -26,7 +26,7 @@ use crate::transport::Links;
 use crate::work::Done;
 use actix::Addr;
 use collectix_runtime::fast_hash::FastMap;
-use collectix_runtime::progress::Inbox;
+use collectix_runtime::progress::{CachePadded, Driving, Inbox};
 use collectix_runtime::wire::{Message, Outbox};
 use collectix_runtime::{Engine, Error, GroupId, GroupInfo, OpId, Output, Plan, Result, Time};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -173,7 +173,13 @@ impl Core {
     /// Feeds the inbox's arrivals to the engine and drains it, until neither gives more.
     fn progress(&mut self, inbox: &Inbox<(usize, Message)>, now: Time, after: &mut After) {
         loop {
-            inbox.take(&mut self.arrivals);
+            // What the engine has to send leaves first: a peer may be waiting for it, and
+            // handling the arrivals first would hold it back.
+            let drained = self.drain(now, after);
+            // An empty inbox is not locked: its lock is the line the peers' pushes write.
+            if !inbox.looks_empty() {
+                inbox.take(&mut self.arrivals);
+            }
             let arrived = !self.arrivals.is_empty();
             let mut arrivals = std::mem::take(&mut self.arrivals);
             for (src, mut msg) in arrivals.drain(..) {
@@ -185,7 +191,7 @@ impl Core {
                 self.engine.handle_message(msg, now);
             }
             self.arrivals = arrivals;
-            if !self.drain(now, after) && !arrived {
+            if !drained && !arrived {
                 break;
             }
         }
@@ -208,13 +214,14 @@ impl Core {
 
 /// One rank's engine behind its lock, its inbox, and who drives it (see the module doc).
 pub(crate) struct Driver {
-    core: Mutex<Core>,
+    /// On lines of its own: peers touch the `Arc`'s counts and the inbox, never the lock.
+    core: CachePadded<Mutex<Core>>,
     inbox: Inbox<(usize, Message)>,
     /// The background driver: the rank's actor (set once it started).
     actor: OnceLock<Addr<RankActor>>,
     origin: Instant,
     /// When the actor's timer fires, in ns since `origin` (`u64::MAX`: not armed).
-    timer_at: AtomicU64,
+    timer_at: CachePadded<AtomicU64>,
     /// How long a waiting caller drives the rank before it parks.
     spin: Duration,
     /// Whether a spinning caller yields its core now and then: when the process's ranks
@@ -223,12 +230,14 @@ pub(crate) struct Driver {
     /// The rank's actor has stopped: links to this rank are closed.
     closed: AtomicBool,
     /// Times the actor was woken (a statistic for the bench).
-    wakeups: AtomicU64,
+    wakeups: CachePadded<AtomicU64>,
     /// Peers this rank's runs handed messages to while nobody drove them.
     owed: Owed,
     /// Callers parked in `Work::wait` on this rank: the background driver's work goes to
-    /// one of them before the actor (see [`Driver::sleep_until`]).
-    bell: Mutex<Bell>,
+    /// one of them before the actor (see [`Driver::sleep_until`]). The fields this rank's
+    /// own threads write on every call or wake-up (`bell`, `timer_at`, `wakeups`) sit on
+    /// lines of their own, apart from those peers read on every message (`closed`).
+    bell: CachePadded<Mutex<Bell>>,
     bell_rung: Condvar,
 }
 
@@ -250,7 +259,7 @@ impl Driver {
     ) -> Driver {
         engine.add_group(world, Time::ZERO);
         Driver {
-            core: Mutex::new(Core {
+            core: CachePadded(Mutex::new(Core {
                 engine,
                 links: None,
                 waiting: FastMap::default(),
@@ -258,17 +267,17 @@ impl Driver {
                 quiesced: false,
                 leaving: None,
                 arrivals: Vec::new(),
-            }),
+            })),
             inbox: Inbox::new(),
             actor: OnceLock::new(),
             origin: Instant::now(),
-            timer_at: AtomicU64::new(u64::MAX),
+            timer_at: CachePadded(AtomicU64::new(u64::MAX)),
             spin,
             yields,
             closed: AtomicBool::new(false),
-            wakeups: AtomicU64::new(0),
+            wakeups: CachePadded(AtomicU64::new(0)),
             owed: Arc::new(Mutex::new(Vec::new())),
-            bell: Mutex::new(Bell::default()),
+            bell: CachePadded(Mutex::new(Bell::default())),
             bell_rung: Condvar::new(),
         }
     }
@@ -351,31 +360,32 @@ impl Driver {
         }
     }
 
-    /// [`settle`](Driver::settle) for a caller that issued a call: while it waits for its
-    /// peers to attend, it drives its own rank (it is counted as a driver, and takes and
-    /// runs what arrives). Two ranks that send to each other between their calls thus never
-    /// wait on each other here: each one's arrivals are attended by its own settling caller.
-    fn settle_driving(&self, grace: Duration) {
-        if lock(&self.owed).is_empty() {
-            return;
-        }
-        let driving = self.inbox.enter();
-        let mut owed: Vec<Arc<Driver>> = Vec::new();
-        let start = Instant::now();
-        let mut turns: u32 = 0;
-        loop {
-            owed.append(&mut lock(&self.owed));
-            if owed.iter().all(|p| p.inbox.looks_attended()) {
-                break;
+    /// [`settle`](Driver::settle) for a caller that issued a call, which counts as a driver of
+    /// its rank from the start of its call (`driving`): peers that hand the rank messages
+    /// meanwhile owe it nothing, since this caller takes them before it leaves. While it
+    /// waits for its peers to attend, it drives its own rank (takes and runs what arrives).
+    /// Two ranks that send to each other between their calls thus never wait on each other
+    /// here: each one's arrivals are attended by its own settling caller.
+    fn settle_driving(&self, grace: Duration, driving: Driving<'_, (usize, Message)>) {
+        let mut owed: Vec<Arc<Driver>> = std::mem::take(&mut *lock(&self.owed));
+        // The common case skips the loop: the peers drive, or took their messages already.
+        if !owed.iter().all(|p| p.inbox.looks_attended()) {
+            let start = Instant::now();
+            let mut turns: u32 = 0;
+            loop {
+                owed.append(&mut lock(&self.owed));
+                if owed.iter().all(|p| p.inbox.looks_attended()) {
+                    break;
+                }
+                if !self.inbox.looks_empty() {
+                    self.try_run_unsettled();
+                }
+                turns = turns.wrapping_add(1);
+                if turns.is_multiple_of(64) && start.elapsed() >= grace {
+                    break;
+                }
+                self.pause(turns);
             }
-            if !self.inbox.looks_empty() {
-                self.try_run_unsettled();
-            }
-            turns = turns.wrapping_add(1);
-            if turns.is_multiple_of(64) && start.elapsed() >= grace {
-                break;
-            }
-            self.pause(turns);
         }
         if driving.leave() {
             let core = lock(&self.core);
@@ -549,6 +559,7 @@ impl Driver {
 
     /// Issues a call: the engine takes it now, on the caller's thread; `done` gets its result.
     pub(crate) fn submit(&self, group: GroupId, seq: u64, plan: Plan, done: Done<Output>) {
+        let driving = self.inbox.enter();
         let core = lock(&self.core);
         let ((), next) = self.run_with(
             core,
@@ -583,7 +594,7 @@ impl Driver {
             None,
         );
         self.check_timer(next);
-        self.settle_driving(GRACE.min(self.spin));
+        self.settle_driving(GRACE.min(self.spin), driving);
     }
 
     /// Registers a group on the rank.

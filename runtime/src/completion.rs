@@ -7,7 +7,7 @@
 //! Dropping the `Waiter` detaches: the call still completes, its value is dropped.
 
 use crate::error::{Error, Result};
-use crate::sync::{lock, Arc, Condvar, Mutex};
+use crate::sync::{lock, Arc, AtomicBool, Condvar, Mutex, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -33,6 +33,9 @@ struct Inner<T> {
 struct Shared<T> {
     state: Mutex<Inner<T>>,
     ready: Condvar,
+    /// Set (under the lock) once the value is `Ready`: a spinning waiter reads it without
+    /// taking the lock.
+    done: AtomicBool,
 }
 
 /// The completing side of a slot.
@@ -53,6 +56,7 @@ pub fn slot<T>() -> (Completer<T>, Waiter<T>) {
             sleepers: 0,
         }),
         ready: Condvar::new(),
+        done: AtomicBool::new(false),
     });
     (
         Completer {
@@ -80,6 +84,7 @@ fn set<T>(shared: &Shared<T>, value: Result<T>) {
             }
             State::Pending(None) => {
                 st.st = State::Ready(value);
+                shared.done.store(true, Ordering::Release);
                 None
             }
             other => {
@@ -106,6 +111,7 @@ fn set<T>(shared: &Shared<T>, value: Result<T>) {
                     Some(e) => Err(e),
                     None => v,
                 });
+                shared.done.store(true, Ordering::Release);
                 later
             }
             other => {
@@ -144,7 +150,7 @@ impl<T> Drop for Completer<T> {
 impl<T> Waiter<T> {
     /// Whether the value is there (or was taken).
     pub fn is_completed(&self) -> bool {
-        matches!(lock(&self.shared.state).st, State::Ready(_) | State::Taken)
+        self.shared.done.load(Ordering::Acquire)
     }
 
     /// Takes the value if it is there, else registers `cx`'s waker.

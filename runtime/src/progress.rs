@@ -21,22 +21,42 @@
 //!   rank's actor for nothing, since the caller takes it a microsecond later.
 //!
 //! So every arrival is taken by a driving caller, by a leaving one, or by a background run
-//! that was asked for (at once, or by the deferred ask): none is stranded. Every decision (push and count the drivers, leave
-//! and look, start a run and take) is made under the inbox's one lock, so the argument needs
-//! no reasoning about memory orders; a spinning caller reads an atomic length hint between
-//! looks, without the lock.
+//! that was asked for (at once, or by the deferred ask): none is stranded. Every decision
+//! (push and count the drivers, leave and look, start a run and take) is made under the
+//! inbox's one lock, so the argument needs no reasoning about memory orders; a spinning
+//! caller reads an atomic length hint between looks, without the lock. One decision reads
+//! the hints alone: a deferred ask finds the rank attended when the hints say a caller
+//! drives or the queue is empty. The pusher's own push (under the lock) came before, so a
+//! driver hint it reads is stale only if that driver left since, and a leaving driver takes
+//! what it leaves behind; an empty queue was taken after the push. The loom model of the
+//! deferred push covers it. The lock and each hint sit on cache lines of their own: the
+//! peers' pushes write the lock's line, and a rank's spinning callers read the hints.
 
 use crate::sync::{lock, AtomicUsize, Mutex, Ordering};
 use std::collections::VecDeque;
 
+/// A value on cache lines of its own (128 bytes: adjacent-line prefetchers pair lines), so
+/// that the ranks writing one field of a shared structure do not steal the line another
+/// field's readers spin on.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub struct CachePadded<T>(pub T);
+
+impl<T> std::ops::Deref for CachePadded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// A rank's arrivals (any number of producers), with the doorbell protocol of the module doc.
 pub struct Inbox<T> {
-    state: Mutex<State<T>>,
+    state: CachePadded<Mutex<State<T>>>,
     /// Arrivals in the queue: read without the lock by a spinning caller (a hint; the
     /// protocol's decisions are made under the lock).
-    len: AtomicUsize,
+    len: CachePadded<AtomicUsize>,
     /// Callers driving, as a hint read without the lock (the count itself is under it).
-    drivers_hint: AtomicUsize,
+    drivers_hint: CachePadded<AtomicUsize>,
 }
 
 /// What the inbox's lock guards: every decision of the protocol is made under it.
@@ -64,13 +84,13 @@ impl<T> Inbox<T> {
     /// An empty inbox, nobody driving.
     pub fn new() -> Inbox<T> {
         Inbox {
-            state: Mutex::new(State {
+            state: CachePadded(Mutex::new(State {
                 queue: VecDeque::new(),
                 drivers: 0,
                 asked: false,
-            }),
-            len: AtomicUsize::new(0),
-            drivers_hint: AtomicUsize::new(0),
+            })),
+            len: CachePadded(AtomicUsize::new(0)),
+            drivers_hint: CachePadded(AtomicUsize::new(0)),
         }
     }
 
@@ -101,6 +121,12 @@ impl<T> Inbox<T> {
     /// if arrivals still wait and nobody drives. `true`: the caller must wake it.
     #[must_use = "`true` means the background driver must be woken"]
     pub fn ask_if_unattended(&self) -> bool {
+        // Attended as far as the hints tell is attended: a hint of a driver is stale only if
+        // that driver left since, and a leaving driver takes what it leaves behind; an empty
+        // queue was taken after this caller's push (which set the length).
+        if self.looks_attended() {
+            return false;
+        }
         let mut st = lock(&self.state);
         st.drivers == 0 && !st.queue.is_empty() && st.ask()
     }

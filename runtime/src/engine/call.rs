@@ -4,7 +4,7 @@
 
 use super::flow::FlowOut;
 use super::output::check_payload;
-use super::{Coll, Engine, Event, Finishing, Op, OpId, State, DONE_KEPT};
+use super::{Coll, Engine, Event, Finishing, Op, OpId, State};
 use crate::collective::Share;
 use crate::data_plane::DataPlane;
 use crate::error::{Error, ProtocolError};
@@ -24,7 +24,7 @@ impl Engine {
         let Some(g) = self.groups.get_mut(&group) else {
             return;
         };
-        if g.active.contains_key(&seq) || g.done.contains_key(&seq) || seq < g.forgotten_below {
+        if g.active.contains_key(&seq) || g.done.contains(seq) || seq < g.forgotten_below {
             // The communicator takes sequence numbers in order; a reused one is a driver bug.
             let e = Error::internal(format!(
                 "sequence number {seq} of group {group} was already used"
@@ -210,11 +210,8 @@ impl Engine {
         };
         self.forget(&op, id);
         if let (Some(g), Some(seq)) = (self.groups.get_mut(&op.group), op.seq) {
-            g.done.insert(seq, op.fp);
-            while g.done.len() > DONE_KEPT {
-                if let Some((s, _)) = g.done.pop_first() {
-                    g.forgotten_below = g.forgotten_below.max(s + 1);
-                }
+            if let Some(s) = g.done.insert(seq, op.fp) {
+                g.forgotten_below = g.forgotten_below.max(s + 1);
             }
         }
         match op.state {

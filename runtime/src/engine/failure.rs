@@ -225,12 +225,12 @@ impl Engine {
             let g = self.groups.get(&gid)?;
             match g.active.get(&s) {
                 Some(id) => self.ops.get(id).map(|op| op.fp),
-                None => g.done.get(&s).copied(),
+                None => g.done.get(s),
             }
         };
         let latest = self.groups.get(&gid).and_then(|g| {
             let a = g.active.keys().max().copied();
-            let d = g.done.keys().next_back().copied();
+            let d = g.done.latest();
             a.max(d).and_then(|s| fp_of(s).map(|fp| (s, fp)))
         });
         // A call finished so long ago that its fingerprint is forgotten has `made` empty, but

@@ -140,9 +140,7 @@ impl<T> Peer<T> {
     /// The peer has made every call below `known`: what was sent ahead of them is not ahead
     /// any more.
     fn forget_ahead(&mut self) {
-        let still = self.ahead.split_off(&self.known);
-        let done: u64 = self.ahead.values().sum();
-        self.ahead = still;
+        let done = pop_below(&mut self.ahead, self.known);
         self.ahead_bytes = self.ahead_bytes.saturating_sub(done);
     }
 }
@@ -164,6 +162,19 @@ impl<T> Default for Peer<T> {
 }
 
 /// The flow state of one group on one rank.
+/// Removes the entries of `map` below `limit`; the sum of their values. (In place: a
+/// `split_off` would allocate a map on every call of every rank.)
+fn pop_below(map: &mut BTreeMap<u64, u64>, limit: u64) -> u64 {
+    let mut sum = 0u64;
+    while let Some(e) = map.first_entry() {
+        if *e.key() >= limit {
+            break;
+        }
+        sum = sum.saturating_add(e.remove());
+    }
+    sum
+}
+
 #[derive(Debug)]
 pub(crate) struct Flow<T> {
     window: u64,
@@ -292,9 +303,7 @@ impl<T> Flow<T> {
         let limit = self.made.saturating_add(self.window);
         for (&peer, p) in &mut self.peers {
             // What arrived early for the calls made now is the calls' own.
-            let still = p.early.split_off(&self.made);
-            let done: u64 = p.early.values().sum();
-            p.early = still;
+            let done = pop_below(&mut p.early, self.made);
             p.early_bytes = p.early_bytes.saturating_sub(done);
             let lowest = p.want_lowest.take_if(|s| *s < limit).is_some();
             let last = p.want_last.take_if(|s| *s < limit).is_some();

@@ -4,7 +4,7 @@
 
 use super::flow::Flow;
 use super::p2p_flow::P2pFlow;
-use super::{Engine, Event, OpId};
+use super::{Engine, Event, OpId, DONE_KEPT};
 use crate::error::{Error, Result};
 use crate::fast_hash::FastMap;
 use crate::group::{GroupId, GroupInfo};
@@ -21,7 +21,7 @@ pub(super) struct Group {
     pub(super) heard: bool,
     pub(super) active: FastMap<u64, OpId>,
     pub(super) unexpected: HashMap<u64, Vec<Message>>,
-    pub(super) done: BTreeMap<u64, Fingerprint>,
+    pub(super) done: DoneCalls,
     pub(super) forgotten_below: u64,
     pub(super) p2p_send_seq: HashMap<(usize, u32), u64>,
     pub(super) p2p_recv_seq: HashMap<(usize, u32), u64>,
@@ -38,6 +38,57 @@ pub(super) struct Group {
     pub(super) p2p_flow: P2pFlow,
 }
 
+/// The fingerprints of a group's last [`DONE_KEPT`] finished calls, by sequence number: a
+/// ring indexed by `seq % DONE_KEPT`, so that recording a call allocates nothing (the ring
+/// grows to its size once) and looking one up is one index.
+#[derive(Default)]
+pub(super) struct DoneCalls {
+    slots: Vec<Option<(u64, Fingerprint)>>,
+    latest: Option<u64>,
+}
+
+impl DoneCalls {
+    fn slot(seq: u64) -> usize {
+        // DONE_KEPT fits in a usize, and so does the remainder.
+        (seq % DONE_KEPT as u64) as usize
+    }
+
+    /// The fingerprint of finished call `seq`, if it is still kept.
+    pub(super) fn get(&self, seq: u64) -> Option<Fingerprint> {
+        match self.slots.get(Self::slot(seq)) {
+            Some(Some((s, fp))) if *s == seq => Some(*fp),
+            _ => None,
+        }
+    }
+
+    /// Whether finished call `seq` is still kept.
+    pub(super) fn contains(&self, seq: u64) -> bool {
+        self.get(seq).is_some()
+    }
+
+    /// The highest sequence number recorded.
+    pub(super) fn latest(&self) -> Option<u64> {
+        self.latest
+    }
+
+    /// Records finished call `seq`; the call no longer kept because of it (the older call in
+    /// its slot, or `seq` itself if its slot holds a newer one).
+    pub(super) fn insert(&mut self, seq: u64, fp: Fingerprint) -> Option<u64> {
+        let i = Self::slot(seq);
+        if self.slots.len() <= i {
+            self.slots.resize(i + 1, None);
+        }
+        self.latest = self.latest.max(Some(seq));
+        match self.slots[i] {
+            Some((s, _)) if s > seq => Some(seq),
+            old => {
+                self.slots[i] = Some((seq, fp));
+                old.map(|(s, _)| s).filter(|s| *s != seq)
+            }
+        }
+    }
+}
+
 impl Engine {
     /// Registers a group this rank belongs to; messages that arrived for it early are handled
     /// now.
@@ -50,7 +101,7 @@ impl Engine {
             heard: false,
             active: FastMap::default(),
             unexpected: HashMap::new(),
-            done: BTreeMap::new(),
+            done: DoneCalls::default(),
             forgotten_below: 0,
             p2p_send_seq: HashMap::new(),
             p2p_recv_seq: HashMap::new(),
@@ -144,5 +195,51 @@ impl Engine {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DoneCalls, DONE_KEPT};
+    use crate::ids::Fingerprint;
+    use crate::op::OpKind;
+    use crate::tensor::dtype::DType;
+
+    fn fp(count: u64) -> Fingerprint {
+        Fingerprint {
+            count: Some(count),
+            ..Fingerprint::new(OpKind::AllReduce, DType::F32)
+        }
+    }
+
+    #[test]
+    fn finished_calls_are_kept_until_a_call_kept_calls_later_takes_their_slot() {
+        let k = DONE_KEPT as u64;
+        let mut done = DoneCalls::default();
+        assert_eq!(done.latest(), None);
+        for seq in 0..k {
+            assert_eq!(done.insert(seq, fp(seq)), None, "nothing forgotten yet");
+        }
+        assert_eq!(done.get(5), Some(fp(5)));
+        assert_eq!(done.latest(), Some(k - 1));
+        // Out of order: a later call finishes before an earlier one.
+        assert_eq!(
+            done.insert(k + 1, fp(k + 1)),
+            Some(1),
+            "call 1 is forgotten"
+        );
+        assert!(!done.contains(1));
+        assert_eq!(done.insert(k, fp(k)), Some(0));
+        assert_eq!(done.get(k), Some(fp(k)));
+        assert_eq!(done.latest(), Some(k + 1));
+        // A call older than the one in its slot is forgotten at once, never the newer one.
+        assert_eq!(done.insert(1, fp(1)), Some(1));
+        assert_eq!(done.get(k + 1), Some(fp(k + 1)));
+        assert_eq!(done.get(1), None);
+        assert_eq!(
+            done.get(2 * k + 2),
+            None,
+            "not finished: its slot holds another call"
+        );
     }
 }

@@ -527,7 +527,7 @@ impl Engine {
                 };
                 if let Some(&id) = g.active.get(&seq) {
                     self.deliver(id, msg);
-                } else if let Some(ours) = g.done.get(&seq).copied() {
+                } else if let Some(ours) = g.done.get(seq) {
                     let err = if ours == *call {
                         Error::Protocol {
                             rank: msg.src,
