@@ -7,6 +7,7 @@ use crate::work::{guarded, Work};
 use actix::{Addr, ArbiterHandle};
 use collectix_runtime::collective::{Request, TensorSpec};
 use collectix_runtime::group::{check_members, fnv1a};
+use collectix_runtime::schedule::ScheduleCache;
 use collectix_runtime::{
     CallOptions, DType, Error, GroupId, GroupInfo, Output, Plan, ReduceOp, Result, Tensor,
 };
@@ -39,6 +40,8 @@ pub(crate) struct GroupShared {
     /// lock, so that both orders agree.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) nccl_calls: std::sync::Mutex<u64>,
+    /// The schedules of this member's recent calls, reused by later calls of the same shape.
+    schedules: ScheduleCache,
 }
 
 impl GroupShared {
@@ -48,6 +51,7 @@ impl GroupShared {
             next_seq: AtomicU64::new(0),
             children: AtomicU64::new(0),
             nccl_calls: std::sync::Mutex::new(0),
+            schedules: ScheduleCache::default(),
         })
     }
 }
@@ -211,7 +215,7 @@ impl Communicator {
         opts: &CallOptions,
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
-        let plan = match Plan::new(req, &self.group.info, opts) {
+        let plan = match Plan::new_cached(req, &self.group.info, opts, &self.group.schedules) {
             Ok(p) => p,
             Err(e) => return self.ready(Err(e)),
         };

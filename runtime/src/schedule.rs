@@ -8,7 +8,11 @@
 //! of the step has arrived, applies them in the listed order, and moves on. Messages that
 //! arrive early wait, so the result never depends on arrival order.
 
+use crate::fast_hash::FastMap;
+use crate::op::{Algorithm, OpKind};
 use std::ops::Range;
+// Plain std locks: the cache is a planning aid outside the protocol the loom models check.
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// How a call's elements are cut into chunks, and how chunks group into blocks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -188,9 +192,78 @@ pub(crate) fn recv_reduce(
     }
 }
 
+/// What a cached schedule depends on besides the group member that planned it: the
+/// collective, its algorithm, the element count, the segment size of a pipelined
+/// algorithm (0 if none) and the root (0 if none).
+pub type ScheduleKey = (OpKind, Algorithm, usize, usize, usize);
+
+/// The schedules one member of one group planned for its recent calls, shared by the calls
+/// that need the same one (a schedule is immutable once built). A communicator keeps one per
+/// group, so the rank and the group size are fixed; the key says the rest. At most
+/// [`ScheduleCache::KEPT`] are kept: a call of a new shape beyond that empties the cache.
+#[derive(Debug, Default)]
+pub struct ScheduleCache {
+    kept: Mutex<FastMap<ScheduleKey, Arc<Schedule>>>,
+}
+
+impl ScheduleCache {
+    /// Schedules kept at most.
+    pub const KEPT: usize = 64;
+
+    /// The schedule kept under `key`, or the one `make` builds (then kept).
+    pub fn get_or_make(&self, key: ScheduleKey, make: impl FnOnce() -> Schedule) -> Arc<Schedule> {
+        if let Some(s) = self.lock().get(&key) {
+            return s.clone();
+        }
+        // Built outside the lock: a large schedule takes a while, and a concurrent call of
+        // the same shape builds an equal one.
+        let s = Arc::new(make());
+        let mut kept = self.lock();
+        if kept.len() >= Self::KEPT {
+            kept.clear();
+        }
+        kept.insert(key, s.clone());
+        s
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FastMap<ScheduleKey, Arc<Schedule>>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cache_builds_each_shape_once_and_keeps_at_most_kept() {
+        let cache = ScheduleCache::default();
+        let mut built = 0;
+        let key = |n| (OpKind::AllReduce, Algorithm::Ring, n, 0, 0);
+        let a = cache.get_or_make(key(1), || {
+            built += 1;
+            Schedule::new(Layout::default())
+        });
+        let b = cache.get_or_make(key(1), || {
+            built += 1;
+            Schedule::new(Layout::default())
+        });
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "the second call shares the first's schedule"
+        );
+        assert_eq!(built, 1);
+        for n in 2..=ScheduleCache::KEPT + 1 {
+            cache.get_or_make(key(n), || Schedule::new(Layout::default()));
+        }
+        assert!(cache.lock().len() <= ScheduleCache::KEPT);
+        let c = cache.get_or_make(key(1), || {
+            built += 1;
+            Schedule::new(Layout::default())
+        });
+        assert_eq!(built, 2, "emptied when full: built again");
+        assert!(!Arc::ptr_eq(&a, &c));
+    }
 
     #[test]
     fn partitions_and_segments() {

@@ -100,3 +100,64 @@ fn every_send_has_exactly_one_matching_receive() {
     }
     assert!(checked > 1000, "only {checked} cases checked");
 }
+
+/// A communicator's schedule cache never changes a plan: every case, planned through one
+/// cache per group member (shared by every collective, algorithm, root and count, so that
+/// entries are reused, collide in shape and get evicted), gives the schedule and fingerprint
+/// that planning afresh gives, the first time and again from the cache.
+#[test]
+fn cached_schedules_are_the_schedules_planned_afresh() {
+    use collectix_runtime::schedule::ScheduleCache;
+    let mut checked = 0;
+    for w in 1usize..=9 {
+        let caches: Vec<ScheduleCache> = (0..w).map(|_| ScheduleCache::default()).collect();
+        for round in 0..2 {
+            for kind in COLLECTIVES {
+                for &alg in kind.algorithms() {
+                    let roots = if rooted(kind) { w } else { 1 };
+                    for root in 0..roots {
+                        for count in [0, 1, w.saturating_sub(1), w, 7, 33] {
+                            let case = Case {
+                                kind,
+                                size: w,
+                                count,
+                                dtype: DType::F32,
+                                op: ReduceOp::Sum,
+                                root,
+                                algorithm: Some(alg),
+                            };
+                            let opts = CallOptions {
+                                algorithm: case.algorithm,
+                                timeout: None,
+                            };
+                            for (r, cache) in caches.iter().enumerate() {
+                                let info = GroupInfo::world(w, r, GroupOptions::default())
+                                    .unwrap_or_else(|e| panic!("{e}"));
+                                let fresh = Plan::new(case.request(r), &info, &opts);
+                                let cached = Plan::new_cached(case.request(r), &info, &opts, cache);
+                                match (fresh, cached) {
+                                    (Ok(f), Ok(c)) => {
+                                        assert_eq!(
+                                            f.schedule(),
+                                            c.schedule(),
+                                            "{case:?} rank {r} round {round}"
+                                        );
+                                        assert_eq!(f.fingerprint(), c.fingerprint());
+                                    }
+                                    (Err(f), Err(c)) => assert_eq!(f, c),
+                                    (f, c) => panic!(
+                                        "{case:?} rank {r}: afresh {:?}, cached {:?}",
+                                        f.err(),
+                                        c.err()
+                                    ),
+                                }
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 5000, "only {checked} cases checked");
+}

@@ -45,12 +45,17 @@ impl Planner<'_> {
         let (checked, n, data) = self.check_all_reduce(tensor, op)?;
         let dt = checked.dtype;
         let alg = self.algorithm(checked.kind, checked.bytes)?;
-        let s = match alg {
-            Algorithm::Ring => ring::all_reduce(me, w, n, self.seg_elems(dt)),
+        let seg = if alg == Algorithm::Ring {
+            self.seg_elems(dt)
+        } else {
+            0
+        };
+        let s = self.memo((checked.kind, alg, n, seg, 0), || match alg {
+            Algorithm::Ring => ring::all_reduce(me, w, n, seg),
             Algorithm::HalvingDoubling => halving_doubling::all_reduce(me, w, n),
             Algorithm::Direct => direct::all_reduce(me, w, &partition(n, w)),
             _ => recursive_doubling::all_reduce(me, w, n),
-        };
+        });
         let mut init = vec![None; s.layout.chunk_elems.len()];
         fill(
             &mut init,

@@ -39,7 +39,9 @@ impl Planner<'_> {
         let (w, me) = (self.w(), self.g.rank);
         let checked = check_barrier(new_group);
         let alg = self.algorithm(checked.kind, checked.bytes)?;
-        let s = dissemination::barrier(me, w);
+        let s = self.memo((checked.kind, alg, 0, 0, 0), || {
+            dissemination::barrier(me, w)
+        });
         Ok(self.collective(checked, alg, s, Vec::new()))
     }
 

@@ -52,10 +52,15 @@ impl Planner<'_> {
         let (checked, n, data) = self.check_broadcast(tensor, root)?;
         let dt = checked.dtype;
         let alg = self.algorithm(checked.kind, checked.bytes)?;
-        let s = match alg {
-            Algorithm::Direct => direct::broadcast(me, w, root, n),
-            _ => tree::broadcast(me, w, root, n, self.seg_elems(dt)),
+        let seg = if alg == Algorithm::Direct {
+            0
+        } else {
+            self.seg_elems(dt)
         };
+        let s = self.memo((checked.kind, alg, n, seg, root), || match alg {
+            Algorithm::Direct => direct::broadcast(me, w, root, n),
+            _ => tree::broadcast(me, w, root, n, seg),
+        });
         let mut init = vec![None; s.layout.chunk_elems.len()];
         if let Some(data) = &data {
             fill(&mut init, &s.layout, 0..1, data, dt.size())?;

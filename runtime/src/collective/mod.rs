@@ -25,12 +25,13 @@ use crate::error::{Error, Result};
 use crate::group::{CallOptions, GroupInfo};
 use crate::ids::{DataPath, Fingerprint};
 use crate::op::{Algorithm, OpKind};
-use crate::schedule::{Layout, Schedule};
+use crate::schedule::{Layout, Schedule, ScheduleCache, ScheduleKey};
 use crate::tensor::dtype::DType;
 use crate::tensor::reduce::ReduceOp;
 use crate::tensor::{numel_of, Device, Tensor};
 use bytes::Bytes;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Shape and dtype of a tensor to be produced (torch passes pre-allocated outputs; collectix
@@ -111,7 +112,7 @@ pub(crate) enum Finish {
 #[derive(Clone, Debug)]
 pub(crate) enum Body {
     Collective {
-        schedule: Schedule,
+        schedule: Arc<Schedule>,
         init: Vec<Option<Bytes>>,
         finish: Finish,
         share: Share,
@@ -169,7 +170,7 @@ impl Plan {
     /// The schedule, for collectives.
     pub fn schedule(&self) -> Option<&Schedule> {
         match &self.body {
-            Body::Collective { schedule, .. } => Some(schedule),
+            Body::Collective { schedule, .. } => Some(schedule.as_ref()),
             _ => None,
         }
     }
@@ -202,7 +203,7 @@ impl Plan {
             fp,
             reduce: None,
             body: Body::Collective {
-                schedule,
+                schedule: Arc::new(schedule),
                 init,
                 finish,
                 share: Share::Nothing,
@@ -216,6 +217,18 @@ impl Plan {
     /// memory only: a request on a device is an [`Error::InvalidArgument`] here (the device
     /// layer in `collectix-actors` routes those to NCCL or stages them through the host).
     pub fn new(req: Request, group: &GroupInfo, opts: &CallOptions) -> Result<Plan> {
+        Plan::check_host(&req, group)?;
+        Planner {
+            g: group,
+            opts,
+            cache: None,
+        }
+        .plan(req)
+    }
+
+    /// The checks every plan starts with: host memory, and the declared size within the
+    /// group's `max_call_bytes`.
+    fn check_host(req: &Request, group: &GroupInfo) -> Result<()> {
         let device = req.device()?;
         if !device.is_host() {
             return Err(Error::invalid(format!(
@@ -229,7 +242,25 @@ impl Plan {
                 "the call declares {bytes} bytes of inputs and outputs, above the group's max_call_bytes ({limit})"
             )));
         }
-        Planner { g: group, opts }.plan(req)
+        Ok(())
+    }
+
+    /// [`Plan::new`], reusing the schedules `cache` keeps for this member of `group` (a
+    /// communicator keeps one per group): a small call's schedule is then looked up, not built
+    /// and freed again on every call.
+    pub fn new_cached(
+        req: Request,
+        group: &GroupInfo,
+        opts: &CallOptions,
+        cache: &ScheduleCache,
+    ) -> Result<Plan> {
+        Plan::check_host(&req, group)?;
+        Planner {
+            g: group,
+            opts,
+            cache: Some(cache),
+        }
+        .plan(req)
     }
 
     /// The same plan, marked as the agreement step of a call on another data path (see
@@ -283,6 +314,8 @@ struct Checked {
 struct Planner<'a> {
     g: &'a GroupInfo,
     opts: &'a CallOptions,
+    /// Where the schedules of this group member's recent calls are kept, if anywhere.
+    cache: Option<&'a ScheduleCache>,
 }
 
 fn same_dtype(what: &str, want: DType, got: DType) -> Result<()> {
@@ -356,9 +389,10 @@ impl Planner<'_> {
         &self,
         checked: Checked,
         algorithm: Algorithm,
-        schedule: Schedule,
+        schedule: impl Into<Arc<Schedule>>,
         init: Vec<Option<Bytes>>,
     ) -> Plan {
+        let schedule = schedule.into();
         let reduce = checked.op;
         Plan {
             fp: Fingerprint {
@@ -421,6 +455,15 @@ impl Planner<'_> {
             Request::MonitoredBarrier => self.monitored_barrier(),
             Request::Send { tensor, dst, tag } => self.send(tensor, dst, tag),
             Request::Recv { spec, src, tag } => self.recv(spec, src, tag),
+        }
+    }
+
+    /// The schedule `make` builds, from the cache if it keeps one under `key` (what the
+    /// schedule depends on besides this member's group, which the cache belongs to).
+    fn memo(&self, key: ScheduleKey, make: impl FnOnce() -> Schedule) -> Arc<Schedule> {
+        match self.cache {
+            Some(c) => c.get_or_make(key, make),
+            None => Arc::new(make()),
         }
     }
 

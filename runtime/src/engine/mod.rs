@@ -84,7 +84,7 @@ struct Finishing {
 struct Coll {
     /// The call's sequence number in its group.
     seq: u64,
-    sched: Schedule,
+    sched: Arc<Schedule>,
     step: usize,
     posted: bool,
     chunks: Vec<Option<Bytes>>,
