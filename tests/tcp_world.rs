@@ -271,7 +271,9 @@ fn intruders_without_the_secret_are_refused_and_the_job_runs_on() {
                         src: 0,
                         header: collectix::runtime::wire::Header::Abort {
                             group: collectix::GroupId::WORLD,
-                            reason: collectix::runtime::wire::AbortReason::PeerLost { rank: 1 },
+                            reason: Box::new(collectix::runtime::wire::AbortReason::PeerLost {
+                                rank: 1,
+                            }),
                         },
                         payload: Vec::new(),
                     })

@@ -169,7 +169,10 @@ fn header() -> impl Strategy<Value = Header> {
             upto
         }),
         (g(), any::<u64>()).prop_map(|(group, eager)| Header::P2pConsumed { group, eager }),
-        (g(), reason()).prop_map(|(group, reason)| Header::Abort { group, reason }),
+        (g(), reason()).prop_map(|(group, reason)| Header::Abort {
+            group,
+            reason: Box::new(reason)
+        }),
         (g(), any::<u64>()).prop_map(|(group, seq)| Header::Inquire { group, seq }),
         (
             g(),
@@ -180,8 +183,8 @@ fn header() -> impl Strategy<Value = Header> {
             .prop_map(|(group, seq, made, latest)| Header::Status {
                 group,
                 seq,
-                made,
-                latest
+                made: made.map(Box::new),
+                latest: latest.map(Box::new)
             }),
     ]
 }

@@ -444,8 +444,8 @@ fn a_timeout_where_a_peer_is_in_another_call_is_a_mismatch_naming_both() {
             header: Header::Status {
                 group: GroupId::WORLD,
                 seq: 0,
-                made: Some(theirs),
-                latest: Some((0, theirs)),
+                made: Some(Box::new(theirs)),
+                latest: Some(Box::new((0, theirs))),
             },
             payload: Vec::new(),
         },
@@ -488,7 +488,7 @@ fn a_rank_answers_an_inquiry_with_its_call() {
         );
         let out: Vec<_> = std::iter::from_fn(|| e.poll_transmit()).collect();
         assert!(
-            matches!(&out[..], [t] if t.dst == 1 && t.msg.header == Header::Status { group: GroupId::WORLD, seq, made, latest: Some((0, fp)) }),
+            matches!(&out[..], [t] if t.dst == 1 && t.msg.header == Header::Status { group: GroupId::WORLD, seq, made: made.map(Box::new), latest: Some(Box::new((0, fp))) }),
             "{out:?}"
         );
     }
@@ -738,11 +738,11 @@ fn a_rank_past_the_call_is_never_named_as_behind_even_if_it_forgot_the_call() {
     let at = Time::ZERO + Duration::from_secs(1);
     e.handle_timeout(at);
     while e.poll_transmit().is_some() {}
-    let status = |made, latest| Header::Status {
+    let status = |made: Option<Fingerprint>, latest: Option<(u64, Fingerprint)>| Header::Status {
         group: GroupId::WORLD,
         seq: 0,
-        made,
-        latest,
+        made: made.map(Box::new),
+        latest: latest.map(Box::new),
     };
     let later = Fingerprint::new(collectix_runtime::OpKind::Barrier, DType::U8);
     for (src, header) in [

@@ -103,7 +103,7 @@ impl Engine {
                     src: me,
                     header: Header::Abort {
                         group: gid,
-                        reason: AbortReason::from(&cause),
+                        reason: Box::new(AbortReason::from(&cause)),
                     },
                     payload: Vec::new(),
                 },
@@ -239,8 +239,8 @@ impl Engine {
         Header::Status {
             group: gid,
             seq,
-            made,
-            latest,
+            made: made.map(Box::new),
+            latest: latest.map(Box::new),
         }
     }
 
@@ -451,7 +451,7 @@ impl Engine {
                 if m != self.rank {
                     let header = Header::Abort {
                         group: gid,
-                        reason: AbortReason::from(&root),
+                        reason: Box::new(AbortReason::from(&root)),
                     };
                     self.transmits.push_back(Transmit {
                         dst: m,

@@ -413,7 +413,7 @@ impl Engine {
         };
         match &msg.header {
             Header::Abort { reason, .. } => {
-                let cause = reason.clone().into_error(gid, msg.src);
+                let cause = (**reason).clone().into_error(gid, msg.src);
                 // A lost peer heard of from another member before this rank noticed: the
                 // calls that talk to it fail with `PeerLost`, as if this rank had noticed.
                 if let Error::PeerLost { rank } = cause.root_cause() {
@@ -491,7 +491,8 @@ impl Engine {
             Header::Status {
                 seq, made, latest, ..
             } => {
-                let (seq, made, latest) = (*seq, *made, *latest);
+                let (seq, made, latest) =
+                    (*seq, made.as_deref().copied(), latest.as_deref().copied());
                 self.on_status(gid, seq, msg.src, made, latest);
             }
             Header::P2pGrant { tag, upto, .. } => {

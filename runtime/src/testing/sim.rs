@@ -297,7 +297,7 @@ fn header_text(h: &Header, src: usize, with_call: bool) -> String {
         Header::Abort { group, reason } if with_call => {
             format!(
                 "abort g={group}: {}",
-                reason.clone().into_error(*group, src)
+                (**reason).clone().into_error(*group, src)
             )
         }
         Header::Abort { group, .. } => format!("abort g={group}"),

@@ -279,8 +279,8 @@ fn put_header(h: &mut BytesMut, header: &Header) -> u8 {
         } => {
             h.put_u64_le(group.0);
             h.put_u64_le(*seq);
-            put_opt_fp(h, made.as_ref());
-            put_latest(h, latest.as_ref());
+            put_opt_fp(h, made.as_deref());
+            put_latest(h, latest.as_deref());
             STATUS
         }
     }
@@ -829,7 +829,7 @@ fn read_header(kind: u8, b: Bytes) -> Result<Header, DecodeError> {
         },
         ABORT => Header::Abort {
             group: r.group()?,
-            reason: read_reason(&mut r)?,
+            reason: Box::new(read_reason(&mut r)?),
         },
         INQUIRE => Header::Inquire {
             group: r.group()?,
@@ -838,8 +838,8 @@ fn read_header(kind: u8, b: Bytes) -> Result<Header, DecodeError> {
         STATUS => Header::Status {
             group: r.group()?,
             seq: r.u64("seq")?,
-            made: r.opt_fp()?,
-            latest: r.latest()?,
+            made: r.opt_fp()?.map(Box::new),
+            latest: r.latest()?.map(Box::new),
         },
         k => return Err(DecodeError::Kind(k)),
     };

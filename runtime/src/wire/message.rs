@@ -88,17 +88,19 @@ pub enum Header {
         group: GroupId,
         /// The call asked about.
         seq: u64,
-        /// The sender's fingerprint of that call, if it has made it.
-        made: Option<Fingerprint>,
+        /// The sender's fingerprint of that call, if it has made it (boxed, as `latest` and
+        /// an abort's reason are: a header is moved whole on every hop of every message, so
+        /// it is kept to the size of the hot variants).
+        made: Option<Box<Fingerprint>>,
         /// The sender's latest call on the group (sequence number and fingerprint), if any.
-        latest: Option<(u64, Fingerprint)>,
+        latest: Option<Box<(u64, Fingerprint)>>,
     },
     /// The sender aborted the group because of `reason`.
     Abort {
         /// The group.
         group: GroupId,
         /// Why.
-        reason: AbortReason,
+        reason: Box<AbortReason>,
     },
 }
 
