@@ -72,7 +72,9 @@ impl World {
                 addr,
                 driver,
                 arbiter,
-                rank_threads: threads.clone(),
+                // A copy of its own per rank: every call clones and drops it, and one `Arc`
+                // shared by the ranks would move its count between their cores on each.
+                rank_threads: Arc::from(&threads[..]),
                 device: Default::default(),
             });
             comms.push(Communicator::new(shared, info));

@@ -284,42 +284,48 @@ impl Request {
     /// a call with none, such as a barrier); mixing devices in one call is an
     /// [`Error::InvalidArgument`].
     pub fn device(&self) -> Result<Device> {
-        let mut devices: Vec<Device> = Vec::new();
-        {
-            let mut t = |x: &Tensor| devices.push(x.device());
-            match self {
-                Request::AllReduce { tensor, .. }
-                | Request::Reduce { tensor, .. }
-                | Request::Broadcast { tensor, .. }
-                | Request::Send { tensor, .. } => t(tensor),
-                Request::AllGather { input, .. }
-                | Request::AllGatherIntoTensor { input, .. }
-                | Request::Gather { input, .. }
-                | Request::ReduceScatterTensor { input, .. }
-                | Request::AllToAllSingle { input, .. } => t(input),
-                Request::Scatter { inputs, .. } => inputs.iter().flatten().for_each(t),
-                Request::ReduceScatter { inputs, .. } | Request::AllToAll { inputs, .. } => {
-                    inputs.iter().for_each(t)
-                }
-                Request::Barrier
-                | Request::MonitoredBarrier
-                | Request::Recv { .. }
-                | Request::NewGroup { .. } => {}
+        // No allocation: this runs on every call, twice.
+        let mut first: Option<Device> = None;
+        let mut other: Option<Device> = None;
+        let mut see = |d: Device| match first {
+            None => first = Some(d),
+            Some(f) if f != d && other.is_none() => other = Some(d),
+            Some(_) => {}
+        };
+        match self {
+            Request::AllReduce { tensor, .. }
+            | Request::Reduce { tensor, .. }
+            | Request::Broadcast { tensor, .. }
+            | Request::Send { tensor, .. } => see(tensor.device()),
+            Request::AllGather { input, .. }
+            | Request::AllGatherIntoTensor { input, .. }
+            | Request::Gather { input, .. }
+            | Request::ReduceScatterTensor { input, .. }
+            | Request::AllToAllSingle { input, .. } => see(input.device()),
+            Request::Scatter { inputs, .. } => {
+                inputs.iter().flatten().for_each(|x| see(x.device()))
             }
+            Request::ReduceScatter { inputs, .. } | Request::AllToAll { inputs, .. } => {
+                inputs.iter().for_each(|x| see(x.device()))
+            }
+            Request::Barrier
+            | Request::MonitoredBarrier
+            | Request::Recv { .. }
+            | Request::NewGroup { .. } => {}
         }
         match self {
             Request::AllGather { outputs, .. } | Request::AllToAll { outputs, .. } => {
-                devices.extend(outputs.iter().map(|s| s.device))
+                outputs.iter().for_each(|s| see(s.device))
             }
             Request::AllGatherIntoTensor { output, .. }
             | Request::Scatter { output, .. }
             | Request::ReduceScatterTensor { output, .. }
             | Request::AllToAllSingle { output, .. }
-            | Request::Recv { spec: output, .. } => devices.push(output.device),
+            | Request::Recv { spec: output, .. } => see(output.device),
             _ => {}
         }
-        let first = devices.first().copied().unwrap_or_default();
-        match devices.iter().find(|d| **d != first) {
+        let first = first.unwrap_or_default();
+        match other {
             Some(other) => Err(Error::invalid(format!(
                 "one call mixes tensors on {first} and {other}; move them to one device first"
             ))),
