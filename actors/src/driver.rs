@@ -29,7 +29,7 @@ use collectix_runtime::fast_hash::FastMap;
 use collectix_runtime::progress::{CachePadded, Driving, Inbox};
 use collectix_runtime::wire::{Message, Outbox};
 use collectix_runtime::{Engine, Error, GroupId, GroupInfo, OpId, Output, Plan, Result, Time};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -47,7 +47,37 @@ const YIELD_TURNS: u32 = 1;
 
 /// Peers a rank's caller handed messages to while nobody drove them: it owes each an
 /// `Inbox::ask_if_unattended` (see `Driver::settle`).
-pub(crate) type Owed = Arc<Mutex<Vec<Arc<Driver>>>>;
+pub(crate) type Owed = Arc<OwedPeers>;
+
+/// The list behind [`Owed`], with a flag that lets the common case (nothing owed) skip the
+/// lock. Only the owing rank's own runs push to it, and each run settles what it pushed, so
+/// a stale `false` read by another thread's settle never leaves a debt unpaid.
+#[derive(Default)]
+pub(crate) struct OwedPeers {
+    any: AtomicBool,
+    peers: Mutex<Vec<Arc<Driver>>>,
+}
+
+impl OwedPeers {
+    /// Records that `peer` is owed a look (once).
+    fn push(&self, peer: &Arc<Driver>) {
+        let mut o = lock(&self.peers);
+        if !o.iter().any(|d| Arc::ptr_eq(d, peer)) {
+            o.push(peer.clone());
+        }
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Moves the peers owed into `out`.
+    fn take_into(&self, out: &mut Vec<Arc<Driver>>) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut o = lock(&self.peers);
+        self.any.store(false, Ordering::Release);
+        out.append(&mut o);
+    }
+}
 
 /// The default spin budget of a rank of a multi-process job: a message over TCP crosses two
 /// more threads (the sender's writer, the receiver's reader), each hand-off 20–30 µs on a
@@ -219,7 +249,8 @@ pub(crate) struct Driver {
     inbox: Inbox<(usize, Message)>,
     /// The background driver: the rank's actor (set once it started).
     actor: OnceLock<Addr<RankActor>>,
-    origin: Instant,
+    /// The engine's clock at the rank's start (see [`engine_clock`]).
+    origin: Duration,
     /// When the actor's timer fires, in ns since `origin` (`u64::MAX`: not armed).
     timer_at: CachePadded<AtomicU64>,
     /// How long a waiting caller drives the rank before it parks.
@@ -238,6 +269,8 @@ pub(crate) struct Driver {
     /// own threads write on every call or wake-up (`bell`, `timer_at`, `wakeups`) sit on
     /// lines of their own, apart from those peers read on every message (`closed`).
     bell: CachePadded<Mutex<Bell>>,
+    /// `bell.sleepers`, readable without the lock (see [`Driver::completed`]).
+    sleeping: AtomicUsize,
     bell_rung: Condvar,
 }
 
@@ -270,14 +303,15 @@ impl Driver {
             })),
             inbox: Inbox::new(),
             actor: OnceLock::new(),
-            origin: Instant::now(),
+            origin: engine_clock(),
             timer_at: CachePadded(AtomicU64::new(u64::MAX)),
             spin,
             yields,
             closed: AtomicBool::new(false),
             wakeups: CachePadded(AtomicU64::new(0)),
-            owed: Arc::new(Mutex::new(Vec::new())),
+            owed: Arc::default(),
             bell: CachePadded(Mutex::new(Bell::default())),
+            sleeping: AtomicUsize::new(0),
             bell_rung: Condvar::new(),
         }
     }
@@ -298,7 +332,8 @@ impl Driver {
     }
 
     pub(crate) fn now(&self) -> Time {
-        Time::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+        let since = engine_clock().saturating_sub(self.origin);
+        Time::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
     }
 
     /// An arrival from global rank `src` (the link's word for it), from any transport.
@@ -312,10 +347,7 @@ impl Driver {
     /// `owed` (the peer's) that it must look again if nobody drives this rank now.
     pub(crate) fn deliver_from_peer(self: &Arc<Self>, src: usize, msg: Message, owed: &Owed) {
         if self.inbox.push_deferred((src, msg)) {
-            let mut o = lock(owed);
-            if !o.iter().any(|d| Arc::ptr_eq(d, self)) {
-                o.push(self.clone());
-            }
+            owed.push(self);
         }
     }
 
@@ -340,13 +372,11 @@ impl Driver {
     /// attended (its caller took the message, or drives), then wakes the actor of any still
     /// unattended.
     fn settle(&self, grace: Duration) {
-        let owed = {
-            let mut o = lock(&self.owed);
-            if o.is_empty() {
-                return;
-            }
-            std::mem::take(&mut *o)
-        };
+        let mut owed = Vec::new();
+        self.owed.take_into(&mut owed);
+        if owed.is_empty() {
+            return;
+        }
         wait_attended(|| owed.iter().all(|p| p.inbox.looks_attended()), grace);
         Driver::ask_owed(owed);
     }
@@ -367,13 +397,14 @@ impl Driver {
     /// Two ranks that send to each other between their calls thus never wait on each other
     /// here: each one's arrivals are attended by its own settling caller.
     fn settle_driving(&self, grace: Duration, driving: Driving<'_, (usize, Message)>) {
-        let mut owed: Vec<Arc<Driver>> = std::mem::take(&mut *lock(&self.owed));
+        let mut owed: Vec<Arc<Driver>> = Vec::new();
+        self.owed.take_into(&mut owed);
         // The common case skips the loop: the peers drive, or took their messages already.
         if !owed.iter().all(|p| p.inbox.looks_attended()) {
             let start = Instant::now();
             let mut turns: u32 = 0;
             loop {
-                owed.append(&mut lock(&self.owed));
+                self.owed.take_into(&mut owed);
                 if owed.iter().all(|p| p.inbox.looks_attended()) {
                     break;
                 }
@@ -391,7 +422,7 @@ impl Driver {
             let core = lock(&self.core);
             self.run_with(core, |_, _, _| (), None);
         }
-        owed.append(&mut lock(&self.owed));
+        self.owed.take_into(&mut owed);
         Driver::ask_owed(owed);
     }
 
@@ -439,6 +470,12 @@ impl Driver {
 
     /// Tells the parked callers that calls completed (theirs may be among them).
     fn completed(&self) {
+        // Pairs with the fence in `sleep_until`: the results were set before this fence, so a
+        // caller counted after it sees its call completed and does not park.
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let b = lock(&self.bell);
         if b.sleepers > 0 {
             self.bell_rung.notify_all();
@@ -451,14 +488,23 @@ impl Driver {
     /// its peers were late is thus still driven by its caller, with no actor hand-off per
     /// message.
     pub(crate) fn sleep_until(&self, done: &dyn Fn() -> bool) {
+        if done() {
+            // Not counted as a sleeper: nobody handed this caller a run.
+            return;
+        }
         loop {
             let rung = {
                 let mut b = lock(&self.bell);
                 b.sleepers += 1;
+                self.sleeping.store(b.sleepers, Ordering::Relaxed);
+                // Pairs with the fence in `completed`: a completion that did not see this
+                // count is seen by `done()` below.
+                fence(Ordering::SeqCst);
                 while !b.rung && !done() {
                     b = self.bell_rung.wait(b).unwrap_or_else(|e| e.into_inner());
                 }
                 b.sleepers -= 1;
+                self.sleeping.store(b.sleepers, Ordering::Relaxed);
                 std::mem::take(&mut b.rung)
             };
             if rung {
@@ -794,6 +840,31 @@ fn wait_attended(attended: impl Fn() -> bool, grace: Duration) {
         }
         std::hint::spin_loop();
     }
+}
+
+/// The engine's clock: monotonic and coarse. Its deadlines are seconds (call timeouts) or
+/// tens of milliseconds (graces), and it is read on every run of every call, so Linux's
+/// coarse clock (a few milliseconds of resolution, read in a few nanoseconds rather than
+/// twenty) serves; a timer that fires before the coarse clock reaches its deadline re-arms
+/// for the rest.
+#[cfg(target_os = "linux")]
+fn engine_clock() -> Duration {
+    use nix::time::{clock_gettime, ClockId};
+    match clock_gettime(ClockId::CLOCK_MONOTONIC_COARSE) {
+        Ok(t) => Duration::from(t),
+        Err(_) => fallback_clock(),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn engine_clock() -> Duration {
+    fallback_clock()
+}
+
+/// Monotonic time since the first read in this process.
+fn fallback_clock() -> Duration {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
 }
 
 /// Locks, ignoring poisoning: a panic elsewhere must not turn into a panic here.
