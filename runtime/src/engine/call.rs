@@ -75,16 +75,12 @@ impl Engine {
         let Some(State::Coll(c)) = self.ops.get_mut(&id).map(|op| &mut op.state) else {
             return;
         };
-        let checked = match c.expected.get(&(src, tag)) {
+        let checked = match c.expected(src, tag) {
             None => Err(ProtocolError::UnexpectedTag { seq, tag }),
             Some(_) if c.inbox.contains_key(&(src, tag)) => {
                 Err(ProtocolError::Duplicate { seq, tag })
             }
-            Some(chunks) => check_payload(
-                msg.payload,
-                &c.sched.layout.chunk_elems[chunks.clone()],
-                dtype,
-            ),
+            Some(chunks) => check_payload(msg.payload, &c.sched.layout.chunk_elems[chunks], dtype),
         };
         match checked {
             Ok(parts) => {
@@ -133,7 +129,8 @@ impl Engine {
                 return;
             };
             if !c.posted {
-                let mut out = Vec::new();
+                // The engine's scratch list, so that a step's sends allocate no list.
+                let mut out = std::mem::take(&mut self.flow_out);
                 for s in &step.sends {
                     let mut payload = Vec::with_capacity(s.chunks.len());
                     for ch in s.chunks.clone() {
@@ -170,7 +167,8 @@ impl Engine {
                 }
                 c.posted = true;
                 let gid = op.group;
-                self.emit(gid, out);
+                self.emit_from(gid, &mut out);
+                self.flow_out = out;
                 continue;
             }
             if !step
@@ -245,11 +243,17 @@ impl Engine {
     }
 
     /// Sends what the flow control of group `gid` released or asks for.
-    pub(super) fn emit(&mut self, gid: GroupId, out: Vec<FlowOut<Transmit>>) {
+    pub(super) fn emit(&mut self, gid: GroupId, mut out: Vec<FlowOut<Transmit>>) {
+        self.emit_from(gid, &mut out);
+    }
+
+    /// [`emit`](Engine::emit), leaving `out` empty (and its allocation for reuse).
+    pub(super) fn emit_from(&mut self, gid: GroupId, out: &mut Vec<FlowOut<Transmit>>) {
         let Some(g) = self.groups.get(&gid) else {
+            out.clear();
             return;
         };
-        for o in out {
+        for o in out.drain(..) {
             let (dst, header) = match o {
                 FlowOut::Send(t) => {
                     self.transmits.push_back(t);

@@ -57,7 +57,7 @@
 //! a message beyond that as a protocol violation.
 
 use crate::fast_hash::FastMap;
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 /// What the flow state asks the engine to send.
 #[derive(Debug, PartialEq)]
@@ -77,12 +77,12 @@ struct Peer<T> {
     /// Messages waiting for credit, with their call's seq and payload bytes.
     held: Vec<(u64, u64, T)>,
     /// Bytes sent ahead (for calls not known made), by call.
-    ahead: BTreeMap<u64, u64>,
+    ahead: SeqBytes,
     /// Their sum.
     ahead_bytes: u64,
     /// Receiver side: bytes of the peer buffered here for calls this rank has not made, by
     /// call.
-    early: BTreeMap<u64, u64>,
+    early: SeqBytes,
     /// Their sum.
     early_bytes: u64,
     /// The highest seq this rank has asked the peer about.
@@ -133,14 +133,14 @@ impl<T> Peer<T> {
             return false;
         }
         self.ahead_bytes += bytes;
-        *self.ahead.entry(seq).or_insert(0) += bytes;
+        self.ahead.add(seq, bytes);
         true
     }
 
     /// The peer has made every call below `known`: what was sent ahead of them is not ahead
     /// any more.
     fn forget_ahead(&mut self) {
-        let done = pop_below(&mut self.ahead, self.known);
+        let done = self.ahead.pop_below(self.known);
         self.ahead_bytes = self.ahead_bytes.saturating_sub(done);
     }
 }
@@ -150,9 +150,9 @@ impl<T> Default for Peer<T> {
         Peer {
             known: 0,
             held: Vec::new(),
-            ahead: BTreeMap::new(),
+            ahead: SeqBytes::default(),
             ahead_bytes: 0,
-            early: BTreeMap::new(),
+            early: SeqBytes::default(),
             early_bytes: 0,
             asked: None,
             want_lowest: None,
@@ -162,17 +162,47 @@ impl<T> Default for Peer<T> {
 }
 
 /// The flow state of one group on one rank.
-/// Removes the entries of `map` below `limit`; the sum of their values. (In place: a
-/// `split_off` would allocate a map on every call of every rank.)
-fn pop_below(map: &mut BTreeMap<u64, u64>, limit: u64) -> u64 {
-    let mut sum = 0u64;
-    while let Some(e) = map.first_entry() {
-        if *e.key() >= limit {
-            break;
+/// Bytes per call (sequence number), in order: what was sent ahead to a peer, or what
+/// arrived early from it. Calls come and go in about sequence order, so a sorted ring keeps
+/// them with no allocation per call (a `BTreeMap` allocated a node whenever it went from
+/// empty to one call, every call of a rank in step).
+#[derive(Debug, Default)]
+struct SeqBytes(VecDeque<(u64, u64)>);
+
+impl SeqBytes {
+    /// Adds `bytes` to call `seq`.
+    fn add(&mut self, seq: u64, bytes: u64) {
+        match self.0.back_mut() {
+            Some((s, b)) if *s == seq => *b = b.saturating_add(bytes),
+            Some((s, _)) if *s > seq => match self.0.binary_search_by_key(&seq, |(s, _)| *s) {
+                Ok(i) => {
+                    if let Some((_, b)) = self.0.get_mut(i) {
+                        *b = b.saturating_add(bytes);
+                    }
+                }
+                Err(i) => self.0.insert(i, (seq, bytes)),
+            },
+            _ => self.0.push_back((seq, bytes)),
         }
-        sum = sum.saturating_add(e.remove());
     }
-    sum
+
+    /// The lowest call.
+    fn first(&self) -> Option<u64> {
+        self.0.front().map(|(s, _)| *s)
+    }
+
+    /// Removes the calls below `limit`; the sum of their bytes.
+    fn pop_below(&mut self, limit: u64) -> u64 {
+        let mut sum = 0u64;
+        while let Some(&(s, b)) = self.0.front() {
+            if s >= limit {
+                break;
+            }
+            sum = sum.saturating_add(b);
+            self.0.pop_front();
+        }
+        sum
+    }
 }
 
 #[derive(Debug)]
@@ -222,7 +252,7 @@ impl<T> Flow<T> {
             } else if p.ahead_bytes > budget / 2
                 && p.asked.is_none_or(|a| a < p.known.saturating_add(w))
             {
-                if let Some(&first) = p.ahead.keys().next() {
+                if let Some(first) = p.ahead.first() {
                     let q = first.saturating_add(w);
                     p.asked = Some(q);
                     out.push(FlowOut::Ask { peer, seq: q });
@@ -288,7 +318,7 @@ impl<T> Flow<T> {
             return Err(total);
         }
         p.early_bytes = total;
-        *p.early.entry(seq).or_insert(0) += bytes;
+        p.early.add(seq, bytes);
         Ok(())
     }
 
@@ -303,7 +333,7 @@ impl<T> Flow<T> {
         let limit = self.made.saturating_add(self.window);
         for (&peer, p) in &mut self.peers {
             // What arrived early for the calls made now is the calls' own.
-            let done = pop_below(&mut p.early, self.made);
+            let done = p.early.pop_below(self.made);
             p.early_bytes = p.early_bytes.saturating_sub(done);
             let lowest = p.want_lowest.take_if(|s| *s < limit).is_some();
             let last = p.want_last.take_if(|s| *s < limit).is_some();
@@ -345,6 +375,25 @@ impl<T> Flow<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seq_bytes_keeps_calls_in_order_and_pops_those_below_a_limit() {
+        let mut m = SeqBytes::default();
+        assert_eq!(m.first(), None);
+        m.add(5, 10);
+        m.add(7, 1);
+        m.add(5, 2);
+        m.add(3, 4); // out of order
+        m.add(6, 8);
+        m.add(7, 1);
+        assert_eq!(m.0, [(3, 4), (5, 12), (6, 8), (7, 2)]);
+        assert_eq!(m.first(), Some(3));
+        assert_eq!(m.pop_below(6), 16);
+        assert_eq!(m.first(), Some(6));
+        assert_eq!(m.pop_below(6), 0);
+        assert_eq!(m.pop_below(100), 10);
+        assert_eq!(m.first(), None);
+    }
 
     fn sends(out: &[FlowOut<u32>]) -> Vec<u32> {
         out.iter()

@@ -90,15 +90,35 @@ struct Coll {
     chunks: Vec<Option<Bytes>>,
     /// Arrived payloads by (group-local source, tag).
     inbox: FastMap<(usize, u32), Vec<Bytes>>,
-    /// Chunks each expected (source, tag) carries.
-    expected: FastMap<(usize, u32), Range<usize>>,
+    /// Chunks each expected (source, tag) carries, indexed for a schedule of more than
+    /// [`SCANNED_RECVS`] receives (a small one is scanned: no map built for every call).
+    expected: Option<FastMap<(usize, u32), Range<usize>>>,
     finish: Finish,
     /// The output the ranks of this process share for this call, and which chunks this rank
     /// writes into it (see `tensor::arena`).
     arena: Option<(Arc<Arena>, Share)>,
 }
 
+/// The most receives a call's schedule may have for its messages to be checked by scanning
+/// it rather than through an index built for the call.
+const SCANNED_RECVS: usize = 16;
+
 impl Coll {
+    /// The chunks that the message from (group-local) `src` tagged `tag` carries, if the
+    /// schedule expects one.
+    fn expected(&self, src: usize, tag: u32) -> Option<Range<usize>> {
+        match &self.expected {
+            Some(index) => index.get(&(src, tag)).cloned(),
+            None => self
+                .sched
+                .steps
+                .iter()
+                .flat_map(|s| &s.recvs)
+                .find(|r| r.peer == src && r.tag == tag)
+                .map(|r| r.chunks.clone()),
+        }
+    }
+
     /// Where chunk `ch` lies in the call's output, in bytes (for outputs made of every chunk).
     fn output_range(&self, ch: usize, size: usize) -> Range<usize> {
         let elems = &self.sched.layout.chunk_elems;
@@ -140,6 +160,8 @@ pub struct Engine {
     /// Messages in `orphans` and their payload bytes, per sending rank (bounded by
     /// [`ORPHANS_PER_PEER`] and [`ORPHAN_BYTES_PER_PEER`]).
     orphans_from: HashMap<usize, (usize, u64)>,
+    /// Scratch list for what a call's step hands flow control (kept for its allocation).
+    flow_out: Vec<flow::FlowOut<Transmit>>,
     ops: BTreeMap<OpId, Box<Op>>,
     next_op: u64,
     arrivals: u64,
@@ -191,6 +213,7 @@ impl Engine {
             orphans: HashMap::new(),
             orphans_from: HashMap::new(),
             ops: BTreeMap::new(),
+            flow_out: Vec::new(),
             next_op: 0,
             arrivals: 0,
             transmits: VecDeque::new(),
@@ -336,12 +359,16 @@ impl Engine {
                 finish,
                 share,
             } => {
-                let mut expected = FastMap::default();
-                for step in &schedule.steps {
-                    for r in &step.recvs {
-                        expected.insert((r.peer, r.tag), r.chunks.clone());
+                let recvs = schedule.steps.iter().map(|s| s.recvs.len()).sum::<usize>();
+                let expected = (recvs > SCANNED_RECVS).then(|| {
+                    let mut index = FastMap::default();
+                    for step in &schedule.steps {
+                        for r in &step.recvs {
+                            index.insert((r.peer, r.tag), r.chunks.clone());
+                        }
                     }
-                }
+                    index
+                });
                 let size = fp.dtype.size();
                 let arena = match (&share, &finish) {
                     (Share::Folds | Share::Own(_), Finish::Whole(_)) => self
