@@ -32,7 +32,7 @@
 //! deferred push covers it. The lock and each hint sit on cache lines of their own: the
 //! peers' pushes write the lock's line, and a rank's spinning callers read the hints.
 
-use crate::sync::{lock, AtomicUsize, Mutex, Ordering};
+use crate::sync::{fence, lock, AtomicUsize, Mutex, Ordering};
 use std::collections::VecDeque;
 
 /// A value on cache lines of its own (128 bytes: adjacent-line prefetchers pair lines), so
@@ -55,15 +55,13 @@ pub struct Inbox<T> {
     /// Arrivals in the queue: read without the lock by a spinning caller (a hint; the
     /// protocol's decisions are made under the lock).
     len: CachePadded<AtomicUsize>,
-    /// Callers driving, as a hint read without the lock (the count itself is under it).
-    drivers_hint: CachePadded<AtomicUsize>,
+    /// Callers driving the rank now: counted without the lock (see the module doc).
+    drivers: CachePadded<AtomicUsize>,
 }
 
-/// What the inbox's lock guards: every decision of the protocol is made under it.
+/// What the inbox's lock guards.
 struct State<T> {
     queue: VecDeque<T>,
-    /// Callers driving the rank now.
-    drivers: usize,
     /// The background driver was asked to run and has not started since.
     asked: bool,
 }
@@ -86,11 +84,10 @@ impl<T> Inbox<T> {
         Inbox {
             state: CachePadded(Mutex::new(State {
                 queue: VecDeque::new(),
-                drivers: 0,
                 asked: false,
             })),
             len: CachePadded(AtomicUsize::new(0)),
-            drivers_hint: CachePadded(AtomicUsize::new(0)),
+            drivers: CachePadded(AtomicUsize::new(0)),
         }
     }
 
@@ -101,7 +98,7 @@ impl<T> Inbox<T> {
         let mut st = lock(&self.state);
         st.queue.push_back(item);
         self.len.store(st.queue.len(), Ordering::Release);
-        st.drivers == 0 && st.ask()
+        self.unattended_after_push() && st.ask()
     }
 
     /// Adds an arrival from a pusher that can look again shortly (a caller's thread): it
@@ -114,7 +111,15 @@ impl<T> Inbox<T> {
         let mut st = lock(&self.state);
         st.queue.push_back(item);
         self.len.store(st.queue.len(), Ordering::Release);
-        st.drivers == 0 && !st.asked
+        self.unattended_after_push() && !st.asked
+    }
+
+    /// Whether no caller drives, as a pusher sees it after storing the new length. The
+    /// fence pairs with the one in [`Driving::leave`]: of a push and a leave that race, at
+    /// least one sees the other (the leaver the arrival, or the pusher that it left).
+    fn unattended_after_push(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.drivers.load(Ordering::Relaxed) == 0
     }
 
     /// The owed half of [`push_deferred`](Inbox::push_deferred): asks for a background run
@@ -128,13 +133,13 @@ impl<T> Inbox<T> {
             return false;
         }
         let mut st = lock(&self.state);
-        st.drivers == 0 && !st.queue.is_empty() && st.ask()
+        !st.queue.is_empty() && self.unattended_after_push() && st.ask()
     }
 
     /// Whether someone seems to attend to the arrivals (none wait, or a caller drives):
     /// without the lock, a hint for a pusher deciding whether to look again.
     pub fn looks_attended(&self) -> bool {
-        self.looks_empty() || self.drivers_hint.load(Ordering::Acquire) > 0
+        self.looks_empty() || self.drivers.load(Ordering::Acquire) > 0
     }
 
     /// Asks for a background run. `true`: this call is the one that must wake it.
@@ -167,10 +172,7 @@ impl<T> Inbox<T> {
     /// A caller starts driving the rank: arrivals no longer wake the background driver
     /// until it leaves.
     pub fn enter(&self) -> Driving<'_, T> {
-        let mut st = lock(&self.state);
-        st.drivers += 1;
-        self.drivers_hint.store(st.drivers, Ordering::Release);
-        drop(st);
+        self.drivers.fetch_add(1, Ordering::SeqCst);
         Driving {
             inbox: self,
             left: false,
@@ -179,7 +181,7 @@ impl<T> Inbox<T> {
 
     /// Callers driving the rank now.
     pub fn drivers(&self) -> usize {
-        lock(&self.state).drivers
+        self.drivers.load(Ordering::SeqCst)
     }
 }
 
@@ -197,19 +199,17 @@ impl<T> Driving<'_, T> {
     #[must_use = "`true` means arrivals wait that only this caller will take"]
     pub fn leave(mut self) -> bool {
         self.left = true;
-        let mut st = lock(&self.inbox.state);
-        st.drivers = st.drivers.saturating_sub(1);
-        self.inbox.drivers_hint.store(st.drivers, Ordering::Release);
-        !st.queue.is_empty()
+        self.inbox.drivers.fetch_sub(1, Ordering::SeqCst);
+        // Pairs with the fence of a push (`unattended_after_push`).
+        fence(Ordering::SeqCst);
+        !self.inbox.looks_empty()
     }
 }
 
 impl<T> Drop for Driving<'_, T> {
     fn drop(&mut self) {
         if !self.left {
-            let mut st = lock(&self.inbox.state);
-            st.drivers = st.drivers.saturating_sub(1);
-            self.inbox.drivers_hint.store(st.drivers, Ordering::Release);
+            self.inbox.drivers.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

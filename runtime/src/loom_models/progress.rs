@@ -134,10 +134,9 @@ fn a_deferred_push_racing_a_driving_caller_is_never_stranded() {
 /// which the push lands after the caller's take while it is still counted: nobody takes it.
 #[test]
 fn bug_a_caller_that_leaves_without_looking_strands_an_arrival() {
+    // Which execution shows it depends on loom's search order (with a lock-free count of
+    // drivers, the first one already does); that one does is what matters.
     let (msg, n) = must_fail("bug: leave without looking", || push_vs_driver(false));
     assert!(msg.contains("stranded"), "{msg}");
-    assert!(
-        n > 1,
-        "the first execution must pass: loom's search finds the bug"
-    );
+    assert!(n >= 1);
 }
