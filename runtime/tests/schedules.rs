@@ -71,31 +71,39 @@ fn check(case: &Case) -> Result<(), String> {
     Ok(())
 }
 
+/// Every case of the matrix for group size `w`: each collective, algorithm, root and count.
+fn cases(w: usize) -> Vec<Case> {
+    let mut all = Vec::new();
+    for kind in COLLECTIVES {
+        for &alg in kind.algorithms() {
+            let roots = if rooted(kind) { w } else { 1 };
+            for root in 0..roots {
+                for count in [0, 1, w.saturating_sub(1), w, 7, 33] {
+                    all.push(Case {
+                        kind,
+                        size: w,
+                        count,
+                        dtype: DType::F32,
+                        op: ReduceOp::Sum,
+                        root,
+                        algorithm: Some(alg),
+                    });
+                }
+            }
+        }
+    }
+    all
+}
+
 #[test]
 fn every_send_has_exactly_one_matching_receive() {
     let mut checked = 0;
-    for kind in COLLECTIVES {
-        for &alg in kind.algorithms() {
-            for w in 1usize..=9 {
-                let roots = if rooted(kind) { w } else { 1 };
-                for root in 0..roots {
-                    for count in [0, 1, w.saturating_sub(1), w, 7, 33] {
-                        let case = Case {
-                            kind,
-                            size: w,
-                            count,
-                            dtype: DType::F32,
-                            op: ReduceOp::Sum,
-                            root,
-                            algorithm: Some(alg),
-                        };
-                        if let Err(e) = check(&case) {
-                            panic!("{e}");
-                        }
-                        checked += 1;
-                    }
-                }
+    for w in 1usize..=9 {
+        for case in cases(w) {
+            if let Err(e) = check(&case) {
+                panic!("{e}");
             }
+            checked += 1;
         }
     }
     assert!(checked > 1000, "only {checked} cases checked");
@@ -112,49 +120,33 @@ fn cached_schedules_are_the_schedules_planned_afresh() {
     for w in 1usize..=9 {
         let caches: Vec<ScheduleCache> = (0..w).map(|_| ScheduleCache::default()).collect();
         for round in 0..2 {
-            for kind in COLLECTIVES {
-                for &alg in kind.algorithms() {
-                    let roots = if rooted(kind) { w } else { 1 };
-                    for root in 0..roots {
-                        for count in [0, 1, w.saturating_sub(1), w, 7, 33] {
-                            let case = Case {
-                                kind,
-                                size: w,
-                                count,
-                                dtype: DType::F32,
-                                op: ReduceOp::Sum,
-                                root,
-                                algorithm: Some(alg),
-                            };
-                            let opts = CallOptions {
-                                algorithm: case.algorithm,
-                                timeout: None,
-                            };
-                            for (r, cache) in caches.iter().enumerate() {
-                                let info = GroupInfo::world(w, r, GroupOptions::default())
-                                    .unwrap_or_else(|e| panic!("{e}"));
-                                let fresh = Plan::new(case.request(r), &info, &opts);
-                                let cached = Plan::new_cached(case.request(r), &info, &opts, cache);
-                                match (fresh, cached) {
-                                    (Ok(f), Ok(c)) => {
-                                        assert_eq!(
-                                            f.schedule(),
-                                            c.schedule(),
-                                            "{case:?} rank {r} round {round}"
-                                        );
-                                        assert_eq!(f.fingerprint(), c.fingerprint());
-                                    }
-                                    (Err(f), Err(c)) => assert_eq!(f, c),
-                                    (f, c) => panic!(
-                                        "{case:?} rank {r}: afresh {:?}, cached {:?}",
-                                        f.err(),
-                                        c.err()
-                                    ),
-                                }
-                                checked += 1;
-                            }
+            for case in cases(w) {
+                let opts = CallOptions {
+                    algorithm: case.algorithm,
+                    timeout: None,
+                };
+                for (r, cache) in caches.iter().enumerate() {
+                    let info = GroupInfo::world(w, r, GroupOptions::default())
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    let fresh = Plan::new(case.request(r), &info, &opts);
+                    let cached = Plan::new_cached(case.request(r), &info, &opts, cache);
+                    match (fresh, cached) {
+                        (Ok(f), Ok(c)) => {
+                            assert_eq!(
+                                f.schedule(),
+                                c.schedule(),
+                                "{case:?} rank {r} round {round}"
+                            );
+                            assert_eq!(f.fingerprint(), c.fingerprint());
                         }
+                        (Err(f), Err(c)) => assert_eq!(f, c),
+                        (f, c) => panic!(
+                            "{case:?} rank {r}: afresh {:?}, cached {:?}",
+                            f.err(),
+                            c.err()
+                        ),
                     }
+                    checked += 1;
                 }
             }
         }

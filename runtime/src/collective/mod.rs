@@ -458,6 +458,16 @@ impl Planner<'_> {
         }
     }
 
+    /// The segment size of `alg`'s schedule (elements): 0 for `unsegmented`, which cuts no
+    /// segments (a cache key must not hold what the schedule ignores).
+    fn seg_unless(&self, alg: Algorithm, unsegmented: Algorithm, dt: DType) -> usize {
+        if alg == unsegmented {
+            0
+        } else {
+            self.seg_elems(dt)
+        }
+    }
+
     /// The schedule `make` builds, from the cache if it keeps one under `key` (what the
     /// schedule depends on besides this member's group, which the cache belongs to).
     fn memo(&self, key: ScheduleKey, make: impl FnOnce() -> Schedule) -> Arc<Schedule> {

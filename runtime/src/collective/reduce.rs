@@ -56,11 +56,7 @@ impl Planner<'_> {
         let (checked, n, data) = self.check_reduce(tensor, root, op)?;
         let dt = checked.dtype;
         let alg = self.algorithm(checked.kind, checked.bytes)?;
-        let seg = if alg == Algorithm::Direct {
-            0
-        } else {
-            self.seg_elems(dt)
-        };
+        let seg = self.seg_unless(alg, Algorithm::Direct, dt);
         let s = self.memo((checked.kind, alg, n, seg, root), || match alg {
             Algorithm::Direct => direct::reduce(me, w, root, n),
             _ => tree::reduce(me, w, root, n, seg),
