@@ -21,16 +21,22 @@
 //!   rank's actor for nothing, since the caller takes it a microsecond later.
 //!
 //! So every arrival is taken by a driving caller, by a leaving one, or by a background run
-//! that was asked for (at once, or by the deferred ask): none is stranded. Every decision
-//! (push and count the drivers, leave and look, start a run and take) is made under the
-//! inbox's one lock, so the argument needs no reasoning about memory orders; a spinning
-//! caller reads an atomic length hint between looks, without the lock. One decision reads
-//! the hints alone: a deferred ask finds the rank attended when the hints say a caller
-//! drives or the queue is empty. The pusher's own push (under the lock) came before, so a
-//! driver hint it reads is stale only if that driver left since, and a leaving driver takes
-//! what it leaves behind; an empty queue was taken after the push. The loom model of the
-//! deferred push covers it. The lock and each hint sit on cache lines of their own: the
-//! peers' pushes write the lock's line, and a rank's spinning callers read the hints.
+//! that was asked for (at once, or by the deferred ask): none is stranded.
+//!
+//! The queue and the "asked" flag are under the inbox's lock; the count of driving callers
+//! is an atomic beside it, so that entering and leaving (twice per call) take no lock. A
+//! push and a leave that race must not both miss each other: the pusher stores the queue's
+//! new length, then a `SeqCst` fence, then reads the count; the leaver decrements the count,
+//! then a fence, then reads the length. One of the two fences comes first in their total
+//! order, so either the leaver sees the arrival (and takes it) or the pusher sees that
+//! nobody drives (and asks for a background run). loom models fences (not `SeqCst` loads
+//! and stores), which is why the protocol is written with them; the loom models of this
+//! module check it in every interleaving. A deferred ask first reads the length and the
+//! count alone: the pusher's own push came before, so a count it reads is stale only if a
+//! driver left since (and a leaving driver takes what it leaves behind), and an empty queue
+//! was taken after the push. The lock, the length and the count sit on cache lines of their
+//! own: the peers' pushes write the lock's line, and a rank's spinning callers read the
+//! other two.
 
 use crate::sync::{fence, lock, AtomicUsize, Mutex, Ordering};
 use std::collections::VecDeque;
@@ -52,8 +58,8 @@ impl<T> std::ops::Deref for CachePadded<T> {
 /// A rank's arrivals (any number of producers), with the doorbell protocol of the module doc.
 pub struct Inbox<T> {
     state: CachePadded<Mutex<State<T>>>,
-    /// Arrivals in the queue: read without the lock by a spinning caller (a hint; the
-    /// protocol's decisions are made under the lock).
+    /// Arrivals in the queue: stored under the lock, read without it by spinning callers
+    /// and by the push/leave handshake of the module doc.
     len: CachePadded<AtomicUsize>,
     /// Callers driving the rank now: counted without the lock (see the module doc).
     drivers: CachePadded<AtomicUsize>,

@@ -45,11 +45,7 @@ impl Planner<'_> {
         let (checked, n, data) = self.check_all_reduce(tensor, op)?;
         let dt = checked.dtype;
         let alg = self.algorithm(checked.kind, checked.bytes)?;
-        let seg = if alg == Algorithm::Ring {
-            self.seg_elems(dt)
-        } else {
-            0
-        };
+        let seg = self.seg_if(alg == Algorithm::Ring, dt);
         let s = self.memo((checked.kind, alg, n, seg, 0), || match alg {
             Algorithm::Ring => ring::all_reduce(me, w, n, seg),
             Algorithm::HalvingDoubling => halving_doubling::all_reduce(me, w, n),

@@ -458,13 +458,13 @@ impl Planner<'_> {
         }
     }
 
-    /// The segment size of `alg`'s schedule (elements): 0 for `unsegmented`, which cuts no
-    /// segments (a cache key must not hold what the schedule ignores).
-    fn seg_unless(&self, alg: Algorithm, unsegmented: Algorithm, dt: DType) -> usize {
-        if alg == unsegmented {
-            0
-        } else {
+    /// The segment size (elements) of a schedule that is `segmented`, else 0: a cache key
+    /// must not hold what the schedule ignores.
+    fn seg_if(&self, segmented: bool, dt: DType) -> usize {
+        if segmented {
             self.seg_elems(dt)
+        } else {
+            0
         }
     }
 
