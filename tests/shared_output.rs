@@ -1,5 +1,6 @@
 //! In-process ranks share one output buffer where a call's output can be shared (direct
-//! all_reduce and all_gather_into_tensor write each rank's block into one arena; see
+//! all_reduce and all_gather_into_tensor write each rank's block into one arena, a split
+//! reduce each rank's reduced block into the root's; see
 //! `runtime/src/tensor/arena.rs`): the values must be every rank's right answer, the memory
 //! one buffer, and an output kept while later calls run must never change.
 
@@ -131,6 +132,54 @@ fn kept_outputs_never_change_while_later_calls_reuse_memory() {
                 })
                 .collect();
             assert_eq!(o.to_vec::<f32>().ok(), Some(want), "rank {r}, call {k}");
+        }
+    }
+}
+
+/// A split reduce (`reduce_scatter_gather`): each rank reduces its block into the root's
+/// output, so the root gets the reduction (Avg's division included) and every other rank
+/// gets its own input back, untouched, in its own memory; rounds reuse the pool's buffers.
+#[test]
+fn a_split_reduce_gives_the_root_the_reduction_and_the_others_their_inputs() {
+    let w = 4;
+    let n = 1001; // blocks of 251, 250, 250, 250 elements
+    let world = World::local(w).unwrap_or_else(|e| panic!("{e}"));
+    let cs = world.communicators();
+    let opts = CallOptions {
+        algorithm: Some(Algorithm::ReduceScatterGather),
+        timeout: None,
+    };
+    for (call, root, op) in [
+        (0, 2, ReduceOp::Sum),
+        (1, 0, ReduceOp::Avg),
+        (2, 3, ReduceOp::Max),
+    ] {
+        let inputs: Vec<Tensor> = (0..w).map(|r| input(r, call, n)).collect();
+        let works: Vec<_> = cs
+            .iter()
+            .zip(&inputs)
+            .map(|(c, t)| c.reduce_with(t.clone(), root, op, &opts))
+            .collect();
+        let column = |i: usize| (0..w).map(move |r| ((r * 7 + call * 3 + i) % 13) as f32);
+        let want: Vec<f32> = (0..n)
+            .map(|i| match op {
+                ReduceOp::Sum => column(i).sum(),
+                ReduceOp::Avg => column(i).sum::<f32>() / w as f32,
+                _ => column(i).fold(f32::MIN, f32::max),
+            })
+            .collect();
+        for (r, wk) in works.into_iter().enumerate() {
+            let out = wk.wait().unwrap_or_else(|e| panic!("{e}"));
+            if r == root {
+                assert_eq!(out.to_vec::<f32>().ok(), Some(want.clone()), "call {call}");
+            } else {
+                assert_eq!(out.to_vec::<f32>().ok(), inputs[r].to_vec::<f32>().ok());
+                assert_eq!(
+                    out.bytes().as_ptr(),
+                    inputs[r].bytes().as_ptr(),
+                    "its input"
+                );
+            }
         }
     }
 }

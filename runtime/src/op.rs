@@ -133,7 +133,8 @@ impl OpKind {
         use Algorithm::*;
         match self {
             OpKind::AllReduce => &[Ring, HalvingDoubling, RecursiveDoubling, Direct],
-            OpKind::Reduce | OpKind::Broadcast => &[BinomialTree, Direct],
+            OpKind::Reduce => &[BinomialTree, Direct, ReduceScatterGather],
+            OpKind::Broadcast => &[BinomialTree, Direct],
             OpKind::AllGather | OpKind::AllGatherIntoTensor => &[Ring, Direct],
             OpKind::ReduceScatter | OpKind::ReduceScatterTensor => &[Ring, Direct],
             OpKind::Gather | OpKind::Scatter => &[Direct],
@@ -170,6 +171,9 @@ pub enum Algorithm {
     Dissemination = 6,
     /// Pairwise exchange, one peer per step.
     Pairwise = 7,
+    /// Direct reduce-scatter, then every rank sends its reduced block to the root (MPICH's
+    /// `reduce_scatter_gather`): each rank reduces 1/W of the tensor, not the root all of it.
+    ReduceScatterGather = 8,
 }
 
 coded!(
@@ -182,13 +186,14 @@ coded!(
         BinomialTree,
         Direct,
         Dissemination,
-        Pairwise
+        Pairwise,
+        ReduceScatterGather
     ]
 );
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 7] = [
+    pub const ALL: [Algorithm; 8] = [
         Algorithm::Ring,
         Algorithm::HalvingDoubling,
         Algorithm::RecursiveDoubling,
@@ -196,6 +201,7 @@ impl Algorithm {
         Algorithm::Direct,
         Algorithm::Dissemination,
         Algorithm::Pairwise,
+        Algorithm::ReduceScatterGather,
     ];
 
     /// The algorithm with this [`name`](Algorithm::name).
@@ -213,6 +219,7 @@ impl Algorithm {
             Algorithm::Direct => "direct",
             Algorithm::Dissemination => "dissemination",
             Algorithm::Pairwise => "pairwise",
+            Algorithm::ReduceScatterGather => "reduce_scatter_gather",
         }
     }
 }
@@ -291,8 +298,13 @@ mod tests {
             [1, 12, 15, 16]
         );
         assert_eq!(
-            [Algorithm::Ring, Algorithm::Pairwise].map(Algorithm::code),
-            [1, 7]
+            [
+                Algorithm::Ring,
+                Algorithm::Pairwise,
+                Algorithm::ReduceScatterGather
+            ]
+            .map(Algorithm::code),
+            [1, 7, 8]
         );
         assert_eq!(
             [ReduceKind::Sum, ReduceKind::BXor].map(ReduceKind::code),

@@ -72,6 +72,24 @@ pub fn reduce(rank: usize, w: usize, root: usize, count: usize) -> Schedule {
     s
 }
 
+/// Every rank sends block b to rank b, which reduces them in rank order (as in
+/// [`reduce_scatter`]), then sends its reduced block to the root: two steps, each rank
+/// reducing 1/W of the tensor where [`reduce`] has the root reduce all of it alone. In one
+/// process the reduced blocks are written straight into the root's output (`tensor::arena`).
+/// Source: MPICH's `MPIR_Reduce_intra_reduce_scatter_gather` (with direct steps).
+pub fn reduce_scatter_gather(rank: usize, w: usize, root: usize, blocks: &[usize]) -> Schedule {
+    let mut s = reduce_scatter(rank, w, blocks);
+    if rank == root {
+        s.step(
+            vec![],
+            others(rank, w).map(|p| recv_copy(p, 1, p..p + 1)).collect(),
+        );
+    } else {
+        s.step(vec![send(root, 1, rank..rank + 1)], vec![]);
+    }
+    s
+}
+
 /// Rank b sends block b to the root.
 pub fn gather(rank: usize, w: usize, root: usize, blocks: &[usize]) -> Schedule {
     let mut s = Schedule::new(Layout::blocks(blocks));

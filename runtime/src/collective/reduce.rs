@@ -1,9 +1,10 @@
 //! `reduce`: the root gets the reduction of every rank's tensor, the others their input back (binomial tree or direct).
 
-use super::{fill, Checked, Finish, Plan, Planner};
+use super::{fill, Checked, Finish, Plan, Planner, Share};
 use crate::algorithm::{direct, tree};
 use crate::error::Result;
 use crate::op::{Algorithm, OpKind};
+use crate::schedule::partition;
 use crate::tensor::reduce::ReduceOp;
 use crate::tensor::Tensor;
 use bytes::Bytes;
@@ -56,14 +57,25 @@ impl Planner<'_> {
         let (checked, n, data) = self.check_reduce(tensor, root, op)?;
         let dt = checked.dtype;
         let alg = self.algorithm(checked.kind, checked.bytes)?;
-        let seg = self.seg_if(alg != Algorithm::Direct, dt);
+        let seg = self.seg_if(alg == Algorithm::BinomialTree, dt);
         let s = self.memo((checked.kind, alg, n, seg, root), || match alg {
             Algorithm::Direct => direct::reduce(me, w, root, n),
+            Algorithm::ReduceScatterGather => {
+                direct::reduce_scatter_gather(me, w, root, &partition(n, w))
+            }
             _ => tree::reduce(me, w, root, n, seg),
         });
         let mut init = vec![None; s.layout.chunk_elems.len()];
-        fill(&mut init, &s.layout, 0..1, &data, dt.size())?;
-        Ok(self.collective(checked, alg, s, init))
+        let blocks = s.layout.blocks.len();
+        fill(&mut init, &s.layout, 0..blocks, &data, dt.size())?;
+        // Each rank's reduced block goes straight into the root's output, which the ranks of
+        // one process share (the non-roots only write their block into it).
+        let share = if alg == Algorithm::ReduceScatterGather {
+            Share::Folds
+        } else {
+            Share::Nothing
+        };
+        Ok(self.collective(checked, alg, s, init).sharing(share))
     }
 }
 

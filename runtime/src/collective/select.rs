@@ -51,7 +51,9 @@ const ANY: usize = usize::MAX;
 const K: usize = 1 << 10;
 const M: usize = 1 << 20;
 
-use Algorithm::{BinomialTree, Direct, HalvingDoubling, RecursiveDoubling, Ring};
+use Algorithm::{
+    BinomialTree, Direct, HalvingDoubling, RecursiveDoubling, ReduceScatterGather, Ring,
+};
 use Locality::{Network, Process};
 const ALL_REDUCE: &[OpKind] = &[OpKind::AllReduce];
 const BROADCAST: &[OpKind] = &[OpKind::Broadcast];
@@ -72,11 +74,13 @@ const TABLE: &[Row] = &[
     row(Process, BROADCAST, 2, ANY, Direct),
     row(Process, BROADCAST, ANY, 1 * M, BinomialTree),
     row(Process, BROADCAST, ANY, ANY, Direct),
-    row(Process, REDUCE, 2, ANY, Direct),
-    row(Process, REDUCE, ANY, 16, BinomialTree),
-    row(Process, REDUCE, ANY, 256 * K, Direct),
-    row(Process, REDUCE, ANY, 1 * M, BinomialTree),
-    row(Process, REDUCE, ANY, ANY, Direct),
+    row(Process, REDUCE, 2, 4, Direct),
+    row(Process, REDUCE, 2, 1 * K, BinomialTree),
+    row(Process, REDUCE, 2, 256 * K, Direct),
+    row(Process, REDUCE, 2, ANY, ReduceScatterGather),
+    row(Process, REDUCE, ANY, 16 * K, BinomialTree),
+    row(Process, REDUCE, ANY, 64 * K, Direct),
+    row(Process, REDUCE, ANY, ANY, ReduceScatterGather),
     row(Process, ALL_GATHER, 2, 8 * K, Ring),
     row(Process, ALL_GATHER, 2, ANY, Direct),
     row(Process, ALL_GATHER, ANY, 64, Direct),

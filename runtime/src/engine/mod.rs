@@ -370,8 +370,10 @@ impl Engine {
                     index
                 });
                 let size = fp.dtype.size();
+                // A non-root of a split reduce writes its reduced block into the root's output.
                 let arena = match (&share, &finish) {
-                    (Share::Folds | Share::Own(_), Finish::Whole(_)) => self
+                    (Share::Folds | Share::Own(_), Finish::Whole(_))
+                    | (Share::Folds, Finish::Return(_)) => self
                         .plane
                         .arena((group, seq), schedule.layout.total().saturating_mul(size))
                         .map(|a| (a, share)),

@@ -263,6 +263,16 @@ fn reduce_direct_3() {
     model("reduce direct root 2", c);
 }
 
+/// reduce to rank 1, reduce-scatter-gather (two steps), 3 ranks.
+#[test]
+fn reduce_scatter_gather_3() {
+    let c = with(
+        case(OpKind::Reduce, 3, 2, 1),
+        Algorithm::ReduceScatterGather,
+    );
+    model("reduce reduce_scatter_gather root 1", c);
+}
+
 /// all_gather (list form), ring, 3 ranks.
 #[test]
 fn all_gather_ring_3() {
