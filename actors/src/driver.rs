@@ -157,7 +157,7 @@ pub(crate) struct Core {
     /// Set when the rank leaves its job: its pending errors, and who waits for it to drain.
     leaving: Option<(Vec<Error>, mpsc::Sender<Vec<Error>>)>,
     /// Arrivals taken from the inbox (kept to reuse its allocation).
-    arrivals: Vec<(usize, Message)>,
+    arrivals: Vec<Message>,
 }
 
 impl Core {
@@ -201,7 +201,7 @@ impl Core {
     }
 
     /// Feeds the inbox's arrivals to the engine and drains it, until neither gives more.
-    fn progress(&mut self, inbox: &Inbox<(usize, Message)>, now: Time, after: &mut After) {
+    fn progress(&mut self, inbox: &Inbox<Message>, now: Time, after: &mut After) {
         loop {
             // What the engine has to send leaves first: a peer may be waiting for it, and
             // handling the arrivals first would hold it back.
@@ -212,12 +212,10 @@ impl Core {
             }
             let arrived = !self.arrivals.is_empty();
             let mut arrivals = std::mem::take(&mut self.arrivals);
-            for (src, mut msg) in arrivals.drain(..) {
+            for msg in arrivals.drain(..) {
                 if self.quiesced {
                     continue;
                 }
-                // The source is the link's, never the message's own claim.
-                msg.src = src;
                 self.engine.handle_message(msg, now);
             }
             self.arrivals = arrivals;
@@ -246,7 +244,7 @@ impl Core {
 pub(crate) struct Driver {
     /// On lines of its own: peers touch the `Arc`'s counts and the inbox, never the lock.
     core: CachePadded<Mutex<Core>>,
-    inbox: Inbox<(usize, Message)>,
+    inbox: Inbox<Message>,
     /// The background driver: the rank's actor (set once it started).
     actor: OnceLock<Addr<RankActor>>,
     /// The engine's clock at the rank's start (see [`engine_clock`]).
@@ -337,16 +335,19 @@ impl Driver {
     }
 
     /// An arrival from global rank `src` (the link's word for it), from any transport.
-    pub(crate) fn deliver(&self, src: usize, msg: Message) {
-        if self.inbox.push((src, msg)) {
+    pub(crate) fn deliver(&self, src: usize, mut msg: Message) {
+        // The source is the link's, never the message's own claim.
+        msg.src = src;
+        if self.inbox.push(msg) {
             self.wake_background();
         }
     }
 
     /// An arrival handed over by a run of a peer rank in this process, which records in
     /// `owed` (the peer's) that it must look again if nobody drives this rank now.
-    pub(crate) fn deliver_from_peer(self: &Arc<Self>, src: usize, msg: Message, owed: &Owed) {
-        if self.inbox.push_deferred((src, msg)) {
+    pub(crate) fn deliver_from_peer(self: &Arc<Self>, src: usize, mut msg: Message, owed: &Owed) {
+        msg.src = src;
+        if self.inbox.push_deferred(msg) {
             owed.push(self);
         }
     }
@@ -354,8 +355,9 @@ impl Driver {
     /// An arrival handed over by a connection's reader thread, which looks again for up to
     /// the grace before it wakes the actor if nobody drives this rank now (a caller between
     /// two calls takes it itself a moment later); the next frame waits meanwhile.
-    pub(crate) fn deliver_read(&self, src: usize, msg: Message) {
-        if self.inbox.push_deferred((src, msg)) {
+    pub(crate) fn deliver_read(&self, src: usize, mut msg: Message) {
+        msg.src = src;
+        if self.inbox.push_deferred(msg) {
             wait_attended(|| self.inbox.looks_attended(), GRACE.min(self.spin));
             if self.inbox.ask_if_unattended() {
                 self.wake_background();
@@ -396,7 +398,7 @@ impl Driver {
     /// waits for its peers to attend, it drives its own rank (takes and runs what arrives).
     /// Two ranks that send to each other between their calls thus never wait on each other
     /// here: each one's arrivals are attended by its own settling caller.
-    fn settle_driving(&self, grace: Duration, driving: Driving<'_, (usize, Message)>) {
+    fn settle_driving(&self, grace: Duration, driving: Driving<'_, Message>) {
         let mut owed: Vec<Arc<Driver>> = Vec::new();
         self.owed.take_into(&mut owed);
         // The common case skips the loop: the peers drive, or took their messages already.
