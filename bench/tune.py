@@ -21,7 +21,9 @@ larger groups.
 The table in select.rs was written by `python3 bench/tune.py -n 10 --out
 bench/results/2026-11-23-tune --write` (raw tables there); its reduce rows were re-measured
 when the split reduce came, by `python3 bench/tune.py --collectives reduce -n 10 --out
-bench/results/2026-11-24-tune-reduce --write`.
+bench/results/2026-11-24-tune-reduce --write`, and its barrier rows added by `python3
+bench/tune.py --collectives barrier -n 10 --out bench/results/2026-11-24-tune-barrier
+--write`.
 
 Run it on a quiet machine: each choice is one run's medians. Standard library only.
 """
@@ -44,6 +46,7 @@ COLLECTIVES = {
     "reduce": ("REDUCE", ["binomial_tree", "direct", "reduce_scatter_gather"], False),
     "all_gather": ("ALL_GATHER", ["ring", "direct"], True),
     "reduce_scatter": ("REDUCE_SCATTER", ["ring", "direct"], False),
+    "barrier": ("BARRIER", ["dissemination", "direct"], False),
 }
 
 RUST_NAME = {
@@ -53,6 +56,7 @@ RUST_NAME = {
     "binomial_tree": "BinomialTree",
     "direct": "Direct",
     "reduce_scatter_gather": "ReduceScatterGather",
+    "dissemination": "Dissemination",
 }
 
 # Algorithms this close to the fastest at a size count as tied with it.

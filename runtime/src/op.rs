@@ -139,7 +139,7 @@ impl OpKind {
             OpKind::ReduceScatter | OpKind::ReduceScatterTensor => &[Ring, Direct],
             OpKind::Gather | OpKind::Scatter => &[Direct],
             OpKind::AllToAll | OpKind::AllToAllSingle => &[Pairwise],
-            OpKind::Barrier | OpKind::NewGroup => &[Dissemination],
+            OpKind::Barrier | OpKind::NewGroup => &[Dissemination, Direct],
             OpKind::Send | OpKind::Recv | OpKind::MonitoredBarrier => &[Direct],
         }
     }

@@ -45,6 +45,26 @@ pub fn monitored_barrier(rank: usize, w: usize) -> Schedule {
     s
 }
 
+/// A linear barrier: every rank tells rank 0 (tag 0), which releases them (tag 1): two
+/// steps, 2(W − 1) messages in all, where dissemination sends W·⌈log2 W⌉.
+pub fn barrier(rank: usize, w: usize) -> Schedule {
+    let mut s = Schedule::new(Layout::default());
+    if w < 2 {
+        return s;
+    }
+    if rank == 0 {
+        s.step(
+            vec![],
+            others(0, w).map(|p| recv_copy(p, 0, 0..0)).collect(),
+        );
+        s.step(others(0, w).map(|p| send(p, 1, 0..0)).collect(), vec![]);
+    } else {
+        s.step(vec![send(0, 0, 0..0)], vec![]);
+        s.step(vec![], vec![recv_copy(0, 1, 0..0)]);
+    }
+    s
+}
+
 /// The root sends the whole tensor to every rank.
 pub fn broadcast(rank: usize, w: usize, root: usize, count: usize) -> Schedule {
     let mut s = Schedule::new(Layout::blocks(&partition(count, 1)));

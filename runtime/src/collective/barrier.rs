@@ -3,7 +3,7 @@
 use super::{Checked, Finish, Plan, Planner};
 use crate::algorithm::{direct, dissemination};
 use crate::error::Result;
-use crate::op::OpKind;
+use crate::op::{Algorithm, OpKind};
 use crate::tensor::dtype::DType;
 
 // The spec: checks, sizes, fingerprint fields, output shape, busbw factor.
@@ -39,8 +39,9 @@ impl Planner<'_> {
         let (w, me) = (self.w(), self.g.rank);
         let checked = check_barrier(new_group);
         let alg = self.algorithm(checked.kind, checked.bytes)?;
-        let s = self.memo((checked.kind, alg, 0, 0, 0), || {
-            dissemination::barrier(me, w)
+        let s = self.memo((checked.kind, alg, 0, 0, 0), || match alg {
+            Algorithm::Direct => direct::barrier(me, w),
+            _ => dissemination::barrier(me, w),
         });
         Ok(self.collective(checked, alg, s, Vec::new()))
     }

@@ -52,7 +52,8 @@ const K: usize = 1 << 10;
 const M: usize = 1 << 20;
 
 use Algorithm::{
-    BinomialTree, Direct, HalvingDoubling, RecursiveDoubling, ReduceScatterGather, Ring,
+    BinomialTree, Direct, Dissemination, HalvingDoubling, RecursiveDoubling, ReduceScatterGather,
+    Ring,
 };
 use Locality::{Network, Process};
 const ALL_REDUCE: &[OpKind] = &[OpKind::AllReduce];
@@ -60,6 +61,7 @@ const BROADCAST: &[OpKind] = &[OpKind::Broadcast];
 const REDUCE: &[OpKind] = &[OpKind::Reduce];
 const ALL_GATHER: &[OpKind] = &[OpKind::AllGather, OpKind::AllGatherIntoTensor];
 const REDUCE_SCATTER: &[OpKind] = &[OpKind::ReduceScatter, OpKind::ReduceScatterTensor];
+const BARRIER: &[OpKind] = &[OpKind::Barrier];
 
 // Generated rows write `1 * M` like `4 * M`.
 #[rustfmt::skip]
@@ -88,6 +90,8 @@ const TABLE: &[Row] = &[
     row(Process, ALL_GATHER, ANY, ANY, Direct),
     row(Process, REDUCE_SCATTER, 2, ANY, Direct),
     row(Process, REDUCE_SCATTER, ANY, ANY, Direct),
+    row(Process, BARRIER, 2, ANY, Dissemination),
+    row(Process, BARRIER, ANY, ANY, Direct),
     // END GENERATED
     row(Network, ALL_REDUCE, ANY, 32 * K, RecursiveDoubling),
     row(Network, ALL_REDUCE, 2, M, RecursiveDoubling),
@@ -101,6 +105,7 @@ const TABLE: &[Row] = &[
     row(Network, REDUCE, 2, ANY, Direct),
     row(Network, BROADCAST, ANY, ANY, BinomialTree),
     row(Network, REDUCE, ANY, ANY, BinomialTree),
+    row(Network, BARRIER, ANY, ANY, Dissemination),
 ];
 
 /// The default algorithm for a call of `kind` moving `bytes` bytes per rank in a group of

@@ -223,7 +223,15 @@ fn barrier_2() {
 /// barrier (dissemination), 3 ranks.
 #[test]
 fn barrier_3() {
-    model("barrier", case(OpKind::Barrier, 3, 0, 0));
+    let c = with(case(OpKind::Barrier, 3, 0, 0), Algorithm::Dissemination);
+    model("barrier", c);
+}
+
+/// barrier (direct: rank 0 gathers and releases), 3 ranks.
+#[test]
+fn barrier_direct_3() {
+    let c = with(case(OpKind::Barrier, 3, 0, 0), Algorithm::Direct);
+    model("barrier direct", c);
 }
 
 /// One element per message: `segment_bytes` of one i32.
