@@ -21,8 +21,10 @@ larger groups.
 The table in select.rs was written by `python3 bench/tune.py -n 10 --out
 bench/results/2026-11-23-tune --write` (raw tables there); its reduce rows were re-measured
 when the split reduce came, by `python3 bench/tune.py --collectives reduce -n 10 --out
-bench/results/2026-11-24-tune-reduce --write`, and its barrier rows added by `python3
+bench/results/2026-11-24-tune-reduce --write`, its barrier rows added by `python3
 bench/tune.py --collectives barrier -n 10 --out bench/results/2026-11-24-tune-barrier
+--write`, and its all_reduce rows re-measured with reduce_broadcast by `python3
+bench/tune.py --collectives all_reduce -n 10 --out bench/results/2026-11-24-tune-all_reduce
 --write`.
 
 Run it on a quiet machine: each choice is one run's medians. Standard library only.
@@ -41,7 +43,8 @@ SELECT = os.path.join(ROOT, "runtime", "src", "collective", "select.rs")
 # Collective (bench name) -> (table constant, algorithms that can run it, whether the bench's
 # size is the whole output gathered from W ranks, so one rank's input is size / W).
 COLLECTIVES = {
-    "all_reduce": ("ALL_REDUCE", ["ring", "halving_doubling", "recursive_doubling", "direct"], False),
+    "all_reduce": ("ALL_REDUCE", ["ring", "halving_doubling", "recursive_doubling", "direct",
+                                  "reduce_broadcast"], False),
     "broadcast": ("BROADCAST", ["binomial_tree", "direct"], False),
     "reduce": ("REDUCE", ["binomial_tree", "direct", "reduce_scatter_gather"], False),
     "all_gather": ("ALL_GATHER", ["ring", "direct"], True),
@@ -57,6 +60,7 @@ RUST_NAME = {
     "direct": "Direct",
     "reduce_scatter_gather": "ReduceScatterGather",
     "dissemination": "Dissemination",
+    "reduce_broadcast": "ReduceBroadcast",
 }
 
 # Algorithms this close to the fastest at a size count as tied with it.

@@ -166,7 +166,7 @@ struct Args {
     #[arg(long, value_enum, default_value = "local")]
     transport: Transport,
     /// Algorithm: auto, or a name (ring, halving_doubling, recursive_doubling, binomial_tree,
-    /// direct, dissemination, pairwise, reduce_scatter_gather).
+    /// direct, dissemination, pairwise, reduce_scatter_gather, reduce_broadcast).
     #[arg(long, default_value = "auto")]
     algorithm: String,
     /// Where the tensors live: cpu, or cuda (rank r on GPU r mod the device count; needs the

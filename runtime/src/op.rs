@@ -132,7 +132,13 @@ impl OpKind {
     pub fn algorithms(self) -> &'static [Algorithm] {
         use Algorithm::*;
         match self {
-            OpKind::AllReduce => &[Ring, HalvingDoubling, RecursiveDoubling, Direct],
+            OpKind::AllReduce => &[
+                Ring,
+                HalvingDoubling,
+                RecursiveDoubling,
+                Direct,
+                ReduceBroadcast,
+            ],
             OpKind::Reduce => &[BinomialTree, Direct, ReduceScatterGather],
             OpKind::Broadcast => &[BinomialTree, Direct],
             OpKind::AllGather | OpKind::AllGatherIntoTensor => &[Ring, Direct],
@@ -174,6 +180,9 @@ pub enum Algorithm {
     /// Direct reduce-scatter, then every rank sends its reduced block to the root (MPICH's
     /// `reduce_scatter_gather`): each rank reduces 1/W of the tensor, not the root all of it.
     ReduceScatterGather = 8,
+    /// Rank 0 reduces every rank's tensor and sends each the result: two steps, 2(W − 1)
+    /// messages, for small all_reduces (MPICH's reduce + broadcast, both linear).
+    ReduceBroadcast = 9,
 }
 
 coded!(
@@ -187,13 +196,14 @@ coded!(
         Direct,
         Dissemination,
         Pairwise,
-        ReduceScatterGather
+        ReduceScatterGather,
+        ReduceBroadcast
     ]
 );
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 8] = [
+    pub const ALL: [Algorithm; 9] = [
         Algorithm::Ring,
         Algorithm::HalvingDoubling,
         Algorithm::RecursiveDoubling,
@@ -202,6 +212,7 @@ impl Algorithm {
         Algorithm::Dissemination,
         Algorithm::Pairwise,
         Algorithm::ReduceScatterGather,
+        Algorithm::ReduceBroadcast,
     ];
 
     /// The algorithm with this [`name`](Algorithm::name).
@@ -220,6 +231,7 @@ impl Algorithm {
             Algorithm::Dissemination => "dissemination",
             Algorithm::Pairwise => "pairwise",
             Algorithm::ReduceScatterGather => "reduce_scatter_gather",
+            Algorithm::ReduceBroadcast => "reduce_broadcast",
         }
     }
 }

@@ -167,6 +167,22 @@ pub fn all_reduce(rank: usize, w: usize, blocks: &[usize]) -> Schedule {
     s
 }
 
+/// Rank 0 reduces every rank's tensor, in rank order ([`reduce`] to root 0), then sends the
+/// result to every rank: two steps, 2(W − 1) messages, every rank's output the same bytes.
+/// Few messages for small tensors; rank 0 carries all the data.
+pub fn reduce_broadcast(rank: usize, w: usize, count: usize) -> Schedule {
+    let mut s = reduce(rank, w, 0, count);
+    if w < 2 {
+        return s;
+    }
+    if rank == 0 {
+        s.step(others(0, w).map(|p| send(p, 1, 0..1)).collect(), vec![]);
+    } else {
+        s.step(vec![], vec![recv_copy(0, 1, 0..1)]);
+    }
+    s
+}
+
 /// Every rank sends block b to rank b, which reduces them in rank order.
 pub fn reduce_scatter(rank: usize, w: usize, blocks: &[usize]) -> Schedule {
     let mut s = Schedule::new(Layout::blocks(blocks));

@@ -50,6 +50,7 @@ impl Planner<'_> {
             Algorithm::Ring => ring::all_reduce(me, w, n, seg),
             Algorithm::HalvingDoubling => halving_doubling::all_reduce(me, w, n),
             Algorithm::Direct => direct::all_reduce(me, w, &partition(n, w)),
+            Algorithm::ReduceBroadcast => direct::reduce_broadcast(me, w, n),
             _ => recursive_doubling::all_reduce(me, w, n),
         });
         let mut init = vec![None; s.layout.chunk_elems.len()];

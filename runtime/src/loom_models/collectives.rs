@@ -271,6 +271,13 @@ fn reduce_direct_3() {
     model("reduce direct root 2", c);
 }
 
+/// all_reduce, reduce_broadcast (rank 0 reduces and sends the result back), 3 ranks.
+#[test]
+fn all_reduce_reduce_broadcast_3() {
+    let c = with(case(OpKind::AllReduce, 3, 2, 0), Algorithm::ReduceBroadcast);
+    model("all_reduce reduce_broadcast", c);
+}
+
 /// reduce to rank 1, reduce-scatter-gather (two steps), 3 ranks.
 #[test]
 fn reduce_scatter_gather_3() {
