@@ -13,7 +13,6 @@ use collectix_runtime::{
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::ThreadId;
 
 /// What a rank handle shares across its groups.
 pub(crate) struct RankShared {
@@ -23,13 +22,16 @@ pub(crate) struct RankShared {
     /// The rank's engine and inbox: calls are issued on it directly (see `driver`).
     pub(crate) driver: Arc<Driver>,
     pub(crate) arbiter: ArbiterHandle,
-    pub(crate) rank_threads: Arc<[ThreadId]>,
+    pub(crate) rank_threads: Arc<crate::work::RankThreads>,
     /// The rank's device state (its NCCL worker, started on first use).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) device: crate::device::RankDevice,
 }
 
-/// One group as one rank holds it: its info and the counters that order its calls.
+/// One group as one rank holds it: its info and the counters that order its calls. On cache
+/// lines of its own: each call of the rank writes its sequence counter and its schedule
+/// cache's lock, and the members' copies are allocated one after another.
+#[repr(align(128))]
 pub(crate) struct GroupShared {
     pub(crate) info: GroupInfo,
     /// The next call's sequence number.

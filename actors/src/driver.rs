@@ -52,7 +52,10 @@ pub(crate) type Owed = Arc<OwedPeers>;
 /// The list behind [`Owed`], with a flag that lets the common case (nothing owed) skip the
 /// lock. Only the owing rank's own runs push to it, and each run settles what it pushed, so
 /// a stale `false` read by another thread's settle never leaves a debt unpaid.
+/// On cache lines of its own (the ranks' lists are allocated one after another, and each
+/// rank's calls read its flag).
 #[derive(Default)]
+#[repr(align(128))]
 pub(crate) struct OwedPeers {
     any: AtomicBool,
     peers: Mutex<Vec<Arc<Driver>>>,

@@ -287,7 +287,7 @@ fn join(
         addr,
         driver,
         arbiter,
-        rank_threads: Arc::from(vec![thread_id]),
+        rank_threads: crate::work::RankThreads::shared(&[thread_id]),
         device: Default::default(),
     });
     Ok((Communicator::new(shared, info), system, thread, mesh, me))

@@ -10,6 +10,20 @@ use std::task::{Context, Poll};
 use std::thread::ThreadId;
 use std::time::Duration;
 
+/// The threads that run a world's ranks (blocking on one would stop a rank), one copy per
+/// rank, on cache lines of its own: every call clones and drops its rank's, and two ranks'
+/// counts on one line (small allocations made one after another lie side by side) would move
+/// that line between their cores on each call.
+#[repr(align(128))]
+pub(crate) struct RankThreads(pub(crate) Box<[ThreadId]>);
+
+impl RankThreads {
+    /// The threads, as a handle a rank shares with its calls.
+    pub(crate) fn shared(threads: &[ThreadId]) -> Arc<RankThreads> {
+        Arc::new(RankThreads(threads.into()))
+    }
+}
+
 /// A call in flight. The call was issued (and took its place in the group's order) when the
 /// method returned; it progresses whether or not anyone polls this handle.
 ///
@@ -30,7 +44,7 @@ use std::time::Duration;
 pub struct Work<T> {
     waiter: Waiter<T>,
     /// Threads that run ranks of the world: blocking there would stop a rank.
-    rank_threads: Arc<[ThreadId]>,
+    rank_threads: Arc<RankThreads>,
     /// The rank a waiting caller drives (none for a handle no engine call stands behind).
     driver: Option<Arc<Driver>>,
     /// The future was polled before (later polls do not spin).
@@ -44,7 +58,7 @@ pub(crate) type Done<I> = Box<dyn FnOnce(Result<I>) + Send>;
 impl<T: Send + 'static> Work<T> {
     /// A new handle and the function that completes it from an `I`, mapped by `map`.
     pub(crate) fn pair<I: 'static>(
-        rank_threads: Arc<[ThreadId]>,
+        rank_threads: Arc<RankThreads>,
         map: impl FnOnce(I) -> Result<T> + Send + 'static,
     ) -> (Done<I>, Work<T>) {
         let (c, w) = slot::<T>();
@@ -65,7 +79,7 @@ impl<T: Send + 'static> Work<T> {
     }
 
     /// A new handle and its raw completer.
-    pub(crate) fn raw(rank_threads: Arc<[ThreadId]>) -> (Completer<T>, Work<T>) {
+    pub(crate) fn raw(rank_threads: Arc<RankThreads>) -> (Completer<T>, Work<T>) {
         let (c, w) = slot::<T>();
         (
             c,
@@ -79,7 +93,7 @@ impl<T: Send + 'static> Work<T> {
     }
 
     /// A handle that is already complete.
-    pub(crate) fn ready(rank_threads: Arc<[ThreadId]>, v: Result<T>) -> Work<T> {
+    pub(crate) fn ready(rank_threads: Arc<RankThreads>, v: Result<T>) -> Work<T> {
         let (c, w) = Work::raw(rank_threads);
         c.complete(v);
         w
@@ -88,7 +102,7 @@ impl<T: Send + 'static> Work<T> {
 
 impl<T> Work<T> {
     fn on_rank_thread(&self) -> bool {
-        self.rank_threads.contains(&std::thread::current().id())
+        self.rank_threads.0.contains(&std::thread::current().id())
     }
 
     /// This handle, waited for by driving `driver`'s rank (the rank its call runs on).

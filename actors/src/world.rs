@@ -74,7 +74,7 @@ impl World {
                 arbiter,
                 // A copy of its own per rank: every call clones and drops it, and one `Arc`
                 // shared by the ranks would move its count between their cores on each.
-                rank_threads: Arc::from(&threads[..]),
+                rank_threads: crate::work::RankThreads::shared(&threads),
                 device: Default::default(),
             });
             comms.push(Communicator::new(shared, info));
@@ -121,7 +121,7 @@ impl World {
         let on_rank = self
             .comms
             .first()
-            .is_some_and(|c| c.rank.rank_threads.contains(&me));
+            .is_some_and(|c| c.rank.rank_threads.0.contains(&me));
         // First every rank fails its waiting calls with `Shutdown` and stops listening; only
         // then does any rank stop (else a rank could see a peer's stop as a lost peer).
         let (tx, rx) = mpsc::channel();

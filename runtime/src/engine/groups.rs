@@ -13,6 +13,9 @@ use crate::time::Time;
 use crate::wire::message::{Message, Transmit};
 use std::collections::{BTreeMap, HashMap};
 
+// On cache lines of its own: the ranks' engines of one process create their world groups one
+// after another, and each rank writes its group's state on every call.
+#[repr(align(128))]
 pub(super) struct Group {
     pub(super) info: GroupInfo,
     pub(super) aborted: Option<Error>,
