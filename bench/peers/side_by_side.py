@@ -11,7 +11,9 @@ tool's raw output.
 Every later performance claim of collectix comes from this script (issue 10). What it runs:
 - `collectix bench` (target/release/collectix; built if missing): the in-process world, or
   with `--transport tcp` one process per rank over TCP loopback; one invocation per (ranks,
-  collective, size), `-n ITERS`, with its correctness check on;
+  collective, size), `-n ITERS`, with its correctness check on; in one process its ranks'
+  threads are bound to cores when the cores suffice (`--bind auto`), as `mpirun` binds its
+  processes (to cores for 2 ranks, to the socket for more);
 - `bench_mpi.py` under `mpirun`, one `mpirun` per ranks value, every collective and size at
   once: over shared memory (its default ob1 + vader on one host), or with `--transport tcp`
   restricted to TCP on loopback (`--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include

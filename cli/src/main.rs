@@ -127,6 +127,14 @@ enum Transport {
     Tcp,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Bind {
+    /// Each rank's thread on a core of its own when the cores suffice, else unbound.
+    Auto,
+    /// Unbound.
+    None,
+}
+
 #[derive(clap::Args)]
 struct Args {
     /// The collective.
@@ -165,6 +173,13 @@ struct Args {
     /// Where ranks run.
     #[arg(long, value_enum, default_value = "local")]
     transport: Transport,
+    /// Binding of the in-process ranks' threads to cores: auto binds rank r to the r-th
+    /// core this process may use when there are enough cores for every rank (Open MPI's
+    /// default, `--bind-to core`, for 2 ranks; with more ranks than cores it binds to the
+    /// socket, which on one socket is no binding); none leaves placement to the scheduler,
+    /// which may put two ranks on one core for a whole run.
+    #[arg(long, value_enum, default_value = "auto")]
+    bind: Bind,
     /// Algorithm: auto, or a name (ring, halving_doubling, recursive_doubling, binomial_tree,
     /// direct, dissemination, pairwise, reduce_scatter_gather, reduce_broadcast).
     #[arg(long, default_value = "auto")]
@@ -263,6 +278,7 @@ fn submit_all(c: &Communicator, reqs: &[Request], opts: &CallOptions) -> Result<
 /// Every rank, on a thread of its own, runs `f(rank, comm)`; the results in rank order.
 fn on_every_rank<T: Send>(
     comms: &[Communicator],
+    bind: bool,
     f: impl Fn(usize, &Communicator) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
     std::thread::scope(|s| {
@@ -271,13 +287,42 @@ fn on_every_rank<T: Send>(
             .enumerate()
             .map(|(r, c)| {
                 let f = &f;
-                s.spawn(move || f(r, c))
+                s.spawn(move || {
+                    if bind && !bind_to_core(r) {
+                        eprintln!("collectix: bench rank {r}: could not bind its thread to a core");
+                    }
+                    f(r, c)
+                })
             })
             .collect();
         hs.into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(collectix::Error::Shutdown)))
             .collect()
     })
+}
+
+/// Binds the calling thread to the `i`-th core this process may run on; whether it could.
+#[cfg(target_os = "linux")]
+fn bind_to_core(i: usize) -> bool {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    let me = Pid::from_raw(0);
+    let Ok(allowed) = sched_getaffinity(me) else {
+        return false;
+    };
+    let Some(cpu) = (0..CpuSet::count())
+        .filter(|&c| allowed.is_set(c).unwrap_or(false))
+        .nth(i)
+    else {
+        return false;
+    };
+    let mut one = CpuSet::new();
+    one.set(cpu).is_ok() && sched_setaffinity(me, &one).is_ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn bind_to_core(_: usize) -> bool {
+    false
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -327,9 +372,13 @@ impl Ranks {
 
     /// `f(rank, comm)` on every rank this process drives (each on a thread of its own); the
     /// first one's result (`measure` makes every rank's the same).
-    fn run<T: Send>(&self, f: impl Fn(usize, &Communicator) -> Result<T> + Sync) -> Result<T> {
+    fn run<T: Send>(
+        &self,
+        bind: bool,
+        f: impl Fn(usize, &Communicator) -> Result<T> + Sync,
+    ) -> Result<T> {
         let mut got = match self {
-            Ranks::Local(_, comms) => on_every_rank(comms, f)?,
+            Ranks::Local(_, comms) => on_every_rank(comms, bind, f)?,
             Ranks::Tcp(_, c) => vec![f(c.rank(), c)?],
         };
         if got.is_empty() {
@@ -544,6 +593,8 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
     };
     let w = ranks.size();
     let prints = ranks.prints();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let bind = a.bind == Bind::Auto && a.transport == Transport::Local && w <= cores;
     let transport = format!("{:?}", a.transport).to_lowercase();
 
     let mut sizes = Vec::new();
@@ -566,8 +617,9 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
         }
     };
     say(format!(
-        "# collectix bench: {}, {w} ranks, transport {transport}, device {}{}, {dtype}, op {op}, {} samples",
+        "# collectix bench: {}, {w} ranks, transport {transport}{}, device {}{}, {dtype}, op {op}, {} samples",
         a.collective.name(),
+        if bind { " (ranks bound to cores)" } else { "" },
         format!("{:?}", a.device).to_lowercase(),
         if a.device == Dev::Cuda { format!(" ({backend:?})") } else { String::new() },
         a.iters
@@ -612,7 +664,7 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
             mut slowest,
             wakeups,
             peak,
-        } = ranks.run(|r, c| measure(a, c, r, &cells[r], &opts))?;
+        } = ranks.run(bind, |r, c| measure(a, c, r, &cells[r], &opts))?;
         woken.push((bytes, wakeups));
         peaks.extend(peak);
         let t = median(&mut slowest);
