@@ -32,35 +32,34 @@ pub fn monitored_barrier(rank: usize, w: usize) -> Schedule {
         others(rank, w).map(|p| send(p, 0, 0..0)).collect(),
         others(rank, w).map(|p| recv_copy(p, 0, 0..0)).collect(),
     );
+    gather_release(&mut s, rank, w, 1);
+    s
+}
+
+/// Two steps without data: every rank tells rank 0 (tag `tag`), then rank 0, having heard
+/// from all, releases them (tag `tag + 1`).
+fn gather_release(s: &mut Schedule, rank: usize, w: usize, tag: u32) {
     if rank == 0 {
         s.step(
             vec![],
-            others(0, w).map(|p| recv_copy(p, 1, 0..0)).collect(),
+            others(0, w).map(|p| recv_copy(p, tag, 0..0)).collect(),
         );
-        s.step(others(0, w).map(|p| send(p, 2, 0..0)).collect(), vec![]);
+        s.step(
+            others(0, w).map(|p| send(p, tag + 1, 0..0)).collect(),
+            vec![],
+        );
     } else {
-        s.step(vec![send(0, 1, 0..0)], vec![]);
-        s.step(vec![], vec![recv_copy(0, 2, 0..0)]);
+        s.step(vec![send(0, tag, 0..0)], vec![]);
+        s.step(vec![], vec![recv_copy(0, tag + 1, 0..0)]);
     }
-    s
 }
 
 /// A linear barrier: every rank tells rank 0 (tag 0), which releases them (tag 1): two
 /// steps, 2(W − 1) messages in all, where dissemination sends W·⌈log2 W⌉.
 pub fn barrier(rank: usize, w: usize) -> Schedule {
     let mut s = Schedule::new(Layout::default());
-    if w < 2 {
-        return s;
-    }
-    if rank == 0 {
-        s.step(
-            vec![],
-            others(0, w).map(|p| recv_copy(p, 0, 0..0)).collect(),
-        );
-        s.step(others(0, w).map(|p| send(p, 1, 0..0)).collect(), vec![]);
-    } else {
-        s.step(vec![send(0, 0, 0..0)], vec![]);
-        s.step(vec![], vec![recv_copy(0, 1, 0..0)]);
+    if w >= 2 {
+        gather_release(&mut s, rank, w, 0);
     }
     s
 }
