@@ -45,14 +45,6 @@ const GRACE: Duration = Duration::from_micros(20);
 /// Spin turns between two yields of a caller whose process has more ranks than cores.
 const YIELD_TURNS: u32 = 1;
 
-/// How long a spinning caller waits with nothing arriving before it yields its core on every
-/// turn, whatever the count of cores: the rank it waits for may have been woken onto this
-/// very core (the scheduler places a woken thread beside its waker), and a caller that
-/// only spins then holds that rank off for its whole budget. Measured: without this, about
-/// one bench run in ten of 2 ranks on 2 cores ran in that state throughout (send_recv of
-/// 1 MiB 86 µs a call instead of 2.2, reduce of 1 MiB 206 instead of 25).
-const LONELY: Duration = Duration::from_micros(5);
-
 /// Peers a rank's caller handed messages to while nobody drove them: it owes each an
 /// `Inbox::ask_if_unattended` (see `Driver::settle`).
 pub(crate) type Owed = Arc<OwedPeers>;
@@ -425,15 +417,10 @@ impl Driver {
                     self.try_run_unsettled();
                 }
                 turns = turns.wrapping_add(1);
-                let mut lonely = false;
-                if turns.is_multiple_of(64) {
-                    let spun = start.elapsed();
-                    if spun >= grace {
-                        break;
-                    }
-                    lonely = spun >= LONELY;
+                if turns.is_multiple_of(64) && start.elapsed() >= grace {
+                    break;
                 }
-                self.pause(turns, lonely);
+                self.pause(turns);
             }
         }
         if driving.leave() {
@@ -801,12 +788,10 @@ impl Driver {
         let start = Instant::now();
         let mut active = start;
         let mut turns: u32 = 0;
-        let mut lonely = false;
         loop {
             if !self.inbox.looks_empty() {
                 self.try_run();
                 turns = 0;
-                lonely = false;
                 active = Instant::now();
             }
             if done() {
@@ -818,9 +803,8 @@ impl Driver {
                 if now.duration_since(active) >= idle || now.duration_since(start) >= limit {
                     break;
                 }
-                lonely = now.duration_since(active) >= LONELY;
             }
-            self.pause(turns, lonely);
+            self.pause(turns);
         }
         if driving.leave() {
             self.run(|_, _, _| ());
@@ -828,10 +812,9 @@ impl Driver {
     }
 
     /// One turn of a spin: a pause, and every `YIELD_TURNS` turns, when the process's
-    /// ranks outnumber the cores, the core itself (the rank we wait for may need it); the
-    /// core too when the caller has waited [`LONELY`] with nothing arriving (`lonely`).
-    fn pause(&self, turns: u32, lonely: bool) {
-        if lonely || (self.yields && turns.is_multiple_of(YIELD_TURNS)) {
+    /// ranks outnumber the cores, the core itself (the rank we wait for may need it).
+    fn pause(&self, turns: u32) {
+        if self.yields && turns.is_multiple_of(YIELD_TURNS) {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
