@@ -147,3 +147,34 @@ fn every_collective_checks_out_over_tcp_between_processes() {
         );
     }
 }
+
+/// `--bind auto` binds the in-process ranks' threads when there are cores enough for every
+/// rank (and says so in the header), never when there are not; `--bind none` never does. The
+/// results check out either way.
+#[test]
+fn ranks_are_bound_to_cores_only_when_the_cores_suffice() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (ranks, bind) in [(1, "auto"), (2, "auto"), (cores + 1, "auto"), (2, "none")] {
+        let ranks = ranks.to_string();
+        let mut args = vec![
+            "--collective",
+            "all_reduce",
+            "--ranks",
+            &ranks,
+            "--bind",
+            bind,
+        ];
+        args.extend(SMALL);
+        let (ok, text) = bench(&args);
+        assert!(ok, "{ranks} ranks, --bind {bind}:\n{text}");
+        assert!(text.contains("#wrong in total: 0"), "{text}");
+        let n: usize = ranks.parse().unwrap_or(0);
+        let bound = bind == "auto" && n <= cores;
+        assert_eq!(
+            text.contains("(ranks bound to cores)"),
+            bound,
+            "{ranks} ranks on {cores} cores, --bind {bind}:\n{text}"
+        );
+        assert!(!text.contains("could not bind"), "{text}");
+    }
+}
