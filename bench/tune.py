@@ -3,8 +3,9 @@
 
 For each collective the table covers, each world size (2 and 4 by default) and each algorithm
 that can run it, runs `collectix bench` over an in-process world, or with `--transport tcp`
-over one process per rank on this host (rows for `Network`, printed for reference only) (sizes 4 B to 64 MiB, every
-output checked; three rounds in alternating order, the median per size), takes the fastest
+over one process per rank on this host (rows for `Host`, printed, never written: the `Host`
+rows in select.rs are copied by hand where a sweep shows a clear winner) (sizes 4 B to 64 MiB,
+every output checked; three rounds in alternating order, the median per size), takes the fastest
 algorithm at each size (within 10%, the previous size's choice stays), and prints the table rows: a
 run of sizes won by one algorithm becomes one row, whose bound is the largest size it won
 (in the selection's unit: bytes of one rank's input). The largest W measured also covers
@@ -25,7 +26,8 @@ bench/results/2026-11-24-tune-reduce --write`, its barrier rows added by `python
 bench/tune.py --collectives barrier -n 10 --out bench/results/2026-11-24-tune-barrier
 --write`, and its all_reduce rows re-measured with reduce_broadcast by `python3
 bench/tune.py --collectives all_reduce -n 10 --out bench/results/2026-11-24-tune-all_reduce
---write`.
+--write`. Its Host rows come from `python3 bench/tune.py --transport tcp --collectives
+barrier,all_reduce -e 1M -n 20 --out bench/results/2026-11-24-tune-tcp-session11`.
 
 Run it on a quiet machine: each choice is one run's medians. Standard library only.
 """
@@ -157,7 +159,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="runs per algorithm; the median per size")
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--transport", default="local", choices=["local", "tcp"],
-                   help="local: the in-process (Process) rows; tcp: the Network rows")
+                   help="local: the in-process (Process) rows; tcp: the rows for processes of one host (Host)")
     p.add_argument("--out", help="directory for each run's raw table")
     p.add_argument("--source", help="read the raw tables kept by an earlier --out instead of running")
     p.add_argument("--write", action="store_true", help="write the rows into select.rs")
@@ -191,7 +193,7 @@ def main():
                 }
                 for alg, rs in rounds.items()
             }
-            locality = "Network" if args.transport == "tcp" else "Process"
+            locality = "Host" if args.transport == "tcp" else "Process"
             rows, best = rows_for(coll, w, None if w == ws[-1] else w, results, gathered, locality)
             lines += rows
             summary = ", ".join(f"{s}:{a}" for s, a in best)
@@ -199,8 +201,8 @@ def main():
     text = "\n".join(line for coll in chosen for line in rows_of[coll])
     print(text)
     if args.write and args.transport == "tcp":
-        print("# not written: the table's Network rows serve jobs across hosts, which loopback "
-              "on one host does not measure (see select.rs)", file=sys.stderr)
+        print("# not written: copy the Host rows a sweep shows clear winners for into select.rs "
+              "by hand (a sweep over part of the sizes would cut the table short)", file=sys.stderr)
     elif args.write:
         with open(SELECT) as f:
             src = f.read()

@@ -83,6 +83,23 @@ impl Link<Message> for SelfLink {
 }
 
 /// "host:port", with an IPv6 address in brackets.
+/// Whether every rank's address (`host:port`, `[v6]:port`) names the same host: then the job
+/// runs on one host (its ranks advertise the same interface's address). Ranks of one host
+/// that advertise different interfaces count as hosts apart, which only costs them the rows
+/// measured for one host.
+fn one_host(addrs: &[String]) -> bool {
+    let host = |a: &str| {
+        a.rsplit_once(':')
+            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']').to_owned())
+    };
+    let Some(first) = addrs.first().and_then(|a| host(a)) else {
+        return false;
+    };
+    addrs
+        .iter()
+        .all(|a| host(a).as_deref() == Some(first.as_str()))
+}
+
 fn host_port(host: &str, port: u16) -> String {
     if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
@@ -243,7 +260,13 @@ fn join(
     }
     // 4. The actor, the links, the connections.
     let mut options = options;
-    options.locality = collectix_runtime::Locality::Network;
+    // Every rank reads the same addresses, so every rank picks the same locality (and so the
+    // same default algorithms).
+    options.locality = if one_host(&addrs) {
+        collectix_runtime::Locality::Host
+    } else {
+        collectix_runtime::Locality::Network
+    };
     let info = GroupInfo::world(world, rank, options.clone())?;
     let driver = Arc::new(Driver::new(
         collectix_runtime::Engine::new(rank),
@@ -391,5 +414,29 @@ impl Drop for Process {
         for e in self.leave() {
             tracing::error!(error = %e, "a process dropped without shutdown() swallowed this failure");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{host_port, one_host};
+
+    #[test]
+    fn a_job_is_on_one_host_when_every_rank_advertises_the_same_address() {
+        let addrs = |hosts: &[&str]| -> Vec<String> {
+            hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| host_port(h, 4000 + i as u16))
+                .collect()
+        };
+        assert!(one_host(&addrs(&["127.0.0.1", "127.0.0.1", "127.0.0.1"])));
+        assert!(one_host(&addrs(&["::1", "::1"])));
+        assert!(one_host(&addrs(&["10.0.0.5"])));
+        assert!(!one_host(&addrs(&["10.0.0.5", "10.0.0.6"])));
+        assert!(!one_host(&addrs(&["127.0.0.1", "::1"])));
+        assert!(!one_host(&addrs(&["fe80::1", "fe80::2"])));
+        assert!(!one_host(&[]));
+        assert!(!one_host(&["no port".to_owned()]));
     }
 }

@@ -11,6 +11,17 @@
 //! does not write them) does not replace them: over loopback a root sending a whole tensor to
 //! every rank costs memory copies, across hosts it costs the root's link W − 1 times.
 //!
+//! The [`Locality::Host`] rows (processes of one host, over TCP) come from `bench/tune.py
+//! --transport tcp`, which measures exactly that, copied by hand where a sweep showed a clear
+//! winner (raw tables in `bench/results/2026-11-24-tune-tcp-session11`): there, on this
+//! project's 2-core VM, with the link's direct writes, the schedules in which one rank sends at
+//! a time won by 2–3× at small sizes (barrier W = 2: `direct` 11.7 µs against `dissemination`
+//! 34.8; W = 4: 29.7 against 64.7; all_reduce 4 B, W = 2: `reduce_broadcast` 15.2 against
+//! `recursive_doubling` 28.7), most likely because an exchange in which every rank sends at
+//! once wakes every reader thread at once while the callers spin on the same cores. Across
+//! hosts the exchange costs one link latency and the sequence two, so the `Network` rows keep
+//! the exchange. A call with no `Host` row uses the `Network` rows.
+//!
 //! Every rank of a group looks up the same row: the locality, kind, size and W are the same
 //! on all of them. The size is one every rank computes alike: for the list-form all_gather,
 //! whose blocks may differ, the mean block. (The algorithm is part of each call's
@@ -55,7 +66,7 @@ use Algorithm::{
     BinomialTree, Direct, Dissemination, HalvingDoubling, RecursiveDoubling, ReduceBroadcast,
     ReduceScatterGather, Ring,
 };
-use Locality::{Network, Process};
+use Locality::{Host, Network, Process};
 const ALL_REDUCE: &[OpKind] = &[OpKind::AllReduce];
 const BROADCAST: &[OpKind] = &[OpKind::Broadcast];
 const REDUCE: &[OpKind] = &[OpKind::Reduce];
@@ -106,20 +117,26 @@ const TABLE: &[Row] = &[
     row(Network, BROADCAST, ANY, ANY, BinomialTree),
     row(Network, REDUCE, ANY, ANY, BinomialTree),
     row(Network, BARRIER, ANY, ANY, Dissemination),
+    // Measured over loopback by `bench/tune.py --transport tcp` (see the module doc).
+    row(Host, BARRIER, ANY, ANY, Direct),
+    row(Host, ALL_REDUCE, 2, 256 * K, ReduceBroadcast),
 ];
 
 /// The default algorithm for a call of `kind` moving `bytes` bytes per rank in a group of
-/// `w` ranks that live as `locality` says: the first row of the table that matches, else
-/// the kind's first algorithm.
+/// `w` ranks that live as `locality` says: the first row of the table that matches (for
+/// [`Locality::Host`], else the first `Network` row that does), else the kind's first
+/// algorithm.
 pub fn select(kind: OpKind, bytes: usize, w: usize, locality: Locality) -> Algorithm {
-    TABLE
-        .iter()
-        .find(|r| {
+    let find = |locality: Locality| {
+        TABLE.iter().find(|r| {
             r.locality == locality
                 && r.kinds.contains(&kind)
                 && w <= r.max_w
                 && bytes <= r.max_bytes
         })
+    };
+    find(locality)
+        .or_else(|| (locality == Host).then(|| find(Network)).flatten())
         .map_or(kind.algorithms()[0], |r| r.algorithm)
 }
 
@@ -168,5 +185,16 @@ mod tests {
             select(OpKind::Barrier, 0, 8, Network),
             Algorithm::Dissemination
         );
+    }
+
+    #[test]
+    fn processes_of_one_host_take_their_measured_rows_and_the_network_rows_for_the_rest() {
+        assert_eq!(select(OpKind::Barrier, 0, 2, Host), Direct);
+        assert_eq!(select(OpKind::Barrier, 0, 8, Host), Direct);
+        assert_eq!(select(OpKind::AllReduce, 4, 2, Host), ReduceBroadcast);
+        // No Host row: the Network row.
+        assert_eq!(select(OpKind::AllReduce, 4, 4, Host), RecursiveDoubling);
+        assert_eq!(select(OpKind::AllReduce, 64 * M, 2, Host), Ring);
+        assert_eq!(select(OpKind::Broadcast, 64 * M, 8, Host), BinomialTree);
     }
 }
