@@ -72,7 +72,7 @@ pub const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10
 /// Payloads up to this size are written by the sending thread itself when the writer is idle
 /// (see the module doc); larger ones always go to the writer, which copies them into the
 /// socket outside the rank's lock.
-const DIRECT_MAX: usize = 64 << 10;
+pub const DIRECT_MAX: usize = 64 << 10;
 /// Slices of one vectored write kept on the writer's stack (a head and up to 15 parts).
 const INLINE_SLICES: usize = 16;
 /// Bytes the reader asks the socket for, per read of heads.
