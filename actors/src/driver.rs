@@ -21,6 +21,7 @@
 //! engine collects the finished calls and completes them once the lock is released, so that
 //! code may issue calls on the same rank.
 
+use crate::lock;
 use crate::rank::{Kick, RankActor};
 use crate::transport::Links;
 use crate::work::Done;
@@ -870,9 +871,4 @@ fn engine_clock() -> Duration {
 fn fallback_clock() -> Duration {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed()
-}
-
-/// Locks, ignoring poisoning: a panic elsewhere must not turn into a panic here.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -53,6 +53,12 @@ pub mod transport;
 pub mod work;
 pub mod world;
 
+/// Locks, ignoring poisoning: a panic elsewhere must not turn into a panic here (the state
+/// each of the crate's locks guards stays whole between its statements).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub use comm::{Communicator, P2POp};
 pub use device::{DeviceBackend, TensorDeviceExt};
 pub use init::{InitArgs, JobConfig, Launcher, Rendezvous};

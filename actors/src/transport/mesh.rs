@@ -25,6 +25,7 @@
 
 use super::tcp::{self, Connection, Hello, Inbound, Liveness, Refused, TcpLink};
 use super::Link;
+use crate::lock;
 use crate::security::Security;
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
@@ -32,7 +33,7 @@ use collectix_runtime::wire::{LinkError, Message};
 use collectix_runtime::{Error, Result};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -95,10 +96,6 @@ struct Shared {
     /// Received payloads' buffers, shared by every connection's reader.
     pool: Pool,
     closing: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {

@@ -48,6 +48,7 @@
 //! a frame (logged with the reason) is reported once as a lost peer ([`Inbound::lost`]).
 
 use super::Link;
+use crate::lock;
 use crate::security::{Denied, Security};
 use bytes::{Buf, BytesMut};
 use collectix_runtime::tensor::pool::Pool;
@@ -57,7 +58,7 @@ use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -603,12 +604,6 @@ fn write_loop(
     // The link was dropped and its queue is sent: an orderly end of the sending side.
     let _ = s.flush();
     let _ = s.shutdown(Shutdown::Write);
-}
-
-/// Locks, ignoring poisoning (no code under this lock panics; a poisoned lock's state is
-/// still whole).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn write_all_vectored(s: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
