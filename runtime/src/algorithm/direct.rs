@@ -97,28 +97,26 @@ pub fn reduce(rank: usize, w: usize, root: usize, count: usize) -> Schedule {
 /// process the reduced blocks are written straight into the root's output (`tensor::arena`).
 /// Source: MPICH's `MPIR_Reduce_intra_reduce_scatter_gather` (with direct steps).
 pub fn reduce_scatter_gather(rank: usize, w: usize, root: usize, blocks: &[usize]) -> Schedule {
-    let mut s = reduce_scatter(rank, w, blocks);
-    if rank == root {
-        s.step(
-            vec![],
-            others(rank, w).map(|p| recv_copy(p, 1, p..p + 1)).collect(),
-        );
-    } else {
-        s.step(vec![send(root, 1, rank..rank + 1)], vec![]);
-    }
-    s
+    gather_step(reduce_scatter(rank, w, blocks), rank, w, root, 1)
 }
 
 /// Rank b sends block b to the root.
 pub fn gather(rank: usize, w: usize, root: usize, blocks: &[usize]) -> Schedule {
-    let mut s = Schedule::new(Layout::blocks(blocks));
+    gather_step(Schedule::new(Layout::blocks(blocks)), rank, w, root, 0)
+}
+
+/// `s` with one more step, `step`: rank b sends block b to the root, which copies each into
+/// place.
+fn gather_step(mut s: Schedule, rank: usize, w: usize, root: usize, step: u32) -> Schedule {
     if rank == root {
         s.step(
             vec![],
-            others(rank, w).map(|p| recv_copy(p, 0, p..p + 1)).collect(),
+            others(rank, w)
+                .map(|p| recv_copy(p, step, p..p + 1))
+                .collect(),
         );
     } else {
-        s.step(vec![send(root, 0, rank..rank + 1)], vec![]);
+        s.step(vec![send(root, step, rank..rank + 1)], vec![]);
     }
     s
 }
