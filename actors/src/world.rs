@@ -212,6 +212,7 @@ mod tests {
                     dtype: DType::I64,
                     count: 1,
                     eager: true,
+                    path: collectix_runtime::DataPath::Engine,
                 },
                 payload: vec![data.bytes().clone()],
             },

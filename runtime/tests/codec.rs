@@ -151,15 +151,21 @@ fn header() -> impl Strategy<Value = Header> {
             any::<u64>(),
             0usize..DType::ALL.len(),
             any::<u64>(),
+            any::<bool>(),
             any::<bool>()
         )
-            .prop_map(|(group, tag, seq, d, count, eager)| Header::P2p {
+            .prop_map(|(group, tag, seq, d, count, eager, nccl)| Header::P2p {
                 group,
                 tag,
                 seq,
                 dtype: DType::ALL[d],
                 count,
                 eager,
+                path: if nccl {
+                    collectix_runtime::DataPath::Nccl
+                } else {
+                    collectix_runtime::DataPath::Engine
+                },
             }),
         (g(), any::<u64>()).prop_map(|(group, calls)| Header::Credit { group, calls }),
         (g(), any::<u64>()).prop_map(|(group, seq)| Header::WantCredit { group, seq }),
@@ -284,7 +290,7 @@ proptest! {
         parts in 0u32..4,
         rest in proptest::collection::vec(any::<u8>(), 0..300),
     ) {
-        let mut b = Vec::from(*b"CX\x01");
+        let mut b = Vec::from(*b"CX\x02");
         b.push(kind);
         b.extend_from_slice(&header_len.to_le_bytes());
         b.extend_from_slice(&parts.to_le_bytes());
@@ -334,7 +340,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         max_payload_bytes: 1 << 10,
     };
     // 2^32 - 1 parts.
-    let mut b = BytesMut::from(&b"CX\x01\x01\x00\x00\x00\x00\xff\xff\xff\xff"[..]);
+    let mut b = BytesMut::from(&b"CX\x02\x01\x00\x00\x00\x00\xff\xff\xff\xff"[..]);
     assert!(matches!(
         decode(&mut b, &limits),
         Err(DecodeError::TooLarge {
@@ -343,7 +349,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         })
     ));
     // One part of 2^62 bytes.
-    let mut b = BytesMut::from(&b"CX\x01\x01\x00\x00\x00\x00\x01\x00\x00\x00"[..]);
+    let mut b = BytesMut::from(&b"CX\x02\x01\x00\x00\x00\x00\x01\x00\x00\x00"[..]);
     b.extend_from_slice(&(1u64 << 62).to_le_bytes());
     assert!(matches!(
         decode(&mut b, &limits),
@@ -353,7 +359,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         })
     ));
     // A header of 4 GiB.
-    let mut b = BytesMut::from(&b"CX\x01\x01\xff\xff\xff\xff\x00\x00\x00\x00"[..]);
+    let mut b = BytesMut::from(&b"CX\x02\x01\xff\xff\xff\xff\x00\x00\x00\x00"[..]);
     assert!(matches!(
         decode(&mut b, &limits),
         Err(DecodeError::TooLarge {
@@ -365,10 +371,10 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
     for (bytes, want) in [
         (&b"XX\x01\x01"[..], "magic"),
         (
-            &b"CX\x02\x01\x00\x00\x00\x00\x00\x00\x00\x00"[..],
+            &b"CX\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00"[..],
             "version",
         ),
-        (&b"CX\x01\x0b\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
+        (&b"CX\x02\x0b\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
     ] {
         let mut b = BytesMut::from(bytes);
         let e = decode(&mut b, &limits).err();
@@ -408,12 +414,21 @@ fn a_header_with_trailing_bytes_or_a_bad_code_is_an_error() {
             dtype: DType::F32,
             count: 0,
             eager: true,
+            path: collectix_runtime::DataPath::Engine,
         },
         payload: Vec::new(),
     };
     let mut b = encode(&p2p).to_contiguous();
     let dtype_at = 12 + 8 + 4 + 8;
     b[dtype_at] = 0;
+    assert!(matches!(
+        decode(&mut b, &Limits::default()),
+        Err(DecodeError::Code(_))
+    ));
+    // A p2p header whose data path code names nothing.
+    let mut b = encode(&p2p).to_contiguous();
+    let path_at = dtype_at + 1 + 8 + 1;
+    b[path_at] = 9;
     assert!(matches!(
         decode(&mut b, &Limits::default()),
         Err(DecodeError::Code(_))

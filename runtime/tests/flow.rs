@@ -625,3 +625,82 @@ fn large_sends_without_receives_wait_in_the_sender() {
         assert_eq!(sim.engine(0).map(|e| e.held()), Some(20));
     });
 }
+
+/// A send of a ticket (`Plan::nccl_ticket`) is matched like any send, and only by a receive
+/// on the same data path: that one gets the ticket's bytes; a receive on the engine's path,
+/// or one of another count, is a mismatch (and an engine send met by an NCCL receive too).
+#[test]
+fn tickets_match_only_receives_on_their_path() {
+    use collectix_runtime::collective::TensorSpec;
+    use collectix_runtime::group::GroupInfo;
+    use collectix_runtime::{DType, DataPath, Error, Plan};
+    let info = GroupInfo::new(GroupId::WORLD, vec![0, 1], 0, GroupOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let opts = CallOptions::default();
+    let ticket = |count: u64, bytes: Vec<u8>| {
+        Plan::nccl_ticket(&info, &opts, (1, 4), (DType::F32, count), bytes)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert!(Plan::nccl_ticket(&info, &opts, (1, 4), (DType::F32, 1), vec![0; 65]).is_err());
+    let recv = |path: DataPath, n: usize| {
+        let req = Request::Recv {
+            spec: TensorSpec::new(&[n], DType::F32),
+            src: None,
+            tag: 4,
+        };
+        let info1 = GroupInfo::new(GroupId::WORLD, vec![0, 1], 1, GroupOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        Plan::new(req, &info1, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_path(path)
+    };
+    // Matched: the receiver gets the ticket, and who sent it.
+    let mut sim = Sim::new(2, 1);
+    sim.submit_plan(0, GroupId::WORLD, ticket(1000, vec![7, 8, 9]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = sim
+        .submit_plan(1, GroupId::WORLD, recv(DataPath::Nccl, 1000))
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.run_no_timeouts(10_000)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let want = Output::Received {
+        tensor: Tensor::from_vec(vec![7u8, 8, 9]),
+        src: 0,
+    };
+    assert_eq!(sim.take(1, r), Some(Ok(want)));
+    // Every other pairing is a mismatch on the receiver.
+    let engine_send = || Request::Send {
+        tensor: Tensor::from_vec(vec![1.0f32; 1000]),
+        dst: 1,
+        tag: 4,
+    };
+    for case in 0..3 {
+        let mut sim = Sim::new(2, 1);
+        let recv_plan = match case {
+            0 => {
+                sim.submit_plan(0, GroupId::WORLD, ticket(1000, vec![1]))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                recv(DataPath::Engine, 1000)
+            }
+            1 => {
+                sim.submit_plan(0, GroupId::WORLD, ticket(999, vec![1]))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                recv(DataPath::Nccl, 1000)
+            }
+            _ => {
+                sim.submit(0, GroupId::WORLD, engine_send(), &CallOptions::default())
+                    .unwrap_or_else(|e| panic!("{e}"));
+                recv(DataPath::Nccl, 1000)
+            }
+        };
+        let r = sim
+            .submit_plan(1, GroupId::WORLD, recv_plan)
+            .unwrap_or_else(|e| panic!("{e}"));
+        sim.run_no_timeouts(10_000)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        match sim.take(1, r) {
+            Some(Err(Error::Mismatch { .. })) => {}
+            other => panic!("case {case}: {other:?}"),
+        }
+    }
+}

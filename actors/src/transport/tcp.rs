@@ -880,6 +880,7 @@ mod tests {
                 dtype: DType::U8,
                 count: payload.iter().map(|p| p.len() as u64).sum(),
                 eager: true,
+                path: collectix_runtime::DataPath::Engine,
             },
             payload,
         }

@@ -264,10 +264,45 @@ impl Plan {
     }
 
     /// The same plan, marked as the agreement step of a call on another data path (see
-    /// [`Fingerprint::path`]).
+    /// [`Fingerprint::path`]). A receive marked [`DataPath::Nccl`] matches only a send
+    /// marked so (see [`Plan::nccl_ticket`]) and completes with the sender's ticket (a `u8`
+    /// tensor) instead of data.
     pub fn with_path(mut self, path: DataPath) -> Plan {
         self.fp.path = path;
         self
+    }
+
+    /// A send of `ticket` (at most [`TICKET_MAX`](crate::wire::message::TICKET_MAX) bytes)
+    /// that stands for `count` elements of `dtype` sent on NCCL: it is matched like any
+    /// send, by (source, tag) in FIFO order, against a receive of that many elements whose
+    /// plan is marked [`DataPath::Nccl`]; any other receive is a mismatch on both ranks.
+    pub fn nccl_ticket(
+        group: &GroupInfo,
+        opts: &CallOptions,
+        (dst, tag): (usize, u32),
+        (dtype, count): (DType, u64),
+        ticket: Vec<u8>,
+    ) -> Result<Plan> {
+        if ticket.len() > crate::wire::message::TICKET_MAX {
+            return Err(Error::invalid("a ticket longer than TICKET_MAX"));
+        }
+        let mut plan = Plan::new(
+            Request::Send {
+                tensor: Tensor::from_vec(ticket),
+                dst,
+                tag,
+            },
+            group,
+            opts,
+        )?;
+        plan.fp = Fingerprint {
+            path: DataPath::Nccl,
+            ..p2p_fp(OpKind::Send, dtype, count)
+        };
+        if let Body::Send { count: c, .. } = &mut plan.body {
+            *c = count;
+        }
+        Ok(plan)
     }
 }
 

@@ -349,7 +349,7 @@ impl Engine {
                 tag,
                 data,
                 count,
-            } => self.submit_send(id, group, fp.dtype, dst, tag, data, count),
+            } => self.submit_send(id, group, (fp.dtype, fp.path), dst, tag, data, count),
             Body::Recv { src, tag, spec } => {
                 self.submit_recv(id, op(None, State::Recv { src, tag, spec }))
             }

@@ -6,23 +6,24 @@ use super::p2p_flow::P2pOut;
 use super::{Engine, Event, Op, OpId, State};
 use crate::collective::{p2p_fp, Output};
 use crate::error::{Error, ProtocolError};
-use crate::ids::GroupId;
+use crate::ids::{DataPath, Fingerprint, GroupId};
 use crate::op::OpKind;
 use crate::tensor::dtype::DType;
 use crate::tensor::{validate_storage, Tensor};
-use crate::wire::message::{Header, Message, Transmit};
+use crate::wire::message::{Header, Message, Transmit, TICKET_MAX};
 use bytes::Bytes;
 use std::collections::HashMap;
 
 impl Engine {
-    /// Sends `data` (`count` elements of `dtype`) to group rank `dst` on `tag`; the call
-    /// completes at once (the message may wait in flow control: [`super::p2p_flow`]).
+    /// Sends `data` (`count` elements of `dtype`, or a ticket for them on [`DataPath::Nccl`])
+    /// to group rank `dst` on `tag`; the call completes at once (the message may wait in
+    /// flow control: [`super::p2p_flow`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn submit_send(
         &mut self,
         id: OpId,
         group: GroupId,
-        dtype: DType,
+        (dtype, path): (DType, DataPath),
         dst: usize,
         tag: u32,
         data: Bytes,
@@ -39,6 +40,7 @@ impl Engine {
             dtype,
             count,
             eager: false,
+            path,
         };
         let q = *s;
         *s += 1;
@@ -200,15 +202,45 @@ impl Engine {
                 return;
             };
             let spec = spec.clone();
-            let Header::P2p { dtype, count, .. } = msg.header else {
+            let Header::P2p {
+                dtype, count, path, ..
+            } = msg.header
+            else {
                 return;
             };
-            let theirs = p2p_fp(OpKind::Send, dtype, count);
-            if dtype != spec.dtype || Some(count) != spec.numel().ok().map(|n| n as u64) {
+            let theirs = Fingerprint {
+                path,
+                ..p2p_fp(OpKind::Send, dtype, count)
+            };
+            if dtype != spec.dtype
+                || Some(count) != spec.numel().ok().map(|n| n as u64)
+                || path != op.fp.path
+            {
                 let err = self.mismatch(gid, None, op.fp, msg.src, theirs);
                 self.ops.insert(rid, op);
                 self.abort(gid, err.clone(), Some((rid, err)), true);
                 return;
+            }
+            if path == DataPath::Nccl {
+                // A ticket: the data follows on NCCL; the receiver gets the ticket's bytes.
+                let ticket = msg.payload.concat();
+                let result = if ticket.len() <= TICKET_MAX {
+                    Ok(Output::Received {
+                        tensor: Tensor::from_vec(ticket),
+                        src: key.0,
+                    })
+                } else {
+                    Err(Error::Protocol {
+                        rank: msg.src,
+                        detail: ProtocolError::Length {
+                            part: 0,
+                            expected: TICKET_MAX as u64,
+                            got: ticket.len() as u64,
+                        },
+                    })
+                };
+                self.events.push_back(Event { op: rid, result });
+                continue;
             }
             let result = match msg
                 .payload

@@ -246,6 +246,7 @@ mod tests {
                     dtype: DType::U8,
                     count: 0,
                     eager: false,
+                    path: crate::DataPath::Engine,
                 },
                 payload: Vec::new(),
             },

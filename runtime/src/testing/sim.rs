@@ -290,6 +290,7 @@ fn header_text(h: &Header, src: usize, with_call: bool) -> String {
             dtype,
             count,
             eager,
+            ..
         } => {
             let how = if *eager { "eager" } else { "solicited" };
             format!("p2p g={group} tag={tag} #{seq} {dtype}x{count} {how}")

@@ -8,7 +8,7 @@
 //! ```text
 //!  offset  size        field
 //!  0       2           magic "CX"
-//!  2       1           version (1)
+//!  2       1           version (2)
 //!  3       1           kind: 1 data, 2 p2p, 3 credit, 4 want-credit, 5 p2p-grant,
 //!                      6 p2p-consumed, 7 abort, 8 inquire, 9 status, 10 heartbeat
 //!  4       4           header length H (u32, little-endian; at most MAX_HEADER_BYTES)
@@ -20,7 +20,7 @@
 //!
 //! Header fields (integers little-endian; a fingerprint is [`Fingerprint::to_bytes`]):
 //! data `group u64, seq u64, tag u32, fingerprint`; p2p `group u64, tag u32, seq u64,
-//! dtype u8, count u64, eager u8`; credit `group u64, calls u64`; want-credit `group u64,
+//! dtype u8, count u64, eager u8, path u8`; credit `group u64, calls u64`; want-credit `group u64,
 //! seq u64`; p2p-grant `group u64, tag u32, upto u64`; p2p-consumed `group u64, eager u64`;
 //! abort `group u64, reason` (a code byte and its fields; see [`AbortReason`]); inquire
 //! `group u64, seq u64`; status `group u64, seq u64, made (flag, fingerprint), latest (flag,
@@ -31,7 +31,7 @@
 //! transport stamps it from the link the frame came on.
 
 use crate::error::{CallDesc, ProtocolError, RankCall};
-use crate::ids::{Fingerprint, GroupId, FINGERPRINT_BYTES};
+use crate::ids::{DataPath, Fingerprint, GroupId, FINGERPRINT_BYTES};
 use crate::op::{CodeError, OpKind};
 use crate::tensor::dtype::DType;
 use crate::wire::message::{AbortReason, Header, Message};
@@ -40,7 +40,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 /// The frame format's magic bytes.
 pub const MAGIC: [u8; 2] = *b"CX";
 /// The frame format's version; a frame of another version is refused.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes of the fixed prefix.
 pub const PREFIX_BYTES: usize = 12;
 /// The largest header (every header is far smaller; abort reasons with long texts are cut).
@@ -231,6 +231,7 @@ fn put_header(h: &mut BytesMut, header: &Header) -> u8 {
             dtype,
             count,
             eager,
+            path,
         } => {
             h.put_u64_le(group.0);
             h.put_u32_le(*tag);
@@ -238,6 +239,7 @@ fn put_header(h: &mut BytesMut, header: &Header) -> u8 {
             h.put_u8(dtype.code());
             h.put_u64_le(*count);
             h.put_u8(u8::from(*eager));
+            h.put_u8(path.code());
             P2P
         }
         Header::Credit { group, calls } => {
@@ -809,6 +811,7 @@ fn read_header(kind: u8, b: Bytes) -> Result<Header, DecodeError> {
             dtype: DType::try_from(r.u8("dtype")?)?,
             count: r.u64("count")?,
             eager: r.bool("eager")?,
+            path: DataPath::try_from(r.u8("path")?)?,
         },
         CREDIT => Header::Credit {
             group: r.group()?,

@@ -3,10 +3,13 @@
 //! the payload travels as raw byte parts (one per chunk), never through serde.
 
 use crate::error::{CallDesc, Error, ProtocolError, RankCall};
-use crate::ids::{Fingerprint, GroupId};
+use crate::ids::{DataPath, Fingerprint, GroupId};
 use crate::op::OpKind;
 use crate::tensor::dtype::DType;
 use bytes::Bytes;
+
+/// The largest ticket a [`Header::P2p`] message on [`DataPath::Nccl`] may carry.
+pub const TICKET_MAX: usize = 64;
 
 /// The header of a message; [`crate::wire::codec`] frames it for transports that carry
 /// bytes.
@@ -40,6 +43,11 @@ pub enum Header {
         /// Sent on the sender's eager budget (`true`) or because the receiver asked for it
         /// with a [`Header::P2pGrant`] (see `p2p_flow`).
         eager: bool,
+        /// The sender's data path: [`DataPath::Engine`] messages carry the tensor;
+        /// [`DataPath::Nccl`] messages carry a ticket of at most [`TICKET_MAX`] bytes that
+        /// stands for `count` elements of `dtype` travelling on NCCL (collectix-actors'
+        /// device point-to-point). A receive on the other path is a mismatch.
+        path: DataPath,
     },
     /// Flow control of collectives: the sender has made `calls` calls in the group (see
     /// `flow`).
