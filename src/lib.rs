@@ -84,10 +84,10 @@ pub use collectix_actors::device;
 pub use collectix_actors::{
     init, Communicator, Connect, DeviceBackend, FileStore, InitArgs, JobConfig, Launcher,
     MemoryStore, P2POp, PrefixStore, Process, Rendezvous, Secret, Security, Store, TcpStore,
-    TcpStoreServer, TensorDeviceExt, Work, World,
+    TcpStoreServer, TensorDeviceExt, Work, World, FIRST_RESERVED_TAG,
 };
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{
     Algorithm, CallOptions, DType, Device, DeviceError, Element, Error, GroupId, GroupOptions,
-    Locality, OpKind, ReduceOp, Result, Tensor,
+    Locality, OpKind, ReduceOp, Request, Result, Tensor,
 };

@@ -311,10 +311,11 @@ fn send_and_recv_of_device_tensors_are_staged_and_complete_beside_collectives() 
     let (a, b) = (&world.communicators()[0], &world.communicators()[1]);
     let staged = |c: &collectix::Communicator| c.with_device_backend(DeviceBackend::HostStaged);
     // Rank 0 sends before its collective, rank 1 receives after it: valid, so it completes.
-    let sent = a.send(to_gpu(Tensor::from_vec(vec![7i64, 8, 9])), 1, 5);
+    // Both ranks share GPU 0, so the host-staged backend (NCCL refuses two ranks on one GPU).
+    let sent = staged(a).send(to_gpu(Tensor::from_vec(vec![7i64, 8, 9])), 1, 5);
     let ra = staged(a).all_reduce(to_gpu(Tensor::from_vec(vec![1.0f32])), ReduceOp::Sum);
     let rb = staged(b).all_reduce(to_gpu(Tensor::from_vec(vec![2.0f32])), ReduceOp::Sum);
-    let got = b.recv(
+    let got = staged(b).recv(
         collectix::TensorSpec::new(&[3], DType::I64).on(GPU),
         Some(0),
         5,
@@ -333,6 +334,107 @@ fn send_and_recv_of_device_tensors_are_staged_and_complete_beside_collectives() 
         t.to_host().and_then(|t| t.to_vec::<i64>()).ok(),
         Some(vec![7, 8, 9])
     );
+}
+
+/// Send and receive on NCCL between two ranks sharing one GPU: NCCL refuses the lane's
+/// communicator, and both ranks get a typed error within the timeout, never a hang.
+#[test]
+fn nccl_send_between_two_ranks_on_one_gpu_fails_with_a_typed_error() {
+    if !gpu() {
+        return;
+    }
+    let opts = GroupOptions {
+        timeout: Duration::from_secs(20),
+        ..GroupOptions::default()
+    };
+    let world = World::local_with(2, opts).unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (&world.communicators()[0], &world.communicators()[1]);
+    let sent = a.send(to_gpu(Tensor::from_vec(vec![1.0f32; 8])), 1, 0);
+    let got = b.recv(
+        collectix::TensorSpec::new(&[8], DType::F32).on(GPU),
+        Some(0),
+        0,
+    );
+    let sent = sent
+        .wait_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("sender hung"));
+    let got = got
+        .wait_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("receiver hung"));
+    eprintln!(
+        "sender: {sent:?}\nreceiver: {:?}",
+        got.as_ref().map(|(_, s)| s)
+    );
+    assert!(sent.is_err() && got.is_err());
+}
+
+/// Send and receive on NCCL between two GPUs (rank r on GPU r), each rank sending to the
+/// other at once, tags taken in the reverse of the order they were sent, beside NCCL
+/// collectives, and 64 MiB. Needs two GPUs: skipped (and said so) with fewer.
+#[test]
+fn nccl_send_and_recv_between_two_gpus_in_any_order() {
+    if !gpu() {
+        return;
+    }
+    match collectix::device::cuda_devices() {
+        Ok(n) if n >= 2 => {}
+        n => {
+            eprintln!("SKIPPED (needs two GPUs): {n:?}");
+            return;
+        }
+    }
+    let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+    let data = |from: usize, tag: u32| -> Vec<f32> {
+        let n = match tag {
+            1 => 3,
+            2 => 1 << 20,
+            _ => 16 << 20,
+        };
+        (0..n)
+            .map(|i| (from * 10 + tag as usize) as f32 + (i % 1000) as f32)
+            .collect()
+    };
+    std::thread::scope(|s| {
+        for c in world.communicators() {
+            s.spawn(move || {
+                let (me, peer) = (c.rank(), 1 - c.rank());
+                let dev = Device::Cuda(me as u32);
+                let on = |v: Vec<f32>| {
+                    Tensor::from_vec(v)
+                        .to_device(dev)
+                        .unwrap_or_else(|e| panic!("{e}"))
+                };
+                let sends: Vec<_> = [1, 2, 3]
+                    .iter()
+                    .map(|&tag| c.send(on(data(me, tag)), peer, tag))
+                    .collect();
+                let sum = c.all_reduce(on(vec![1.0f32; 4]), ReduceOp::Sum);
+                for tag in [3, 2, 1] {
+                    let n = data(peer, tag).len();
+                    let (t, src) = wait(c.recv(
+                        collectix::TensorSpec::new(&[n], DType::F32).on(dev),
+                        Some(peer),
+                        tag,
+                    ))
+                    .unwrap_or_else(|e| panic!("rank {me}, tag {tag}: {e}"));
+                    assert_eq!((t.device(), src), (dev, peer));
+                    let v = t.to_host().and_then(|t| t.to_vec::<f32>());
+                    assert!(
+                        v.ok() == Some(data(peer, tag)),
+                        "rank {me}, tag {tag}: wrong data"
+                    );
+                }
+                for (i, w) in sends.into_iter().enumerate() {
+                    wait(w).unwrap_or_else(|e| panic!("rank {me}, send {i}: {e}"));
+                }
+                let t = wait(sum).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(
+                    t.to_host().and_then(|t| t.to_vec::<f32>()).ok(),
+                    Some(vec![2.0; 4])
+                );
+            });
+        }
+    });
 }
 
 fn wait<T>(w: collectix::Work<T>) -> collectix::Result<T> {

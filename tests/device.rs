@@ -9,6 +9,7 @@ use collectix::{
     DType, Device, DeviceBackend, DeviceError, Error, ReduceOp, Tensor, TensorDeviceExt, World,
 };
 use common::device::{cases, run};
+use std::time::Duration;
 
 const GPU: Device = Device::Cuda(0);
 
@@ -131,14 +132,184 @@ fn the_nccl_path_fails_with_a_typed_error_without_cuda() {
     assert!(collectix::device::cuda_devices().is_err() || cfg!(feature = "cuda"));
 }
 
+/// Waits for `w`, at most 60 s (a hang fails the test instead of hanging it).
+fn within<T: Send + 'static>(w: collectix::Work<T>) -> collectix::Result<T> {
+    w.wait_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("no result within 60 s"))
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    assert_eq!(t.device(), GPU);
+    t.to_host()
+        .and_then(|h| h.to_vec::<f32>())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Device sends on the NCCL backend (stand-ins carry their data on the host, through the same
+/// rendezvous and lanes as NCCL): every rank sends a small and a large tensor to every other
+/// rank, on tags 1 and 2, and every receiver takes tag 2 first and waits for it before it
+/// even posts tag 1 — the reverse of the order they were sent in. NCCL alone, which matches
+/// by order, would wait forever here.
 #[test]
-fn a_device_send_is_staged_under_either_backend() {
+fn device_sends_on_the_nccl_backend_complete_whatever_order_receivers_take_them_in() {
+    let w = 3;
+    let world = World::local(w).unwrap_or_else(|e| panic!("{e}"));
+    let data = |from: usize, to: usize, tag: u32| -> Vec<f32> {
+        let n = if tag == 1 { 3 } else { 300_000 };
+        (0..n)
+            .map(|i| (from * 100 + to * 10 + tag as usize) as f32 + i as f32)
+            .collect()
+    };
+    std::thread::scope(|s| {
+        for c in world.communicators() {
+            s.spawn(move || {
+                let me = c.rank();
+                let mut sends = Vec::new();
+                for to in (0..w).filter(|&p| p != me) {
+                    for tag in [1, 2] {
+                        let t = stand_in(Tensor::from_vec(data(me, to, tag)));
+                        sends.push(c.send(t, to, tag));
+                    }
+                }
+                for from in (0..w).filter(|&p| p != me) {
+                    let n2 = data(from, me, 2).len();
+                    let (t2, src) =
+                        within(c.recv(TensorSpec::new(&[n2], DType::F32).on(GPU), Some(from), 2))
+                            .unwrap_or_else(|e| panic!("rank {me} from {from}, tag 2: {e}"));
+                    assert_eq!(src, from);
+                    assert_eq!(
+                        values(&t2),
+                        data(from, me, 2),
+                        "rank {me} from {from}, tag 2"
+                    );
+                    let (t1, _) =
+                        within(c.recv(TensorSpec::new(&[3], DType::F32).on(GPU), Some(from), 1))
+                            .unwrap_or_else(|e| panic!("rank {me} from {from}, tag 1: {e}"));
+                    assert_eq!(
+                        values(&t1),
+                        data(from, me, 1),
+                        "rank {me} from {from}, tag 1"
+                    );
+                }
+                for (i, sent) in sends.into_iter().enumerate() {
+                    within(sent).unwrap_or_else(|e| panic!("rank {me}, send {i}: {e}"));
+                }
+            });
+        }
+    });
+}
+
+/// Receives from any source, interleaved with collectives, issued all at once.
+#[test]
+fn device_receives_from_any_source_beside_collectives() {
+    let w = 4;
+    let world = World::local(w).unwrap_or_else(|e| panic!("{e}"));
+    let comms = world.communicators();
+    let mut works = Vec::new();
+    let mut recvs = Vec::new();
+    for c in comms.iter() {
+        if c.rank() == 0 {
+            for _ in 1..w {
+                recvs.push(c.recv(TensorSpec::new(&[2], DType::F32).on(GPU), None, 7));
+            }
+        } else {
+            let t = stand_in(Tensor::from_vec(vec![c.rank() as f32, 1.0]));
+            works.push(c.send(t, 0, 7));
+        }
+    }
+    let sums: Vec<_> = comms
+        .iter()
+        .map(|c| c.all_reduce(Tensor::from_vec(vec![1.0f32]), ReduceOp::Sum))
+        .collect();
+    let mut from: Vec<usize> = recvs
+        .into_iter()
+        .map(|r| {
+            let (t, src) = within(r).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(values(&t), vec![src as f32, 1.0]);
+            src
+        })
+        .collect();
+    from.sort();
+    assert_eq!(from, vec![1, 2, 3]);
+    for s in works {
+        within(s).unwrap_or_else(|e| panic!("{e}"));
+    }
+    for s in sums {
+        let t = within(s).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.to_vec::<f32>().ok(), Some(vec![w as f32]));
+    }
+}
+
+/// A device send met by a receive on the other path (the host-staged backend, or a host
+/// spec), or by one of another size, is a mismatch on both ranks, not wrong data or a hang.
+#[test]
+fn a_device_send_met_by_another_path_or_size_is_a_mismatch_on_both_ranks() {
+    for case in 0..3 {
+        let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+        let (a, b) = (&world.communicators()[0], &world.communicators()[1]);
+        let sent = a.send(stand_in(Tensor::from_vec(vec![4i32, 5])), 1, 9);
+        let got = match case {
+            0 => b.with_device_backend(DeviceBackend::HostStaged).recv(
+                TensorSpec::new(&[2], DType::I32).on(GPU),
+                Some(0),
+                9,
+            ),
+            1 => b.recv(TensorSpec::new(&[2], DType::I32), Some(0), 9),
+            _ => b.recv(TensorSpec::new(&[3], DType::I32).on(GPU), Some(0), 9),
+        };
+        let mismatch = |e: &Error| match e {
+            Error::Mismatch { .. } => true,
+            Error::GroupAborted { cause, .. } => matches!(**cause, Error::Mismatch { .. }),
+            _ => false,
+        };
+        let r = within(got).err();
+        assert!(
+            r.as_ref().is_some_and(mismatch),
+            "case {case}, receiver: {r:?}"
+        );
+        let r = within(sent).err();
+        assert!(
+            r.as_ref().is_some_and(mismatch),
+            "case {case}, sender: {r:?}"
+        );
+    }
+}
+
+/// A device send nobody receives fails with a timeout (its call's) and breaks its lane: the
+/// next send to that rank fails at once with the same error. Like every timeout, it also
+/// aborts the group on that rank, so later calls fail at once rather than hang.
+#[test]
+fn an_unreceived_device_send_times_out_and_breaks_its_lane() {
     let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
-    let (a, b) = (&world.communicators()[0], &world.communicators()[1]);
-    // The default backend is NCCL; a send of a device tensor still goes through the host.
-    let sent = a.send(stand_in(Tensor::from_vec(vec![4i32, 5])), 1, 9);
-    let got = b.recv(TensorSpec::new(&[2], DType::I32), Some(0), 9);
-    assert!(sent.wait().is_ok());
-    let (t, src) = got.wait().unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!((src, t.to_vec::<i32>().ok()), (0, Some(vec![4, 5])));
+    let a = &world.communicators()[0];
+    let opts = collectix::CallOptions {
+        timeout: Some(Duration::from_millis(300)),
+        ..Default::default()
+    };
+    let req = |v: f32| collectix::Request::Send {
+        tensor: stand_in(Tensor::from_vec(vec![v])),
+        dst: 1,
+        tag: 3,
+    };
+    let first = within(a.submit(req(1.0), &opts));
+    assert!(matches!(first, Err(Error::Timeout { .. })), "{first:?}");
+    let next = within(a.submit(req(2.0), &opts));
+    assert_eq!(next.err(), first.err());
+    let got = within(a.recv(TensorSpec::new(&[1], DType::F32).on(GPU), Some(1), 3));
+    assert!(
+        matches!(got, Err(Error::GroupAborted { .. })),
+        "{:?}",
+        got.err()
+    );
+}
+
+#[test]
+fn reserved_tags_are_refused() {
+    let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+    let a = &world.communicators()[0];
+    let tag = collectix::FIRST_RESERVED_TAG;
+    let s = within(a.send(Tensor::from_vec(vec![1u8]), 1, tag));
+    assert!(matches!(s, Err(Error::InvalidArgument(_))), "{s:?}");
+    let r = within(a.recv(TensorSpec::new(&[1], DType::U8), None, u32::MAX));
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
 }

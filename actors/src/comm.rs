@@ -44,7 +44,18 @@ pub(crate) struct GroupShared {
     pub(crate) nccl_calls: std::sync::Mutex<u64>,
     /// The schedules of this member's recent calls, reused by later calls of the same shape.
     schedules: ScheduleCache,
+    /// Point-to-point lanes of device tensors on the NCCL backend (`device/p2p.rs`).
+    pub(crate) p2p: crate::device::p2p::Lanes,
 }
+
+/// The first of the point-to-point tags collectix keeps for itself (up to `u32::MAX`): a
+/// [`send`](Communicator::send) or [`recv`](Communicator::recv) with one of them is refused
+/// with [`Error::InvalidArgument`].
+pub const FIRST_RESERVED_TAG: u32 = 0xFFFF_FF00;
+/// The receiver's answer to a device send's ticket (`device/p2p.rs`).
+pub(crate) const GO_TAG: u32 = FIRST_RESERVED_TAG;
+/// The data of a device send between stand-in tensors (`device/p2p.rs`).
+pub(crate) const DATA_TAG: u32 = FIRST_RESERVED_TAG + 1;
 
 impl GroupShared {
     pub(crate) fn new(info: GroupInfo) -> Arc<Self> {
@@ -54,6 +65,7 @@ impl GroupShared {
             children: AtomicU64::new(0),
             nccl_calls: std::sync::Mutex::new(0),
             schedules: ScheduleCache::default(),
+            p2p: Default::default(),
         })
     }
 }
@@ -202,6 +214,13 @@ impl Communicator {
         opts: &CallOptions,
         map: fn(Output) -> Result<T>,
     ) -> Work<T> {
+        if let Request::Send { tag, .. } | Request::Recv { tag, .. } = &req {
+            if *tag >= FIRST_RESERVED_TAG {
+                return self.ready(Err(Error::invalid(format!(
+                    "tag {tag:#x} is reserved by collectix (tags from {FIRST_RESERVED_TAG:#x} up)"
+                ))));
+            }
+        }
         match req.device() {
             Err(e) => return self.ready(Err(e)),
             Ok(d) if !d.is_host() => return crate::device::call(self, d, req, opts, map),

@@ -59,7 +59,7 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-pub use comm::{Communicator, P2POp};
+pub use comm::{Communicator, P2POp, FIRST_RESERVED_TAG};
 pub use device::{DeviceBackend, TensorDeviceExt};
 pub use init::{InitArgs, JobConfig, Launcher, Rendezvous};
 pub use process::{init, Process};

@@ -698,6 +698,7 @@ fn a_replayed_point_to_point_message_is_a_protocol_error() {
             dtype: DType::F32,
             count: 1,
             eager: true,
+            path: collectix_runtime::DataPath::Engine,
         },
         payload: vec![f32_bytes(&[1.0])],
     };
@@ -821,6 +822,7 @@ fn an_eager_message_above_the_eager_limit_is_a_protocol_error() {
             dtype: DType::U8,
             count: bytes as u64,
             eager: true,
+            path: collectix_runtime::DataPath::Engine,
         },
         payload: vec![Bytes::from(vec![0u8; bytes])],
     };

@@ -13,7 +13,13 @@
 //! - [`DeviceBackend::HostStaged`]: the inputs are copied to the host, the ordinary engine
 //!   runs the call, and the outputs are copied back to the call's device. It works without
 //!   NCCL and in groups that mix ranks with and without GPUs (their fingerprints agree: both
-//!   take the engine's path). Send and receive of device tensors always take this path.
+//!   take the engine's path).
+//!
+//! Send and receive of device tensors on the NCCL backend take a path of their own
+//! (`device/p2p.rs`): a rendezvous on the engine (a ticket matched by source and tag), then
+//! the data on NCCL, on a communicator per direction between the two ranks. [`StandIn`]
+//! tensors take the same protocol with the host carrying the data, so tests drive it
+//! without a GPU.
 //!
 //! Without the `cuda` feature every device operation returns
 //! [`DeviceError::FeatureDisabled`]; the host-staged path still runs for device storage
@@ -26,6 +32,7 @@ use collectix_runtime::{CallOptions, Device, DeviceError, Error, Output, Request
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub(crate) mod p2p;
 mod staged;
 mod standin;
 
@@ -131,13 +138,26 @@ pub(crate) fn call<T: Send + 'static>(
         }
         Ok(_) => {}
     }
-    // Point-to-point calls on device tensors are staged through the host under either
-    // backend (docs/gpu.md): a valid program of sends, receives and collectives must
-    // complete, and NCCL would serialise them on one stream.
-    let p2p = matches!(req, Request::Send { .. } | Request::Recv { .. });
-    if p2p {
-        return staged::call(comm, device, req, opts, map);
+    // Point-to-point calls on the NCCL backend: a rendezvous on the engine, then the data
+    // on a lane of their own (`p2p.rs`).
+    match (comm.device_backend, req) {
+        (DeviceBackend::Nccl, Request::Send { tensor, dst, tag }) => {
+            p2p::send(comm, (tensor, dst, tag), opts, map)
+        }
+        (DeviceBackend::Nccl, Request::Recv { spec, src, tag }) => {
+            p2p::recv(comm, spec, src, tag, opts, map)
+        }
+        (_, req) => call_collective(comm, device, req, opts, map),
     }
+}
+
+fn call_collective<T: Send + 'static>(
+    comm: &Communicator,
+    device: Device,
+    req: Request,
+    opts: &CallOptions,
+    map: fn(Output) -> Result<T>,
+) -> Work<T> {
     match comm.device_backend {
         DeviceBackend::HostStaged => staged::call(comm, device, req, opts, map),
         #[cfg(feature = "cuda")]

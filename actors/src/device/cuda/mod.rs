@@ -2,8 +2,8 @@
 //!
 //! - [`CudaStorage`]: a tensor's bytes in device memory (a cudarc `CudaSlice<u8>`, shared,
 //!   with an offset so that a gathered buffer can be handed back as per-rank views).
-//! - [`call`]: validates a call for NCCL, runs the agreement step on the engine, and hands
-//!   the operation to the rank's device worker ([`worker`]), which owns the group's NCCL
+//! - `call`: validates a call for NCCL, runs the agreement step on the engine, and hands
+//!   the operation to the rank's device worker (`worker`), which owns the group's NCCL
 //!   communicator and completes the call's `Work` when its CUDA event fires.
 //! - [`nccl`]: the library, loaded with a search of our own (see `docs/gpu.md`).
 
@@ -11,7 +11,7 @@
 pub use cudarc;
 
 pub mod nccl;
-mod ops;
+pub(crate) mod ops;
 pub(crate) mod worker;
 
 use crate::comm::Communicator;

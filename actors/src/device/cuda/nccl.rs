@@ -4,7 +4,7 @@
 //! Why not cudarc's loader: it panics when the library is missing or a symbol is absent, and
 //! its candidate names lack `libnccl.so.2`, the only name that runtime installs (Debian's
 //! `libnccl2`, pip's `nvidia-nccl-cu13`) ship. Here a missing library or symbol is a
-//! [`DeviceError`] that names what was tried. The search order is in [`candidates`].
+//! [`DeviceError`] that names what was tried. The search order is in `candidates`.
 
 use collectix_runtime::{DeviceError, Error, Result};
 use libloading::Library;

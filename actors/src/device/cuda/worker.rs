@@ -72,10 +72,15 @@ pub(crate) struct WorkerHandle {
 impl WorkerHandle {
     /// Starts the worker of global rank `rank` (fails if libnccl cannot be loaded).
     pub(crate) fn spawn(rank: usize) -> Result<WorkerHandle> {
+        WorkerHandle::spawn_named(format!("collectix-nccl-{rank}"))
+    }
+
+    /// Starts a worker on a thread named `name` (a point-to-point lane's: `device/p2p.rs`).
+    pub(crate) fn spawn_named(name: String) -> Result<WorkerHandle> {
         let nccl = Nccl::load()?;
         let (tx, rx) = crossbeam_channel::unbounded();
         std::thread::Builder::new()
-            .name(format!("collectix-nccl-{rank}"))
+            .name(name)
             .spawn(move || Worker::new(nccl, rx).run())
             .map_err(|e| Error::Resource(format!("could not start the device worker: {e}")))?;
         Ok(WorkerHandle { tx })

@@ -1,0 +1,651 @@
+//! Send and receive of device tensors on the NCCL backend: a rendezvous on the engine, then
+//! the data on a lane of its own.
+//!
+//! NCCL matches point-to-point operations by order on a communicator, not by tag, and a
+//! receive it has not reached blocks everything behind it on the communicator's stream. A
+//! collectix receive is matched by (source, tag), possibly from any source, so the order in
+//! which a receiver takes messages need not be the order they were sent. The protocol makes
+//! the receiver decide the order, and gives every direction between two ranks a
+//! communicator of its own (a *lane*), so that no transfer ever waits behind another one it
+//! does not depend on:
+//!
+//! 1. The sender sends a *ticket* on the user's tag: a message on the engine marked
+//!    [`DataPath::Nccl`] that says "`count` elements of `dtype`" and carries the send's
+//!    serial number `s` and its carrier (NCCL, or the host for [`StandIn`] tensors). It is
+//!    matched like any message, by (source, tag) in FIFO order; a receive on the engine's
+//!    path, or of another size, is an [`Error::Mismatch`] on both ranks
+//!    (`collectix-runtime`'s `Plan::nccl_ticket`). The sender posts a receive for the answer.
+//! 2. The receiver's receive (marked [`DataPath::Nccl`]) matches the ticket. It takes the
+//!    next ordinal `k` of the lane (sender → receiver), makes the lane's NCCL id when
+//!    `k = 0`, answers *go* `(s, k, id)` on a reserved tag, and posts transfer `k`.
+//! 3. The sender, on *go*, posts transfer `k` of the lane, in ordinal order.
+//! 4. A transfer runs on the lane: on NCCL, a communicator of two ranks (the sender is
+//!    rank 0) owned by a device worker thread of its own, which runs the lane's transfers
+//!    in ordinal order; for stand-in tensors, a host message on another reserved tag.
+//!
+//! A send completes when its transfer has (on NCCL: when the data has left the sender's
+//! buffer), as torch's NCCL `isend` does, and waits at most the call's timeout for its
+//! receiver. A transfer that fails or times out breaks its lane on that rank: every later
+//! device send or receive between the two ranks in that direction fails with the same
+//! error (as a timed-out NCCL operation aborts torch's communicator).
+
+use super::standin::StandIn;
+use super::TensorDeviceExt;
+use crate::comm::{Communicator, DATA_TAG, GO_TAG};
+use crate::work::Work;
+use collectix_runtime::{
+    CallOptions, DType, DataPath, Device, DeviceError, Error, Output, Plan, Request, Result,
+    Tensor, TensorSpec,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+/// How a lane moves its data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Carrier {
+    /// NCCL between two GPUs.
+    Nccl = 0,
+    /// A host message: the carrier of [`StandIn`] tensors (tests without a GPU).
+    Host = 1,
+}
+
+/// The ticket: the send's serial number and its carrier.
+const TICKET_BYTES: usize = 9;
+/// The answer: `s`, `k`, a status and the lane's NCCL id (when `k = 0`).
+const GO_BYTES: usize = 8 + 8 + 8 + 128;
+
+/// Why a receiver refused a ticket (the go's status).
+const REFUSED_BROKEN: u64 = 1;
+const REFUSED_NO_NCCL: u64 = 2;
+
+/// Completes a send's `Work`.
+type SendDone = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// A send waiting for its go.
+struct PendingSend {
+    tensor: Tensor,
+    done: SendDone,
+}
+
+/// A send whose go arrived, waiting for the earlier ordinals of its lane.
+struct Released {
+    send: PendingSend,
+    id: [u8; 128],
+}
+
+/// One direction from this rank to a peer.
+#[derive(Default)]
+struct OutLane {
+    next_s: u64,
+    pending: HashMap<u64, PendingSend>,
+    next_k: u64,
+    released: BTreeMap<u64, Released>,
+    broken: Option<Error>,
+    #[cfg(feature = "cuda")]
+    worker: Option<super::cuda::worker::WorkerHandle>,
+}
+
+/// One direction from a peer to this rank.
+#[derive(Default)]
+struct InLane {
+    next_k: u64,
+    broken: Option<Error>,
+    #[cfg(feature = "cuda")]
+    worker: Option<super::cuda::worker::WorkerHandle>,
+}
+
+/// A group member's lanes (in its [`GroupShared`](crate::comm::GroupShared)).
+#[derive(Default)]
+pub(crate) struct Lanes {
+    inner: Mutex<LanesInner>,
+}
+
+#[derive(Default)]
+struct LanesInner {
+    out: HashMap<(usize, Carrier), OutLane>,
+    inn: HashMap<(usize, Carrier), InLane>,
+}
+
+impl Lanes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LanesInner> {
+        crate::lock(&self.inner)
+    }
+}
+
+/// The carrier of a device tensor that is sent.
+fn carrier_of(t: &Tensor) -> Result<Carrier> {
+    if t.device_storage()
+        .is_some_and(|s| s.as_any().is::<StandIn>())
+    {
+        return Ok(Carrier::Host);
+    }
+    #[cfg(feature = "cuda")]
+    {
+        super::cuda::storage_of(t).map(|_| Carrier::Nccl)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(DeviceError::FeatureDisabled.into())
+    }
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// `send` of a device tensor on the NCCL backend.
+pub(super) fn send<T: Send + 'static>(
+    comm: &Communicator,
+    (tensor, dst, tag): (Tensor, usize, u32),
+    opts: &CallOptions,
+    map: fn(Output) -> Result<T>,
+) -> Work<T> {
+    let carrier = match carrier_of(&tensor) {
+        Ok(c) => c,
+        Err(e) => return comm.ready(Err(e)),
+    };
+    let info = &comm.group.info;
+    let (dtype, count) = (tensor.dtype(), tensor.numel() as u64);
+    let (c, work) = Work::raw(comm.rank.rank_threads.clone());
+    let s = {
+        let mut lanes = comm.group.p2p.lock();
+        let lane = lanes.out.entry((dst, carrier)).or_default();
+        if let Some(e) = &lane.broken {
+            c.complete(Err(e.clone()));
+            return work;
+        }
+        let s = lane.next_s;
+        lane.next_s += 1;
+        let done: SendDone = Box::new(move |r| c.complete(r.and_then(|()| map(Output::None))));
+        lane.pending.insert(s, PendingSend { tensor, done });
+        s
+    };
+    let mut ticket = s.to_le_bytes().to_vec();
+    ticket.push(carrier as u8);
+    debug_assert_eq!(ticket.len(), TICKET_BYTES);
+    let plan = match Plan::nccl_ticket(info, opts, (dst, tag), (dtype, count), ticket) {
+        Ok(p) => p,
+        Err(e) => {
+            fail_pending(comm, (dst, carrier), s, e);
+            return work;
+        }
+    };
+    let go = comm.call_host(
+        Request::Recv {
+            spec: TensorSpec::new(&[GO_BYTES], DType::U8),
+            src: Some(dst),
+            tag: GO_TAG,
+        },
+        opts,
+        Ok,
+    );
+    let sent = comm.issue(0, plan, |_| Ok(()));
+    let me = comm.clone();
+    let opts = opts.clone();
+    comm.rank.arbiter.spawn(async move {
+        if let Err(e) = sent.await {
+            fail_pending(&me, (dst, carrier), s, e);
+        }
+        match go.await {
+            Ok(out) => on_go(&me, (dst, carrier), out, &opts),
+            // No answer within the timeout (or the group failed): the receiver's order is
+            // unknown from here on, so the lane is broken.
+            Err(e) => break_out_lane(&me, (dst, carrier), e),
+        }
+    });
+    work
+}
+
+/// Fails send `s` of a lane, if it still waits.
+fn fail_pending(comm: &Communicator, key: (usize, Carrier), s: u64, e: Error) {
+    let p = comm
+        .group
+        .p2p
+        .lock()
+        .out
+        .get_mut(&key)
+        .and_then(|l| l.pending.remove(&s));
+    if let Some(p) = p {
+        (p.done)(Err(e));
+    }
+}
+
+/// Breaks a lane to a peer: every send waiting on it fails with `e`, and so does every
+/// later one.
+fn break_out_lane(comm: &Communicator, key: (usize, Carrier), e: Error) {
+    let failed: Vec<PendingSend> = {
+        let mut lanes = comm.group.p2p.lock();
+        let lane = lanes.out.entry(key).or_default();
+        if lane.broken.is_none() {
+            lane.broken = Some(e.clone());
+        }
+        let mut v: Vec<PendingSend> = lane.pending.drain().map(|(_, p)| p).collect();
+        v.extend(
+            std::mem::take(&mut lane.released)
+                .into_values()
+                .map(|r| r.send),
+        );
+        v
+    };
+    for p in failed {
+        (p.done)(Err(e.clone()));
+    }
+}
+
+/// The receiver's answer to one of this rank's tickets.
+fn on_go(comm: &Communicator, key: (usize, Carrier), out: Output, opts: &CallOptions) {
+    let b = match out {
+        Output::Received { tensor, .. } => tensor.to_vec::<u8>().unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let (Some(s), Some(k), Some(status), Some(id)) = (
+        u64_at(&b, 0),
+        u64_at(&b, 8),
+        u64_at(&b, 16),
+        b.get(24..GO_BYTES)
+            .and_then(|i| <[u8; 128]>::try_from(i).ok()),
+    ) else {
+        let e = Error::internal(format!(
+            "a malformed go of {} bytes from rank {}",
+            b.len(),
+            key.0
+        ));
+        return break_out_lane(comm, key, e);
+    };
+    if status != 0 {
+        let e: Error = match status {
+            REFUSED_NO_NCCL => DeviceError::Unsupported(format!(
+                "rank {} cannot receive on NCCL (no `cuda` feature or no libnccl there)",
+                key.0
+            ))
+            .into(),
+            _ => DeviceError::Unsupported(format!(
+                "rank {}'s lane from this rank is broken by an earlier failure",
+                key.0
+            ))
+            .into(),
+        };
+        return fail_pending(comm, key, s, e);
+    }
+    let mut lanes = comm.group.p2p.lock();
+    let lane = lanes.out.entry(key).or_default();
+    if lane.broken.is_some() {
+        return;
+    }
+    let Some(send) = lane.pending.remove(&s) else {
+        drop(lanes);
+        let e = Error::internal(format!("a go for send {s}, which does not wait"));
+        return break_out_lane(comm, key, e);
+    };
+    lane.released.insert(k, Released { send, id });
+    // Transfers are issued in ordinal order, with the lock held: the host carrier's
+    // messages take their lane's order from the order of issue.
+    while let Some(r) = lane.released.remove(&lane.next_k) {
+        let k = lane.next_k;
+        lane.next_k += 1;
+        start_send(comm, key, lane, k, r, opts);
+    }
+}
+
+/// Issues transfer `k` of a lane to a peer (with the lane's lock held).
+fn start_send(
+    comm: &Communicator,
+    key: (usize, Carrier),
+    lane: &mut OutLane,
+    k: u64,
+    r: Released,
+    opts: &CallOptions,
+) {
+    let (dst, carrier) = key;
+    let Released { send, id } = r;
+    let PendingSend { tensor, done } = send;
+    match carrier {
+        Carrier::Host => {
+            let host = match tensor.to_host() {
+                Ok(h) => h,
+                Err(e) => return done(Err(e)),
+            };
+            let sent = comm.call_host(
+                Request::Send {
+                    tensor: host,
+                    dst,
+                    tag: DATA_TAG,
+                },
+                opts,
+                |_| Ok(()),
+            );
+            let me = comm.clone();
+            comm.rank.arbiter.spawn(async move {
+                let r = sent.await;
+                if let Err(e) = &r {
+                    break_out_lane(&me, key, e.clone());
+                }
+                done(r);
+            });
+        }
+        Carrier::Nccl => {
+            #[cfg(feature = "cuda")]
+            {
+                let job = nccl::send_job(comm, key, lane, (k, id), tensor, opts, done);
+                if let Err((e, done)) = job {
+                    lane.broken = Some(e.clone());
+                    done(Err(e));
+                }
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = (lane, k, id, tensor);
+                done(Err(DeviceError::FeatureDisabled.into()));
+            }
+        }
+    }
+}
+
+/// `recv` of a device tensor on the NCCL backend.
+pub(super) fn recv<T: Send + 'static>(
+    comm: &Communicator,
+    spec: TensorSpec,
+    src: Option<usize>,
+    tag: u32,
+    opts: &CallOptions,
+    map: fn(Output) -> Result<T>,
+) -> Work<T> {
+    let device = spec.device;
+    let host_spec = spec.clone().on(Device::Host);
+    let plan = match Plan::new(
+        Request::Recv {
+            spec: host_spec,
+            src,
+            tag,
+        },
+        &comm.group.info,
+        opts,
+    ) {
+        Ok(p) => p.with_path(DataPath::Nccl),
+        Err(e) => return comm.ready(Err(e)),
+    };
+    let (c, work) = Work::raw(comm.rank.rank_threads.clone());
+    let ticket = comm.issue(0, plan, Ok);
+    let me = comm.clone();
+    let opts = opts.clone();
+    comm.rank.arbiter.spawn(async move {
+        let r = match ticket.await {
+            Ok(Output::Received { tensor, src }) => {
+                match on_ticket(
+                    &me,
+                    &tensor.to_vec::<u8>().unwrap_or_default(),
+                    src,
+                    spec,
+                    device,
+                    &opts,
+                ) {
+                    Ok(w) => w.await.map(|tensor| Output::Received { tensor, src }),
+                    Err(e) => Err(e),
+                }
+            }
+            Ok(other) => Err(Error::internal(format!("a ticket receive gave {other:?}"))),
+            Err(e) => Err(e),
+        };
+        c.complete(r.and_then(map));
+    });
+    work
+}
+
+/// Answers a ticket from `src` and posts its transfer.
+fn on_ticket(
+    comm: &Communicator,
+    ticket: &[u8],
+    src: usize,
+    spec: TensorSpec,
+    device: Device,
+    opts: &CallOptions,
+) -> Result<Work<Tensor>> {
+    let s = u64_at(ticket, 0);
+    let carrier = match ticket.get(8) {
+        Some(0) => Some(Carrier::Nccl),
+        Some(1) => Some(Carrier::Host),
+        _ => None,
+    };
+    let (Some(s), Some(carrier), TICKET_BYTES) = (s, carrier, ticket.len()) else {
+        return Err(Error::Protocol {
+            rank: comm.group.info.global(src),
+            detail: collectix_runtime::error::ProtocolError::Malformed(format!(
+                "a device send's ticket of {} bytes",
+                ticket.len()
+            )),
+        });
+    };
+    let go = |k: u64, status: u64, id: [u8; 128]| {
+        let mut b = Vec::with_capacity(GO_BYTES);
+        b.extend_from_slice(&s.to_le_bytes());
+        b.extend_from_slice(&k.to_le_bytes());
+        b.extend_from_slice(&status.to_le_bytes());
+        b.extend_from_slice(&id);
+        // Eager (small): it completes at once; a failure here shows as the sender's
+        // timeout and the transfer's. Dropping the handle leaves the send to the engine.
+        drop(comm.call_host(
+            Request::Send {
+                tensor: Tensor::from_vec(b),
+                dst: src,
+                tag: GO_TAG,
+            },
+            opts,
+            |_| Ok(()),
+        ));
+    };
+    let mut lanes = comm.group.p2p.lock();
+    let lane = lanes.inn.entry((src, carrier)).or_default();
+    if let Some(e) = &lane.broken {
+        go(0, REFUSED_BROKEN, [0; 128]);
+        return Err(e.clone());
+    }
+    let k = lane.next_k;
+    let mut id = [0u8; 128];
+    if k == 0 && carrier == Carrier::Nccl {
+        #[cfg(feature = "cuda")]
+        let made = super::cuda::nccl::Nccl::load().and_then(|n| n.unique_id());
+        #[cfg(not(feature = "cuda"))]
+        let made: Result<[u8; 128]> = Err(DeviceError::FeatureDisabled.into());
+        match made {
+            Ok(i) => id = i,
+            Err(e) => {
+                go(0, REFUSED_NO_NCCL, id);
+                return Err(e);
+            }
+        }
+    }
+    lane.next_k += 1;
+    go(k, 0, id);
+    // Posted with the lock held: the lane's transfers are posted in ordinal order.
+    match carrier {
+        Carrier::Host => {
+            let data = comm.call_host(
+                Request::Recv {
+                    spec: spec.clone().on(Device::Host),
+                    src: Some(src),
+                    tag: DATA_TAG,
+                },
+                opts,
+                move |out| match out {
+                    Output::Received { tensor, .. } => StandIn::tensor(&tensor, device),
+                    other => Err(Error::internal(format!("a transfer gave {other:?}"))),
+                },
+            );
+            drop(lanes);
+            let me = comm.clone();
+            let (c, work) = Work::raw(comm.rank.rank_threads.clone());
+            comm.rank.arbiter.spawn(async move {
+                let r = data.await;
+                if let Err(e) = &r {
+                    break_in_lane(&me, (src, carrier), e.clone());
+                }
+                c.complete(r);
+            });
+            Ok(work)
+        }
+        Carrier::Nccl => {
+            #[cfg(feature = "cuda")]
+            {
+                let w = nccl::recv_job(comm, (src, carrier), lane, (k, id), spec, device, opts);
+                if let Err(e) = &w {
+                    lane.broken = Some(e.clone());
+                }
+                w
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = (spec, device);
+                Err(DeviceError::FeatureDisabled.into())
+            }
+        }
+    }
+}
+
+/// Breaks a lane from a peer: every later receive matched to it fails with `e`.
+fn break_in_lane(comm: &Communicator, key: (usize, Carrier), e: Error) {
+    let mut lanes = comm.group.p2p.lock();
+    let lane = lanes.inn.entry(key).or_default();
+    if lane.broken.is_none() {
+        lane.broken = Some(e);
+    }
+}
+
+/// The NCCL carrier: a device worker per lane, running the lane's transfers in ordinal
+/// order on a communicator of two ranks (the sender is rank 0).
+#[cfg(feature = "cuda")]
+mod nccl {
+    use super::super::cuda::ops::{Finish, Op};
+    use super::super::cuda::worker::{Call, Init, Job, WorkerHandle};
+    use super::{break_in_lane, break_out_lane, Carrier, InLane, OutLane, SendDone};
+    use crate::comm::Communicator;
+    use crate::work::Work;
+    use collectix_runtime::{
+        CallOptions, DType, Device, Error, OpKind, Output, Result, Tensor, TensorSpec,
+    };
+
+    fn worker(
+        slot: &mut Option<WorkerHandle>,
+        comm: &Communicator,
+        what: &str,
+    ) -> Result<crossbeam_channel::Sender<Job>> {
+        if let Some(w) = slot.as_ref() {
+            return Ok(w.sender());
+        }
+        let w = WorkerHandle::spawn_named(format!("cx-nccl-{}-{what}", comm.global_rank()))?;
+        let tx = w.sender();
+        *slot = Some(w);
+        Ok(tx)
+    }
+
+    /// Hands send `k` of a lane to the lane's worker.
+    pub(super) fn send_job(
+        comm: &Communicator,
+        key: (usize, Carrier),
+        lane: &mut OutLane,
+        (k, id): (u64, [u8; 128]),
+        tensor: Tensor,
+        opts: &CallOptions,
+        done: SendDone,
+    ) -> std::result::Result<(), (Error, SendDone)> {
+        let ordinal = match tensor.device() {
+            Device::Cuda(o) => o,
+            d => return Err((Error::invalid(format!("an NCCL send from {d}")), done)),
+        };
+        let tx = match worker(&mut lane.worker, comm, &format!("to{}", key.0)) {
+            Ok(t) => t,
+            Err(e) => return Err((e, done)),
+        };
+        let bytes = tensor.nbytes();
+        let me = comm.clone();
+        let call = Call {
+            group: comm.group.info.id,
+            k,
+            init: (k == 0).then_some(Init {
+                id,
+                rank: 0,
+                size: 2,
+            }),
+            device: ordinal,
+            kind: OpKind::Send,
+            dtype: DType::U8,
+            rank: 0,
+            op: Op::Exchange {
+                sends: vec![(1, tensor, 0..bytes)],
+                recvs: Vec::new(),
+                local: Vec::new(),
+                out_bytes: 0,
+                finish: Finish::Nothing,
+            },
+            timeout: opts.timeout.unwrap_or(comm.group.info.options.timeout),
+            done: Box::new(move |r: Result<Output>| {
+                if let Err(e) = &r {
+                    break_out_lane(&me, key, e.clone());
+                }
+                done(r.map(|_| ()));
+            }),
+        };
+        // A worker that is gone drops the call, whose `done` then reports `Shutdown`.
+        let _ = tx.send(Job::Call(Box::new(call)));
+        Ok(())
+    }
+
+    /// Hands receive `k` of a lane to the lane's worker.
+    pub(super) fn recv_job(
+        comm: &Communicator,
+        key: (usize, Carrier),
+        lane: &mut InLane,
+        (k, id): (u64, [u8; 128]),
+        spec: TensorSpec,
+        device: Device,
+        opts: &CallOptions,
+    ) -> Result<Work<Tensor>> {
+        let Device::Cuda(ordinal) = device else {
+            return Err(Error::invalid(format!("an NCCL receive into {device}")));
+        };
+        let tx = worker(&mut lane.worker, comm, &format!("from{}", key.0))?;
+        let bytes = spec.numel()?.saturating_mul(spec.dtype.size());
+        let (dtype, shape) = (spec.dtype, spec.shape.clone());
+        let (c, work) = Work::raw(comm.rank.rank_threads.clone());
+        let me = comm.clone();
+        let call = Call {
+            group: comm.group.info.id,
+            k,
+            init: (k == 0).then_some(Init {
+                id,
+                rank: 1,
+                size: 2,
+            }),
+            device: ordinal,
+            kind: OpKind::Recv,
+            dtype: DType::U8,
+            rank: 1,
+            op: Op::Exchange {
+                sends: Vec::new(),
+                recvs: if bytes > 0 {
+                    vec![(0, 0..bytes)]
+                } else {
+                    Vec::new()
+                },
+                local: Vec::new(),
+                out_bytes: bytes,
+                finish: Finish::Whole(vec![bytes]),
+            },
+            timeout: opts.timeout.unwrap_or(comm.group.info.options.timeout),
+            done: Box::new(move |r: Result<Output>| {
+                let r = r.and_then(|out| match out {
+                    Output::Tensor(t) => match t.device_storage() {
+                        Some(st) => Tensor::from_device_storage(st.clone(), dtype, &shape),
+                        None => Err(Error::internal("an NCCL receive into host memory")),
+                    },
+                    other => Err(Error::internal(format!("an NCCL receive gave {other:?}"))),
+                });
+                if let Err(e) = &r {
+                    break_in_lane(&me, key, e.clone());
+                }
+                c.complete(r);
+            }),
+        };
+        let _ = tx.send(Job::Call(Box::new(call)));
+        Ok(work)
+    }
+}
