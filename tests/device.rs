@@ -240,6 +240,53 @@ fn device_receives_from_any_source_beside_collectives() {
     }
 }
 
+/// A ring of `batch_isend_irecv` on device tensors, every rank in its own thread, one rank
+/// late at the start: every round's data arrives from the left neighbour, in order.
+#[test]
+fn a_skewed_ring_of_device_batches_delivers_every_round_in_order() {
+    let (w, rounds) = (4, 12);
+    let world = World::local(w).unwrap_or_else(|e| panic!("{e}"));
+    let data = |from: usize, round: usize, n: usize| -> Vec<f32> {
+        (0..n).map(|i| (from * 1000 + round + i) as f32).collect()
+    };
+    std::thread::scope(|s| {
+        for c in world.communicators() {
+            s.spawn(move || {
+                let me = c.rank();
+                let (right, left) = ((me + 1) % w, (me + w - 1) % w);
+                if me == 2 {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                for round in 0..rounds {
+                    let n = 1 + (round * 37) % 1000;
+                    let works = c.batch_isend_irecv(vec![
+                        collectix::P2POp::Send {
+                            tensor: stand_in(Tensor::from_vec(data(me, round, n))),
+                            peer: right,
+                            tag: 0,
+                        },
+                        collectix::P2POp::Recv {
+                            spec: TensorSpec::new(&[n], DType::F32).on(GPU),
+                            peer: left,
+                            tag: 0,
+                        },
+                    ]);
+                    let mut got = None;
+                    for w in works {
+                        let r = within(w);
+                        if let Some(t) =
+                            r.unwrap_or_else(|e| panic!("rank {me}, round {round}: {e}"))
+                        {
+                            got = Some(values(&t));
+                        }
+                    }
+                    assert_eq!(got, Some(data(left, round, n)), "rank {me}, round {round}");
+                }
+            });
+        }
+    });
+}
+
 /// A device send met by a receive on the other path (the host-staged backend, or a host
 /// spec), or by one of another size, is a mismatch on both ranks, not wrong data or a hang.
 #[test]
