@@ -434,3 +434,79 @@ fn a_group_far_behind_never_blocks_another_on_the_same_connections() {
         assert_eq!(res, Ok(()), "rank {r}");
     }
 }
+
+/// Device calls across ranks that only share TCP links (stand-in device memory: no GPU
+/// needed): host-staged collectives, and sends on the NCCL backend's protocol — the ticket,
+/// the receiver's go and the data each cross as frames — taken in the reverse of the order
+/// they were sent.
+#[test]
+fn device_calls_over_tcp_with_stand_in_memory() {
+    use collectix::device::StandIn;
+    use collectix::{DType, Device, DeviceBackend, ReduceOp, Tensor, TensorDeviceExt, TensorSpec};
+    const GPU: Device = Device::Cuda(0);
+    let w = 3;
+    let port = free_port();
+    let data = |from: usize, tag: u32| -> Vec<f32> {
+        let n = if tag == 1 { 5 } else { 200_000 };
+        (0..n)
+            .map(|i| (from * 10 + tag as usize + i) as f32)
+            .collect()
+    };
+    let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..w)
+            .map(|r| {
+                sc.spawn(move || -> Result<(), String> {
+                    let p = init(
+                        &args(port, r, w, Some(Connect::Eager)),
+                        check_job::options(),
+                        Duration::from_secs(60),
+                    )
+                    .map_err(|e| format!("rank {r} cannot join: {e}"))?;
+                    let c = p.communicator();
+                    let dev = |v: Vec<f32>| StandIn::tensor(&Tensor::from_vec(v), GPU);
+                    let host = |t: Tensor| t.to_host().and_then(|h| h.to_vec::<f32>());
+                    let sum = c
+                        .with_device_backend(DeviceBackend::HostStaged)
+                        .all_reduce(
+                            dev(vec![r as f32, 1.0]).map_err(|e| e.to_string())?,
+                            ReduceOp::Sum,
+                        )
+                        .wait()
+                        .map_err(|e| format!("rank {r} all_reduce: {e}"))?;
+                    if host(sum).ok() != Some(vec![3.0, 3.0]) {
+                        return Err(format!("rank {r}: wrong all_reduce"));
+                    }
+                    let right = (r + 1) % w;
+                    let left = (r + w - 1) % w;
+                    let sends = [1, 2]
+                        .iter()
+                        .map(|&tag| Ok(c.send(dev(data(r, tag))?, right, tag)))
+                        .collect::<collectix::Result<Vec<_>>>()
+                        .map_err(|e| e.to_string())?;
+                    for tag in [2, 1] {
+                        let n = data(left, tag).len();
+                        let (t, src) = c
+                            .recv(TensorSpec::new(&[n], DType::F32).on(GPU), Some(left), tag)
+                            .wait()
+                            .map_err(|e| format!("rank {r} recv tag {tag}: {e}"))?;
+                        if src != left || t.device() != GPU || host(t).ok() != Some(data(left, tag))
+                        {
+                            return Err(format!("rank {r}: wrong data on tag {tag}"));
+                        }
+                    }
+                    for s in sends {
+                        s.wait().map_err(|e| format!("rank {r} send: {e}"))?;
+                    }
+                    p.shutdown().map_err(|e| format!("rank {r} left with {e}"))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect()
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        assert_eq!(res, Ok(()), "rank {r}");
+    }
+}
