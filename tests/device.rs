@@ -360,3 +360,17 @@ fn reserved_tags_are_refused() {
     let r = within(a.recv(TensorSpec::new(&[1], DType::U8), None, u32::MAX));
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
 }
+
+/// Destroying a group fails its device sends still waiting for their receiver with
+/// `Shutdown` at once, and later ones too.
+#[test]
+fn destroying_a_group_fails_its_waiting_device_sends_at_once() {
+    let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+    let a = &world.communicators()[0];
+    let sent = a.send(stand_in(Tensor::from_vec(vec![1.0f32])), 1, 0);
+    assert!(sent.wait_timeout(Duration::from_millis(50)).is_none());
+    let _ = within(a.destroy());
+    assert_eq!(within(sent).err(), Some(Error::Shutdown));
+    let later = within(a.send(stand_in(Tensor::from_vec(vec![1.0f32])), 1, 0));
+    assert!(later.is_err(), "{later:?}");
+}

@@ -23,9 +23,6 @@ pub(crate) struct RankShared {
     pub(crate) driver: Arc<Driver>,
     pub(crate) arbiter: ArbiterHandle,
     pub(crate) rank_threads: Arc<crate::work::RankThreads>,
-    /// The rank's device state (its NCCL worker, started on first use).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) device: crate::device::RankDevice,
 }
 
 /// One group as one rank holds it: its info and the counters that order its calls. On cache
@@ -46,6 +43,11 @@ pub(crate) struct GroupShared {
     schedules: ScheduleCache,
     /// Point-to-point lanes of device tensors on the NCCL backend (`device/p2p.rs`).
     pub(crate) p2p: crate::device::p2p::Lanes,
+    /// The group's NCCL worker thread on this rank, started on its first NCCL call: one per
+    /// group, so that a communicator still being created (waiting for the other members)
+    /// never holds up another group's calls.
+    #[cfg(feature = "cuda")]
+    pub(crate) nccl_worker: std::sync::Mutex<Option<crate::device::cuda::worker::WorkerHandle>>,
 }
 
 /// The first of the point-to-point tags collectix keeps for itself (up to `u32::MAX`): a
@@ -66,6 +68,8 @@ impl GroupShared {
             nccl_calls: std::sync::Mutex::new(0),
             schedules: ScheduleCache::default(),
             p2p: Default::default(),
+            #[cfg(feature = "cuda")]
+            nccl_worker: std::sync::Mutex::new(None),
         })
     }
 }
@@ -480,18 +484,12 @@ impl Communicator {
     /// any handle of this group fail with [`Error::InvalidArgument`]. The group's NCCL
     /// communicator, if it has one, is released (aborted) too.
     pub fn destroy(&self) -> Work<()> {
+        // The group's NCCL communicators, if it has any, go too.
         #[cfg(feature = "cuda")]
-        if let Some(w) = self
-            .rank
-            .device
-            .worker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            // The group's NCCL communicator, if it has one, goes too.
+        if let Some(w) = crate::lock(&self.group.nccl_worker).as_ref() {
             w.release(self.group.info.id);
         }
+        self.group.p2p.release(self.group.info.id);
         self.ready(self.rank.driver.destroy(self.group.info.id))
     }
 

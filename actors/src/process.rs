@@ -311,7 +311,6 @@ fn join(
         driver,
         arbiter,
         rank_threads: crate::work::RankThreads::shared(&[thread_id]),
-        device: Default::default(),
     });
     Ok((Communicator::new(shared, info), system, thread, mesh, me))
 }

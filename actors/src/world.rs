@@ -75,7 +75,6 @@ impl World {
                 // A copy of its own per rank: every call clones and drops it, and one `Arc`
                 // shared by the ranks would move its count between their cores on each.
                 rank_threads: crate::work::RankThreads::shared(&threads),
-                device: Default::default(),
             });
             comms.push(Communicator::new(shared, info));
         }

@@ -49,13 +49,6 @@ pub enum DeviceBackend {
     HostStaged,
 }
 
-/// What a rank keeps of its devices: the NCCL worker thread, started on the first NCCL call.
-#[derive(Default)]
-pub(crate) struct RankDevice {
-    #[cfg(feature = "cuda")]
-    pub(crate) worker: std::sync::Mutex<Option<cuda::worker::WorkerHandle>>,
-}
-
 /// Moving tensors between the host and devices.
 pub trait TensorDeviceExt: Sized {
     /// A copy on `device` (the same tensor, cheaply cloned, if it is already there).

@@ -110,6 +110,40 @@ impl Lanes {
     fn lock(&self) -> std::sync::MutexGuard<'_, LanesInner> {
         crate::lock(&self.inner)
     }
+
+    /// The group is destroyed on this rank: every lane breaks with [`Error::Shutdown`], its
+    /// waiting sends fail with it, and its NCCL communicator is released (aborted).
+    pub(crate) fn release(&self, group: collectix_runtime::GroupId) {
+        let failed: Vec<PendingSend> = {
+            let mut lanes = self.lock();
+            let mut failed = Vec::new();
+            for lane in lanes.out.values_mut() {
+                lane.broken.get_or_insert(Error::Shutdown);
+                failed.extend(lane.pending.drain().map(|(_, p)| p));
+                failed.extend(
+                    std::mem::take(&mut lane.released)
+                        .into_values()
+                        .map(|r| r.send),
+                );
+                #[cfg(feature = "cuda")]
+                if let Some(w) = lane.worker.take() {
+                    w.release(group);
+                }
+            }
+            for lane in lanes.inn.values_mut() {
+                lane.broken.get_or_insert(Error::Shutdown);
+                #[cfg(feature = "cuda")]
+                if let Some(w) = lane.worker.take() {
+                    w.release(group);
+                }
+            }
+            failed
+        };
+        let _ = group;
+        for p in failed {
+            (p.done)(Err(Error::Shutdown));
+        }
+    }
 }
 
 /// The carrier of a device tensor that is sent.
@@ -190,7 +224,7 @@ pub(super) fn send<T: Send + 'static>(
             Ok(out) => on_go(&me, (dst, carrier), out, &opts),
             // No answer within the timeout (or the group failed): the receiver's order is
             // unknown from here on, so the lane is broken.
-            Err(e) => break_out_lane(&me, (dst, carrier), e),
+            Err(e) => break_out_lane(&me.group.p2p, (dst, carrier), e),
         }
     });
     work
@@ -212,9 +246,9 @@ fn fail_pending(comm: &Communicator, key: (usize, Carrier), s: u64, e: Error) {
 
 /// Breaks a lane to a peer: every send waiting on it fails with `e`, and so does every
 /// later one.
-fn break_out_lane(comm: &Communicator, key: (usize, Carrier), e: Error) {
+fn break_out_lane(lanes: &Lanes, key: (usize, Carrier), e: Error) {
     let failed: Vec<PendingSend> = {
-        let mut lanes = comm.group.p2p.lock();
+        let mut lanes = lanes.lock();
         let lane = lanes.out.entry(key).or_default();
         if lane.broken.is_none() {
             lane.broken = Some(e.clone());
@@ -250,7 +284,7 @@ fn on_go(comm: &Communicator, key: (usize, Carrier), out: Output, opts: &CallOpt
             b.len(),
             key.0
         ));
-        return break_out_lane(comm, key, e);
+        return break_out_lane(&comm.group.p2p, key, e);
     };
     if status != 0 {
         let e: Error = match status {
@@ -275,7 +309,7 @@ fn on_go(comm: &Communicator, key: (usize, Carrier), out: Output, opts: &CallOpt
     let Some(send) = lane.pending.remove(&s) else {
         drop(lanes);
         let e = Error::internal(format!("a go for send {s}, which does not wait"));
-        return break_out_lane(comm, key, e);
+        return break_out_lane(&comm.group.p2p, key, e);
     };
     lane.released.insert(k, Released { send, id });
     // Transfers are issued in ordinal order, with the lock held: the host carrier's
@@ -318,7 +352,7 @@ fn start_send(
             comm.rank.arbiter.spawn(async move {
                 let r = sent.await;
                 if let Err(e) = &r {
-                    break_out_lane(&me, key, e.clone());
+                    break_out_lane(&me.group.p2p, key, e.clone());
                 }
                 done(r);
             });
@@ -477,7 +511,7 @@ fn on_ticket(
             comm.rank.arbiter.spawn(async move {
                 let r = data.await;
                 if let Err(e) = &r {
-                    break_in_lane(&me, (src, carrier), e.clone());
+                    break_in_lane(&me.group.p2p, (src, carrier), e.clone());
                 }
                 c.complete(r);
             });
@@ -502,8 +536,8 @@ fn on_ticket(
 }
 
 /// Breaks a lane from a peer: every later receive matched to it fails with `e`.
-fn break_in_lane(comm: &Communicator, key: (usize, Carrier), e: Error) {
-    let mut lanes = comm.group.p2p.lock();
+fn break_in_lane(lanes: &Lanes, key: (usize, Carrier), e: Error) {
+    let mut lanes = lanes.lock();
     let lane = lanes.inn.entry(key).or_default();
     if lane.broken.is_none() {
         lane.broken = Some(e);
@@ -556,7 +590,7 @@ mod nccl {
             Err(e) => return Err((e, done)),
         };
         let bytes = tensor.nbytes();
-        let me = comm.clone();
+        let group = std::sync::Arc::downgrade(&comm.group);
         let call = Call {
             group: comm.group.info.id,
             k,
@@ -578,8 +612,8 @@ mod nccl {
             },
             timeout: opts.timeout.unwrap_or(comm.group.info.options.timeout),
             done: Box::new(move |r: Result<Output>| {
-                if let Err(e) = &r {
-                    break_out_lane(&me, key, e.clone());
+                if let (Err(e), Some(g)) = (&r, group.upgrade()) {
+                    break_out_lane(&g.p2p, key, e.clone());
                 }
                 done(r.map(|_| ()));
             }),
@@ -606,7 +640,7 @@ mod nccl {
         let bytes = spec.numel()?.saturating_mul(spec.dtype.size());
         let (dtype, shape) = (spec.dtype, spec.shape.clone());
         let (c, work) = Work::raw(comm.rank.rank_threads.clone());
-        let me = comm.clone();
+        let group = std::sync::Arc::downgrade(&comm.group);
         let call = Call {
             group: comm.group.info.id,
             k,
@@ -639,8 +673,8 @@ mod nccl {
                     },
                     other => Err(Error::internal(format!("an NCCL receive gave {other:?}"))),
                 });
-                if let Err(e) = &r {
-                    break_in_lane(&me, key, e.clone());
+                if let (Err(e), Some(g)) = (&r, group.upgrade()) {
+                    break_in_lane(&g.p2p, key, e.clone());
                 }
                 c.complete(r);
             }),

@@ -250,18 +250,17 @@ fn parse(block: &[u8]) -> Option<Agreement> {
     })
 }
 
-/// The rank's worker, started on first use.
+/// The group's worker on this rank, started on first use.
 fn worker(comm: &Communicator) -> Result<crossbeam_channel::Sender<Job>> {
-    let mut slot = comm
-        .rank
-        .device
-        .worker
-        .lock()
-        .map_err(|_| Error::internal("device worker lock poisoned"))?;
+    let mut slot = crate::lock(&comm.group.nccl_worker);
     if let Some(w) = slot.as_ref() {
         return Ok(w.sender());
     }
-    let w = worker::WorkerHandle::spawn(comm.global_rank())?;
+    let w = worker::WorkerHandle::spawn_named(format!(
+        "cx-nccl-{}-{:x}",
+        comm.global_rank(),
+        comm.group.info.id.0 & 0xffff
+    ))?;
     let tx = w.sender();
     *slot = Some(w);
     Ok(tx)

@@ -70,12 +70,8 @@ pub(crate) struct WorkerHandle {
 }
 
 impl WorkerHandle {
-    /// Starts the worker of global rank `rank` (fails if libnccl cannot be loaded).
-    pub(crate) fn spawn(rank: usize) -> Result<WorkerHandle> {
-        WorkerHandle::spawn_named(format!("collectix-nccl-{rank}"))
-    }
-
-    /// Starts a worker on a thread named `name` (a point-to-point lane's: `device/p2p.rs`).
+    /// Starts a worker on a thread named `name` (fails if libnccl cannot be loaded): a
+    /// group's on one rank, or a point-to-point lane's (`device/p2p.rs`).
     pub(crate) fn spawn_named(name: String) -> Result<WorkerHandle> {
         let nccl = Nccl::load()?;
         let (tx, rx) = crossbeam_channel::unbounded();
