@@ -33,6 +33,15 @@ fn gpu() -> bool {
     }
 }
 
+/// A world of `n` ranks in this process whose calls time out after `timeout`.
+fn world_with_timeout(n: usize, timeout: Duration) -> World {
+    let opts = GroupOptions {
+        timeout,
+        ..GroupOptions::default()
+    };
+    World::local_with(n, opts).unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn to_gpu(t: Tensor) -> Tensor {
     t.to_device(GPU)
         .unwrap_or_else(|e| panic!("to_device: {e}"))
@@ -178,11 +187,7 @@ fn a_rank_that_never_calls_is_a_timeout_not_a_hang() {
     if !gpu() {
         return;
     }
-    let opts = GroupOptions {
-        timeout: Duration::from_secs(2),
-        ..GroupOptions::default()
-    };
-    let world = World::local_with(2, opts).unwrap_or_else(|e| panic!("{e}"));
+    let world = world_with_timeout(2, Duration::from_secs(2));
     let c0 = &world.communicators()[0];
     let w = c0.all_reduce_with(
         to_gpu(Tensor::from_vec(vec![1.0f32])),
@@ -200,11 +205,7 @@ fn two_ranks_on_one_gpu_over_nccl_fail_with_a_typed_error() {
     if !gpu() {
         return;
     }
-    let opts = GroupOptions {
-        timeout: Duration::from_secs(20),
-        ..GroupOptions::default()
-    };
-    let world = World::local_with(2, opts).unwrap_or_else(|e| panic!("{e}"));
+    let world = world_with_timeout(2, Duration::from_secs(20));
     let works: Vec<_> = world
         .communicators()
         .iter()
@@ -343,11 +344,7 @@ fn nccl_send_between_two_ranks_on_one_gpu_fails_with_a_typed_error() {
     if !gpu() {
         return;
     }
-    let opts = GroupOptions {
-        timeout: Duration::from_secs(20),
-        ..GroupOptions::default()
-    };
-    let world = World::local_with(2, opts).unwrap_or_else(|e| panic!("{e}"));
+    let world = world_with_timeout(2, Duration::from_secs(20));
     let (a, b) = (&world.communicators()[0], &world.communicators()[1]);
     let sent = a.send(to_gpu(Tensor::from_vec(vec![1.0f32; 8])), 1, 0);
     let got = b.recv(

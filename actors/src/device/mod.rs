@@ -140,24 +140,12 @@ pub(crate) fn call<T: Send + 'static>(
         (DeviceBackend::Nccl, Request::Recv { spec, src, tag }) => {
             p2p::recv(comm, spec, src, tag, opts, map)
         }
-        (_, req) => call_collective(comm, device, req, opts, map),
-    }
-}
-
-fn call_collective<T: Send + 'static>(
-    comm: &Communicator,
-    device: Device,
-    req: Request,
-    opts: &CallOptions,
-    map: fn(Output) -> Result<T>,
-) -> Work<T> {
-    match comm.device_backend {
-        DeviceBackend::HostStaged => staged::call(comm, device, req, opts, map),
+        (DeviceBackend::HostStaged, req) => staged::call(comm, device, req, opts, map),
         #[cfg(feature = "cuda")]
-        DeviceBackend::Nccl => cuda::call(comm, device, req, opts, map),
+        (DeviceBackend::Nccl, req) => cuda::call(comm, device, req, opts, map),
         #[cfg(not(feature = "cuda"))]
-        DeviceBackend::Nccl => {
-            let _ = (device, req, opts, map);
+        (DeviceBackend::Nccl, req) => {
+            let _ = (device, req);
             comm.ready(Err(DeviceError::FeatureDisabled.into()))
         }
     }

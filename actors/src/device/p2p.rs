@@ -552,11 +552,12 @@ mod nccl {
     use super::super::cuda::worker::{Call, Init, Job, WorkerHandle};
     use super::{break_in_lane, break_out_lane, Carrier, InLane, OutLane, SendDone};
     use crate::comm::Communicator;
-    use crate::work::Work;
+    use crate::work::{Done, Work};
     use collectix_runtime::{
         CallOptions, DType, Device, Error, OpKind, Output, Result, Tensor, TensorSpec,
     };
 
+    /// The lane's worker, started on its first transfer.
     fn worker(
         slot: &mut Option<WorkerHandle>,
         comm: &Communicator,
@@ -571,12 +572,44 @@ mod nccl {
         Ok(tx)
     }
 
+    /// Transfer `k` of a lane as its worker runs it: lane rank 0 sends, 1 receives; the
+    /// first transfer creates the lane's communicator of two ranks from the go's id.
+    fn lane_call(
+        comm: &Communicator,
+        (k, id): (u64, [u8; 128]),
+        (lane_rank, ordinal): (usize, u32),
+        op: Op,
+        opts: &CallOptions,
+        done: Done<Output>,
+    ) -> Box<Call> {
+        Box::new(Call {
+            group: comm.group.info.id,
+            k,
+            init: (k == 0).then_some(Init {
+                id,
+                rank: lane_rank,
+                size: 2,
+            }),
+            device: ordinal,
+            kind: if lane_rank == 0 {
+                OpKind::Send
+            } else {
+                OpKind::Recv
+            },
+            dtype: DType::U8,
+            rank: lane_rank,
+            op,
+            timeout: opts.timeout.unwrap_or(comm.group.info.options.timeout),
+            done,
+        })
+    }
+
     /// Hands send `k` of a lane to the lane's worker.
     pub(super) fn send_job(
         comm: &Communicator,
         key: (usize, Carrier),
         lane: &mut OutLane,
-        (k, id): (u64, [u8; 128]),
+        k_id: (u64, [u8; 128]),
         tensor: Tensor,
         opts: &CallOptions,
         done: SendDone,
@@ -590,36 +623,30 @@ mod nccl {
             Err(e) => return Err((e, done)),
         };
         let bytes = tensor.nbytes();
-        let group = std::sync::Arc::downgrade(&comm.group);
-        let call = Call {
-            group: comm.group.info.id,
-            k,
-            init: (k == 0).then_some(Init {
-                id,
-                rank: 0,
-                size: 2,
-            }),
-            device: ordinal,
-            kind: OpKind::Send,
-            dtype: DType::U8,
-            rank: 0,
-            op: Op::Exchange {
-                sends: vec![(1, tensor, 0..bytes)],
-                recvs: Vec::new(),
-                local: Vec::new(),
-                out_bytes: 0,
-                finish: Finish::Nothing,
-            },
-            timeout: opts.timeout.unwrap_or(comm.group.info.options.timeout),
-            done: Box::new(move |r: Result<Output>| {
-                if let (Err(e), Some(g)) = (&r, group.upgrade()) {
-                    break_out_lane(&g.p2p, key, e.clone());
-                }
-                done(r.map(|_| ()));
-            }),
+        let op = Op::Exchange {
+            sends: vec![(1, tensor, 0..bytes)],
+            recvs: Vec::new(),
+            local: Vec::new(),
+            out_bytes: 0,
+            finish: Finish::Nothing,
         };
+        // Weak: a call the worker holds must not keep the group (and so the worker) alive.
+        let group = std::sync::Arc::downgrade(&comm.group);
+        let finished: Done<Output> = Box::new(move |r: Result<Output>| {
+            if let (Err(e), Some(g)) = (&r, group.upgrade()) {
+                break_out_lane(&g.p2p, key, e.clone());
+            }
+            done(r.map(|_| ()));
+        });
         // A worker that is gone drops the call, whose `done` then reports `Shutdown`.
-        let _ = tx.send(Job::Call(Box::new(call)));
+        let _ = tx.send(Job::Call(lane_call(
+            comm,
+            k_id,
+            (0, ordinal),
+            op,
+            opts,
+            finished,
+        )));
         Ok(())
     }
 
@@ -628,7 +655,7 @@ mod nccl {
         comm: &Communicator,
         key: (usize, Carrier),
         lane: &mut InLane,
-        (k, id): (u64, [u8; 128]),
+        k_id: (u64, [u8; 128]),
         spec: TensorSpec,
         device: Device,
         opts: &CallOptions,
@@ -639,47 +666,41 @@ mod nccl {
         let tx = worker(&mut lane.worker, comm, &format!("from{}", key.0))?;
         let bytes = spec.numel()?.saturating_mul(spec.dtype.size());
         let (dtype, shape) = (spec.dtype, spec.shape.clone());
+        let op = Op::Exchange {
+            sends: Vec::new(),
+            recvs: if bytes > 0 {
+                vec![(0, 0..bytes)]
+            } else {
+                Vec::new()
+            },
+            local: Vec::new(),
+            out_bytes: bytes,
+            finish: Finish::Whole(vec![bytes]),
+        };
         let (c, work) = Work::raw(comm.rank.rank_threads.clone());
         let group = std::sync::Arc::downgrade(&comm.group);
-        let call = Call {
-            group: comm.group.info.id,
-            k,
-            init: (k == 0).then_some(Init {
-                id,
-                rank: 1,
-                size: 2,
-            }),
-            device: ordinal,
-            kind: OpKind::Recv,
-            dtype: DType::U8,
-            rank: 1,
-            op: Op::Exchange {
-                sends: Vec::new(),
-                recvs: if bytes > 0 {
-                    vec![(0, 0..bytes)]
-                } else {
-                    Vec::new()
+        let finished: Done<Output> = Box::new(move |r: Result<Output>| {
+            // The bytes, viewed as the receive's dtype and shape.
+            let r = r.and_then(|out| match out {
+                Output::Tensor(t) => match t.device_storage() {
+                    Some(st) => Tensor::from_device_storage(st.clone(), dtype, &shape),
+                    None => Err(Error::internal("an NCCL receive into host memory")),
                 },
-                local: Vec::new(),
-                out_bytes: bytes,
-                finish: Finish::Whole(vec![bytes]),
-            },
-            timeout: opts.timeout.unwrap_or(comm.group.info.options.timeout),
-            done: Box::new(move |r: Result<Output>| {
-                let r = r.and_then(|out| match out {
-                    Output::Tensor(t) => match t.device_storage() {
-                        Some(st) => Tensor::from_device_storage(st.clone(), dtype, &shape),
-                        None => Err(Error::internal("an NCCL receive into host memory")),
-                    },
-                    other => Err(Error::internal(format!("an NCCL receive gave {other:?}"))),
-                });
-                if let (Err(e), Some(g)) = (&r, group.upgrade()) {
-                    break_in_lane(&g.p2p, key, e.clone());
-                }
-                c.complete(r);
-            }),
-        };
-        let _ = tx.send(Job::Call(Box::new(call)));
+                other => Err(Error::internal(format!("an NCCL receive gave {other:?}"))),
+            });
+            if let (Err(e), Some(g)) = (&r, group.upgrade()) {
+                break_in_lane(&g.p2p, key, e.clone());
+            }
+            c.complete(r);
+        });
+        let _ = tx.send(Job::Call(lane_call(
+            comm,
+            k_id,
+            (1, ordinal),
+            op,
+            opts,
+            finished,
+        )));
         Ok(work)
     }
 }
