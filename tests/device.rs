@@ -322,25 +322,22 @@ fn a_device_send_met_by_another_path_or_size_is_a_mismatch_on_both_ranks() {
     }
 }
 
-/// A device send nobody receives fails with a timeout (its call's) and breaks its lane: the
-/// next send to that rank fails at once with the same error. Like every timeout, it also
-/// aborts the group on that rank, so later calls fail at once rather than hang.
+/// A device send nobody receives fails with a timeout (the group's: it waits for its
+/// receiver as long as any send of its lane) and breaks its lane: the next send to that rank
+/// fails at once with the same error. Like every timeout, it also aborts the group on that
+/// rank, so later calls fail at once rather than hang.
 #[test]
 fn an_unreceived_device_send_times_out_and_breaks_its_lane() {
-    let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
-    let a = &world.communicators()[0];
-    let opts = collectix::CallOptions {
-        timeout: Some(Duration::from_millis(300)),
+    let opts = collectix::GroupOptions {
+        timeout: Duration::from_millis(300),
         ..Default::default()
     };
-    let req = |v: f32| collectix::Request::Send {
-        tensor: stand_in(Tensor::from_vec(vec![v])),
-        dst: 1,
-        tag: 3,
-    };
-    let first = within(a.submit(req(1.0), &opts));
+    let world = World::local_with(2, opts).unwrap_or_else(|e| panic!("{e}"));
+    let a = &world.communicators()[0];
+    let send = |v: f32| a.send(stand_in(Tensor::from_vec(vec![v])), 1, 3);
+    let first = within(send(1.0));
     assert!(matches!(first, Err(Error::Timeout { .. })), "{first:?}");
-    let next = within(a.submit(req(2.0), &opts));
+    let next = within(send(2.0));
     assert_eq!(next.err(), first.err());
     let got = within(a.recv(TensorSpec::new(&[1], DType::F32).on(GPU), Some(1), 3));
     assert!(
@@ -348,6 +345,39 @@ fn an_unreceived_device_send_times_out_and_breaks_its_lane() {
         "{:?}",
         got.err()
     );
+}
+
+/// A direction between two ranks keeps to one device (its NCCL communicator lives on one):
+/// a send from another device is refused at once; a receive into another device refuses
+/// the sender's ticket, and both fail with `InvalidArgument`.
+#[test]
+fn a_lane_keeps_to_one_device_on_each_end() {
+    let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (&world.communicators()[0], &world.communicators()[1]);
+    let other = Device::Cuda(1);
+    let on = |d: Device| {
+        StandIn::tensor(&Tensor::from_vec(vec![1.0f32]), d).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let spec = |d: Device| TensorSpec::new(&[1], DType::F32).on(d);
+    // The lane 0 → 1 is on cuda:0 at both ends after this.
+    let s = a.send(on(GPU), 1, 0);
+    assert!(within(b.recv(spec(GPU), Some(0), 0)).is_ok());
+    assert!(within(s).is_ok());
+    let refused = within(a.send(on(other), 1, 0));
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    let s = a.send(on(GPU), 1, 0);
+    let r = within(b.recv(spec(other), Some(0), 0));
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{:?}", r.err());
+    let s = within(s);
+    assert!(matches!(s, Err(Error::InvalidArgument(_))), "{s:?}");
+    // The lane goes on working on its device.
+    let s = a.send(on(GPU), 1, 0);
+    let got = within(b.recv(spec(GPU), Some(0), 0));
+    assert_eq!(got.map(|(t, _)| values(&t)), Ok(vec![1.0]));
+    assert!(within(s).is_ok());
 }
 
 #[test]

@@ -54,10 +54,10 @@ pub(crate) struct GroupShared {
 /// [`send`](Communicator::send) or [`recv`](Communicator::recv) with one of them is refused
 /// with [`Error::InvalidArgument`].
 pub const FIRST_RESERVED_TAG: u32 = 0xFFFF_FF00;
-/// The receiver's answer to a device send's ticket (`device/p2p.rs`).
-pub(crate) const GO_TAG: u32 = FIRST_RESERVED_TAG;
+/// The receivers' answers to device sends' tickets, one tag per carrier (`device/p2p.rs`).
+pub(crate) const GO_TAGS: u32 = FIRST_RESERVED_TAG;
 /// The data of a device send between stand-in tensors (`device/p2p.rs`).
-pub(crate) const DATA_TAG: u32 = FIRST_RESERVED_TAG + 1;
+pub(crate) const DATA_TAG: u32 = FIRST_RESERVED_TAG + 2;
 
 impl GroupShared {
     pub(crate) fn new(info: GroupInfo) -> Arc<Self> {

@@ -31,8 +31,9 @@
 
 use super::standin::StandIn;
 use super::TensorDeviceExt;
-use crate::comm::{Communicator, DATA_TAG, GO_TAG};
+use crate::comm::{Communicator, DATA_TAG, GO_TAGS};
 use crate::work::Work;
+use collectix_runtime::error::ProtocolError;
 use collectix_runtime::{
     CallOptions, DType, DataPath, Device, DeviceError, Error, Output, Plan, Request, Result,
     Tensor, TensorSpec,
@@ -49,17 +50,35 @@ enum Carrier {
     Host = 1,
 }
 
+impl Carrier {
+    /// The tag the receivers' answers to this carrier's tickets travel on: one per carrier,
+    /// so that each lane's answers are matched only by that lane's waiting sends.
+    fn go_tag(self) -> u32 {
+        GO_TAGS + self as u32
+    }
+}
+
 /// The ticket: the send's serial number and its carrier.
 const TICKET_BYTES: usize = 9;
 /// The answer: `s`, `k`, a status and the lane's NCCL id (when `k = 0`).
 const GO_BYTES: usize = 8 + 8 + 8 + 128;
 
-/// Why a receiver refused a ticket (the go's status).
+/// Why a receiver refused a ticket (the go's status; 0 is "go").
 const REFUSED_BROKEN: u64 = 1;
 const REFUSED_NO_NCCL: u64 = 2;
+const REFUSED_DEVICE: u64 = 3;
 
 /// Completes a send's `Work`.
 type SendDone = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// Sends to fail once the lanes' lock is released.
+type Failed = Vec<(SendDone, Error)>;
+
+fn fail_all(failed: Failed) {
+    for (done, e) in failed {
+        done(Err(e));
+    }
+}
 
 /// A send waiting for its go.
 struct PendingSend {
@@ -81,8 +100,24 @@ struct OutLane {
     next_k: u64,
     released: BTreeMap<u64, Released>,
     broken: Option<Error>,
+    /// The device the lane's sends come from (a communicator lives on one).
+    device: Option<Device>,
     #[cfg(feature = "cuda")]
     worker: Option<super::cuda::worker::WorkerHandle>,
+}
+
+impl OutLane {
+    /// Marks the lane broken (the first error stays) and takes every send waiting on it.
+    fn break_with(&mut self, e: Error) -> Failed {
+        let e = self.broken.get_or_insert(e).clone();
+        let released = std::mem::take(&mut self.released).into_values();
+        self.pending
+            .drain()
+            .map(|(_, p)| p)
+            .chain(released.map(|r| r.send))
+            .map(|p| (p.done, e.clone()))
+            .collect()
+    }
 }
 
 /// One direction from a peer to this rank.
@@ -90,6 +125,8 @@ struct OutLane {
 struct InLane {
     next_k: u64,
     broken: Option<Error>,
+    /// The device the lane's receives go to.
+    device: Option<Device>,
     #[cfg(feature = "cuda")]
     worker: Option<super::cuda::worker::WorkerHandle>,
 }
@@ -104,6 +141,8 @@ pub(crate) struct Lanes {
 struct LanesInner {
     out: HashMap<(usize, Carrier), OutLane>,
     inn: HashMap<(usize, Carrier), InLane>,
+    /// The group was destroyed on this rank: no lane is made any more.
+    released: bool,
 }
 
 impl Lanes {
@@ -112,19 +151,15 @@ impl Lanes {
     }
 
     /// The group is destroyed on this rank: every lane breaks with [`Error::Shutdown`], its
-    /// waiting sends fail with it, and its NCCL communicator is released (aborted).
+    /// waiting sends fail with it, its NCCL communicator is released (aborted), and no lane
+    /// is made any more.
     pub(crate) fn release(&self, group: collectix_runtime::GroupId) {
-        let failed: Vec<PendingSend> = {
+        let failed: Failed = {
             let mut lanes = self.lock();
+            lanes.released = true;
             let mut failed = Vec::new();
             for lane in lanes.out.values_mut() {
-                lane.broken.get_or_insert(Error::Shutdown);
-                failed.extend(lane.pending.drain().map(|(_, p)| p));
-                failed.extend(
-                    std::mem::take(&mut lane.released)
-                        .into_values()
-                        .map(|r| r.send),
-                );
+                failed.extend(lane.break_with(Error::Shutdown));
                 #[cfg(feature = "cuda")]
                 if let Some(w) = lane.worker.take() {
                     w.release(group);
@@ -140,9 +175,7 @@ impl Lanes {
             failed
         };
         let _ = group;
-        for p in failed {
-            (p.done)(Err(Error::Shutdown));
-        }
+        fail_all(failed);
     }
 }
 
@@ -167,6 +200,20 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// Checks that a lane keeps to one device, and fixes it on first use.
+fn same_device(lane: &mut Option<Device>, d: Device) -> Result<()> {
+    match *lane {
+        Some(l) if l != d => Err(Error::invalid(format!(
+            "device point-to-point between two ranks keeps to one device per direction: this \
+             one is on {l}, the call on {d}"
+        ))),
+        _ => {
+            *lane = Some(d);
+            Ok(())
+        }
+    }
+}
+
 /// `send` of a device tensor on the NCCL backend.
 pub(super) fn send<T: Send + 'static>(
     comm: &Communicator,
@@ -178,39 +225,62 @@ pub(super) fn send<T: Send + 'static>(
         Ok(c) => c,
         Err(e) => return comm.ready(Err(e)),
     };
+    #[cfg(feature = "cuda")]
+    if carrier == Carrier::Nccl {
+        // Fail now, not after the receiver has answered, when libnccl is not here.
+        if let Err(e) = super::cuda::nccl::Nccl::load() {
+            return comm.ready(Err(e));
+        }
+    }
     let info = &comm.group.info;
-    let (dtype, count) = (tensor.dtype(), tensor.numel() as u64);
+    let key = (dst, carrier);
+    let (dtype, count, device) = (tensor.dtype(), tensor.numel() as u64, tensor.device());
     let (c, work) = Work::raw(comm.rank.rank_threads.clone());
-    let s = {
+    let done: SendDone = Box::new(move |r| c.complete(r.and_then(|()| map(Output::None))));
+    let admitted = {
         let mut lanes = comm.group.p2p.lock();
-        let lane = lanes.out.entry((dst, carrier)).or_default();
-        if let Some(e) = &lane.broken {
-            c.complete(Err(e.clone()));
+        if lanes.released {
+            Err((Error::Shutdown, done))
+        } else {
+            let lane = lanes.out.entry(key).or_default();
+            if let Some(e) = &lane.broken {
+                Err((e.clone(), done))
+            } else if let Err(e) = same_device(&mut lane.device, device) {
+                Err((e, done))
+            } else {
+                let s = lane.next_s;
+                lane.next_s += 1;
+                lane.pending.insert(s, PendingSend { tensor, done });
+                Ok(s)
+            }
+        }
+    };
+    let s = match admitted {
+        Ok(s) => s,
+        Err((e, done)) => {
+            done(Err(e));
             return work;
         }
-        let s = lane.next_s;
-        lane.next_s += 1;
-        let done: SendDone = Box::new(move |r| c.complete(r.and_then(|()| map(Output::None))));
-        lane.pending.insert(s, PendingSend { tensor, done });
-        s
     };
     let mut ticket = s.to_le_bytes().to_vec();
     ticket.push(carrier as u8);
-    debug_assert_eq!(ticket.len(), TICKET_BYTES);
     let plan = match Plan::nccl_ticket(info, opts, (dst, tag), (dtype, count), ticket) {
         Ok(p) => p,
         Err(e) => {
-            fail_pending(comm, (dst, carrier), s, e);
+            fail_pending(comm, key, s, e);
             return work;
         }
     };
+    // The wait for the receiver's answer takes the group's timeout, not the call's: answers
+    // are matched in the order they come, by whichever of the lane's waiting sends posted
+    // first, so each must wait as long as any.
     let go = comm.call_host(
         Request::Recv {
             spec: TensorSpec::new(&[GO_BYTES], DType::U8),
             src: Some(dst),
-            tag: GO_TAG,
+            tag: carrier.go_tag(),
         },
-        opts,
+        &CallOptions::default(),
         Ok,
     );
     let sent = comm.issue(0, plan, |_| Ok(()));
@@ -218,13 +288,13 @@ pub(super) fn send<T: Send + 'static>(
     let opts = opts.clone();
     comm.rank.arbiter.spawn(async move {
         if let Err(e) = sent.await {
-            fail_pending(&me, (dst, carrier), s, e);
+            fail_pending(&me, key, s, e);
         }
         match go.await {
-            Ok(out) => on_go(&me, (dst, carrier), out, &opts),
+            Ok(out) => on_go(&me, key, out, &opts),
             // No answer within the timeout (or the group failed): the receiver's order is
             // unknown from here on, so the lane is broken.
-            Err(e) => break_out_lane(&me.group.p2p, (dst, carrier), e),
+            Err(e) => break_out_lane(&me.group.p2p, key, e),
         }
     });
     work
@@ -247,23 +317,11 @@ fn fail_pending(comm: &Communicator, key: (usize, Carrier), s: u64, e: Error) {
 /// Breaks a lane to a peer: every send waiting on it fails with `e`, and so does every
 /// later one.
 fn break_out_lane(lanes: &Lanes, key: (usize, Carrier), e: Error) {
-    let failed: Vec<PendingSend> = {
-        let mut lanes = lanes.lock();
-        let lane = lanes.out.entry(key).or_default();
-        if lane.broken.is_none() {
-            lane.broken = Some(e.clone());
-        }
-        let mut v: Vec<PendingSend> = lane.pending.drain().map(|(_, p)| p).collect();
-        v.extend(
-            std::mem::take(&mut lane.released)
-                .into_values()
-                .map(|r| r.send),
-        );
-        v
+    let failed = match lanes.lock().out.get_mut(&key) {
+        Some(lane) => lane.break_with(e),
+        None => Vec::new(),
     };
-    for p in failed {
-        (p.done)(Err(e.clone()));
-    }
+    fail_all(failed);
 }
 
 /// The receiver's answer to one of this rank's tickets.
@@ -272,56 +330,90 @@ fn on_go(comm: &Communicator, key: (usize, Carrier), out: Output, opts: &CallOpt
         Output::Received { tensor, .. } => tensor.to_vec::<u8>().unwrap_or_default(),
         _ => Vec::new(),
     };
-    let (Some(s), Some(k), Some(status), Some(id)) = (
+    let peer = comm.group.info.global(key.0);
+    let protocol = |what: String| Error::Protocol {
+        rank: peer,
+        detail: ProtocolError::Malformed(what),
+    };
+    let parsed = (
         u64_at(&b, 0),
         u64_at(&b, 8),
         u64_at(&b, 16),
         b.get(24..GO_BYTES)
             .and_then(|i| <[u8; 128]>::try_from(i).ok()),
-    ) else {
-        let e = Error::internal(format!(
-            "a malformed go of {} bytes from rank {}",
-            b.len(),
-            key.0
-        ));
-        return break_out_lane(&comm.group.p2p, key, e);
-    };
-    if status != 0 {
-        let e: Error = match status {
-            REFUSED_NO_NCCL => DeviceError::Unsupported(format!(
-                "rank {} cannot receive on NCCL (no `cuda` feature or no libnccl there)",
-                key.0
-            ))
-            .into(),
-            _ => DeviceError::Unsupported(format!(
-                "rank {}'s lane from this rank is broken by an earlier failure",
-                key.0
-            ))
-            .into(),
+    );
+    let failed = {
+        let mut lanes = comm.group.p2p.lock();
+        let Some(lane) = lanes.out.get_mut(&key) else {
+            return;
         };
-        return fail_pending(comm, key, s, e);
-    }
-    let mut lanes = comm.group.p2p.lock();
-    let lane = lanes.out.entry(key).or_default();
-    if lane.broken.is_some() {
-        return;
-    }
-    let Some(send) = lane.pending.remove(&s) else {
-        drop(lanes);
-        let e = Error::internal(format!("a go for send {s}, which does not wait"));
-        return break_out_lane(&comm.group.p2p, key, e);
+        match parsed {
+            (Some(s), Some(k), Some(status), Some(id)) => match lane.pending.remove(&s) {
+                None if lane.broken.is_some() => Vec::new(),
+                None => lane.break_with(protocol(format!(
+                    "an answer for send {s}, which does not wait"
+                ))),
+                Some(p) if status != 0 => vec![(p.done, refusal(status, key.0))],
+                Some(p) if lane.broken.is_some() => {
+                    let e = lane.broken.clone().unwrap_or(Error::Shutdown);
+                    vec![(p.done, e)]
+                }
+                Some(p) if k < lane.next_k || lane.released.contains_key(&k) => {
+                    let mut f = lane.break_with(protocol(format!("ordinal {k} given twice")));
+                    f.push((p.done, lane.broken.clone().unwrap_or(Error::Shutdown)));
+                    f
+                }
+                Some(send) => {
+                    lane.released.insert(k, Released { send, id });
+                    issue_released(comm, key, lane, opts)
+                }
+            },
+            _ => lane.break_with(protocol(format!("an answer of {} bytes", b.len()))),
+        }
     };
-    lane.released.insert(k, Released { send, id });
-    // Transfers are issued in ordinal order, with the lock held: the host carrier's
-    // messages take their lane's order from the order of issue.
-    while let Some(r) = lane.released.remove(&lane.next_k) {
-        let k = lane.next_k;
-        lane.next_k += 1;
-        start_send(comm, key, lane, k, r, opts);
+    fail_all(failed);
+}
+
+/// The error a refused send fails with.
+fn refusal(status: u64, peer: usize) -> Error {
+    match status {
+        REFUSED_NO_NCCL => DeviceError::Unsupported(format!(
+            "rank {peer} cannot receive on NCCL (no `cuda` feature or no libnccl there)"
+        ))
+        .into(),
+        REFUSED_DEVICE => Error::invalid(format!(
+            "rank {peer} receives from this rank on another device than this receive names"
+        )),
+        _ => DeviceError::Unsupported(format!(
+            "rank {peer}'s receives from this rank are broken by an earlier failure (or its group was destroyed)"
+        ))
+        .into(),
     }
 }
 
-/// Issues transfer `k` of a lane to a peer (with the lane's lock held).
+/// Issues the lane's released transfers that are next in ordinal order (with the lane's
+/// lock held: the host carrier's messages take their order from the order of issue). A
+/// transfer that cannot be issued breaks the lane: an ordinal skipped on one end would pair
+/// the next transfer with the wrong receive.
+fn issue_released(
+    comm: &Communicator,
+    key: (usize, Carrier),
+    lane: &mut OutLane,
+    opts: &CallOptions,
+) -> Failed {
+    while let Some(r) = lane.released.remove(&lane.next_k) {
+        let k = lane.next_k;
+        lane.next_k += 1;
+        if let Err((e, done)) = start_send(comm, key, lane, k, r, opts) {
+            let mut failed = lane.break_with(e.clone());
+            failed.push((done, e));
+            return failed;
+        }
+    }
+    Vec::new()
+}
+
+/// Issues transfer `k` of a lane to a peer; gives the send back if it could not.
 fn start_send(
     comm: &Communicator,
     key: (usize, Carrier),
@@ -329,7 +421,7 @@ fn start_send(
     k: u64,
     r: Released,
     opts: &CallOptions,
-) {
+) -> std::result::Result<(), (Error, SendDone)> {
     let (dst, carrier) = key;
     let Released { send, id } = r;
     let PendingSend { tensor, done } = send;
@@ -337,7 +429,7 @@ fn start_send(
         Carrier::Host => {
             let host = match tensor.to_host() {
                 Ok(h) => h,
-                Err(e) => return done(Err(e)),
+                Err(e) => return Err((e, done)),
             };
             let sent = comm.call_host(
                 Request::Send {
@@ -356,21 +448,14 @@ fn start_send(
                 }
                 done(r);
             });
+            Ok(())
         }
+        #[cfg(feature = "cuda")]
+        Carrier::Nccl => nccl::send_job(comm, key, lane, (k, id), tensor, opts, done),
+        #[cfg(not(feature = "cuda"))]
         Carrier::Nccl => {
-            #[cfg(feature = "cuda")]
-            {
-                let job = nccl::send_job(comm, key, lane, (k, id), tensor, opts, done);
-                if let Err((e, done)) = job {
-                    lane.broken = Some(e.clone());
-                    done(Err(e));
-                }
-            }
-            #[cfg(not(feature = "cuda"))]
-            {
-                let _ = (lane, k, id, tensor);
-                done(Err(DeviceError::FeatureDisabled.into()));
-            }
+            let _ = (lane, k, id, tensor);
+            Err((DeviceError::FeatureDisabled.into(), done))
         }
     }
 }
@@ -385,10 +470,9 @@ pub(super) fn recv<T: Send + 'static>(
     map: fn(Output) -> Result<T>,
 ) -> Work<T> {
     let device = spec.device;
-    let host_spec = spec.clone().on(Device::Host);
     let plan = match Plan::new(
         Request::Recv {
-            spec: host_spec,
+            spec: spec.clone().on(Device::Host),
             src,
             tag,
         },
@@ -405,14 +489,8 @@ pub(super) fn recv<T: Send + 'static>(
     comm.rank.arbiter.spawn(async move {
         let r = match ticket.await {
             Ok(Output::Received { tensor, src }) => {
-                match on_ticket(
-                    &me,
-                    &tensor.to_vec::<u8>().unwrap_or_default(),
-                    src,
-                    spec,
-                    device,
-                    &opts,
-                ) {
+                let ticket = tensor.to_vec::<u8>().unwrap_or_default();
+                match on_ticket(&me, &ticket, src, (spec, device), &opts) {
                     Ok(w) => w.await.map(|tensor| Output::Received { tensor, src }),
                     Err(e) => Err(e),
                 }
@@ -425,13 +503,13 @@ pub(super) fn recv<T: Send + 'static>(
     work
 }
 
-/// Answers a ticket from `src` and posts its transfer.
+/// Answers a ticket from `src`: posts transfer `k` of the lane, then tells the sender `k`
+/// (or refuses, and the sender's send fails at once).
 fn on_ticket(
     comm: &Communicator,
     ticket: &[u8],
     src: usize,
-    spec: TensorSpec,
-    device: Device,
+    (spec, device): (TensorSpec, Device),
     opts: &CallOptions,
 ) -> Result<Work<Tensor>> {
     let s = u64_at(ticket, 0);
@@ -443,7 +521,7 @@ fn on_ticket(
     let (Some(s), Some(carrier), TICKET_BYTES) = (s, carrier, ticket.len()) else {
         return Err(Error::Protocol {
             rank: comm.group.info.global(src),
-            detail: collectix_runtime::error::ProtocolError::Malformed(format!(
+            detail: ProtocolError::Malformed(format!(
                 "a device send's ticket of {} bytes",
                 ticket.len()
             )),
@@ -461,17 +539,25 @@ fn on_ticket(
             Request::Send {
                 tensor: Tensor::from_vec(b),
                 dst: src,
-                tag: GO_TAG,
+                tag: carrier.go_tag(),
             },
             opts,
             |_| Ok(()),
         ));
     };
     let mut lanes = comm.group.p2p.lock();
+    if lanes.released {
+        go(0, REFUSED_BROKEN, [0; 128]);
+        return Err(Error::Shutdown);
+    }
     let lane = lanes.inn.entry((src, carrier)).or_default();
     if let Some(e) = &lane.broken {
         go(0, REFUSED_BROKEN, [0; 128]);
         return Err(e.clone());
+    }
+    if let Err(e) = same_device(&mut lane.device, device) {
+        go(0, REFUSED_DEVICE, [0; 128]);
+        return Err(e);
     }
     let k = lane.next_k;
     let mut id = [0u8; 128];
@@ -488,14 +574,13 @@ fn on_ticket(
             }
         }
     }
-    lane.next_k += 1;
-    go(k, 0, id);
-    // Posted with the lock held: the lane's transfers are posted in ordinal order.
-    match carrier {
+    // Transfer `k` is posted before the sender hears of it, with the lock held: the lane's
+    // transfers are posted in ordinal order, and one that cannot be posted is refused.
+    let posted: Result<Work<Tensor>> = match carrier {
         Carrier::Host => {
             let data = comm.call_host(
                 Request::Recv {
-                    spec: spec.clone().on(Device::Host),
+                    spec: spec.on(Device::Host),
                     src: Some(src),
                     tag: DATA_TAG,
                 },
@@ -505,7 +590,6 @@ fn on_ticket(
                     other => Err(Error::internal(format!("a transfer gave {other:?}"))),
                 },
             );
-            drop(lanes);
             let me = comm.clone();
             let (c, work) = Work::raw(comm.rank.rank_threads.clone());
             comm.rank.arbiter.spawn(async move {
@@ -517,30 +601,29 @@ fn on_ticket(
             });
             Ok(work)
         }
-        Carrier::Nccl => {
-            #[cfg(feature = "cuda")]
-            {
-                let w = nccl::recv_job(comm, (src, carrier), lane, (k, id), spec, device, opts);
-                if let Err(e) = &w {
-                    lane.broken = Some(e.clone());
-                }
-                w
-            }
-            #[cfg(not(feature = "cuda"))]
-            {
-                let _ = (spec, device);
-                Err(DeviceError::FeatureDisabled.into())
-            }
+        #[cfg(feature = "cuda")]
+        Carrier::Nccl => nccl::recv_job(comm, (src, carrier), lane, (k, id), spec, device, opts),
+        #[cfg(not(feature = "cuda"))]
+        Carrier::Nccl => Err(DeviceError::FeatureDisabled.into()),
+    };
+    match posted {
+        Ok(work) => {
+            lane.next_k += 1;
+            go(k, 0, id);
+            Ok(work)
+        }
+        Err(e) => {
+            lane.broken = Some(e.clone());
+            go(0, REFUSED_BROKEN, [0; 128]);
+            Err(e)
         }
     }
 }
 
 /// Breaks a lane from a peer: every later receive matched to it fails with `e`.
 fn break_in_lane(lanes: &Lanes, key: (usize, Carrier), e: Error) {
-    let mut lanes = lanes.lock();
-    let lane = lanes.inn.entry(key).or_default();
-    if lane.broken.is_none() {
-        lane.broken = Some(e);
+    if let Some(lane) = lanes.lock().inn.get_mut(&key) {
+        lane.broken.get_or_insert(e);
     }
 }
 
