@@ -225,13 +225,6 @@ pub(super) fn send<T: Send + 'static>(
         Ok(c) => c,
         Err(e) => return comm.ready(Err(e)),
     };
-    #[cfg(feature = "cuda")]
-    if carrier == Carrier::Nccl {
-        // Fail now, not after the receiver has answered, when libnccl is not here.
-        if let Err(e) = super::cuda::nccl::Nccl::load() {
-            return comm.ready(Err(e));
-        }
-    }
     let info = &comm.group.info;
     let key = (dst, carrier);
     let (dtype, count, device) = (tensor.dtype(), tensor.numel() as u64, tensor.device());
@@ -246,6 +239,8 @@ pub(super) fn send<T: Send + 'static>(
             if let Some(e) = &lane.broken {
                 Err((e.clone(), done))
             } else if let Err(e) = same_device(&mut lane.device, device) {
+                Err((e, done))
+            } else if let Err(e) = start_lane(comm, key, lane) {
                 Err((e, done))
             } else {
                 let s = lane.next_s;
@@ -298,6 +293,18 @@ pub(super) fn send<T: Send + 'static>(
         }
     });
     work
+}
+
+/// Starts an NCCL lane's worker on its first send, so that a sender without libnccl fails
+/// at once rather than after its receiver has answered (and libnccl is loaded once per
+/// lane, not per send).
+fn start_lane(comm: &Communicator, key: (usize, Carrier), lane: &mut OutLane) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if key.1 == Carrier::Nccl {
+        nccl::worker(&mut lane.worker, comm, &format!("to{}", key.0))?;
+    }
+    let _ = (comm, key, lane);
+    Ok(())
 }
 
 /// Fails send `s` of a lane, if it still waits.
@@ -640,8 +647,8 @@ mod nccl {
         CallOptions, DType, Device, Error, OpKind, Output, Result, Tensor, TensorSpec,
     };
 
-    /// The lane's worker, started on its first transfer.
-    fn worker(
+    /// The lane's worker, started on first use.
+    pub(super) fn worker(
         slot: &mut Option<WorkerHandle>,
         comm: &Communicator,
         what: &str,
