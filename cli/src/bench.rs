@@ -129,6 +129,8 @@ pub(crate) struct Cell {
     pub(crate) op: ReduceOp,
     pub(crate) root: usize,
     pub(crate) device: Device,
+    /// Device tensors are stand-ins (host memory posing as `device`).
+    pub(crate) stand_in: bool,
 }
 
 impl Cell {
@@ -164,7 +166,14 @@ impl Cell {
             op,
             root: root % w,
             device,
+            stand_in: false,
         })
+    }
+
+    /// The same cell with its device tensors made as stand-ins (`--device standin`).
+    pub(crate) fn with_stand_in(mut self, yes: bool) -> Cell {
+        self.stand_in = yes;
+        self
     }
 
     fn per(&self) -> usize {
@@ -173,7 +182,12 @@ impl Cell {
 
     fn input(&self, r: usize, n: usize, offset: usize) -> Result<Tensor> {
         let vals: Vec<f64> = (0..n).map(|i| value(self.op, r, offset + i)).collect();
-        make(self.dtype, &vals).to_device(self.device)
+        let host = make(self.dtype, &vals);
+        if self.stand_in {
+            collectix::device::StandIn::tensor(&host, self.device)
+        } else {
+            host.to_device(self.device)
+        }
     }
 
     fn spec(&self, n: usize) -> TensorSpec {

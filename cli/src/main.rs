@@ -109,6 +109,9 @@ enum Dt {
 enum Dev {
     Cpu,
     Cuda,
+    /// Host memory posing as cuda:0 (collectix's `StandIn`): the device paths' own costs
+    /// (the NCCL backend's send/recv protocol, the staged backend's steps) without a GPU.
+    Standin,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -184,8 +187,9 @@ struct Args {
     /// direct, dissemination, pairwise, reduce_scatter_gather, reduce_broadcast).
     #[arg(long, default_value = "auto")]
     algorithm: String,
-    /// Where the tensors live: cpu, or cuda (rank r on GPU r mod the device count; needs the
-    /// `cuda` feature).
+    /// Where the tensors live: cpu, cuda (rank r on GPU r mod the device count; needs the
+    /// `cuda` feature), or standin (host memory posing as cuda:0, to measure the device
+    /// paths' own costs without a GPU).
     #[arg(long, value_enum, default_value = "cpu")]
     device: Dev,
     /// Backend for device tensors.
@@ -560,12 +564,12 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
         timeout: None,
     };
     let gpus = match a.device {
-        Dev::Cpu => 0,
+        Dev::Cpu | Dev::Standin => 1,
         Dev::Cuda => collectix::device::cuda_devices()?.max(1),
     };
     let device_of = |r: usize| match a.device {
         Dev::Cpu => Device::Host,
-        Dev::Cuda => Device::Cuda((r as u32) % gpus),
+        Dev::Cuda | Dev::Standin => Device::Cuda((r as u32) % gpus),
     };
     let backend = match a.backend {
         Backend::Nccl => DeviceBackend::Nccl,
@@ -621,7 +625,7 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
         a.collective.name(),
         if bind { " (ranks bound to cores)" } else { "" },
         format!("{:?}", a.device).to_lowercase(),
-        if a.device == Dev::Cuda { format!(" ({backend:?})") } else { String::new() },
+        if a.device == Dev::Cpu { String::new() } else { format!(" ({backend:?})") },
         a.iters
     ));
     say(format!(
@@ -649,7 +653,10 @@ fn run(a: &Args) -> Result<Option<Vec<Row>>> {
         // Each rank's device can differ; the cell's device is rank 0's, and each rank's
         // requests are made on its own.
         let cells: Vec<Cell> = match (0..w)
-            .map(|r| Cell::new(a.collective, w, bytes, dtype, op, a.root, device_of(r)))
+            .map(|r| {
+                Cell::new(a.collective, w, bytes, dtype, op, a.root, device_of(r))
+                    .map(|c| c.with_stand_in(a.device == Dev::Standin))
+            })
             .collect::<std::result::Result<Vec<_>, String>>()
         {
             Ok(c) => c,
