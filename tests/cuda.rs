@@ -422,7 +422,7 @@ fn nccl_send_and_recv_between_two_gpus_in_any_order() {
                     );
                 }
                 for (i, w) in sends.into_iter().enumerate() {
-                    wait(w).unwrap_or_else(|e| panic!("rank {me}, send {i}: {e}"));
+                    wait_parked(w).unwrap_or_else(|e| panic!("rank {me}, send {i}: {e}"));
                 }
                 let t = wait(sum).unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(
@@ -432,6 +432,17 @@ fn nccl_send_and_recv_between_two_gpus_in_any_order() {
             });
         }
     });
+}
+
+/// `wait()` (which parks its caller on the rank once it has spun) on a thread of its own, at
+/// most 60 s: a completion that does not wake a parked caller fails the test, not hangs it.
+fn wait_parked<T: Send + 'static>(w: collectix::Work<T>) -> collectix::Result<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(w.wait());
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("a parked wait() was not woken"))
 }
 
 fn wait<T>(w: collectix::Work<T>) -> collectix::Result<T> {

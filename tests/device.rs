@@ -132,6 +132,17 @@ fn the_nccl_path_fails_with_a_typed_error_without_cuda() {
     assert!(collectix::device::cuda_devices().is_err() || cfg!(feature = "cuda"));
 }
 
+/// `wait()` (which parks its caller on the rank once it has spun) on a thread of its own, at
+/// most 60 s: a completion that does not wake a parked caller fails the test, not hangs it.
+fn wait_parked<T: Send + 'static>(w: collectix::Work<T>) -> collectix::Result<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(w.wait());
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("a parked wait() was not woken"))
+}
+
 /// Waits for `w`, at most 60 s (a hang fails the test instead of hanging it).
 fn within<T: Send + 'static>(w: collectix::Work<T>) -> collectix::Result<T> {
     w.wait_timeout(Duration::from_secs(60))
@@ -192,7 +203,7 @@ fn device_sends_on_the_nccl_backend_complete_whatever_order_receivers_take_them_
                     );
                 }
                 for (i, sent) in sends.into_iter().enumerate() {
-                    within(sent).unwrap_or_else(|e| panic!("rank {me}, send {i}: {e}"));
+                    wait_parked(sent).unwrap_or_else(|e| panic!("rank {me}, send {i}: {e}"));
                 }
             });
         }
@@ -398,9 +409,17 @@ fn destroying_a_group_fails_its_waiting_device_sends_at_once() {
     let world = World::local(2).unwrap_or_else(|e| panic!("{e}"));
     let a = &world.communicators()[0];
     let sent = a.send(stand_in(Tensor::from_vec(vec![1.0f32])), 1, 0);
-    assert!(sent.wait_timeout(Duration::from_millis(50)).is_none());
+    // Its caller waits, parked on the rank by now.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(sent.wait());
+    });
+    std::thread::sleep(Duration::from_millis(100));
     let _ = within(a.destroy());
-    assert_eq!(within(sent).err(), Some(Error::Shutdown));
+    let r = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("a parked wait() was not woken"));
+    assert_eq!(r.err(), Some(Error::Shutdown));
     let later = within(a.send(stand_in(Tensor::from_vec(vec![1.0f32])), 1, 0));
     assert!(later.is_err(), "{later:?}");
 }

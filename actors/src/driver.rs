@@ -488,6 +488,13 @@ impl Driver {
         }
     }
 
+    /// Wakes the callers parked on this rank to look at their calls again: for a call
+    /// completed outside a run of the engine (a device transfer completed by its worker
+    /// thread), which the engine's own completions would not announce.
+    pub(crate) fn notify(&self) {
+        self.completed();
+    }
+
     /// Parks a caller until `done()` (its call completed) or the bell asks it to run the
     /// rank: then it makes the background run and drives the rank while arrivals keep
     /// coming, as in its wait, before it parks again. A long call whose caller parked while

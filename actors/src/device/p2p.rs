@@ -24,21 +24,27 @@
 //!    in ordinal order; for stand-in tensors, a host message on another reserved tag.
 //!
 //! A send completes when its transfer has (on NCCL: when the data has left the sender's
-//! buffer), as torch's NCCL `isend` does, and waits at most the call's timeout for its
-//! receiver. A transfer that fails or times out breaks its lane on that rank: every later
+//! buffer), as torch's NCCL `isend` does, and waits for its receiver at most the group's
+//! timeout. A transfer that fails or times out breaks its lane on that rank: every later
 //! device send or receive between the two ranks in that direction fails with the same
 //! error (as a timed-out NCCL operation aborts torch's communicator).
+//!
+//! Each step runs in the completion callback of the step before (whoever drives the rank
+//! runs it at once: no thread is woken for it). A callback never calls the engine with the
+//! lanes' lock held — the engine may run other callbacks on the same thread, which take the
+//! lock — so what must be issued in ordinal order goes into the lanes' *outbox* under the
+//! lock, and is issued, in order, by one thread at a time once the lock is released.
 
 use super::standin::StandIn;
 use super::TensorDeviceExt;
 use crate::comm::{Communicator, DATA_TAG, GO_TAGS};
-use crate::work::Work;
+use crate::work::{Done, Work};
 use collectix_runtime::error::ProtocolError;
 use collectix_runtime::{
     CallOptions, DType, DataPath, Device, DeviceError, Error, Output, Plan, Request, Result,
     Tensor, TensorSpec,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 /// How a lane moves its data.
@@ -70,6 +76,13 @@ const REFUSED_DEVICE: u64 = 3;
 
 /// Completes a send's `Work`.
 type SendDone = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// Completes a receive's `Work` with the received tensor.
+type RecvDone = Box<dyn FnOnce(Result<Tensor>) + Send>;
+
+/// A call on the engine, queued under the lanes' lock and issued after it (see the module
+/// doc).
+type Action = Box<dyn FnOnce() + Send>;
 
 /// Sends to fail once the lanes' lock is released.
 type Failed = Vec<(SendDone, Error)>;
@@ -143,11 +156,40 @@ struct LanesInner {
     inn: HashMap<(usize, Carrier), InLane>,
     /// The group was destroyed on this rank: no lane is made any more.
     released: bool,
+    /// Calls on the engine to issue, in this order, once the lock is released.
+    outbox: VecDeque<Action>,
+    /// A thread is issuing the outbox.
+    draining: bool,
 }
 
 impl Lanes {
     fn lock(&self) -> std::sync::MutexGuard<'_, LanesInner> {
         crate::lock(&self.inner)
+    }
+
+    /// Issues the outbox, in order, unless another thread is at it (it then issues what was
+    /// added too). Called without the lock held.
+    fn drain(&self) {
+        {
+            let mut lanes = self.lock();
+            if lanes.draining {
+                return;
+            }
+            lanes.draining = true;
+        }
+        loop {
+            let next = {
+                let mut lanes = self.lock();
+                match lanes.outbox.pop_front() {
+                    Some(a) => a,
+                    None => {
+                        lanes.draining = false;
+                        return;
+                    }
+                }
+            };
+            next();
+        }
     }
 
     /// The group is destroyed on this rank: every lane breaks with [`Error::Shutdown`], its
@@ -200,6 +242,14 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// Plans a host request and issues it now; `done` gets its output (or the planning error).
+fn issue(comm: &Communicator, req: Request, opts: &CallOptions, done: Done<Output>) {
+    match Plan::new(req, &comm.group.info, opts) {
+        Ok(plan) => comm.issue_raw(0, plan, done),
+        Err(e) => done(Err(e)),
+    }
+}
+
 /// Checks that a lane keeps to one device, and fixes it on first use.
 fn same_device(lane: &mut Option<Device>, d: Device) -> Result<()> {
     match *lane {
@@ -229,7 +279,14 @@ pub(super) fn send<T: Send + 'static>(
     let key = (dst, carrier);
     let (dtype, count, device) = (tensor.dtype(), tensor.numel() as u64, tensor.device());
     let (c, work) = Work::raw(comm.rank.rank_threads.clone());
-    let done: SendDone = Box::new(move |r| c.complete(r.and_then(|()| map(Output::None))));
+    // Its caller drives the rank while it waits, as for any call: the steps run as it does.
+    let work = work.driven_by(comm.rank.driver.clone());
+    // The send may complete on a device worker's thread: parked callers are told.
+    let driver = comm.rank.driver.clone();
+    let done: SendDone = Box::new(move |r| {
+        c.complete(r.and_then(|()| map(Output::None)));
+        driver.notify();
+    });
     let admitted = {
         let mut lanes = comm.group.p2p.lock();
         if lanes.released {
@@ -269,29 +326,33 @@ pub(super) fn send<T: Send + 'static>(
     // The wait for the receiver's answer takes the group's timeout, not the call's: answers
     // are matched in the order they come, by whichever of the lane's waiting sends posted
     // first, so each must wait as long as any.
-    let go = comm.call_host(
+    let me = comm.clone();
+    let opts_go = opts.clone();
+    issue(
+        comm,
         Request::Recv {
             spec: TensorSpec::new(&[GO_BYTES], DType::U8),
             src: Some(dst),
             tag: carrier.go_tag(),
         },
         &CallOptions::default(),
-        Ok,
-    );
-    let sent = comm.issue(0, plan, |_| Ok(()));
-    let me = comm.clone();
-    let opts = opts.clone();
-    comm.rank.arbiter.spawn(async move {
-        if let Err(e) = sent.await {
-            fail_pending(&me, key, s, e);
-        }
-        match go.await {
-            Ok(out) => on_go(&me, key, out, &opts),
+        Box::new(move |r| match r {
+            Ok(out) => on_go(&me, key, out, &opts_go),
             // No answer within the timeout (or the group failed): the receiver's order is
             // unknown from here on, so the lane is broken.
             Err(e) => break_out_lane(&me.group.p2p, key, e),
-        }
-    });
+        }),
+    );
+    let me = comm.clone();
+    comm.issue_raw(
+        0,
+        plan,
+        Box::new(move |r| {
+            if let Err(e) = r {
+                fail_pending(&me, key, s, e);
+            }
+        }),
+    );
     work
 }
 
@@ -351,7 +412,8 @@ fn on_go(comm: &Communicator, key: (usize, Carrier), out: Output, opts: &CallOpt
     );
     let failed = {
         let mut lanes = comm.group.p2p.lock();
-        let Some(lane) = lanes.out.get_mut(&key) else {
+        let LanesInner { out, outbox, .. } = &mut *lanes;
+        let Some(lane) = out.get_mut(&key) else {
             return;
         };
         match parsed {
@@ -372,13 +434,14 @@ fn on_go(comm: &Communicator, key: (usize, Carrier), out: Output, opts: &CallOpt
                 }
                 Some(send) => {
                     lane.released.insert(k, Released { send, id });
-                    issue_released(comm, key, lane, opts)
+                    issue_released(comm, key, (lane, outbox), opts)
                 }
             },
             _ => lane.break_with(protocol(format!("an answer of {} bytes", b.len()))),
         }
     };
     fail_all(failed);
+    comm.group.p2p.drain();
 }
 
 /// The error a refused send fails with.
@@ -405,13 +468,13 @@ fn refusal(status: u64, peer: usize) -> Error {
 fn issue_released(
     comm: &Communicator,
     key: (usize, Carrier),
-    lane: &mut OutLane,
+    (lane, outbox): (&mut OutLane, &mut VecDeque<Action>),
     opts: &CallOptions,
 ) -> Failed {
     while let Some(r) = lane.released.remove(&lane.next_k) {
         let k = lane.next_k;
         lane.next_k += 1;
-        if let Err((e, done)) = start_send(comm, key, lane, k, r, opts) {
+        if let Err((e, done)) = start_send(comm, key, (lane, outbox), k, r, opts) {
             let mut failed = lane.break_with(e.clone());
             failed.push((done, e));
             return failed;
@@ -420,11 +483,12 @@ fn issue_released(
     Vec::new()
 }
 
-/// Issues transfer `k` of a lane to a peer; gives the send back if it could not.
+/// Issues transfer `k` of a lane to a peer (a host message goes into the outbox); gives
+/// the send back if it could not.
 fn start_send(
     comm: &Communicator,
     key: (usize, Carrier),
-    lane: &mut OutLane,
+    (lane, outbox): (&mut OutLane, &mut VecDeque<Action>),
     k: u64,
     r: Released,
     opts: &CallOptions,
@@ -438,23 +502,26 @@ fn start_send(
                 Ok(h) => h,
                 Err(e) => return Err((e, done)),
             };
-            let sent = comm.call_host(
-                Request::Send {
+            let (me, opts) = (comm.clone(), opts.clone());
+            outbox.push_back(Box::new(move || {
+                let req = Request::Send {
                     tensor: host,
                     dst,
                     tag: DATA_TAG,
-                },
-                opts,
-                |_| Ok(()),
-            );
-            let me = comm.clone();
-            comm.rank.arbiter.spawn(async move {
-                let r = sent.await;
-                if let Err(e) = &r {
-                    break_out_lane(&me.group.p2p, key, e.clone());
-                }
-                done(r);
-            });
+                };
+                let lanes = me.clone();
+                issue(
+                    &me,
+                    req,
+                    &opts,
+                    Box::new(move |r| {
+                        if let Err(e) = &r {
+                            break_out_lane(&lanes.group.p2p, key, e.clone());
+                        }
+                        done(r.map(|_| ()));
+                    }),
+                );
+            }));
             Ok(())
         }
         #[cfg(feature = "cuda")]
@@ -490,35 +557,42 @@ pub(super) fn recv<T: Send + 'static>(
         Err(e) => return comm.ready(Err(e)),
     };
     let (c, work) = Work::raw(comm.rank.rank_threads.clone());
-    let ticket = comm.issue(0, plan, Ok);
-    let me = comm.clone();
-    let opts = opts.clone();
-    comm.rank.arbiter.spawn(async move {
-        let r = match ticket.await {
+    // Its caller drives the rank while it waits, as for any call: the steps run as it does.
+    let work = work.driven_by(comm.rank.driver.clone());
+    let (me, opts) = (comm.clone(), opts.clone());
+    comm.issue_raw(
+        0,
+        plan,
+        Box::new(move |r| match r {
             Ok(Output::Received { tensor, src }) => {
+                // The receive may complete on a device worker's thread: parked callers are
+                // told.
+                let driver = me.rank.driver.clone();
+                let done: RecvDone = Box::new(move |r| {
+                    c.complete(r.and_then(|tensor| map(Output::Received { tensor, src })));
+                    driver.notify();
+                });
                 let ticket = tensor.to_vec::<u8>().unwrap_or_default();
-                match on_ticket(&me, &ticket, src, (spec, device), &opts) {
-                    Ok(w) => w.await.map(|tensor| Output::Received { tensor, src }),
-                    Err(e) => Err(e),
-                }
+                on_ticket(&me, (&ticket, src), (spec, device), &opts, done);
             }
-            Ok(other) => Err(Error::internal(format!("a ticket receive gave {other:?}"))),
-            Err(e) => Err(e),
-        };
-        c.complete(r.and_then(map));
-    });
+            Ok(other) => c.complete(Err(Error::internal(format!(
+                "a ticket receive gave {other:?}"
+            )))),
+            Err(e) => c.complete(Err(e)),
+        }),
+    );
     work
 }
 
 /// Answers a ticket from `src`: posts transfer `k` of the lane, then tells the sender `k`
-/// (or refuses, and the sender's send fails at once).
+/// (or refuses, and the sender's send fails at once); `done` gets the transfer's tensor.
 fn on_ticket(
     comm: &Communicator,
-    ticket: &[u8],
-    src: usize,
+    (ticket, src): (&[u8], usize),
     (spec, device): (TensorSpec, Device),
     opts: &CallOptions,
-) -> Result<Work<Tensor>> {
+    done: RecvDone,
+) {
     let s = u64_at(ticket, 0);
     let carrier = match ticket.get(8) {
         Some(0) => Some(Carrier::Nccl),
@@ -526,46 +600,77 @@ fn on_ticket(
         _ => None,
     };
     let (Some(s), Some(carrier), TICKET_BYTES) = (s, carrier, ticket.len()) else {
-        return Err(Error::Protocol {
+        return done(Err(Error::Protocol {
             rank: comm.group.info.global(src),
             detail: ProtocolError::Malformed(format!(
                 "a device send's ticket of {} bytes",
                 ticket.len()
             )),
-        });
+        }));
     };
-    let go = |k: u64, status: u64, id: [u8; 128]| {
+    // The answer, issued from the outbox (small and eager: it completes at once; a failure
+    // shows as the sender's timeout and the transfer's).
+    let go = |k: u64, status: u64, id: [u8; 128]| -> Action {
         let mut b = Vec::with_capacity(GO_BYTES);
         b.extend_from_slice(&s.to_le_bytes());
         b.extend_from_slice(&k.to_le_bytes());
         b.extend_from_slice(&status.to_le_bytes());
         b.extend_from_slice(&id);
-        // Eager (small): it completes at once; a failure here shows as the sender's
-        // timeout and the transfer's. Dropping the handle leaves the send to the engine.
-        drop(comm.call_host(
-            Request::Send {
+        let (me, opts) = (comm.clone(), opts.clone());
+        Box::new(move || {
+            let req = Request::Send {
                 tensor: Tensor::from_vec(b),
                 dst: src,
                 tag: carrier.go_tag(),
-            },
-            opts,
-            |_| Ok(()),
-        ));
+            };
+            issue(&me, req, &opts, Box::new(|_| ()));
+        })
     };
-    let mut lanes = comm.group.p2p.lock();
-    if lanes.released {
-        go(0, REFUSED_BROKEN, [0; 128]);
-        return Err(Error::Shutdown);
+    let refused = {
+        let mut lanes = comm.group.p2p.lock();
+        let LanesInner {
+            inn,
+            outbox,
+            released,
+            ..
+        } = &mut *lanes;
+        if *released {
+            outbox.push_back(go(0, REFUSED_BROKEN, [0; 128]));
+            Some((done, Error::Shutdown))
+        } else {
+            let lane = inn.entry((src, carrier)).or_default();
+            if let Some(e) = &lane.broken {
+                outbox.push_back(go(0, REFUSED_BROKEN, [0; 128]));
+                Some((done, e.clone()))
+            } else if let Err(e) = same_device(&mut lane.device, device) {
+                outbox.push_back(go(0, REFUSED_DEVICE, [0; 128]));
+                Some((done, e))
+            } else {
+                post(comm, (src, carrier), (lane, outbox), spec, opts, &go, done)
+            }
+        }
+    };
+    if let Some((done, e)) = refused {
+        done(Err(e));
     }
-    let lane = lanes.inn.entry((src, carrier)).or_default();
-    if let Some(e) = &lane.broken {
-        go(0, REFUSED_BROKEN, [0; 128]);
-        return Err(e.clone());
-    }
-    if let Err(e) = same_device(&mut lane.device, device) {
-        go(0, REFUSED_DEVICE, [0; 128]);
-        return Err(e);
-    }
+    comm.group.p2p.drain();
+}
+
+/// Takes the next ordinal `k` of a lane from a peer, makes the lane's NCCL id when `k = 0`,
+/// posts transfer `k` and queues the answer, with the lock held (the lane's transfers are
+/// posted in ordinal order, each before the sender hears of it). Gives `done` back, with
+/// the error, when the transfer cannot be posted (the sender is refused).
+fn post(
+    comm: &Communicator,
+    key: (usize, Carrier),
+    (lane, outbox): (&mut InLane, &mut VecDeque<Action>),
+    spec: TensorSpec,
+    opts: &CallOptions,
+    go: &dyn Fn(u64, u64, [u8; 128]) -> Action,
+    done: RecvDone,
+) -> Option<(RecvDone, Error)> {
+    let (src, carrier) = key;
+    let device = spec.device;
     let k = lane.next_k;
     let mut id = [0u8; 128];
     if k == 0 && carrier == Carrier::Nccl {
@@ -576,57 +681,57 @@ fn on_ticket(
         match made {
             Ok(i) => id = i,
             Err(e) => {
-                go(0, REFUSED_NO_NCCL, id);
-                return Err(e);
+                outbox.push_back(go(0, REFUSED_NO_NCCL, id));
+                return Some((done, e));
             }
         }
     }
-    // Transfer `k` is posted before the sender hears of it, with the lock held: the lane's
-    // transfers are posted in ordinal order, and one that cannot be posted is refused.
-    let posted: Result<Work<Tensor>> = match carrier {
+    let posted: std::result::Result<(), (RecvDone, Error)> = match carrier {
         Carrier::Host => {
-            let data = comm.call_host(
-                Request::Recv {
+            let (me, opts) = (comm.clone(), opts.clone());
+            outbox.push_back(Box::new(move || {
+                let req = Request::Recv {
                     spec: spec.on(Device::Host),
                     src: Some(src),
                     tag: DATA_TAG,
-                },
-                opts,
-                move |out| match out {
-                    Output::Received { tensor, .. } => StandIn::tensor(&tensor, device),
-                    other => Err(Error::internal(format!("a transfer gave {other:?}"))),
-                },
-            );
-            let me = comm.clone();
-            let (c, work) = Work::raw(comm.rank.rank_threads.clone());
-            comm.rank.arbiter.spawn(async move {
-                let r = data.await;
-                if let Err(e) = &r {
-                    break_in_lane(&me.group.p2p, (src, carrier), e.clone());
-                }
-                c.complete(r);
-            });
-            Ok(work)
+                };
+                let lanes = me.clone();
+                issue(
+                    &me,
+                    req,
+                    &opts,
+                    Box::new(move |r| {
+                        let r = r.and_then(|out| match out {
+                            Output::Received { tensor, .. } => StandIn::tensor(&tensor, device),
+                            other => Err(Error::internal(format!("a transfer gave {other:?}"))),
+                        });
+                        if let Err(e) = &r {
+                            break_in_lane(&lanes.group.p2p, key, e.clone());
+                        }
+                        done(r);
+                    }),
+                );
+            }));
+            Ok(())
         }
         #[cfg(feature = "cuda")]
-        Carrier::Nccl => nccl::recv_job(comm, (src, carrier), lane, (k, id), spec, device, opts),
+        Carrier::Nccl => nccl::recv_job(comm, key, lane, (k, id), spec, opts, done),
         #[cfg(not(feature = "cuda"))]
-        Carrier::Nccl => Err(DeviceError::FeatureDisabled.into()),
+        Carrier::Nccl => Err((done, DeviceError::FeatureDisabled.into())),
     };
     match posted {
-        Ok(work) => {
+        Ok(()) => {
             lane.next_k += 1;
-            go(k, 0, id);
-            Ok(work)
+            outbox.push_back(go(k, 0, id));
+            None
         }
-        Err(e) => {
+        Err((done, e)) => {
             lane.broken = Some(e.clone());
-            go(0, REFUSED_BROKEN, [0; 128]);
-            Err(e)
+            outbox.push_back(go(0, REFUSED_BROKEN, [0; 128]));
+            Some((done, e))
         }
     }
 }
-
 /// Breaks a lane from a peer: every later receive matched to it fails with `e`.
 fn break_in_lane(lanes: &Lanes, key: (usize, Carrier), e: Error) {
     if let Some(lane) = lanes.lock().inn.get_mut(&key) {
@@ -640,9 +745,9 @@ fn break_in_lane(lanes: &Lanes, key: (usize, Carrier), e: Error) {
 mod nccl {
     use super::super::cuda::ops::{Finish, Op};
     use super::super::cuda::worker::{Call, Init, Job, WorkerHandle};
-    use super::{break_in_lane, break_out_lane, Carrier, InLane, OutLane, SendDone};
+    use super::{break_in_lane, break_out_lane, Carrier, InLane, OutLane, RecvDone, SendDone};
     use crate::comm::Communicator;
-    use crate::work::{Done, Work};
+    use crate::work::Done;
     use collectix_runtime::{
         CallOptions, DType, Device, Error, OpKind, Output, Result, Tensor, TensorSpec,
     };
@@ -740,21 +845,28 @@ mod nccl {
         Ok(())
     }
 
-    /// Hands receive `k` of a lane to the lane's worker.
+    /// Hands receive `k` of a lane to the lane's worker; gives `done` back if it cannot.
     pub(super) fn recv_job(
         comm: &Communicator,
         key: (usize, Carrier),
         lane: &mut InLane,
         k_id: (u64, [u8; 128]),
         spec: TensorSpec,
-        device: Device,
         opts: &CallOptions,
-    ) -> Result<Work<Tensor>> {
-        let Device::Cuda(ordinal) = device else {
-            return Err(Error::invalid(format!("an NCCL receive into {device}")));
+        done: RecvDone,
+    ) -> std::result::Result<(), (RecvDone, Error)> {
+        let Device::Cuda(ordinal) = spec.device else {
+            let e = Error::invalid(format!("an NCCL receive into {}", spec.device));
+            return Err((done, e));
         };
-        let tx = worker(&mut lane.worker, comm, &format!("from{}", key.0))?;
-        let bytes = spec.numel()?.saturating_mul(spec.dtype.size());
+        let tx = match worker(&mut lane.worker, comm, &format!("from{}", key.0)) {
+            Ok(t) => t,
+            Err(e) => return Err((done, e)),
+        };
+        let bytes = match spec.numel() {
+            Ok(n) => n.saturating_mul(spec.dtype.size()),
+            Err(e) => return Err((done, e)),
+        };
         let (dtype, shape) = (spec.dtype, spec.shape.clone());
         let op = Op::Exchange {
             sends: Vec::new(),
@@ -767,7 +879,6 @@ mod nccl {
             out_bytes: bytes,
             finish: Finish::Whole(vec![bytes]),
         };
-        let (c, work) = Work::raw(comm.rank.rank_threads.clone());
         let group = std::sync::Arc::downgrade(&comm.group);
         let finished: Done<Output> = Box::new(move |r: Result<Output>| {
             // The bytes, viewed as the receive's dtype and shape.
@@ -781,7 +892,7 @@ mod nccl {
             if let (Err(e), Some(g)) = (&r, group.upgrade()) {
                 break_in_lane(&g.p2p, key, e.clone());
             }
-            c.complete(r);
+            done(r);
         });
         let _ = tx.send(Job::Call(lane_call(
             comm,
@@ -791,6 +902,6 @@ mod nccl {
             opts,
             finished,
         )));
-        Ok(work)
+        Ok(())
     }
 }
