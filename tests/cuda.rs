@@ -11,7 +11,7 @@ use collectix::{
     CallOptions, DType, Device, DeviceBackend, DeviceError, Error, GroupOptions, OpKind, ReduceOp,
     Tensor, TensorDeviceExt, World,
 };
-use common::device::{cases, run};
+use common::device::{cases, run, wait_parked};
 use std::time::Duration;
 
 const GPU: Device = Device::Cuda(0);
@@ -432,17 +432,6 @@ fn nccl_send_and_recv_between_two_gpus_in_any_order() {
             });
         }
     });
-}
-
-/// `wait()` (which parks its caller on the rank once it has spun) on a thread of its own, at
-/// most 60 s: a completion that does not wake a parked caller fails the test, not hangs it.
-fn wait_parked<T: Send + 'static>(w: collectix::Work<T>) -> collectix::Result<T> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(w.wait());
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("a parked wait() was not woken"))
 }
 
 fn wait<T>(w: collectix::Work<T>) -> collectix::Result<T> {

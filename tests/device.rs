@@ -8,7 +8,7 @@ use collectix::runtime::collective::TensorSpec;
 use collectix::{
     DType, Device, DeviceBackend, DeviceError, Error, ReduceOp, Tensor, TensorDeviceExt, World,
 };
-use common::device::{cases, run};
+use common::device::{cases, run, wait_parked};
 use std::time::Duration;
 
 const GPU: Device = Device::Cuda(0);
@@ -130,17 +130,6 @@ fn the_nccl_path_fails_with_a_typed_error_without_cuda() {
     let to = Tensor::from_vec(vec![1u8]).to_device(GPU);
     assert!(matches!(to, Err(Error::Device(_))), "{to:?}");
     assert!(collectix::device::cuda_devices().is_err() || cfg!(feature = "cuda"));
-}
-
-/// `wait()` (which parks its caller on the rank once it has spun) on a thread of its own, at
-/// most 60 s: a completion that does not wake a parked caller fails the test, not hangs it.
-fn wait_parked<T: Send + 'static>(w: collectix::Work<T>) -> collectix::Result<T> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(w.wait());
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("a parked wait() was not woken"))
 }
 
 /// Waits for `w`, at most 60 s (a hang fails the test instead of hanging it).

@@ -9,6 +9,17 @@ use collectix::{
 };
 use std::time::Duration;
 
+/// `wait()` (which parks its caller on the rank once it has spun) on a thread of its own, at
+/// most 60 s: a completion that does not wake a parked caller fails the test, not hangs it.
+pub fn wait_parked<T: Send + 'static>(w: collectix::Work<T>) -> collectix::Result<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(w.wait());
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("a parked wait() was not woken"))
+}
+
 /// `req` with every tensor passed through `to` and every output spec on `device`.
 pub fn on_device(req: Request, device: Device, to: &dyn Fn(Tensor) -> Tensor) -> Request {
     req.try_map(|t| Ok(to(t)), |s| s.on(device))
