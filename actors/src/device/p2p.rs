@@ -38,14 +38,16 @@
 use super::standin::StandIn;
 use super::TensorDeviceExt;
 use crate::comm::{Communicator, DATA_TAG, GO_TAGS};
+use crate::driver::Driver;
 use crate::work::{Done, Work};
+use collectix_runtime::completion::Completer;
 use collectix_runtime::error::ProtocolError;
 use collectix_runtime::{
     CallOptions, DType, DataPath, Device, DeviceError, Error, Output, Plan, Request, Result,
     Tensor, TensorSpec,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// How a lane moves its data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -73,6 +75,40 @@ const GO_BYTES: usize = 8 + 8 + 8 + 128;
 const REFUSED_BROKEN: u64 = 1;
 const REFUSED_NO_NCCL: u64 = 2;
 const REFUSED_DEVICE: u64 = 3;
+
+/// A user's `Work`, completed once: with its result, or with [`Error::Shutdown`] when it is
+/// dropped unfinished (a device worker that died with the call). Either way the callers
+/// parked on its rank are woken: the call may complete on a device worker's thread, outside
+/// any run of the engine, which would not announce it.
+struct Finish<T> {
+    c: Option<Completer<T>>,
+    driver: Arc<Driver>,
+}
+
+impl<T> Finish<T> {
+    fn new(c: Completer<T>, comm: &Communicator) -> Finish<T> {
+        Finish {
+            c: Some(c),
+            driver: comm.rank.driver.clone(),
+        }
+    }
+
+    fn complete(mut self, r: Result<T>) {
+        if let Some(c) = self.c.take() {
+            c.complete(r);
+            self.driver.notify();
+        }
+    }
+}
+
+impl<T> Drop for Finish<T> {
+    fn drop(&mut self) {
+        if let Some(c) = self.c.take() {
+            c.complete(Err(Error::Shutdown));
+            self.driver.notify();
+        }
+    }
+}
 
 /// Completes a send's `Work`.
 type SendDone = Box<dyn FnOnce(Result<()>) + Send>;
@@ -177,6 +213,16 @@ impl Lanes {
             }
             lanes.draining = true;
         }
+        // Should an action unwind, the next drain must still be possible.
+        struct Owner<'a>(&'a Lanes, bool);
+        impl Drop for Owner<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    self.0.lock().draining = false;
+                }
+            }
+        }
+        let mut owner = Owner(self, true);
         loop {
             let next = {
                 let mut lanes = self.lock();
@@ -184,6 +230,7 @@ impl Lanes {
                     Some(a) => a,
                     None => {
                         lanes.draining = false;
+                        owner.1 = false;
                         return;
                     }
                 }
@@ -281,12 +328,8 @@ pub(super) fn send<T: Send + 'static>(
     let (c, work) = Work::raw(comm.rank.rank_threads.clone());
     // Its caller drives the rank while it waits, as for any call: the steps run as it does.
     let work = work.driven_by(comm.rank.driver.clone());
-    // The send may complete on a device worker's thread: parked callers are told.
-    let driver = comm.rank.driver.clone();
-    let done: SendDone = Box::new(move |r| {
-        c.complete(r.and_then(|()| map(Output::None)));
-        driver.notify();
-    });
+    let fin = Finish::new(c, comm);
+    let done: SendDone = Box::new(move |r| fin.complete(r.and_then(|()| map(Output::None))));
     let admitted = {
         let mut lanes = comm.group.p2p.lock();
         if lanes.released {
@@ -498,12 +541,17 @@ fn start_send(
     let PendingSend { tensor, done } = send;
     match carrier {
         Carrier::Host => {
-            let host = match tensor.to_host() {
-                Ok(h) => h,
-                Err(e) => return Err((e, done)),
-            };
             let (me, opts) = (comm.clone(), opts.clone());
             outbox.push_back(Box::new(move || {
+                // The copy is made here, not under the lanes' lock.
+                let host = match tensor.to_host() {
+                    Ok(h) => h,
+                    Err(e) => {
+                        // Transfer `k` never leaves: the lane cannot go on.
+                        break_out_lane(&me.group.p2p, key, e.clone());
+                        return done(Err(e));
+                    }
+                };
                 let req = Request::Send {
                     tensor: host,
                     dst,
@@ -559,26 +607,23 @@ pub(super) fn recv<T: Send + 'static>(
     let (c, work) = Work::raw(comm.rank.rank_threads.clone());
     // Its caller drives the rank while it waits, as for any call: the steps run as it does.
     let work = work.driven_by(comm.rank.driver.clone());
+    let fin = Finish::new(c, comm);
     let (me, opts) = (comm.clone(), opts.clone());
     comm.issue_raw(
         0,
         plan,
         Box::new(move |r| match r {
             Ok(Output::Received { tensor, src }) => {
-                // The receive may complete on a device worker's thread: parked callers are
-                // told.
-                let driver = me.rank.driver.clone();
                 let done: RecvDone = Box::new(move |r| {
-                    c.complete(r.and_then(|tensor| map(Output::Received { tensor, src })));
-                    driver.notify();
+                    fin.complete(r.and_then(|tensor| map(Output::Received { tensor, src })))
                 });
                 let ticket = tensor.to_vec::<u8>().unwrap_or_default();
                 on_ticket(&me, (&ticket, src), (spec, device), &opts, done);
             }
-            Ok(other) => c.complete(Err(Error::internal(format!(
+            Ok(other) => fin.complete(Err(Error::internal(format!(
                 "a ticket receive gave {other:?}"
             )))),
-            Err(e) => c.complete(Err(e)),
+            Err(e) => fin.complete(Err(e)),
         }),
     );
     work
@@ -751,6 +796,7 @@ mod nccl {
     use collectix_runtime::{
         CallOptions, DType, Device, Error, OpKind, Output, Result, Tensor, TensorSpec,
     };
+    use crossbeam_channel::SendError;
 
     /// The lane's worker, started on first use.
     pub(super) fn worker(
@@ -833,16 +879,18 @@ mod nccl {
             }
             done(r.map(|_| ()));
         });
-        // A worker that is gone drops the call, whose `done` then reports `Shutdown`.
-        let _ = tx.send(Job::Call(lane_call(
+        // A worker that is gone gives the call back, to be failed once the lock is released.
+        match tx.send(Job::Call(lane_call(
             comm,
             k_id,
             (0, ordinal),
             op,
             opts,
             finished,
-        )));
-        Ok(())
+        ))) {
+            Ok(()) => Ok(()),
+            Err(SendError(job)) => Err((Error::Shutdown, Box::new(move |r| fail_job(job, r)))),
+        }
     }
 
     /// Hands receive `k` of a lane to the lane's worker; gives `done` back if it cannot.
@@ -894,14 +942,63 @@ mod nccl {
             }
             done(r);
         });
-        let _ = tx.send(Job::Call(lane_call(
+        // A worker that is gone gives the call back, to be failed once the lock is released.
+        match tx.send(Job::Call(lane_call(
             comm,
             k_id,
             (1, ordinal),
             op,
             opts,
             finished,
-        )));
-        Ok(())
+        ))) {
+            Ok(()) => Ok(()),
+            Err(SendError(job)) => Err((Box::new(move |r| fail_job(job, r)), Error::Shutdown)),
+        }
+    }
+
+    /// Fails a call that a gone worker gave back: its `done` gets `r`'s error (never a
+    /// result: the call did not run).
+    fn fail_job<T>(job: Job, r: Result<T>) {
+        if let Job::Call(call) = job {
+            (call.done)(Err(r.err().unwrap_or(Error::Shutdown)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Finish;
+    use crate::work::Work;
+    use crate::World;
+    use collectix_runtime::Error;
+    use std::time::Duration;
+
+    /// A device call completed (or dropped) on a worker's thread, outside any run of the
+    /// engine, still wakes the caller parked in `wait()` on its rank.
+    #[test]
+    fn a_call_finished_off_the_engine_wakes_its_parked_caller() {
+        let world = World::local(1).unwrap_or_else(|e| panic!("{e}"));
+        let c = world.communicators()[0].clone();
+        for drop_it in [false, true] {
+            let (done, work) = Work::<u32>::raw(c.rank.rank_threads.clone());
+            let work = work.driven_by(c.rank.driver.clone());
+            let fin = Finish::new(done, &c);
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(work.wait());
+            });
+            // Long past the caller's spin: it is parked on the rank.
+            std::thread::sleep(Duration::from_millis(200));
+            std::thread::spawn(move || {
+                if drop_it {
+                    drop(fin);
+                } else {
+                    fin.complete(Ok(7));
+                }
+            });
+            let got = rx.recv_timeout(Duration::from_secs(30));
+            let want = if drop_it { Err(Error::Shutdown) } else { Ok(7) };
+            assert_eq!(got.ok(), Some(want), "dropped: {drop_it}");
+        }
     }
 }
