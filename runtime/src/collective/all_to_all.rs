@@ -174,13 +174,13 @@ impl Planner<'_> {
 }
 
 /// The test and benchmark case of this collective: the request each rank makes and the
-/// result it must get (inputs from [`crate::testing::input`], exact in every reduction order).
+/// result it must get (inputs from [`input`](crate::collective::case::input), exact in every reduction order).
 #[cfg(any(test, feature = "testing"))]
 mod case {
+    use crate::collective::case::Case;
+    use crate::collective::case::{concat, slice};
     use crate::collective::{Output, Request, TensorSpec};
     use crate::tensor::Tensor;
-    use crate::testing::Case;
-    use crate::testing::{concat, slice};
 
     impl Case {
         /// The all_to_all case (lists): rank `r` sends `a2a(r, j)` elements to rank `j` (uneven

@@ -66,12 +66,12 @@ impl Planner<'_> {
 }
 
 /// The test and benchmark case of this collective: the request each rank makes and the
-/// result it must get (inputs from [`crate::testing::input`], exact in every reduction order).
+/// result it must get (inputs from [`input`](crate::collective::case::input), exact in every reduction order).
 #[cfg(any(test, feature = "testing"))]
 mod case {
+    use crate::collective::case::Case;
     use crate::collective::{Output, Request};
     use crate::tensor::Tensor;
-    use crate::testing::Case;
 
     impl Case {
         /// The broadcast case: the root sends its input; the others pass zeros of its shape.

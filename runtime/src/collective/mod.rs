@@ -12,6 +12,8 @@ mod all_reduce;
 mod all_to_all;
 mod barrier;
 mod broadcast;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) mod case;
 mod gather_scatter;
 mod p2p;
 mod reduce;
