@@ -1,8 +1,8 @@
 //! [`Communicator`]: one rank's handle on one group, with every torch.distributed call.
 
 use crate::device::DeviceBackend;
-use crate::driver::Driver;
-use crate::rank::RankActor;
+use crate::rank::actor::RankActor;
+use crate::rank::driver::Driver;
 use crate::work::{guarded, Work};
 use actix::{Addr, ArbiterHandle};
 use collectix_runtime::collective::{Request, TensorSpec};
@@ -261,7 +261,7 @@ impl Communicator {
 
     /// Issues `plan` at `seq`, now, on the caller's thread; `done` is called with its
     /// output by whoever drives the rank when it completes.
-    pub(crate) fn issue_raw(&self, seq: u64, plan: Plan, done: crate::work::Done<Output>) {
+    pub(crate) fn issue_raw(&self, seq: u64, plan: Plan, done: crate::rank::driver::Done<Output>) {
         self.rank.driver.submit(self.group.info.id, seq, plan, done);
     }
 
@@ -486,7 +486,7 @@ impl Communicator {
     pub fn destroy(&self) -> Work<()> {
         // The group's NCCL communicators, if it has any, go too.
         #[cfg(feature = "cuda")]
-        if let Some(w) = crate::lock(&self.group.nccl_worker).as_ref() {
+        if let Some(w) = crate::sync::lock(&self.group.nccl_worker).as_ref() {
             w.release(self.group.info.id);
         }
         self.group.p2p.release(self.group.info.id);

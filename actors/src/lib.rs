@@ -41,27 +41,20 @@
 
 pub mod comm;
 pub mod device;
-mod driver;
-pub mod init;
+pub mod job;
 pub mod object;
 pub mod process;
 pub(crate) mod rank;
 pub mod security;
 pub mod store;
-mod system;
+mod sync;
 pub mod transport;
 pub mod work;
 pub mod world;
 
-/// Locks, ignoring poisoning: a panic elsewhere must not turn into a panic here (the state
-/// each of the crate's locks guards stays whole between its statements).
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 pub use comm::{Communicator, P2POp, FIRST_RESERVED_TAG};
 pub use device::{DeviceBackend, TensorDeviceExt};
-pub use init::{InitArgs, JobConfig, Launcher, Rendezvous};
+pub use job::{InitArgs, JobConfig, Launcher, Rendezvous};
 pub use process::{init, Process};
 pub use security::{Secret, Security};
 pub use store::{FileStore, MemoryStore, PrefixStore, Store, TcpStore, TcpStoreServer};

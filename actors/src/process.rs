@@ -20,12 +20,12 @@
 //! orderly exit for a lost peer; then the connections close after their queues are sent.
 
 use crate::comm::{Communicator, RankShared};
-use crate::driver::{spin_from_env, Driver, DEFAULT_SPIN_TCP};
-use crate::init::{InitArgs, JobConfig, Rendezvous};
-use crate::rank::Leave;
+use crate::job::{InitArgs, JobConfig, Rendezvous};
+use crate::rank::actor::Leave;
+use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN_TCP};
+use crate::rank::system;
 use crate::security::{self, Security};
 use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
-use crate::system;
 use crate::transport::mesh::{Connect, Mesh, Settings};
 use crate::transport::tcp::{Inbound, Liveness};
 use actix::System;

@@ -1,6 +1,6 @@
 //! [`Work`]: the handle of a call in flight (torch's `Work`, from `async_op=True`).
 
-use crate::driver::Driver;
+use crate::rank::driver::{Done, Driver};
 use collectix_runtime::completion::{slot, Completer, Waiter};
 use collectix_runtime::{Error, Result};
 use std::future::Future;
@@ -50,10 +50,6 @@ pub struct Work<T> {
     /// The future was polled before (later polls do not spin).
     polled: bool,
 }
-
-/// What completes a [`Work`]: takes the engine's output (boxed so the rank actor can hold
-/// completers of every type in one map).
-pub(crate) type Done<I> = Box<dyn FnOnce(Result<I>) + Send>;
 
 impl<T: Send + 'static> Work<T> {
     /// A new handle and the function that completes it from an `I`, mapped by `map`.

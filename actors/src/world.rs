@@ -2,9 +2,9 @@
 //! actix `System` that runs on a thread of its own (see the private `system` module).
 
 use crate::comm::{Communicator, RankShared};
-use crate::driver::{spin_from_env, Driver, DEFAULT_SPIN};
-use crate::rank::Quiesce;
-use crate::system;
+use crate::rank::actor::Quiesce;
+use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN};
+use crate::rank::system;
 use crate::transport::local;
 use actix::System;
 use collectix_runtime::data_plane::Arenas;

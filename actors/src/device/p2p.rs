@@ -38,8 +38,8 @@
 use super::standin::StandIn;
 use super::TensorDeviceExt;
 use crate::comm::{Communicator, DATA_TAG, GO_TAGS};
-use crate::driver::Driver;
-use crate::work::{Done, Work};
+use crate::rank::driver::{Done, Driver};
+use crate::work::Work;
 use collectix_runtime::completion::Completer;
 use collectix_runtime::error::ProtocolError;
 use collectix_runtime::{
@@ -200,7 +200,7 @@ struct LanesInner {
 
 impl Lanes {
     fn lock(&self) -> std::sync::MutexGuard<'_, LanesInner> {
-        crate::lock(&self.inner)
+        crate::sync::lock(&self.inner)
     }
 
     /// Issues the outbox, in order, unless another thread is at it (it then issues what was
@@ -792,7 +792,7 @@ mod nccl {
     use super::super::cuda::worker::{Call, Init, Job, WorkerHandle};
     use super::{break_in_lane, break_out_lane, Carrier, InLane, OutLane, RecvDone, SendDone};
     use crate::comm::Communicator;
-    use crate::work::Done;
+    use crate::rank::driver::Done;
     use collectix_runtime::{
         CallOptions, DType, Device, Error, OpKind, Output, Result, Tensor, TensorSpec,
     };

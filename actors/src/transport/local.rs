@@ -6,7 +6,7 @@
 //! link never says "would block"; it is closed once the peer's actor has stopped.
 
 use super::{Link, LinkError, Links};
-use crate::driver::{Driver, Owed};
+use crate::rank::driver::{Driver, Owed};
 use collectix_runtime::wire::Message;
 use std::sync::Arc;
 

@@ -25,8 +25,8 @@
 
 use super::tcp::{self, Connection, Hello, Inbound, Liveness, Refused, TcpLink};
 use super::Link;
-use crate::lock;
 use crate::security::Security;
+use crate::sync::lock;
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{LinkError, Message};

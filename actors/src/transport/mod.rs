@@ -19,8 +19,5 @@ pub mod local;
 pub mod mesh;
 pub mod tcp;
 
-use collectix_runtime::wire::Message;
+pub(crate) use crate::rank::driver::Links;
 pub use collectix_runtime::wire::{Link, LinkError};
-
-/// A rank's links, one per global rank (its own included, unused).
-pub type Links = Vec<Box<dyn Link<Message> + Send>>;

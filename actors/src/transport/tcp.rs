@@ -48,8 +48,8 @@
 //! a frame (logged with the reason) is reported once as a lost peer ([`Inbound::lost`]).
 
 use super::Link;
-use crate::lock;
 use crate::security::{Denied, Security};
+use crate::sync::lock;
 use bytes::{Buf, BytesMut};
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::{self, Limits};

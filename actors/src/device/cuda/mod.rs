@@ -252,7 +252,7 @@ fn parse(block: &[u8]) -> Option<Agreement> {
 
 /// The group's worker on this rank, started on first use.
 fn worker(comm: &Communicator) -> Result<crossbeam_channel::Sender<Job>> {
-    let mut slot = crate::lock(&comm.group.nccl_worker);
+    let mut slot = crate::sync::lock(&comm.group.nccl_worker);
     if let Some(w) = slot.as_ref() {
         return Ok(w.sender());
     }

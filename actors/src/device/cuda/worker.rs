@@ -15,7 +15,7 @@
 use super::nccl::{Comm, Nccl};
 use super::ops::Op;
 use super::{context, cuda_err};
-use crate::work::Done;
+use crate::rank::driver::Done;
 use collectix_runtime::{DeviceError, Error, GroupId, OpKind, Output, Result, Tensor};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};

@@ -4,16 +4,10 @@
 //! rank's one timer, and carries out its shutdown ([`Quiesce`]) and its leaving ([`Leave`]).
 //! No protocol decision is made here.
 
-use crate::driver::Driver;
+use super::driver::{Driver, Kick};
 use actix::{Actor, AsyncContext, Context, Handler, Message as ActixMessage, SpawnHandle};
 use collectix_runtime::{Error, Time};
 use std::sync::Arc;
-
-/// Arrivals wait and no caller drives the rank (or the engine wants an earlier timer): the
-/// actor runs the engine. Sent once per burst (`collectix_runtime::progress`).
-#[derive(ActixMessage)]
-#[rtype(result = "()")]
-pub(crate) struct Kick;
 
 /// The world is shutting down: fail every waiting call with `Shutdown`, ignore what comes
 /// afterwards, and acknowledge with the rank's pending errors (failures of its groups that

@@ -21,18 +21,29 @@
 //! engine collects the finished calls and completes them once the lock is released, so that
 //! code may issue calls on the same rank.
 
-use crate::lock;
-use crate::rank::{Kick, RankActor};
-use crate::transport::Links;
-use crate::work::Done;
-use actix::Addr;
+use crate::sync::lock;
+use actix::{Message as ActixMessage, Recipient};
 use collectix_runtime::fast_hash::FastMap;
 use collectix_runtime::progress::{CachePadded, Driving, Inbox};
-use collectix_runtime::wire::{Message, Outbox};
+use collectix_runtime::wire::{Link, Message, Outbox};
 use collectix_runtime::{Engine, Error, GroupId, GroupInfo, OpId, Output, Plan, Result, Time};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
+
+/// Arrivals wait and no caller drives the rank (or the engine wants an earlier timer): the
+/// background driver (the rank's actor) runs the engine. Sent once per burst
+/// (`collectix_runtime::progress`).
+#[derive(ActixMessage)]
+#[rtype(result = "()")]
+pub(crate) struct Kick;
+
+/// What completes a call: takes the engine's output (boxed so the driver can hold completers
+/// of every type in one map; [`Work::pair`](crate::work::Work) makes one).
+pub(crate) type Done<I> = Box<dyn FnOnce(Result<I>) + Send>;
+
+/// A rank's links, one per global rank (its own included, unused).
+pub(crate) type Links = Vec<Box<dyn Link<Message> + Send>>;
 
 /// How long a waiting caller drives its rank before it parks, unless `COLLECTIX_SPIN_US`
 /// says otherwise.
@@ -249,8 +260,8 @@ pub(crate) struct Driver {
     /// On lines of its own: peers touch the `Arc`'s counts and the inbox, never the lock.
     core: CachePadded<Mutex<Core>>,
     inbox: Inbox<Message>,
-    /// The background driver: the rank's actor (set once it started).
-    actor: OnceLock<Addr<RankActor>>,
+    /// The background driver: the rank's actor (set once it started), woken with [`Kick`].
+    actor: OnceLock<Recipient<Kick>>,
     /// The engine's clock at the rank's start (see [`engine_clock`]).
     origin: Duration,
     /// When the actor's timer fires, in ns since `origin` (`u64::MAX`: not armed).
@@ -319,8 +330,8 @@ impl Driver {
     }
 
     /// Names the rank's actor, which drives the rank when no caller does.
-    pub(crate) fn set_actor(&self, addr: Addr<RankActor>) {
-        let _ = self.actor.set(addr);
+    pub(crate) fn set_actor(&self, actor: Recipient<Kick>) {
+        let _ = self.actor.set(actor);
     }
 
     /// The global rank.

@@ -3,8 +3,8 @@
 //! thread per rank. Shared by the in-process [`World`](crate::World) (many ranks) and a
 //! multi-process [`Process`](crate::Process) (one).
 
-use crate::driver::Driver;
-use crate::rank::RankActor;
+use super::actor::RankActor;
+use super::driver::Driver;
 use actix::{Actor, Addr, Arbiter, ArbiterHandle, System};
 use collectix_runtime::{Error, Result};
 use std::sync::mpsc;
@@ -57,7 +57,7 @@ pub(crate) fn start(name: &str, ranks: Vec<Arc<Driver>>) -> Result<Started> {
                         let _ = ttx.send(std::thread::current().id());
                         RankActor::new(d)
                     });
-                    driver.set_actor(addr.clone());
+                    driver.set_actor(addr.clone().recipient());
                     trx.recv().ok().map(|tid| (addr, arb.handle(), tid))
                 })
                 .collect();
