@@ -1,5 +1,5 @@
 //! Dropping a `World` from one of its own rank threads (here: a waker that the rank calls
-//! when a call completes) never hangs (issue 7: it deadlocked the process forever).
+//! when a call completes) never hangs (it used to deadlock the process forever).
 
 use collectix::{ReduceOp, Tensor, World};
 use std::future::Future;

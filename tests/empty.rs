@@ -1,5 +1,5 @@
-//! Empty tensors of every dtype work with every accessor and every collective (issue 7: an
-//! empty tensor wider than a byte failed every typed accessor with an alignment error).
+//! Empty tensors of every dtype work with every accessor and every collective (an empty
+//! tensor wider than a byte used to fail every typed accessor with an alignment error).
 
 use collectix::runtime::testing::{Case, COLLECTIVES};
 use collectix::{CallOptions, DType, ReduceOp, Tensor, World};

@@ -361,7 +361,7 @@ fn bad_arguments_fail_at_once_and_send_nothing() {
 
 /// A waker that panics (a broken executor) is called on the rank's thread when the call
 /// completes: the panic does not unwind through the rank; the call reports it as
-/// `Error::Panic`, and the rank goes on serving calls (issue 9).
+/// `Error::Panic`, and the rank goes on serving calls.
 #[test]
 fn a_panicking_waker_fails_its_call_not_the_rank() {
     use std::future::Future;

@@ -1,4 +1,4 @@
-//! The fault matrix of issue 9 ([`collectix::runtime::testing::faults`]) at actor level: real
+//! The fault matrix ([`collectix::runtime::testing::faults`]) at actor level: real
 //! rank actors in one process, each rank's program run by a thread of its own the way users
 //! drive ranks, for groups of 2, 3 and 5 ranks. One call at a time (each waits for the one
 //! before, on in-process links, which keep their order: the closing `monitored_barrier` must

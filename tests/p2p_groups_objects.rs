@@ -429,7 +429,7 @@ impl<'de> Deserialize<'de> for Fragile {
 
 #[test]
 fn a_panic_in_a_users_deserialize_fails_that_call_and_the_rank_carries_on() {
-    // Issue 9: it came out as `Shutdown` while the rank kept running.
+    // It used to come out as `Shutdown` while the rank kept running.
     let w = world(2);
     let c = w.communicators();
     let b: Vec<_> = c

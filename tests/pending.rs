@@ -1,4 +1,4 @@
-//! No swallowed mismatch, at actor level (issue 9): calls that complete early return `Ok`
+//! No swallowed mismatch, at actor level: calls that complete early return `Ok`
 //! even when their peers were in another call; the failure reaches each rank as its group's
 //! pending error, returned by the next call that needs a peer, by `monitored_barrier`, by
 //! `destroy`, or by `World::shutdown`.

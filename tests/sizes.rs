@@ -1,5 +1,5 @@
-//! No size from a caller crashes the process (issue 7: an all_gather declaring a peer's
-//! block as 2^50 elements aborted the process, the ring layout allocating before anything was
+//! No size from a caller crashes the process (an all_gather declaring a peer's block as
+//! 2^50 elements used to abort the process, the ring layout allocating before anything was
 //! checked). Every absurd size is `InvalidArgument` on the caller, at once.
 
 use collectix::runtime::collective::{Request, TensorSpec};

@@ -1,10 +1,11 @@
-//! The process world over TCP loopback (issue 11, first part): ranks join through `init`
-//! with `tcp://127.0.0.1:PORT` (rank 0 serves the store), connect to each other with the
-//! link's handshake, and run the matrix (`testing::matrix`: every collective × algorithm,
-//! several dtypes and ops), with values checked exactly; then they leave in order and none sees another's exit as a
-//! failure. Each rank is a thread of this test process with its own actor system and its
-//! own sockets: what crosses between ranks goes through the TCP links. The same matrix runs
-//! across separate OS processes in `cli/tests/multiprocess.rs` (the `check_job` example).
+//! The process world over TCP loopback: ranks join through `init` with
+//! `tcp://127.0.0.1:PORT` (rank 0 serves the store), connect to each other with the link's
+//! handshake, and run the matrix (`testing::matrix`: every collective × algorithm, several
+//! dtypes and ops), with values checked exactly; then they leave in order and none sees
+//! another's exit as a failure. Each rank is a thread of this test process with its own
+//! actor system and its own sockets: what crosses between ranks goes through the TCP links.
+//! The same matrix runs across separate OS processes in `cli/tests/multiprocess.rs` (the
+//! `check_job` example).
 
 #[allow(clippy::duplicate_mod)]
 #[path = "../examples/check_job.rs"]

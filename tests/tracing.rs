@@ -1,6 +1,6 @@
 //! With `tracing` on, each call is a span (rank, group, sequence number, collective, dtype,
 //! count, algorithm, bytes) closed with its outcome and duration, and a failure shows as a
-//! failed call and an aborted group (issue 9). This test binary installs a process-wide
+//! failed call and an aborted group. This test binary installs a process-wide
 //! subscriber that writes into a buffer, so it lives in a file of its own.
 
 use collectix::{ReduceOp, Tensor, World};

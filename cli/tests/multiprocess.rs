@@ -1,4 +1,4 @@
-//! Separate OS processes over TCP loopback (issue 11): the README's main example under
+//! Separate OS processes over TCP loopback: the README's main example under
 //! `collectix launch` and under `mpirun`, and a rank killed with SIGKILL in the middle of an
 //! all_reduce loop. The examples' binaries are built here (a no-op after `cargo test
 //! --workspace`, which builds them). Elapsed-time bounds are hang guards, not timings.

@@ -1,4 +1,4 @@
-//! Several hosts, made on one machine (issue 12): each rank runs in a network namespace of
+//! Several hosts, made on one machine: each rank runs in a network namespace of
 //! its own, with its own address, joined to the others by veth pairs on a bridge. The
 //! collective matrix passes across them; a silent partition (one veth set down: no FIN, no
 //! reset) fails every rank's pending call, naming the unreachable peer, within the link

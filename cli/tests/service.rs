@@ -1,4 +1,4 @@
-//! The `service` example (issue 12): an async tokio HTTP service embedding a communicator,
+//! The `service` example: an async tokio HTTP service embedding a communicator,
 //! run as three processes under `collectix launch`, driven with real HTTP requests, and
 //! stopped with SIGTERM (it must stop gracefully: every rank leaves in order and exits 0).
 

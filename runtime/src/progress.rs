@@ -36,14 +36,13 @@
 //! driver left since (and a leaving driver takes what it leaves behind), and an empty queue
 //! was taken after the push. The lock, the queue's header, the length and the count share
 //! one cache line: a push writes the first three and reads the count in one transfer of the
-//! line, and a spinning caller that sees the length has fetched the line its take locks.
-//! Measured against each on a line of its own (session 9's layout), with `collectix bench
-//! -b 4 -e 4`, the two builds alternating: W = 2 all_reduce of 4 bytes 2.18 → 1.78 µs, W = 2
-//! barrier 1.91 → 1.54 µs, W = 4 barrier 6.4 → 5.3 µs. The queue's slots are aligned so that
-//! an arrival of 96 bytes (a message, whose source its transport sets on delivery) spans two
-//! lines, never three: the push's fence waits for the lines it wrote, and the take reads
-//! them (W = 2 barrier 1.70 µs with a 104-byte (source, message) pair, 1.43 with the message
-//! alone, 1.18 aligned).
+//! line, and a spinning caller that sees the length has fetched the line its take locks:
+//! small calls are measurably faster than with each on a line of its own. The queue's slots
+//! are aligned so that an arrival of 96 bytes (a message, whose source its transport sets on
+//! delivery, rather than a larger (source, message) pair) spans two lines, never three: the
+//! push's fence waits for the lines it wrote, and the take reads them, so every line saved
+//! shortens both. (Figures: `docs/performance.md`, "Cache lines, fewer messages,
+//! placement".)
 
 use crate::sync::{fence, lock, AtomicUsize, Mutex, Ordering};
 use std::collections::VecDeque;

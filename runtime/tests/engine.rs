@@ -348,7 +348,7 @@ fn a_rank_outside_a_group_gets_not_a_member() {
 #[test]
 fn reusing_a_sequence_number_is_refused() {
     // The communicator takes sequence numbers in order: a reused one is a driver's bug,
-    // an internal error (issue 9), not the caller's invalid argument.
+    // an internal error, not the caller's invalid argument.
     let mut e = engine(0);
     let _ = e.submit(GroupId::WORLD, 4, all_reduce(0, vec![1.0]), Time::ZERO);
     let again = e.submit(GroupId::WORLD, 4, all_reduce(0, vec![1.0]), Time::ZERO);
@@ -551,7 +551,7 @@ fn messages_for_groups_not_yet_created_are_bounded_per_peer() {
 
 #[test]
 fn a_reduce_step_in_a_call_without_an_op_is_an_internal_error_not_a_sum() {
-    // Issue 8: the engine used to reduce with Sum when a plan had no op.
+    // The engine used to reduce with Sum when a plan had no op.
     use collectix_runtime::schedule::{Action, Layout, RecvOp, Schedule};
     let mut s = Schedule::new(Layout::blocks(&[1]));
     s.step(

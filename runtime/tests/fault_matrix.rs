@@ -1,4 +1,4 @@
-//! The fault matrix of issue 9 ([`collectix_runtime::testing::faults`]) in the seeded
+//! The fault matrix ([`collectix_runtime::testing::faults`]) in the seeded
 //! simulator, for groups of 2, 3 and 5 ranks. Each scenario runs three ways: one call at a
 //! time on links that keep their order (then the closing `monitored_barrier` must return the
 //! fault), one call at a time on links that reorder, and every call at once. Besides each

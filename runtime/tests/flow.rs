@@ -331,7 +331,7 @@ fn many_tags(window: u64, tags: u32, any_source: bool, seed: u64) {
 
 #[test]
 fn one_peer_on_many_tags_is_held_to_the_window() {
-    // Issue 7: the bound is per sending peer, whatever tags it uses (it was a window per
+    // The bound is per sending peer, whatever tags it uses (it used to be a window per
     // tag, so 300 tags made rank 0 buffer 300 messages).
     for (window, seed) in [(1, 1), (2, 2), (4, 3), (16, 4)] {
         many_tags(window, 300, false, seed);
@@ -426,7 +426,7 @@ fn a_root_that_shuts_down_sends_what_it_held_within_its_linger() {
 
 #[test]
 fn a_root_that_shuts_down_past_its_linger_fails_its_peers_at_once() {
-    // Issue 7: the held messages were dropped, and rank 1 waited for its whole timeout.
+    // The held messages used to be dropped, and rank 1 waited for its whole timeout.
     let linger = std::time::Duration::from_millis(10);
     let (sim, results) = root_shuts_down_early(linger, true);
     assert!(sim.engine(0).is_some_and(|e| e.is_drained()));

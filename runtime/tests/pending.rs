@@ -1,5 +1,5 @@
-//! Pending errors, `monitored_barrier` and `destroy_group`, in the seeded simulator (issue 9:
-//! no swallowed mismatch). A call that completes early (a broadcast root, a gather non-root)
+//! Pending errors, `monitored_barrier` and `destroy_group`, in the seeded simulator: no
+//! swallowed mismatch. A call that completes early (a broadcast root, a gather non-root)
 //! returns `Ok` even when its peers were in another call; the failure they find reaches this
 //! rank as the group's pending error, which its next call on the group, a
 //! `monitored_barrier` or `destroy_group` returns.

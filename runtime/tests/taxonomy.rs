@@ -1,5 +1,5 @@
 //! The error taxonomy stays honest: a bug in collectix is `Error::Internal`, never an
-//! `InvalidArgument` that blames the caller (issue 9). Scans the sources of the runtime and
+//! `InvalidArgument` that blames the caller. Scans the sources of the runtime and
 //! the actors for argument errors whose text says "internal".
 
 use std::path::{Path, PathBuf};

@@ -13,12 +13,12 @@
 //!
 //! The [`Locality::Host`] rows (processes of one host, over TCP) come from `bench/tune.py
 //! --transport tcp`, which measures exactly that, copied by hand where a sweep showed a clear
-//! winner (raw tables in `bench/results/2026-11-24-tune-tcp-session11`): there, on this
-//! project's 2-core VM, with the link's direct writes, the schedules in which one rank sends at
-//! a time won by 2–3× at small sizes (barrier W = 2: `direct` 11.7 µs against `dissemination`
-//! 34.8; W = 4: 29.7 against 64.7; all_reduce 4 B, W = 2: `reduce_broadcast` 15.2 against
-//! `recursive_doubling` 28.7), most likely because an exchange in which every rank sends at
-//! once wakes every reader thread at once while the callers spin on the same cores. Across
+//! winner (raw tables in `bench/results/2026-11-24-tune-tcp-session11`, figures in
+//! `docs/performance.md`): there, on a 2-core VM, with the link's direct writes, the
+//! schedules in which one rank sends at a time won by a wide margin at small sizes (the
+//! barrier's `direct` over `dissemination`, the 4-byte all_reduce's `reduce_broadcast` over
+//! `recursive_doubling`), most likely because an exchange in which every rank sends at once
+//! wakes every reader thread at once while the callers spin on the same cores. Across
 //! hosts the exchange costs one link latency and the sequence two, so the `Network` rows keep
 //! the exchange. A call with no `Host` row uses the `Network` rows.
 //!

@@ -50,7 +50,7 @@
 //! sent a credit at that point (at once, or when it made the call), which releases `s`; if it
 //! has not, the calls it waits for are below `s − window + 1`, so none of their messages is
 //! held. Either way the lowest held message is released or is not waited for, so `window >= 1`
-//! suffices. (Until issue 7 the peer kept the *highest* call asked about: it then answered only
+//! suffices. (The peer used to keep the *highest* call asked about: it then answered only
 //! once that one fitted, while the sender waited for its lowest — a valid program of a root
 //! far ahead and a peer issuing one call at a time stalled at the window.) The receiver, in
 //! turn, never buffers more than `window` calls per peer that it has not made yet, and treats
@@ -296,12 +296,12 @@ impl<T> Flow<T> {
             // Remember the lowest call asked about and the last, and answer each as soon as it
             // fits. The lowest is the one whose credit lets the sender go on (it releases its
             // held messages lowest first): keeping only the highest made the receiver wait for
-            // a call that itself needed the held messages (issue 7). The last is the one the
-            // sender waits for (every ask it sends replaces the one it waits for): keeping
-            // only the lowest lost it when the last was higher (an early ask for a message
-            // sent ahead), and the sender waited for an answer that never came (issue 13's
-            // bench). Asks in between need no record: every credit makes the sender ask again
-            // about its lowest held call if that is below the ask it waits for.
+            // a call that itself needed the held messages. The last is the one the sender
+            // waits for (every ask it sends replaces the one it waits for): keeping only the
+            // lowest lost it when the last was higher (an early ask for a message sent ahead),
+            // and the sender waited for an answer that never came. Asks in between need no
+            // record: every credit makes the sender ask again about its lowest held call if
+            // that is below the ask it waits for.
             p.want_lowest = Some(p.want_lowest.map_or(seq, |x| x.min(seq)));
             p.want_last = Some(seq);
         }

@@ -36,7 +36,7 @@ pub(super) struct Group {
     /// Point-to-point flow control (see [`crate::engine::p2p_flow`]): a window of eager messages
     /// per peer over all tags, and grants from posted receives. A peer can so make this rank
     /// buffer at most a window of its messages, whatever tags it uses and whatever receives
-    /// are posted for other ranks (issue 7: credit was counted per tag, and receives posted
+    /// are posted for other ranks (credit used to be counted per tag, and receives posted
     /// for one rank granted credit to all).
     pub(super) p2p_flow: P2pFlow,
 }

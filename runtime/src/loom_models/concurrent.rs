@@ -281,13 +281,14 @@ fn flow_control_window_of_one_three_ranks() {
     flow_control(3, 2);
 }
 
-/// The lagging receiver (issue 7): a window of one call, rank 1 issuing `calls` reduces to
+/// The lagging receiver: a window of one call, rank 1 issuing `calls` reduces to
 /// root 0 at once (a non-root's reduce completes as soon as its part is sent, so it runs ahead
 /// by itself), the root making each call only when the previous one finished, then a barrier.
-/// Note: this model passes on the flow control from before issue 7 too (loom explores only 3
-/// executions here: channels are FIFO and both ranks are single threads); the stall that issue
-/// 7 fixed needs the asks and credits to cross in one particular order, which the simulator's
-/// liveness sweep (`runtime/tests/liveness.rs`, the "Greedy" pattern) produces and catches.
+/// Note: this model passes on the old flow control too (the one that kept only the highest
+/// call asked about; loom explores only 3 executions here: channels are FIFO and both ranks
+/// are single threads); that flow control's stall needs the asks and credits to cross in one
+/// particular order, which the simulator's liveness sweep (`runtime/tests/liveness.rs`, the
+/// "Greedy" pattern) produces and catches.
 fn lagging_receiver(calls: u64) {
     let name = format!("flow control, window 1, a lagging root under {calls} reduces");
     check(&name, move || {

@@ -26,14 +26,13 @@
 //! Kernels are plain element loops over slices (`zip`/`map`/`collect`) that the compiler
 //! vectorizes for the integer and plain float ops; f16/bf16 convert in blocks of 256 through
 //! `half`'s slice conversions (F16C where the CPU has it), combine in f32, and round back.
-//! Measured with `cargo run --release --example kernel_bench` on the 2-core development
-//! machine (2026-11-22), 16 Ki elements per operand (cache-resident), bytes read + written:
-//! f32 sum 85 GB/s, f64 sum 84, i32 sum 81, i64 product 44, u8 xor 66 (vectorized); f32 max
-//! 26 (the NaN and ±0 branches); f16 sum 6, bf16 sum 5. At 16 Mi elements every dtype runs at
-//! 3–5 GB/s there, bound by the page faults of a fresh output buffer; that is why the engine
-//! reduces into buffers from a pool (`pool.rs`) that are recycled once their last share is
-//! dropped, instead of allocating one per chunk (the benchmark measures the unpooled
-//! reference path).
+//! `cargo run --release --example kernel_bench` measures them (figures in
+//! `docs/performance.md`): on cache-resident operands the vectorized loops run several times
+//! faster than f32 max (its NaN and ±0 branches), which runs several times faster than
+//! f16/bf16 (the conversions). On operands far larger than the cache every dtype is bound by
+//! the page faults of a fresh output buffer; that is why the engine reduces into buffers from
+//! a pool (`pool.rs`) that are recycled once their last share is dropped, instead of
+//! allocating one per chunk (the benchmark measures the unpooled reference path).
 
 use crate::error::{Error, Result};
 use crate::op::ReduceKind;

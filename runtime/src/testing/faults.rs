@@ -1,4 +1,4 @@
-//! The fault matrix of issue 9, shared by the simulator's run of it
+//! The fault matrix, shared by the simulator's run of it
 //! (`runtime/tests/fault_matrix.rs`) and the actors' (`tests/fault_matrix.rs`): in a group
 //! of `w` ranks, one rank (`m`) departs from what the others do —
 //! - it makes another collective (every ordered pair of the twelve), or the same one with
