@@ -1,78 +1,16 @@
 //! [`Communicator`]: one rank's handle on one group, with every torch.distributed call.
 
-use crate::device::DeviceBackend;
-use crate::rank::actor::RankActor;
-use crate::rank::driver::Driver;
-use crate::work::{guarded, Work};
-use actix::{Addr, ArbiterHandle};
+use crate::backend::p2p::FIRST_RESERVED_TAG;
+use crate::backend::{self, DeviceBackend};
+use crate::member::{Member, RankShared};
+use crate::work::Work;
 use collectix_runtime::collective::{Request, TensorSpec};
 use collectix_runtime::group::{check_members, fnv1a};
-use collectix_runtime::schedule::ScheduleCache;
 use collectix_runtime::{
     CallOptions, DType, Error, GroupId, GroupInfo, Output, Plan, ReduceOp, Result, Tensor,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// What a rank handle shares across its groups.
-pub(crate) struct RankShared {
-    pub(crate) rank: usize,
-    pub(crate) world: usize,
-    pub(crate) addr: Addr<RankActor>,
-    /// The rank's engine and inbox: calls are issued on it directly (see `driver`).
-    pub(crate) driver: Arc<Driver>,
-    pub(crate) arbiter: ArbiterHandle,
-    pub(crate) rank_threads: Arc<crate::work::RankThreads>,
-}
-
-/// One group as one rank holds it: its info and the counters that order its calls. On cache
-/// lines of its own: each call of the rank writes its sequence counter and its schedule
-/// cache's lock, and the members' copies are allocated one after another.
-#[repr(align(128))]
-pub(crate) struct GroupShared {
-    pub(crate) info: GroupInfo,
-    /// The next call's sequence number.
-    next_seq: AtomicU64,
-    /// Groups created from this one so far (part of their identity).
-    children: AtomicU64,
-    /// Calls on the NCCL path so far; taken together with the sequence number, under this
-    /// lock, so that both orders agree.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) nccl_calls: std::sync::Mutex<u64>,
-    /// The schedules of this member's recent calls, reused by later calls of the same shape.
-    schedules: ScheduleCache,
-    /// Point-to-point lanes of device tensors on the NCCL backend (`device/p2p.rs`).
-    pub(crate) p2p: crate::device::p2p::Lanes,
-    /// The group's NCCL worker thread on this rank, started on its first NCCL call: one per
-    /// group, so that a communicator still being created (waiting for the other members)
-    /// never holds up another group's calls.
-    #[cfg(feature = "cuda")]
-    pub(crate) nccl_worker: std::sync::Mutex<Option<crate::device::cuda::worker::WorkerHandle>>,
-}
-
-/// The first of the point-to-point tags collectix keeps for itself (up to `u32::MAX`): a
-/// [`send`](Communicator::send) or [`recv`](Communicator::recv) with one of them is refused
-/// with [`Error::InvalidArgument`].
-pub const FIRST_RESERVED_TAG: u32 = 0xFFFF_FF00;
-/// The receivers' answers to device sends' tickets, one tag per carrier (`device/p2p.rs`).
-pub(crate) const GO_TAGS: u32 = FIRST_RESERVED_TAG;
-/// The data of a device send between stand-in tensors (`device/p2p.rs`).
-pub(crate) const DATA_TAG: u32 = FIRST_RESERVED_TAG + 2;
-
-impl GroupShared {
-    pub(crate) fn new(info: GroupInfo) -> Arc<Self> {
-        Arc::new(GroupShared {
-            info,
-            next_seq: AtomicU64::new(0),
-            children: AtomicU64::new(0),
-            nccl_calls: std::sync::Mutex::new(0),
-            schedules: ScheduleCache::default(),
-            p2p: Default::default(),
-            #[cfg(feature = "cuda")]
-            nccl_worker: std::sync::Mutex::new(None),
-        })
-    }
-}
 
 /// A point-to-point operation for [`Communicator::batch_isend_irecv`] (torch's `P2POp`).
 #[derive(Clone, Debug)]
@@ -105,8 +43,8 @@ pub enum P2POp {
 /// where torch takes pre-allocated outputs, collectix takes their [`TensorSpec`]s.
 #[derive(Clone)]
 pub struct Communicator {
-    pub(crate) rank: Arc<RankShared>,
-    pub(crate) group: Arc<GroupShared>,
+    /// This rank in the group: where calls are planned and issued.
+    pub(crate) member: Member,
     /// How calls on device tensors run through this handle.
     pub(crate) device_backend: DeviceBackend,
 }
@@ -142,8 +80,7 @@ fn unit(_: Output) -> Result<()> {
 impl Communicator {
     pub(crate) fn new(rank: Arc<RankShared>, info: GroupInfo) -> Communicator {
         Communicator {
-            rank,
-            group: GroupShared::new(info),
+            member: Member::new(rank, info),
             device_backend: DeviceBackend::default(),
         }
     }
@@ -166,48 +103,39 @@ impl Communicator {
 
     /// This rank in the group.
     pub fn rank(&self) -> usize {
-        self.group.info.rank
+        self.member.group.info.rank
     }
 
     /// Ranks in the group.
     pub fn size(&self) -> usize {
-        self.group.info.size()
+        self.member.group.info.size()
     }
 
     /// This rank in the world.
     pub fn global_rank(&self) -> usize {
-        self.rank.rank
+        self.member.global_rank()
     }
 
     /// Ranks in the world.
     pub fn world_size(&self) -> usize {
-        self.rank.world
+        self.member.rank.world
     }
 
     /// The group's identity (the same on every member).
     pub fn group_id(&self) -> GroupId {
-        self.group.info.id
+        self.member.group.info.id
     }
 
     /// How many times this rank's actor has been woken to make progress that no waiting
     /// caller made (arrivals while nobody waited, or an earlier timer): a statistic of the
     /// hot path, which `collectix bench` reports per call.
     pub fn background_wakeups(&self) -> u64 {
-        self.rank.driver.wakeups()
+        self.member.rank.driver.wakeups()
     }
 
     /// The group's members, as world ranks, in group-rank order.
     pub fn members(&self) -> &[usize] {
-        &self.group.info.members
-    }
-
-    pub(crate) fn ready<T: Send + 'static>(&self, v: Result<T>) -> Work<T> {
-        Work::ready(self.rank.rank_threads.clone(), v)
-    }
-
-    /// Takes `n` consecutive sequence numbers of the group, now.
-    pub(crate) fn reserve(&self, n: u64) -> u64 {
-        self.group.next_seq.fetch_add(n, Ordering::Relaxed)
+        &self.member.group.info.members
     }
 
     /// Plans `req` (argument errors come back at once, nothing sent) and issues it; calls
@@ -220,49 +148,19 @@ impl Communicator {
     ) -> Work<T> {
         if let Request::Send { tag, .. } | Request::Recv { tag, .. } = &req {
             if *tag >= FIRST_RESERVED_TAG {
-                return self.ready(Err(Error::invalid(format!(
+                return self.member.ready(Err(Error::invalid(format!(
                     "tag {tag:#x} is reserved by collectix (tags from {FIRST_RESERVED_TAG:#x} up)"
                 ))));
             }
         }
         match req.device() {
-            Err(e) => return self.ready(Err(e)),
-            Ok(d) if !d.is_host() => return crate::device::call(self, d, req, opts, map),
+            Err(e) => return self.member.ready(Err(e)),
+            Ok(d) if !d.is_host() => {
+                return backend::call(&self.member, self.device_backend, d, req, opts, map)
+            }
             Ok(_) => {}
         }
-        self.call_host(req, opts, map)
-    }
-
-    /// [`call`](Communicator::call) for a request on host memory, with any mapping.
-    pub(crate) fn call_host<T: Send + 'static>(
-        &self,
-        req: Request,
-        opts: &CallOptions,
-        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
-    ) -> Work<T> {
-        let plan = match Plan::new_cached(req, &self.group.info, opts, &self.group.schedules) {
-            Ok(p) => p,
-            Err(e) => return self.ready(Err(e)),
-        };
-        let seq = if plan.is_p2p() { 0 } else { self.reserve(1) };
-        self.issue(seq, plan, map)
-    }
-
-    pub(crate) fn issue<T: Send + 'static>(
-        &self,
-        seq: u64,
-        plan: Plan,
-        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
-    ) -> Work<T> {
-        let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
-        self.issue_raw(seq, plan, done);
-        work.driven_by(self.rank.driver.clone())
-    }
-
-    /// Issues `plan` at `seq`, now, on the caller's thread; `done` is called with its
-    /// output by whoever drives the rank when it completes.
-    pub(crate) fn issue_raw(&self, seq: u64, plan: Plan, done: crate::rank::driver::Done<Output>) {
-        self.rank.driver.submit(self.group.info.id, seq, plan, done);
+        self.member.call_host(req, opts, map)
     }
 
     /// Issues any [`Request`] and hands back the raw [`Output`] (the typed methods below are
@@ -486,11 +384,12 @@ impl Communicator {
     pub fn destroy(&self) -> Work<()> {
         // The group's NCCL communicators, if it has any, go too.
         #[cfg(feature = "cuda")]
-        if let Some(w) = crate::sync::lock(&self.group.nccl_worker).as_ref() {
-            w.release(self.group.info.id);
+        if let Some(w) = crate::sync::lock(&self.member.group.nccl_worker).as_ref() {
+            w.release(self.member.group.info.id);
         }
-        self.group.p2p.release(self.group.info.id);
-        self.ready(self.rank.driver.destroy(self.group.info.id))
+        self.member.group.p2p.release(self.member.group.info.id);
+        self.member
+            .ready(self.member.rank.driver.destroy(self.member.group.info.id))
     }
 
     /// `barrier()` on a device, as torch's NCCL backend does it: a one-element all_reduce
@@ -510,7 +409,7 @@ impl Communicator {
                 &CallOptions::default(),
                 unit,
             ),
-            Err(e) => self.ready(Err(e)),
+            Err(e) => self.member.ready(Err(e)),
         }
     }
 
@@ -586,12 +485,15 @@ impl Communicator {
     /// `None`. The ranks agree first (a mismatched list is an [`Error::Mismatch`]).
     pub fn new_group(&self, ranks: &[usize]) -> Work<Option<Communicator>> {
         if let Err(e) = check_members(ranks, self.size()) {
-            return self.ready(Err(e));
+            return self.member.ready(Err(e));
         }
-        let index = self.group.children.fetch_add(1, Ordering::Relaxed);
-        let members: Vec<usize> = ranks.iter().map(|&r| self.group.info.global(r)).collect();
+        let index = self.member.group.children.fetch_add(1, Ordering::Relaxed);
+        let members: Vec<usize> = ranks
+            .iter()
+            .map(|&r| self.member.group.info.global(r))
+            .collect();
         let hash = fnv1a(members.iter().map(|&m| m as u64));
-        let id = GroupId::derive(self.group.info.id, index, &[0, hash]);
+        let id = GroupId::derive(self.member.group.info.id, index, &[0, hash]);
         self.subgroup(id, members, hash)
     }
 
@@ -600,20 +502,25 @@ impl Communicator {
     fn subgroup(&self, id: GroupId, members: Vec<usize>, hash: u64) -> Work<Option<Communicator>> {
         let plan = match Plan::new(
             Request::NewGroup { members: hash },
-            &self.group.info,
+            &self.member.group.info,
             &CallOptions::default(),
         ) {
             Ok(p) => p,
-            Err(e) => return self.ready(Err(e)),
+            Err(e) => return self.member.ready(Err(e)),
         };
-        let child =
-            GroupInfo::new(id, members, self.rank.rank, self.group.info.options.clone()).ok();
+        let child = GroupInfo::new(
+            id,
+            members,
+            self.member.rank.rank,
+            self.member.group.info.options.clone(),
+        )
+        .ok();
         if let Some(info) = &child {
-            self.rank.driver.add_group(info.clone());
+            self.member.rank.driver.add_group(info.clone());
         }
-        let rank = self.rank.clone();
-        let seq = self.reserve(1);
-        self.issue(seq, plan, move |_| {
+        let rank = self.member.rank.clone();
+        let seq = self.member.reserve(1);
+        self.member.issue(seq, plan, move |_| {
             Ok(child.map(|info| Communicator::new(rank, info)))
         })
     }
@@ -624,19 +531,23 @@ impl Communicator {
     pub fn new_subgroups(&self, group_size: usize) -> Work<Communicator> {
         let w = self.size();
         if group_size == 0 || !w.is_multiple_of(group_size) {
-            return self.ready(Err(Error::invalid(format!(
+            return self.member.ready(Err(Error::invalid(format!(
                 "subgroup size {group_size} does not divide the group size {w}"
             ))));
         }
-        let index = self.group.children.fetch_add(1, Ordering::Relaxed);
+        let index = self.member.group.children.fetch_add(1, Ordering::Relaxed);
         let k = self.rank() / group_size;
         let members: Vec<usize> = (k * group_size..(k + 1) * group_size)
-            .map(|r| self.group.info.global(r))
+            .map(|r| self.member.group.info.global(r))
             .collect();
-        let id = GroupId::derive(self.group.info.id, index, &[1, group_size as u64, k as u64]);
+        let id = GroupId::derive(
+            self.member.group.info.id,
+            index,
+            &[1, group_size as u64, k as u64],
+        );
         let inner = self.subgroup(id, members, fnv1a([1, group_size as u64]));
-        let (c, work) = Work::raw(self.rank.rank_threads.clone());
-        self.rank.arbiter.spawn(async move {
+        let (c, work) = Work::raw(self.member.rank.rank_threads.clone());
+        self.member.rank.arbiter.spawn(async move {
             c.complete(
                 inner
                     .await
@@ -649,13 +560,13 @@ impl Communicator {
     /// `split(color, key)` (torch's `split_group`/MPI's `Comm_split`): collective; ranks that
     /// pass the same `Some(color)` form a group, ordered by `(key, rank)`; `None` joins none.
     pub fn split(&self, color: Option<u32>, key: i64) -> Work<Option<Communicator>> {
-        let index = self.group.children.fetch_add(1, Ordering::Relaxed);
+        let index = self.member.group.children.fetch_add(1, Ordering::Relaxed);
         let mine = Tensor::from_vec(vec![color.map_or(-1, i64::from), key]);
         let w = self.size();
         let gathered = self.all_gather_into_tensor(TensorSpec::new(&[w, 2], DType::I64), mine);
-        let (c, work) = Work::raw(self.rank.rank_threads.clone());
-        let (rank, group) = (self.rank.clone(), self.group.clone());
-        self.rank.arbiter.spawn(async move {
+        let (c, work) = Work::raw(self.member.rank.rank_threads.clone());
+        let (rank, group) = (self.member.rank.clone(), self.member.group.clone());
+        self.member.rank.arbiter.spawn(async move {
             let r = gathered.await.and_then(|t| {
                 let v = t.to_vec::<i64>()?;
                 let Some(color) = color else { return Ok(None) };
@@ -675,53 +586,12 @@ impl Communicator {
         });
         work
     }
-
-    /// Issues a call whose second half depends on the first's result: both take their
-    /// sequence numbers now, so the group's order is the order of the calls. `then` plans the
-    /// second half (or fails on every rank alike, leaving the reserved number unused
-    /// everywhere); `finish` turns its result into the caller's.
-    pub(crate) fn chain<A, B, T>(
-        &self,
-        first: Work<A>,
-        then: impl FnOnce(A, &Communicator, u64) -> Result<Work<B>> + Send + 'static,
-        finish: impl FnOnce(B) -> Result<T> + Send + 'static,
-    ) -> Work<T>
-    where
-        A: Send + 'static,
-        B: Send + 'static,
-        T: Send + 'static,
-    {
-        let seq = self.reserve(1);
-        let (c, work) = Work::raw(self.rank.rank_threads.clone());
-        let me = self.clone();
-        self.rank.arbiter.spawn(async move {
-            // `then` and `finish` run user code (a `Deserialize` impl): guarded, so a panic
-            // fails this call with `Error::Panic` and the rank carries on.
-            let r = match first.await.and_then(|a| guarded(|| then(a, &me, seq))) {
-                Ok(w) => w.await.and_then(|b| guarded(|| finish(b))),
-                Err(e) => Err(e),
-            };
-            c.complete(r);
-        });
-        work
-    }
-
-    /// Plans `req` and issues it with a sequence number reserved earlier.
-    pub(crate) fn issue_at<T: Send + 'static>(
-        &self,
-        seq: u64,
-        req: Request,
-        map: fn(Output) -> Result<T>,
-    ) -> Result<Work<T>> {
-        let plan = Plan::new(req, &self.group.info, &CallOptions::default())?;
-        Ok(self.issue(seq, plan, map))
-    }
 }
 
 impl std::fmt::Debug for Communicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Communicator")
-            .field("group", &self.group.info.id)
+            .field("group", &self.member.group.info.id)
             .field("rank", &self.rank())
             .field("size", &self.size())
             .finish()
@@ -741,7 +611,7 @@ mod tests {
         let c = w.communicators()[0].clone();
         let (tx, rx) = mpsc::channel();
         let work = c.barrier();
-        let arbiter = c.rank.arbiter.clone();
+        let arbiter = c.member.rank.arbiter.clone();
         arbiter.spawn(async move {
             let _ = tx.send((
                 work.wait(),

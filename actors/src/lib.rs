@@ -39,9 +39,11 @@
 //! # Ok::<(), collectix_runtime::Error>(())
 //! ```
 
+mod backend;
 pub mod comm;
 pub mod device;
 pub mod job;
+mod member;
 pub mod object;
 pub mod process;
 pub(crate) mod rank;
@@ -52,8 +54,10 @@ pub mod transport;
 pub mod work;
 pub mod world;
 
-pub use comm::{Communicator, P2POp, FIRST_RESERVED_TAG};
-pub use device::{DeviceBackend, TensorDeviceExt};
+pub use backend::p2p::FIRST_RESERVED_TAG;
+pub use backend::DeviceBackend;
+pub use comm::{Communicator, P2POp};
+pub use device::TensorDeviceExt;
 pub use job::{InitArgs, JobConfig, Launcher, Rendezvous};
 pub use process::{init, Process};
 pub use security::{Secret, Security};

@@ -65,11 +65,11 @@ impl Communicator {
             Ok(Vec::new())
         };
         let first = self.broadcast(Tensor::from_vec(vec![len_of(&bytes)]), src);
-        self.chain(
+        self.member.chain(
             first,
             move |lens, me, seq| {
                 let n = sizes(&lens)?[0];
-                let data = if me.rank() == src {
+                let data = if me.group_rank() == src {
                     Tensor::from_vec(bytes?)
                 } else {
                     Tensor::zeros(&[n], DType::U8)?
@@ -93,7 +93,7 @@ impl Communicator {
         T: Serialize + DeserializeOwned + Send + 'static,
     {
         let (bytes, first) = self.encode_and_gather_sizes(obj);
-        self.chain(
+        self.member.chain(
             first,
             move |lens, me, seq| {
                 let specs = sizes(&lens)?
@@ -119,7 +119,7 @@ impl Communicator {
         T: Serialize + DeserializeOwned + Send + 'static,
     {
         let (bytes, first) = self.encode_and_gather_sizes(obj);
-        self.chain(
+        self.member.chain(
             first,
             move |lens, me, seq| {
                 let lens = sizes(&lens)?;
@@ -165,17 +165,17 @@ impl Communicator {
             Err(_) => vec![-1; w],
         };
         let first = self.broadcast(Tensor::from_vec(lens), src);
-        self.chain(
+        self.member.chain(
             first,
             move |lens, me, seq| {
                 let lens = sizes(&lens)?;
                 let max = lens.iter().copied().max().unwrap_or(0);
-                let inputs = if me.rank() == src {
+                let inputs = if me.group_rank() == src {
                     Some(encoded?.into_iter().map(|b| padded(b, max)).collect())
                 } else {
                     None
                 };
-                let own = lens[me.rank()];
+                let own = lens[me.group_rank()];
                 let req = Request::Scatter {
                     output: TensorSpec::new(&[max], DType::U8),
                     inputs,
@@ -194,22 +194,5 @@ impl Communicator {
         let spec = TensorSpec::new(&[self.size()], DType::I64);
         let first = self.all_gather_into_tensor(spec, Tensor::from_vec(vec![len_of(&bytes)]));
         (bytes, first)
-    }
-
-    /// A handle that completes with `f` applied to `w`'s result.
-    pub(crate) fn map_work<A, B>(
-        &self,
-        w: Work<A>,
-        f: impl FnOnce(A) -> Result<B> + Send + 'static,
-    ) -> Work<B>
-    where
-        A: Send + 'static,
-        B: Send + 'static,
-    {
-        let (c, out) = Work::raw(self.rank.rank_threads.clone());
-        self.rank
-            .arbiter
-            .spawn(async move { c.complete(w.await.and_then(f)) });
-        out
     }
 }

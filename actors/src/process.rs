@@ -19,8 +19,9 @@
 //! waits (bounded) until every rank has left the same way, so that no rank mistakes another's
 //! orderly exit for a lost peer; then the connections close after their queues are sent.
 
-use crate::comm::{Communicator, RankShared};
+use crate::comm::Communicator;
 use crate::job::{InitArgs, JobConfig, Rendezvous};
+use crate::member::RankShared;
 use crate::rank::actor::Leave;
 use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN_TCP};
 use crate::rank::system;
@@ -375,7 +376,7 @@ impl Process {
             return Vec::new();
         };
         let (tx, rx) = mpsc::channel();
-        self.comm.rank.addr.do_send(Leave {
+        self.comm.member.rank.addr.do_send(Leave {
             linger: LINGER,
             done: tx,
         });

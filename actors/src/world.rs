@@ -1,7 +1,8 @@
 //! [`World`]: N in-process ranks, each an actor on its own actix `Arbiter` thread, under an
 //! actix `System` that runs on a thread of its own (see the private `system` module).
 
-use crate::comm::{Communicator, RankShared};
+use crate::comm::Communicator;
+use crate::member::RankShared;
 use crate::rank::actor::Quiesce;
 use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN};
 use crate::rank::system;
@@ -120,14 +121,14 @@ impl World {
         let on_rank = self
             .comms
             .first()
-            .is_some_and(|c| c.rank.rank_threads.0.contains(&me));
+            .is_some_and(|c| c.member.rank.rank_threads.0.contains(&me));
         // First every rank fails its waiting calls with `Shutdown` and stops listening; only
         // then does any rank stop (else a rank could see a peer's stop as a lost peer).
         let (tx, rx) = mpsc::channel();
         let mut asked: usize = 0;
         for c in &self.comms {
-            if c.rank.addr.connected() {
-                c.rank.addr.do_send(Quiesce(tx.clone()));
+            if c.member.rank.addr.connected() {
+                c.member.rank.addr.do_send(Quiesce(tx.clone()));
                 asked += 1;
             }
         }
@@ -185,7 +186,7 @@ mod tests {
         let w = World::local(3).unwrap_or_else(|e| panic!("{e}"));
         let c = w.communicators();
         let r = c[1].recv(TensorSpec::new(&[1], DType::I64), Some(0), 1);
-        c[1].rank.driver.peer_lost(0);
+        c[1].member.rank.driver.peer_lost(0);
         let got = r.wait_timeout(Duration::from_secs(30));
         assert!(
             matches!(got, Some(Err(Error::PeerLost { rank: 0 }))),
@@ -200,7 +201,7 @@ mod tests {
         let r = c[1].recv(TensorSpec::new(&[1], DType::I64), None, 5);
         let data = Tensor::from_vec(vec![7i64]);
         // Rank 0's link delivers a message that claims to come from rank 2.
-        c[1].rank.driver.deliver(
+        c[1].member.rank.driver.deliver(
             0,
             Message {
                 src: 2,

@@ -1,53 +1,22 @@
-//! Device tensors: where a call on CUDA memory goes, and how tensors move between devices.
+//! Device tensors and the resources behind them: moving tensors between the host and
+//! devices ([`TensorDeviceExt`]), host memory posing as a device for tests ([`StandIn`]),
+//! CUDA memory and the NCCL library (`cuda`, with the `cuda` feature), device workers, and
+//! the lanes of device point-to-point (`lanes.rs`). Nothing here knows of ranks or groups:
+//! how a call on device tensors runs is the backends' business (`backend/`).
 //!
-//! A tensor's [`Device`] is part of its value. A call whose tensors are on a device takes
-//! one of two paths, chosen per communicator handle with
-//! [`Communicator::with_device_backend`]:
-//!
-//! - [`DeviceBackend::Nccl`] (the default): an agreement step on the engine — a small
-//!   all_gather of every rank's call fingerprint, marked [`DataPath::Nccl`](collectix_runtime::DataPath::Nccl) —
-//!   then the NCCL operation on the rank's device worker thread, which owns the group's
-//!   NCCL communicator. Mismatched calls fail on every rank in the agreement step, before
-//!   NCCL is called; an NCCL operation that does not finish within the group's timeout
-//!   aborts the communicator. Needs the `cuda` feature.
-//! - [`DeviceBackend::HostStaged`]: the inputs are copied to the host, the ordinary engine
-//!   runs the call, and the outputs are copied back to the call's device. It works without
-//!   NCCL and in groups that mix ranks with and without GPUs (their fingerprints agree: both
-//!   take the engine's path).
-//!
-//! Send and receive of device tensors on the NCCL backend take a path of their own
-//! (`device/p2p.rs`): a rendezvous on the engine (a ticket matched by source and tag), then
-//! the data on NCCL, on a communicator per direction between the two ranks. [`StandIn`]
-//! tensors take the same protocol with the host carrying the data, so tests drive it
-//! without a GPU.
-//!
-//! Without the `cuda` feature every device operation returns
-//! [`DeviceError::FeatureDisabled`]; the host-staged path still runs for device storage
-//! that can copy itself ([`StandIn`], which keeps its bytes in host memory, lets tests drive
-//! the device paths on machines with no GPU).
+//! A tensor's [`Device`] is part of its value. Without the `cuda` feature every device
+//! operation returns [`DeviceError::FeatureDisabled`]; device storage that can copy itself
+//! ([`StandIn`], which keeps its bytes in host memory) still moves, so tests drive the
+//! device paths on machines with no GPU.
 
-use crate::comm::Communicator;
-use crate::work::Work;
-use collectix_runtime::{CallOptions, Device, DeviceError, Error, Output, Request, Result, Tensor};
+use collectix_runtime::{Device, DeviceError, Error, Result, Tensor};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub(crate) mod p2p;
-mod staged;
+pub(crate) mod lanes;
 mod standin;
 
 pub use standin::StandIn;
-
-/// How calls on device tensors run (torch's choice of backend for CUDA tensors).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum DeviceBackend {
-    /// NCCL, on the rank's device worker (needs the `cuda` feature and libnccl).
-    #[default]
-    Nccl,
-    /// Copy to the host, run on the engine, copy back.
-    HostStaged,
-}
 
 /// Moving tensors between the host and devices.
 pub trait TensorDeviceExt: Sized {
@@ -96,7 +65,7 @@ fn download(storage: &dyn collectix_runtime::DeviceStorage) -> Result<bytes::Byt
 }
 
 /// `host` copied to `device`, into storage of the same kind as `like` (when given).
-fn upload(
+pub(crate) fn upload(
     host: &Tensor,
     device: Device,
     like: Option<&dyn collectix_runtime::DeviceStorage>,
@@ -110,44 +79,6 @@ fn upload(
         Device::Cuda(n) => cuda::upload(host, n),
         #[allow(unreachable_patterns)]
         _ => Err(DeviceError::FeatureDisabled.into()),
-    }
-}
-
-/// Runs a call whose tensors are on `device` through the communicator's device backend.
-pub(crate) fn call<T: Send + 'static>(
-    comm: &Communicator,
-    device: Device,
-    req: Request,
-    opts: &CallOptions,
-    map: fn(Output) -> Result<T>,
-) -> Work<T> {
-    let limit = comm.group.info.options.max_call_bytes;
-    match req.declared_bytes() {
-        Err(e) => return comm.ready(Err(e)),
-        Ok(b) if b > limit => {
-            return comm.ready(Err(Error::invalid(format!(
-                "the call declares {b} bytes of inputs and outputs, above the group's max_call_bytes ({limit})"
-            ))))
-        }
-        Ok(_) => {}
-    }
-    // Point-to-point calls on the NCCL backend: a rendezvous on the engine, then the data
-    // on a lane of their own (`p2p.rs`).
-    match (comm.device_backend, req) {
-        (DeviceBackend::Nccl, Request::Send { tensor, dst, tag }) => {
-            p2p::send(comm, (tensor, dst, tag), opts, map)
-        }
-        (DeviceBackend::Nccl, Request::Recv { spec, src, tag }) => {
-            p2p::recv(comm, spec, src, tag, opts, map)
-        }
-        (DeviceBackend::HostStaged, req) => staged::call(comm, device, req, opts, map),
-        #[cfg(feature = "cuda")]
-        (DeviceBackend::Nccl, req) => cuda::call(comm, device, req, opts, map),
-        #[cfg(not(feature = "cuda"))]
-        (DeviceBackend::Nccl, req) => {
-            let _ = (device, req);
-            comm.ready(Err(DeviceError::FeatureDisabled.into()))
-        }
     }
 }
 

@@ -2,9 +2,9 @@
 //!
 //! - [`CudaStorage`]: a tensor's bytes in device memory (a cudarc `CudaSlice<u8>`, shared,
 //!   with an offset so that a gathered buffer can be handed back as per-rank views).
-//! - `call`: validates a call for NCCL, runs the agreement step on the engine, and hands
-//!   the operation to the rank's device worker (`worker`), which owns the group's NCCL
-//!   communicator and completes the call's `Work` when its CUDA event fires.
+//! - `ops`: each collective as NCCL runs it; `worker`: the device worker thread, which owns
+//!   a group's (or a lane's) NCCL communicator and completes a call when its CUDA event
+//!   fires. The NCCL backend (`backend/nccl.rs`) drives them.
 //! - [`nccl`]: the library, loaded with a search of our own (see `docs/gpu.md`).
 
 /// cudarc, the CUDA driver binding collectix uses (for [`wrap`] and [`CudaStorage::slice`]).
@@ -14,18 +14,9 @@ pub mod nccl;
 pub(crate) mod ops;
 pub(crate) mod worker;
 
-use crate::comm::Communicator;
-use crate::work::Work;
-use collectix_runtime::error::CallDesc;
-use collectix_runtime::ids::FINGERPRINT_BYTES;
-use collectix_runtime::{
-    CallOptions, DType, Device, DeviceError, DeviceStorage, Error, Output, Plan, Request, Result,
-    Tensor, TensorSpec,
-};
-use collectix_runtime::{DataPath, Fingerprint};
+use collectix_runtime::{DType, Device, DeviceError, DeviceStorage, Error, Result, Tensor};
 use cudarc::driver::{CudaContext, CudaSlice, DriverError};
 use std::sync::Arc;
-use worker::{Call, Init, Job};
 
 /// A driver error as collectix's.
 pub(crate) fn cuda_err(call: &str) -> impl FnOnce(DriverError) -> Error + '_ {
@@ -211,189 +202,4 @@ pub(crate) fn upload(host: &Tensor, ordinal: u32) -> Result<Tensor> {
         CudaStorage::new(buf)
     };
     Tensor::from_device_storage(Arc::new(storage), host.dtype(), host.shape())
-}
-
-/// Words of the agreement step per rank: the fingerprint (its wire encoding, zero-padded),
-/// the call's NCCL ordinal, a status, and rank 0's NCCL id on the group's first NCCL call.
-const FP_BYTES: usize = 64;
-const HANDSHAKE_BYTES: usize = FP_BYTES + 8 + 8 + 128;
-
-fn encode_fp(fp: &Fingerprint) -> Result<[u8; FP_BYTES]> {
-    let mut out = [0u8; FP_BYTES];
-    out[..FINGERPRINT_BYTES].copy_from_slice(&fp.to_bytes());
-    Ok(out)
-}
-
-fn decode_fp(b: &[u8]) -> Option<Fingerprint> {
-    let bytes: &[u8; FINGERPRINT_BYTES] = b.get(..FINGERPRINT_BYTES)?.try_into().ok()?;
-    Fingerprint::from_bytes(bytes).ok()
-}
-
-/// One rank's part of the agreement step, as it arrived.
-struct Agreement {
-    fp_bytes: Vec<u8>,
-    k: u64,
-    status: u64,
-    id: [u8; 128],
-}
-
-fn parse(block: &[u8]) -> Option<Agreement> {
-    let fp_bytes = block.get(..FP_BYTES)?.to_vec();
-    let k = u64::from_le_bytes(block.get(FP_BYTES..FP_BYTES + 8)?.try_into().ok()?);
-    let status = u64::from_le_bytes(block.get(FP_BYTES + 8..FP_BYTES + 16)?.try_into().ok()?);
-    let id: [u8; 128] = block.get(FP_BYTES + 16..HANDSHAKE_BYTES)?.try_into().ok()?;
-    Some(Agreement {
-        fp_bytes,
-        k,
-        status,
-        id,
-    })
-}
-
-/// The group's worker on this rank, started on first use.
-fn worker(comm: &Communicator) -> Result<crossbeam_channel::Sender<Job>> {
-    let mut slot = crate::sync::lock(&comm.group.nccl_worker);
-    if let Some(w) = slot.as_ref() {
-        return Ok(w.sender());
-    }
-    let w = worker::WorkerHandle::spawn_named(format!(
-        "cx-nccl-{}-{:x}",
-        comm.global_rank(),
-        comm.group.info.id.0 & 0xffff
-    ))?;
-    let tx = w.sender();
-    *slot = Some(w);
-    Ok(tx)
-}
-
-/// Issues a call on CUDA tensors through NCCL.
-pub(crate) fn call<T: Send + 'static>(
-    comm: &Communicator,
-    device: Device,
-    req: Request,
-    opts: &CallOptions,
-    map: fn(Output) -> Result<T>,
-) -> Work<T> {
-    let Device::Cuda(ordinal) = device else {
-        return comm.ready(Err(Error::invalid(format!("no NCCL path for {device}"))));
-    };
-    let info = &comm.group.info;
-    let (op, fp) = match ops::plan(req, info.rank, info.size(), ordinal) {
-        Ok(x) => x,
-        Err(e) => return comm.ready(Err(e)),
-    };
-    let tx = match worker(comm) {
-        Ok(t) => t,
-        Err(e) => return comm.ready(Err(e)),
-    };
-    let fp_bytes = match encode_fp(&fp) {
-        Ok(b) => b,
-        Err(e) => return comm.ready(Err(e)),
-    };
-    // The sequence number and the NCCL ordinal are taken together, so both orders agree.
-    let (seq, k) = {
-        let mut n = match comm.group.nccl_calls.lock() {
-            Ok(n) => n,
-            Err(_) => return comm.ready(Err(Error::internal("lock poisoned"))),
-        };
-        let k = *n;
-        *n += 1;
-        (comm.reserve(1), k)
-    };
-    // Rank 0 makes the group's NCCL id for its first NCCL call; a failure is reported in
-    // the agreement step, so every rank fails together.
-    let mut status = 0u64;
-    let mut id = [0u8; 128];
-    if k == 0 && info.rank == 0 {
-        match nccl::Nccl::load().and_then(|n| n.unique_id()) {
-            Ok(i) => id = i,
-            Err(_) => status = 1,
-        }
-    }
-    let mut block = Vec::with_capacity(HANDSHAKE_BYTES);
-    block.extend_from_slice(&fp_bytes);
-    block.extend_from_slice(&k.to_le_bytes());
-    block.extend_from_slice(&status.to_le_bytes());
-    block.extend_from_slice(&id);
-    let size = info.size();
-    let req = Request::AllGatherIntoTensor {
-        input: Tensor::from_vec(block),
-        output: TensorSpec::new(&[size * HANDSHAKE_BYTES], DType::U8),
-    };
-    let plan = match Plan::new(req, info, opts) {
-        Ok(p) => p.with_path(DataPath::Nccl),
-        Err(e) => return comm.ready(Err(e)),
-    };
-    let (done, work) = Work::pair(comm.rank.rank_threads.clone(), map);
-    let timeout = opts.timeout.unwrap_or(info.options.timeout);
-    let (group, me, members) = (info.id, info.rank, info.members.clone());
-    let (kind, dtype) = (fp.kind, fp.dtype);
-    comm.issue_raw(
-        seq,
-        plan,
-        Box::new(move |agreed: Result<Output>| {
-            let checked = agreed.and_then(|out| {
-                let all = match out {
-                    Output::Tensor(t) => t.to_vec::<u8>()?,
-                    other => return Err(Error::internal(format!("agreement step gave {other:?}"))),
-                };
-                let mut init_id = None;
-                for (r, block) in all.chunks(HANDSHAKE_BYTES).enumerate() {
-                    let theirs =
-                        parse(block).ok_or_else(|| Error::internal("short agreement block"))?;
-                    let rank = members.get(r).copied().unwrap_or(r);
-                    if theirs.fp_bytes != fp_bytes || theirs.k != k {
-                        let their_fp = decode_fp(&theirs.fp_bytes).unwrap_or(fp);
-                        return Err(Error::Mismatch {
-                            group,
-                            seq: Some(seq),
-                            ours: CallDesc {
-                                rank: members.get(me).copied().unwrap_or(me),
-                                call: fp,
-                            },
-                            theirs: CallDesc {
-                                rank,
-                                call: their_fp,
-                            },
-                            report: Vec::new(),
-                        });
-                    }
-                    if theirs.status != 0 {
-                        return Err(DeviceError::Nccl {
-                            call: format!("ncclGetUniqueId on rank {rank}"),
-                            code: 0,
-                            detail: "rank 0 could not make the group's NCCL id".into(),
-                        }
-                        .into());
-                    }
-                    if r == 0 && k == 0 {
-                        init_id = Some(theirs.id);
-                    }
-                }
-                Ok(init_id.map(|id| Init { id, rank: me, size }))
-            });
-            let job = match checked {
-                Ok(init) => Job::Call(Box::new(Call {
-                    group,
-                    k,
-                    init,
-                    device: ordinal,
-                    kind,
-                    dtype,
-                    rank: me,
-                    op,
-                    timeout,
-                    done,
-                })),
-                Err(e) => {
-                    done(Err(e));
-                    Job::Skip { group, k }
-                }
-            };
-            // A worker that is gone has failed every call it held; this one's `done` was
-            // moved into the job, and dropping it completes the Work with `Shutdown`.
-            let _ = tx.send(job);
-        }),
-    );
-    work
 }

@@ -594,7 +594,7 @@ pub(crate) fn plan(
             Err(Error::internal("a call without tensors on the NCCL path"))
         }
         Request::Send { .. } | Request::Recv { .. } => Err(Error::internal(
-            "point-to-point device calls go through device/p2p.rs",
+            "point-to-point device calls go through backend/p2p.rs",
         )),
         _ => Err(DeviceError::Unsupported("this call".into()).into()),
     }

@@ -71,7 +71,7 @@ pub(crate) struct WorkerHandle {
 
 impl WorkerHandle {
     /// Starts a worker on a thread named `name` (fails if libnccl cannot be loaded): a
-    /// group's on one rank, or a point-to-point lane's (`device/p2p.rs`).
+    /// group's on one rank, or a point-to-point lane's (`backend/p2p.rs`).
     pub(crate) fn spawn_named(name: String) -> Result<WorkerHandle> {
         let nccl = Nccl::load()?;
         let (tx, rx) = crossbeam_channel::unbounded();

@@ -33,11 +33,13 @@
 //! runs it at once: no thread is woken for it). A callback never calls the engine with the
 //! lanes' lock held — the engine may run other callbacks on the same thread, which take the
 //! lock — so what must be issued in ordinal order goes into the lanes' *outbox* under the
-//! lock, and is issued, in order, by one thread at a time once the lock is released.
 
-use super::standin::StandIn;
-use super::TensorDeviceExt;
-use crate::comm::{Communicator, DATA_TAG, GO_TAGS};
+use crate::device::lanes::{
+    fail_all, Action, Carrier, Failed, InLane, LanesInner, OutLane, PendingSend, RecvDone,
+    Released, SendDone,
+};
+use crate::device::{StandIn, TensorDeviceExt};
+use crate::member::Member;
 use crate::rank::driver::{Done, Driver};
 use crate::work::Work;
 use collectix_runtime::completion::Completer;
@@ -46,24 +48,22 @@ use collectix_runtime::{
     CallOptions, DType, DataPath, Device, DeviceError, Error, Output, Plan, Request, Result,
     Tensor, TensorSpec,
 };
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
 
-/// How a lane moves its data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Carrier {
-    /// NCCL between two GPUs.
-    Nccl = 0,
-    /// A host message: the carrier of [`StandIn`] tensors (tests without a GPU).
-    Host = 1,
-}
+/// The first of the point-to-point tags collectix keeps for itself (up to `u32::MAX`): a
+/// [`send`](crate::Communicator::send) or [`recv`](crate::Communicator::recv) with one of
+/// them is refused with [`Error::InvalidArgument`].
+pub const FIRST_RESERVED_TAG: u32 = 0xFFFF_FF00;
+/// The receivers' answers to device sends' tickets, one tag per carrier.
+const GO_TAGS: u32 = FIRST_RESERVED_TAG;
+/// The data of a device send between stand-in tensors.
+const DATA_TAG: u32 = FIRST_RESERVED_TAG + 2;
 
-impl Carrier {
-    /// The tag the receivers' answers to this carrier's tickets travel on: one per carrier,
-    /// so that each lane's answers are matched only by that lane's waiting sends.
-    fn go_tag(self) -> u32 {
-        GO_TAGS + self as u32
-    }
+/// The tag the receivers' answers to a carrier's tickets travel on: one per carrier, so that
+/// each lane's answers are matched only by that lane's waiting sends.
+fn go_tag(carrier: Carrier) -> u32 {
+    GO_TAGS + carrier as u32
 }
 
 /// The ticket: the send's serial number and its carrier.
@@ -80,16 +80,16 @@ const REFUSED_DEVICE: u64 = 3;
 /// dropped unfinished (a device worker that died with the call). Either way the callers
 /// parked on its rank are woken: the call may complete on a device worker's thread, outside
 /// any run of the engine, which would not announce it.
-struct Finish<T> {
+struct Notify<T> {
     c: Option<Completer<T>>,
     driver: Arc<Driver>,
 }
 
-impl<T> Finish<T> {
-    fn new(c: Completer<T>, comm: &Communicator) -> Finish<T> {
-        Finish {
+impl<T> Notify<T> {
+    fn new(c: Completer<T>, member: &Member) -> Notify<T> {
+        Notify {
             c: Some(c),
-            driver: comm.rank.driver.clone(),
+            driver: member.rank.driver.clone(),
         }
     }
 
@@ -101,170 +101,12 @@ impl<T> Finish<T> {
     }
 }
 
-impl<T> Drop for Finish<T> {
+impl<T> Drop for Notify<T> {
     fn drop(&mut self) {
         if let Some(c) = self.c.take() {
             c.complete(Err(Error::Shutdown));
             self.driver.notify();
         }
-    }
-}
-
-/// Completes a send's `Work`.
-type SendDone = Box<dyn FnOnce(Result<()>) + Send>;
-
-/// Completes a receive's `Work` with the received tensor.
-type RecvDone = Box<dyn FnOnce(Result<Tensor>) + Send>;
-
-/// A call on the engine, queued under the lanes' lock and issued after it (see the module
-/// doc).
-type Action = Box<dyn FnOnce() + Send>;
-
-/// Sends to fail once the lanes' lock is released.
-type Failed = Vec<(SendDone, Error)>;
-
-fn fail_all(failed: Failed) {
-    for (done, e) in failed {
-        done(Err(e));
-    }
-}
-
-/// A send waiting for its go.
-struct PendingSend {
-    tensor: Tensor,
-    done: SendDone,
-}
-
-/// A send whose go arrived, waiting for the earlier ordinals of its lane.
-struct Released {
-    send: PendingSend,
-    id: [u8; 128],
-}
-
-/// One direction from this rank to a peer.
-#[derive(Default)]
-struct OutLane {
-    next_s: u64,
-    pending: HashMap<u64, PendingSend>,
-    next_k: u64,
-    released: BTreeMap<u64, Released>,
-    broken: Option<Error>,
-    /// The device the lane's sends come from (a communicator lives on one).
-    device: Option<Device>,
-    #[cfg(feature = "cuda")]
-    worker: Option<super::cuda::worker::WorkerHandle>,
-}
-
-impl OutLane {
-    /// Marks the lane broken (the first error stays) and takes every send waiting on it.
-    fn break_with(&mut self, e: Error) -> Failed {
-        let e = self.broken.get_or_insert(e).clone();
-        let released = std::mem::take(&mut self.released).into_values();
-        self.pending
-            .drain()
-            .map(|(_, p)| p)
-            .chain(released.map(|r| r.send))
-            .map(|p| (p.done, e.clone()))
-            .collect()
-    }
-}
-
-/// One direction from a peer to this rank.
-#[derive(Default)]
-struct InLane {
-    next_k: u64,
-    broken: Option<Error>,
-    /// The device the lane's receives go to.
-    device: Option<Device>,
-    #[cfg(feature = "cuda")]
-    worker: Option<super::cuda::worker::WorkerHandle>,
-}
-
-/// A group member's lanes (in its [`GroupShared`](crate::comm::GroupShared)).
-#[derive(Default)]
-pub(crate) struct Lanes {
-    inner: Mutex<LanesInner>,
-}
-
-#[derive(Default)]
-struct LanesInner {
-    out: HashMap<(usize, Carrier), OutLane>,
-    inn: HashMap<(usize, Carrier), InLane>,
-    /// The group was destroyed on this rank: no lane is made any more.
-    released: bool,
-    /// Calls on the engine to issue, in this order, once the lock is released.
-    outbox: VecDeque<Action>,
-    /// A thread is issuing the outbox.
-    draining: bool,
-}
-
-impl Lanes {
-    fn lock(&self) -> std::sync::MutexGuard<'_, LanesInner> {
-        crate::sync::lock(&self.inner)
-    }
-
-    /// Issues the outbox, in order, unless another thread is at it (it then issues what was
-    /// added too). Called without the lock held.
-    fn drain(&self) {
-        {
-            let mut lanes = self.lock();
-            if lanes.draining {
-                return;
-            }
-            lanes.draining = true;
-        }
-        // Should an action unwind, the next drain must still be possible.
-        struct Owner<'a>(&'a Lanes, bool);
-        impl Drop for Owner<'_> {
-            fn drop(&mut self) {
-                if self.1 {
-                    self.0.lock().draining = false;
-                }
-            }
-        }
-        let mut owner = Owner(self, true);
-        loop {
-            let next = {
-                let mut lanes = self.lock();
-                match lanes.outbox.pop_front() {
-                    Some(a) => a,
-                    None => {
-                        lanes.draining = false;
-                        owner.1 = false;
-                        return;
-                    }
-                }
-            };
-            next();
-        }
-    }
-
-    /// The group is destroyed on this rank: every lane breaks with [`Error::Shutdown`], its
-    /// waiting sends fail with it, its NCCL communicator is released (aborted), and no lane
-    /// is made any more.
-    pub(crate) fn release(&self, group: collectix_runtime::GroupId) {
-        let failed: Failed = {
-            let mut lanes = self.lock();
-            lanes.released = true;
-            let mut failed = Vec::new();
-            for lane in lanes.out.values_mut() {
-                failed.extend(lane.break_with(Error::Shutdown));
-                #[cfg(feature = "cuda")]
-                if let Some(w) = lane.worker.take() {
-                    w.release(group);
-                }
-            }
-            for lane in lanes.inn.values_mut() {
-                lane.broken.get_or_insert(Error::Shutdown);
-                #[cfg(feature = "cuda")]
-                if let Some(w) = lane.worker.take() {
-                    w.release(group);
-                }
-            }
-            failed
-        };
-        let _ = group;
-        fail_all(failed);
     }
 }
 
@@ -277,7 +119,7 @@ fn carrier_of(t: &Tensor) -> Result<Carrier> {
     }
     #[cfg(feature = "cuda")]
     {
-        super::cuda::storage_of(t).map(|_| Carrier::Nccl)
+        crate::device::cuda::storage_of(t).map(|_| Carrier::Nccl)
     }
     #[cfg(not(feature = "cuda"))]
     {
@@ -290,9 +132,9 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 /// Plans a host request and issues it now; `done` gets its output (or the planning error).
-fn issue(comm: &Communicator, req: Request, opts: &CallOptions, done: Done<Output>) {
-    match Plan::new(req, &comm.group.info, opts) {
-        Ok(plan) => comm.issue_raw(0, plan, done),
+fn issue(member: &Member, req: Request, opts: &CallOptions, done: Done<Output>) {
+    match Plan::new(req, &member.group.info, opts) {
+        Ok(plan) => member.issue_raw(0, plan, done),
         Err(e) => done(Err(e)),
     }
 }
@@ -312,26 +154,26 @@ fn same_device(lane: &mut Option<Device>, d: Device) -> Result<()> {
 }
 
 /// `send` of a device tensor on the NCCL backend.
-pub(super) fn send<T: Send + 'static>(
-    comm: &Communicator,
+pub(crate) fn send<T: Send + 'static>(
+    member: &Member,
     (tensor, dst, tag): (Tensor, usize, u32),
     opts: &CallOptions,
     map: fn(Output) -> Result<T>,
 ) -> Work<T> {
     let carrier = match carrier_of(&tensor) {
         Ok(c) => c,
-        Err(e) => return comm.ready(Err(e)),
+        Err(e) => return member.ready(Err(e)),
     };
-    let info = &comm.group.info;
+    let info = &member.group.info;
     let key = (dst, carrier);
     let (dtype, count, device) = (tensor.dtype(), tensor.numel() as u64, tensor.device());
-    let (c, work) = Work::raw(comm.rank.rank_threads.clone());
+    let (c, work) = Work::raw(member.rank.rank_threads.clone());
     // Its caller drives the rank while it waits, as for any call: the steps run as it does.
-    let work = work.driven_by(comm.rank.driver.clone());
-    let fin = Finish::new(c, comm);
+    let work = work.driven_by(member.rank.driver.clone());
+    let fin = Notify::new(c, member);
     let done: SendDone = Box::new(move |r| fin.complete(r.and_then(|()| map(Output::None))));
     let admitted = {
-        let mut lanes = comm.group.p2p.lock();
+        let mut lanes = member.group.p2p.lock();
         if lanes.released {
             Err((Error::Shutdown, done))
         } else {
@@ -340,7 +182,7 @@ pub(super) fn send<T: Send + 'static>(
                 Err((e.clone(), done))
             } else if let Err(e) = same_device(&mut lane.device, device) {
                 Err((e, done))
-            } else if let Err(e) = start_lane(comm, key, lane) {
+            } else if let Err(e) = start_lane(member, key, lane) {
                 Err((e, done))
             } else {
                 let s = lane.next_s;
@@ -362,32 +204,32 @@ pub(super) fn send<T: Send + 'static>(
     let plan = match Plan::nccl_ticket(info, opts, (dst, tag), (dtype, count), ticket) {
         Ok(p) => p,
         Err(e) => {
-            fail_pending(comm, key, s, e);
+            fail_pending(member, key, s, e);
             return work;
         }
     };
     // The wait for the receiver's answer takes the group's timeout, not the call's: answers
     // are matched in the order they come, by whichever of the lane's waiting sends posted
     // first, so each must wait as long as any.
-    let me = comm.clone();
+    let me = member.clone();
     let opts_go = opts.clone();
     issue(
-        comm,
+        member,
         Request::Recv {
             spec: TensorSpec::new(&[GO_BYTES], DType::U8),
             src: Some(dst),
-            tag: carrier.go_tag(),
+            tag: go_tag(carrier),
         },
         &CallOptions::default(),
         Box::new(move |r| match r {
             Ok(out) => on_go(&me, key, out, &opts_go),
             // No answer within the timeout (or the group failed): the receiver's order is
             // unknown from here on, so the lane is broken.
-            Err(e) => break_out_lane(&me.group.p2p, key, e),
+            Err(e) => me.group.p2p.break_out(key, e),
         }),
     );
-    let me = comm.clone();
-    comm.issue_raw(
+    let me = member.clone();
+    member.issue_raw(
         0,
         plan,
         Box::new(move |r| {
@@ -402,18 +244,18 @@ pub(super) fn send<T: Send + 'static>(
 /// Starts an NCCL lane's worker on its first send, so that a sender without libnccl fails
 /// at once rather than after its receiver has answered (and libnccl is loaded once per
 /// lane, not per send).
-fn start_lane(comm: &Communicator, key: (usize, Carrier), lane: &mut OutLane) -> Result<()> {
+fn start_lane(member: &Member, key: (usize, Carrier), lane: &mut OutLane) -> Result<()> {
     #[cfg(feature = "cuda")]
     if key.1 == Carrier::Nccl {
-        nccl::worker(&mut lane.worker, comm, &format!("to{}", key.0))?;
+        super::nccl::lane_worker(&mut lane.worker, member, &format!("to{}", key.0))?;
     }
-    let _ = (comm, key, lane);
+    let _ = (member, key, lane);
     Ok(())
 }
 
 /// Fails send `s` of a lane, if it still waits.
-fn fail_pending(comm: &Communicator, key: (usize, Carrier), s: u64, e: Error) {
-    let p = comm
+fn fail_pending(member: &Member, key: (usize, Carrier), s: u64, e: Error) {
+    let p = member
         .group
         .p2p
         .lock()
@@ -425,23 +267,13 @@ fn fail_pending(comm: &Communicator, key: (usize, Carrier), s: u64, e: Error) {
     }
 }
 
-/// Breaks a lane to a peer: every send waiting on it fails with `e`, and so does every
-/// later one.
-fn break_out_lane(lanes: &Lanes, key: (usize, Carrier), e: Error) {
-    let failed = match lanes.lock().out.get_mut(&key) {
-        Some(lane) => lane.break_with(e),
-        None => Vec::new(),
-    };
-    fail_all(failed);
-}
-
 /// The receiver's answer to one of this rank's tickets.
-fn on_go(comm: &Communicator, key: (usize, Carrier), out: Output, opts: &CallOptions) {
+fn on_go(member: &Member, key: (usize, Carrier), out: Output, opts: &CallOptions) {
     let b = match out {
         Output::Received { tensor, .. } => tensor.to_vec::<u8>().unwrap_or_default(),
         _ => Vec::new(),
     };
-    let peer = comm.group.info.global(key.0);
+    let peer = member.group.info.global(key.0);
     let protocol = |what: String| Error::Protocol {
         rank: peer,
         detail: ProtocolError::Malformed(what),
@@ -454,7 +286,7 @@ fn on_go(comm: &Communicator, key: (usize, Carrier), out: Output, opts: &CallOpt
             .and_then(|i| <[u8; 128]>::try_from(i).ok()),
     );
     let failed = {
-        let mut lanes = comm.group.p2p.lock();
+        let mut lanes = member.group.p2p.lock();
         let LanesInner { out, outbox, .. } = &mut *lanes;
         let Some(lane) = out.get_mut(&key) else {
             return;
@@ -477,14 +309,14 @@ fn on_go(comm: &Communicator, key: (usize, Carrier), out: Output, opts: &CallOpt
                 }
                 Some(send) => {
                     lane.released.insert(k, Released { send, id });
-                    issue_released(comm, key, (lane, outbox), opts)
+                    issue_released(member, key, (lane, outbox), opts)
                 }
             },
             _ => lane.break_with(protocol(format!("an answer of {} bytes", b.len()))),
         }
     };
     fail_all(failed);
-    comm.group.p2p.drain();
+    member.group.p2p.drain();
 }
 
 /// The error a refused send fails with.
@@ -509,7 +341,7 @@ fn refusal(status: u64, peer: usize) -> Error {
 /// transfer that cannot be issued breaks the lane: an ordinal skipped on one end would pair
 /// the next transfer with the wrong receive.
 fn issue_released(
-    comm: &Communicator,
+    member: &Member,
     key: (usize, Carrier),
     (lane, outbox): (&mut OutLane, &mut VecDeque<Action>),
     opts: &CallOptions,
@@ -517,7 +349,7 @@ fn issue_released(
     while let Some(r) = lane.released.remove(&lane.next_k) {
         let k = lane.next_k;
         lane.next_k += 1;
-        if let Err((e, done)) = start_send(comm, key, (lane, outbox), k, r, opts) {
+        if let Err((e, done)) = start_send(member, key, (lane, outbox), k, r, opts) {
             let mut failed = lane.break_with(e.clone());
             failed.push((done, e));
             return failed;
@@ -529,7 +361,7 @@ fn issue_released(
 /// Issues transfer `k` of a lane to a peer (a host message goes into the outbox); gives
 /// the send back if it could not.
 fn start_send(
-    comm: &Communicator,
+    member: &Member,
     key: (usize, Carrier),
     (lane, outbox): (&mut OutLane, &mut VecDeque<Action>),
     k: u64,
@@ -541,14 +373,14 @@ fn start_send(
     let PendingSend { tensor, done } = send;
     match carrier {
         Carrier::Host => {
-            let (me, opts) = (comm.clone(), opts.clone());
+            let (me, opts) = (member.clone(), opts.clone());
             outbox.push_back(Box::new(move || {
                 // The copy is made here, not under the lanes' lock.
                 let host = match tensor.to_host() {
                     Ok(h) => h,
                     Err(e) => {
                         // Transfer `k` never leaves: the lane cannot go on.
-                        break_out_lane(&me.group.p2p, key, e.clone());
+                        me.group.p2p.break_out(key, e.clone());
                         return done(Err(e));
                     }
                 };
@@ -564,7 +396,7 @@ fn start_send(
                     &opts,
                     Box::new(move |r| {
                         if let Err(e) = &r {
-                            break_out_lane(&lanes.group.p2p, key, e.clone());
+                            lanes.group.p2p.break_out(key, e.clone());
                         }
                         done(r.map(|_| ()));
                     }),
@@ -573,7 +405,7 @@ fn start_send(
             Ok(())
         }
         #[cfg(feature = "cuda")]
-        Carrier::Nccl => nccl::send_job(comm, key, lane, (k, id), tensor, opts, done),
+        Carrier::Nccl => super::nccl::send_job(member, key, lane, (k, id), tensor, opts, done),
         #[cfg(not(feature = "cuda"))]
         Carrier::Nccl => {
             let _ = (lane, k, id, tensor);
@@ -583,8 +415,8 @@ fn start_send(
 }
 
 /// `recv` of a device tensor on the NCCL backend.
-pub(super) fn recv<T: Send + 'static>(
-    comm: &Communicator,
+pub(crate) fn recv<T: Send + 'static>(
+    member: &Member,
     spec: TensorSpec,
     src: Option<usize>,
     tag: u32,
@@ -598,18 +430,18 @@ pub(super) fn recv<T: Send + 'static>(
             src,
             tag,
         },
-        &comm.group.info,
+        &member.group.info,
         opts,
     ) {
         Ok(p) => p.with_path(DataPath::Nccl),
-        Err(e) => return comm.ready(Err(e)),
+        Err(e) => return member.ready(Err(e)),
     };
-    let (c, work) = Work::raw(comm.rank.rank_threads.clone());
+    let (c, work) = Work::raw(member.rank.rank_threads.clone());
     // Its caller drives the rank while it waits, as for any call: the steps run as it does.
-    let work = work.driven_by(comm.rank.driver.clone());
-    let fin = Finish::new(c, comm);
-    let (me, opts) = (comm.clone(), opts.clone());
-    comm.issue_raw(
+    let work = work.driven_by(member.rank.driver.clone());
+    let fin = Notify::new(c, member);
+    let (me, opts) = (member.clone(), opts.clone());
+    member.issue_raw(
         0,
         plan,
         Box::new(move |r| match r {
@@ -632,7 +464,7 @@ pub(super) fn recv<T: Send + 'static>(
 /// Answers a ticket from `src`: posts transfer `k` of the lane, then tells the sender `k`
 /// (or refuses, and the sender's send fails at once); `done` gets the transfer's tensor.
 fn on_ticket(
-    comm: &Communicator,
+    member: &Member,
     (ticket, src): (&[u8], usize),
     (spec, device): (TensorSpec, Device),
     opts: &CallOptions,
@@ -646,7 +478,7 @@ fn on_ticket(
     };
     let (Some(s), Some(carrier), TICKET_BYTES) = (s, carrier, ticket.len()) else {
         return done(Err(Error::Protocol {
-            rank: comm.group.info.global(src),
+            rank: member.group.info.global(src),
             detail: ProtocolError::Malformed(format!(
                 "a device send's ticket of {} bytes",
                 ticket.len()
@@ -661,18 +493,18 @@ fn on_ticket(
         b.extend_from_slice(&k.to_le_bytes());
         b.extend_from_slice(&status.to_le_bytes());
         b.extend_from_slice(&id);
-        let (me, opts) = (comm.clone(), opts.clone());
+        let (me, opts) = (member.clone(), opts.clone());
         Box::new(move || {
             let req = Request::Send {
                 tensor: Tensor::from_vec(b),
                 dst: src,
-                tag: carrier.go_tag(),
+                tag: go_tag(carrier),
             };
             issue(&me, req, &opts, Box::new(|_| ()));
         })
     };
     let refused = {
-        let mut lanes = comm.group.p2p.lock();
+        let mut lanes = member.group.p2p.lock();
         let LanesInner {
             inn,
             outbox,
@@ -691,14 +523,22 @@ fn on_ticket(
                 outbox.push_back(go(0, REFUSED_DEVICE, [0; 128]));
                 Some((done, e))
             } else {
-                post(comm, (src, carrier), (lane, outbox), spec, opts, &go, done)
+                post(
+                    member,
+                    (src, carrier),
+                    (lane, outbox),
+                    spec,
+                    opts,
+                    &go,
+                    done,
+                )
             }
         }
     };
     if let Some((done, e)) = refused {
         done(Err(e));
     }
-    comm.group.p2p.drain();
+    member.group.p2p.drain();
 }
 
 /// Takes the next ordinal `k` of a lane from a peer, makes the lane's NCCL id when `k = 0`,
@@ -706,7 +546,7 @@ fn on_ticket(
 /// posted in ordinal order, each before the sender hears of it). Gives `done` back, with
 /// the error, when the transfer cannot be posted (the sender is refused).
 fn post(
-    comm: &Communicator,
+    member: &Member,
     key: (usize, Carrier),
     (lane, outbox): (&mut InLane, &mut VecDeque<Action>),
     spec: TensorSpec,
@@ -720,7 +560,7 @@ fn post(
     let mut id = [0u8; 128];
     if k == 0 && carrier == Carrier::Nccl {
         #[cfg(feature = "cuda")]
-        let made = super::cuda::nccl::Nccl::load().and_then(|n| n.unique_id());
+        let made = crate::device::cuda::nccl::Nccl::load().and_then(|n| n.unique_id());
         #[cfg(not(feature = "cuda"))]
         let made: Result<[u8; 128]> = Err(DeviceError::FeatureDisabled.into());
         match made {
@@ -733,7 +573,7 @@ fn post(
     }
     let posted: std::result::Result<(), (RecvDone, Error)> = match carrier {
         Carrier::Host => {
-            let (me, opts) = (comm.clone(), opts.clone());
+            let (me, opts) = (member.clone(), opts.clone());
             outbox.push_back(Box::new(move || {
                 let req = Request::Recv {
                     spec: spec.on(Device::Host),
@@ -751,7 +591,7 @@ fn post(
                             other => Err(Error::internal(format!("a transfer gave {other:?}"))),
                         });
                         if let Err(e) = &r {
-                            break_in_lane(&lanes.group.p2p, key, e.clone());
+                            lanes.group.p2p.break_in(key, e.clone());
                         }
                         done(r);
                     }),
@@ -760,7 +600,7 @@ fn post(
             Ok(())
         }
         #[cfg(feature = "cuda")]
-        Carrier::Nccl => nccl::recv_job(comm, key, lane, (k, id), spec, opts, done),
+        Carrier::Nccl => super::nccl::recv_job(member, key, lane, (k, id), spec, opts, done),
         #[cfg(not(feature = "cuda"))]
         Carrier::Nccl => Err((done, DeviceError::FeatureDisabled.into())),
     };
@@ -777,197 +617,10 @@ fn post(
         }
     }
 }
-/// Breaks a lane from a peer: every later receive matched to it fails with `e`.
-fn break_in_lane(lanes: &Lanes, key: (usize, Carrier), e: Error) {
-    if let Some(lane) = lanes.lock().inn.get_mut(&key) {
-        lane.broken.get_or_insert(e);
-    }
-}
-
-/// The NCCL carrier: a device worker per lane, running the lane's transfers in ordinal
-/// order on a communicator of two ranks (the sender is rank 0).
-#[cfg(feature = "cuda")]
-mod nccl {
-    use super::super::cuda::ops::{Finish, Op};
-    use super::super::cuda::worker::{Call, Init, Job, WorkerHandle};
-    use super::{break_in_lane, break_out_lane, Carrier, InLane, OutLane, RecvDone, SendDone};
-    use crate::comm::Communicator;
-    use crate::rank::driver::Done;
-    use collectix_runtime::{
-        CallOptions, DType, Device, Error, OpKind, Output, Result, Tensor, TensorSpec,
-    };
-    use crossbeam_channel::SendError;
-
-    /// The lane's worker, started on first use.
-    pub(super) fn worker(
-        slot: &mut Option<WorkerHandle>,
-        comm: &Communicator,
-        what: &str,
-    ) -> Result<crossbeam_channel::Sender<Job>> {
-        if let Some(w) = slot.as_ref() {
-            return Ok(w.sender());
-        }
-        let w = WorkerHandle::spawn_named(format!("cx-nccl-{}-{what}", comm.global_rank()))?;
-        let tx = w.sender();
-        *slot = Some(w);
-        Ok(tx)
-    }
-
-    /// Transfer `k` of a lane as its worker runs it: lane rank 0 sends, 1 receives; the
-    /// first transfer creates the lane's communicator of two ranks from the go's id.
-    fn lane_call(
-        comm: &Communicator,
-        (k, id): (u64, [u8; 128]),
-        (lane_rank, ordinal): (usize, u32),
-        op: Op,
-        opts: &CallOptions,
-        done: Done<Output>,
-    ) -> Box<Call> {
-        Box::new(Call {
-            group: comm.group.info.id,
-            k,
-            init: (k == 0).then_some(Init {
-                id,
-                rank: lane_rank,
-                size: 2,
-            }),
-            device: ordinal,
-            kind: if lane_rank == 0 {
-                OpKind::Send
-            } else {
-                OpKind::Recv
-            },
-            dtype: DType::U8,
-            rank: lane_rank,
-            op,
-            timeout: opts.timeout.unwrap_or(comm.group.info.options.timeout),
-            done,
-        })
-    }
-
-    /// Hands send `k` of a lane to the lane's worker.
-    pub(super) fn send_job(
-        comm: &Communicator,
-        key: (usize, Carrier),
-        lane: &mut OutLane,
-        k_id: (u64, [u8; 128]),
-        tensor: Tensor,
-        opts: &CallOptions,
-        done: SendDone,
-    ) -> std::result::Result<(), (Error, SendDone)> {
-        let ordinal = match tensor.device() {
-            Device::Cuda(o) => o,
-            d => return Err((Error::invalid(format!("an NCCL send from {d}")), done)),
-        };
-        let tx = match worker(&mut lane.worker, comm, &format!("to{}", key.0)) {
-            Ok(t) => t,
-            Err(e) => return Err((e, done)),
-        };
-        let bytes = tensor.nbytes();
-        let op = Op::Exchange {
-            sends: vec![(1, tensor, 0..bytes)],
-            recvs: Vec::new(),
-            local: Vec::new(),
-            out_bytes: 0,
-            finish: Finish::Nothing,
-        };
-        // Weak: a call the worker holds must not keep the group (and so the worker) alive.
-        let group = std::sync::Arc::downgrade(&comm.group);
-        let finished: Done<Output> = Box::new(move |r: Result<Output>| {
-            if let (Err(e), Some(g)) = (&r, group.upgrade()) {
-                break_out_lane(&g.p2p, key, e.clone());
-            }
-            done(r.map(|_| ()));
-        });
-        // A worker that is gone gives the call back, to be failed once the lock is released.
-        match tx.send(Job::Call(lane_call(
-            comm,
-            k_id,
-            (0, ordinal),
-            op,
-            opts,
-            finished,
-        ))) {
-            Ok(()) => Ok(()),
-            Err(SendError(job)) => Err((Error::Shutdown, Box::new(move |r| fail_job(job, r)))),
-        }
-    }
-
-    /// Hands receive `k` of a lane to the lane's worker; gives `done` back if it cannot.
-    pub(super) fn recv_job(
-        comm: &Communicator,
-        key: (usize, Carrier),
-        lane: &mut InLane,
-        k_id: (u64, [u8; 128]),
-        spec: TensorSpec,
-        opts: &CallOptions,
-        done: RecvDone,
-    ) -> std::result::Result<(), (RecvDone, Error)> {
-        let Device::Cuda(ordinal) = spec.device else {
-            let e = Error::invalid(format!("an NCCL receive into {}", spec.device));
-            return Err((done, e));
-        };
-        let tx = match worker(&mut lane.worker, comm, &format!("from{}", key.0)) {
-            Ok(t) => t,
-            Err(e) => return Err((done, e)),
-        };
-        let bytes = match spec.numel() {
-            Ok(n) => n.saturating_mul(spec.dtype.size()),
-            Err(e) => return Err((done, e)),
-        };
-        let (dtype, shape) = (spec.dtype, spec.shape.clone());
-        let op = Op::Exchange {
-            sends: Vec::new(),
-            recvs: if bytes > 0 {
-                vec![(0, 0..bytes)]
-            } else {
-                Vec::new()
-            },
-            local: Vec::new(),
-            out_bytes: bytes,
-            finish: Finish::Whole(vec![bytes]),
-        };
-        let group = std::sync::Arc::downgrade(&comm.group);
-        let finished: Done<Output> = Box::new(move |r: Result<Output>| {
-            // The bytes, viewed as the receive's dtype and shape.
-            let r = r.and_then(|out| match out {
-                Output::Tensor(t) => match t.device_storage() {
-                    Some(st) => Tensor::from_device_storage(st.clone(), dtype, &shape),
-                    None => Err(Error::internal("an NCCL receive into host memory")),
-                },
-                other => Err(Error::internal(format!("an NCCL receive gave {other:?}"))),
-            });
-            if let (Err(e), Some(g)) = (&r, group.upgrade()) {
-                break_in_lane(&g.p2p, key, e.clone());
-            }
-            done(r);
-        });
-        // A worker that is gone gives the call back, to be failed once the lock is released.
-        match tx.send(Job::Call(lane_call(
-            comm,
-            k_id,
-            (1, ordinal),
-            op,
-            opts,
-            finished,
-        ))) {
-            Ok(()) => Ok(()),
-            Err(SendError(job)) => Err((Box::new(move |r| fail_job(job, r)), Error::Shutdown)),
-        }
-    }
-
-    /// Fails a call that a gone worker gave back: its `done` gets `r`'s error (never a
-    /// result: the call did not run).
-    fn fail_job<T>(job: Job, r: Result<T>) {
-        if let Job::Call(call) = job {
-            (call.done)(Err(r.err().unwrap_or(Error::Shutdown)));
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
-    use super::Finish;
+    use super::Notify;
     use crate::work::Work;
     use crate::World;
     use collectix_runtime::Error;
@@ -980,9 +633,9 @@ mod tests {
         let world = World::local(1).unwrap_or_else(|e| panic!("{e}"));
         let c = world.communicators()[0].clone();
         for drop_it in [false, true] {
-            let (done, work) = Work::<u32>::raw(c.rank.rank_threads.clone());
-            let work = work.driven_by(c.rank.driver.clone());
-            let fin = Finish::new(done, &c);
+            let (done, work) = Work::<u32>::raw(c.member.rank.rank_threads.clone());
+            let work = work.driven_by(c.member.rank.driver.clone());
+            let fin = Notify::new(done, &c.member);
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
                 let _ = tx.send(work.wait());

@@ -5,15 +5,15 @@
 //! The copies down happen on the calling thread, when the call is issued (so the call reads
 //! the values the tensors hold then); the copies up happen when the result arrives.
 
-use super::{upload, TensorDeviceExt};
-use crate::comm::Communicator;
+use crate::device::{upload, TensorDeviceExt};
+use crate::member::Member;
 use crate::work::Work;
 use collectix_runtime::{CallOptions, Device, DeviceStorage, Output, Request, Result, Tensor};
 use std::sync::Arc;
 
 /// Issues `req` (on `device`) through the host.
 pub(super) fn call<T: Send + 'static>(
-    comm: &Communicator,
+    member: &Member,
     device: Device,
     req: Request,
     opts: &CallOptions,
@@ -22,9 +22,9 @@ pub(super) fn call<T: Send + 'static>(
     let like = first_storage(&req);
     let host = match host_request(req) {
         Ok(r) => r,
-        Err(e) => return comm.ready(Err(e)),
+        Err(e) => return member.ready(Err(e)),
     };
-    comm.call_host(host, opts, move |out| {
+    member.call_host(host, opts, move |out| {
         map(up(out, device, like.as_deref())?)
     })
 }

@@ -1,0 +1,200 @@
+//! [`Member`]: one rank as a member of one group, and how its calls are issued.
+//!
+//! Every path a call takes ends here: the torch-style [`Communicator`](crate::Communicator)
+//! plans host calls and issues them through its member; the device backends
+//! (`backend/`) take a member, never a communicator, and issue the engine steps of their
+//! protocols through it. A member holds what the rank shares across its groups
+//! ([`RankShared`]) and what it holds of this group ([`GroupShared`]: the order of its calls,
+//! its schedule cache, and the device resources the group owns on this rank).
+
+use crate::device::lanes::Lanes;
+use crate::rank::actor::RankActor;
+use crate::rank::driver::{Done, Driver};
+use crate::work::{guarded, RankThreads, Work};
+use actix::{Addr, ArbiterHandle};
+use collectix_runtime::schedule::ScheduleCache;
+use collectix_runtime::{CallOptions, GroupInfo, Output, Plan, Request, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What a rank handle shares across its groups.
+pub(crate) struct RankShared {
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) addr: Addr<RankActor>,
+    /// The rank's engine and inbox: calls are issued on it directly (see `rank::driver`).
+    pub(crate) driver: Arc<Driver>,
+    pub(crate) arbiter: ArbiterHandle,
+    pub(crate) rank_threads: Arc<RankThreads>,
+}
+
+/// One group as one rank holds it: its info and the counters that order its calls. On cache
+/// lines of its own: each call of the rank writes its sequence counter and its schedule
+/// cache's lock, and the members' copies are allocated one after another.
+#[repr(align(128))]
+pub(crate) struct GroupShared {
+    pub(crate) info: GroupInfo,
+    /// The next call's sequence number.
+    next_seq: AtomicU64,
+    /// Groups created from this one so far (part of their identity).
+    pub(crate) children: AtomicU64,
+    /// Calls on the NCCL path so far; taken together with the sequence number, under this
+    /// lock, so that both orders agree.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) nccl_calls: Mutex<u64>,
+    /// The schedules of this member's recent calls, reused by later calls of the same shape.
+    schedules: ScheduleCache,
+    /// Point-to-point lanes of device tensors on the NCCL backend (`backend/p2p.rs`).
+    pub(crate) p2p: Lanes,
+    /// The group's NCCL worker thread on this rank, started on its first NCCL call: one per
+    /// group, so that a communicator still being created (waiting for the other members)
+    /// never holds up another group's calls.
+    #[cfg(feature = "cuda")]
+    pub(crate) nccl_worker: Mutex<Option<crate::device::cuda::worker::WorkerHandle>>,
+}
+
+impl GroupShared {
+    fn new(info: GroupInfo) -> Arc<Self> {
+        Arc::new(GroupShared {
+            info,
+            next_seq: AtomicU64::new(0),
+            children: AtomicU64::new(0),
+            nccl_calls: Mutex::new(0),
+            schedules: ScheduleCache::default(),
+            p2p: Lanes::default(),
+            #[cfg(feature = "cuda")]
+            nccl_worker: Mutex::new(None),
+        })
+    }
+}
+
+/// One rank in one group: where calls are planned against the group and issued on the
+/// rank's engine. Cheap to clone (two `Arc`s).
+#[derive(Clone)]
+pub(crate) struct Member {
+    pub(crate) rank: Arc<RankShared>,
+    pub(crate) group: Arc<GroupShared>,
+}
+
+impl Member {
+    /// The member of a new group `info` (this rank's view of it).
+    pub(crate) fn new(rank: Arc<RankShared>, info: GroupInfo) -> Member {
+        Member {
+            rank,
+            group: GroupShared::new(info),
+        }
+    }
+
+    /// This rank in the group.
+    pub(crate) fn group_rank(&self) -> usize {
+        self.group.info.rank
+    }
+
+    /// This rank in the world.
+    pub(crate) fn global_rank(&self) -> usize {
+        self.rank.rank
+    }
+
+    /// A handle that is complete already, with `v`.
+    pub(crate) fn ready<T: Send + 'static>(&self, v: Result<T>) -> Work<T> {
+        Work::ready(self.rank.rank_threads.clone(), v)
+    }
+
+    /// Takes `n` consecutive sequence numbers of the group, now.
+    pub(crate) fn reserve(&self, n: u64) -> u64 {
+        self.group.next_seq.fetch_add(n, Ordering::Relaxed)
+    }
+
+    /// Plans `req`, a request on host memory (argument errors come back at once, nothing
+    /// sent), and issues it, mapping its output with `map`.
+    pub(crate) fn call_host<T: Send + 'static>(
+        &self,
+        req: Request,
+        opts: &CallOptions,
+        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
+    ) -> Work<T> {
+        let plan = match Plan::new_cached(req, &self.group.info, opts, &self.group.schedules) {
+            Ok(p) => p,
+            Err(e) => return self.ready(Err(e)),
+        };
+        let seq = if plan.is_p2p() { 0 } else { self.reserve(1) };
+        self.issue(seq, plan, map)
+    }
+
+    /// Issues `plan` at `seq` and hands back its [`Work`], driven by its caller while it
+    /// waits.
+    pub(crate) fn issue<T: Send + 'static>(
+        &self,
+        seq: u64,
+        plan: Plan,
+        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
+    ) -> Work<T> {
+        let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
+        self.issue_raw(seq, plan, done);
+        work.driven_by(self.rank.driver.clone())
+    }
+
+    /// Issues `plan` at `seq`, now, on the caller's thread; `done` is called with its
+    /// output by whoever drives the rank when it completes.
+    pub(crate) fn issue_raw(&self, seq: u64, plan: Plan, done: Done<Output>) {
+        self.rank.driver.submit(self.group.info.id, seq, plan, done);
+    }
+
+    /// Plans `req` and issues it with a sequence number reserved earlier.
+    pub(crate) fn issue_at<T: Send + 'static>(
+        &self,
+        seq: u64,
+        req: Request,
+        map: fn(Output) -> Result<T>,
+    ) -> Result<Work<T>> {
+        let plan = Plan::new(req, &self.group.info, &CallOptions::default())?;
+        Ok(self.issue(seq, plan, map))
+    }
+
+    /// Issues a call whose second half depends on the first's result: both take their
+    /// sequence numbers now, so the group's order is the order of the calls. `then` plans the
+    /// second half (or fails on every rank alike, leaving the reserved number unused
+    /// everywhere); `finish` turns its result into the caller's.
+    pub(crate) fn chain<A, B, T>(
+        &self,
+        first: Work<A>,
+        then: impl FnOnce(A, &Member, u64) -> Result<Work<B>> + Send + 'static,
+        finish: impl FnOnce(B) -> Result<T> + Send + 'static,
+    ) -> Work<T>
+    where
+        A: Send + 'static,
+        B: Send + 'static,
+        T: Send + 'static,
+    {
+        let seq = self.reserve(1);
+        let (c, work) = Work::raw(self.rank.rank_threads.clone());
+        let me = self.clone();
+        self.rank.arbiter.spawn(async move {
+            // `then` and `finish` run user code (a `Deserialize` impl): guarded, so a panic
+            // fails this call with `Error::Panic` and the rank carries on.
+            let r = match first.await.and_then(|a| guarded(|| then(a, &me, seq))) {
+                Ok(w) => w.await.and_then(|b| guarded(|| finish(b))),
+                Err(e) => Err(e),
+            };
+            c.complete(r);
+        });
+        work
+    }
+
+    /// A handle that completes with `f` applied to `w`'s result.
+    pub(crate) fn map_work<A, B>(
+        &self,
+        w: Work<A>,
+        f: impl FnOnce(A) -> Result<B> + Send + 'static,
+    ) -> Work<B>
+    where
+        A: Send + 'static,
+        B: Send + 'static,
+    {
+        let (c, out) = Work::raw(self.rank.rank_threads.clone());
+        self.rank
+            .arbiter
+            .spawn(async move { c.complete(w.await.and_then(f)) });
+        out
+    }
+}
