@@ -215,6 +215,103 @@ pub enum DeviceError {
     },
 }
 
+/// What a rank was doing when its connection to a peer failed ([`LinkFailure::Io`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum LinkStep {
+    /// Opening the connection (the peer's address did not answer in time, or refused it).
+    Connect,
+    /// Sending the hello that names the job and both ranks.
+    Hello,
+    /// Waiting for the accepting rank's answer to the hello.
+    Answer,
+    /// Reading a connecting rank's hello.
+    ReadHello,
+}
+
+impl fmt::Display for LinkStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LinkStep::Connect => "connecting",
+            LinkStep::Hello => "sending the hello",
+            LinkStep::Answer => "waiting for the answer to the hello",
+            LinkStep::ReadHello => "reading the hello",
+        })
+    }
+}
+
+/// Why a link between two ranks could not be made ([`Error::Link`]): the connection failed,
+/// or one side's hello did not fit the other (another job, another version, another world).
+/// Every rank of a job must run the same collectix with the same job identity and world
+/// size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum LinkFailure {
+    /// The connection failed at `step`; `detail` is the operating system's word for it.
+    #[error("{step} failed: {detail}")]
+    Io {
+        /// What the rank was doing.
+        step: LinkStep,
+        /// The operating system's error text.
+        detail: String,
+    },
+    /// The other side does not speak collectix's link protocol (wrong magic).
+    #[error("not a collectix link (wrong magic)")]
+    NotALink,
+    /// The other side speaks another version of the link protocol.
+    #[error("link protocol version {theirs}; this rank speaks {ours}")]
+    Version {
+        /// The version the hello gave.
+        theirs: u32,
+        /// This rank's version.
+        ours: u32,
+    },
+    /// The connection comes from another job.
+    #[error("a connection from job {theirs:#x}; this is job {ours:#x}")]
+    OtherJob {
+        /// The job the hello names.
+        theirs: u64,
+        /// This rank's job.
+        ours: u64,
+    },
+    /// The two ranks disagree on the world's size.
+    #[error("the peer's world has {theirs} ranks; this one has {ours}")]
+    WorldSize {
+        /// The world size the hello gives.
+        theirs: u32,
+        /// This rank's world size.
+        ours: u32,
+    },
+    /// The hello asks for another rank than the one that accepted it.
+    #[error("the peer wants rank {wanted}; this is rank {ours}")]
+    WrongRank {
+        /// The rank the hello asks for.
+        wanted: u32,
+        /// The accepting rank.
+        ours: u32,
+    },
+    /// The hello's sender is not a peer: out of the world's range, or the accepting rank
+    /// itself.
+    #[error("rank {rank} is not a peer in a world of {world}")]
+    NotAPeer {
+        /// The rank the hello says it comes from.
+        rank: u32,
+        /// The world's size.
+        world: u32,
+    },
+    /// The accepting rank refused the hello, with its reason in its own words (one of the
+    /// failures above, as that rank saw it).
+    #[error("refused: {reason}")]
+    Refused {
+        /// The accepting rank's reason.
+        reason: String,
+    },
+    /// The peer said it was connecting to this rank itself (the lower rank's connection is
+    /// the one both keep), and its connection did not come in time.
+    #[error("the peer said it was connecting to this rank, and never did")]
+    NeverCame,
+}
+
 /// The error type of collectix.
 ///
 /// Every failure is `Clone + Send + Sync`, so that one failure can reach many waiters. Each
@@ -224,7 +321,8 @@ pub enum DeviceError {
 /// - the ranks disagree: [`Mismatch`](Error::Mismatch), [`SizeMismatch`](Error::SizeMismatch);
 /// - time ran out, naming who is missing: [`Timeout`](Error::Timeout),
 ///   [`StoreTimeout`](Error::StoreTimeout);
-/// - a peer: [`PeerLost`](Error::PeerLost), [`PeerShutdown`](Error::PeerShutdown),
+/// - a peer: [`PeerLost`](Error::PeerLost), [`Link`](Error::Link),
+///   [`PeerShutdown`](Error::PeerShutdown),
 ///   [`Protocol`](Error::Protocol), [`Remote`](Error::Remote);
 /// - the group failed, for any of these reasons: [`GroupAborted`](Error::GroupAborted);
 /// - stopping: [`Shutdown`](Error::Shutdown);
@@ -314,6 +412,20 @@ pub enum Error {
     PeerLost {
         /// The lost rank (global).
         rank: usize,
+    },
+    /// This rank could not make its link to peer rank `rank` at `addr` (see
+    /// [`LinkFailure`] for why): the peer's process is not running or not reachable at that
+    /// address, or it belongs to another job or version. Check that every rank runs, that
+    /// `addr` is the one it should listen on (`COLLECTIX_ADDR`, `COLLECTIX_SOCKET_IFNAME`),
+    /// and that every process runs the same collectix.
+    #[error("link to rank {rank} at {addr} failed: {failure}")]
+    Link {
+        /// The peer (global rank).
+        rank: usize,
+        /// The address the peer was reached at.
+        addr: String,
+        /// Why the link could not be made.
+        failure: LinkFailure,
     },
     /// The group was aborted because of `cause`, seen on this or another rank; every
     /// pending and later call on the group fails with this, and it is the pending error
@@ -503,6 +615,7 @@ mod tests {
             Error::Mismatch { .. } | Error::SizeMismatch { .. } => "mismatch",
             Error::Timeout { .. } | Error::StoreTimeout { .. } => "timeout",
             Error::PeerLost { .. }
+            | Error::Link { .. }
             | Error::PeerShutdown { .. }
             | Error::Protocol { .. }
             | Error::Remote { .. } => "peer",
@@ -570,6 +683,14 @@ mod tests {
             Error::NotAMember { group: g, rank: 4 },
             Error::WouldDeadlock,
             Error::Shutdown,
+            Error::Link {
+                rank: 2,
+                addr: "10.0.0.3:41234".into(),
+                failure: LinkFailure::Io {
+                    step: LinkStep::Connect,
+                    detail: "Connection refused (os error 111)".into(),
+                },
+            },
             Error::PeerShutdown {
                 rank: 1,
                 undelivered: 3,
@@ -600,12 +721,12 @@ mod tests {
     #[test]
     fn every_variant_says_in_one_line_who_is_at_fault() {
         let all = every_variant();
-        // Every variant once (20 of them: `class` lists them all, without a wildcard).
+        // Every variant once (21 of them: `class` lists them all, without a wildcard).
         let kinds: std::collections::BTreeSet<String> = all
             .iter()
             .map(|e| format!("{:?}", std::mem::discriminant(e)))
             .collect();
-        assert_eq!((kinds.len(), all.len()), (20, 20));
+        assert_eq!((kinds.len(), all.len()), (21, 21));
         for e in &all {
             let text = e.to_string();
             assert!(!text.is_empty() && !text.contains('\n'), "{e:?}: {text:?}");

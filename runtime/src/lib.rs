@@ -82,7 +82,7 @@ pub mod wire;
 
 pub use collective::{Output, Plan, Request, TensorSpec};
 pub use engine::{Engine, Event, OpId};
-pub use error::{DeviceError, Error, RankCall, Result};
+pub use error::{DeviceError, Error, LinkFailure, LinkStep, RankCall, Result};
 pub use group::{CallOptions, GroupId, GroupInfo, GroupOptions, Locality};
 pub use ids::{DataPath, Fingerprint};
 pub use op::{Algorithm, CodeError, OpKind, ReduceKind};

@@ -1,4 +1,4 @@
-//! The TCP connections of one process to its peers (issue 11): a listener with an acceptor
+//! The TCP connections of one process to its peers: a listener with an acceptor
 //! thread, a slot per peer, and connections made at once ([`Connect::Eager`]) or on a link's
 //! first message ([`Connect::Lazy`]).
 //!
@@ -30,7 +30,7 @@ use crate::sync::lock;
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{LinkError, Message};
-use collectix_runtime::{Error, Result};
+use collectix_runtime::{Error, LinkFailure, LinkStep, Result};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -133,8 +133,17 @@ impl Shared {
     /// Opens a connection to `peer` and installs it.
     fn connect(&self, peer: usize, within: Duration) -> Result<()> {
         let addr = &self.addrs[peer];
-        let mut s = connect_retrying(addr, within)
-            .map_err(|e| Error::Store(format!("cannot connect to rank {peer} at {addr}: {e}")))?;
+        let link_error = |failure: LinkFailure| Error::Link {
+            rank: peer,
+            addr: addr.clone(),
+            failure,
+        };
+        let mut s = connect_retrying(addr, within).map_err(|e| {
+            link_error(LinkFailure::Io {
+                step: LinkStep::Connect,
+                detail: e.to_string(),
+            })
+        })?;
         let hello = Hello {
             job: self.job,
             from: self.rank as u32,
@@ -154,9 +163,7 @@ impl Shared {
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                return Err(Error::Store(format!(
-                    "rank {peer} said it was connecting, and never did"
-                )));
+                return Err(link_error(LinkFailure::NeverCame));
             }
             Err(Refused::Auth(d)) => {
                 return Err(Error::Unauthenticated {
@@ -164,9 +171,7 @@ impl Shared {
                     reason: d.to_string(),
                 })
             }
-            Err(Refused::Why(e)) => {
-                return Err(Error::Store(format!("rank {peer} at {addr}: {e}")))
-            }
+            Err(Refused::Link(failure)) => return Err(link_error(failure)),
         }
         let _ = s.set_read_timeout(None);
         self.install(s, peer)
@@ -458,5 +463,81 @@ pub(crate) fn connect_retrying(addr: &str, within: Duration) -> std::io::Result<
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nowhere;
+
+    impl Inbound for Nowhere {
+        fn deliver(&self, _: usize, _: Message) {}
+        fn flush(&self, _: usize) {}
+        fn lost(&self, _: usize) {}
+    }
+
+    /// Rank `rank` of a world whose addresses are `addrs`, in job `job`, listening on
+    /// `listener`.
+    fn mesh(listener: TcpListener, rank: usize, addrs: Vec<String>, job: u64) -> Mesh {
+        let settings = Settings {
+            job,
+            limits: Limits::default(),
+            security: Security::insecure(),
+            liveness: Liveness::default(),
+        };
+        Mesh::start(listener, rank, addrs, settings, Arc::new(Nowhere))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn listener() -> (TcpListener, String) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}")).to_string();
+        (l, addr)
+    }
+
+    /// A peer that cannot be reached, or that belongs to another job, is a typed link
+    /// error naming the peer, its address and why: never a store error or a bare string.
+    #[test]
+    fn a_link_that_cannot_be_made_is_a_typed_error_naming_the_peer() {
+        // Nobody listens at rank 1's address.
+        let (l0, a0) = listener();
+        let (gone, a1) = listener();
+        drop(gone);
+        let mut m = mesh(l0, 0, vec![a0, a1.clone()], 7);
+        let within = Duration::from_millis(200);
+        match m.connect_all(Instant::now() + within, within) {
+            Err(Error::Link {
+                rank: 1,
+                addr,
+                failure:
+                    LinkFailure::Io {
+                        step: LinkStep::Connect,
+                        ..
+                    },
+            }) => assert_eq!(addr, a1),
+            other => panic!("{other:?}"),
+        }
+        m.close();
+        // Rank 1 listens, but in another job: it refuses the hello, and says why.
+        let (l0, a0) = listener();
+        let (l1, a1) = listener();
+        let mut other = mesh(l1, 1, vec![a0.clone(), a1.clone()], 8);
+        let mut m = mesh(l0, 0, vec![a0, a1], 7);
+        let within = Duration::from_secs(5);
+        match m.connect_all(Instant::now() + within, within) {
+            Err(Error::Link {
+                rank: 1,
+                failure: LinkFailure::Refused { reason },
+                ..
+            }) => {
+                let want = LinkFailure::OtherJob { theirs: 7, ours: 8 };
+                assert_eq!(reason, want.to_string());
+            }
+            other => panic!("{other:?}"),
+        }
+        m.close();
+        other.close();
     }
 }
