@@ -39,6 +39,7 @@
 //! # Ok::<(), collectix_runtime::Error>(())
 //! ```
 
+mod addr;
 mod backend;
 pub mod comm;
 pub mod device;

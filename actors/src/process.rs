@@ -1,4 +1,4 @@
-//! [`Process`]: this process's rank of a multi-process job, joined over TCP (issue 11).
+//! [`Process`]: this process's rank of a multi-process job, joined over TCP.
 //!
 //! [`init`] reads the job's settings ([`JobConfig`]), meets the other ranks through the
 //! store, connects to every peer (rank `i` connects to every `j > i` and accepts the others,
@@ -19,13 +19,14 @@
 //! waits (bounded) until every rank has left the same way, so that no rank mistakes another's
 //! orderly exit for a lost peer; then the connections close after their queues are sent.
 
+use crate::addr;
 use crate::comm::Communicator;
 use crate::job::{InitArgs, JobConfig, Rendezvous};
 use crate::member::RankShared;
 use crate::rank::actor::Leave;
 use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN_TCP};
 use crate::rank::system;
-use crate::security::{self, Security};
+use crate::security::Security;
 use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
 use crate::transport::mesh::{Connect, Mesh, Settings};
 use crate::transport::tcp::{Inbound, Liveness};
@@ -118,14 +119,14 @@ fn serve_store(host: &str, port: u16, security: &Security) -> Result<TcpStoreSer
                 TcpStoreServer::bind_secured((Ipv4Addr::UNSPECIFIED, port), security.clone())
             });
     }
-    let ip = security::resolve_ip(host).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let ip = addr::resolve_ip(host).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     TcpStoreServer::bind_secured((ip, port), security.clone())
 }
 
 /// Listens for peers on `ip` (this rank's address), or on every address when that one is not
 /// this host's (a name behind NAT) and any address is allowed.
 fn listen(ip: &str, security: &Security) -> Result<TcpListener> {
-    let ip = security::resolve_ip(ip).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let ip = addr::resolve_ip(ip).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     security.check_bind(ip, "this rank")?;
     TcpListener::bind((ip, 0))
         .or_else(|e| {
@@ -232,7 +233,7 @@ fn join(
 ) -> Result<Joined> {
     let left = || deadline.saturating_duration_since(Instant::now());
     // 2. Listen, publish.
-    let ip = security::own_ip(store_host)?;
+    let ip = addr::own_ip(store_host)?;
     let listener = listen(&ip, security)?;
     let port = listener
         .local_addr()
