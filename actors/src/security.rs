@@ -114,7 +114,7 @@ impl Secret {
     ) -> Result<[u8; NONCE], Denied> {
         let m = self
             .mac(label, ctx, nc, ns)
-            .ok_or_else(|| Denied::Secret("the secret is not an HMAC key".into()))?;
+            .ok_or(Denied::Secret(SecretMismatch::NotAKey))?;
         let mut out = [0u8; NONCE];
         out.copy_from_slice(&m.finalize().into_bytes());
         Ok(out)
@@ -143,13 +143,100 @@ pub struct Security {
 
 /// Why a handshake failed, as the side that saw it puts it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Denied {
     /// The other side is not a collectix endpoint of this version (wrong magic).
     NotCollectix,
-    /// The proofs disagree, or one side has a secret and the other none: the text says which.
-    Secret(String),
-    /// The connection failed or timed out.
-    Io(String),
+    /// The secrets differ, or one side has one and the other none.
+    Secret(SecretMismatch),
+    /// The connection failed or timed out at `step`; `detail` is the system's word for it.
+    Io {
+        /// What this side was doing.
+        step: AuthStep,
+        /// The operating system's error text.
+        detail: String,
+    },
+}
+
+/// How the two sides' secrets disagree ([`Denied::Secret`]), as one side sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SecretMismatch {
+    /// The server has no secret and this client has one.
+    PeerHasNone,
+    /// The server demands a secret and this client has none.
+    NoneHere,
+    /// The server's proof is wrong: it does not know this job's secret.
+    PeerProofWrong,
+    /// The server refused this client's proof: the secrets differ.
+    OwnProofRefused,
+    /// The client's proof is wrong: it does not know the secret.
+    ClientProofWrong,
+    /// This process's secret cannot key HMAC-SHA256.
+    NotAKey,
+}
+
+impl std::fmt::Display for SecretMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SecretMismatch::PeerHasNone => {
+                "it has no secret, and this process has one: give every rank the same \
+                 COLLECTIX_SECRET"
+            }
+            SecretMismatch::NoneHere => {
+                "it demands a secret, and this process has none: set COLLECTIX_SECRET \
+                 (the job's) or COLLECTIX_SECRET_FILE"
+            }
+            SecretMismatch::PeerProofWrong => {
+                "it does not know this job's secret (its proof is wrong): the secrets differ"
+            }
+            SecretMismatch::OwnProofRefused => {
+                "it refused this process's proof: the secrets differ"
+            }
+            SecretMismatch::ClientProofWrong => "a wrong proof: it does not know the secret",
+            SecretMismatch::NotAKey => "the secret is not an HMAC key",
+        })
+    }
+}
+
+/// A step of the secret handshake ([`Denied::Io`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AuthStep {
+    /// Drawing a nonce from the operating system.
+    Nonce,
+    /// The client sending its challenge.
+    SendChallenge,
+    /// The server reading the challenge.
+    ReadChallenge,
+    /// The server answering the challenge.
+    AnswerChallenge,
+    /// The client reading the answer to its challenge.
+    ReadAnswer,
+    /// The client sending its proof.
+    SendProof,
+    /// The server reading the client's proof.
+    ReadProof,
+    /// The server answering the proof.
+    AnswerProof,
+    /// The client reading the verdict on its proof.
+    ReadVerdict,
+}
+
+impl std::fmt::Display for AuthStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AuthStep::Nonce => "no random bytes from the OS",
+            AuthStep::SendChallenge => "cannot send the challenge",
+            AuthStep::ReadChallenge => "no challenge",
+            AuthStep::AnswerChallenge => "cannot answer the challenge",
+            AuthStep::ReadAnswer => "no answer to the challenge",
+            AuthStep::SendProof => "cannot send the proof",
+            AuthStep::ReadProof => "no proof",
+            AuthStep::AnswerProof => "cannot answer the proof",
+            AuthStep::ReadVerdict => "no answer to the proof",
+        })
+    }
 }
 
 impl std::fmt::Display for Denied {
@@ -158,13 +245,17 @@ impl std::fmt::Display for Denied {
             Denied::NotCollectix => {
                 f.write_str("not a collectix connection (or an older version of collectix)")
             }
-            Denied::Secret(why) | Denied::Io(why) => f.write_str(why),
+            Denied::Secret(why) => why.fmt(f),
+            Denied::Io { step, detail } => write!(f, "{step}: {detail}"),
         }
     }
 }
 
-fn io(what: &str) -> impl Fn(std::io::Error) -> Denied + '_ {
-    move |e| Denied::Io(format!("{what}: {e}"))
+fn io(step: AuthStep) -> impl Fn(std::io::Error) -> Denied {
+    move |e| Denied::Io {
+        step,
+        detail: e.to_string(),
+    }
 }
 
 impl Security {
@@ -262,51 +353,32 @@ impl Security {
         let mut hello = [0u8; MAGIC.len() + NONCE];
         hello[..MAGIC.len()].copy_from_slice(&MAGIC);
         hello[MAGIC.len()..].copy_from_slice(&nc);
-        s.write_all(&hello)
-            .map_err(io("cannot send the challenge"))?;
+        s.write_all(&hello).map_err(io(AuthStep::SendChallenge))?;
         let mut mode = [0u8; 1];
-        s.read_exact(&mut mode)
-            .map_err(io("no answer to the challenge"))?;
+        s.read_exact(&mut mode).map_err(io(AuthStep::ReadAnswer))?;
         let secret = match (mode[0], &self.secret) {
             (0, None) => return Ok(()),
-            (0, Some(_)) => {
-                return Err(Denied::Secret(
-                    "it has no secret, and this process has one: give every rank the same \
-                     COLLECTIX_SECRET"
-                        .into(),
-                ))
-            }
-            (1, None) => {
-                return Err(Denied::Secret(
-                    "it demands a secret, and this process has none: set COLLECTIX_SECRET \
-                     (the job's) or COLLECTIX_SECRET_FILE"
-                        .into(),
-                ))
-            }
+            (0, Some(_)) => return Err(Denied::Secret(SecretMismatch::PeerHasNone)),
+            (1, None) => return Err(Denied::Secret(SecretMismatch::NoneHere)),
             (1, Some(k)) => k,
             _ => return Err(Denied::NotCollectix),
         };
         let mut answer = [0u8; 2 * NONCE];
         s.read_exact(&mut answer)
-            .map_err(io("no answer to the challenge"))?;
+            .map_err(io(AuthStep::ReadAnswer))?;
         let mut ns = [0u8; NONCE];
         ns.copy_from_slice(&answer[..NONCE]);
         if !secret.verify(b"server", ctx, &nc, &ns, &answer[NONCE..]) {
-            return Err(Denied::Secret(
-                "it does not know this job's secret (its proof is wrong): the secrets differ"
-                    .into(),
-            ));
+            return Err(Denied::Secret(SecretMismatch::PeerProofWrong));
         }
         s.write_all(&secret.proof(b"client", ctx, &nc, &ns)?)
-            .map_err(io("cannot send the proof"))?;
+            .map_err(io(AuthStep::SendProof))?;
         let mut verdict = [0u8; 1];
         s.read_exact(&mut verdict)
-            .map_err(io("no answer to the proof"))?;
+            .map_err(io(AuthStep::ReadVerdict))?;
         match verdict[0] {
             0 => Ok(()),
-            _ => Err(Denied::Secret(
-                "it refused this process's proof: the secrets differ".into(),
-            )),
+            _ => Err(Denied::Secret(SecretMismatch::OwnProofRefused)),
         }
     }
 
@@ -315,15 +387,15 @@ impl Security {
     /// from a connection before this returns `Ok`.
     pub(crate) fn server<S: Read + Write>(&self, s: &mut S, ctx: &[u8]) -> Result<(), Denied> {
         let mut hello = [0u8; MAGIC.len() + NONCE];
-        s.read_exact(&mut hello).map_err(io("no challenge"))?;
+        s.read_exact(&mut hello)
+            .map_err(io(AuthStep::ReadChallenge))?;
         if hello[..MAGIC.len()] != MAGIC {
             return Err(Denied::NotCollectix);
         }
         let mut nc = [0u8; NONCE];
         nc.copy_from_slice(&hello[MAGIC.len()..]);
         let Some(secret) = &self.secret else {
-            s.write_all(&[0])
-                .map_err(io("cannot answer the challenge"))?;
+            s.write_all(&[0]).map_err(io(AuthStep::AnswerChallenge))?;
             return Ok(());
         };
         let ns = nonce()?;
@@ -332,24 +404,25 @@ impl Security {
         answer[1..=NONCE].copy_from_slice(&ns);
         answer[1 + NONCE..].copy_from_slice(&secret.proof(b"server", ctx, &nc, &ns)?);
         s.write_all(&answer)
-            .map_err(io("cannot answer the challenge"))?;
+            .map_err(io(AuthStep::AnswerChallenge))?;
         let mut proof = [0u8; NONCE];
-        s.read_exact(&mut proof).map_err(io("no proof"))?;
+        s.read_exact(&mut proof).map_err(io(AuthStep::ReadProof))?;
         if secret.verify(b"client", ctx, &nc, &ns, &proof) {
-            s.write_all(&[0]).map_err(io("cannot answer the proof"))?;
+            s.write_all(&[0]).map_err(io(AuthStep::AnswerProof))?;
             Ok(())
         } else {
             let _ = s.write_all(&[1]);
-            Err(Denied::Secret(
-                "a wrong proof: it does not know the secret".into(),
-            ))
+            Err(Denied::Secret(SecretMismatch::ClientProofWrong))
         }
     }
 }
 
 fn nonce() -> Result<[u8; NONCE], Denied> {
     let mut n = [0u8; NONCE];
-    getrandom::fill(&mut n).map_err(|e| Denied::Io(format!("no random bytes from the OS: {e}")))?;
+    getrandom::fill(&mut n).map_err(|e| Denied::Io {
+        step: AuthStep::Nonce,
+        detail: e.to_string(),
+    })?;
     Ok(n)
 }
 

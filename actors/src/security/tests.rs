@@ -30,7 +30,10 @@ fn shake(
             let mut m = [0u8; 1];
             match s.read_exact(&mut m) {
                 Ok(()) if m[0] == 0xab => Ok(()),
-                _ => Err(Denied::Io("the client left after the handshake".into())),
+                _ => Err(Denied::Io {
+                    step: AuthStep::ReadProof,
+                    detail: "the client left after the handshake".into(),
+                }),
             }
         })
     });
@@ -63,7 +66,7 @@ fn the_same_secret_passes_and_anything_else_is_refused_on_both_sides() {
         b"link",
         b"link",
     );
-    assert!(secret(&c), "{c:?}");
+    assert_eq!(c, Err(Denied::Secret(SecretMismatch::PeerProofWrong)));
     assert!(s.is_err(), "{s:?}");
     // The same secret in another protocol does not pass either.
     let (c, s) = shake(
@@ -80,7 +83,8 @@ fn the_same_secret_passes_and_anything_else_is_refused_on_both_sides() {
         b"link",
         b"link",
     );
-    assert!(secret(&c) && s.is_err(), "{c:?} {s:?}");
+    assert_eq!(c, Err(Denied::Secret(SecretMismatch::NoneHere)));
+    assert!(s.is_err(), "{s:?}");
     // The server asks for nothing, but the client leaves before sending anything more:
     // nothing it would have sent is read.
     let (c, s) = shake(
@@ -89,8 +93,8 @@ fn the_same_secret_passes_and_anything_else_is_refused_on_both_sides() {
         b"link",
         b"link",
     );
-    assert!(secret(&c), "{c:?}");
-    assert!(matches!(&s, Err(Denied::Io(_))), "{s:?}");
+    assert_eq!(c, Err(Denied::Secret(SecretMismatch::PeerHasNone)));
+    assert!(matches!(&s, Err(Denied::Io { .. })), "{s:?}");
 }
 
 /// A listener running the server's side of the handshake (context `link`) for one

@@ -298,10 +298,10 @@ impl TcpStore {
                         let _ = s.set_read_timeout(Some(ANSWER_SLACK));
                         match self.security.client(&mut s, b"store") {
                             Ok(()) => {}
-                            Err(Denied::Secret(reason)) => {
+                            Err(Denied::Secret(why)) => {
                                 return Err(Error::Unauthenticated {
                                     peer: format!("the store at {}", self.addr),
-                                    reason,
+                                    reason: why.to_string(),
                                 })
                             }
                             Err(d) => {
