@@ -81,10 +81,11 @@ pub use collectix_actors as actors;
 pub use collectix_runtime as runtime;
 
 pub use collectix_actors::device;
+pub use collectix_actors::device::TensorDeviceExt;
 pub use collectix_actors::{
     init, Communicator, Connect, DeviceBackend, FileStore, InitArgs, JobConfig, Launcher,
-    MemoryStore, P2POp, PrefixStore, Process, Rendezvous, Secret, Security, Store, TcpStore,
-    TcpStoreServer, TensorDeviceExt, Work, World, FIRST_RESERVED_TAG,
+    Liveness, MemoryStore, P2POp, PrefixStore, Process, Rendezvous, Secret, Security, Store,
+    TcpStore, TcpStoreServer, Work, World, FIRST_RESERVED_TAG,
 };
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{

@@ -241,7 +241,6 @@ fn a_rank_with_another_secret_is_refused_and_named_by_the_others() {
 /// HTTP. Each is refused before anything it sends is read, and the job runs on, exact.
 #[test]
 fn intruders_without_the_secret_are_refused_and_the_job_runs_on() {
-    use collectix::actors::transport::tcp::{connect, Hello, Refused};
     use std::io::{Read, Write};
     let (w, port) = (2usize, free_port());
     let (addr_tx, addr_rx) = std::sync::mpsc::channel::<String>();
@@ -254,17 +253,19 @@ fn intruders_without_the_secret_are_refused_and_the_job_runs_on() {
                 .map_err(|e| e.to_string())?;
             let store = format!("127.0.0.1:{port}");
             for door in [&rank1, &store] {
-                // A wrong secret.
-                let mut s = std::net::TcpStream::connect(door).map_err(|e| e.to_string())?;
-                let hello = Hello {
-                    job: 0,
-                    from: 0,
-                    to: 1,
-                    world: 2,
-                };
-                match connect(&mut s, hello, &secured("a guess at the secret")) {
-                    Err(Refused::Auth(_)) => {}
-                    other => return Err(format!("{door}: a wrong secret got {other:?}")),
+                // A wrong secret: the secret handshake (through the public store client,
+                // which opens every connection with it) fails at either door.
+                let guess = secured("a guess at the secret");
+                match collectix::TcpStore::connect_secured(
+                    door.as_str(),
+                    Duration::from_secs(20),
+                    guess,
+                ) {
+                    Err(Error::Unauthenticated { .. }) => {}
+                    other => {
+                        let got = other.map(|_| "a connection");
+                        return Err(format!("{door}: a wrong secret got {got:?}"));
+                    }
                 }
                 // No handshake: a frame, or HTTP; the door closes without an answer.
                 let frame =

@@ -144,7 +144,7 @@ pub struct Security {
 /// Why a handshake failed, as the side that saw it puts it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Denied {
+pub(crate) enum Denied {
     /// The other side is not a collectix endpoint of this version (wrong magic).
     NotCollectix,
     /// The secrets differ, or one side has one and the other none.
@@ -161,7 +161,7 @@ pub enum Denied {
 /// How the two sides' secrets disagree ([`Denied::Secret`]), as one side sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum SecretMismatch {
+pub(crate) enum SecretMismatch {
     /// The server has no secret and this client has one.
     PeerHasNone,
     /// The server demands a secret and this client has none.
@@ -202,7 +202,7 @@ impl std::fmt::Display for SecretMismatch {
 /// A step of the secret handshake ([`Denied::Io`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum AuthStep {
+pub(crate) enum AuthStep {
     /// Drawing a nonce from the operating system.
     Nonce,
     /// The client sending its challenge.

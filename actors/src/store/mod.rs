@@ -18,6 +18,7 @@ mod tcp;
 pub use file::FileStore;
 pub use tcp::{TcpStore, TcpStoreServer};
 
+use crate::sync::lock;
 use collectix_runtime::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -89,7 +90,7 @@ pub(crate) struct Table {
 
 impl Table {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<u8>>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.map)
     }
 
     /// Waits until `f` finds what it wants in the map, for at most `timeout`.

@@ -15,6 +15,7 @@
 use super::proto::{self, Failure, FrameError, Request, Response, MAGIC, VERSION};
 use super::{Store, Table};
 use crate::security::{Denied, Security};
+use crate::sync::lock;
 use collectix_runtime::{Error, Result};
 use std::collections::HashMap;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -113,7 +114,7 @@ impl TcpStoreServer {
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
-        for (_, c) in self.conns.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+        for (_, c) in lock(&self.conns).drain() {
             let _ = c.shutdown(Shutdown::Both);
         }
     }
@@ -146,17 +147,14 @@ fn accept_loop(
         };
         let id = next.fetch_add(1, Ordering::Relaxed);
         if let Ok(c) = stream.try_clone() {
-            conns
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id, c);
+            lock(&conns).insert(id, c);
         }
         let (table, conns, security) = (table.clone(), conns.clone(), security.clone());
         let spawned = std::thread::Builder::new()
             .name("collectix-store-conn".into())
             .spawn(move || {
                 serve(stream, &table, &security);
-                conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                lock(&conns).remove(&id);
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "store: cannot start a connection's thread; dropping it");
@@ -274,7 +272,7 @@ impl TcpStore {
             conn: Mutex::new(None),
         };
         let c = store.open()?;
-        *store.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+        *lock(&store.conn) = Some(c);
         Ok(store)
     }
 
@@ -346,7 +344,7 @@ impl TcpStore {
 
     /// Sends `req`, which the server may hold for up to `wait`, and returns the answer.
     fn call(&self, req: Request, wait: Duration) -> Result<Response> {
-        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut conn = lock(&self.conn);
         for attempt in 0..2 {
             let s = match conn.as_mut() {
                 Some(s) => s,

@@ -189,7 +189,7 @@ impl Shared {
 
 /// What every connection of a job's mesh shares.
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// The job's identity (in every hello).
     pub job: u64,
     /// The frame decoder's limits.
@@ -201,7 +201,7 @@ pub struct Settings {
 }
 
 /// The connections of this process (see the module doc).
-pub struct Mesh {
+pub(crate) struct Mesh {
     shared: Arc<Shared>,
     acceptor: Option<JoinHandle<()>>,
     /// Where a connection reaches the listener (to wake the acceptor when closing).
@@ -212,7 +212,7 @@ impl Mesh {
     /// Starts accepting on `listener` for rank `rank`; `addrs` are every rank's addresses
     /// (this rank's unused). Every connection, either way, must pass the settings' secret
     /// handshake, and is watched with their liveness. Nothing is connected yet.
-    pub fn start(
+    pub(crate) fn start(
         listener: TcpListener,
         rank: usize,
         addrs: Vec<String>,
@@ -266,7 +266,7 @@ impl Mesh {
     }
 
     /// The rank's links, one per global rank: `own` for itself.
-    pub fn links(&self, own: Box<dyn Link<Message> + Send>) -> super::Links {
+    pub(crate) fn links(&self, own: Box<dyn Link<Message> + Send>) -> super::Links {
         let mut own = Some(own);
         (0..self.shared.world)
             .map(|peer| -> Box<dyn Link<Message> + Send> {
@@ -283,7 +283,7 @@ impl Mesh {
 
     /// Eager connection: connects to every higher rank and waits (until `deadline`) until
     /// every peer has a connection. The timeout's error names the ranks still missing.
-    pub fn connect_all(&self, deadline: Instant, timeout: Duration) -> Result<()> {
+    pub(crate) fn connect_all(&self, deadline: Instant, timeout: Duration) -> Result<()> {
         let s = &self.shared;
         let left = || deadline.saturating_duration_since(Instant::now());
         for peer in s.rank + 1..s.world {
@@ -311,7 +311,7 @@ impl Mesh {
 
     /// How many peers this rank has a connection to (eager: all, once joined; lazy: those
     /// it has talked with).
-    pub fn connected(&self) -> usize {
+    pub(crate) fn connected(&self) -> usize {
         let s = &self.shared;
         (0..s.world)
             .filter(|&p| p != s.rank && matches!(*lock(&s.slots[p]), Slot::Up(_)))
@@ -320,7 +320,7 @@ impl Mesh {
 
     /// Stops accepting, closes every link (each writer sends what it queued first) and waits
     /// for the writers. Call it once the rank actor is gone.
-    pub fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         let s = &self.shared;
         s.closing.store(true, Ordering::SeqCst);
         // Wake the acceptor with a connection of our own.

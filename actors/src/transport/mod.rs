@@ -15,9 +15,9 @@
 //!   a slot per peer, eager or lazy connection). Shared memory comes later behind the same
 //!   seam.
 
-pub mod local;
-pub mod mesh;
-pub mod tcp;
+pub(crate) mod local;
+pub(crate) mod mesh;
+pub(crate) mod tcp;
 
 pub(crate) use crate::rank::driver::Links;
-pub use collectix_runtime::wire::{Link, LinkError};
+pub(crate) use collectix_runtime::wire::{Link, LinkError};

@@ -9,11 +9,11 @@ use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
 
 /// The link protocol's magic (the first bytes of every connection).
-pub const MAGIC: [u8; 8] = *b"cx-link1";
+pub(crate) const MAGIC: [u8; 8] = *b"cx-link1";
 /// The link protocol's version.
-pub const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 2;
 /// How long an accepting rank waits for a connection's hello.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The answer to a hello: accepted.
 const ACCEPTED: u8 = 0;
@@ -25,7 +25,7 @@ const DUPLICATE: u8 = 2;
 
 /// What the connecting rank says first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Hello {
+pub(crate) struct Hello {
     /// The job's identity (every rank of one job has the same).
     pub job: u64,
     /// The connecting rank.
@@ -105,7 +105,7 @@ impl Hello {
 /// did not take arrives as [`LinkFailure::Refused`] with its reason; on the accepting side,
 /// as the failure itself).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// The accepting rank is connecting to this one at the same moment, and keeps its own
     /// connection: this one is not needed.
     Duplicate,
@@ -137,7 +137,7 @@ fn io(step: LinkStep) -> impl Fn(std::io::Error) -> Refused {
 
 /// Connects: proves the secret (as `security` has it), writes `hello` on `s` and reads the
 /// answer. `Err` with the accepting rank's reason (or the connection's failure).
-pub fn connect(s: &mut TcpStream, hello: Hello, security: &Security) -> Result<(), Refused> {
+pub(crate) fn connect(s: &mut TcpStream, hello: Hello, security: &Security) -> Result<(), Refused> {
     security.client(s, b"link").map_err(Refused::Auth)?;
     s.write_all(&hello.to_bytes())
         .map_err(io(LinkStep::Hello))?;
@@ -162,7 +162,7 @@ pub fn connect(s: &mut TcpStream, hello: Hello, security: &Security) -> Result<(
 /// job `job`); answers it either way. `Ok` with the connecting rank. A hello from a higher rank
 /// that this rank is connecting to at the moment (`connecting(from)`) is answered
 /// "duplicate" ([`Refused::Duplicate`]): this rank's own connection is the one both keep.
-pub fn accept(
+pub(crate) fn accept(
     s: &mut TcpStream,
     job: u64,
     me: u32,

@@ -52,8 +52,8 @@ mod send;
 #[cfg(test)]
 mod tests;
 
-pub use handshake::{accept, connect, Hello, Refused, HELLO_TIMEOUT, MAGIC, VERSION};
-pub use send::TcpLink;
+pub(crate) use handshake::{accept, connect, Hello, Refused, HELLO_TIMEOUT};
+pub(crate) use send::TcpLink;
 
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
@@ -65,16 +65,16 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Messages a link queues for its writer before it says "would block".
-pub const QUEUE: usize = 64;
+pub(crate) const QUEUE: usize = 64;
 /// Payloads up to this size are written by the sending thread itself when the writer is idle,
 /// as far as the socket's buffer takes them without waiting (see the module doc); larger ones
 /// always go to the writer, which copies them into the socket outside the rank's lock.
 /// Raising it from 64 KiB to 4 MiB made mid-sized all_reduces over TCP faster
 /// (`docs/performance.md`).
-pub const DIRECT_MAX: usize = 4 << 20;
+pub(crate) const DIRECT_MAX: usize = 4 << 20;
 /// Free payload buffers a process's readers keep for reuse (one pool for all its
 /// connections; see [`start`]).
-pub const RECV_POOL_BYTES: usize = 256 << 20;
+pub(crate) const RECV_POOL_BYTES: usize = 256 << 20;
 
 /// How a link tells a silent peer from a quiet one (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,7 +127,7 @@ impl Liveness {
 }
 
 /// Where a link's arrivals and events go (the rank actor, or a test).
-pub trait Inbound: Send + Sync + 'static {
+pub(crate) trait Inbound: Send + Sync + 'static {
     /// A message from global rank `src` (stamped by the link).
     fn deliver(&self, src: usize, msg: Message);
     /// The link to `peer` can take messages again.
@@ -136,19 +136,18 @@ pub trait Inbound: Send + Sync + 'static {
     fn lost(&self, peer: usize);
 }
 
-/// The threads of one connection; joining waits for the writer to send what was queued.
-pub struct Connection {
+/// The writer thread of one connection; joining it waits for the writer to send what was
+/// queued. (The reader runs detached: it ends when the peer closes or the socket breaks.)
+pub(crate) struct Connection {
     /// The writer (ends when the link is dropped and its queue is sent, or the socket
     /// breaks).
-    pub writer: JoinHandle<()>,
-    /// The reader (ends when the peer closes or the socket breaks).
-    pub reader: JoinHandle<()>,
+    pub(crate) writer: JoinHandle<()>,
 }
 
 /// Starts the reader and writer of an accepted or connected `stream` to global rank `peer`;
 /// what arrives goes to `inbound`, its payload parts in buffers from `pool` (shared by a
 /// process's connections, [`RECV_POOL_BYTES`]).
-pub fn start(
+pub(crate) fn start(
     stream: TcpStream,
     peer: usize,
     limits: Limits,
@@ -185,7 +184,7 @@ pub fn start(
                 )
             })?
     };
-    let reader = std::thread::Builder::new()
+    let _reader = std::thread::Builder::new()
         .name(format!("collectix-rx-{peer}"))
         .spawn(move || {
             recv::read_loop(
@@ -198,5 +197,5 @@ pub fn start(
                 &lose,
             )
         })?;
-    Ok((TcpLink::new(shared), Connection { writer, reader }))
+    Ok((TcpLink::new(shared), Connection { writer }))
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 const INLINE_SLICES: usize = 16;
 
 /// The sending side of a connection to one peer (see the module doc).
-pub struct TcpLink {
+pub(crate) struct TcpLink {
     pub(super) shared: Arc<Sending>,
 }
 

@@ -1,3 +1,4 @@
+use super::handshake::VERSION;
 use super::*;
 use crate::security::{Denied, Security};
 use crate::sync::lock;
