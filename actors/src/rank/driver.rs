@@ -21,15 +21,26 @@
 //! engine collects the finished calls and completes them once the lock is released, so that
 //! code may issue calls on the same rank.
 
+mod handoff;
+mod state;
+mod wait;
+
+pub(crate) use handoff::Owed;
+pub(crate) use state::{After, Core};
+pub(crate) use wait::{spin_from_env, DEFAULT_SPIN, DEFAULT_SPIN_TCP};
+
 use crate::sync::lock;
 use actix::{Message as ActixMessage, Recipient};
 use collectix_runtime::fast_hash::FastMap;
-use collectix_runtime::progress::{CachePadded, Driving, Inbox};
+use collectix_runtime::progress::{CachePadded, Inbox};
 use collectix_runtime::wire::{Link, Message, Outbox};
-use collectix_runtime::{Engine, Error, GroupId, GroupInfo, OpId, Output, Plan, Result, Time};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use collectix_runtime::{Engine, Error, GroupId, GroupInfo, Output, Plan, Result, Time};
+use handoff::GRACE;
+use state::Waiting;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
+use wait::Bell;
 
 /// Arrivals wait and no caller drives the rank (or the engine wants an earlier timer): the
 /// background driver (the rank's actor) runs the engine. Sent once per burst
@@ -44,216 +55,6 @@ pub(crate) type Done<I> = Box<dyn FnOnce(Result<I>) + Send>;
 
 /// A rank's links, one per global rank (its own included, unused).
 pub(crate) type Links = Vec<Box<dyn Link<Message> + Send>>;
-
-/// How long a waiting caller drives its rank before it parks, unless `COLLECTIX_SPIN_US`
-/// says otherwise.
-pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
-
-/// How long a caller that handed a peer a message while nobody drove that peer looks again
-/// before it wakes the peer's actor (at most the spin budget): a peer between two calls
-/// takes it itself a moment later.
-const GRACE: Duration = Duration::from_micros(20);
-
-/// Spin turns between two yields of a caller whose process has more ranks than cores.
-const YIELD_TURNS: u32 = 1;
-
-/// Peers a rank's caller handed messages to while nobody drove them: it owes each an
-/// `Inbox::ask_if_unattended` (see `Driver::settle`).
-pub(crate) type Owed = Arc<OwedPeers>;
-
-/// The list behind [`Owed`], with a flag that lets the common case (nothing owed) skip the
-/// lock. Only the owing rank's own runs push to it, and each run settles what it pushed, so
-/// a stale `false` read by another thread's settle never leaves a debt unpaid.
-/// On cache lines of its own (the ranks' lists are allocated one after another, and each
-/// rank's calls read its flag).
-#[derive(Default)]
-#[repr(align(128))]
-pub(crate) struct OwedPeers {
-    any: AtomicBool,
-    peers: Mutex<Vec<Arc<Driver>>>,
-}
-
-impl OwedPeers {
-    /// Records that `peer` is owed a look (once).
-    fn push(&self, peer: &Arc<Driver>) {
-        let mut o = lock(&self.peers);
-        if !o.iter().any(|d| Arc::ptr_eq(d, peer)) {
-            o.push(peer.clone());
-        }
-        self.any.store(true, Ordering::Release);
-    }
-
-    /// Moves the peers owed into `out`.
-    fn take_into(&self, out: &mut Vec<Arc<Driver>>) {
-        if !self.any.load(Ordering::Acquire) {
-            return;
-        }
-        let mut o = lock(&self.peers);
-        self.any.store(false, Ordering::Release);
-        out.append(&mut o);
-    }
-}
-
-/// The default spin budget of a rank of a multi-process job: a message over TCP crosses two
-/// more threads (the sender's writer, the receiver's reader), each hand-off 20–30 µs on a
-/// small VM, so a caller spinning only [`DEFAULT_SPIN`] would park before most answers came.
-pub(crate) const DEFAULT_SPIN_TCP: Duration = Duration::from_micros(200);
-
-/// The spin budget from `COLLECTIX_SPIN_US` (microseconds; 0: a waiting caller parks at
-/// once and the actor does all the work), or `default`.
-pub(crate) fn spin_from_env(default: Duration) -> Duration {
-    match std::env::var("COLLECTIX_SPIN_US") {
-        Err(_) => default,
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(us) => Duration::from_micros(us.min(1_000_000)),
-            Err(_) => {
-                tracing::warn!(value = %v, "COLLECTIX_SPIN_US is not a number of microseconds; using the default");
-                default
-            }
-        },
-    }
-}
-
-/// A caller waiting for a call: where the result goes, the call's `tracing` span and when it
-/// started.
-pub(crate) struct Waiting {
-    done: Done<Output>,
-    span: tracing::Span,
-    /// When the call started (`None` when no subscriber records its span: reading the
-    /// clock twice per call is a measurable part of a small call).
-    start: Option<Instant>,
-}
-
-impl Waiting {
-    /// Hands the result over and closes the span with the outcome and duration.
-    fn finish(self, result: Result<Output>) {
-        if let Some(start) = self.start {
-            let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
-            match &result {
-                Ok(_) => tracing::debug!(parent: &self.span, micros, "call completed"),
-                Err(e) => tracing::warn!(parent: &self.span, micros, error = %e, "call failed"),
-            }
-        } else if let Err(e) = &result {
-            tracing::warn!(error = %e, "call failed");
-        }
-        (self.done)(result);
-    }
-}
-
-/// What a run of the engine leaves to do once the lock is released.
-#[derive(Default)]
-pub(crate) struct After {
-    finished: Vec<(Waiting, Result<Output>)>,
-    refused: Vec<Done<Output>>,
-}
-
-impl After {
-    fn complete(self) {
-        for (w, r) in self.finished {
-            w.finish(r);
-        }
-        for done in self.refused {
-            done(Err(Error::Shutdown));
-        }
-    }
-}
-
-/// The state behind the rank's lock.
-pub(crate) struct Core {
-    pub(crate) engine: Engine,
-    /// One link per global rank, with the messages it refused waiting in front of it.
-    links: Option<(Links, Vec<Outbox<Message>>)>,
-    /// Callers waiting, each with its call's span (closed with the outcome) and start.
-    waiting: FastMap<OpId, Waiting>,
-    /// Messages sent before the links were installed.
-    backlog: Vec<(usize, Message)>,
-    /// The world is shutting down: arrivals are dropped and calls refused.
-    quiesced: bool,
-    /// Set when the rank leaves its job: its pending errors, and who waits for it to drain.
-    leaving: Option<(Vec<Error>, mpsc::Sender<Vec<Error>>)>,
-    /// Arrivals taken from the inbox (kept to reuse its allocation).
-    arrivals: Vec<Message>,
-}
-
-impl Core {
-    /// Sends `msg` to global rank `dst` through its link (or its outbox, if the link would
-    /// block); a link that is gone is a lost peer.
-    fn send(&mut self, dst: usize, msg: Message, now: Time) {
-        let Some((links, outboxes)) = &mut self.links else {
-            self.backlog.push((dst, msg));
-            return;
-        };
-        let sent = match (links.get_mut(dst), outboxes.get_mut(dst)) {
-            (Some(link), Some(outbox)) => outbox.send(link.as_mut(), msg).is_ok(),
-            _ => false,
-        };
-        if !sent {
-            self.engine.handle_peer_lost(dst, now);
-        }
-    }
-
-    /// Drains the engine's outputs: messages to the links, results to `after`. Whether
-    /// anything came out.
-    fn drain(&mut self, now: Time, after: &mut After) -> bool {
-        let mut any = false;
-        loop {
-            let mut progressed = false;
-            while let Some(t) = self.engine.poll_transmit() {
-                progressed = true;
-                self.send(t.dst, t.msg, now);
-            }
-            while let Some(ev) = self.engine.poll_event() {
-                progressed = true;
-                if let Some(w) = self.waiting.remove(&ev.op) {
-                    after.finished.push((w, ev.result));
-                }
-            }
-            if !progressed {
-                return any;
-            }
-            any = true;
-        }
-    }
-
-    /// Feeds the inbox's arrivals to the engine and drains it, until neither gives more.
-    fn progress(&mut self, inbox: &Inbox<Message>, now: Time, after: &mut After) {
-        loop {
-            // What the engine has to send leaves first: a peer may be waiting for it, and
-            // handling the arrivals first would hold it back.
-            let drained = self.drain(now, after);
-            // An empty inbox is not locked: its lock is the line the peers' pushes write.
-            if !inbox.looks_empty() {
-                inbox.take(&mut self.arrivals);
-            }
-            let arrived = !self.arrivals.is_empty();
-            let mut arrivals = std::mem::take(&mut self.arrivals);
-            for msg in arrivals.drain(..) {
-                if self.quiesced {
-                    continue;
-                }
-                self.engine.handle_message(msg, now);
-            }
-            self.arrivals = arrivals;
-            if !drained && !arrived {
-                break;
-            }
-        }
-        self.check_left();
-    }
-
-    /// A leaving rank with nothing left to send (in the engine or in front of a link) says so.
-    fn check_left(&mut self) {
-        let outboxes_empty = self
-            .links
-            .as_ref()
-            .is_none_or(|(_, o)| o.iter().all(Outbox::is_empty));
-        if self.leaving.is_some() && self.engine.is_drained() && outboxes_empty {
-            if let Some((pending, done)) = self.leaving.take() {
-                let _ = done.send(pending);
-            }
-        }
-    }
-}
 
 /// One rank's engine behind its lock, its inbox, and who drives it (see the module doc).
 pub(crate) struct Driver {
@@ -285,14 +86,6 @@ pub(crate) struct Driver {
     /// `bell.sleepers`, readable without the lock (see [`Driver::completed`]).
     sleeping: AtomicUsize,
     bell_rung: Condvar,
-}
-
-/// The parked callers of a rank, and whether one of them was asked to run it.
-#[derive(Default)]
-struct Bell {
-    sleepers: usize,
-    /// A background run was asked for and handed to a sleeper.
-    rung: bool,
 }
 
 impl Driver {
@@ -349,111 +142,6 @@ impl Driver {
         Time::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
     }
 
-    /// An arrival from global rank `src` (the link's word for it), from any transport.
-    pub(crate) fn deliver(&self, src: usize, mut msg: Message) {
-        // The source is the link's, never the message's own claim.
-        msg.src = src;
-        if self.inbox.push(msg) {
-            self.wake_background();
-        }
-    }
-
-    /// An arrival handed over by a run of a peer rank in this process, which records in
-    /// `owed` (the peer's) that it must look again if nobody drives this rank now.
-    pub(crate) fn deliver_from_peer(self: &Arc<Self>, src: usize, mut msg: Message, owed: &Owed) {
-        msg.src = src;
-        if self.inbox.push_deferred(msg) {
-            owed.push(self);
-        }
-    }
-
-    /// An arrival handed over by a connection's reader thread, which looks again for up to
-    /// the grace before it wakes the actor if nobody drives this rank now (a caller between
-    /// two calls takes it itself a moment later); the next frame waits meanwhile.
-    pub(crate) fn deliver_read(&self, src: usize, mut msg: Message) {
-        msg.src = src;
-        if self.inbox.push_deferred(msg) {
-            wait_attended(|| self.inbox.looks_attended(), GRACE.min(self.spin));
-            if self.inbox.ask_if_unattended() {
-                self.wake_background();
-            }
-        }
-    }
-
-    /// Where this rank's in-process links record the peers it owes a look.
-    pub(crate) fn owed(&self) -> Owed {
-        self.owed.clone()
-    }
-
-    /// Settles what this rank's runs owe its peers: waits up to `grace` for each to be
-    /// attended (its caller took the message, or drives), then wakes the actor of any still
-    /// unattended.
-    fn settle(&self, grace: Duration) {
-        let mut owed = Vec::new();
-        self.owed.take_into(&mut owed);
-        if owed.is_empty() {
-            return;
-        }
-        wait_attended(|| owed.iter().all(|p| p.inbox.looks_attended()), grace);
-        Driver::ask_owed(owed);
-    }
-
-    /// Asks for a background run of each owed peer still unattended.
-    fn ask_owed(owed: Vec<Arc<Driver>>) {
-        for p in owed {
-            if p.inbox.ask_if_unattended() {
-                p.wake_background();
-            }
-        }
-    }
-
-    /// [`settle`](Driver::settle) for a caller that issued a call, which counts as a driver of
-    /// its rank from the start of its call (`driving`): peers that hand the rank messages
-    /// meanwhile owe it nothing, since this caller takes them before it leaves. While it
-    /// waits for its peers to attend, it drives its own rank (takes and runs what arrives).
-    /// Two ranks that send to each other between their calls thus never wait on each other
-    /// here: each one's arrivals are attended by its own settling caller.
-    fn settle_driving(&self, grace: Duration, driving: Driving<'_, Message>) {
-        let mut owed: Vec<Arc<Driver>> = Vec::new();
-        self.owed.take_into(&mut owed);
-        // The common case skips the loop: the peers drive, or took their messages already.
-        if !owed.iter().all(|p| p.inbox.looks_attended()) {
-            let start = Instant::now();
-            let mut turns: u32 = 0;
-            loop {
-                self.owed.take_into(&mut owed);
-                if owed.iter().all(|p| p.inbox.looks_attended()) {
-                    break;
-                }
-                if !self.inbox.looks_empty() {
-                    self.try_run_unsettled();
-                }
-                turns = turns.wrapping_add(1);
-                if turns.is_multiple_of(64) && start.elapsed() >= grace {
-                    break;
-                }
-                self.pause(turns);
-            }
-        }
-        if driving.leave() {
-            let core = lock(&self.core);
-            self.run_with(core, |_, _, _| (), None);
-        }
-        self.owed.take_into(&mut owed);
-        Driver::ask_owed(owed);
-    }
-
-    /// A run if nobody holds the rank now, leaving what it owes peers to the caller.
-    fn try_run_unsettled(&self) {
-        let core = match self.core.try_lock() {
-            Ok(c) => c,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
-        };
-        let (_, next) = self.run_with(core, |_, _, _| (), None);
-        self.check_timer(next);
-    }
-
     /// Whether the rank's actor has stopped (a link to it is closed).
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
@@ -468,85 +156,6 @@ impl Driver {
         self.wakeups.fetch_add(1, Ordering::Relaxed);
         if let Some(a) = self.actor.get() {
             a.do_send(Kick);
-        }
-    }
-
-    /// Wakes whoever makes the asked-for background run: a caller parked on this rank if
-    /// there is one (it then drives the rank again, as in its wait), else the actor.
-    fn wake_background(&self) {
-        {
-            let mut b = lock(&self.bell);
-            if b.sleepers > 0 {
-                b.rung = true;
-                self.bell_rung.notify_one();
-                return;
-            }
-        }
-        self.wake_actor();
-    }
-
-    /// Tells the parked callers that calls completed (theirs may be among them).
-    fn completed(&self) {
-        // Pairs with the fence in `sleep_until`: the results were set before this fence, so a
-        // caller counted after it sees its call completed and does not park.
-        fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        let b = lock(&self.bell);
-        if b.sleepers > 0 {
-            self.bell_rung.notify_all();
-        }
-    }
-
-    /// Wakes the callers parked on this rank to look at their calls again: for a call
-    /// completed outside a run of the engine (a device transfer completed by its worker
-    /// thread), which the engine's own completions would not announce.
-    pub(crate) fn notify(&self) {
-        self.completed();
-    }
-
-    /// Parks a caller until `done()` (its call completed) or the bell asks it to run the
-    /// rank: then it makes the background run and drives the rank while arrivals keep
-    /// coming, as in its wait, before it parks again. A long call whose caller parked while
-    /// its peers were late is thus still driven by its caller, with no actor hand-off per
-    /// message.
-    pub(crate) fn sleep_until(&self, done: &dyn Fn() -> bool) {
-        if done() {
-            // Not counted as a sleeper: nobody handed this caller a run.
-            return;
-        }
-        loop {
-            let rung = {
-                let mut b = lock(&self.bell);
-                b.sleepers += 1;
-                self.sleeping.store(b.sleepers, Ordering::Relaxed);
-                // Pairs with the fence in `completed`: a completion that did not see this
-                // count is seen by `done()` below.
-                fence(Ordering::SeqCst);
-                while !b.rung && !done() {
-                    b = self.bell_rung.wait(b).unwrap_or_else(|e| e.into_inner());
-                }
-                b.sleepers -= 1;
-                self.sleeping.store(b.sleepers, Ordering::Relaxed);
-                std::mem::take(&mut b.rung)
-            };
-            if rung {
-                // The run asked for must happen even if this caller's call is done now; the
-                // actor still owns the timer.
-                if let Some(at) = self.background() {
-                    if at.as_nanos() < self.timer_at.load(Ordering::SeqCst) && self.inbox.ask() {
-                        self.wake_actor();
-                    }
-                }
-            }
-            if done() {
-                return;
-            }
-            self.drive_until(done, self.spin, Duration::MAX);
-            if done() {
-                return;
-            }
         }
     }
 
@@ -792,77 +401,6 @@ impl Driver {
             w.finish(Err(Error::Shutdown));
         }
         self.completed();
-    }
-
-    /// Drives the rank until `done()` says so, for at most `limit` in all, and until it has
-    /// been idle (nothing arrived) for `idle`: a long call that keeps receiving is driven by
-    /// its caller to the end, a call waiting for a slow peer parks. Then it stops driving
-    /// (taking what arrived meanwhile, so that nothing is left behind for nobody); the caller
-    /// parks on its call's slot if it is not done, and the actor finishes the work.
-    pub(crate) fn drive_until(&self, done: &dyn Fn() -> bool, idle: Duration, limit: Duration) {
-        if idle.is_zero() || limit.is_zero() || done() {
-            return;
-        }
-        let driving = self.inbox.enter();
-        let start = Instant::now();
-        let mut active = start;
-        let mut turns: u32 = 0;
-        loop {
-            if !self.inbox.looks_empty() {
-                self.try_run();
-                turns = 0;
-                active = Instant::now();
-            }
-            if done() {
-                break;
-            }
-            turns = turns.wrapping_add(1);
-            if turns.is_multiple_of(64) {
-                let now = Instant::now();
-                if now.duration_since(active) >= idle || now.duration_since(start) >= limit {
-                    break;
-                }
-            }
-            self.pause(turns);
-        }
-        if driving.leave() {
-            self.run(|_, _, _| ());
-        }
-    }
-
-    /// One turn of a spin: a pause, and every `YIELD_TURNS` turns, when the process's
-    /// ranks outnumber the cores, the core itself (the rank we wait for may need it).
-    fn pause(&self, turns: u32) {
-        if self.yields && turns.is_multiple_of(YIELD_TURNS) {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
-    }
-
-    /// One run of the engine if arrivals wait and nobody drives it now (a `Work` polled
-    /// again).
-    pub(crate) fn poke(&self) {
-        if !self.inbox.looks_empty() {
-            self.try_run();
-        }
-    }
-}
-
-/// Spins until `attended()` (the peers owed a look have had their arrivals taken, or a
-/// caller drives them), for at most `grace`.
-fn wait_attended(attended: impl Fn() -> bool, grace: Duration) {
-    if grace.is_zero() || attended() {
-        return;
-    }
-    let start = Instant::now();
-    let mut turns: u32 = 0;
-    while !attended() {
-        turns = turns.wrapping_add(1);
-        if turns.is_multiple_of(64) && start.elapsed() >= grace {
-            return;
-        }
-        std::hint::spin_loop();
     }
 }
 

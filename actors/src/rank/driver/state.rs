@@ -1,0 +1,148 @@
+//! The state behind a rank's lock ([`Core`]): its engine, its links and the messages waiting
+//! in front of them, and the callers waiting for their calls; a run of the engine feeds it
+//! the inbox's arrivals and drains its outputs, and leaves the completions for after the
+//! lock ([`After`]).
+
+use super::{Done, Links};
+use collectix_runtime::fast_hash::FastMap;
+use collectix_runtime::progress::Inbox;
+use collectix_runtime::wire::{Message, Outbox};
+use collectix_runtime::{Engine, Error, OpId, Output, Result, Time};
+use std::sync::mpsc;
+use std::time::Instant;
+
+/// A caller waiting for a call: where the result goes, the call's `tracing` span and when it
+/// started.
+pub(super) struct Waiting {
+    pub(super) done: Done<Output>,
+    pub(super) span: tracing::Span,
+    /// When the call started (`None` when no subscriber records its span: reading the
+    /// clock twice per call is a measurable part of a small call).
+    pub(super) start: Option<Instant>,
+}
+impl Waiting {
+    /// Hands the result over and closes the span with the outcome and duration.
+    pub(super) fn finish(self, result: Result<Output>) {
+        if let Some(start) = self.start {
+            let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+            match &result {
+                Ok(_) => tracing::debug!(parent: &self.span, micros, "call completed"),
+                Err(e) => tracing::warn!(parent: &self.span, micros, error = %e, "call failed"),
+            }
+        } else if let Err(e) = &result {
+            tracing::warn!(error = %e, "call failed");
+        }
+        (self.done)(result);
+    }
+}
+/// What a run of the engine leaves to do once the lock is released.
+#[derive(Default)]
+pub(crate) struct After {
+    pub(super) finished: Vec<(Waiting, Result<Output>)>,
+    pub(super) refused: Vec<Done<Output>>,
+}
+impl After {
+    pub(super) fn complete(self) {
+        for (w, r) in self.finished {
+            w.finish(r);
+        }
+        for done in self.refused {
+            done(Err(Error::Shutdown));
+        }
+    }
+}
+/// The state behind the rank's lock.
+pub(crate) struct Core {
+    pub(crate) engine: Engine,
+    /// One link per global rank, with the messages it refused waiting in front of it.
+    pub(super) links: Option<(Links, Vec<Outbox<Message>>)>,
+    /// Callers waiting, each with its call's span (closed with the outcome) and start.
+    pub(super) waiting: FastMap<OpId, Waiting>,
+    /// Messages sent before the links were installed.
+    pub(super) backlog: Vec<(usize, Message)>,
+    /// The world is shutting down: arrivals are dropped and calls refused.
+    pub(super) quiesced: bool,
+    /// Set when the rank leaves its job: its pending errors, and who waits for it to drain.
+    pub(super) leaving: Option<(Vec<Error>, mpsc::Sender<Vec<Error>>)>,
+    /// Arrivals taken from the inbox (kept to reuse its allocation).
+    pub(super) arrivals: Vec<Message>,
+}
+impl Core {
+    /// Sends `msg` to global rank `dst` through its link (or its outbox, if the link would
+    /// block); a link that is gone is a lost peer.
+    pub(super) fn send(&mut self, dst: usize, msg: Message, now: Time) {
+        let Some((links, outboxes)) = &mut self.links else {
+            self.backlog.push((dst, msg));
+            return;
+        };
+        let sent = match (links.get_mut(dst), outboxes.get_mut(dst)) {
+            (Some(link), Some(outbox)) => outbox.send(link.as_mut(), msg).is_ok(),
+            _ => false,
+        };
+        if !sent {
+            self.engine.handle_peer_lost(dst, now);
+        }
+    }
+
+    /// Drains the engine's outputs: messages to the links, results to `after`. Whether
+    /// anything came out.
+    pub(super) fn drain(&mut self, now: Time, after: &mut After) -> bool {
+        let mut any = false;
+        loop {
+            let mut progressed = false;
+            while let Some(t) = self.engine.poll_transmit() {
+                progressed = true;
+                self.send(t.dst, t.msg, now);
+            }
+            while let Some(ev) = self.engine.poll_event() {
+                progressed = true;
+                if let Some(w) = self.waiting.remove(&ev.op) {
+                    after.finished.push((w, ev.result));
+                }
+            }
+            if !progressed {
+                return any;
+            }
+            any = true;
+        }
+    }
+
+    /// Feeds the inbox's arrivals to the engine and drains it, until neither gives more.
+    pub(super) fn progress(&mut self, inbox: &Inbox<Message>, now: Time, after: &mut After) {
+        loop {
+            // What the engine has to send leaves first: a peer may be waiting for it, and
+            // handling the arrivals first would hold it back.
+            let drained = self.drain(now, after);
+            // An empty inbox is not locked: its lock is the line the peers' pushes write.
+            if !inbox.looks_empty() {
+                inbox.take(&mut self.arrivals);
+            }
+            let arrived = !self.arrivals.is_empty();
+            let mut arrivals = std::mem::take(&mut self.arrivals);
+            for msg in arrivals.drain(..) {
+                if self.quiesced {
+                    continue;
+                }
+                self.engine.handle_message(msg, now);
+            }
+            self.arrivals = arrivals;
+            if !drained && !arrived {
+                break;
+            }
+        }
+        self.check_left();
+    }
+
+    /// A leaving rank with nothing left to send (in the engine or in front of a link) says so.
+    pub(super) fn check_left(&mut self) {
+        let outboxes_empty = self
+            .links
+            .as_ref()
+            .is_none_or(|(_, o)| o.iter().all(Outbox::is_empty));
+        if self.leaving.is_some() && self.engine.is_drained() && outboxes_empty {
+            if let Some((pending, done)) = self.leaving.take() {
+                let _ = done.send(pending);
+            }
+        }
+    }
+}

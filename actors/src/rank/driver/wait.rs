@@ -1,0 +1,168 @@
+//! A caller waiting for its call: it drives its rank for the spin budget, then parks on the
+//! rank's bell, which a completion rings (and which hands a parked caller the background
+//! run before the actor gets it).
+
+use super::Driver;
+use crate::sync::lock;
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+/// Spin turns between two yields of a caller whose process has more ranks than cores.
+pub(super) const YIELD_TURNS: u32 = 1;
+/// How long a waiting caller drives its rank before it parks, unless `COLLECTIX_SPIN_US`
+/// says otherwise.
+pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+/// The default spin budget of a rank of a multi-process job: a message over TCP crosses two
+/// more threads (the sender's writer, the receiver's reader), each hand-off 20–30 µs on a
+/// small VM, so a caller spinning only [`DEFAULT_SPIN`] would park before most answers came.
+pub(crate) const DEFAULT_SPIN_TCP: Duration = Duration::from_micros(200);
+/// The spin budget from `COLLECTIX_SPIN_US` (microseconds; 0: a waiting caller parks at
+/// once and the actor does all the work), or `default`.
+pub(crate) fn spin_from_env(default: Duration) -> Duration {
+    match std::env::var("COLLECTIX_SPIN_US") {
+        Err(_) => default,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(us) => Duration::from_micros(us.min(1_000_000)),
+            Err(_) => {
+                tracing::warn!(value = %v, "COLLECTIX_SPIN_US is not a number of microseconds; using the default");
+                default
+            }
+        },
+    }
+}
+/// The parked callers of a rank, and whether one of them was asked to run it.
+#[derive(Default)]
+pub(super) struct Bell {
+    sleepers: usize,
+    /// A background run was asked for and handed to a sleeper.
+    rung: bool,
+}
+
+impl Driver {
+    /// Wakes whoever makes the asked-for background run: a caller parked on this rank if
+    /// there is one (it then drives the rank again, as in its wait), else the actor.
+    pub(super) fn wake_background(&self) {
+        {
+            let mut b = lock(&self.bell);
+            if b.sleepers > 0 {
+                b.rung = true;
+                self.bell_rung.notify_one();
+                return;
+            }
+        }
+        self.wake_actor();
+    }
+    /// Tells the parked callers that calls completed (theirs may be among them).
+    pub(super) fn completed(&self) {
+        // Pairs with the fence in `sleep_until`: the results were set before this fence, so a
+        // caller counted after it sees its call completed and does not park.
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let b = lock(&self.bell);
+        if b.sleepers > 0 {
+            self.bell_rung.notify_all();
+        }
+    }
+    /// Wakes the callers parked on this rank to look at their calls again: for a call
+    /// completed outside a run of the engine (a device transfer completed by its worker
+    /// thread), which the engine's own completions would not announce.
+    pub(crate) fn notify(&self) {
+        self.completed();
+    }
+    /// Parks a caller until `done()` (its call completed) or the bell asks it to run the
+    /// rank: then it makes the background run and drives the rank while arrivals keep
+    /// coming, as in its wait, before it parks again. A long call whose caller parked while
+    /// its peers were late is thus still driven by its caller, with no actor hand-off per
+    /// message.
+    pub(crate) fn sleep_until(&self, done: &dyn Fn() -> bool) {
+        if done() {
+            // Not counted as a sleeper: nobody handed this caller a run.
+            return;
+        }
+        loop {
+            let rung = {
+                let mut b = lock(&self.bell);
+                b.sleepers += 1;
+                self.sleeping.store(b.sleepers, Ordering::Relaxed);
+                // Pairs with the fence in `completed`: a completion that did not see this
+                // count is seen by `done()` below.
+                fence(Ordering::SeqCst);
+                while !b.rung && !done() {
+                    b = self.bell_rung.wait(b).unwrap_or_else(|e| e.into_inner());
+                }
+                b.sleepers -= 1;
+                self.sleeping.store(b.sleepers, Ordering::Relaxed);
+                std::mem::take(&mut b.rung)
+            };
+            if rung {
+                // The run asked for must happen even if this caller's call is done now; the
+                // actor still owns the timer.
+                if let Some(at) = self.background() {
+                    if at.as_nanos() < self.timer_at.load(Ordering::SeqCst) && self.inbox.ask() {
+                        self.wake_actor();
+                    }
+                }
+            }
+            if done() {
+                return;
+            }
+            self.drive_until(done, self.spin, Duration::MAX);
+            if done() {
+                return;
+            }
+        }
+    }
+    /// Drives the rank until `done()` says so, for at most `limit` in all, and until it has
+    /// been idle (nothing arrived) for `idle`: a long call that keeps receiving is driven by
+    /// its caller to the end, a call waiting for a slow peer parks. Then it stops driving
+    /// (taking what arrived meanwhile, so that nothing is left behind for nobody); the caller
+    /// parks on its call's slot if it is not done, and the actor finishes the work.
+    pub(crate) fn drive_until(&self, done: &dyn Fn() -> bool, idle: Duration, limit: Duration) {
+        if idle.is_zero() || limit.is_zero() || done() {
+            return;
+        }
+        let driving = self.inbox.enter();
+        let start = Instant::now();
+        let mut active = start;
+        let mut turns: u32 = 0;
+        loop {
+            if !self.inbox.looks_empty() {
+                self.try_run();
+                turns = 0;
+                active = Instant::now();
+            }
+            if done() {
+                break;
+            }
+            turns = turns.wrapping_add(1);
+            if turns.is_multiple_of(64) {
+                let now = Instant::now();
+                if now.duration_since(active) >= idle || now.duration_since(start) >= limit {
+                    break;
+                }
+            }
+            self.pause(turns);
+        }
+        if driving.leave() {
+            self.run(|_, _, _| ());
+        }
+    }
+    /// One turn of a spin: a pause, and every `YIELD_TURNS` turns, when the process's
+    /// ranks outnumber the cores, the core itself (the rank we wait for may need it).
+    pub(super) fn pause(&self, turns: u32) {
+        if self.yields && turns.is_multiple_of(YIELD_TURNS) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    /// One run of the engine if arrivals wait and nobody drives it now (a `Work` polled
+    /// again).
+    pub(crate) fn poke(&self) {
+        if !self.inbox.looks_empty() {
+            self.try_run();
+        }
+    }
+}
