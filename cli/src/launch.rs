@@ -104,7 +104,7 @@ fn relay(
 
 /// Sends `sig` to the process group of every process still running (each process leads a
 /// group of its own, so what it started gets the signal too).
-fn signal_all(children: &mut [(usize, Child, Option<End>)], sig: Signal) {
+fn signal_all(children: &mut [Proc], sig: Signal) {
     for (_, c, end) in children.iter_mut() {
         if end.is_none() {
             if let Ok(pid) = i32::try_from(c.id()) {
@@ -114,6 +114,9 @@ fn signal_all(children: &mut [(usize, Child, Option<End>)], sig: Signal) {
     }
 }
 
+/// A process of the job: its rank, the child, and how it ended (`None` while it runs).
+type Proc = (usize, Child, Option<End>);
+
 /// Runs the job; the launcher's exit code.
 pub(crate) fn run(a: &LaunchArgs) -> u8 {
     if a.nproc_per_node == 0 || a.nnodes == 0 || a.node_rank >= a.nnodes {
@@ -122,28 +125,9 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
         );
         return 2;
     }
-    let world = a.nproc_per_node * a.nnodes;
-    let given = ["COLLECTIX_SECRET", "COLLECTIX_SECRET_FILE"]
-        .iter()
-        .any(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()));
-    let secret = match (given, a.nnodes) {
-        (true, _) => None,
-        (false, 1) => match collectix::Secret::random_text() {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("collectix launch: cannot make the job's secret: {e}");
-                return 1;
-            }
-        },
-        (false, _) => {
-            eprintln!(
-                "collectix launch: a job of {} nodes needs one secret on every node: export the same \
-                 COLLECTIX_SECRET (e.g. `openssl rand -hex 32`) or COLLECTIX_SECRET_FILE before \
-                 launching on each",
-                a.nnodes
-            );
-            return 2;
-        }
+    let secret = match job_secret(a) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     // SIGINT and SIGTERM to the launcher: remembered, then forwarded.
     let caught = Arc::new(AtomicUsize::new(0));
@@ -153,12 +137,72 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
         // fails only for signals that cannot be caught, which these are not.
         let _ = signal_hook::flag::register_usize(sig, c, sig as usize);
     }
-    let mut children: Vec<(usize, Child, Option<End>)> = Vec::with_capacity(a.nproc_per_node);
+    let (mut children, relays) = match start_all(a, secret.as_deref()) {
+        Ok(started) => started,
+        Err(code) => return code,
+    };
+    let stopping = supervise(a, &mut children, &caught);
+    // Let the relays print what the processes wrote last: they end when the pipes close,
+    // which a process's own children (still running) can delay; wait at most 2 s for that.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while relays.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    match stopping {
+        None => 0,
+        Some(why) => {
+            eprintln!("collectix launch: {why}; the job stopped:");
+            for (rank, _, end) in &children {
+                eprintln!(
+                    "  rank {rank} {}",
+                    end.map_or("did not end".into(), End::text)
+                );
+            }
+            1
+        }
+    }
+}
+
+/// The secret to give the processes: `None` where the launcher's environment has one (which
+/// they inherit), else a fresh one for a job of one node; the exit code where there is none.
+fn job_secret(a: &LaunchArgs) -> Result<Option<String>, u8> {
+    let given = ["COLLECTIX_SECRET", "COLLECTIX_SECRET_FILE"]
+        .iter()
+        .any(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()));
+    match (given, a.nnodes) {
+        (true, _) => Ok(None),
+        (false, 1) => match collectix::Secret::random_text() {
+            Ok(s) => Ok(Some(s)),
+            Err(e) => {
+                eprintln!("collectix launch: cannot make the job's secret: {e}");
+                Err(1)
+            }
+        },
+        (false, _) => {
+            eprintln!(
+                "collectix launch: a job of {} nodes needs one secret on every node: export the same \
+                 COLLECTIX_SECRET (e.g. `openssl rand -hex 32`) or COLLECTIX_SECRET_FILE before \
+                 launching on each",
+                a.nnodes
+            );
+            Err(2)
+        }
+    }
+}
+
+/// Starts this node's processes, each with a relay for its stdout and one for its stderr;
+/// where one cannot start, kills those started and gives the exit code.
+fn start_all(
+    a: &LaunchArgs,
+    secret: Option<&str>,
+) -> Result<(Vec<Proc>, Vec<std::thread::JoinHandle<()>>), u8> {
+    let world = a.nproc_per_node * a.nnodes;
+    let mut children: Vec<Proc> = Vec::with_capacity(a.nproc_per_node);
     let mut relays = Vec::with_capacity(2 * a.nproc_per_node);
     for local in 0..a.nproc_per_node {
         let rank = a.node_rank * a.nproc_per_node + local;
         let mut cmd = Command::new(&a.program[0]);
-        if let Some(s) = &secret {
+        if let Some(s) = secret {
             cmd.env("COLLECTIX_SECRET", s);
         }
         let spawned = cmd
@@ -196,10 +240,17 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
                 for (_, c, _) in &mut children {
                     let _ = c.wait();
                 }
-                return 1;
+                return Err(1);
             }
         }
     }
+    Ok((children, relays))
+}
+
+/// Waits for every process to end, forwarding the signals the launcher catches (`caught`);
+/// after the first failure or forwarded signal, sends the others SIGTERM, then SIGKILL once
+/// `--grace` has passed. Why the job stopped (`None`: every process exited with 0).
+fn supervise(a: &LaunchArgs, children: &mut [Proc], caught: &AtomicUsize) -> Option<String> {
     let grace = Duration::from_secs_f64(a.grace.max(0.0));
     let mut stopping: Option<(Instant, String)> = None;
     let (mut termed, mut killed) = (false, false);
@@ -218,7 +269,7 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
         let sig = caught.swap(0, Ordering::SeqCst);
         if sig != 0 {
             let s = Signal::try_from(sig as i32).unwrap_or(Signal::SIGTERM);
-            signal_all(&mut children, s);
+            signal_all(children, s);
             if stopping.is_none() {
                 stopping = Some((Instant::now(), format!("the launcher got {s}")));
                 termed = true;
@@ -230,31 +281,13 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
         if let Some((since, _)) = &stopping {
             if !termed {
                 termed = true;
-                signal_all(&mut children, Signal::SIGTERM);
+                signal_all(children, Signal::SIGTERM);
             } else if !killed && since.elapsed() > grace {
                 killed = true;
-                signal_all(&mut children, Signal::SIGKILL);
+                signal_all(children, Signal::SIGKILL);
             }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Let the relays print what the processes wrote last: they end when the pipes close,
-    // which a process's own children (still running) can delay; wait at most 2 s for that.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while relays.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    match stopping {
-        None => 0,
-        Some((_, why)) => {
-            eprintln!("collectix launch: {why}; the job stopped:");
-            for (rank, _, end) in &children {
-                eprintln!(
-                    "  rank {rank} {}",
-                    end.map_or("did not end".into(), End::text)
-                );
-            }
-            1
-        }
-    }
+    stopping.map(|(_, why)| why)
 }

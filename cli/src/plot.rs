@@ -7,6 +7,32 @@ use plotters::prelude::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// `collectix plot`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct PlotArgs {
+    /// The SVG file to write.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// The title.
+    #[arg(long, default_value = "busbw against size")]
+    title: String,
+    /// `--json` files; each line is labelled with its file's stem (or its rows' `source`).
+    #[arg(required = true)]
+    json: Vec<std::path::PathBuf>,
+}
+
+/// `collectix plot`: every file's rows, drawn into one SVG.
+pub(crate) fn run(p: &PlotArgs) -> std::process::ExitCode {
+    let pts: Result<Vec<_>, String> = p.json.iter().map(|f| load(f)).collect();
+    match pts.and_then(|pts| draw(&p.out, &p.title, &pts.concat())) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("collectix: cannot plot: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// One row as the plot needs it.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Point {

@@ -1,0 +1,210 @@
+//! `collectix bench`'s options, and what they mean in collectix's terms (its reduction, its
+//! dtype, the sizes of the sweep).
+
+use super::cell::Coll;
+use clap::ValueEnum;
+use collectix::{DType, ReduceOp};
+
+/// `collectix bench`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// The collective.
+    #[arg(long, value_enum, default_value = "all_reduce")]
+    pub(super) collective: Coll,
+    /// Ranks in the world.
+    #[arg(long, default_value_t = 2)]
+    pub(super) ranks: usize,
+    /// Smallest size (bytes; K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "4", value_parser = parse_bytes)]
+    pub(super) minbytes: usize,
+    /// Largest size.
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_bytes)]
+    pub(super) maxbytes: usize,
+    /// Factor between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    pub(super) stepfactor: usize,
+    /// Reduction.
+    #[arg(short = 'o', long = "op", value_enum, default_value = "sum")]
+    pub(super) op: Op,
+    /// Element type.
+    #[arg(short = 'd', long = "dtype", value_enum, default_value = "float")]
+    pub(super) dtype: Dt,
+    /// Samples per size (the median is printed).
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    pub(super) iters: usize,
+    /// Warm-up calls per size (also used to calibrate a sample).
+    #[arg(short = 'w', long = "warmup", default_value_t = 5)]
+    pub(super) warmup: usize,
+    /// Check every output element (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    pub(super) check: u8,
+    /// Root of rooted collectives.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    pub(super) root: usize,
+    /// Where ranks run.
+    #[arg(long, value_enum, default_value = "local")]
+    pub(super) transport: Transport,
+    /// Binding of the in-process ranks' threads to cores: auto binds rank r to the r-th
+    /// core this process may use when there are enough cores for every rank (Open MPI's
+    /// default, `--bind-to core`, for 2 ranks; with more ranks than cores it binds to the
+    /// socket, which on one socket is no binding); none leaves placement to the scheduler,
+    /// which may put two ranks on one core for a whole run.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(super) bind: Bind,
+    /// Algorithm: auto, or a name (ring, halving_doubling, recursive_doubling, binomial_tree,
+    /// direct, dissemination, pairwise, reduce_scatter_gather, reduce_broadcast).
+    #[arg(long, default_value = "auto")]
+    pub(super) algorithm: String,
+    /// Where the tensors live: cpu, cuda (rank r on GPU r mod the device count; needs the
+    /// `cuda` feature), or standin (host memory posing as cuda:0, to measure the device
+    /// paths' own costs without a GPU).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub(super) device: Dev,
+    /// Backend for device tensors.
+    #[arg(long, value_enum, default_value = "nccl")]
+    pub(super) backend: Backend,
+    /// Target length of one sample, in milliseconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub(super) sample_ms: f64,
+    /// Write every row as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<std::path::PathBuf>,
+    /// Draw busbw against size into this SVG file: this run's rows, and those of the
+    /// `--plot-with` files beside them.
+    #[arg(long)]
+    pub(super) plot: Option<std::path::PathBuf>,
+    /// Earlier `--json` files to draw beside this run (repeat the flag for several).
+    #[arg(long = "plot-with", requires = "plot")]
+    pub(super) plot_with: Vec<std::path::PathBuf>,
+}
+
+/// `-o`: the reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(super) enum Op {
+    Sum,
+    Prod,
+    Min,
+    Max,
+    Avg,
+}
+
+/// `-d`: the element type, with nccl-tests' names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(super) enum Dt {
+    Float,
+    Double,
+    Half,
+    Bfloat16,
+    Int32,
+    Int64,
+    Int8,
+    Uint8,
+    Int16,
+    Uint16,
+    Uint32,
+    Uint64,
+}
+
+/// `--device`: where the tensors live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(super) enum Dev {
+    Cpu,
+    Cuda,
+    /// Host memory posing as cuda:0 (collectix's `StandIn`): the device paths' own costs
+    /// (the NCCL backend's send/recv protocol, the staged backend's steps) without a GPU.
+    Standin,
+}
+
+/// `--backend`: the backend for device tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(super) enum Backend {
+    Nccl,
+    Staged,
+}
+
+/// `--transport`: where the ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(super) enum Transport {
+    /// Ranks in this process, over the in-process transport.
+    Local,
+    /// Ranks in processes of their own, over TCP loopback: the bench starts `--ranks`
+    /// processes of itself (torchrun's variables, a fresh secret), or, started by a launcher
+    /// (`RANK` set), is one of them. Rank 0 prints the table.
+    Tcp,
+}
+
+/// `--bind`: the in-process ranks' threads' placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(super) enum Bind {
+    /// Each rank's thread on a core of its own when the cores suffice, else unbound.
+    Auto,
+    /// Unbound.
+    None,
+}
+
+/// A size in bytes, with an optional K, M or G suffix (powers of 1024).
+fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&s[..i], 1usize << 10),
+        Some((i, 'M' | 'm')) => (&s[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: usize = num.parse().map_err(|e| format!("{s}: {e}"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("{s}: too large"))
+}
+
+impl Op {
+    /// collectix's reduction.
+    pub(super) fn reduce_op(self) -> ReduceOp {
+        match self {
+            Op::Sum => ReduceOp::Sum,
+            Op::Prod => ReduceOp::Product,
+            Op::Min => ReduceOp::Min,
+            Op::Max => ReduceOp::Max,
+            Op::Avg => ReduceOp::Avg,
+        }
+    }
+}
+
+impl Dt {
+    /// collectix's dtype.
+    pub(super) fn dtype(self) -> DType {
+        match self {
+            Dt::Float => DType::F32,
+            Dt::Double => DType::F64,
+            Dt::Half => DType::F16,
+            Dt::Bfloat16 => DType::BF16,
+            Dt::Int32 => DType::I32,
+            Dt::Int64 => DType::I64,
+            Dt::Int8 => DType::I8,
+            Dt::Uint8 => DType::U8,
+            Dt::Int16 => DType::I16,
+            Dt::Uint16 => DType::U16,
+            Dt::Uint32 => DType::U32,
+            Dt::Uint64 => DType::U64,
+        }
+    }
+}
+
+impl Args {
+    /// The sizes of the sweep: `-b` to `-e` by `-f` (at least 2), or the single size 0 of a
+    /// barrier.
+    pub(super) fn sizes(&self) -> Vec<usize> {
+        if self.collective == Coll::Barrier {
+            return vec![0];
+        }
+        let mut sizes = Vec::new();
+        let mut s = self.minbytes.max(1);
+        while s <= self.maxbytes {
+            sizes.push(s);
+            let next = s.saturating_mul(self.stepfactor.max(2));
+            if next == s {
+                break;
+            }
+            s = next;
+        }
+        sizes
+    }
+}

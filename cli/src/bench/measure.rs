@@ -1,0 +1,126 @@
+//! One rank's measurement of one cell: the check, the calibrated warm-up, and the timed
+//! samples, combined over the ranks with collectives outside the timed parts.
+
+use super::args::Args;
+use super::cell::{count_wrong, flatten, Cell, Coll};
+use collectix::runtime::collective::{Output, Request};
+use collectix::{CallOptions, Communicator, ReduceOp, Result};
+use std::time::Instant;
+
+/// One cell as one rank measured it, made the same on every rank by collectives: the wrong
+/// elements over all ranks, the calls per sample, and each sample's slowest rank's time.
+pub(super) struct Measured {
+    pub(super) wrong: Option<usize>,
+    pub(super) calls: usize,
+    pub(super) slowest: Vec<f64>,
+    /// The rank actor's wake-ups per call during the samples (the most on any rank): how
+    /// often progress was left to the background driver instead of a waiting caller.
+    pub(super) wakeups: f64,
+    /// Rank 0's process's peak RSS during the warm-up and samples (MiB), and whether it
+    /// covers only them (the peak was reset after the inputs were made and checked) or the
+    /// whole run so far.
+    pub(super) peak: Option<(f64, bool)>,
+}
+
+/// Submits every request of one call, then waits for each; their outputs in order.
+fn submit_all(c: &Communicator, reqs: &[Request], opts: &CallOptions) -> Result<Vec<Output>> {
+    let works: Vec<_> = reqs.iter().map(|q| c.submit(q.clone(), opts)).collect();
+    works.into_iter().map(|w| w.wait()).collect()
+}
+
+/// Resets this process's peak RSS to its current RSS (Linux: `clear_refs` with 5), so that
+/// the next [`peak_rss_mib`] covers only what ran since; whether it could.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// This process's peak RSS (MiB), where the system tells it.
+pub(super) fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+/// `v` reduced elementwise over every rank with `op`.
+fn over_ranks(c: &Communicator, v: Vec<f64>, op: ReduceOp) -> Result<Vec<f64>> {
+    c.all_reduce(collectix::Tensor::from_vec(v), op)
+        .wait()?
+        .to_vec::<f64>()
+}
+
+/// Rank `r`'s part of one cell: the check (one call, every output element compared), the
+/// warm-up (which calibrates `K`, the calls per sample, from the slowest rank), and the
+/// samples (barrier, `K` calls); what each rank saw is combined with all_reduces outside the
+/// timed parts.
+pub(super) fn measure(
+    a: &Args,
+    c: &Communicator,
+    r: usize,
+    cell: &Cell,
+    opts: &CallOptions,
+) -> Result<Measured> {
+    let reqs = cell.requests(r)?;
+    let wrong = if a.check != 0 && a.collective != Coll::Barrier {
+        Some(check(c, r, cell, &reqs, opts)?)
+    } else {
+        None
+    };
+    c.barrier().wait()?;
+    // Every rank has made its inputs and finished its check: the peak from here on is the
+    // calls' own (inputs, outputs and what the calls hold), not the check's reference copies.
+    let reset = r == 0 && reset_peak_rss();
+    let calls = calibrate(a, c, &reqs, opts)?;
+    let mut v = Vec::with_capacity(a.iters);
+    let mut woken = 0;
+    for _ in 0..a.iters.max(1) {
+        c.barrier().wait()?;
+        let before = c.background_wakeups();
+        let t0 = Instant::now();
+        for _ in 0..calls {
+            submit_all(c, &reqs, opts)?;
+        }
+        v.push(t0.elapsed().as_secs_f64() / calls as f64);
+        woken += c.background_wakeups() - before;
+    }
+    let per_call = woken as f64 / (calls * a.iters.max(1) * reqs.len().max(1)) as f64;
+    let peak = if r == 0 {
+        peak_rss_mib().map(|m| (m, reset))
+    } else {
+        None
+    };
+    Ok(Measured {
+        wrong,
+        calls,
+        slowest: over_ranks(c, v, ReduceOp::Max)?,
+        wakeups: over_ranks(c, vec![per_call], ReduceOp::Max)?[0],
+        peak,
+    })
+}
+
+/// One call with every output element compared with what it must be; the wrong elements
+/// over all ranks.
+fn check(
+    c: &Communicator,
+    r: usize,
+    cell: &Cell,
+    reqs: &[Request],
+    opts: &CallOptions,
+) -> Result<usize> {
+    let out = submit_all(c, reqs, opts)?;
+    let want = cell.expected(r).unwrap_or_default();
+    let mine = count_wrong(&flatten(&out)?, &want, cell.op, cell.dtype) as f64;
+    Ok(over_ranks(c, vec![mine], ReduceOp::Sum)?[0] as usize)
+}
+
+/// The warm-up calls (`-w`, at least one); the calls per sample that make a sample last about
+/// `--sample-ms` on the slowest rank.
+fn calibrate(a: &Args, c: &Communicator, reqs: &[Request], opts: &CallOptions) -> Result<usize> {
+    let t0 = Instant::now();
+    for _ in 0..a.warmup.max(1) {
+        submit_all(c, reqs, opts)?;
+    }
+    let mine = t0.elapsed().as_secs_f64() / a.warmup.max(1) as f64;
+    let per_call = over_ranks(c, vec![mine], ReduceOp::Max)?[0].max(1e-9);
+    Ok(((a.sample_ms / 1e3 / per_call).ceil() as usize).clamp(1, 100_000))
+}

@@ -1,0 +1,154 @@
+//! The ranks this process drives, and running a step on each of them: every rank of an
+//! in-process world on a thread of its own (bound to a core when asked), or this process's
+//! own rank of a job over TCP.
+
+use super::args::{Args, Backend, Bind, Transport};
+use collectix::{Communicator, DeviceBackend, Result, World};
+
+/// The ranks this process drives: every rank of an in-process world, or its own rank of a
+/// job over TCP.
+pub(super) enum Ranks {
+    Local(World, Vec<Communicator>),
+    Tcp(Box<collectix::Process>, Communicator),
+}
+
+impl Ranks {
+    /// The world of `--transport` (`--ranks` ranks in this process, or this process's rank
+    /// of the job its environment describes), its communicators using `backend` for device
+    /// tensors.
+    pub(super) fn start(a: &Args, backend: DeviceBackend) -> Result<Ranks> {
+        Ok(match a.transport {
+            Transport::Local => {
+                let world = World::local(a.ranks.max(1))?;
+                let comms: Vec<Communicator> = world
+                    .communicators()
+                    .iter()
+                    .map(|c| c.with_device_backend(backend))
+                    .collect();
+                Ranks::Local(world, comms)
+            }
+            Transport::Tcp => {
+                let p = collectix::init(
+                    &collectix::InitArgs::default(),
+                    collectix::GroupOptions::default(),
+                    std::time::Duration::from_secs(120),
+                )?;
+                let c = p.communicator().with_device_backend(backend);
+                Ranks::Tcp(Box::new(p), c)
+            }
+        })
+    }
+
+    /// The ranks in the world.
+    pub(super) fn size(&self) -> usize {
+        match self {
+            Ranks::Local(_, c) => c.len(),
+            Ranks::Tcp(_, c) => c.size(),
+        }
+    }
+
+    /// Whether this process prints the table (and writes the files).
+    pub(super) fn prints(&self) -> bool {
+        match self {
+            Ranks::Local(..) => true,
+            Ranks::Tcp(_, c) => c.rank() == 0,
+        }
+    }
+
+    /// Whether the ranks are processes of their own (so that this process's memory is rank
+    /// 0's only).
+    pub(super) fn is_tcp(&self) -> bool {
+        matches!(self, Ranks::Tcp(..))
+    }
+
+    /// `f(rank, comm)` on every rank this process drives (each on a thread of its own); the
+    /// first one's result (`measure` makes every rank's the same).
+    pub(super) fn run<T: Send>(
+        &self,
+        bind: bool,
+        f: impl Fn(usize, &Communicator) -> Result<T> + Sync,
+    ) -> Result<T> {
+        let mut got = match self {
+            Ranks::Local(_, comms) => on_every_rank(comms, bind, f)?,
+            Ranks::Tcp(_, c) => vec![f(c.rank(), c)?],
+        };
+        if got.is_empty() {
+            return Err(collectix::Error::internal("no rank ran"));
+        }
+        Ok(got.swap_remove(0))
+    }
+
+    /// Shuts the world (or this process's part of the job) down.
+    pub(super) fn shutdown(self) -> Result<()> {
+        match self {
+            Ranks::Local(world, _) => world.shutdown(),
+            Ranks::Tcp(p, _) => p.shutdown(),
+        }
+    }
+}
+
+/// `--backend` as collectix's device backend.
+pub(super) fn device_backend(b: Backend) -> DeviceBackend {
+    match b {
+        Backend::Nccl => DeviceBackend::Nccl,
+        Backend::Staged => DeviceBackend::HostStaged,
+    }
+}
+
+/// Whether the in-process ranks' threads are bound to cores: `--bind auto`, in-process ranks,
+/// and a core for each of the `w` ranks.
+pub(super) fn binds(a: &Args, w: usize) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    a.bind == Bind::Auto && a.transport == Transport::Local && w <= cores
+}
+
+/// Every rank, on a thread of its own, runs `f(rank, comm)`; the results in rank order.
+fn on_every_rank<T: Send>(
+    comms: &[Communicator],
+    bind: bool,
+    f: impl Fn(usize, &Communicator) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let f = &f;
+                s.spawn(move || {
+                    if bind && !bind_to_core(r) {
+                        eprintln!("collectix: bench rank {r}: could not bind its thread to a core");
+                    }
+                    f(r, c)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(collectix::Error::Shutdown)))
+            .collect()
+    })
+}
+
+/// Binds the calling thread to the `i`-th core this process may run on; whether it could.
+#[cfg(target_os = "linux")]
+fn bind_to_core(i: usize) -> bool {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    let me = Pid::from_raw(0);
+    let Ok(allowed) = sched_getaffinity(me) else {
+        return false;
+    };
+    let Some(cpu) = (0..CpuSet::count())
+        .filter(|&c| allowed.is_set(c).unwrap_or(false))
+        .nth(i)
+    else {
+        return false;
+    };
+    let mut one = CpuSet::new();
+    one.set(cpu).is_ok() && sched_setaffinity(me, &one).is_ok()
+}
+
+/// Binding is Linux's only: elsewhere the threads stay where the scheduler puts them.
+#[cfg(not(target_os = "linux"))]
+fn bind_to_core(_: usize) -> bool {
+    false
+}
