@@ -1,6 +1,8 @@
 //! The call interpreter: a collective's schedule run step by step — its sends posted (through
 //! flow control), its receives checked and stored, its chunks reduced — until it finishes and
-//! its output is assembled ([`super::output`]).
+//! its output is assembled ([`super::output`]). Collective messages arrive here too: each is
+//! routed to its call, or kept until this rank makes the call, and flow control's credits
+//! are answered.
 
 use super::flow::FlowOut;
 use super::output::check_payload;
@@ -52,6 +54,75 @@ impl Engine {
         }
         if self.ops.contains_key(&id) {
             self.progress(id);
+        }
+    }
+
+    /// A collective message from group-local `src` for call `seq` (whose fingerprint, at the
+    /// sender, is `call`): beyond the window it aborts the group; otherwise it credits its
+    /// sender's call and goes to the call if this rank has it in flight, aborts the group if
+    /// the call is done (a stale message, or a mismatch), is dropped if the call is
+    /// forgotten, and waits for the call (within the peer's byte budget) if it is not made
+    /// yet.
+    pub(super) fn on_data(
+        &mut self,
+        gid: GroupId,
+        src: usize,
+        seq: u64,
+        call: Fingerprint,
+        msg: Message,
+    ) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        if !g.flow.admits(seq) {
+            // A conforming peer never sends beyond the window it was granted.
+            let err = Error::Protocol {
+                rank: msg.src,
+                detail: ProtocolError::Window { seq },
+            };
+            self.abort(gid, err, None, true);
+            return;
+        }
+        // A message of call `seq` shows that the peer has made that call: an implicit
+        // credit, which releases what this rank holds for it without a round trip.
+        let mut out = Vec::new();
+        g.flow.on_credit(src, seq.saturating_add(1), &mut out);
+        if !out.is_empty() {
+            self.emit(gid, out);
+        }
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        if let Some(&id) = g.active.get(&seq) {
+            self.deliver(id, msg);
+        } else if let Some(ours) = g.done.get(seq) {
+            let err = if ours == call {
+                Error::Protocol {
+                    rank: msg.src,
+                    detail: ProtocolError::Stale { seq },
+                }
+            } else {
+                self.mismatch(gid, Some(seq), ours, msg.src, call)
+            };
+            self.abort(gid, err, None, true);
+        } else if seq < g.forgotten_below {
+            tracing::warn!(rank = self.rank, seq, group = %gid, "message for a forgotten call dropped");
+        } else {
+            let bytes = msg.payload.iter().map(|b| b.len() as u64).sum();
+            if let Err(total) = g.flow.early(src, seq, bytes) {
+                // A conforming peer waits for this rank's call beyond its budget.
+                let err = Error::Protocol {
+                    rank: msg.src,
+                    detail: ProtocolError::Budget {
+                        seq,
+                        bytes: total,
+                        budget: g.flow.budget(),
+                    },
+                };
+                self.abort(gid, err, None, true);
+                return;
+            }
+            g.unexpected.entry(seq).or_default().push(msg);
         }
     }
 
@@ -240,6 +311,26 @@ impl Engine {
             }
             g.p2p_posted.retain(|&p| p != id);
         }
+    }
+
+    /// Group-local `src` has made `calls` calls of group `gid` (flow control's credit).
+    pub(super) fn on_credit(&mut self, gid: GroupId, src: usize, calls: u64) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        let mut out = Vec::new();
+        g.flow.on_credit(src, calls, &mut out);
+        self.emit(gid, out);
+    }
+
+    /// Group-local `src` asks for credit to send its messages of call `seq` of group `gid`.
+    pub(super) fn on_want_credit(&mut self, gid: GroupId, src: usize, seq: u64) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        let mut out = Vec::new();
+        g.flow.on_want(src, seq, &mut out);
+        self.emit(gid, out);
     }
 
     /// Sends what the flow control of group `gid` released or asks for.

@@ -219,6 +219,20 @@ impl Engine {
         true
     }
 
+    /// `from` (global) asked about call `seq` of group `gid`: this rank answers with its
+    /// status.
+    pub(super) fn on_inquire(&mut self, gid: GroupId, from: usize, seq: u64) {
+        let reply = self.status_of(gid, seq);
+        self.transmits.push_back(Transmit {
+            dst: from,
+            msg: Message {
+                src: self.rank,
+                header: reply,
+                payload: Vec::new(),
+            },
+        });
+    }
+
     /// This rank's answer to an inquiry about call `seq` of group `gid`.
     pub(super) fn status_of(&self, gid: GroupId, seq: u64) -> Header {
         let fp_of = |s: u64| -> Option<Fingerprint> {
@@ -362,6 +376,17 @@ impl Engine {
             self.fail_talking_to(gid, peer);
             self.abort(gid, Error::PeerLost { rank: peer }, None, true);
         }
+    }
+
+    /// `from` (global) aborted group `gid` for `reason`: the group is aborted here too.
+    pub(super) fn on_abort(&mut self, gid: GroupId, from: usize, reason: &AbortReason) {
+        let cause = reason.clone().into_error(gid, from);
+        // A lost peer heard of from another member before this rank noticed: the
+        // calls that talk to it fail with `PeerLost`, as if this rank had noticed.
+        if let Error::PeerLost { rank } = cause.root_cause() {
+            self.fail_talking_to(gid, *rank);
+        }
+        self.abort(gid, cause, None, false);
     }
 
     /// Fails with [`Error::PeerLost`] the calls of group `gid` whose remaining schedule

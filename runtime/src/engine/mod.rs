@@ -27,7 +27,7 @@ pub(crate) mod p2p_flow;
 
 use crate::collective::{Body, Finish, Output, Plan, Share, TensorSpec};
 use crate::data_plane::{DataPlane, HostPlane};
-use crate::error::{Error, ProtocolError, RankCall, Result};
+use crate::error::{Error, RankCall, Result};
 use crate::fast_hash::FastMap;
 use crate::group::GroupId;
 use crate::ids::Fingerprint;
@@ -262,6 +262,21 @@ impl Engine {
             .sum()
     }
 
+    /// Keeps `msg` for group `gid`, which this rank has not created yet (it is handled when
+    /// the group is added), unless its sender is over [`ORPHANS_PER_PEER`] or
+    /// [`ORPHAN_BYTES_PER_PEER`]: then it is dropped with a warning.
+    fn keep_orphan(&mut self, gid: GroupId, msg: Message) {
+        let bytes: u64 = msg.payload.iter().map(|b| b.len() as u64).sum();
+        let from = self.orphans_from.entry(msg.src).or_insert((0, 0));
+        if from.0 >= ORPHANS_PER_PEER || from.1.saturating_add(bytes) > ORPHAN_BYTES_PER_PEER {
+            tracing::warn!(rank = self.rank, src = msg.src, group = %gid, "message for a group not created yet dropped: the peer is over ORPHANS_PER_PEER or ORPHAN_BYTES_PER_PEER");
+            return;
+        }
+        from.0 += 1;
+        from.1 += bytes;
+        self.orphans.entry(gid).or_default().push(msg);
+    }
+
     /// No longer keeps `m` for a group not created yet.
     pub(super) fn unorphan(&mut self, m: &Message) {
         if let Some(n) = self.orphans_from.get_mut(&m.src) {
@@ -422,15 +437,7 @@ impl Engine {
             return;
         }
         let Some(g) = self.groups.get_mut(&gid) else {
-            let bytes: u64 = msg.payload.iter().map(|b| b.len() as u64).sum();
-            let from = self.orphans_from.entry(msg.src).or_insert((0, 0));
-            if from.0 >= ORPHANS_PER_PEER || from.1.saturating_add(bytes) > ORPHAN_BYTES_PER_PEER {
-                tracing::warn!(rank = self.rank, src = msg.src, group = %gid, "message for a group not created yet dropped: the peer is over ORPHANS_PER_PEER or ORPHAN_BYTES_PER_PEER");
-                return;
-            }
-            from.0 += 1;
-            from.1 += bytes;
-            self.orphans.entry(gid).or_default().push(msg);
+            self.keep_orphan(gid, msg);
             return;
         };
         if g.aborted.is_some() {
@@ -441,82 +448,13 @@ impl Engine {
             return;
         };
         match &msg.header {
-            Header::Abort { reason, .. } => {
-                let cause = (**reason).clone().into_error(gid, msg.src);
-                // A lost peer heard of from another member before this rank noticed: the
-                // calls that talk to it fail with `PeerLost`, as if this rank had noticed.
-                if let Error::PeerLost { rank } = cause.root_cause() {
-                    self.fail_talking_to(gid, *rank);
-                }
-                self.abort(gid, cause, None, false);
-            }
+            Header::Abort { reason, .. } => self.on_abort(gid, msg.src, reason),
             Header::P2p {
                 tag, seq, eager, ..
-            } => {
-                // A message of a lane consumed already, or one that is here already, is a
-                // replay: never stored twice (it would also count twice against the window).
-                let consumed = g.p2p_recv_seq.get(&(src, *tag)).copied().unwrap_or(0);
-                if *seq < consumed || g.p2p_arrived.contains_key(&(src, *tag, *seq)) {
-                    let err = Error::Protocol {
-                        rank: msg.src,
-                        detail: ProtocolError::Duplicate {
-                            seq: *seq,
-                            tag: *tag,
-                        },
-                    };
-                    self.abort(gid, err, None, true);
-                    return;
-                }
-                let bytes: u64 = msg.payload.iter().map(|b| b.len() as u64).sum();
-                if *eager && bytes > g.p2p_flow.eager_limit() {
-                    // A conforming peer sends a message this large only when asked for it.
-                    let err = Error::Protocol {
-                        rank: msg.src,
-                        detail: ProtocolError::Budget {
-                            seq: *seq,
-                            bytes,
-                            budget: g.p2p_flow.eager_limit(),
-                        },
-                    };
-                    self.abort(gid, err, None, true);
-                    return;
-                }
-                if !g.p2p_flow.admit(src, *tag, *seq, *eager) {
-                    let err = Error::Protocol {
-                        rank: msg.src,
-                        detail: ProtocolError::Window { seq: *seq },
-                    };
-                    self.abort(gid, err, None, true);
-                    return;
-                }
-                let key = (src, *tag, *seq);
-                let n = self.arrivals;
-                self.arrivals += 1;
-                g.p2p_arrived.insert(key, (n, msg));
-                self.match_p2p(gid);
-            }
-            Header::Credit { calls, .. } => {
-                let mut out = Vec::new();
-                g.flow.on_credit(src, *calls, &mut out);
-                self.emit(gid, out);
-            }
-            Header::WantCredit { seq, .. } => {
-                let mut out = Vec::new();
-                g.flow.on_want(src, *seq, &mut out);
-                self.emit(gid, out);
-            }
-            Header::Inquire { seq, .. } => {
-                let seq = *seq;
-                let reply = self.status_of(gid, seq);
-                self.transmits.push_back(Transmit {
-                    dst: msg.src,
-                    msg: Message {
-                        src: self.rank,
-                        header: reply,
-                        payload: Vec::new(),
-                    },
-                });
-            }
+            } => self.on_p2p(gid, src, *tag, *seq, *eager, msg),
+            Header::Credit { calls, .. } => self.on_credit(gid, src, *calls),
+            Header::WantCredit { seq, .. } => self.on_want_credit(gid, src, *seq),
+            Header::Inquire { seq, .. } => self.on_inquire(gid, msg.src, *seq),
             Header::Status {
                 seq, made, latest, ..
             } => {
@@ -524,69 +462,9 @@ impl Engine {
                     (*seq, made.as_deref().copied(), latest.as_deref().copied());
                 self.on_status(gid, seq, msg.src, made, latest);
             }
-            Header::P2pGrant { tag, upto, .. } => {
-                let mut out = Vec::new();
-                g.p2p_flow.on_grant(src, *tag, *upto, &mut out);
-                self.emit_p2p(gid, out);
-            }
-            Header::P2pConsumed { eager, .. } => {
-                let mut out = Vec::new();
-                g.p2p_flow.on_consumed(src, *eager, &mut out);
-                self.emit_p2p(gid, out);
-            }
-            Header::Data { seq, call, .. } => {
-                let seq = *seq;
-                if !g.flow.admits(seq) {
-                    // A conforming peer never sends beyond the window it was granted.
-                    let err = Error::Protocol {
-                        rank: msg.src,
-                        detail: ProtocolError::Window { seq },
-                    };
-                    self.abort(gid, err, None, true);
-                    return;
-                }
-                // A message of call `seq` shows that the peer has made that call: an implicit
-                // credit, which releases what this rank holds for it without a round trip.
-                let mut out = Vec::new();
-                g.flow.on_credit(src, seq.saturating_add(1), &mut out);
-                if !out.is_empty() {
-                    self.emit(gid, out);
-                }
-                let Some(g) = self.groups.get_mut(&gid) else {
-                    return;
-                };
-                if let Some(&id) = g.active.get(&seq) {
-                    self.deliver(id, msg);
-                } else if let Some(ours) = g.done.get(seq) {
-                    let err = if ours == *call {
-                        Error::Protocol {
-                            rank: msg.src,
-                            detail: ProtocolError::Stale { seq },
-                        }
-                    } else {
-                        self.mismatch(gid, Some(seq), ours, msg.src, *call)
-                    };
-                    self.abort(gid, err, None, true);
-                } else if seq < g.forgotten_below {
-                    tracing::warn!(rank = self.rank, seq, group = %gid, "message for a forgotten call dropped");
-                } else {
-                    let bytes = msg.payload.iter().map(|b| b.len() as u64).sum();
-                    if let Err(total) = g.flow.early(src, seq, bytes) {
-                        // A conforming peer waits for this rank's call beyond its budget.
-                        let err = Error::Protocol {
-                            rank: msg.src,
-                            detail: ProtocolError::Budget {
-                                seq,
-                                bytes: total,
-                                budget: g.flow.budget(),
-                            },
-                        };
-                        self.abort(gid, err, None, true);
-                        return;
-                    }
-                    g.unexpected.entry(seq).or_default().push(msg);
-                }
-            }
+            Header::P2pGrant { tag, upto, .. } => self.on_p2p_grant(gid, src, *tag, *upto),
+            Header::P2pConsumed { eager, .. } => self.on_p2p_consumed(gid, src, *eager),
+            Header::Data { seq, call, .. } => self.on_data(gid, src, *seq, *call, msg),
         }
     }
 

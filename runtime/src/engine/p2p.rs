@@ -108,6 +108,27 @@ impl Engine {
         }
     }
 
+    /// Group-local `src` granted messages on `tag` below `upto` (point-to-point flow control).
+    pub(super) fn on_p2p_grant(&mut self, gid: GroupId, src: usize, tag: u32, upto: u64) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        let mut out = Vec::new();
+        g.p2p_flow.on_grant(src, tag, upto, &mut out);
+        self.emit_p2p(gid, out);
+    }
+
+    /// Group-local `src` reported that it has consumed `eager` of this rank's eager messages
+    /// (point-to-point flow control).
+    pub(super) fn on_p2p_consumed(&mut self, gid: GroupId, src: usize, eager: u64) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        let mut out = Vec::new();
+        g.p2p_flow.on_consumed(src, eager, &mut out);
+        self.emit_p2p(gid, out);
+    }
+
     /// Solicits the messages that the receives posted in group `gid` wait for: per (peer,
     /// tag), the lane's consumed messages plus the receives that could match it (see
     /// [`crate::engine::p2p_flow`]).
@@ -143,6 +164,61 @@ impl Engine {
                 .solicit(peer, tag, consumed.saturating_add(waiting), &mut out);
         }
         self.emit_p2p(gid, out);
+    }
+
+    /// A point-to-point message from group-local `src` on `tag`, the `seq`th of its lane:
+    /// a replay, an eager message above the eager limit or one beyond the window aborts the
+    /// group; otherwise it is stored and matched with the receives posted.
+    pub(super) fn on_p2p(
+        &mut self,
+        gid: GroupId,
+        src: usize,
+        tag: u32,
+        seq: u64,
+        eager: bool,
+        msg: Message,
+    ) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        // A message of a lane consumed already, or one that is here already, is a
+        // replay: never stored twice (it would also count twice against the window).
+        let consumed = g.p2p_recv_seq.get(&(src, tag)).copied().unwrap_or(0);
+        if seq < consumed || g.p2p_arrived.contains_key(&(src, tag, seq)) {
+            let err = Error::Protocol {
+                rank: msg.src,
+                detail: ProtocolError::Duplicate { seq, tag },
+            };
+            self.abort(gid, err, None, true);
+            return;
+        }
+        let bytes: u64 = msg.payload.iter().map(|b| b.len() as u64).sum();
+        if eager && bytes > g.p2p_flow.eager_limit() {
+            // A conforming peer sends a message this large only when asked for it.
+            let err = Error::Protocol {
+                rank: msg.src,
+                detail: ProtocolError::Budget {
+                    seq,
+                    bytes,
+                    budget: g.p2p_flow.eager_limit(),
+                },
+            };
+            self.abort(gid, err, None, true);
+            return;
+        }
+        if !g.p2p_flow.admit(src, tag, seq, eager) {
+            let err = Error::Protocol {
+                rank: msg.src,
+                detail: ProtocolError::Window { seq },
+            };
+            self.abort(gid, err, None, true);
+            return;
+        }
+        let key = (src, tag, seq);
+        let n = self.arrivals;
+        self.arrivals += 1;
+        g.p2p_arrived.insert(key, (n, msg));
+        self.match_p2p(gid);
     }
 
     /// Matches posted point-to-point receives of group `gid` with arrived messages, in FIFO
