@@ -39,6 +39,8 @@
 //! # Ok::<(), collectix_runtime::Error>(())
 //! ```
 
+#![deny(unsafe_code)]
+
 mod addr;
 mod backend;
 mod comm;

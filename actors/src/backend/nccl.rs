@@ -11,8 +11,8 @@
 //! does not within the group's timeout).
 
 use crate::device::cuda::nccl::Nccl;
-use crate::device::cuda::ops::{plan, Finish, Op};
 use crate::device::cuda::worker::{Call, Init, Job, WorkerHandle};
+use crate::device::cuda::{plan, Exchange, NcclOp, OutputLayout};
 use crate::device::lanes::{Carrier, InLane, OutLane, RecvDone, SendDone};
 use crate::member::Member;
 use crate::rank::driver::Done;
@@ -91,7 +91,7 @@ pub(crate) fn call<T: Send + 'static>(
         return member.ready(Err(Error::invalid(format!("no NCCL path for {device}"))));
     };
     let info = &member.group.info;
-    let (op, fp) = match plan(req, info.rank, info.size(), ordinal) {
+    let (op, fp) = match plan(req, info.rank, info.size()) {
         Ok(x) => x,
         Err(e) => return member.ready(Err(e)),
     };
@@ -257,7 +257,7 @@ fn lane_call(
     member: &Member,
     (k, id): (u64, [u8; 128]),
     (lane_rank, ordinal): (usize, u32),
-    op: Op,
+    op: NcclOp,
     opts: &CallOptions,
     done: Done<Output>,
 ) -> Box<Call> {
@@ -302,13 +302,13 @@ pub(super) fn send_job(
         Err(e) => return Err((e, done)),
     };
     let bytes = tensor.nbytes();
-    let op = Op::Exchange {
+    let op = NcclOp::Exchange(Exchange {
         sends: vec![(1, tensor, 0..bytes)],
         recvs: Vec::new(),
         local: Vec::new(),
         out_bytes: 0,
-        finish: Finish::Nothing,
-    };
+        layout: OutputLayout::Nothing,
+    });
     // Weak: a call the worker holds must not keep the group (and so the worker) alive.
     let group = std::sync::Arc::downgrade(&member.group);
     let finished: Done<Output> = Box::new(move |r: Result<Output>| {
@@ -354,7 +354,7 @@ pub(super) fn recv_job(
         Err(e) => return Err((done, e)),
     };
     let (dtype, shape) = (spec.dtype, spec.shape.clone());
-    let op = Op::Exchange {
+    let op = NcclOp::Exchange(Exchange {
         sends: Vec::new(),
         recvs: if bytes > 0 {
             vec![(0, 0..bytes)]
@@ -363,8 +363,8 @@ pub(super) fn recv_job(
         },
         local: Vec::new(),
         out_bytes: bytes,
-        finish: Finish::Whole(vec![bytes]),
-    };
+        layout: OutputLayout::Whole(vec![bytes]),
+    });
     let group = std::sync::Arc::downgrade(&member.group);
     let finished: Done<Output> = Box::new(move |r: Result<Output>| {
         // The bytes, viewed as the receive's dtype and shape.

@@ -35,7 +35,7 @@
 //! lock — so what must be issued in ordinal order goes into the lanes' *outbox* under the
 
 use crate::device::lanes::{
-    fail_all, Action, Carrier, Failed, InLane, LanesInner, OutLane, PendingSend, RecvDone,
+    fail_all, Carrier, Deferred, Failed, InLane, LanesInner, OutLane, PendingSend, RecvDone,
     Released, SendDone,
 };
 use crate::device::{StandIn, TensorDeviceExt};
@@ -343,7 +343,7 @@ fn refusal(status: u64, peer: usize) -> Error {
 fn issue_released(
     member: &Member,
     key: (usize, Carrier),
-    (lane, outbox): (&mut OutLane, &mut VecDeque<Action>),
+    (lane, outbox): (&mut OutLane, &mut VecDeque<Deferred>),
     opts: &CallOptions,
 ) -> Failed {
     while let Some(r) = lane.released.remove(&lane.next_k) {
@@ -363,7 +363,7 @@ fn issue_released(
 fn start_send(
     member: &Member,
     key: (usize, Carrier),
-    (lane, outbox): (&mut OutLane, &mut VecDeque<Action>),
+    (lane, outbox): (&mut OutLane, &mut VecDeque<Deferred>),
     k: u64,
     r: Released,
     opts: &CallOptions,
@@ -487,7 +487,7 @@ fn on_ticket(
     };
     // The answer, issued from the outbox (small and eager: it completes at once; a failure
     // shows as the sender's timeout and the transfer's).
-    let go = |k: u64, status: u64, id: [u8; 128]| -> Action {
+    let go = |k: u64, status: u64, id: [u8; 128]| -> Deferred {
         let mut b = Vec::with_capacity(GO_BYTES);
         b.extend_from_slice(&s.to_le_bytes());
         b.extend_from_slice(&k.to_le_bytes());
@@ -548,10 +548,10 @@ fn on_ticket(
 fn post(
     member: &Member,
     key: (usize, Carrier),
-    (lane, outbox): (&mut InLane, &mut VecDeque<Action>),
+    (lane, outbox): (&mut InLane, &mut VecDeque<Deferred>),
     spec: TensorSpec,
     opts: &CallOptions,
-    go: &dyn Fn(u64, u64, [u8; 128]) -> Action,
+    go: &dyn Fn(u64, u64, [u8; 128]) -> Deferred,
     done: RecvDone,
 ) -> Option<(RecvDone, Error)> {
     let (src, carrier) = key;

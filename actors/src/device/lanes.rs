@@ -26,7 +26,7 @@ pub(crate) type RecvDone = Box<dyn FnOnce(Result<Tensor>) + Send>;
 
 /// A call on the engine, queued under the lanes' lock and issued after it (see the module
 /// doc).
-pub(crate) type Action = Box<dyn FnOnce() + Send>;
+pub(crate) type Deferred = Box<dyn FnOnce() + Send>;
 
 /// Sends to fail once the lanes' lock is released.
 pub(crate) type Failed = Vec<(SendDone, Error)>;
@@ -110,7 +110,7 @@ pub(crate) struct LanesInner {
     /// The group was destroyed on this rank: no lane is made any more.
     pub(crate) released: bool,
     /// Calls on the engine to issue, in this order, once the lock is released.
-    pub(crate) outbox: VecDeque<Action>,
+    pub(crate) outbox: VecDeque<Deferred>,
     /// A thread is issuing the outbox.
     pub(crate) draining: bool,
 }

@@ -2,17 +2,24 @@
 //!
 //! - [`CudaStorage`]: a tensor's bytes in device memory (a cudarc `CudaSlice<u8>`, shared,
 //!   with an offset so that a gathered buffer can be handed back as per-rank views).
-//! - `ops`: each collective as NCCL runs it; `worker`: the device worker thread, which owns
-//!   a group's (or a lane's) NCCL communicator and completes a call when its CUDA event
-//!   fires. The NCCL backend (`backend/nccl.rs`) drives them.
+//! - `plan.rs`: each collective as NCCL runs it (checks, fingerprint, `NcclOp`);
+//!   `launch.rs`: enqueueing an operation, one function per kind; `worker`: the device
+//!   worker thread, which owns a group's (or a lane's) NCCL communicator and completes a call
+//!   when its CUDA event fires. The NCCL backend (`backend/nccl.rs`) drives them.
+//! - `ffi/`: the audited FFI (libnccl, and the CUDA driver calls cudarc marks unsafe): the
+//!   only code of the crate allowed `unsafe`.
 //! - [`nccl`]: the library, loaded with a search of our own (see `docs/gpu.md`).
 
 /// cudarc, the CUDA driver binding collectix uses (for [`wrap`] and [`CudaStorage::slice`]).
 pub use cudarc;
 
-pub mod nccl;
-pub(crate) mod ops;
+mod ffi;
+mod launch;
+mod plan;
 pub(crate) mod worker;
+
+pub use ffi::nccl;
+pub(crate) use plan::{plan, Exchange, NcclOp, OutputLayout};
 
 use collectix_runtime::{DType, Device, DeviceError, DeviceStorage, Error, Result, Tensor};
 use cudarc::driver::{CudaContext, CudaSlice, DriverError};
@@ -32,8 +39,7 @@ pub(crate) fn cuda_err(call: &str) -> impl FnOnce(DriverError) -> Error + '_ {
 /// The number of CUDA devices, or why none can be used (never panics: the driver library's
 /// presence is checked before cudarc touches it).
 pub fn device_count() -> Result<u32> {
-    // SAFETY: only tries to open the driver library by name; no function of it is called.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !ffi::driver::culib_present() {
         return Err(DeviceError::LibraryMissing {
             library: "cuda".into(),
             tried: cudarc::get_lib_name_candidates("cuda"),
@@ -63,29 +69,8 @@ pub(crate) fn context(ordinal: u32) -> Result<Arc<CudaContext>> {
 /// (0) each allocation maps fresh memory. This is a setting of the device for the whole
 /// process, so collectix never makes it on its own.
 pub fn retain_freed_memory(ordinal: u32) -> Result<()> {
-    use cudarc::driver::sys;
     let ctx = context(ordinal)?;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: `pool` is a valid out-pointer and `ctx.cu_device()` a device the driver
-    // reported; the context above initialised the driver and is bound to this thread.
-    let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(cuda_err("cuDeviceGetDefaultMemPool")(DriverError(r)));
-    }
-    let mut threshold: u64 = u64::MAX;
-    // SAFETY: the release threshold is a `cuuint64_t` attribute, read through the pointer
-    // during the call only; `pool` was returned just above.
-    let r = unsafe {
-        sys::cuMemPoolSetAttribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            (&mut threshold as *mut u64).cast(),
-        )
-    };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(cuda_err("cuMemPoolSetAttribute")(DriverError(r)));
-    }
-    Ok(())
+    ffi::driver::retain_pool_memory(&ctx)
 }
 
 /// A tensor's bytes in CUDA memory: `len` bytes at `offset` of a shared allocation (none for

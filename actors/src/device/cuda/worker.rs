@@ -13,7 +13,7 @@
 //! fails that call and every later one on the group.
 
 use super::nccl::{Comm, Nccl};
-use super::ops::Op;
+use super::plan::NcclOp;
 use super::{context, cuda_err};
 use crate::rank::driver::Done;
 use collectix_runtime::{DeviceError, Error, GroupId, OpKind, Output, Result, Tensor};
@@ -43,7 +43,7 @@ pub(crate) struct Call {
     pub(crate) kind: OpKind,
     pub(crate) dtype: collectix_runtime::DType,
     pub(crate) rank: usize,
-    pub(crate) op: Op,
+    pub(crate) op: NcclOp,
     pub(crate) timeout: Duration,
     pub(crate) done: Done<Output>,
 }
@@ -201,7 +201,7 @@ impl Worker {
                 &mut g.comm,
                 init,
                 device,
-                (op, dtype, rank),
+                Launchable { op, dtype, rank },
                 timeout,
             ) {
                 Ok((event, output, keep)) => self.in_flight.push(InFlight {
@@ -271,6 +271,14 @@ impl Worker {
     }
 }
 
+/// What a call enqueues: the operation, its element type, and this rank in the
+/// communicator.
+struct Launchable {
+    op: NcclOp,
+    dtype: collectix_runtime::DType,
+    rank: usize,
+}
+
 /// Creates the group's communicator if this is its first call, then enqueues the call and
 /// records its completion event.
 fn launch(
@@ -278,9 +286,10 @@ fn launch(
     state: &mut CommState,
     init: Option<Init>,
     call_device: u32,
-    (op, dtype, rank): (Op, collectix_runtime::DType, usize),
+    call: Launchable,
     timeout: Duration,
 ) -> Result<(CudaEvent, Output, Vec<Tensor>)> {
+    let Launchable { op, dtype, rank } = call;
     if let CommState::None = state {
         let init = init.ok_or_else(|| Error::internal("first NCCL call without an id"))?;
         let ctx = context(call_device)?;

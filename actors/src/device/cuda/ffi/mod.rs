@@ -1,0 +1,12 @@
+//! The audited FFI of collectix-actors: the only code of the crate allowed `unsafe`
+//! (`#![deny(unsafe_code)]` everywhere else). Every block has a `// SAFETY:` line.
+//!
+//! - [`nccl`]: libnccl, loaded at run time, and safe calls over checked spans of device
+//!   memory ([`nccl::Enqueue`], [`nccl::DevMem`]): the code that plans and launches NCCL
+//!   operations holds no raw pointer.
+//! - [`driver`]: the few CUDA driver calls cudarc marks unsafe (whether the driver library
+//!   is present, a memory pool's release threshold, an uninitialised allocation).
+#![allow(unsafe_code)]
+
+pub(crate) mod driver;
+pub mod nccl;
