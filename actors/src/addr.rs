@@ -118,14 +118,7 @@ pub(crate) fn resolve_ip(host: &str) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let v: Vec<(String, String)> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| v.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-    }
+    use crate::test_support::env;
 
     #[test]
     fn the_address_comes_from_collectix_addr_then_the_interface_then_the_route() {

@@ -53,6 +53,8 @@ mod rank;
 mod security;
 mod store;
 mod sync;
+#[cfg(test)]
+mod test_support;
 mod transport;
 mod work;
 mod world;

@@ -1,13 +1,5 @@
 use super::*;
-use std::collections::HashMap;
-
-fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let m: HashMap<String, String> = pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    move |k: &str| m.get(k).cloned()
-}
+use crate::test_support::env;
 
 fn resolve(args: &InitArgs, pairs: &[(&str, &str)]) -> Result<JobConfig> {
     JobConfig::resolve(args, &env(pairs))

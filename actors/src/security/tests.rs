@@ -1,13 +1,6 @@
 use super::*;
+use crate::test_support::env;
 use std::net::{TcpListener, TcpStream};
-
-fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let v: Vec<(String, String)> = pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    move |k| v.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-}
 
 fn with(secret: &str) -> Security {
     Security::with_secret(Secret::new(secret.as_bytes()).unwrap_or_else(|e| panic!("{e}")))

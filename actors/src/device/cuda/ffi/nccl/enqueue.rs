@@ -145,23 +145,36 @@ impl Enqueue<'_> {
     /// `ncclSend` of bytes `range` of `mem` to `peer` (inside a
     /// [`grouped`](Comm::grouped) block, or alone).
     pub(crate) fn send(&self, mem: &DevMem<'_>, range: Range<usize>, peer: usize) -> Result<()> {
-        let c = self.comm;
-        let (bytes, p) = (range.len(), mem.span(range)?);
-        let peer = c_rank(peer, c.size)?;
-        // SAFETY: `p` spans `bytes` bytes of a live allocation (checked above), whose guard
-        // orders its later users after the call; `1` is ncclUint8.
-        let r = unsafe { (c.nccl.send)(p as _, bytes, 1, peer, c.raw, self.raw()) };
-        c.done(r, "ncclSend")
+        self.point_to_point(true, mem, range, peer)
     }
 
     /// `ncclRecv` of `range.len()` bytes from `peer` into bytes `range` of `mem`.
     pub(crate) fn recv(&self, mem: &DevMem<'_>, range: Range<usize>, peer: usize) -> Result<()> {
+        self.point_to_point(false, mem, range, peer)
+    }
+
+    /// `ncclSend` (`send`) or `ncclRecv` of bytes `range` of `mem`, with `peer`.
+    fn point_to_point(
+        &self,
+        send: bool,
+        mem: &DevMem<'_>,
+        range: Range<usize>,
+        peer: usize,
+    ) -> Result<()> {
         let c = self.comm;
         let (bytes, p) = (range.len(), mem.span(range)?);
         let peer = c_rank(peer, c.size)?;
-        // SAFETY: as for `send`; the span is written.
-        let r = unsafe { (c.nccl.recv)(p as _, bytes, 1, peer, c.raw, self.raw()) };
-        c.done(r, "ncclRecv")
+        // SAFETY: `p` spans `bytes` bytes of a live allocation (checked above), read by a
+        // send and written by a receive, whose guard orders its later users after the call;
+        // `1` is ncclUint8.
+        let r = unsafe {
+            if send {
+                (c.nccl.send)(p as _, bytes, 1, peer, c.raw, self.raw())
+            } else {
+                (c.nccl.recv)(p as _, bytes, 1, peer, c.raw, self.raw())
+            }
+        };
+        c.done(r, if send { "ncclSend" } else { "ncclRecv" })
     }
 
     /// Bytes of `count` elements.
