@@ -174,18 +174,18 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         }
         Rendezvous::File { path } => (Arc::new(FileStore::new(path)?), None, None),
     };
-    let joined = join(
-        connect,
+    let joined = join(Joining {
         rank,
         world,
         options,
-        &store,
-        store_host.as_deref(),
-        &security,
+        store: &store,
+        store_host: store_host.as_deref(),
+        security: &security,
         liveness,
+        connect,
         deadline,
         timeout,
-    );
+    });
     match joined {
         Ok((comm, system, thread, mesh, address)) => Ok(Process {
             comm,
@@ -217,20 +217,47 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
 /// connections, and the address this rank published.
 type Joined = (Communicator, System, JoinHandle<()>, Mesh, String);
 
-/// Steps 2–5 of joining (see the module doc), once the store is there.
-#[allow(clippy::too_many_arguments)]
-fn join(
-    connect: Connect,
+/// What [`join`] needs once the store is there: this rank's place in the job, the store the
+/// ranks meet through, how the connections are made, and the time the join has.
+struct Joining<'a> {
+    /// This rank.
     rank: usize,
+    /// Ranks in the job.
     world: usize,
+    /// The world group's options.
     options: GroupOptions,
-    store: &Arc<dyn Store>,
-    store_host: Option<&str>,
-    security: &Security,
+    /// The job's store.
+    store: &'a Arc<dyn Store>,
+    /// The store's host, for a TCP store: the address this rank publishes may be the local
+    /// end of its route there (see [`addr::own_ip`]).
+    store_host: Option<&'a str>,
+    /// What the connections demand of those who connect, and where this rank may listen.
+    security: &'a Security,
+    /// How the connections tell a silent peer from a quiet one.
     liveness: Liveness,
+    /// When this rank connects to its peers: eager connection makes every connection
+    /// before the join returns.
+    connect: Connect,
+    /// When the whole join must be done.
     deadline: Instant,
+    /// The whole join's length, which a timeout's error reports.
     timeout: Duration,
-) -> Result<Joined> {
+}
+
+/// Steps 2–4 of joining (see the module doc), once the store is there.
+fn join(joining: Joining<'_>) -> Result<Joined> {
+    let Joining {
+        rank,
+        world,
+        options,
+        store,
+        store_host,
+        security,
+        liveness,
+        connect,
+        deadline,
+        timeout,
+    } = joining;
     let left = || deadline.saturating_duration_since(Instant::now());
     // 2. Listen, publish.
     let ip = addr::own_ip(store_host)?;

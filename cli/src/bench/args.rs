@@ -1,7 +1,7 @@
 //! `collectix bench`'s options, and what they mean in collectix's terms (its reduction, its
 //! dtype, the sizes of the sweep).
 
-use super::cell::Coll;
+use super::cell::Collective;
 use clap::ValueEnum;
 use collectix::{DType, ReduceOp};
 
@@ -10,7 +10,7 @@ use collectix::{DType, ReduceOp};
 pub(crate) struct Args {
     /// The collective.
     #[arg(long, value_enum, default_value = "all_reduce")]
-    pub(super) collective: Coll,
+    pub(super) collective: Collective,
     /// Ranks in the world.
     #[arg(long, default_value_t = 2)]
     pub(super) ranks: usize,
@@ -25,7 +25,7 @@ pub(crate) struct Args {
     pub(super) stepfactor: usize,
     /// Reduction.
     #[arg(short = 'o', long = "op", value_enum, default_value = "sum")]
-    pub(super) op: Op,
+    pub(super) op: Reduction,
     /// Element type.
     #[arg(short = 'd', long = "dtype", value_enum, default_value = "float")]
     pub(super) dtype: Dt,
@@ -80,7 +80,7 @@ pub(crate) struct Args {
 
 /// `-o`: the reduction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(super) enum Op {
+pub(super) enum Reduction {
     Sum,
     Prod,
     Min,
@@ -155,15 +155,15 @@ fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
     n.checked_mul(mult).ok_or_else(|| format!("{s}: too large"))
 }
 
-impl Op {
+impl Reduction {
     /// collectix's reduction.
     pub(super) fn reduce_op(self) -> ReduceOp {
         match self {
-            Op::Sum => ReduceOp::Sum,
-            Op::Prod => ReduceOp::Product,
-            Op::Min => ReduceOp::Min,
-            Op::Max => ReduceOp::Max,
-            Op::Avg => ReduceOp::Avg,
+            Reduction::Sum => ReduceOp::Sum,
+            Reduction::Prod => ReduceOp::Product,
+            Reduction::Min => ReduceOp::Min,
+            Reduction::Max => ReduceOp::Max,
+            Reduction::Avg => ReduceOp::Avg,
         }
     }
 }
@@ -192,7 +192,7 @@ impl Args {
     /// The sizes of the sweep: `-b` to `-e` by `-f` (at least 2), or the single size 0 of a
     /// barrier.
     pub(super) fn sizes(&self) -> Vec<usize> {
-        if self.collective == Coll::Barrier {
+        if self.collective == Collective::Barrier {
             return vec![0];
         }
         let mut sizes = Vec::new();

@@ -14,7 +14,7 @@ use collectix::{DType, Device, OpKind, ReduceOp, Result, Tensor, TensorDeviceExt
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
-pub(crate) enum Coll {
+pub(crate) enum Collective {
     AllReduce,
     Broadcast,
     Reduce,
@@ -27,20 +27,20 @@ pub(crate) enum Coll {
     Barrier,
 }
 
-impl Coll {
+impl Collective {
     /// nccl-tests' bus-bandwidth factor for a world of `w` (the runtime's, per collective).
     pub(crate) fn busbw_factor(self, w: usize) -> f64 {
         let kind = match self {
-            Coll::AllReduce => OpKind::AllReduce,
-            Coll::Broadcast => OpKind::Broadcast,
-            Coll::Reduce => OpKind::Reduce,
-            Coll::AllGather => OpKind::AllGather,
-            Coll::ReduceScatter => OpKind::ReduceScatter,
-            Coll::Gather => OpKind::Gather,
-            Coll::Scatter => OpKind::Scatter,
-            Coll::AllToAll => OpKind::AllToAll,
-            Coll::SendRecv => OpKind::Send,
-            Coll::Barrier => OpKind::Barrier,
+            Collective::AllReduce => OpKind::AllReduce,
+            Collective::Broadcast => OpKind::Broadcast,
+            Collective::Reduce => OpKind::Reduce,
+            Collective::AllGather => OpKind::AllGather,
+            Collective::ReduceScatter => OpKind::ReduceScatter,
+            Collective::Gather => OpKind::Gather,
+            Collective::Scatter => OpKind::Scatter,
+            Collective::AllToAll => OpKind::AllToAll,
+            Collective::SendRecv => OpKind::Send,
+            Collective::Barrier => OpKind::Barrier,
         };
         collectix::runtime::collective::busbw_factor(kind, w)
     }
@@ -48,29 +48,36 @@ impl Coll {
     /// The name, as `--collective` takes it.
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Coll::AllReduce => "all_reduce",
-            Coll::Broadcast => "broadcast",
-            Coll::Reduce => "reduce",
-            Coll::AllGather => "all_gather",
-            Coll::ReduceScatter => "reduce_scatter",
-            Coll::Gather => "gather",
-            Coll::Scatter => "scatter",
-            Coll::AllToAll => "all_to_all",
-            Coll::SendRecv => "send_recv",
-            Coll::Barrier => "barrier",
+            Collective::AllReduce => "all_reduce",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::Gather => "gather",
+            Collective::Scatter => "scatter",
+            Collective::AllToAll => "all_to_all",
+            Collective::SendRecv => "send_recv",
+            Collective::Barrier => "barrier",
         }
     }
 
     /// Whether the collective reduces (and so has an op).
     pub(crate) fn reduces(self) -> bool {
-        matches!(self, Coll::AllReduce | Coll::Reduce | Coll::ReduceScatter)
+        matches!(
+            self,
+            Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter
+        )
     }
 
     /// Whether the size is split into one block per rank (it must divide).
     fn blocked(self) -> bool {
         matches!(
             self,
-            Coll::AllGather | Coll::ReduceScatter | Coll::Gather | Coll::Scatter | Coll::AllToAll
+            Collective::AllGather
+                | Collective::ReduceScatter
+                | Collective::Gather
+                | Collective::Scatter
+                | Collective::AllToAll
         )
     }
 }
@@ -121,7 +128,7 @@ fn fold(op: ReduceOp, w: usize, f: impl Fn(usize) -> f64) -> f64 {
 
 /// One cell of a sweep: what every rank calls, and what it must get back.
 pub(crate) struct Cell {
-    pub(crate) coll: Coll,
+    pub(crate) coll: Collective,
     pub(crate) w: usize,
     /// Elements per rank as nccl-tests counts them (the full size for blocked collectives).
     pub(crate) count: usize,
@@ -136,7 +143,7 @@ pub(crate) struct Cell {
 impl Cell {
     /// The cell for `bytes`, or why that size is skipped.
     pub(crate) fn new(
-        coll: Coll,
+        coll: Collective,
         w: usize,
         bytes: usize,
         dtype: DType,
@@ -155,7 +162,7 @@ impl Cell {
                 "{count} elements do not split into {w} equal blocks"
             ));
         }
-        if coll == Coll::SendRecv && w < 2 {
+        if coll == Collective::SendRecv && w < 2 {
             return Err("send_recv needs at least 2 ranks".into());
         }
         Ok(Cell {
@@ -198,33 +205,33 @@ impl Cell {
     pub(crate) fn requests(&self, r: usize) -> Result<Vec<Request>> {
         let (w, n, per, op, root) = (self.w, self.count, self.per(), self.op, self.root);
         Ok(vec![match self.coll {
-            Coll::AllReduce => Request::AllReduce {
+            Collective::AllReduce => Request::AllReduce {
                 tensor: self.input(r, n, 0)?,
                 op,
             },
-            Coll::Reduce => Request::Reduce {
+            Collective::Reduce => Request::Reduce {
                 tensor: self.input(r, n, 0)?,
                 root,
                 op,
             },
-            Coll::Broadcast => Request::Broadcast {
+            Collective::Broadcast => Request::Broadcast {
                 tensor: self.input(r, n, 0)?,
                 root,
             },
-            Coll::AllGather => Request::AllGatherIntoTensor {
+            Collective::AllGather => Request::AllGatherIntoTensor {
                 input: self.input(r, per, 0)?,
                 output: self.spec(n),
             },
-            Coll::ReduceScatter => Request::ReduceScatterTensor {
+            Collective::ReduceScatter => Request::ReduceScatterTensor {
                 input: self.input(r, n, 0)?,
                 output: self.spec(per),
                 op,
             },
-            Coll::Gather => Request::Gather {
+            Collective::Gather => Request::Gather {
                 input: self.input(r, per, 0)?,
                 root,
             },
-            Coll::Scatter => Request::Scatter {
+            Collective::Scatter => Request::Scatter {
                 output: self.spec(per),
                 inputs: if r == root {
                     Some(
@@ -237,13 +244,13 @@ impl Cell {
                 },
                 root,
             },
-            Coll::AllToAll => Request::AllToAllSingle {
+            Collective::AllToAll => Request::AllToAllSingle {
                 input: self.input(r, n, 0)?,
                 output: self.spec(n),
                 output_splits: None,
                 input_splits: None,
             },
-            Coll::SendRecv => {
+            Collective::SendRecv => {
                 return Ok(vec![
                     Request::Send {
                         tensor: self.input(r, n, 0)?,
@@ -257,7 +264,7 @@ impl Cell {
                     },
                 ])
             }
-            Coll::Barrier => Request::Barrier,
+            Collective::Barrier => Request::Barrier,
         }])
     }
 
@@ -266,20 +273,22 @@ impl Cell {
         let (w, n, per, op, root) = (self.w, self.count, self.per(), self.op, self.root);
         let red = |i: usize| fold(op, w, |q| value(op, q, i));
         Some(match self.coll {
-            Coll::AllReduce => (0..n).map(red).collect(),
-            Coll::Reduce if r == root => (0..n).map(red).collect(),
-            Coll::Reduce => (0..n).map(|i| value(op, r, i)).collect(),
-            Coll::Broadcast => (0..n).map(|i| value(op, root, i)).collect(),
-            Coll::AllGather => (0..n).map(|k| value(op, k / per, k % per)).collect(),
-            Coll::ReduceScatter => (0..per).map(|i| red(r * per + i)).collect(),
-            Coll::Gather if r == root => (0..n).map(|k| value(op, k / per, k % per)).collect(),
-            Coll::Gather => Vec::new(),
-            Coll::Scatter => (0..per).map(|i| value(op, root, r * per + i)).collect(),
-            Coll::AllToAll => (0..n)
+            Collective::AllReduce => (0..n).map(red).collect(),
+            Collective::Reduce if r == root => (0..n).map(red).collect(),
+            Collective::Reduce => (0..n).map(|i| value(op, r, i)).collect(),
+            Collective::Broadcast => (0..n).map(|i| value(op, root, i)).collect(),
+            Collective::AllGather => (0..n).map(|k| value(op, k / per, k % per)).collect(),
+            Collective::ReduceScatter => (0..per).map(|i| red(r * per + i)).collect(),
+            Collective::Gather if r == root => {
+                (0..n).map(|k| value(op, k / per, k % per)).collect()
+            }
+            Collective::Gather => Vec::new(),
+            Collective::Scatter => (0..per).map(|i| value(op, root, r * per + i)).collect(),
+            Collective::AllToAll => (0..n)
                 .map(|k| value(op, k / per, r * per + k % per))
                 .collect(),
-            Coll::SendRecv => (0..n).map(|i| value(op, (r + w - 1) % w, i)).collect(),
-            Coll::Barrier => return None,
+            Collective::SendRecv => (0..n).map(|i| value(op, (r + w - 1) % w, i)).collect(),
+            Collective::Barrier => return None,
         })
     }
 }
@@ -327,7 +336,7 @@ mod tests {
     #[test]
     fn a_planted_wrong_element_is_counted() {
         let cell = Cell::new(
-            Coll::AllReduce,
+            Collective::AllReduce,
             3,
             64,
             DType::F32,
@@ -348,7 +357,7 @@ mod tests {
     #[test]
     fn sizes_that_do_not_divide_are_skipped_with_a_reason() {
         let c = Cell::new(
-            Coll::AllGather,
+            Collective::AllGather,
             3,
             64,
             DType::F32,
@@ -358,7 +367,7 @@ mod tests {
         );
         assert!(c.is_err_and(|e| e.contains("3 equal blocks")));
         let c = Cell::new(
-            Coll::AllReduce,
+            Collective::AllReduce,
             2,
             6,
             DType::F32,
@@ -373,7 +382,7 @@ mod tests {
     fn the_expected_values_are_those_of_a_hand_computed_case() {
         // Two ranks, all_reduce sum of 2 elements: value(r, i) = (13r + 7i) % 31.
         let c = Cell::new(
-            Coll::AllReduce,
+            Collective::AllReduce,
             2,
             8,
             DType::F32,

@@ -2,7 +2,7 @@
 //! samples, combined over the ranks with collectives outside the timed parts.
 
 use super::args::Args;
-use super::cell::{count_wrong, flatten, Cell, Coll};
+use super::cell::{count_wrong, flatten, Cell, Collective};
 use collectix::runtime::collective::{Output, Request};
 use collectix::{CallOptions, Communicator, ReduceOp, Result};
 use std::time::Instant;
@@ -61,7 +61,7 @@ pub(super) fn measure(
     opts: &CallOptions,
 ) -> Result<Measured> {
     let reqs = cell.requests(r)?;
-    let wrong = if a.check != 0 && a.collective != Coll::Barrier {
+    let wrong = if a.check != 0 && a.collective != Collective::Barrier {
         Some(check(c, r, cell, &reqs, opts)?)
     } else {
         None

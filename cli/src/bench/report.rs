@@ -3,7 +3,7 @@
 //! process (rank 0's, over TCP) prints.
 
 use super::args::{Args, Dev};
-use super::cell::{Cell, Coll};
+use super::cell::{Cell, Collective};
 use super::measure::{peak_rss_mib, Measured};
 use crate::plot;
 use collectix::DeviceBackend;
@@ -12,7 +12,7 @@ use std::io::Write;
 /// One row of the table (and of `--json`).
 #[derive(serde::Serialize)]
 pub(super) struct Row {
-    pub(super) collective: Coll,
+    pub(super) collective: Collective,
     pub(super) ranks: usize,
     pub(super) device: String,
     pub(super) size: usize,
@@ -71,7 +71,10 @@ impl Row {
             },
             root: matches!(
                 a.collective,
-                Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
+                Collective::Broadcast
+                    | Collective::Reduce
+                    | Collective::Gather
+                    | Collective::Scatter
             )
             .then_some(cell.root),
             samples: a.iters.max(1),

@@ -1,6 +1,6 @@
 //! `all_gather` (list form, blocks may differ in size) and `all_gather_into_tensor`: every rank gets every rank's block (ring or direct).
 
-use super::{fill, list_len, same_dtype, Checked, Finish, Plan, Planner, Share, TensorSpec};
+use super::{fill, list_len, same_dtype, Assembly, Checked, Plan, Planner, Share, TensorSpec};
 use crate::algorithm::{direct, ring};
 use crate::error::{Error, Result};
 use crate::op::{Algorithm, OpKind};
@@ -48,7 +48,7 @@ impl Planner<'_> {
             // The mean block, which every rank computes alike from the output list: blocks may
             // differ in size, and ranks choosing the algorithm by their own would disagree.
             bytes: (total / w.max(1)).saturating_mul(dt.size()),
-            finish: Finish::Blocks(0..w, outputs.into_iter().map(|o| o.shape).collect()),
+            assembly: Assembly::Blocks(0..w, outputs.into_iter().map(|o| o.shape).collect()),
         };
         Ok((checked, blocks, input.into_bytes()))
     }
@@ -77,7 +77,7 @@ impl Planner<'_> {
             root: None,
             op: None,
             bytes: input.nbytes(),
-            finish: Finish::Whole(output.shape),
+            assembly: Assembly::Whole(output.shape),
         };
         Ok((checked, n, input.into_bytes()))
     }

@@ -1,6 +1,6 @@
 //! `all_reduce`: every rank gets the reduction of every rank's tensor (ring, halving-doubling or recursive doubling).
 
-use super::{fill, Checked, Finish, Plan, Planner, Share};
+use super::{fill, Assembly, Checked, Plan, Planner, Share};
 use crate::algorithm::{direct, halving_doubling, recursive_doubling, ring};
 use crate::error::Result;
 use crate::op::{Algorithm, OpKind};
@@ -25,7 +25,7 @@ impl Planner<'_> {
             root: None,
             op: Some(op),
             bytes: tensor.nbytes(),
-            finish: Finish::Whole(tensor.shape().to_vec()),
+            assembly: Assembly::Whole(tensor.shape().to_vec()),
         };
         Ok((checked, n, data))
     }

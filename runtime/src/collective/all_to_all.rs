@@ -1,6 +1,6 @@
 //! `all_to_all` (lists) and `all_to_all_single` (splits along dimension 0): rank r's block j goes to rank j (pairwise exchange).
 
-use super::{fill, list_len, same_dtype, Checked, Finish, Plan, Planner, TensorSpec};
+use super::{fill, list_len, same_dtype, Assembly, Checked, Plan, Planner, TensorSpec};
 use crate::algorithm::pairwise;
 use crate::error::{Error, Result};
 use crate::op::OpKind;
@@ -47,7 +47,7 @@ impl Planner<'_> {
             root: None,
             op: None,
             bytes: 0,
-            finish: Finish::Blocks(w..2 * w, outputs.into_iter().map(|o| o.shape).collect()),
+            assembly: Assembly::Blocks(w..2 * w, outputs.into_iter().map(|o| o.shape).collect()),
         };
         let datas = inputs.into_iter().map(Tensor::into_bytes).collect();
         Ok((checked, send, recv, datas))
@@ -80,7 +80,7 @@ impl Planner<'_> {
             root: None,
             op: None,
             bytes: 0,
-            finish: Finish::Concat(w..2 * w, output.shape),
+            assembly: Assembly::Concat(w..2 * w, output.shape),
         };
         Ok((checked, send, recv, input.into_bytes()))
     }

@@ -1,6 +1,6 @@
 //! `barrier`, and the agreement step of `new_group` (a barrier whose fingerprint carries the member list's hash): dissemination.
 
-use super::{Checked, Finish, Plan, Planner};
+use super::{Assembly, Checked, Plan, Planner};
 use crate::algorithm::{direct, dissemination};
 use crate::error::Result;
 use crate::op::{Algorithm, OpKind};
@@ -22,7 +22,7 @@ fn check_barrier(new_group: Option<u64>) -> Checked {
         root: None,
         op: None,
         bytes: 0,
-        finish: Finish::Nothing,
+        assembly: Assembly::Nothing,
     }
 }
 

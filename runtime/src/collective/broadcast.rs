@@ -1,6 +1,6 @@
 //! `broadcast`: every rank gets the root's tensor (binomial tree or direct).
 
-use super::{fill, Checked, Finish, Plan, Planner};
+use super::{fill, Assembly, Checked, Plan, Planner};
 use crate::algorithm::{direct, tree};
 use crate::error::Result;
 use crate::op::{Algorithm, OpKind};
@@ -20,10 +20,10 @@ impl Planner<'_> {
         self.g.check_rank(root, "root")?;
         let (n, dt) = (tensor.numel(), tensor.dtype());
         let bytes = tensor.nbytes();
-        let (data, finish) = if self.g.rank == root {
-            (Some(tensor.bytes().clone()), Finish::Return(tensor))
+        let (data, assembly) = if self.g.rank == root {
+            (Some(tensor.bytes().clone()), Assembly::Return(tensor))
         } else {
-            (None, Finish::Whole(tensor.shape().to_vec()))
+            (None, Assembly::Whole(tensor.shape().to_vec()))
         };
         let checked = Checked {
             kind: OpKind::Broadcast,
@@ -32,7 +32,7 @@ impl Planner<'_> {
             root: Some(root),
             op: None,
             bytes,
-            finish,
+            assembly,
         };
         Ok((checked, n, data))
     }

@@ -1,6 +1,6 @@
 //! `gather` (the root gets every rank's tensor) and `scatter` (each rank gets its part of the root's list), both direct.
 
-use super::{fill, list_len, same_dtype, Checked, Finish, Plan, Planner, TensorSpec};
+use super::{fill, list_len, same_dtype, Assembly, Checked, Plan, Planner, TensorSpec};
 use crate::algorithm::direct;
 use crate::error::{Error, Result};
 use crate::op::OpKind;
@@ -16,10 +16,10 @@ impl Planner<'_> {
         let (w, me) = (self.w(), self.g.rank);
         self.g.check_rank(root, "root")?;
         let (n, dt) = (input.numel(), input.dtype());
-        let finish = if me == root {
-            Finish::Blocks(0..w, vec![input.shape().to_vec(); w])
+        let assembly = if me == root {
+            Assembly::Blocks(0..w, vec![input.shape().to_vec(); w])
         } else {
-            Finish::Nothing
+            Assembly::Nothing
         };
         let checked = Checked {
             kind: OpKind::Gather,
@@ -28,7 +28,7 @@ impl Planner<'_> {
             root: Some(root),
             op: None,
             bytes: input.nbytes(),
-            finish,
+            assembly,
         };
         Ok((checked, n, input.into_bytes()))
     }
@@ -68,7 +68,7 @@ impl Planner<'_> {
             root: Some(root),
             op: None,
             bytes,
-            finish: Finish::Concat(me..me + 1, output.shape),
+            assembly: Assembly::Concat(me..me + 1, output.shape),
         };
         Ok((checked, n, datas))
     }

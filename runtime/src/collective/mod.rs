@@ -97,7 +97,7 @@ pub enum Output {
 
 /// How the result is assembled from the chunks.
 #[derive(Clone, Debug)]
-pub(crate) enum Finish {
+pub(crate) enum Assembly {
     /// Every chunk in order, as one tensor of `shape`.
     Whole(Vec<usize>),
     /// Blocks `blocks`, one tensor each.
@@ -116,7 +116,7 @@ pub(crate) enum Body {
     Collective {
         schedule: Arc<Schedule>,
         init: Vec<Option<Bytes>>,
-        finish: Finish,
+        assembly: Assembly,
         share: Share,
     },
     Send {
@@ -200,14 +200,14 @@ impl Plan {
         timeout: Duration,
         group_size: usize,
     ) -> Plan {
-        let finish = Finish::Whole(vec![schedule.layout.total()]);
+        let assembly = Assembly::Whole(vec![schedule.layout.total()]);
         Plan {
             fp,
             reduce: None,
             body: Body::Collective {
                 schedule: Arc::new(schedule),
                 init,
-                finish,
+                assembly,
                 share: Share::Nothing,
             },
             timeout,
@@ -345,7 +345,7 @@ struct Checked {
     /// mean block), or ranks would choose different algorithms.
     bytes: usize,
     /// How the result is assembled from the chunks.
-    finish: Finish,
+    assembly: Assembly,
 }
 
 struct Planner<'a> {
@@ -446,7 +446,7 @@ impl Planner<'_> {
             body: Body::Collective {
                 schedule,
                 init,
-                finish: checked.finish,
+                assembly: checked.assembly,
                 share: Share::Nothing,
             },
             timeout: self.opts.timeout.unwrap_or(self.g.options.timeout),

@@ -1,6 +1,6 @@
 //! `reduce`: the root gets the reduction of every rank's tensor, the others their input back (binomial tree or direct).
 
-use super::{fill, Checked, Finish, Plan, Planner, Share};
+use super::{fill, Assembly, Checked, Plan, Planner, Share};
 use crate::algorithm::{direct, tree};
 use crate::error::Result;
 use crate::op::{Algorithm, OpKind};
@@ -25,10 +25,10 @@ impl Planner<'_> {
         let data = self.prepare(&tensor, op)?;
         let (n, dt) = (tensor.numel(), tensor.dtype());
         let bytes = tensor.nbytes();
-        let finish = if self.g.rank == root {
-            Finish::Whole(tensor.shape().to_vec())
+        let assembly = if self.g.rank == root {
+            Assembly::Whole(tensor.shape().to_vec())
         } else {
-            Finish::Return(tensor)
+            Assembly::Return(tensor)
         };
         let checked = Checked {
             kind: OpKind::Reduce,
@@ -37,7 +37,7 @@ impl Planner<'_> {
             root: Some(root),
             op: Some(op),
             bytes,
-            finish,
+            assembly,
         };
         Ok((checked, n, data))
     }

@@ -1,6 +1,6 @@
 //! `reduce_scatter` (list form) and `reduce_scatter_tensor`: rank r gets the reduction of every rank's block r (ring or direct).
 
-use super::{fill, list_len, same_dtype, Checked, Finish, Plan, Planner, TensorSpec};
+use super::{fill, list_len, same_dtype, Assembly, Checked, Plan, Planner, TensorSpec};
 use crate::algorithm::{direct, ring};
 use crate::error::{Error, Result};
 use crate::op::{Algorithm, OpKind};
@@ -42,7 +42,7 @@ impl Planner<'_> {
             root: None,
             op: Some(op),
             bytes: total * dt.size(),
-            finish: Finish::Concat(me..me + 1, inputs[me].shape().to_vec()),
+            assembly: Assembly::Concat(me..me + 1, inputs[me].shape().to_vec()),
         };
         Ok((checked, blocks, datas))
     }
@@ -73,7 +73,7 @@ impl Planner<'_> {
             root: None,
             op: Some(op),
             bytes: input.nbytes(),
-            finish: Finish::Concat(me..me + 1, output.shape),
+            assembly: Assembly::Concat(me..me + 1, output.shape),
         };
         Ok((checked, n, data))
     }

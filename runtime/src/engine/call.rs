@@ -6,7 +6,7 @@
 
 use super::flow::FlowOut;
 use super::output::check_payload;
-use super::{Coll, Engine, Event, Finishing, Op, OpId, State};
+use super::{CollectiveState, Engine, Event, Finishing, OpId, PendingCall, State};
 use crate::collective::Share;
 use crate::data_plane::DataPlane;
 use crate::error::{Error, ProtocolError};
@@ -19,9 +19,10 @@ use crate::wire::message::{Header, Message, Transmit};
 use bytes::Bytes;
 
 impl Engine {
-    /// Starts collective call `id` (its op is `op`, in state [`State::Coll`]): registers its
-    /// sequence number, delivers what arrived for it early, and runs it as far as it can go.
-    pub(super) fn submit_collective(&mut self, id: OpId, op: Op, now: Time) {
+    /// Starts collective call `id` (its op is `op`, in state [`State::Collective`]): registers
+    /// its sequence number, delivers what arrived for it early, and runs it as far as it can
+    /// go.
+    pub(super) fn submit_collective(&mut self, id: OpId, op: PendingCall, now: Time) {
         let (group, seq) = (op.group, op.seq.unwrap_or_default());
         let Some(g) = self.groups.get_mut(&group) else {
             return;
@@ -143,7 +144,7 @@ impl Engine {
             return;
         };
         let dtype = fp.dtype;
-        let Some(State::Coll(c)) = self.ops.get_mut(&id).map(|op| &mut op.state) else {
+        let Some(State::Collective(c)) = self.ops.get_mut(&id).map(|op| &mut op.state) else {
             return;
         };
         let checked = match c.expected(src, tag) {
@@ -189,7 +190,7 @@ impl Engine {
             let Some(op) = self.ops.get_mut(&id) else {
                 return;
             };
-            let State::Coll(c) = &mut op.state else {
+            let State::Collective(c) = &mut op.state else {
                 return;
             };
             let Some(step) = c.sched.steps.get(c.step) else {
@@ -287,7 +288,7 @@ impl Engine {
             // The output is assembled when the event is polled, after the messages this call
             // (and the run that finished it) queued have been taken: a rank that joins a
             // large output must not hold back the peer waiting for those messages.
-            State::Coll(c) => self.finishing.push_back(Finishing {
+            State::Collective(c) => self.finishing.push_back(Finishing {
                 op: id,
                 coll: c,
                 dtype: op.fp.dtype,
@@ -302,7 +303,7 @@ impl Engine {
     }
 
     /// Removes a call's traces from its group's indexes.
-    pub(super) fn forget(&mut self, op: &Op, id: OpId) {
+    pub(super) fn forget(&mut self, op: &PendingCall, id: OpId) {
         if let Some(g) = self.groups.get_mut(&op.group) {
             if let Some(seq) = op.seq {
                 if g.active.get(&seq) == Some(&id) {
@@ -372,7 +373,7 @@ impl Engine {
 /// folds them in one pass; this rank's folds go into the call's shared output if it has one.
 fn receive_step(
     plane: &dyn DataPlane,
-    c: &mut Coll,
+    c: &mut CollectiveState,
     fp: Fingerprint,
     rop: Option<ReduceOp>,
 ) -> Result<(), Error> {

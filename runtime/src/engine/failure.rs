@@ -2,7 +2,7 @@
 //! ends each affected call with an error on this rank and, where the failure was seen here,
 //! tells the group's other members (an abort), so no rank waits for its timeout in vain.
 
-use super::{Engine, Event, Op, OpId, State};
+use super::{Engine, Event, OpId, PendingCall, State};
 use crate::error::{CallDesc, Error, RankCall};
 use crate::ids::{Fingerprint, GroupId};
 use crate::time::Time;
@@ -153,12 +153,12 @@ impl Engine {
     }
 
     /// The ranks (global) whose messages call `op` waits for in its current step.
-    fn awaited(&self, op: &Op) -> Vec<usize> {
+    fn awaited(&self, op: &PendingCall) -> Vec<usize> {
         let Some(g) = self.groups.get(&op.group) else {
             return Vec::new();
         };
         match &op.state {
-            State::Coll(c) => match c.sched.steps.get(c.step) {
+            State::Collective(c) => match c.sched.steps.get(c.step) {
                 Some(step) => {
                     let mut w: Vec<usize> = step
                         .recvs
@@ -514,15 +514,18 @@ impl Engine {
     }
 }
 
-impl Op {
+impl PendingCall {
     /// Whether the rest of this call's schedule exchanges messages with group rank `peer`.
     pub(super) fn talks_to(&self, peer: usize) -> bool {
         match &self.state {
-            State::Coll(c) => c.sched.steps[c.step.min(c.sched.steps.len())..]
-                .iter()
-                .any(|s| {
-                    s.sends.iter().any(|x| x.peer == peer) || s.recvs.iter().any(|x| x.peer == peer)
-                }),
+            State::Collective(c) => {
+                c.sched.steps[c.step.min(c.sched.steps.len())..]
+                    .iter()
+                    .any(|s| {
+                        s.sends.iter().any(|x| x.peer == peer)
+                            || s.recvs.iter().any(|x| x.peer == peer)
+                    })
+            }
             State::Recv { src, .. } => src.is_none_or(|s| s == peer),
         }
     }

@@ -25,7 +25,7 @@ mod output;
 mod p2p;
 pub(crate) mod p2p_flow;
 
-use crate::collective::{Body, Finish, Output, Plan, Share, TensorSpec};
+use crate::collective::{Assembly, Body, Output, Plan, Share, TensorSpec};
 use crate::data_plane::{DataPlane, HostPlane};
 use crate::error::{Error, RankCall, Result};
 use crate::fast_hash::FastMap;
@@ -75,13 +75,15 @@ const DONE_KEPT: usize = 4096;
 /// A collective that finished: its output is built when its event is polled.
 struct Finishing {
     op: OpId,
-    coll: Box<Coll>,
+    coll: Box<CollectiveState>,
     dtype: DType,
     reduce: Option<ReduceOp>,
     group_size: usize,
 }
 
-struct Coll {
+/// A collective call's progress through its schedule: the step it is at, its chunks, what
+/// arrived for it, and how its output is assembled.
+struct CollectiveState {
     /// The call's sequence number in its group.
     seq: u64,
     sched: Arc<Schedule>,
@@ -93,7 +95,7 @@ struct Coll {
     /// Chunks each expected (source, tag) carries, indexed for a schedule of more than
     /// [`SCANNED_RECVS`] receives (a small one is scanned: no map built for every call).
     expected: Option<FastMap<(usize, u32), Range<usize>>>,
-    finish: Finish,
+    assembly: Assembly,
     /// The output the ranks of this process share for this call, and which chunks this rank
     /// writes into it (see `tensor::arena`).
     arena: Option<(Arc<Arena>, Share)>,
@@ -103,7 +105,7 @@ struct Coll {
 /// it rather than through an index built for the call.
 const SCANNED_RECVS: usize = 16;
 
-impl Coll {
+impl CollectiveState {
     /// The chunks that the message from (group-local) `src` tagged `tag` carries, if the
     /// schedule expects one.
     fn expected(&self, src: usize, tag: u32) -> Option<Range<usize>> {
@@ -128,8 +130,9 @@ impl Coll {
     }
 }
 
+/// What a pending call is: a collective running its schedule, or a posted receive.
 enum State {
-    Coll(Box<Coll>),
+    Collective(Box<CollectiveState>),
     Recv {
         src: Option<usize>,
         tag: u32,
@@ -137,7 +140,9 @@ enum State {
     },
 }
 
-struct Op {
+/// A call in flight in the engine, under its [`OpId`]: a collective or a posted receive (a
+/// send completes when it is submitted, and is never one).
+struct PendingCall {
     group: GroupId,
     /// The call's sequence number in its group (`None` for point-to-point calls).
     seq: Option<u64>,
@@ -162,7 +167,7 @@ pub struct Engine {
     orphans_from: HashMap<usize, (usize, u64)>,
     /// Scratch list for what a call's step hands flow control (kept for its allocation).
     flow_out: Vec<flow::FlowOut<Transmit>>,
-    ops: BTreeMap<OpId, Box<Op>>,
+    ops: BTreeMap<OpId, Box<PendingCall>>,
     next_op: u64,
     arrivals: u64,
     transmits: VecDeque<Transmit>,
@@ -348,7 +353,7 @@ impl Engine {
             group_size,
             ..
         } = plan;
-        let op = |seq, state| Op {
+        let op = |seq, state| PendingCall {
             group,
             seq,
             fp,
@@ -364,14 +369,14 @@ impl Engine {
                 tag,
                 data,
                 count,
-            } => self.submit_send(id, group, (fp.dtype, fp.path), dst, tag, data, count),
+            } => self.submit_send(id, group, fp, dst, tag, data, count),
             Body::Recv { src, tag, spec } => {
                 self.submit_recv(id, op(None, State::Recv { src, tag, spec }))
             }
             Body::Collective {
                 schedule,
                 mut init,
-                finish,
+                assembly,
                 share,
             } => {
                 let recvs = schedule.steps.iter().map(|s| s.recvs.len()).sum::<usize>();
@@ -386,15 +391,15 @@ impl Engine {
                 });
                 let size = fp.dtype.size();
                 // A non-root of a split reduce writes its reduced block into the root's output.
-                let arena = match (&share, &finish) {
-                    (Share::Folds | Share::Own(_), Finish::Whole(_))
-                    | (Share::Folds, Finish::Return(_)) => self
+                let arena = match (&share, &assembly) {
+                    (Share::Folds | Share::Own(_), Assembly::Whole(_))
+                    | (Share::Folds, Assembly::Return(_)) => self
                         .plane
                         .arena((group, seq), schedule.layout.total().saturating_mul(size))
                         .map(|a| (a, share)),
                     _ => None,
                 };
-                let mut coll = Coll {
+                let mut coll = CollectiveState {
                     seq,
                     sched: schedule,
                     step: 0,
@@ -402,7 +407,7 @@ impl Engine {
                     chunks: Vec::new(),
                     inbox: FastMap::default(),
                     expected,
-                    finish,
+                    assembly,
                     arena: None,
                 };
                 if let Some((a, Share::Own(own))) = &arena {
@@ -424,7 +429,7 @@ impl Engine {
                 }
                 coll.chunks = init;
                 coll.arena = arena;
-                self.submit_collective(id, op(Some(seq), State::Coll(Box::new(coll))), now);
+                self.submit_collective(id, op(Some(seq), State::Collective(Box::new(coll))), now);
             }
         }
         id

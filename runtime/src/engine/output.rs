@@ -1,8 +1,8 @@
 //! Output assembly: payloads checked against the sizes a receive expects, chunks joined, and
 //! the call's result built from its finished chunks.
 
-use super::Coll;
-use crate::collective::{Finish, Output};
+use super::CollectiveState;
+use crate::collective::{Assembly, Output};
 use crate::data_plane::DataPlane;
 use crate::error::{Error, ProtocolError, Result};
 use crate::tensor::dtype::DType;
@@ -62,7 +62,7 @@ fn concat(plane: &dyn DataPlane, chunks: &[Option<Bytes>], dtype: DType) -> Resu
 /// The call's output as the arena the ranks of this process share for it (no copy), if
 /// every chunk is the arena's frozen bytes at its own offset; else `None`, and the chunks
 /// are joined.
-fn shared(c: &Coll, dtype: DType) -> Option<Bytes> {
+fn shared(c: &CollectiveState, dtype: DType) -> Option<Bytes> {
     let (arena, _) = c.arena.as_ref()?;
     let mut at = 0usize;
     for (chunk, &elems) in c.chunks.iter().zip(&c.sched.layout.chunk_elems) {
@@ -79,7 +79,7 @@ fn shared(c: &Coll, dtype: DType) -> Option<Bytes> {
 
 pub(super) fn build_output(
     plane: &dyn DataPlane,
-    c: Coll,
+    c: CollectiveState,
     dtype: DType,
     op: Option<ReduceOp>,
     group_size: usize,
@@ -92,25 +92,25 @@ pub(super) fn build_output(
     };
     let layout = &c.sched.layout;
     let tensor = |b: Bytes, shape: Vec<usize>| Tensor::from_parts(b, dtype, shape);
-    let whole = match c.finish {
-        Finish::Whole(_) => shared(&c, dtype),
+    let whole = match c.assembly {
+        Assembly::Whole(_) => shared(&c, dtype),
         _ => None,
     };
-    Ok(match c.finish {
-        Finish::Nothing => Output::None,
-        Finish::Return(t) => Output::Tensor(t),
-        Finish::Whole(shape) => {
+    Ok(match c.assembly {
+        Assembly::Nothing => Output::None,
+        Assembly::Return(t) => Output::Tensor(t),
+        Assembly::Whole(shape) => {
             let whole = match whole {
                 Some(b) => b,
                 None => concat(plane, &c.chunks, dtype)?,
             };
             Output::Tensor(tensor(post(whole)?, shape))
         }
-        Finish::Concat(blocks, shape) => {
+        Assembly::Concat(blocks, shape) => {
             let b = concat(plane, &c.chunks[layout.chunks_of(blocks)], dtype)?;
             Output::Tensor(tensor(post(b)?, shape))
         }
-        Finish::Blocks(blocks, shapes) => {
+        Assembly::Blocks(blocks, shapes) => {
             let mut out = Vec::with_capacity(shapes.len());
             for (b, shape) in blocks.zip(shapes) {
                 out.push(tensor(

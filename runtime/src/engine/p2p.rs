@@ -3,32 +3,32 @@
 //! posted receives wait for.
 
 use super::p2p_flow::P2pOut;
-use super::{Engine, Event, Op, OpId, State};
+use super::{Engine, Event, OpId, PendingCall, State};
 use crate::collective::{p2p_fp, Output};
 use crate::error::{Error, ProtocolError};
 use crate::ids::{DataPath, Fingerprint, GroupId};
 use crate::op::OpKind;
-use crate::tensor::dtype::DType;
 use crate::tensor::{validate_storage, Tensor};
 use crate::wire::message::{Header, Message, Transmit, TICKET_MAX};
 use bytes::Bytes;
 use std::collections::HashMap;
 
 impl Engine {
-    /// Sends `data` (`count` elements of `dtype`, or a ticket for them on [`DataPath::Nccl`])
-    /// to group rank `dst` on `tag`; the call completes at once (the message may wait in
-    /// flow control: [`super::p2p_flow`]).
+    /// Sends `data` (`count` elements of `fp`'s dtype, or a ticket for them when `fp`'s path
+    /// is [`DataPath::Nccl`]) to group rank `dst` on `tag`; the call completes at once (the
+    /// message may wait in flow control: [`super::p2p_flow`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn submit_send(
         &mut self,
         id: OpId,
         group: GroupId,
-        (dtype, path): (DType, DataPath),
+        fp: Fingerprint,
         dst: usize,
         tag: u32,
         data: Bytes,
         count: u64,
     ) {
+        let Fingerprint { dtype, path, .. } = fp;
         let Some(g) = self.groups.get_mut(&group) else {
             return;
         };
@@ -61,7 +61,7 @@ impl Engine {
     }
 
     /// Posts receive `id` (its op is `op`, in state [`State::Recv`]) and matches it.
-    pub(super) fn submit_recv(&mut self, id: OpId, op: Op) {
+    pub(super) fn submit_recv(&mut self, id: OpId, op: PendingCall) {
         let group = op.group;
         let Some(g) = self.groups.get_mut(&group) else {
             return;
@@ -139,7 +139,7 @@ impl Engine {
         let mut named: HashMap<(usize, u32), u64> = HashMap::new();
         let mut any: HashMap<u32, u64> = HashMap::new();
         for rid in &g.p2p_posted {
-            if let Some(Op {
+            if let Some(PendingCall {
                 state: State::Recv { src, tag, .. },
                 ..
             }) = self.ops.get(rid).map(|b| &**b)
@@ -230,7 +230,7 @@ impl Engine {
             };
             let mut found = None;
             for &rid in &g.p2p_posted {
-                let Some(Op {
+                let Some(PendingCall {
                     state: State::Recv { src, tag, .. },
                     ..
                 }) = self.ops.get(&rid).map(|b| &**b)
