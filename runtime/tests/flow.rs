@@ -638,10 +638,10 @@ fn tickets_match_only_receives_on_their_path() {
         .unwrap_or_else(|e| panic!("{e}"));
     let opts = CallOptions::default();
     let ticket = |count: u64, bytes: Vec<u8>| {
-        Plan::nccl_ticket(&info, &opts, (1, 4), (DType::F32, count), bytes)
+        Plan::nccl_ticket(&info, &opts, 1, 4, DType::F32, count, bytes)
             .unwrap_or_else(|e| panic!("{e}"))
     };
-    assert!(Plan::nccl_ticket(&info, &opts, (1, 4), (DType::F32, 1), vec![0; 65]).is_err());
+    assert!(Plan::nccl_ticket(&info, &opts, 1, 4, DType::F32, 1, vec![0; 65]).is_err());
     let recv = |path: DataPath, n: usize| {
         let req = Request::Recv {
             spec: TensorSpec::new(&[n], DType::F32),

@@ -201,7 +201,7 @@ pub(crate) fn send<T: Send + 'static>(
     };
     let mut ticket = s.to_le_bytes().to_vec();
     ticket.push(carrier as u8);
-    let plan = match Plan::nccl_ticket(info, opts, (dst, tag), (dtype, count), ticket) {
+    let plan = match Plan::nccl_ticket(info, opts, dst, tag, dtype, count, ticket) {
         Ok(p) => p,
         Err(e) => {
             fail_pending(member, key, s, e);

@@ -281,8 +281,10 @@ impl Plan {
     pub fn nccl_ticket(
         group: &GroupInfo,
         opts: &CallOptions,
-        (dst, tag): (usize, u32),
-        (dtype, count): (DType, u64),
+        dst: usize,
+        tag: u32,
+        dtype: DType,
+        count: u64,
         ticket: Vec<u8>,
     ) -> Result<Plan> {
         if ticket.len() > crate::wire::message::TICKET_MAX {

@@ -27,11 +27,7 @@ impl NcclOp {
         rank: usize,
     ) -> Launched {
         let l = Launch {
-            q: Enqueue {
-                comm,
-                stream,
-                dtype,
-            },
+            q: Enqueue::new(comm, stream, dtype)?,
             stream,
             ordinal,
         };
@@ -97,7 +93,7 @@ impl Launch<'_> {
             self.stream
                 .memcpy_dtod(&buf.slice(range), o)
                 .map_err(cuda_err("cuMemcpyDtoD"))?;
-            let m = DevMem::of_mut(o, self.stream);
+            let m = DevMem::of_mut(o, self.stream)?;
             self.q.all_reduce(&m, &m, input.numel(), op)?;
         }
         let shape = input.shape().to_vec();
@@ -110,7 +106,7 @@ impl Launch<'_> {
         {
             let src = self.mem(&input)?;
             if let Some(o) = out.as_mut() {
-                let dst = DevMem::of_mut(o, self.stream);
+                let dst = DevMem::of_mut(o, self.stream)?;
                 self.q.all_reduce(&src, &dst, input.numel(), op)?;
             }
         }
@@ -129,7 +125,10 @@ impl Launch<'_> {
         {
             let src = self.mem(&input)?;
             if input.nbytes() > 0 {
-                let dst = out.as_mut().map(|o| DevMem::of_mut(o, self.stream));
+                let dst = out
+                    .as_mut()
+                    .map(|o| DevMem::of_mut(o, self.stream))
+                    .transpose()?;
                 self.q.reduce(&src, dst.as_ref(), input.numel(), op, root)?;
             }
         }
@@ -156,7 +155,7 @@ impl Launch<'_> {
         {
             let src = self.mem(&input)?;
             if let Some(o) = out.as_mut() {
-                let dst = DevMem::of_mut(o, self.stream);
+                let dst = DevMem::of_mut(o, self.stream)?;
                 self.q.broadcast(&src, &dst, input.numel(), root)?;
             }
         }
@@ -178,7 +177,7 @@ impl Launch<'_> {
         {
             let src = self.mem(&input)?;
             if let (Some(o), true) = (out.as_mut(), input.nbytes() > 0) {
-                let dst = DevMem::of_mut(o, self.stream);
+                let dst = DevMem::of_mut(o, self.stream)?;
                 self.q.all_gather(&src, &dst, input.numel())?;
             }
         }
@@ -196,14 +195,14 @@ impl Launch<'_> {
                 self.stage(&inputs, &mut staged)?;
                 if let Some(o) = out.as_mut() {
                     let src = DevMem::of(&staged, 0..staged.len(), self.stream)?;
-                    let dst = DevMem::of_mut(o, self.stream);
+                    let dst = DevMem::of_mut(o, self.stream)?;
                     self.q.reduce_scatter(&src, &dst, n_out, op)?;
                 }
                 // `staged` is freed in stream order, after the reduce-scatter read it.
             }
         } else if let (Some(o), Some(t)) = (out.as_mut(), inputs.first()) {
             let src = self.mem(t)?;
-            let dst = DevMem::of_mut(o, self.stream);
+            let dst = DevMem::of_mut(o, self.stream)?;
             self.q.reduce_scatter(&src, &dst, n_out, op)?;
         }
         Ok((self.output(out, OutputLayout::Whole(shape))?, inputs))
@@ -244,7 +243,7 @@ impl Launch<'_> {
                 .map(|(peer, t, range)| Ok((*peer, self.mem(t)?, range)))
                 .collect::<Result<_>>()?;
             let into = match out.as_mut() {
-                Some(o) => DevMem::of_mut(o, self.stream),
+                Some(o) => DevMem::of_mut(o, self.stream)?,
                 None => DevMem::empty(),
             };
             self.q.comm.grouped(|| {

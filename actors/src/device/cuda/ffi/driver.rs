@@ -17,7 +17,7 @@ pub(crate) fn culib_present() -> bool {
 pub(crate) fn retain_pool_memory(ctx: &CudaContext) -> Result<()> {
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: `pool` is a valid out-pointer and `ctx.cu_device()` a device the driver
-    // reported; making `ctx` initialised the driver, and it is bound to this thread.
+    // reported; making `ctx` initialised the driver (the call needs no current context).
     let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
     if r != sys::CUresult::CUDA_SUCCESS {
         return Err(cuda_err("cuDeviceGetDefaultMemPool")(DriverError(r)));

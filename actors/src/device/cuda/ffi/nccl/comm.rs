@@ -96,8 +96,8 @@ impl Comm {
                 let mut scalar = scalar_bytes(op, dtype);
                 let dtype = nccl_dtype(dtype)?;
                 let mut out: c_int = 0;
-                // SAFETY: `scalar` holds the multiplier in the call's element type (the
-                // caller encoded it so), read at once (host-immediate); `out` is valid.
+                // SAFETY: `scalar` holds the multiplier encoded in the call's element type
+                // (just above), read at once (host-immediate); `out` is valid.
                 let r = unsafe {
                     (self.nccl.premul_sum)(
                         &mut out,

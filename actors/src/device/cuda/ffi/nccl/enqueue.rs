@@ -11,6 +11,12 @@ use std::ops::Range;
 /// Calls enqueued on one stream through one communicator, on elements of one dtype: the safe
 /// face of NCCL's collectives. Every address passed to NCCL is a checked span of a
 /// [`DevMem`]; a span too short for the call is an error, never an out-of-bounds access.
+///
+/// Soundness rests on three things: the bounds (every span lies inside its allocation, and
+/// holds what the call reads or writes), the device (every allocation is on the stream's
+/// device, checked by [`DevMem`]), and lifetimes: the worker keeps a call's inputs and its
+/// output until the call's completion event fires, and the buffers a launch allocates for
+/// itself are allocated and freed in order on this stream, after the calls that use them.
 pub(crate) struct Enqueue<'c> {
     /// The communicator.
     pub(crate) comm: &'c Comm,
@@ -18,6 +24,21 @@ pub(crate) struct Enqueue<'c> {
     pub(crate) stream: &'c CudaStream,
     /// The element type of the call's buffers.
     pub(crate) dtype: DType,
+    /// `dtype` as NCCL names it.
+    dt: c_int,
+}
+
+impl<'c> Enqueue<'c> {
+    /// Calls on `stream` through `comm` on elements of `dtype`; fails at once for a dtype
+    /// NCCL does not have, before anything is allocated or enqueued.
+    pub(crate) fn new(comm: &'c Comm, stream: &'c CudaStream, dtype: DType) -> Result<Self> {
+        Ok(Enqueue {
+            comm,
+            stream,
+            dtype,
+            dt: nccl_dtype(dtype)?,
+        })
+    }
 }
 
 impl Enqueue<'_> {
@@ -68,12 +89,12 @@ impl Enqueue<'_> {
         call: &str,
     ) -> Result<()> {
         let c = self.comm;
-        let dt = nccl_dtype(self.dtype)?;
+        let dt = self.dt;
         let (o, made) = c.op(op, self.dtype)?;
-        // SAFETY: `send` and `recv` are spans of live device allocations, checked to hold
-        // what the call reads and writes (`count` elements; one block per rank for a
-        // reduce-scatter's input); their guards record the use on the stream when dropped,
-        // so cudarc orders later users and the frees after the call. `o` is a live op.
+        // SAFETY: `send` and `recv` are spans of device allocations on this stream's device
+        // (checked by `DevMem`), checked above to hold what the call reads and writes
+        // (`count` elements; one block per rank for a reduce-scatter's input), and alive
+        // until the call completes (see the type's doc); `o` is a live op.
         let r = unsafe { f(send as _, recv as _, count, dt, o, c.raw, self.raw()) };
         c.drop_op(o, made);
         c.done(r, call)
@@ -99,7 +120,7 @@ impl Enqueue<'_> {
             }
             None => 0,
         };
-        let (dt, root) = (nccl_dtype(self.dtype)?, c_rank(root, c.size)?);
+        let (dt, root) = (self.dt, c_rank(root, c.size)?);
         let (o, made) = c.op(op, self.dtype)?;
         // SAFETY: as for `reduction`; a non-root's output pointer is null, which NCCL never
         // writes (it writes the output on the root only).
@@ -119,7 +140,7 @@ impl Enqueue<'_> {
         let c = self.comm;
         let need = self.bytes(count)?;
         let (s, r) = (send.span(0..need)?, recv.span(0..need)?);
-        let (dt, root) = (nccl_dtype(self.dtype)?, c_rank(root, c.size)?);
+        let (dt, root) = (self.dt, c_rank(root, c.size)?);
         // SAFETY: as for `reduction` (`send` is read on the root only).
         let r = unsafe { (c.nccl.broadcast)(s as _, r as _, count, dt, root, c.raw, self.raw()) };
         c.done(r, "ncclBroadcast")
@@ -136,7 +157,7 @@ impl Enqueue<'_> {
         let need = self.bytes(count)?;
         let all = self.per_rank(need)?;
         let (s, r) = (send.span(0..need)?, recv.span(0..all)?);
-        let dt = nccl_dtype(self.dtype)?;
+        let dt = self.dt;
         // SAFETY: as for `reduction`; `recv` holds one block per rank (checked above).
         let r = unsafe { (c.nccl.all_gather)(s as _, r as _, count, dt, c.raw, self.raw()) };
         c.done(r, "ncclAllGather")
@@ -164,9 +185,9 @@ impl Enqueue<'_> {
         let c = self.comm;
         let (bytes, p) = (range.len(), mem.span(range)?);
         let peer = c_rank(peer, c.size)?;
-        // SAFETY: `p` spans `bytes` bytes of a live allocation (checked above), read by a
-        // send and written by a receive, whose guard orders its later users after the call;
-        // `1` is ncclUint8.
+        // SAFETY: `p` spans `bytes` bytes of an allocation on this stream's device (checked
+        // above and by `DevMem`), read by a send and written by a receive, alive until the
+        // call completes (see the type's doc); `1` is ncclUint8.
         let r = unsafe {
             if send {
                 (c.nccl.send)(p as _, bytes, 1, peer, c.raw, self.raw())
@@ -223,6 +244,7 @@ impl<'a> DevMem<'a> {
         if range.start > range.end || range.end > buf.len() {
             return Err(Error::internal("device range out of bounds"));
         }
+        same_device(buf, stream)?;
         let (p, g) = buf.device_ptr(stream);
         Ok(DevMem {
             ptr: p + range.start as u64,
@@ -232,14 +254,15 @@ impl<'a> DevMem<'a> {
     }
 
     /// All of `buf`, written by a call on `stream`.
-    pub(crate) fn of_mut(buf: &'a mut CudaSlice<u8>, stream: &'a CudaStream) -> DevMem<'a> {
+    pub(crate) fn of_mut(buf: &'a mut CudaSlice<u8>, stream: &'a CudaStream) -> Result<DevMem<'a>> {
+        same_device(buf, stream)?;
         let len = buf.len();
         let (p, g) = buf.device_ptr_mut(stream);
-        DevMem {
+        Ok(DevMem {
             ptr: p,
             len,
             _guard: Some(g),
-        }
+        })
     }
 
     /// No memory: an empty tensor's (only spans of no bytes can be taken of it).
@@ -265,6 +288,17 @@ impl<'a> DevMem<'a> {
             self.ptr + range.start as u64
         })
     }
+}
+
+/// Checks that `buf` lives on `stream`'s device.
+fn same_device(buf: &CudaSlice<u8>, stream: &CudaStream) -> Result<()> {
+    let (theirs, ours) = (buf.ordinal(), stream.context().ordinal());
+    if theirs != ours {
+        return Err(Error::invalid(format!(
+            "an NCCL call on cuda:{ours} with memory on cuda:{theirs}"
+        )));
+    }
+    Ok(())
 }
 
 /// A rank as NCCL takes it, checked against the communicator's size.
