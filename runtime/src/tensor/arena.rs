@@ -16,7 +16,8 @@
 //! only when every chunk of it is the frozen part at its own offset ([`Arena::frozen`]).
 //!
 //! This module holds the crate's only `unsafe` code outside the zero-copy casts of
-//! `bytemuck`; its tests run under Miri (`cargo +nightly miri test -p collectix-runtime arena`).
+//! `bytemuck`; CI (`.ci/run`) runs its tests under Miri:
+//! `cargo +nightly miri test -p collectix-runtime --lib tensor::arena`.
 
 #![allow(unsafe_code)]
 
