@@ -66,7 +66,7 @@ pub(crate) fn call<T: Send + 'static>(
     // on a lane of their own (`p2p.rs`).
     match (backend, req) {
         (DeviceBackend::Nccl, Request::Send { tensor, dst, tag }) => {
-            p2p::send(member, (tensor, dst, tag), opts, map)
+            p2p::send(member, tensor, dst, tag, opts, map)
         }
         (DeviceBackend::Nccl, Request::Recv { spec, src, tag }) => {
             p2p::recv(member, spec, src, tag, opts, map)

@@ -13,7 +13,7 @@
 use crate::device::cuda::nccl::Nccl;
 use crate::device::cuda::worker::{Call, Init, Job, WorkerHandle};
 use crate::device::cuda::{plan, Exchange, NcclOp, OutputLayout};
-use crate::device::lanes::{Carrier, InLane, OutLane, RecvDone, SendDone};
+use crate::device::lanes::{Carrier, InLane, OutLane, RecvDone, SendDone, Transfer};
 use crate::member::Member;
 use crate::rank::driver::Done;
 use crate::sync::lock;
@@ -251,12 +251,19 @@ pub(super) fn lane_worker(
     Ok(tx)
 }
 
+/// This rank's end of a lane: its rank in the lane's communicator (the sender is 0) and its
+/// device.
+struct LaneEnd {
+    rank: usize,
+    ordinal: u32,
+}
+
 /// Transfer `k` of a lane as its worker runs it: lane rank 0 sends, 1 receives; the
 /// first transfer creates the lane's communicator of two ranks from the go's id.
 fn lane_call(
     member: &Member,
-    (k, id): (u64, [u8; 128]),
-    (lane_rank, ordinal): (usize, u32),
+    Transfer { k, id }: Transfer,
+    end: LaneEnd,
     op: NcclOp,
     opts: &CallOptions,
     done: Done<Output>,
@@ -266,17 +273,17 @@ fn lane_call(
         k,
         init: (k == 0).then_some(Init {
             id,
-            rank: lane_rank,
+            rank: end.rank,
             size: 2,
         }),
-        device: ordinal,
-        kind: if lane_rank == 0 {
+        device: end.ordinal,
+        kind: if end.rank == 0 {
             OpKind::Send
         } else {
             OpKind::Recv
         },
         dtype: DType::U8,
-        rank: lane_rank,
+        rank: end.rank,
         op,
         timeout: opts.timeout.unwrap_or(member.group.info.options.timeout),
         done,
@@ -288,7 +295,7 @@ pub(super) fn send_job(
     member: &Member,
     key: (usize, Carrier),
     lane: &mut OutLane,
-    k_id: (u64, [u8; 128]),
+    t: Transfer,
     tensor: Tensor,
     opts: &CallOptions,
     done: SendDone,
@@ -320,8 +327,8 @@ pub(super) fn send_job(
     // A worker that is gone gives the call back, to be failed once the lock is released.
     match tx.send(Job::Call(lane_call(
         member,
-        k_id,
-        (0, ordinal),
+        t,
+        LaneEnd { rank: 0, ordinal },
         op,
         opts,
         finished,
@@ -336,7 +343,7 @@ pub(super) fn recv_job(
     member: &Member,
     key: (usize, Carrier),
     lane: &mut InLane,
-    k_id: (u64, [u8; 128]),
+    t: Transfer,
     spec: TensorSpec,
     opts: &CallOptions,
     done: RecvDone,
@@ -383,8 +390,8 @@ pub(super) fn recv_job(
     // A worker that is gone gives the call back, to be failed once the lock is released.
     match tx.send(Job::Call(lane_call(
         member,
-        k_id,
-        (1, ordinal),
+        t,
+        LaneEnd { rank: 1, ordinal },
         op,
         opts,
         finished,

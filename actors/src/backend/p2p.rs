@@ -35,8 +35,8 @@
 //! lock — so what must be issued in ordinal order goes into the lanes' *outbox* under the
 
 use crate::device::lanes::{
-    fail_all, Carrier, Deferred, Failed, InLane, LanesInner, OutLane, PendingSend, RecvDone,
-    Released, SendDone,
+    fail_all, Carrier, Deferred, Failed, InLane, LanesInner, Locked, OutLane, PendingSend,
+    RecvDone, Released, SendDone, Transfer,
 };
 use crate::device::{StandIn, TensorDeviceExt};
 use crate::member::Member;
@@ -48,7 +48,6 @@ use collectix_runtime::{
     CallOptions, DType, DataPath, Device, DeviceError, Error, Output, Plan, Request, Result,
     Tensor, TensorSpec,
 };
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// The first of the point-to-point tags collectix keeps for itself (up to `u32::MAX`): a
@@ -156,7 +155,9 @@ fn same_device(lane: &mut Option<Device>, d: Device) -> Result<()> {
 /// `send` of a device tensor on the NCCL backend.
 pub(crate) fn send<T: Send + 'static>(
     member: &Member,
-    (tensor, dst, tag): (Tensor, usize, u32),
+    tensor: Tensor,
+    dst: usize,
+    tag: u32,
     opts: &CallOptions,
     map: fn(Output) -> Result<T>,
 ) -> Work<T> {
@@ -309,7 +310,7 @@ fn on_go(member: &Member, key: (usize, Carrier), out: Output, opts: &CallOptions
                 }
                 Some(send) => {
                     lane.released.insert(k, Released { send, id });
-                    issue_released(member, key, (lane, outbox), opts)
+                    issue_released(member, key, Locked { lane, outbox }, opts)
                 }
             },
             _ => lane.break_with(protocol(format!("an answer of {} bytes", b.len()))),
@@ -343,14 +344,14 @@ fn refusal(status: u64, peer: usize) -> Error {
 fn issue_released(
     member: &Member,
     key: (usize, Carrier),
-    (lane, outbox): (&mut OutLane, &mut VecDeque<Deferred>),
+    mut at: Locked<'_, OutLane>,
     opts: &CallOptions,
 ) -> Failed {
-    while let Some(r) = lane.released.remove(&lane.next_k) {
-        let k = lane.next_k;
-        lane.next_k += 1;
-        if let Err((e, done)) = start_send(member, key, (lane, outbox), k, r, opts) {
-            let mut failed = lane.break_with(e.clone());
+    while let Some(r) = at.lane.released.remove(&at.lane.next_k) {
+        let k = at.lane.next_k;
+        at.lane.next_k += 1;
+        if let Err((e, done)) = start_send(member, key, at.reborrow(), k, r, opts) {
+            let mut failed = at.lane.break_with(e.clone());
             failed.push((done, e));
             return failed;
         }
@@ -363,13 +364,15 @@ fn issue_released(
 fn start_send(
     member: &Member,
     key: (usize, Carrier),
-    (lane, outbox): (&mut OutLane, &mut VecDeque<Deferred>),
+    at: Locked<'_, OutLane>,
     k: u64,
     r: Released,
     opts: &CallOptions,
 ) -> std::result::Result<(), (Error, SendDone)> {
     let (dst, carrier) = key;
+    let Locked { lane, outbox } = at;
     let Released { send, id } = r;
+    let t = Transfer { k, id };
     let PendingSend { tensor, done } = send;
     match carrier {
         Carrier::Host => {
@@ -405,10 +408,10 @@ fn start_send(
             Ok(())
         }
         #[cfg(feature = "cuda")]
-        Carrier::Nccl => super::nccl::send_job(member, key, lane, (k, id), tensor, opts, done),
+        Carrier::Nccl => super::nccl::send_job(member, key, lane, t, tensor, opts, done),
         #[cfg(not(feature = "cuda"))]
         Carrier::Nccl => {
-            let _ = (lane, k, id, tensor);
+            let _ = (lane, t, tensor);
             Err((DeviceError::FeatureDisabled.into(), done))
         }
     }
@@ -423,7 +426,6 @@ pub(crate) fn recv<T: Send + 'static>(
     opts: &CallOptions,
     map: fn(Output) -> Result<T>,
 ) -> Work<T> {
-    let device = spec.device;
     let plan = match Plan::new(
         Request::Recv {
             spec: spec.clone().on(Device::Host),
@@ -450,7 +452,7 @@ pub(crate) fn recv<T: Send + 'static>(
                     fin.complete(r.and_then(|tensor| map(Output::Received { tensor, src })))
                 });
                 let ticket = tensor.to_vec::<u8>().unwrap_or_default();
-                on_ticket(&me, (&ticket, src), (spec, device), &opts, done);
+                on_ticket(&me, &ticket, src, spec, &opts, done);
             }
             Ok(other) => fin.complete(Err(Error::internal(format!(
                 "a ticket receive gave {other:?}"
@@ -465,11 +467,13 @@ pub(crate) fn recv<T: Send + 'static>(
 /// (or refuses, and the sender's send fails at once); `done` gets the transfer's tensor.
 fn on_ticket(
     member: &Member,
-    (ticket, src): (&[u8], usize),
-    (spec, device): (TensorSpec, Device),
+    ticket: &[u8],
+    src: usize,
+    spec: TensorSpec,
     opts: &CallOptions,
     done: RecvDone,
 ) {
+    let device = spec.device;
     let s = u64_at(ticket, 0);
     let carrier = match ticket.get(8) {
         Some(0) => Some(Carrier::Nccl),
@@ -526,7 +530,7 @@ fn on_ticket(
                 post(
                     member,
                     (src, carrier),
-                    (lane, outbox),
+                    Locked { lane, outbox },
                     spec,
                     opts,
                     &go,
@@ -548,13 +552,14 @@ fn on_ticket(
 fn post(
     member: &Member,
     key: (usize, Carrier),
-    (lane, outbox): (&mut InLane, &mut VecDeque<Deferred>),
+    at: Locked<'_, InLane>,
     spec: TensorSpec,
     opts: &CallOptions,
     go: &dyn Fn(u64, u64, [u8; 128]) -> Deferred,
     done: RecvDone,
 ) -> Option<(RecvDone, Error)> {
     let (src, carrier) = key;
+    let Locked { lane, outbox } = at;
     let device = spec.device;
     let k = lane.next_k;
     let mut id = [0u8; 128];
@@ -600,7 +605,9 @@ fn post(
             Ok(())
         }
         #[cfg(feature = "cuda")]
-        Carrier::Nccl => super::nccl::recv_job(member, key, lane, (k, id), spec, opts, done),
+        Carrier::Nccl => {
+            super::nccl::recv_job(member, key, lane, Transfer { k, id }, spec, opts, done)
+        }
         #[cfg(not(feature = "cuda"))]
         Carrier::Nccl => Err((done, DeviceError::FeatureDisabled.into())),
     };

@@ -38,6 +38,35 @@ pub(crate) fn fail_all(failed: Failed) {
     }
 }
 
+/// A lane under the lanes' lock, with the outbox of the engine calls to issue, in order,
+/// once the lock is released.
+pub(crate) struct Locked<'a, L> {
+    /// The lane.
+    pub(crate) lane: &'a mut L,
+    /// The lanes' outbox.
+    pub(crate) outbox: &'a mut VecDeque<Deferred>,
+}
+
+impl<L> Locked<'_, L> {
+    /// The same lane and outbox, borrowed again for a shorter while.
+    pub(crate) fn reborrow(&mut self) -> Locked<'_, L> {
+        Locked {
+            lane: &mut *self.lane,
+            outbox: &mut *self.outbox,
+        }
+    }
+}
+
+/// A transfer on a lane: its ordinal `k`, and the lane's NCCL id (made for `k = 0`).
+#[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct Transfer {
+    /// The ordinal.
+    pub(crate) k: u64,
+    /// The lane's NCCL id.
+    pub(crate) id: [u8; 128],
+}
+
 /// A send waiting for its go.
 pub(crate) struct PendingSend {
     pub(crate) tensor: Tensor,
