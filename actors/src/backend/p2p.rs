@@ -138,6 +138,18 @@ fn issue(member: &Member, req: Request, opts: &CallOptions, done: Done<Output>) 
     }
 }
 
+/// Issues a host-carried transfer (`req`, on the data tag) for `member`; `then` gets the
+/// member back with the transfer's output, to break its lane if it failed.
+fn issue_transfer(
+    member: Member,
+    req: Request,
+    opts: &CallOptions,
+    then: impl FnOnce(&Member, Result<Output>) + Send + 'static,
+) {
+    let me = member.clone();
+    issue(&member, req, opts, Box::new(move |r| then(&me, r)));
+}
+
 /// Checks that a lane keeps to one device, and fixes it on first use.
 fn same_device(lane: &mut Option<Device>, d: Device) -> Result<()> {
     match *lane {
@@ -392,18 +404,12 @@ fn start_send(
                     dst,
                     tag: DATA_TAG,
                 };
-                let lanes = me.clone();
-                issue(
-                    &me,
-                    req,
-                    &opts,
-                    Box::new(move |r| {
-                        if let Err(e) = &r {
-                            lanes.group.p2p.break_out(key, e.clone());
-                        }
-                        done(r.map(|_| ()));
-                    }),
-                );
+                issue_transfer(me, req, &opts, move |me, r| {
+                    if let Err(e) = &r {
+                        me.group.p2p.break_out(key, e.clone());
+                    }
+                    done(r.map(|_| ()));
+                });
             }));
             Ok(())
         }
@@ -585,22 +591,16 @@ fn post(
                     src: Some(src),
                     tag: DATA_TAG,
                 };
-                let lanes = me.clone();
-                issue(
-                    &me,
-                    req,
-                    &opts,
-                    Box::new(move |r| {
-                        let r = r.and_then(|out| match out {
-                            Output::Received { tensor, .. } => StandIn::tensor(&tensor, device),
-                            other => Err(Error::internal(format!("a transfer gave {other:?}"))),
-                        });
-                        if let Err(e) = &r {
-                            lanes.group.p2p.break_in(key, e.clone());
-                        }
-                        done(r);
-                    }),
-                );
+                issue_transfer(me, req, &opts, move |me, r| {
+                    let r = r.and_then(|out| match out {
+                        Output::Received { tensor, .. } => StandIn::tensor(&tensor, device),
+                        other => Err(Error::internal(format!("a transfer gave {other:?}"))),
+                    });
+                    if let Err(e) = &r {
+                        me.group.p2p.break_in(key, e.clone());
+                    }
+                    done(r);
+                });
             }));
             Ok(())
         }
