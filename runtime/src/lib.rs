@@ -80,7 +80,7 @@ pub mod testing;
 mod time;
 pub mod wire;
 
-pub use collective::{Output, Plan, Request, TensorSpec};
+pub use collective::{CheckedCall, Output, Plan, Request, TensorSpec};
 pub use engine::{Engine, Event, OpId};
 pub use error::{DeviceError, Error, LinkFailure, LinkStep, RankCall, Result};
 pub use group::{CallOptions, GroupId, GroupInfo, GroupOptions, Locality};

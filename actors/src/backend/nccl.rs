@@ -91,7 +91,7 @@ pub(crate) fn call<T: Send + 'static>(
         return member.ready(Err(Error::invalid(format!("no NCCL path for {device}"))));
     };
     let info = &member.group.info;
-    let (op, fp) = match plan(req, info.rank, info.size()) {
+    let (op, fp) = match plan(req, info) {
         Ok(x) => x,
         Err(e) => return member.ready(Err(e)),
     };

@@ -15,7 +15,7 @@ use bytes::Bytes;
 impl Planner<'_> {
     /// Checks `all_gather`; also gives every rank's block size (elements) and this rank's
     /// input.
-    fn check_all_gather(
+    pub(super) fn check_all_gather(
         &self,
         input: Tensor,
         outputs: Vec<TensorSpec>,
@@ -55,7 +55,7 @@ impl Planner<'_> {
 
     /// Checks `all_gather_into_tensor`; also gives the block size (elements) and this rank's
     /// input.
-    fn check_all_gather_into_tensor(
+    pub(super) fn check_all_gather_into_tensor(
         &self,
         input: Tensor,
         output: TensorSpec,

@@ -15,7 +15,11 @@ use bytes::Bytes;
 impl Planner<'_> {
     /// Checks `all_reduce`; also gives the element count and the input after the op's
     /// pre-transform.
-    fn check_all_reduce(&self, tensor: Tensor, op: ReduceOp) -> Result<(Checked, usize, Bytes)> {
+    pub(super) fn check_all_reduce(
+        &self,
+        tensor: Tensor,
+        op: ReduceOp,
+    ) -> Result<(Checked, usize, Bytes)> {
         let data = self.prepare(&tensor, op)?;
         let (n, dt) = (tensor.numel(), tensor.dtype());
         let checked = Checked {

@@ -17,7 +17,7 @@ type CheckedAllToAll<D> = (Checked, Vec<usize>, Vec<usize>, D);
 impl Planner<'_> {
     /// Checks `all_to_all`; also gives the elements sent to and received from each rank, and
     /// the input list's data.
-    fn check_all_to_all(
+    pub(super) fn check_all_to_all(
         &self,
         inputs: Vec<Tensor>,
         outputs: Vec<TensorSpec>,
@@ -55,7 +55,7 @@ impl Planner<'_> {
 
     /// Checks `all_to_all_single`; also gives the elements sent to and received from each
     /// rank, and the input's data.
-    fn check_all_to_all_single(
+    pub(super) fn check_all_to_all_single(
         &self,
         input: Tensor,
         output: TensorSpec,

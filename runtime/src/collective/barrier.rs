@@ -10,7 +10,7 @@ use crate::tensor::dtype::DType;
 
 /// Checks `barrier` (or `new_group`'s agreement step, whose count is the members' hash):
 /// nothing to check, no data, no output.
-fn check_barrier(new_group: Option<u64>) -> Checked {
+pub(super) fn check_barrier(new_group: Option<u64>) -> Checked {
     let (kind, count) = match new_group {
         Some(members) => (OpKind::NewGroup, members),
         None => (OpKind::Barrier, 0),

@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 impl Planner<'_> {
     /// Checks `broadcast`; also gives the element count and, on the root, the data to send.
-    fn check_broadcast(
+    pub(super) fn check_broadcast(
         &self,
         tensor: Tensor,
         root: usize,

@@ -12,7 +12,11 @@ use bytes::Bytes;
 
 impl Planner<'_> {
     /// Checks `gather`; also gives the block size (elements) and this rank's input.
-    fn check_gather(&self, input: Tensor, root: usize) -> Result<(Checked, usize, Bytes)> {
+    pub(super) fn check_gather(
+        &self,
+        input: Tensor,
+        root: usize,
+    ) -> Result<(Checked, usize, Bytes)> {
         let (w, me) = (self.w(), self.g.rank);
         self.g.check_rank(root, "root")?;
         let (n, dt) = (input.numel(), input.dtype());
@@ -35,7 +39,7 @@ impl Planner<'_> {
 
     /// Checks `scatter`; also gives the block size (elements) and, on the root, the scatter
     /// list's data (empty elsewhere).
-    fn check_scatter(
+    pub(super) fn check_scatter(
         &self,
         output: TensorSpec,
         inputs: Option<Vec<Tensor>>,

@@ -215,6 +215,22 @@ impl Plan {
         }
     }
 
+    /// Checks `req` for this member of `group` as planning it would (the collective's
+    /// argument rules: list lengths, roots, dtypes, sizes), on any device, without planning
+    /// a schedule or reading any data. A data path of its own (the NCCL backend) starts from
+    /// this, so every path enforces the same rules and fingerprints a call alike. Only the
+    /// collectives have such a check; point-to-point calls and `monitored_barrier` are an
+    /// [`Error::InvalidArgument`].
+    pub fn check(req: Request, group: &GroupInfo) -> Result<CheckedCall> {
+        Planner {
+            g: group,
+            opts: &CallOptions::default(),
+            cache: None,
+        }
+        .check(req)
+        .map(CheckedCall)
+    }
+
     /// Validates `req` for this member of `group` and plans it. The engine moves host
     /// memory only: a request on a device is an [`Error::InvalidArgument`] here (the device
     /// layer in `collectix-actors` routes those to NCCL or stages them through the host).
@@ -329,8 +345,30 @@ pub fn busbw_factor(kind: OpKind, n: usize) -> f64 {
 
 pub use select::select;
 
+/// A collective call whose arguments passed its checks ([`Plan::check`]): what every rank
+/// must agree on, before any data path runs it.
+#[derive(Clone, Debug)]
+pub struct CheckedCall(Checked);
+
+impl CheckedCall {
+    /// The call's fingerprint on data path `path`, with no algorithm (a path other than the
+    /// engine's picks its own).
+    pub fn fingerprint(&self, path: DataPath) -> Fingerprint {
+        let c = &self.0;
+        Fingerprint {
+            count: c.count,
+            root: c.root.map(|r| r as u32),
+            op: c.op.map(ReduceOp::kind),
+            scalar: c.op.map_or(0, ReduceOp::scalar_bits),
+            path,
+            ..Fingerprint::new(c.kind, c.dtype)
+        }
+    }
+}
+
 /// A call whose arguments passed the collective's checks: everything of the plan that does
 /// not depend on the algorithm.
+#[derive(Clone, Debug)]
 struct Checked {
     /// What kind of call.
     kind: OpKind,
@@ -461,6 +499,46 @@ impl Planner<'_> {
         op.check(t.dtype())?;
         Ok(crate::tensor::reduce::pre(t.dtype(), op, t.bytes())?
             .unwrap_or_else(|| t.bytes().clone()))
+    }
+
+    /// The collective's checks of `req`, with no schedule planned (see [`Plan::check`]).
+    fn check(&self, req: Request) -> Result<Checked> {
+        Ok(match req {
+            Request::AllReduce { tensor, op } => self.check_all_reduce(tensor, op)?.0,
+            Request::Reduce { tensor, root, op } => self.check_reduce(tensor, root, op)?.0,
+            Request::Broadcast { tensor, root } => self.check_broadcast(tensor, root)?.0,
+            Request::AllGather { input, outputs } => self.check_all_gather(input, outputs)?.0,
+            Request::AllGatherIntoTensor { input, output } => {
+                self.check_all_gather_into_tensor(input, output)?.0
+            }
+            Request::Gather { input, root } => self.check_gather(input, root)?.0,
+            Request::Scatter {
+                output,
+                inputs,
+                root,
+            } => self.check_scatter(output, inputs, root)?.0,
+            Request::ReduceScatter { inputs, op } => self.check_reduce_scatter(inputs, op)?.0,
+            Request::ReduceScatterTensor { input, output, op } => {
+                self.check_reduce_scatter_tensor(input, output, op)?.0
+            }
+            Request::AllToAll { inputs, outputs } => self.check_all_to_all(inputs, outputs)?.0,
+            Request::AllToAllSingle {
+                input,
+                output,
+                output_splits,
+                input_splits,
+            } => {
+                self.check_all_to_all_single(input, output, output_splits, input_splits)?
+                    .0
+            }
+            Request::Barrier => barrier::check_barrier(None),
+            Request::NewGroup { members } => barrier::check_barrier(Some(members)),
+            Request::MonitoredBarrier | Request::Send { .. } | Request::Recv { .. } => {
+                return Err(Error::invalid(
+                    "point-to-point calls and monitored_barrier have no collective check",
+                ))
+            }
+        })
     }
 
     fn plan(&self, req: Request) -> Result<Plan> {

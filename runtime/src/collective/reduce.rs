@@ -15,7 +15,7 @@ use bytes::Bytes;
 impl Planner<'_> {
     /// Checks `reduce`; also gives the element count and the input after the op's
     /// pre-transform.
-    fn check_reduce(
+    pub(super) fn check_reduce(
         &self,
         tensor: Tensor,
         root: usize,

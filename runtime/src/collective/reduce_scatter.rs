@@ -16,7 +16,7 @@ use bytes::Bytes;
 impl Planner<'_> {
     /// Checks `reduce_scatter`; also gives every block's size (elements) and every input after
     /// the op's pre-transform.
-    fn check_reduce_scatter(
+    pub(super) fn check_reduce_scatter(
         &self,
         inputs: Vec<Tensor>,
         op: ReduceOp,
@@ -49,7 +49,7 @@ impl Planner<'_> {
 
     /// Checks `reduce_scatter_tensor`; also gives the block size (elements) and the input
     /// after the op's pre-transform.
-    fn check_reduce_scatter_tensor(
+    pub(super) fn check_reduce_scatter_tensor(
         &self,
         input: Tensor,
         output: TensorSpec,

@@ -1,6 +1,7 @@
-//! Each collective as NCCL runs it: [`plan`] checks a call (torch's argument rules, plus
-//! what NCCL cannot do) and gives its fingerprint and its [`NcclOp`], which `launch.rs`
-//! enqueues on the communicator's stream.
+//! Each collective as NCCL runs it: [`plan`] refuses what NCCL cannot do, checks the call
+//! with the runtime's own checks ([`Plan::check`]: the same argument rules and fingerprint
+//! fields as the engine's path), and builds the [`NcclOp`] that `launch.rs` enqueues on the
+//! communicator's stream.
 //!
 //! all_reduce, broadcast, reduce, all_gather (equal sizes), all_gather_into_tensor,
 //! reduce_scatter and reduce_scatter_tensor map to their NCCL primitives; gather, scatter,
@@ -9,9 +10,9 @@
 
 use super::nccl::RedOp;
 use collectix_runtime::{
-    DType, DeviceError, Error, OpKind, ReduceOp, Request, Result, Tensor, TensorSpec,
+    DType, DataPath, DeviceError, Error, Fingerprint, GroupInfo, Plan, ReduceOp, Request, Result,
+    Tensor, TensorSpec,
 };
-use collectix_runtime::{DataPath, Fingerprint};
 use std::ops::Range;
 
 /// The NCCL reduction for `op` on `dtype`, or why NCCL cannot do it.
@@ -85,43 +86,271 @@ pub(crate) struct Exchange {
     pub(crate) layout: OutputLayout,
 }
 
-/// The fingerprint of a call on the NCCL path (`count`: `None` where ranks' sizes may
-/// differ; NCCL picks its own algorithm).
-fn fingerprint(
-    kind: OpKind,
-    dtype: DType,
-    count: impl Into<Option<u64>>,
-    root: Option<usize>,
-    op: Option<ReduceOp>,
-) -> Fingerprint {
-    Fingerprint {
-        count: count.into(),
-        root: root.map(|r| r as u32),
-        op: op.map(ReduceOp::kind),
-        scalar: op.map_or(0, ReduceOp::scalar_bits),
-        path: DataPath::Nccl,
-        ..Fingerprint::new(kind, dtype)
+/// Refuses what NCCL cannot do, then checks `req` for this member of `group` as the engine
+/// would, and plans it as NCCL runs it: the operation, and the call's fingerprint on the NCCL
+/// path.
+pub(crate) fn plan(req: Request, group: &GroupInfo) -> Result<(NcclOp, Fingerprint)> {
+    match &req {
+        Request::Barrier | Request::NewGroup { .. } | Request::MonitoredBarrier => {
+            return Err(Error::internal("a call without tensors on the NCCL path"))
+        }
+        Request::Send { .. } | Request::Recv { .. } => {
+            return Err(Error::internal(
+                "point-to-point device calls go through backend/p2p.rs",
+            ))
+        }
+        _ => unsupported(&req)?,
+    }
+    let fp = Plan::check(req.clone(), group)?.fingerprint(DataPath::Nccl);
+    let g = Group {
+        me: group.rank,
+        size: group.size(),
+    };
+    let op = match req {
+        Request::AllReduce { tensor, op } => NcclOp::AllReduce {
+            op: red_op(op, tensor.dtype())?,
+            input: tensor,
+        },
+        Request::Reduce { tensor, root, op } => NcclOp::Reduce {
+            op: red_op(op, tensor.dtype())?,
+            input: tensor,
+            root,
+        },
+        Request::Broadcast { tensor, root } => NcclOp::Broadcast {
+            input: tensor,
+            root,
+        },
+        Request::AllGatherIntoTensor { input, output } => NcclOp::AllGather {
+            input,
+            layout: OutputLayout::Whole(output.shape),
+        },
+        Request::AllGather { input, outputs } => all_gather(input, &outputs, g)?,
+        Request::Gather { input, root } => gather(input, root, g)?,
+        Request::Scatter {
+            output,
+            inputs,
+            root,
+        } => scatter(output, inputs.unwrap_or_default(), root, g)?,
+        Request::ReduceScatter { inputs, op } => {
+            let first = inputs.first().map(|t| (t.dtype(), t.shape().to_vec()));
+            let (dtype, shape) =
+                first.ok_or_else(|| Error::invalid("reduce_scatter: no inputs"))?;
+            NcclOp::ReduceScatter {
+                op: red_op(op, dtype)?,
+                inputs,
+                shape,
+            }
+        }
+        Request::ReduceScatterTensor { input, output, op } => NcclOp::ReduceScatter {
+            op: red_op(op, input.dtype())?,
+            inputs: vec![input],
+            shape: output.shape,
+        },
+        Request::AllToAll { inputs, outputs } => all_to_all(inputs, &outputs, g)?,
+        Request::AllToAllSingle {
+            input,
+            output,
+            output_splits,
+            input_splits,
+        } => {
+            let splits = Splits {
+                output: output_splits,
+                input: input_splits,
+            };
+            all_to_all_single(input, output, splits, g)?
+        }
+        _ => return Err(DeviceError::Unsupported("this call".into()).into()),
+    };
+    Ok((op, fp))
+}
+
+/// What NCCL cannot do, refused first as [`DeviceError::Unsupported`] (the host-staged
+/// backend can): a reduction NCCL lacks for the dtype, and reduce_scatter over inputs of
+/// different sizes or dtypes.
+fn unsupported(req: &Request) -> Result<()> {
+    match req {
+        Request::AllReduce { tensor, op } | Request::Reduce { tensor, op, .. } => {
+            red_op(*op, tensor.dtype()).map(drop)
+        }
+        Request::ReduceScatterTensor { input, op, .. } => red_op(*op, input.dtype()).map(drop),
+        Request::ReduceScatter { inputs, op } => {
+            let Some(first) = inputs.first() else {
+                return Ok(());
+            };
+            let (dtype, numel) = (first.dtype(), first.numel());
+            if inputs
+                .iter()
+                .any(|t| t.dtype() != dtype || t.numel() != numel)
+            {
+                return Err(DeviceError::Unsupported(
+                    "reduce_scatter with inputs of different sizes or dtypes".into(),
+                )
+                .into());
+            }
+            red_op(*op, dtype).map(drop)
+        }
+        _ => Ok(()),
     }
 }
 
-fn check_root(root: usize, size: usize) -> Result<()> {
-    if root >= size {
-        return Err(Error::invalid(format!(
-            "root {root} is not a rank of a group of {size}"
-        )));
-    }
-    Ok(())
+/// This rank in its group.
+#[derive(Clone, Copy)]
+struct Group {
+    me: usize,
+    size: usize,
 }
 
-fn same(t: &Tensor, spec: &TensorSpec, what: &str) -> Result<()> {
-    if t.dtype() != spec.dtype {
-        return Err(Error::invalid(format!(
-            "{what}: dtype {} where {} was given",
-            spec.dtype,
-            t.dtype()
-        )));
+/// all_to_all_single's row splits, as the caller gave them (`None`: equal).
+struct Splits {
+    output: Option<Vec<usize>>,
+    input: Option<Vec<usize>>,
+}
+
+/// all_gather: `ncclAllGather` when every rank's block has the input's size, grouped sends
+/// and receives otherwise.
+fn all_gather(input: Tensor, outputs: &[TensorSpec], g: Group) -> Result<NcclOp> {
+    let bytes: Vec<usize> = outputs.iter().map(spec_bytes).collect::<Result<_>>()?;
+    let rs = ranges(&bytes)?;
+    let layout = OutputLayout::Split(
+        rs.iter()
+            .zip(outputs)
+            .map(|(r, o)| (r.start, o.shape.clone()))
+            .collect(),
+    );
+    if bytes.iter().all(|&b| b == input.nbytes()) {
+        return Ok(NcclOp::AllGather { input, layout });
     }
-    Ok(())
+    let whole = 0..input.nbytes();
+    let pieces = vec![(input, whole); g.size];
+    let out_bytes = rs.last().map_or(0, |r| r.end);
+    exchange("all_gather", g.me, pieces, &rs, out_bytes, layout)
+}
+
+/// gather: every rank sends to the root, which receives into one buffer and keeps its own
+/// part locally.
+fn gather(input: Tensor, root: usize, g: Group) -> Result<NcclOp> {
+    let n = input.nbytes();
+    let whole = 0..n;
+    if g.me != root {
+        return Ok(NcclOp::Exchange(Exchange {
+            sends: vec![(root, input, whole)],
+            recvs: vec![],
+            local: vec![],
+            out_bytes: 0,
+            layout: OutputLayout::Nothing,
+        }));
+    }
+    let rs = ranges(&vec![n; g.size])?;
+    let recvs = rs
+        .iter()
+        .enumerate()
+        .filter(|(p, _)| *p != g.me)
+        .map(|(p, r)| (p, r.clone()))
+        .collect();
+    let layout = OutputLayout::Split(
+        rs.iter()
+            .map(|r| (r.start, input.shape().to_vec()))
+            .collect(),
+    );
+    let local = vec![(input, whole, rs.get(g.me).map_or(0, |r| r.start))];
+    Ok(NcclOp::Exchange(Exchange {
+        sends: vec![],
+        recvs,
+        local,
+        out_bytes: n.saturating_mul(g.size),
+        layout,
+    }))
+}
+
+/// scatter: the root sends each rank its part and keeps its own locally (the runtime's check
+/// made sure the root passed one input of the output's size per rank).
+fn scatter(output: TensorSpec, inputs: Vec<Tensor>, root: usize, g: Group) -> Result<NcclOp> {
+    let n = spec_bytes(&output)?;
+    let layout = OutputLayout::Whole(output.shape);
+    if g.me != root {
+        return Ok(NcclOp::Exchange(Exchange {
+            sends: vec![],
+            recvs: vec![(root, 0..n)],
+            local: vec![],
+            out_bytes: n,
+            layout,
+        }));
+    }
+    let mut sends = Vec::new();
+    let mut local = Vec::new();
+    for (peer, t) in inputs.into_iter().enumerate() {
+        if peer == g.me {
+            local.push((t, 0..n, 0));
+        } else {
+            sends.push((peer, t, 0..n));
+        }
+    }
+    Ok(NcclOp::Exchange(Exchange {
+        sends,
+        recvs: vec![],
+        local,
+        out_bytes: n,
+        layout,
+    }))
+}
+
+/// all_to_all: grouped sends and receives, one piece per rank.
+fn all_to_all(inputs: Vec<Tensor>, outputs: &[TensorSpec], g: Group) -> Result<NcclOp> {
+    let bytes: Vec<usize> = outputs.iter().map(spec_bytes).collect::<Result<_>>()?;
+    let rs = ranges(&bytes)?;
+    let layout = OutputLayout::Split(
+        rs.iter()
+            .zip(outputs)
+            .map(|(r, o)| (r.start, o.shape.clone()))
+            .collect(),
+    );
+    let out_bytes = rs.last().map_or(0, |r| r.end);
+    let pieces = inputs
+        .into_iter()
+        .map(|t| {
+            let n = t.nbytes();
+            (t, 0..n)
+        })
+        .collect();
+    exchange("all_to_all", g.me, pieces, &rs, out_bytes, layout)
+}
+
+/// all_to_all_single: grouped sends and receives of row ranges of one tensor (the runtime's
+/// check made sure the splits cover the rows).
+fn all_to_all_single(
+    input: Tensor,
+    output: TensorSpec,
+    splits: Splits,
+    g: Group,
+) -> Result<NcclOp> {
+    let esize = input.dtype().size();
+    let ins = ranges(&row_bytes(input.shape(), splits.input, g.size, esize)?)?;
+    let outs = ranges(&row_bytes(&output.shape, splits.output, g.size, esize)?)?;
+    let pieces = ins.into_iter().map(|i| (input.clone(), i)).collect();
+    let out_bytes = spec_bytes(&output)?;
+    let layout = OutputLayout::Whole(output.shape);
+    exchange("all_to_all_single", g.me, pieces, &outs, out_bytes, layout)
+}
+
+/// The bytes of each of `size` parts of a tensor of `shape` cut along dimension 0 by
+/// `splits` (rows per part; equal parts when `None`).
+fn row_bytes(
+    shape: &[usize],
+    splits: Option<Vec<usize>>,
+    size: usize,
+    esize: usize,
+) -> Result<Vec<usize>> {
+    let overflow = || Error::invalid("all_to_all_single: sizes overflow");
+    let row = shape
+        .iter()
+        .skip(1)
+        .try_fold(esize, |a, &d| a.checked_mul(d))
+        .ok_or_else(overflow)?;
+    let rows = shape.first().copied().unwrap_or(1);
+    let per = splits.unwrap_or_else(|| vec![rows / size.max(1); size]);
+    per.iter()
+        .map(|&r| r.checked_mul(row).ok_or_else(overflow))
+        .collect()
 }
 
 fn spec_bytes(s: &TensorSpec) -> Result<usize> {
@@ -182,469 +411,157 @@ fn exchange(
     }))
 }
 
-/// Checks `req` for NCCL on a group of `size` as rank `me`, and plans it.
-pub(crate) fn plan(req: Request, me: usize, size: usize) -> Result<(NcclOp, Fingerprint)> {
-    let group = Group { me, size };
-    match req {
-        Request::AllReduce { tensor, op } => all_reduce(tensor, op),
-        Request::Reduce { tensor, root, op } => reduce(tensor, root, op, size),
-        Request::Broadcast { tensor, root } => broadcast(tensor, root, size),
-        Request::AllGatherIntoTensor { input, output } => {
-            all_gather_into_tensor(input, output, size)
-        }
-        Request::AllGather { input, outputs } => all_gather(input, outputs, group),
-        Request::Gather { input, root } => gather(input, root, group),
-        Request::Scatter {
-            output,
-            inputs,
-            root,
-        } => scatter(output, inputs, root, group),
-        Request::ReduceScatter { inputs, op } => reduce_scatter(inputs, op, size),
-        Request::ReduceScatterTensor { input, output, op } => {
-            reduce_scatter_tensor(input, output, op, size)
-        }
-        Request::AllToAll { inputs, outputs } => all_to_all(inputs, outputs, group),
-        Request::AllToAllSingle {
-            input,
-            output,
-            output_splits,
-            input_splits,
-        } => all_to_all_single(
-            input,
-            output,
-            Splits {
-                output: output_splits,
-                input: input_splits,
-            },
-            group,
-        ),
-        Request::Barrier | Request::NewGroup { .. } => {
-            Err(Error::internal("a call without tensors on the NCCL path"))
-        }
-        Request::Send { .. } | Request::Recv { .. } => Err(Error::internal(
-            "point-to-point device calls go through backend/p2p.rs",
-        )),
-        _ => Err(DeviceError::Unsupported("this call".into()).into()),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use collectix_runtime::{Error, GroupOptions};
+
+    fn member(w: usize, r: usize) -> GroupInfo {
+        GroupInfo::world(w, r, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"))
     }
-}
 
-/// This rank in its group.
-#[derive(Clone, Copy)]
-struct Group {
-    me: usize,
-    size: usize,
-}
-
-/// all_to_all_single's row splits, as the caller gave them (`None`: equal).
-struct Splits {
-    output: Option<Vec<usize>>,
-    input: Option<Vec<usize>>,
-}
-
-/// all_reduce: `ncclAllReduce`.
-fn all_reduce(tensor: Tensor, op: ReduceOp) -> Result<(NcclOp, Fingerprint)> {
-    let fp = fingerprint(
-        OpKind::AllReduce,
-        tensor.dtype(),
-        tensor.numel() as u64,
-        None,
-        Some(op),
-    );
-    let op = red_op(op, tensor.dtype())?;
-    Ok((NcclOp::AllReduce { input: tensor, op }, fp))
-}
-
-/// reduce: `ncclReduce` to the root.
-fn reduce(tensor: Tensor, root: usize, op: ReduceOp, size: usize) -> Result<(NcclOp, Fingerprint)> {
-    check_root(root, size)?;
-    let fp = fingerprint(
-        OpKind::Reduce,
-        tensor.dtype(),
-        tensor.numel() as u64,
-        Some(root),
-        Some(op),
-    );
-    let op = red_op(op, tensor.dtype())?;
-    Ok((
-        NcclOp::Reduce {
-            input: tensor,
-            root,
-            op,
-        },
-        fp,
-    ))
-}
-
-/// broadcast: `ncclBroadcast` from the root.
-fn broadcast(tensor: Tensor, root: usize, size: usize) -> Result<(NcclOp, Fingerprint)> {
-    check_root(root, size)?;
-    let fp = fingerprint(
-        OpKind::Broadcast,
-        tensor.dtype(),
-        tensor.numel() as u64,
-        Some(root),
-        None,
-    );
-    Ok((
-        NcclOp::Broadcast {
-            input: tensor,
-            root,
-        },
-        fp,
-    ))
-}
-
-/// all_gather_into_tensor: `ncclAllGather` into the output, whole.
-fn all_gather_into_tensor(
-    input: Tensor,
-    output: TensorSpec,
-    size: usize,
-) -> Result<(NcclOp, Fingerprint)> {
-    same(&input, &output, "all_gather_into_tensor")?;
-    if output.numel()? != input.numel().saturating_mul(size) {
-        return Err(Error::invalid(format!(
-            "all_gather_into_tensor: output of {} elements for {size} inputs of {}",
-            output.numel()?,
-            input.numel()
-        )));
+    fn f32s(n: usize) -> Tensor {
+        Tensor::from_vec(vec![1.0f32; n])
     }
-    let fp = fingerprint(
-        OpKind::AllGatherIntoTensor,
-        input.dtype(),
-        input.numel() as u64,
-        None,
-        None,
-    );
-    Ok((
-        NcclOp::AllGather {
-            input,
-            layout: OutputLayout::Whole(output.shape),
-        },
-        fp,
-    ))
-}
 
-/// all_gather: `ncclAllGather` when every rank's size is the same, grouped sends and receives otherwise.
-fn all_gather(
-    input: Tensor,
-    outputs: Vec<TensorSpec>,
-    group: Group,
-) -> Result<(NcclOp, Fingerprint)> {
-    let Group { me, size } = group;
-
-    if outputs.len() != size {
-        return Err(Error::invalid(format!(
-            "all_gather: {} output specs for a group of {size}",
-            outputs.len()
-        )));
-    }
-    for o in &outputs {
-        same(&input, o, "all_gather")?;
-    }
-    let own = outputs.get(me).map(TensorSpec::numel).transpose()?;
-    if own != Some(input.numel()) {
-        return Err(Error::invalid(
-            "all_gather: this rank's output spec does not match its input",
-        ));
-    }
-    let bytes: Vec<usize> = outputs.iter().map(spec_bytes).collect::<Result<_>>()?;
-    let fp = fingerprint(OpKind::AllGather, input.dtype(), None, None, None);
-    let equal = bytes.iter().all(|&b| b == input.nbytes());
-    let rs = ranges(&bytes)?;
-    let layout = OutputLayout::Split(
-        rs.iter()
-            .zip(&outputs)
-            .map(|(r, o)| (r.start, o.shape.clone()))
-            .collect(),
-    );
-    if equal {
-        return Ok((NcclOp::AllGather { input, layout }, fp));
-    }
-    let whole = 0..input.nbytes();
-    let pieces = vec![(input, whole); size];
-    let out_bytes = rs.last().map_or(0, |r| r.end);
-    Ok((
-        exchange("all_gather", me, pieces, &rs, out_bytes, layout)?,
-        fp,
-    ))
-}
-
-/// gather: every rank sends to the root, which receives into one buffer and keeps its own part locally.
-fn gather(input: Tensor, root: usize, group: Group) -> Result<(NcclOp, Fingerprint)> {
-    let Group { me, size } = group;
-
-    check_root(root, size)?;
-    let fp = fingerprint(
-        OpKind::Gather,
-        input.dtype(),
-        input.numel() as u64,
-        Some(root),
-        None,
-    );
-    let n = input.nbytes();
-    let whole = 0..n;
-    if me != root {
-        let sends = vec![(root, input, whole)];
-        return Ok((
-            NcclOp::Exchange(Exchange {
-                sends,
-                recvs: vec![],
-                local: vec![],
-                out_bytes: 0,
-                layout: OutputLayout::Nothing,
-            }),
-            fp,
-        ));
-    }
-    let rs = ranges(&vec![n; size])?;
-    let recvs = rs
-        .iter()
-        .enumerate()
-        .filter(|(p, _)| *p != me)
-        .map(|(p, r)| (p, r.clone()))
-        .collect();
-    let layout = OutputLayout::Split(
-        rs.iter()
-            .map(|r| (r.start, input.shape().to_vec()))
-            .collect(),
-    );
-    let local = vec![(input, whole, rs.get(me).map_or(0, |r| r.start))];
-    Ok((
-        NcclOp::Exchange(Exchange {
-            sends: vec![],
-            recvs,
-            local,
-            out_bytes: n.saturating_mul(size),
-            layout,
-        }),
-        fp,
-    ))
-}
-
-/// scatter: the root sends each rank its part and keeps its own locally.
-fn scatter(
-    output: TensorSpec,
-    inputs: Option<Vec<Tensor>>,
-    root: usize,
-    group: Group,
-) -> Result<(NcclOp, Fingerprint)> {
-    let Group { me, size } = group;
-
-    check_root(root, size)?;
-    let n = spec_bytes(&output)?;
-    let fp = fingerprint(
-        OpKind::Scatter,
-        output.dtype,
-        output.numel()? as u64,
-        Some(root),
-        None,
-    );
-    if me != root {
-        let recvs = vec![(root, 0..n)];
-        return Ok((
-            NcclOp::Exchange(Exchange {
-                sends: vec![],
-                recvs,
-                local: vec![],
-                out_bytes: n,
-                layout: OutputLayout::Whole(output.shape),
-            }),
-            fp,
-        ));
-    }
-    let inputs =
-        inputs.ok_or_else(|| Error::invalid("scatter: the root must pass a list of inputs"))?;
-    if inputs.len() != size {
-        return Err(Error::invalid(format!(
-            "scatter: {} inputs for a group of {size}",
-            inputs.len()
-        )));
-    }
-    let mut sends = Vec::new();
-    let mut local = Vec::new();
-    for (peer, t) in inputs.into_iter().enumerate() {
-        same(&t, &output, "scatter")?;
-        if t.nbytes() != n {
-            return Err(Error::invalid(
-                "scatter: every input must have the output's size",
-            ));
-        }
-        if peer == me {
-            local.push((t, 0..n, 0));
-        } else {
-            sends.push((peer, t, 0..n));
-        }
-    }
-    Ok((
-        NcclOp::Exchange(Exchange {
-            sends,
-            recvs: vec![],
-            local,
-            out_bytes: n,
-            layout: OutputLayout::Whole(output.shape),
-        }),
-        fp,
-    ))
-}
-
-/// reduce_scatter: `ncclReduceScatter` over the inputs copied into one buffer.
-fn reduce_scatter(inputs: Vec<Tensor>, op: ReduceOp, size: usize) -> Result<(NcclOp, Fingerprint)> {
-    if inputs.len() != size {
-        return Err(Error::invalid(format!(
-            "reduce_scatter: {} inputs for a group of {size}",
-            inputs.len()
-        )));
-    }
-    let first = inputs
-        .first()
-        .ok_or_else(|| Error::invalid("reduce_scatter: no inputs"))?;
-    let (dtype, numel, shape) = (first.dtype(), first.numel(), first.shape().to_vec());
-    if inputs
-        .iter()
-        .any(|t| t.dtype() != dtype || t.numel() != numel)
-    {
-        return Err(DeviceError::Unsupported(
-            "reduce_scatter with inputs of different sizes or dtypes".into(),
-        )
-        .into());
-    }
-    let fp = fingerprint(OpKind::ReduceScatter, dtype, numel as u64, None, Some(op));
-    let op = red_op(op, dtype)?;
-    Ok((NcclOp::ReduceScatter { inputs, shape, op }, fp))
-}
-
-/// reduce_scatter_tensor: `ncclReduceScatter`.
-fn reduce_scatter_tensor(
-    input: Tensor,
-    output: TensorSpec,
-    op: ReduceOp,
-    size: usize,
-) -> Result<(NcclOp, Fingerprint)> {
-    same(&input, &output, "reduce_scatter_tensor")?;
-    if input.numel() != output.numel()?.saturating_mul(size) {
-        return Err(Error::invalid(format!(
-            "reduce_scatter_tensor: input of {} elements for {size} outputs of {}",
-            input.numel(),
-            output.numel()?
-        )));
-    }
-    let fp = fingerprint(
-        OpKind::ReduceScatterTensor,
-        input.dtype(),
-        output.numel()? as u64,
-        None,
-        Some(op),
-    );
-    let op = red_op(op, input.dtype())?;
-    Ok((
-        NcclOp::ReduceScatter {
-            inputs: vec![input],
-            shape: output.shape,
-            op,
-        },
-        fp,
-    ))
-}
-
-/// all_to_all: grouped sends and receives, one piece per rank.
-fn all_to_all(
-    inputs: Vec<Tensor>,
-    outputs: Vec<TensorSpec>,
-    group: Group,
-) -> Result<(NcclOp, Fingerprint)> {
-    let Group { me, size } = group;
-
-    if inputs.len() != size || outputs.len() != size {
-        return Err(Error::invalid(format!(
-            "all_to_all: {} inputs and {} outputs for a group of {size}",
-            inputs.len(),
-            outputs.len()
-        )));
-    }
-    let dtype = inputs.first().map_or(DType::U8, Tensor::dtype);
-    for (t, o) in inputs.iter().zip(&outputs) {
-        same(t, o, "all_to_all")?;
-        if t.dtype() != dtype {
-            return Err(Error::invalid("all_to_all: inputs of different dtypes"));
-        }
-    }
-    let fp = fingerprint(OpKind::AllToAll, dtype, None, None, None);
-    let bytes: Vec<usize> = outputs.iter().map(spec_bytes).collect::<Result<_>>()?;
-    let rs = ranges(&bytes)?;
-    let layout = OutputLayout::Split(
-        rs.iter()
-            .zip(&outputs)
-            .map(|(r, o)| (r.start, o.shape.clone()))
-            .collect(),
-    );
-    let out_bytes = rs.last().map_or(0, |r| r.end);
-    let pieces = inputs
-        .into_iter()
-        .map(|t| {
-            let n = t.nbytes();
-            (t, 0..n)
-        })
-        .collect();
-    Ok((
-        exchange("all_to_all", me, pieces, &rs, out_bytes, layout)?,
-        fp,
-    ))
-}
-
-/// all_to_all_single: grouped sends and receives of row ranges of one tensor.
-fn all_to_all_single(
-    input: Tensor,
-    output: TensorSpec,
-    splits: Splits,
-    group: Group,
-) -> Result<(NcclOp, Fingerprint)> {
-    let Group { me, size } = group;
-
-    same(&input, &output, "all_to_all_single")?;
-    let row = |shape: &[usize]| -> Result<usize> {
-        let inner: usize = shape
-            .iter()
-            .skip(1)
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| Error::invalid("shape overflows"))?;
-        inner
-            .checked_mul(input.dtype().size())
-            .ok_or_else(|| Error::invalid("shape overflows"))
-    };
-    let split = |shape: &[usize], given: Option<Vec<usize>>, what: &str| -> Result<Vec<usize>> {
-        let rows = shape.first().copied().unwrap_or(1);
-        let per = match given {
-            Some(s) => {
-                if s.len() != size
-                    || s.iter().try_fold(0usize, |a, &x| a.checked_add(x)) != Some(rows)
-                {
-                    return Err(Error::invalid(format!("all_to_all_single: {what} splits {s:?} do not cover {rows} rows in {size} parts")));
-                }
-                s
-            }
-            None => {
-                if rows % size != 0 {
-                    return Err(Error::invalid(format!(
-                        "all_to_all_single: {rows} {what} rows do not split evenly {size} ways"
-                    )));
-                }
-                vec![rows / size; size]
-            }
+    /// What NCCL lacks is `Unsupported` even where the engine's rules would call the call
+    /// wrong (an integer average), so users learn to take the host-staged backend.
+    #[test]
+    fn what_nccl_lacks_is_refused_first_as_unsupported() {
+        let g = member(2, 0);
+        let unsupported = |req: Request| {
+            matches!(
+                plan(req, &g),
+                Err(Error::Device(DeviceError::Unsupported(_)))
+            )
         };
-        let rb = row(shape)?;
-        per.iter()
-            .map(|&r| {
-                r.checked_mul(rb)
-                    .ok_or_else(|| Error::invalid("size overflows"))
-            })
-            .collect()
-    };
-    let ins = ranges(&split(input.shape(), splits.input, "input")?)?;
-    let outs = ranges(&split(&output.shape, splits.output, "output")?)?;
-    let fp = fingerprint(OpKind::AllToAllSingle, input.dtype(), None, None, None);
-    let pieces = ins.into_iter().map(|i| (input.clone(), i)).collect();
-    let out_bytes = spec_bytes(&output)?;
-    let layout = OutputLayout::Whole(output.shape);
-    let op = exchange("all_to_all_single", me, pieces, &outs, out_bytes, layout)?;
-    Ok((op, fp))
+        assert!(unsupported(Request::AllReduce {
+            tensor: Tensor::from_vec(vec![1i64, 2]),
+            op: ReduceOp::Avg,
+        }));
+        assert!(unsupported(Request::AllReduce {
+            tensor: Tensor::from_vec(vec![true, false]),
+            op: ReduceOp::Max,
+        }));
+        assert!(unsupported(Request::ReduceScatter {
+            inputs: vec![f32s(2), f32s(3)],
+            op: ReduceOp::Sum,
+        }));
+        // A wrong call NCCL could run is the engine's error.
+        let wrong = plan(
+            Request::Broadcast {
+                tensor: f32s(2),
+                root: 2,
+            },
+            &g,
+        );
+        assert!(matches!(wrong, Err(Error::InvalidArgument(_))));
+    }
+
+    /// The fingerprint is the runtime's check's, on the NCCL path.
+    #[test]
+    fn the_fingerprint_is_the_runtime_s_on_the_nccl_path() {
+        let g = member(3, 1);
+        let req = Request::AllGatherIntoTensor {
+            input: f32s(4),
+            output: TensorSpec::new(&[12], DType::F32),
+        };
+        let want = Plan::check(req.clone(), &g)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .fingerprint(DataPath::Nccl);
+        match plan(req, &g) {
+            Ok((NcclOp::AllGather { layout, .. }, fp)) => {
+                assert_eq!(fp, want);
+                assert!(matches!(layout, OutputLayout::Whole(s) if s == vec![12]));
+            }
+            _ => panic!("not an all_gather"),
+        }
+    }
+
+    /// Blocks of one size are one `ncclAllGather`; blocks of different sizes are an
+    /// exchange into one buffer, each rank's bytes at its offset.
+    #[test]
+    fn all_gather_with_unequal_blocks_is_an_exchange() {
+        let g = member(3, 1);
+        let specs = |n: [usize; 3]| n.map(|n| TensorSpec::new(&[n], DType::F32)).to_vec();
+        let equal = Request::AllGather {
+            input: f32s(2),
+            outputs: specs([2, 2, 2]),
+        };
+        assert!(matches!(plan(equal, &g), Ok((NcclOp::AllGather { .. }, _))));
+        let unequal = Request::AllGather {
+            input: f32s(2),
+            outputs: specs([1, 2, 3]),
+        };
+        match plan(unequal, &g) {
+            Ok((NcclOp::Exchange(x), _)) => {
+                let recvs: Vec<_> = x.recvs.iter().map(|(p, r)| (*p, r.clone())).collect();
+                assert_eq!(recvs, vec![(0, 0..4), (2, 12..24)]);
+                let sends: Vec<_> = x.sends.iter().map(|(p, _, r)| (*p, r.clone())).collect();
+                assert_eq!(sends, vec![(0, 0..8), (2, 0..8)]);
+                assert_eq!(x.local.iter().map(|l| l.2).collect::<Vec<_>>(), vec![4]);
+                assert_eq!(x.out_bytes, 24);
+            }
+            _ => panic!("not an exchange"),
+        }
+    }
+
+    /// gather: a non-root sends its whole input to the root; the root receives each peer's
+    /// block at its offset and copies its own.
+    #[test]
+    fn gather_sends_to_the_root_which_receives_in_rank_order() {
+        match plan(
+            Request::Gather {
+                input: f32s(2),
+                root: 0,
+            },
+            &member(3, 2),
+        ) {
+            Ok((NcclOp::Exchange(x), _)) => {
+                assert_eq!(x.sends.len(), 1);
+                assert_eq!((x.sends[0].0, x.sends[0].2.clone()), (0, 0..8));
+                assert!(x.recvs.is_empty() && x.local.is_empty());
+            }
+            _ => panic!("not an exchange"),
+        }
+        match plan(
+            Request::Gather {
+                input: f32s(2),
+                root: 0,
+            },
+            &member(3, 0),
+        ) {
+            Ok((NcclOp::Exchange(x), _)) => {
+                let recvs: Vec<_> = x.recvs.iter().map(|(p, r)| (*p, r.clone())).collect();
+                assert_eq!(recvs, vec![(1, 8..16), (2, 16..24)]);
+                assert_eq!(x.local.iter().map(|l| l.2).collect::<Vec<_>>(), vec![0]);
+                assert_eq!(x.out_bytes, 24);
+            }
+            _ => panic!("not an exchange"),
+        }
+    }
+
+    /// all_to_all_single cuts rows by the splits: rank 0 of 2 sends rows 1.. of a 4-row,
+    /// 2-column input and keeps row 0.
+    #[test]
+    fn all_to_all_single_cuts_rows_by_the_splits() {
+        let req = Request::AllToAllSingle {
+            input: Tensor::from_vec(vec![1.0f32; 8])
+                .reshape(&[4, 2])
+                .unwrap_or_else(|e| panic!("{e}")),
+            output: TensorSpec::new(&[2, 2], DType::F32),
+            output_splits: Some(vec![1, 1]),
+            input_splits: Some(vec![1, 3]),
+        };
+        match plan(req, &member(2, 0)) {
+            Ok((NcclOp::Exchange(x), _)) => {
+                let sends: Vec<_> = x.sends.iter().map(|(p, _, r)| (*p, r.clone())).collect();
+                assert_eq!(sends, vec![(1, 8..32)]);
+                let recvs: Vec<_> = x.recvs.iter().map(|(p, r)| (*p, r.clone())).collect();
+                assert_eq!(recvs, vec![(1, 8..16)]);
+                assert_eq!((x.local[0].1.clone(), x.local[0].2), (0..8, 0));
+            }
+            _ => panic!("not an exchange"),
+        }
+    }
 }
