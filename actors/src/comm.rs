@@ -383,7 +383,6 @@ impl Communicator {
     /// communicator, if it has one, is released (aborted) too.
     pub fn destroy(&self) -> Work<()> {
         // The group's NCCL communicators, if it has any, go too.
-        #[cfg(feature = "cuda")]
         if let Some(w) = crate::sync::lock(&self.member.group.nccl_worker).as_ref() {
             w.release(self.member.group.info.id);
         }

@@ -49,7 +49,6 @@ pub(crate) struct GroupShared {
     /// The group's NCCL worker thread on this rank, started on its first NCCL call: one per
     /// group, so that a communicator still being created (waiting for the other members)
     /// never holds up another group's calls.
-    #[cfg(feature = "cuda")]
     pub(crate) nccl_worker: Mutex<Option<crate::device::cuda::worker::WorkerHandle>>,
 }
 
@@ -62,7 +61,6 @@ impl GroupShared {
             nccl_calls: Mutex::new(0),
             schedules: ScheduleCache::default(),
             p2p: Lanes::default(),
-            #[cfg(feature = "cuda")]
             nccl_worker: Mutex::new(None),
         })
     }

@@ -25,6 +25,9 @@
 
 #[cfg(feature = "cuda")]
 mod nccl;
+#[cfg(not(feature = "cuda"))]
+#[path = "no_nccl.rs"]
+mod nccl;
 pub(crate) mod p2p;
 mod staged;
 
@@ -72,12 +75,6 @@ pub(crate) fn call<T: Send + 'static>(
             p2p::recv(member, spec, src, tag, opts, map)
         }
         (DeviceBackend::HostStaged, req) => staged::call(member, device, req, opts, map),
-        #[cfg(feature = "cuda")]
         (DeviceBackend::Nccl, req) => nccl::call(member, device, req, opts, map),
-        #[cfg(not(feature = "cuda"))]
-        (DeviceBackend::Nccl, req) => {
-            let _ = (device, req);
-            member.ready(Err(collectix_runtime::DeviceError::FeatureDisabled.into()))
-        }
     }
 }

@@ -236,8 +236,18 @@ impl Ours {
     }
 }
 
+/// Starts an NCCL lane's worker on its first send, so that a sender without libnccl fails
+/// at once rather than after its receiver has answered (and libnccl is loaded once per
+/// lane, not per send).
+pub(super) fn start_lane(member: &Member, key: (usize, Carrier), lane: &mut OutLane) -> Result<()> {
+    if key.1 == Carrier::Nccl {
+        lane_worker(&mut lane.worker, member, &format!("to{}", key.0))?;
+    }
+    Ok(())
+}
+
 /// The lane's worker, started on first use.
-pub(super) fn lane_worker(
+fn lane_worker(
     slot: &mut Option<WorkerHandle>,
     member: &Member,
     what: &str,

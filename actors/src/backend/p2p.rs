@@ -116,14 +116,7 @@ fn carrier_of(t: &Tensor) -> Result<Carrier> {
     {
         return Ok(Carrier::Host);
     }
-    #[cfg(feature = "cuda")]
-    {
-        crate::device::cuda::storage_of(t).map(|_| Carrier::Nccl)
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Err(DeviceError::FeatureDisabled.into())
-    }
+    crate::device::cuda::storage_of(t).map(|_| Carrier::Nccl)
 }
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
@@ -195,7 +188,7 @@ pub(crate) fn send<T: Send + 'static>(
                 Err((e.clone(), done))
             } else if let Err(e) = same_device(&mut lane.device, device) {
                 Err((e, done))
-            } else if let Err(e) = start_lane(member, key, lane) {
+            } else if let Err(e) = super::nccl::start_lane(member, key, lane) {
                 Err((e, done))
             } else {
                 let s = lane.next_s;
@@ -252,18 +245,6 @@ pub(crate) fn send<T: Send + 'static>(
         }),
     );
     work
-}
-
-/// Starts an NCCL lane's worker on its first send, so that a sender without libnccl fails
-/// at once rather than after its receiver has answered (and libnccl is loaded once per
-/// lane, not per send).
-fn start_lane(member: &Member, key: (usize, Carrier), lane: &mut OutLane) -> Result<()> {
-    #[cfg(feature = "cuda")]
-    if key.1 == Carrier::Nccl {
-        super::nccl::lane_worker(&mut lane.worker, member, &format!("to{}", key.0))?;
-    }
-    let _ = (member, key, lane);
-    Ok(())
 }
 
 /// Fails send `s` of a lane, if it still waits.
@@ -413,13 +394,7 @@ fn start_send(
             }));
             Ok(())
         }
-        #[cfg(feature = "cuda")]
         Carrier::Nccl => super::nccl::send_job(member, key, lane, t, tensor, opts, done),
-        #[cfg(not(feature = "cuda"))]
-        Carrier::Nccl => {
-            let _ = (lane, t, tensor);
-            Err((DeviceError::FeatureDisabled.into(), done))
-        }
     }
 }
 
@@ -570,10 +545,7 @@ fn post(
     let k = lane.next_k;
     let mut id = [0u8; 128];
     if k == 0 && carrier == Carrier::Nccl {
-        #[cfg(feature = "cuda")]
         let made = crate::device::cuda::nccl::Nccl::load().and_then(|n| n.unique_id());
-        #[cfg(not(feature = "cuda"))]
-        let made: Result<[u8; 128]> = Err(DeviceError::FeatureDisabled.into());
         match made {
             Ok(i) => id = i,
             Err(e) => {
@@ -604,12 +576,9 @@ fn post(
             }));
             Ok(())
         }
-        #[cfg(feature = "cuda")]
         Carrier::Nccl => {
             super::nccl::recv_job(member, key, lane, Transfer { k, id }, spec, opts, done)
         }
-        #[cfg(not(feature = "cuda"))]
-        Carrier::Nccl => Err((done, DeviceError::FeatureDisabled.into())),
     };
     match posted {
         Ok(()) => {

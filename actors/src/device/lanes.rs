@@ -94,7 +94,6 @@ pub(crate) struct OutLane {
     pub(crate) broken: Option<Error>,
     /// The device the lane's sends come from (a communicator lives on one).
     pub(crate) device: Option<Device>,
-    #[cfg(feature = "cuda")]
     pub(crate) worker: Option<super::cuda::worker::WorkerHandle>,
 }
 
@@ -119,7 +118,6 @@ pub(crate) struct InLane {
     pub(crate) broken: Option<Error>,
     /// The device the lane's receives go to.
     pub(crate) device: Option<Device>,
-    #[cfg(feature = "cuda")]
     pub(crate) worker: Option<super::cuda::worker::WorkerHandle>,
 }
 
@@ -196,21 +194,18 @@ impl Lanes {
             let mut failed = Vec::new();
             for lane in lanes.out.values_mut() {
                 failed.extend(lane.break_with(Error::Shutdown));
-                #[cfg(feature = "cuda")]
                 if let Some(w) = lane.worker.take() {
                     w.release(group);
                 }
             }
             for lane in lanes.inn.values_mut() {
                 lane.broken.get_or_insert(Error::Shutdown);
-                #[cfg(feature = "cuda")]
                 if let Some(w) = lane.worker.take() {
                     w.release(group);
                 }
             }
             failed
         };
-        let _ = group;
         fail_all(failed);
     }
 

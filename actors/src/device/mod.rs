@@ -13,6 +13,9 @@ use collectix_runtime::{Device, DeviceError, Error, Result, Tensor};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "no_cuda.rs"]
+pub(crate) mod cuda;
 pub(crate) mod lanes;
 mod standin;
 
@@ -54,7 +57,6 @@ fn download(storage: &dyn collectix_runtime::DeviceStorage) -> Result<bytes::Byt
     if let Some(s) = storage.as_any().downcast_ref::<StandIn>() {
         return Ok(s.bytes());
     }
-    #[cfg(feature = "cuda")]
     if let Some(s) = storage.as_any().downcast_ref::<cuda::CudaStorage>() {
         return s.download();
     }
@@ -75,7 +77,6 @@ pub(crate) fn upload(
     }
     match device {
         Device::Host => Ok(host.clone()),
-        #[cfg(feature = "cuda")]
         Device::Cuda(n) => cuda::upload(host, n),
         #[allow(unreachable_patterns)]
         _ => Err(DeviceError::FeatureDisabled.into()),
@@ -86,25 +87,11 @@ pub(crate) fn upload(
 /// number of CUDA devices, or the typed reason why not (a missing library names the files
 /// it tried). Never panics.
 pub fn cuda_devices() -> Result<u32> {
-    #[cfg(feature = "cuda")]
-    {
-        cuda::device_count()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Err(DeviceError::FeatureDisabled.into())
-    }
+    cuda::device_count()
 }
 
 /// Whether libnccl can be loaded here (`Ok` with its version, e.g. 22704 for 2.27.4), or
 /// the typed reason why not. See `docs/gpu.md` for where it is looked for.
 pub fn nccl_version() -> Result<u32> {
-    #[cfg(feature = "cuda")]
-    {
-        cuda::nccl::Nccl::load().and_then(|n| n.version())
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Err(DeviceError::FeatureDisabled.into())
-    }
+    cuda::nccl::Nccl::load().and_then(|n| n.version())
 }

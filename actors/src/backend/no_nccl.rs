@@ -1,0 +1,50 @@
+//! The NCCL backend of a build without the `cuda` feature: every call on it is
+//! [`DeviceError::FeatureDisabled`]. The feature is chosen once, where this module is.
+
+use crate::device::lanes::{Carrier, InLane, OutLane, RecvDone, SendDone, Transfer};
+use crate::member::Member;
+use crate::work::Work;
+use collectix_runtime::{CallOptions, Device, DeviceError, Error, Output, Request, Result};
+use collectix_runtime::{Tensor, TensorSpec};
+
+/// [`DeviceError::FeatureDisabled`].
+pub(crate) fn call<T: Send + 'static>(
+    member: &Member,
+    _: Device,
+    _: Request,
+    _: &CallOptions,
+    _: fn(Output) -> Result<T>,
+) -> Work<T> {
+    member.ready(Err(DeviceError::FeatureDisabled.into()))
+}
+
+/// Nothing to start: a send on the NCCL carrier fails when its transfer is issued.
+pub(super) fn start_lane(_: &Member, _: (usize, Carrier), _: &mut OutLane) -> Result<()> {
+    Ok(())
+}
+
+/// [`DeviceError::FeatureDisabled`]; the send is given back.
+pub(super) fn send_job(
+    _: &Member,
+    _: (usize, Carrier),
+    _: &mut OutLane,
+    _: Transfer,
+    _: Tensor,
+    _: &CallOptions,
+    done: SendDone,
+) -> std::result::Result<(), (Error, SendDone)> {
+    Err((DeviceError::FeatureDisabled.into(), done))
+}
+
+/// [`DeviceError::FeatureDisabled`]; the receive is given back.
+pub(super) fn recv_job(
+    _: &Member,
+    _: (usize, Carrier),
+    _: &mut InLane,
+    _: Transfer,
+    _: TensorSpec,
+    _: &CallOptions,
+    done: RecvDone,
+) -> std::result::Result<(), (RecvDone, Error)> {
+    Err((done, DeviceError::FeatureDisabled.into()))
+}
