@@ -424,6 +424,21 @@ mod tests {
         Tensor::from_vec(vec![1.0f32; n])
     }
 
+    /// An exchange's sends and receives, as (peer, byte range), and where its own parts go.
+    type Parts = (
+        Vec<(usize, Range<usize>)>,
+        Vec<(usize, Range<usize>)>,
+        Vec<usize>,
+    );
+
+    fn parts(x: &Exchange) -> Parts {
+        (
+            x.sends.iter().map(|(p, _, r)| (*p, r.clone())).collect(),
+            x.recvs.iter().map(|(p, r)| (*p, r.clone())).collect(),
+            x.local.iter().map(|l| l.2).collect(),
+        )
+    }
+
     /// What NCCL lacks is `Unsupported` even where the engine's rules would call the call
     /// wrong (an integer average), so users learn to take the host-staged backend.
     #[test]
@@ -495,11 +510,9 @@ mod tests {
         };
         match plan(unequal, &g) {
             Ok((NcclOp::Exchange(x), _)) => {
-                let recvs: Vec<_> = x.recvs.iter().map(|(p, r)| (*p, r.clone())).collect();
-                assert_eq!(recvs, vec![(0, 0..4), (2, 12..24)]);
-                let sends: Vec<_> = x.sends.iter().map(|(p, _, r)| (*p, r.clone())).collect();
-                assert_eq!(sends, vec![(0, 0..8), (2, 0..8)]);
-                assert_eq!(x.local.iter().map(|l| l.2).collect::<Vec<_>>(), vec![4]);
+                let sends = vec![(0, 0..8), (2, 0..8)];
+                let recvs = vec![(0, 0..4), (2, 12..24)];
+                assert_eq!(parts(&x), (sends, recvs, vec![4]));
                 assert_eq!(x.out_bytes, 24);
             }
             _ => panic!("not an exchange"),
@@ -510,35 +523,19 @@ mod tests {
     /// block at its offset and copies its own.
     #[test]
     fn gather_sends_to_the_root_which_receives_in_rank_order() {
-        match plan(
-            Request::Gather {
+        let gathered = |me: usize| {
+            let req = Request::Gather {
                 input: f32s(2),
                 root: 0,
-            },
-            &member(3, 2),
-        ) {
-            Ok((NcclOp::Exchange(x), _)) => {
-                assert_eq!(x.sends.len(), 1);
-                assert_eq!((x.sends[0].0, x.sends[0].2.clone()), (0, 0..8));
-                assert!(x.recvs.is_empty() && x.local.is_empty());
+            };
+            match plan(req, &member(3, me)) {
+                Ok((NcclOp::Exchange(x), _)) => (parts(&x), x.out_bytes),
+                _ => panic!("not an exchange"),
             }
-            _ => panic!("not an exchange"),
-        }
-        match plan(
-            Request::Gather {
-                input: f32s(2),
-                root: 0,
-            },
-            &member(3, 0),
-        ) {
-            Ok((NcclOp::Exchange(x), _)) => {
-                let recvs: Vec<_> = x.recvs.iter().map(|(p, r)| (*p, r.clone())).collect();
-                assert_eq!(recvs, vec![(1, 8..16), (2, 16..24)]);
-                assert_eq!(x.local.iter().map(|l| l.2).collect::<Vec<_>>(), vec![0]);
-                assert_eq!(x.out_bytes, 24);
-            }
-            _ => panic!("not an exchange"),
-        }
+        };
+        assert_eq!(gathered(2), ((vec![(0, 0..8)], vec![], vec![]), 0));
+        let recvs = vec![(1, 8..16), (2, 16..24)];
+        assert_eq!(gathered(0), ((vec![], recvs, vec![0]), 24));
     }
 
     /// all_to_all_single cuts rows by the splits: rank 0 of 2 sends rows 1.. of a 4-row,
@@ -555,11 +552,8 @@ mod tests {
         };
         match plan(req, &member(2, 0)) {
             Ok((NcclOp::Exchange(x), _)) => {
-                let sends: Vec<_> = x.sends.iter().map(|(p, _, r)| (*p, r.clone())).collect();
-                assert_eq!(sends, vec![(1, 8..32)]);
-                let recvs: Vec<_> = x.recvs.iter().map(|(p, r)| (*p, r.clone())).collect();
-                assert_eq!(recvs, vec![(1, 8..16)]);
-                assert_eq!((x.local[0].1.clone(), x.local[0].2), (0..8, 0));
+                assert_eq!(parts(&x), (vec![(1, 8..32)], vec![(1, 8..16)], vec![0]));
+                assert_eq!(x.local[0].1, 0..8);
             }
             _ => panic!("not an exchange"),
         }
