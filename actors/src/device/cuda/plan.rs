@@ -206,9 +206,9 @@ struct Splits {
     input: Option<Vec<usize>>,
 }
 
-/// all_gather: `ncclAllGather` when every rank's block has the input's size, grouped sends
-/// and receives otherwise.
-fn all_gather(input: Tensor, outputs: &[TensorSpec], g: Group) -> Result<NcclOp> {
+/// One output buffer holding `outputs` one after another: their sizes in bytes, their byte
+/// ranges, and the output as views of the buffer.
+fn split_layout(outputs: &[TensorSpec]) -> Result<(Vec<usize>, Vec<Range<usize>>, OutputLayout)> {
     let bytes: Vec<usize> = outputs.iter().map(spec_bytes).collect::<Result<_>>()?;
     let rs = ranges(&bytes)?;
     let layout = OutputLayout::Split(
@@ -217,6 +217,13 @@ fn all_gather(input: Tensor, outputs: &[TensorSpec], g: Group) -> Result<NcclOp>
             .map(|(r, o)| (r.start, o.shape.clone()))
             .collect(),
     );
+    Ok((bytes, rs, layout))
+}
+
+/// all_gather: `ncclAllGather` when every rank's block has the input's size, grouped sends
+/// and receives otherwise.
+fn all_gather(input: Tensor, outputs: &[TensorSpec], g: Group) -> Result<NcclOp> {
+    let (bytes, rs, layout) = split_layout(outputs)?;
     if bytes.iter().all(|&b| b == input.nbytes()) {
         return Ok(NcclOp::AllGather { input, layout });
     }
@@ -296,14 +303,7 @@ fn scatter(output: TensorSpec, inputs: Vec<Tensor>, root: usize, g: Group) -> Re
 
 /// all_to_all: grouped sends and receives, one piece per rank.
 fn all_to_all(inputs: Vec<Tensor>, outputs: &[TensorSpec], g: Group) -> Result<NcclOp> {
-    let bytes: Vec<usize> = outputs.iter().map(spec_bytes).collect::<Result<_>>()?;
-    let rs = ranges(&bytes)?;
-    let layout = OutputLayout::Split(
-        rs.iter()
-            .zip(outputs)
-            .map(|(r, o)| (r.start, o.shape.clone()))
-            .collect(),
-    );
+    let (_, rs, layout) = split_layout(outputs)?;
     let out_bytes = rs.last().map_or(0, |r| r.end);
     let pieces = inputs
         .into_iter()
