@@ -13,14 +13,21 @@
 //!   process group of its own, so what it started gets them too).
 //! - When a process exits with an error or is killed by a signal, the others are sent
 //!   SIGTERM, then SIGKILL after a grace period, and the launcher exits non-zero with a
-//!   summary of who failed and how.
+//!   summary that names the process that failed first (each process has a thread of its own
+//!   waiting for it, so ends are seen in the order they happen), then how each ended. A
+//!   forwarded SIGINT or SIGTERM that every process answers by exiting with status 0 is a
+//!   clean shutdown: the launcher exits 0.
+//! - Each process is started through the launcher's own binary (`collectix exec`), which
+//!   asks the kernel to SIGKILL it when the launcher dies and then becomes the program: a
+//!   launcher killed without warning leaves none of its processes running.
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -104,18 +111,42 @@ fn relay(
 
 /// Sends `sig` to the process group of every process still running (each process leads a
 /// group of its own, so what it started gets the signal too).
-fn signal_all(children: &mut [Proc], sig: Signal) {
-    for (_, c, end) in children.iter_mut() {
-        if end.is_none() {
-            if let Ok(pid) = i32::try_from(c.id()) {
-                let _ = kill(Pid::from_raw(-pid), sig);
-            }
+fn signal_all(children: &[Proc], sig: Signal) {
+    for p in children {
+        // A process reaped already is skipped: its number may be another's by now.
+        if p.end.is_none() && !p.reaped.load(Ordering::SeqCst) {
+            let _ = kill(Pid::from_raw(-p.pid), sig);
         }
     }
 }
 
-/// A process of the job: its rank, the child, and how it ended (`None` while it runs).
-type Proc = (usize, Child, Option<End>);
+/// A process of the job.
+struct Proc {
+    rank: usize,
+    pid: i32,
+    /// Set by its waiting thread the moment it has been reaped.
+    reaped: Arc<AtomicBool>,
+    /// How it ended (`None` while it runs).
+    end: Option<End>,
+}
+
+/// Why the job stopped.
+enum Stop {
+    /// A process failed (the first to), with the text of the summary's first line.
+    Failed(String),
+    /// The launcher got this signal and forwarded it.
+    Signal(Signal),
+}
+
+/// A thread that waits for `child` (index `i` of the job's processes) and reports how it
+/// ended as soon as it does.
+fn wait_for(mut child: Child, i: usize, reaped: Arc<AtomicBool>, tx: Sender<(usize, End)>) {
+    std::thread::spawn(move || {
+        let end = child.wait().map_or(End::Code(-1), End::of);
+        reaped.store(true, Ordering::SeqCst);
+        let _ = tx.send((i, end));
+    });
+}
 
 /// Runs the job; the launcher's exit code.
 pub(crate) fn run(a: &LaunchArgs) -> u8 {
@@ -137,30 +168,53 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
         // fails only for signals that cannot be caught, which these are not.
         let _ = signal_hook::flag::register_usize(sig, c, sig as usize);
     }
-    let (mut children, relays) = match start_all(a, secret.as_deref()) {
+    let (mut children, ended, relays) = match start_all(a, secret.as_deref()) {
         Ok(started) => started,
         Err(code) => return code,
     };
-    let stopping = supervise(a, &mut children, &caught);
+    let stopping = supervise(a, &mut children, &ended, &caught);
     // Let the relays print what the processes wrote last: they end when the pipes close,
     // which a process's own children (still running) can delay; wait at most 2 s for that.
     let deadline = Instant::now() + Duration::from_secs(2);
     while relays.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    match stopping {
-        None => 0,
-        Some(why) => {
-            eprintln!("collectix launch: {why}; the job stopped:");
-            for (rank, _, end) in &children {
-                eprintln!(
-                    "  rank {rank} {}",
-                    end.map_or("did not end".into(), End::text)
-                );
-            }
-            1
+    let clean = children.iter().all(|p| p.end == Some(End::Ok));
+    let (code, why) = match stopping {
+        None => return 0,
+        Some(Stop::Signal(s)) if clean => {
+            (0, format!("the launcher got {s}; the job stopped cleanly"))
         }
+        Some(Stop::Signal(s)) => (1, format!("the launcher got {s}; the job stopped")),
+        Some(Stop::Failed(why)) => (1, format!("{why}; the job stopped")),
+    };
+    eprintln!("collectix launch: {why}:");
+    for p in &children {
+        let how = p.end.map_or("did not end".into(), End::text);
+        eprintln!("  rank {} {how}", p.rank);
     }
+    code
+}
+
+/// `collectix exec`: how the launcher starts each process. Asks the kernel to SIGKILL this
+/// process when its parent (the launcher, `parent`) dies, then becomes `program` (the
+/// request survives the exec). Returns only when that fails.
+pub(crate) fn exec(parent: u32, program: &[String]) -> u8 {
+    let Some((first, rest)) = program.split_first() else {
+        eprintln!("collectix exec: no program");
+        return 2;
+    };
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        eprintln!("collectix exec: cannot ask to die with the launcher: {e}");
+        return 1;
+    }
+    // The launcher may have died before the request was made: then nobody would send it.
+    if u32::try_from(nix::unistd::getppid().as_raw()).ok() != Some(parent) {
+        return 1;
+    }
+    let e = Command::new(first).args(rest).exec();
+    eprintln!("collectix launch: cannot start {first:?}: {e}");
+    127
 }
 
 /// The secret to give the processes: `None` where the launcher's environment has one (which
@@ -192,21 +246,24 @@ fn job_secret(a: &LaunchArgs) -> Result<Option<String>, u8> {
 
 /// Starts this node's processes, each with a relay for its stdout and one for its stderr;
 /// where one cannot start, kills those started and gives the exit code.
-fn start_all(
-    a: &LaunchArgs,
-    secret: Option<&str>,
-) -> Result<(Vec<Proc>, Vec<std::thread::JoinHandle<()>>), u8> {
+fn start_all(a: &LaunchArgs, secret: Option<&str>) -> Result<Started, u8> {
     let world = a.nproc_per_node * a.nnodes;
     let mut children: Vec<Proc> = Vec::with_capacity(a.nproc_per_node);
     let mut relays = Vec::with_capacity(2 * a.nproc_per_node);
+    let (tx, ended) = channel();
+    let me = std::env::current_exe().map_err(|e| {
+        eprintln!("collectix launch: cannot find its own program: {e}");
+        1
+    })?;
     for local in 0..a.nproc_per_node {
         let rank = a.node_rank * a.nproc_per_node + local;
-        let mut cmd = Command::new(&a.program[0]);
+        let mut cmd = Command::new(&me);
         if let Some(s) = secret {
             cmd.env("COLLECTIX_SECRET", s);
         }
         let spawned = cmd
-            .args(&a.program[1..])
+            .args(["exec", "--parent", &std::process::id().to_string(), "--"])
+            .args(&a.program)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", world.to_string())
             .env("LOCAL_RANK", local.to_string())
@@ -229,54 +286,73 @@ fn start_all(
                 if let Some(e) = c.stderr.take() {
                     relays.push(relay(e, rank, true));
                 }
-                children.push((rank, c, None));
+                let reaped = Arc::new(AtomicBool::new(false));
+                let pid = i32::try_from(c.id()).unwrap_or(i32::MAX);
+                wait_for(c, children.len(), reaped.clone(), tx.clone());
+                children.push(Proc {
+                    rank,
+                    pid,
+                    reaped,
+                    end: None,
+                });
             }
             Err(e) => {
                 eprintln!(
                     "collectix launch: cannot start {:?} as rank {rank}: {e}",
                     a.program[0]
                 );
-                signal_all(&mut children, Signal::SIGKILL);
-                for (_, c, _) in &mut children {
-                    let _ = c.wait();
+                signal_all(&children, Signal::SIGKILL);
+                for _ in 0..children.len() {
+                    let _ = ended.recv();
                 }
                 return Err(1);
             }
         }
     }
-    Ok((children, relays))
+    Ok((children, ended, relays))
 }
+
+/// The started processes, the channel their ends arrive on, and their output relays.
+type Started = (
+    Vec<Proc>,
+    Receiver<(usize, End)>,
+    Vec<std::thread::JoinHandle<()>>,
+);
 
 /// Waits for every process to end, forwarding the signals the launcher catches (`caught`);
 /// after the first failure or forwarded signal, sends the others SIGTERM, then SIGKILL once
 /// `--grace` has passed. Why the job stopped (`None`: every process exited with 0).
-fn supervise(a: &LaunchArgs, children: &mut [Proc], caught: &AtomicUsize) -> Option<String> {
+fn supervise(
+    a: &LaunchArgs,
+    children: &mut [Proc],
+    ended: &Receiver<(usize, End)>,
+    caught: &AtomicUsize,
+) -> Option<Stop> {
     let grace = Duration::from_secs_f64(a.grace.max(0.0));
-    let mut stopping: Option<(Instant, String)> = None;
+    let mut stopping: Option<(Instant, Stop)> = None;
     let (mut termed, mut killed) = (false, false);
-    loop {
-        for (rank, c, end) in children.iter_mut() {
-            if end.is_none() {
-                if let Ok(Some(s)) = c.try_wait() {
-                    let e = End::of(s);
-                    *end = Some(e);
-                    if e != End::Ok && stopping.is_none() {
-                        stopping = Some((Instant::now(), format!("rank {rank} {}", e.text())));
-                    }
+    let mut running = children.len();
+    while running > 0 {
+        // Ends arrive in the order the processes ended.
+        if let Ok((i, e)) = ended.recv_timeout(Duration::from_millis(20)) {
+            if let Some(p) = children.get_mut(i) {
+                p.end = Some(e);
+                running -= 1;
+                if e != End::Ok && stopping.is_none() {
+                    let why = format!("rank {} {}", p.rank, e.text());
+                    stopping = Some((Instant::now(), Stop::Failed(why)));
                 }
             }
+            continue;
         }
         let sig = caught.swap(0, Ordering::SeqCst);
         if sig != 0 {
             let s = Signal::try_from(sig as i32).unwrap_or(Signal::SIGTERM);
             signal_all(children, s);
             if stopping.is_none() {
-                stopping = Some((Instant::now(), format!("the launcher got {s}")));
+                stopping = Some((Instant::now(), Stop::Signal(s)));
                 termed = true;
             }
-        }
-        if children.iter().all(|(_, _, e)| e.is_some()) {
-            break;
         }
         if let Some((since, _)) = &stopping {
             if !termed {
@@ -287,7 +363,6 @@ fn supervise(a: &LaunchArgs, children: &mut [Proc], caught: &AtomicUsize) -> Opt
                 signal_all(children, Signal::SIGKILL);
             }
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
     stopping.map(|(_, why)| why)
 }

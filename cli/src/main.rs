@@ -47,6 +47,21 @@ enum Command {
     /// Draws busbw against size from `--json` files (collectix's, or peers' converted by
     /// `bench/peers/side_by_side.py`) into one SVG.
     Plot(plot::PlotArgs),
+    /// How `launch` starts each process (not for direct use): dies with its parent, then
+    /// becomes the program.
+    #[command(hide = true)]
+    Exec(ExecArgs),
+}
+
+/// `collectix exec`'s arguments.
+#[derive(clap::Args)]
+struct ExecArgs {
+    /// The launcher's process id.
+    #[arg(long)]
+    parent: u32,
+    /// The program and its arguments (after `--`).
+    #[arg(required = true, last = true)]
+    program: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -55,5 +70,6 @@ fn main() -> ExitCode {
         Command::Launch(a) => ExitCode::from(launch::run(&a)),
         Command::Store(a) => store::run(a),
         Command::Plot(a) => plot::run(&a),
+        Command::Exec(a) => ExitCode::from(launch::exec(a.parent, &a.program)),
     }
 }

@@ -183,3 +183,123 @@ fn the_launcher_hands_every_process_one_fresh_secret_or_the_one_it_was_given() {
         text(&out.stderr)
     );
 }
+
+/// The summary names the rank that failed first, not the lowest rank among those that ended
+/// in the same moment: rank 2 is killed, and the others exit with an error a moment later,
+/// once they see it gone (as a job's survivors do when a peer dies).
+#[test]
+fn the_rank_that_failed_first_is_named_first() {
+    let dir = std::env::temp_dir().join(format!("cx-launch-first-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let d = dir.display();
+    // Rank 2 holds a lock until it dies; the others wait for the lock (released when the
+    // dead process's files close, before the launcher can reap it) and exit with status 1.
+    let script = format!(
+        r#"if [ "$RANK" = 2 ]; then exec 9>{d}/lock; flock 9; touch {d}/held; sleep 0.5; kill -9 $$; fi
+        while [ ! -e {d}/held ]; do sleep 0.01; done; flock {d}/lock true; exit 1"#
+    );
+    for _ in 0..3 {
+        let _ = std::fs::remove_file(dir.join("held"));
+        let (out, took) = launch("3", &script);
+        let se = text(&out.stderr);
+        assert!(!out.status.success());
+        assert!(took < Duration::from_secs(20), "took {took:?}");
+        assert!(
+            se.contains(
+                "collectix launch: rank 2 was killed by signal 9 (SIGKILL); the job stopped"
+            ),
+            "{se}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A forwarded SIGTERM that every process answers by exiting with status 0 is a clean
+/// shutdown: the launcher exits 0 too.
+#[test]
+fn a_clean_shutdown_on_sigterm_exits_zero() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            r#"trap 'exit 0' TERM; echo ready; sleep 30 & wait"#,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run collectix launch: {e}"));
+    let mut stdout =
+        std::io::BufReader::new(child.stdout.take().unwrap_or_else(|| panic!("no stdout")));
+    let mut so = String::new();
+    while so.matches("ready").count() < 2 {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut stdout, &mut line).unwrap_or(0) == 0 {
+            panic!("the job ended before both ranks were ready:\n{so}");
+        }
+        so.push_str(&line);
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0));
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let _ = std::io::Read::read_to_string(&mut stdout, &mut so);
+    let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// A launcher killed with SIGKILL (no chance to stop anything) leaves no process of its job
+/// running: each gets SIGKILL when the launcher dies.
+#[test]
+fn no_process_outlives_a_killed_launcher() {
+    let dir = std::env::temp_dir().join(format!("cx-launch-orphan-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let script = format!(r#"echo $$ > {}/pid.$RANK; exec sleep 30"#, dir.display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .args(["launch", "--nproc-per-node", "2", "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run collectix launch: {e}"));
+    let pids: Vec<i32> = (0..2)
+        .map(|r| {
+            let file = dir.join(format!("pid.{r}"));
+            let start = Instant::now();
+            loop {
+                if let Some(p) = std::fs::read_to_string(&file)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                {
+                    return p;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "rank {r} never started"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    let alive = |p: i32| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok();
+    let start = Instant::now();
+    while pids.iter().any(|&p| alive(p)) && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    for &p in &left {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        left.is_empty(),
+        "still running after the launcher died: {left:?}"
+    );
+}
