@@ -14,7 +14,7 @@ mod check_job;
 use collectix::runtime::testing::matrix;
 use collectix::{init, CallOptions, Connect, Error, GroupOptions, InitArgs, Secret, Security};
 use std::net::TcpListener;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The job's secret in these tests (every connection passes the secret handshake).
 fn secured(text: &str) -> Security {
@@ -511,4 +511,57 @@ fn device_calls_over_tcp_with_stand_in_memory() {
     for (r, res) in results.into_iter().enumerate() {
         assert_eq!(res, Ok(()), "rank {r}");
     }
+}
+
+/// A rank started with another WORLD_SIZE than the job's is told at once which rank said
+/// which size, rather than waiting for peers that will never connect.
+#[test]
+fn a_rank_with_another_world_size_is_told_which_rank_said_what() {
+    let port = free_port();
+    let (joined_tx, joined_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let done_rx = std::sync::Mutex::new(done_rx);
+    std::thread::scope(|sc| {
+        for r in 0..3 {
+            let (joined, done) = (joined_tx.clone(), &done_rx);
+            sc.spawn(move || {
+                let p = init(
+                    &args(port, r, 3, Some(Connect::Eager)),
+                    check_job::options(),
+                    Duration::from_secs(60),
+                )
+                .unwrap_or_else(|e| panic!("rank {r} cannot join: {e}"));
+                let _ = joined.send(());
+                // Stay in the job (rank 0 holds the store) until the stranger has been told.
+                let _ = done.lock().map(|d| d.recv_timeout(Duration::from_secs(60)));
+                drop(p);
+            });
+        }
+        for _ in 0..3 {
+            joined_rx
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("the job of 3 did not form: {e}"));
+        }
+        let start = Instant::now();
+        let stranger = init(
+            &args(port, 3, 4, Some(Connect::Eager)),
+            check_job::options(),
+            Duration::from_secs(20),
+        );
+        let took = start.elapsed();
+        for _ in 0..3 {
+            let _ = done_tx.send(());
+        }
+        match stranger {
+            Err(Error::InvalidArgument(text)) => {
+                // Whichever rank of the job of 3 recorded its size first.
+                let named = (0..3).any(|r| text.contains(&format!("rank {r} says 3,")));
+                assert!(text.contains("WORLD_SIZE") && named, "{text}");
+                assert!(text.contains("this rank (3) was started with 4"), "{text}");
+            }
+            Err(e) => panic!("after {took:?}: {e}"),
+            Ok(_) => panic!("a rank of a world of 4 joined a job of 3"),
+        }
+        assert!(took < Duration::from_secs(10), "told only after {took:?}");
+    });
 }

@@ -244,6 +244,27 @@ struct Joining<'a> {
     timeout: Duration,
 }
 
+/// Checks that every rank of the job was started with the same world size: the first rank to
+/// get here records its size (and its rank) in the store, and a rank started with another
+/// size is refused at once, naming the rank that recorded the job's (instead of waiting for
+/// peers that will never connect).
+fn agree_on_world(store: &dyn Store, rank: usize, world: usize) -> Result<()> {
+    let mine = format!("{world} {rank}");
+    let said = store.compare_set("world_size", b"", mine.into_bytes())?;
+    let said = String::from_utf8_lossy(&said);
+    let mut words = said.split(' ').map(str::parse::<usize>);
+    match (words.next(), words.next()) {
+        (Some(Ok(w)), Some(Ok(_))) if w == world => Ok(()),
+        (Some(Ok(w)), Some(Ok(by))) => Err(Error::invalid(format!(
+            "the job's ranks disagree on WORLD_SIZE: rank {by} says {w}, but this rank ({rank}) \
+             was started with {world}; start every rank with the same WORLD_SIZE"
+        ))),
+        _ => Err(Error::Store(format!(
+            "the job's world size in the store is not one: {said:?}"
+        ))),
+    }
+}
+
 /// Steps 2–4 of joining (see the module doc), once the store is there.
 fn join(joining: Joining<'_>) -> Result<Joined> {
     let Joining {
@@ -274,6 +295,7 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
             ^ u64::from(std::process::id()).rotate_left(32);
         store.compare_set("job", b"", id.to_string().into_bytes())?;
     }
+    agree_on_world(store.as_ref(), rank, world)?;
     store.set(&format!("addr/{rank}"), me.clone().into_bytes())?;
     // 3. Everyone.
     let keys: Vec<String> = (0..world).map(|r| format!("addr/{r}")).collect();
