@@ -79,18 +79,17 @@ fn a_rank_killed_by_sigkill_is_named() {
     );
 }
 
-#[test]
-fn sigterm_to_the_launcher_reaches_every_process() {
+/// A job of 2 running `script` (which says "ready" once it has set its trap), sent SIGTERM
+/// once both ranks are ready: the launcher, its stdout, and what it printed so far.
+fn terminated(
+    script: &str,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+    String,
+) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_collectix"))
-        .args([
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            r#"trap 'echo "rank $RANK got TERM"; exit 7' TERM; echo ready; sleep 30 & wait"#,
-        ])
+        .args(["launch", "--nproc-per-node", "2", "--", "sh", "-c", script])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -108,6 +107,14 @@ fn sigterm_to_the_launcher_reaches_every_process() {
     }
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0));
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    (child, stdout, so)
+}
+
+#[test]
+fn sigterm_to_the_launcher_reaches_every_process() {
+    let (child, mut stdout, mut so) = terminated(
+        r#"trap 'echo "rank $RANK got TERM"; exit 7' TERM; echo ready; sleep 30 & wait"#,
+    );
     let start = Instant::now();
     let _ = std::io::Read::read_to_string(&mut stdout, &mut so);
     let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
@@ -219,32 +226,8 @@ fn the_rank_that_failed_first_is_named_first() {
 /// shutdown: the launcher exits 0 too.
 #[test]
 fn a_clean_shutdown_on_sigterm_exits_zero() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_collectix"))
-        .args([
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            r#"trap 'exit 0' TERM; echo ready; sleep 30 & wait"#,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run collectix launch: {e}"));
-    let mut stdout =
-        std::io::BufReader::new(child.stdout.take().unwrap_or_else(|| panic!("no stdout")));
-    let mut so = String::new();
-    while so.matches("ready").count() < 2 {
-        let mut line = String::new();
-        if std::io::BufRead::read_line(&mut stdout, &mut line).unwrap_or(0) == 0 {
-            panic!("the job ended before both ranks were ready:\n{so}");
-        }
-        so.push_str(&line);
-    }
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0));
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let (child, mut stdout, mut so) =
+        terminated(r#"trap 'exit 0' TERM; echo ready; sleep 30 & wait"#);
     let _ = std::io::Read::read_to_string(&mut stdout, &mut so);
     let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
     assert!(out.status.success(), "{}", text(&out.stderr));
