@@ -116,6 +116,20 @@ fn what_nccl_lacks_is_a_clear_error() {
             "{op}: {r:?}"
         );
     }
+    // A dtype NCCL has no type for is refused even where no reduction would read it (a
+    // grouped exchange once moved i16 as bytes).
+    let r = c
+        .all_to_all_single(
+            collectix::TensorSpec::new(&[2], DType::I16).on(GPU),
+            to_gpu(Tensor::from_vec(vec![1i16, 2])),
+            None,
+            None,
+        )
+        .wait();
+    assert!(
+        matches!(r, Err(Error::Device(DeviceError::Unsupported(_)))),
+        "i16: {r:?}"
+    );
     // The group goes on working after a refused call.
     let r = c
         .all_reduce(to_gpu(Tensor::from_vec(vec![2.5f32])), ReduceOp::Sum)

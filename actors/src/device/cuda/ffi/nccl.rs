@@ -74,15 +74,8 @@ type AllReduce = unsafe extern "C" fn(
     RawComm,
     RawStream,
 ) -> c_int;
-type Broadcast = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    c_int,
-    c_int,
-    RawComm,
-    RawStream,
-) -> c_int;
+/// `ncclBroadcast` has `ncclAllReduce`'s C signature (its `int` is the root, not the op).
+type Broadcast = AllReduce;
 type Reduce = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
