@@ -439,6 +439,30 @@ pub enum Error {
         /// The failure that aborted it.
         cause: Box<Error>,
     },
+    /// A member revoked the group ([`Communicator::revoke`], MPI ULFM's `MPI_Comm_revoke`):
+    /// every pending and later call on it fails (as the cause of an
+    /// [`Error::GroupAborted`]). The group cannot be used again; its survivors can agree on a
+    /// smaller one (`shrink`) and go on.
+    ///
+    /// [`Communicator::revoke`]: https://docs.rs/collectix/latest/collectix/struct.Communicator.html#method.revoke
+    #[error("group {group} was revoked by rank {by}")]
+    Revoked {
+        /// The revoked group.
+        group: GroupId,
+        /// The rank that revoked it (global).
+        by: usize,
+    },
+    /// The survivors of group `group` agreed on a smaller group without this rank: rank
+    /// `decided_by` decided who survived before it heard from this rank (this rank was
+    /// thought lost, or did not join the agreement within the group's timeout). This rank
+    /// should stop, or rejoin the job as a new incarnation.
+    #[error("the survivors of group {group} went on without this rank (rank {decided_by} decided who survived before this rank joined the agreement)")]
+    LeftOut {
+        /// The group that failed.
+        group: GroupId,
+        /// The rank whose decision stands (global).
+        decided_by: usize,
+    },
     /// A peer sent something that breaks the protocol: a malformed frame, a message for
     /// a step that has none, a duplicate, a message beyond its flow-control window. Names
     /// the peer. Collectix's own ranks never do this: suspect different collectix versions,
@@ -619,7 +643,7 @@ mod tests {
             | Error::PeerShutdown { .. }
             | Error::Protocol { .. }
             | Error::Remote { .. } => "peer",
-            Error::GroupAborted { .. } => "group",
+            Error::GroupAborted { .. } | Error::Revoked { .. } | Error::LeftOut { .. } => "group",
             Error::Shutdown => "shutdown",
             Error::Resource(_) | Error::Device(_) | Error::Store(_) => "system",
             Error::Panic(_) | Error::Serialization(_) => "user code",
@@ -672,6 +696,11 @@ mod tests {
                 ],
             },
             Error::PeerLost { rank: 2 },
+            Error::Revoked { group: g, by: 1 },
+            Error::LeftOut {
+                group: g,
+                decided_by: 0,
+            },
             Error::GroupAborted {
                 group: g,
                 cause: Box::new(mismatch),
@@ -721,12 +750,12 @@ mod tests {
     #[test]
     fn every_variant_says_in_one_line_who_is_at_fault() {
         let all = every_variant();
-        // Every variant once (21 of them: `class` lists them all, without a wildcard).
+        // Every variant once (23 of them: `class` lists them all, without a wildcard).
         let kinds: std::collections::BTreeSet<String> = all
             .iter()
             .map(|e| format!("{:?}", std::mem::discriminant(e)))
             .collect();
-        assert_eq!((kinds.len(), all.len()), (21, 21));
+        assert_eq!((kinds.len(), all.len()), (23, 23));
         for e in &all {
             let text = e.to_string();
             assert!(!text.is_empty() && !text.contains('\n'), "{e:?}: {text:?}");
@@ -751,6 +780,7 @@ mod tests {
                 | Error::PeerLost { .. }
                 | Error::PeerShutdown { .. }
                 | Error::Protocol { .. }
+                | Error::Revoked { .. }
                 | Error::Internal(_) => assert_eq!(&back, cause),
                 other => assert_eq!(
                     back,

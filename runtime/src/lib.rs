@@ -72,6 +72,7 @@ pub mod ids;
 mod loom_models;
 mod op;
 pub mod progress;
+pub mod recovery;
 pub mod schedule;
 mod sync;
 pub mod tensor;

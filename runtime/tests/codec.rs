@@ -115,6 +115,7 @@ fn reason() -> impl Strategy<Value = AbortReason> {
                 report,
             }),
         any::<u64>().prop_map(|rank| AbortReason::PeerLost { rank }),
+        any::<u64>().prop_map(|by| AbortReason::Revoked { by }),
         (any::<u64>(), any::<u64>())
             .prop_map(|(rank, undelivered)| AbortReason::PeerShutdown { rank, undelivered }),
         (any::<u64>(), protocol_error())
@@ -180,6 +181,7 @@ fn header() -> impl Strategy<Value = Header> {
             reason: Box::new(reason)
         }),
         (g(), any::<u64>()).prop_map(|(group, seq)| Header::Inquire { group, seq }),
+        (g(), any::<u64>()).prop_map(|(group, calls)| Header::Left { group, calls }),
         (
             g(),
             any::<u64>(),
@@ -290,7 +292,7 @@ proptest! {
         parts in 0u32..4,
         rest in proptest::collection::vec(any::<u8>(), 0..300),
     ) {
-        let mut b = Vec::from(*b"CX\x02");
+        let mut b = Vec::from(*b"CX\x03");
         b.push(kind);
         b.extend_from_slice(&header_len.to_le_bytes());
         b.extend_from_slice(&parts.to_le_bytes());
@@ -340,7 +342,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         max_payload_bytes: 1 << 10,
     };
     // 2^32 - 1 parts.
-    let mut b = BytesMut::from(&b"CX\x02\x01\x00\x00\x00\x00\xff\xff\xff\xff"[..]);
+    let mut b = BytesMut::from(&b"CX\x03\x01\x00\x00\x00\x00\xff\xff\xff\xff"[..]);
     assert!(matches!(
         decode(&mut b, &limits),
         Err(DecodeError::TooLarge {
@@ -349,7 +351,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         })
     ));
     // One part of 2^62 bytes.
-    let mut b = BytesMut::from(&b"CX\x02\x01\x00\x00\x00\x00\x01\x00\x00\x00"[..]);
+    let mut b = BytesMut::from(&b"CX\x03\x01\x00\x00\x00\x00\x01\x00\x00\x00"[..]);
     b.extend_from_slice(&(1u64 << 62).to_le_bytes());
     assert!(matches!(
         decode(&mut b, &limits),
@@ -359,7 +361,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         })
     ));
     // A header of 4 GiB.
-    let mut b = BytesMut::from(&b"CX\x02\x01\xff\xff\xff\xff\x00\x00\x00\x00"[..]);
+    let mut b = BytesMut::from(&b"CX\x03\x01\xff\xff\xff\xff\x00\x00\x00\x00"[..]);
     assert!(matches!(
         decode(&mut b, &limits),
         Err(DecodeError::TooLarge {
@@ -374,7 +376,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
             &b"CX\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00"[..],
             "version",
         ),
-        (&b"CX\x02\x0b\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
+        (&b"CX\x03\x0c\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
     ] {
         let mut b = BytesMut::from(bytes);
         let e = decode(&mut b, &limits).err();

@@ -136,6 +136,72 @@ fn destroying_a_group_returns_its_pending_error() {
     ));
 }
 
+/// A group destroyed on a rank with nothing in flight: the peers in a call that needs that
+/// rank are told at once (they waited out their timeout before), naming it.
+#[test]
+fn destroying_a_group_with_nothing_in_flight_tells_the_peers() {
+    let w = 3;
+    for seed in 0..20 {
+        let mut sim = Sim::new(w, seed);
+        let ar = case(OpKind::AllReduce, w);
+        let ids: Vec<OpId> = (0..2).map(|r| submit(&mut sim, r, ar.request(r))).collect();
+        assert_eq!(sim.destroy_group(2, GroupId::WORLD), Ok(()));
+        run(&mut sim);
+        for (r, &id) in ids.iter().enumerate() {
+            let e = cause(&sim, r, id);
+            assert_eq!(
+                e,
+                Error::PeerShutdown {
+                    rank: 2,
+                    undelivered: 0
+                },
+                "rank {r}\n{}",
+                sim.trace_text()
+            );
+            let at = sim.completed_at(r, id).unwrap_or(Time::ZERO);
+            assert!(at < Time::ZERO + TIMEOUT / 10, "told at {at:?}");
+        }
+    }
+}
+
+/// A rank whose calls completed early (a broadcast root) destroys the group at once: the
+/// calls it took part in still complete on its peers, whatever order its messages arrive
+/// in; only the next call, which needs it, fails, at once.
+#[test]
+fn a_member_that_left_after_its_calls_lets_them_complete() {
+    let w = 3;
+    for seed in 0..20 {
+        let mut sim = Sim::new(w, seed);
+        let bc = case(OpKind::Broadcast, w);
+        let first: Vec<OpId> = (0..w).map(|r| submit(&mut sim, r, bc.request(r))).collect();
+        assert!(
+            matches!(sim.result(0, first[0]), Some(Ok(_))),
+            "the root is done"
+        );
+        assert_eq!(sim.destroy_group(0, GroupId::WORLD), Ok(()));
+        let ar = case(OpKind::AllReduce, w);
+        let next: Vec<OpId> = (1..w).map(|r| submit(&mut sim, r, ar.request(r))).collect();
+        run(&mut sim);
+        for r in 1..w {
+            assert!(
+                matches!(sim.result(r, first[r]), Some(Ok(_))),
+                "rank {r}: {:?}\n{}",
+                sim.result(r, first[r]),
+                sim.trace_text()
+            );
+            assert_eq!(
+                cause(&sim, r, next[r - 1]),
+                Error::PeerShutdown {
+                    rank: 0,
+                    undelivered: 0
+                }
+            );
+            // Not an abort: nothing is pending on the group.
+            assert_eq!(sim.destroy_group(r, GroupId::WORLD), Ok(()), "rank {r}");
+        }
+    }
+}
+
 /// A group destroyed while one of its calls is in flight: the call fails with `Shutdown`
 /// and the peers in it are told at once (not at their timeout).
 #[test]
@@ -144,9 +210,7 @@ fn destroying_a_group_with_a_call_in_flight_tells_the_peers() {
     let mut sim = Sim::new(w, 11);
     let ar = case(OpKind::AllReduce, w);
     let ids: Vec<OpId> = (0..2).map(|r| submit(&mut sim, r, ar.request(r))).collect();
-    let _ = sim.destroy_group(2, GroupId::WORLD);
-    // Rank 2 never called: nothing in flight there, so nobody was told; now rank 0 destroys
-    // the group with its call waiting.
+    // Rank 2 has not called yet; rank 0 destroys the group with its call waiting.
     let _ = sim.destroy_group(0, GroupId::WORLD);
     run(&mut sim);
     assert_eq!(sim.result(0, ids[0]), Some(&Err(Error::Shutdown)));

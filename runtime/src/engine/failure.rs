@@ -39,6 +39,18 @@ impl Engine {
         for gid in cut {
             self.tell_shutdown(gid);
         }
+        // The groups with nothing in flight here: their members hear that this rank left, so
+        // that a call of theirs that needs it fails at once, and a link closing after this
+        // is no surprise to them.
+        let idle: Vec<GroupId> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.aborted.is_none() && g.flow.held() + g.p2p_flow.held() == 0)
+            .map(|(&gid, _)| gid)
+            .collect();
+        for gid in idle {
+            self.tell_left(gid);
+        }
         self.handle_timeout(now);
     }
 
@@ -60,6 +72,15 @@ impl Engine {
             .collect();
         for gid in holding {
             self.tell_shutdown(gid);
+        }
+        let rest: Vec<GroupId> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.aborted.is_none())
+            .map(|(&gid, _)| gid)
+            .collect();
+        for gid in rest {
+            self.tell_left(gid);
         }
     }
 
@@ -365,13 +386,24 @@ impl Engine {
     /// it belongs to is aborted. Calls that exchange messages with it later in their schedule
     /// fail with [`Error::PeerLost`]; the others with [`Error::GroupAborted`].
     pub fn handle_peer_lost(&mut self, peer: usize, _now: Time) {
-        tracing::warn!(rank = self.rank, peer, "peer lost");
+        self.lost.insert(peer);
+        // A peer that left every group it shares with this rank (a clean shutdown) closes
+        // its links next: no failure.
         let gids: Vec<GroupId> = self
             .groups
             .iter()
-            .filter(|(_, g)| g.aborted.is_none() && g.info.local(peer).is_some())
+            .filter(|(_, g)| {
+                g.aborted.is_none()
+                    && g.info.local(peer).is_some()
+                    && !g.left.iter().any(|&(r, _)| r == peer)
+            })
             .map(|(&id, _)| id)
             .collect();
+        if gids.is_empty() {
+            tracing::debug!(rank = self.rank, peer, "link to a peer closed");
+        } else {
+            tracing::warn!(rank = self.rank, peer, "peer lost");
+        }
         for gid in gids {
             self.fail_talking_to(gid, peer);
             self.abort(gid, Error::PeerLost { rank: peer }, None, true);

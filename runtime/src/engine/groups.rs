@@ -39,6 +39,9 @@ pub(super) struct Group {
     /// are posted for other ranks (credit used to be counted per tag, and receives posted
     /// for one rank granted credit to all).
     pub(super) p2p_flow: P2pFlow,
+    /// Members that left the group cleanly (global rank, collective calls they made): see
+    /// `Header::Left`.
+    pub(super) left: Vec<(usize, u64)>,
 }
 
 /// The fingerprints of a group's last [`DONE_KEPT`] finished calls, by sequence number: a
@@ -112,11 +115,13 @@ impl Engine {
             p2p_posted: Vec::new(),
             flow: Flow::new(window, budget),
             p2p_flow: P2pFlow::new(window, budget),
+            left: Vec::new(),
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
             self.unorphan(&m);
             self.handle_message(m, now);
         }
+        self.abort_if_lost(id);
     }
 
     /// The group, if registered.
@@ -190,6 +195,10 @@ impl Engine {
                 }
             }
             self.tell_shutdown(id);
+        } else {
+            // Nothing in flight: the other members hear that this rank left (their calls
+            // that need it fail at once instead of at their timeout).
+            self.tell_left(id);
         }
         self.groups.remove(&id);
         // (No orphans to drop: a registered group adopted its orphans when it was added.)

@@ -15,12 +15,14 @@
 //! One concern per file: `mod.rs` (the engine's state, inputs and outputs), `groups.rs` (the
 //! group registry), `call.rs` (the schedule interpreter), `p2p.rs` (point-to-point matching),
 //! `flow.rs` and `p2p_flow.rs` (flow control), `failure.rs` (timeouts, lost peers,
-//! mismatches, aborts, shutdown) and `output.rs` (payload checks and output assembly).
+//! mismatches, aborts, shutdown), `membership.rs` (revoking a group, members that left it,
+//! and lost peers) and `output.rs` (payload checks and output assembly).
 
 mod call;
 mod failure;
 pub(crate) mod flow;
 mod groups;
+mod membership;
 mod output;
 mod p2p;
 pub(crate) mod p2p_flow;
@@ -40,7 +42,7 @@ use crate::wire::message::{Header, Message, Transmit};
 use bytes::Bytes;
 use groups::Group;
 use output::build_output;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -189,6 +191,9 @@ pub struct Engine {
     closing: Option<Option<Time>>,
     /// Groups released by [`Engine::destroy_group`]: their messages are dropped.
     destroyed: HashSet<GroupId>,
+    /// Peers this rank saw lost ([`Engine::handle_peer_lost`]): a group registered later
+    /// with one of them as a member is aborted at once.
+    lost: BTreeSet<usize>,
 }
 
 /// Free buffers (reduction results, joined outputs) an engine keeps for reuse: room for a
@@ -229,6 +234,7 @@ impl Engine {
             plane,
             closing: None,
             destroyed: HashSet::new(),
+            lost: BTreeSet::new(),
         }
     }
 
@@ -345,6 +351,21 @@ impl Engine {
             self.events.push_back(Event { op: id, result });
             return id;
         }
+        let someone_left = !g.left.is_empty();
+        if someone_left {
+            let refusal = match &plan.body {
+                Body::Collective { .. } => self.left_refusal(group, Some(seq), None),
+                Body::Send { dst, .. } => self.left_refusal(group, None, Some(*dst)),
+                Body::Recv { .. } => None,
+            };
+            if let Some(e) = refusal {
+                self.events.push_back(Event {
+                    op: id,
+                    result: Err(e),
+                });
+                return id;
+            }
+        }
         let deadline = now + plan.timeout;
         let Plan {
             fp,
@@ -371,7 +392,12 @@ impl Engine {
                 count,
             } => self.submit_send(id, group, fp, dst, tag, data, count),
             Body::Recv { src, tag, spec } => {
-                self.submit_recv(id, op(None, State::Recv { src, tag, spec }))
+                self.submit_recv(id, op(None, State::Recv { src, tag, spec }));
+                if someone_left {
+                    // What already arrived from a member that left was matched; nothing more
+                    // will come from it.
+                    self.fail_needing_left(group);
+                }
             }
             Body::Collective {
                 schedule,
@@ -454,6 +480,7 @@ impl Engine {
         };
         match &msg.header {
             Header::Abort { reason, .. } => self.on_abort(gid, msg.src, reason),
+            Header::Left { calls, .. } => self.on_left(gid, msg.src, *calls),
             Header::P2p {
                 tag, seq, eager, ..
             } => self.on_p2p(gid, src, *tag, *seq, *eager, msg),

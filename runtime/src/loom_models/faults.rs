@@ -323,3 +323,66 @@ fn mismatch_on_second_call_2() {
         }
     });
 }
+
+/// 3 ranks run a ring all_reduce; rank 1 revokes the group after handling `revoke_after`
+/// inputs, and (a second failure) rank 2 crashes after `crash_after`, if given. Nobody
+/// hangs; rank 1's own call fails with its revoke (or the loss); every other live rank has the sum (its
+/// call completed before the revoke reached it) or fails with the revoke or the loss.
+fn revoke(revoke_after: usize, crash_after: Option<usize>) {
+    let c = case(OpKind::AllReduce, 3, Algorithm::Ring);
+    let want: Vec<_> = (0..3).map(|r| c.expected(r)).collect();
+    let scripts = (0..3)
+        .map(|r| {
+            let info = world(3, r);
+            let p = case_plan(&c, &info);
+            let s = Script::new(r).group(info).call(GroupId::WORLD, 0, p);
+            match (r, crash_after) {
+                (1, _) => s.revoke_after(revoke_after),
+                (2, Some(k)) => s.crash_after(k),
+                _ => s,
+            }
+        })
+        .collect();
+    let res = run_world(scripts, Vec::new());
+    // Rank 1 fails with its own revoke, or with the loss if that reached it first.
+    assert_failed("rank 1", &res[1][0], |e| match e {
+        Error::Revoked { by: 1, .. } => true,
+        Error::PeerLost { rank: 2 } => crash_after.is_some(),
+        _ => false,
+    });
+    let live = if crash_after.is_some() { 1 } else { 2 };
+    for r in [0, 2].into_iter().take(live) {
+        if let Some(Ok(out)) = &res[r][0] {
+            assert_eq!(out, &want[r], "rank {r}: wrong result");
+            continue;
+        }
+        assert_failed(&format!("rank {r}"), &res[r][0], |e| {
+            matches!(
+                e,
+                Error::Revoked { by: 1, .. } | Error::PeerLost { rank: 2 }
+            )
+        });
+    }
+}
+
+/// [`revoke`], rank 1 revoking at once, and after one message.
+#[test]
+fn revoke_3() {
+    for k in 0..2 {
+        check(
+            &format!("revoke during ring all_reduce after {k} inputs (3 ranks)"),
+            move || revoke(k, None),
+        );
+    }
+}
+
+/// [`revoke`] with a second failure: rank 2 crashes at once, or after one message.
+#[test]
+fn revoke_with_a_crash_3() {
+    for (k, j) in [(0, 0), (1, 0), (0, 1)] {
+        check(
+            &format!("revoke after {k} inputs, rank 2 crashed after {j} (3 ranks)"),
+            move || revoke(k, Some(j)),
+        );
+    }
+}

@@ -21,8 +21,10 @@
 //! [`faults`] (mismatch, timeout, peer loss end in errors on every rank), [`completion`]
 //! (the slot: wait/poll/drop/timeout racing completion), [`bugs`] (deliberate bugs the
 //! models must catch) and [`progress`] (who takes a rank's arrivals: a driving caller, a
-//! leaving one, or the background driver).
+//! leaving one, or the background driver); [`agreement`] (the survivors' agreement on a
+//! failed group, with one and two failures at each step).
 
+mod agreement;
 mod bugs;
 mod collectives;
 mod completion;
@@ -156,6 +158,8 @@ pub(super) struct Script {
     submit: Submit,
     /// Crash (stop, and tell every peer it is gone) after handling this many inputs.
     crash_after: Option<usize>,
+    /// Revoke the world group after handling this many inputs.
+    revoke_after: Option<usize>,
     /// A deliberate driver bug: throw away collective messages for calls this rank has not
     /// submitted yet, instead of handing them to the engine to keep.
     drop_unexpected: bool,
@@ -173,6 +177,7 @@ impl Script {
             calls: Vec::new(),
             submit: Submit::Eager,
             crash_after: None,
+            revoke_after: None,
             drop_unexpected: false,
             late_groups: false,
         }
@@ -199,6 +204,12 @@ impl Script {
     /// Crashes after handling `inputs` inputs (0: right after submitting).
     pub(super) fn crash_after(mut self, inputs: usize) -> Script {
         self.crash_after = Some(inputs);
+        self
+    }
+
+    /// Revokes the world group after handling `inputs` inputs (0: right after submitting).
+    pub(super) fn revoke_after(mut self, inputs: usize) -> Script {
+        self.revoke_after = Some(inputs);
         self
     }
 
@@ -298,6 +309,7 @@ fn run_rank(script: Script, rx: Receiver<Input>, txs: Vec<Sender<Input>>) -> Ran
         calls,
         submit,
         crash_after,
+        revoke_after,
         drop_unexpected,
         late_groups,
     } = script;
@@ -330,6 +342,11 @@ fn run_rank(script: Script, rx: Receiver<Input>, txs: Vec<Sender<Input>>) -> Ran
             }
             made.push((c.group, c.seq));
             ids.push(e.submit(c.group, c.seq, c.plan, now));
+            flush(&mut e, &txs, &mut local, &mut events);
+        }
+        if revoke_after == Some(handled) {
+            let r = e.revoke_group(GroupId::WORLD);
+            assert!(r.is_ok(), "rank {me}: revoke refused: {r:?}");
             flush(&mut e, &txs, &mut local, &mut events);
         }
         if ids.len() == total && ids.iter().all(|id| events.contains_key(id)) {

@@ -103,6 +103,16 @@ pub enum Header {
         /// The sender's latest call on the group (sequence number and fingerprint), if any.
         latest: Option<Box<(u64, Fingerprint)>>,
     },
+    /// The sender left the group cleanly (it was destroyed there, or the sender shut
+    /// down) with no call of it in flight and nothing held for anyone: it made `calls`
+    /// collective calls on the group, so calls up to those can still complete, and later
+    /// ones (and point-to-point calls with the sender) fail.
+    Left {
+        /// The group.
+        group: GroupId,
+        /// Collective calls the sender made on the group.
+        calls: u64,
+    },
     /// The sender aborted the group because of `reason`.
     Abort {
         /// The group.
@@ -119,6 +129,7 @@ impl Header {
             Header::Data { group, .. }
             | Header::P2p { group, .. }
             | Header::Abort { group, .. }
+            | Header::Left { group, .. }
             | Header::Credit { group, .. }
             | Header::WantCredit { group, .. }
             | Header::P2pGrant { group, .. }
@@ -197,6 +208,11 @@ pub enum AbortReason {
         /// What was expected.
         text: String,
     },
+    /// A member revoked the group ([`Error::Revoked`]).
+    Revoked {
+        /// The rank that revoked it.
+        by: u64,
+    },
     /// Any other failure, in words.
     Other {
         /// The failure's text.
@@ -259,6 +275,7 @@ impl From<&Error> for AbortReason {
                 detail: detail.clone(),
             },
             Error::Internal(text) => AbortReason::Internal { text: text.clone() },
+            Error::Revoked { by, .. } => AbortReason::Revoked { by: *by as u64 },
             other => AbortReason::Other {
                 text: other.to_string(),
             },
@@ -327,6 +344,10 @@ impl AbortReason {
                 detail,
             },
             AbortReason::Internal { text } => Error::Internal(text),
+            AbortReason::Revoked { by } => Error::Revoked {
+                group,
+                by: rank(by),
+            },
             // What has no variant of its own travels in words, as the failure of the rank
             // that sent the abort.
             AbortReason::Other { text } => Error::Remote { rank: from, text },

@@ -11,7 +11,7 @@ use std::time::Duration;
 /// The link protocol's magic (the first bytes of every connection).
 pub(crate) const MAGIC: [u8; 8] = *b"cx-link1";
 /// The link protocol's version.
-pub(crate) const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 3;
 /// How long an accepting rank waits for a connection's hello.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 

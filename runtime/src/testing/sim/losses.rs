@@ -1,5 +1,5 @@
 //! Losing a rank (killed, isolated, partitioned) and stopping one (a shutdown, a group
-//! destroyed).
+//! destroyed or revoked).
 
 use super::trace::TraceEvent;
 use super::{Detection, Sim};
@@ -70,6 +70,19 @@ impl Sim {
         };
         let r = e.destroy_group(group);
         self.groups.remove(&(rank, group));
+        self.drain(rank);
+        r
+    }
+
+    /// Revokes group `group` on `rank` (see [`Engine::revoke_group`]); the rank keeps
+    /// running.
+    ///
+    /// [`Engine::revoke_group`]: crate::Engine::revoke_group
+    pub fn revoke(&mut self, rank: usize, group: GroupId) -> Result<()> {
+        let Some(e) = self.engines.get_mut(rank) else {
+            return Err(Error::invalid(format!("no rank {rank}")));
+        };
+        let r = e.revoke_group(group);
         self.drain(rank);
         r
     }

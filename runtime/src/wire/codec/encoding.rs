@@ -1,8 +1,8 @@
 //! Encoding: a [`Message`] into a [`Frame`], or only its head into a buffer the caller reuses.
 
 use super::{
-    Frame, ABORT, CREDIT, DATA, INQUIRE, MAGIC, MAX_REPORT, MAX_TEXT, P2P, P2P_CONSUMED, P2P_GRANT,
-    PREFIX_BYTES, STATUS, VERSION, WANT_CREDIT,
+    Frame, ABORT, CREDIT, DATA, INQUIRE, LEFT, MAGIC, MAX_REPORT, MAX_TEXT, P2P, P2P_CONSUMED,
+    P2P_GRANT, PREFIX_BYTES, STATUS, VERSION, WANT_CREDIT,
 };
 use crate::error::{CallDesc, ProtocolError, RankCall};
 use crate::ids::Fingerprint;
@@ -98,6 +98,11 @@ fn put_header(h: &mut BytesMut, header: &Header) -> u8 {
             h.put_u64_le(group.0);
             put_reason(h, reason);
             ABORT
+        }
+        Header::Left { group, calls } => {
+            h.put_u64_le(group.0);
+            h.put_u64_le(*calls);
+            LEFT
         }
         Header::Inquire { group, seq } => {
             h.put_u64_le(group.0);
@@ -256,6 +261,10 @@ fn put_reason(h: &mut BytesMut, r: &AbortReason) {
             for v in [*sender, *receiver, *expected, *got] {
                 h.put_u64_le(v);
             }
+        }
+        AbortReason::Revoked { by } => {
+            h.put_u8(9);
+            h.put_u64_le(*by);
         }
     }
 }

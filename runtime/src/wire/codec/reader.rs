@@ -2,8 +2,8 @@
 //! a code names nothing.
 
 use super::{
-    DecodeError, ABORT, CREDIT, DATA, INQUIRE, MAX_REPORT, P2P, P2P_CONSUMED, P2P_GRANT, STATUS,
-    WANT_CREDIT,
+    DecodeError, ABORT, CREDIT, DATA, INQUIRE, LEFT, MAX_REPORT, P2P, P2P_CONSUMED, P2P_GRANT,
+    STATUS, WANT_CREDIT,
 };
 use crate::error::{CallDesc, ProtocolError, RankCall};
 use crate::ids::{DataPath, Fingerprint, GroupId, FINGERPRINT_BYTES};
@@ -180,6 +180,10 @@ pub(super) fn read_header(kind: u8, b: Bytes) -> Result<Header, DecodeError> {
             group: r.group()?,
             reason: Box::new(read_reason(&mut r)?),
         },
+        LEFT => Header::Left {
+            group: r.group()?,
+            calls: r.u64("calls")?,
+        },
         INQUIRE => Header::Inquire {
             group: r.group()?,
             seq: r.u64("seq")?,
@@ -244,6 +248,7 @@ fn read_reason(r: &mut Reader) -> Result<AbortReason, DecodeError> {
             expected: r.u64("expected")?,
             got: r.u64("got")?,
         },
+        9 => AbortReason::Revoked { by: r.u64("by")? },
         code => {
             return Err(CodeError {
                 what: "abort reason",

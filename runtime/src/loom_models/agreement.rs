@@ -1,0 +1,170 @@
+//! Model group 7: the survivors' agreement ([`crate::recovery::agreement`]) on loom threads
+//! sharing one store (a loom `Mutex` over a map: linearizable, as the real stores are). A
+//! rank fails by stopping after a given number of its steps and marking itself lost in the
+//! store's failure detector, which the others read; loom has no clock, so no deadline ever
+//! passes and only detection ends a wait (a waiting rank sleeps until the store changes). Every model checks, whatever the interleaving:
+//! every live rank ends (loom reports a rank spinning forever), all decisions are one, its
+//! members published, and a live rank is never left out (nobody took it for dead).
+
+use super::{check, must_fail};
+use crate::error::Result;
+use crate::ids::GroupId;
+use crate::recovery::agreement::{Agreement, Ask, Decision};
+use crate::time::Time;
+use loom::sync::{Arc, Condvar, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The store's compare-and-set, or (a deliberate bug) a plain overwrite.
+#[derive(Clone, Copy)]
+enum Decide {
+    CompareAndSet,
+    Overwrite,
+}
+
+/// The shared store and the failure detector: the map, a version that every write and
+/// every failure raises, and who failed. A rank that looks and must look again waits on
+/// the condition variable for the next version (loom has no clock to sleep on, and a spin
+/// would be an endless model); loom reports it if every rank waits at once.
+#[derive(Default)]
+struct Shared {
+    map: BTreeMap<String, Vec<u8>>,
+    version: u64,
+    lost: BTreeSet<usize>,
+}
+
+type Store = Arc<(Mutex<Shared>, Condvar)>;
+
+fn write(store: &Store, f: impl FnOnce(&mut Shared)) {
+    let mut s = crate::sync::lock(&store.0);
+    f(&mut s);
+    s.version += 1;
+    store.1.notify_all();
+}
+
+/// Runs one rank's agreement to its end, or to its failure after `fail_after` steps.
+fn rank(
+    me: usize,
+    w: usize,
+    store: &Store,
+    fail_after: Option<usize>,
+    decide: Decide,
+) -> Option<Result<Decision>> {
+    let members: Vec<usize> = (0..w).collect();
+    let never = Time::from_nanos(u64::MAX);
+    let mut ag = Agreement::new(GroupId::WORLD, me, members, me as u64 + 1, never);
+    let mut steps = 0;
+    loop {
+        if fail_after == Some(steps) {
+            write(store, |s| {
+                s.lost.insert(me);
+            });
+            return None;
+        }
+        steps += 1;
+        match ag.poll() {
+            Ask::Publish { key, value } => write(store, |s| {
+                s.map.insert(key, value);
+            }),
+            Ask::Look { keys } => {
+                let mut s = crate::sync::lock(&store.0);
+                let values = keys.iter().map(|k| s.map.get(k).cloned()).collect();
+                ag.looked(values, Time::ZERO, &s.lost);
+                if matches!(ag.poll(), Ask::Look { .. }) {
+                    let seen = s.version;
+                    while s.version == seen {
+                        s = store.1.wait(s).unwrap_or_else(|e| e.into_inner());
+                    }
+                }
+            }
+            Ask::Decide { key, value } => {
+                let mut current = Vec::new();
+                write(store, |s| {
+                    current = match decide {
+                        Decide::CompareAndSet => s.map.entry(key).or_insert(value).clone(),
+                        Decide::Overwrite => {
+                            s.map.insert(key, value.clone());
+                            value
+                        }
+                    };
+                });
+                ag.decided(&current);
+            }
+            Ask::Done => return ag.outcome().cloned(),
+        }
+    }
+}
+
+/// `w` ranks (rank `r` fails after `fails[r]` steps, if given); checks the promise.
+fn agree(w: usize, fails: Vec<Option<usize>>, decide: Decide) {
+    let store: Store = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
+    let threads: Vec<_> = (1..w)
+        .map(|r| {
+            let (store, fail) = (store.clone(), fails[r]);
+            loom::thread::spawn(move || rank(r, w, &store, fail, decide))
+        })
+        .collect();
+    let mut results = vec![rank(0, w, &store, fails[0], decide)];
+    for t in threads {
+        results.push(t.join().unwrap_or_else(|_| panic!("a rank panicked")));
+    }
+    let decisions: Vec<&Decision> = results.iter().flatten().flatten().collect();
+    for d in &decisions {
+        assert_eq!(*d, decisions[0], "two decisions: {results:?}");
+    }
+    let published: BTreeSet<usize> = {
+        let s = crate::sync::lock(&store.0);
+        let probe = Agreement::new(GroupId::WORLD, 0, (0..w).collect(), 0, Time::ZERO);
+        (0..w)
+            .filter(|&r| s.map.contains_key(&probe.proposal_key(r)))
+            .collect()
+    };
+    for (r, res) in results.iter().enumerate() {
+        match res {
+            None => assert!(fails[r].is_some(), "rank {r} ended without an outcome"),
+            Some(Ok(d)) => {
+                assert!(d.members.iter().all(|m| published.contains(m)));
+                assert!(d.members.contains(&r));
+            }
+            Some(Err(e)) => panic!("live rank {r} failed: {e}"),
+        }
+    }
+}
+
+#[test]
+fn agreement_three_ranks_no_failure() {
+    check("agreement: 3 ranks, no failure", || {
+        agree(3, vec![None, None, None], Decide::CompareAndSet)
+    });
+}
+
+/// Rank 1 fails before publishing, after publishing, and after its first look.
+#[test]
+fn agreement_one_failure_at_each_step() {
+    for k in 0..3 {
+        check(
+            &format!("agreement: rank 1 fails after {k} steps"),
+            move || agree(3, vec![None, Some(k), None], Decide::CompareAndSet),
+        );
+    }
+}
+
+/// Ranks 1 and 2 both fail, at different steps: rank 0 alone goes on, with one decision.
+#[test]
+fn agreement_second_failure() {
+    for (a, b) in [(0, 1), (1, 2), (2, 0)] {
+        check(
+            &format!("agreement: ranks 1 and 2 fail after {a} and {b} steps"),
+            move || agree(3, vec![None, Some(a), Some(b)], Decide::CompareAndSet),
+        );
+    }
+}
+
+/// A store whose decision is overwritten, not compare-and-set: two ranks can end with two
+/// decisions (one saw the failed rank's proposal, one did not), and the model sees it.
+#[test]
+fn agreement_bug_overwritten_decision_splits() {
+    let (msg, _) = must_fail("agreement bug: overwritten decision", || {
+        agree(3, vec![None, Some(1), None], Decide::Overwrite)
+    });
+    assert!(msg.contains("two decisions"), "{msg}");
+}

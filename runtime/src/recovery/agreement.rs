@@ -1,0 +1,286 @@
+//! The survivors' agreement, as a state machine with no IO: who is alive, and which calls of
+//! the failed group completed on every survivor.
+//!
+//! Every survivor runs one [`Agreement`] against the job's store, a linearizable key-value
+//! register (the in-process memory store, or the TCP store's one server):
+//!
+//! 1. **Publish**: it writes its proposal, the number of the group's calls that completed on
+//!    it without a gap (calls `0..completed`), under its own key.
+//! 2. **Look**: it reads the decision key and every member's proposal key, again and again,
+//!    until a decision exists, or every member has either published or is known lost to it,
+//!    or the group's timeout has passed.
+//! 3. **Decide**: it proposes a decision from what it saw (members: the ranks that
+//!    published, in order; completed: the least of their proposals) with one
+//!    compare-and-set of the decision key from empty. The store keeps the first decision
+//!    written and hands it back to every later one: there is exactly one decision, whatever
+//!    fails when.
+//!
+//! A rank adopts the decision it reads: if it is a member, the decision is its new group; if
+//! not, it was left out ([`Error::LeftOut`]) and stops. A second failure cannot split the
+//! survivors: a rank that dies before publishing is left out by a decider that saw it lost
+//! (or waited out the timeout); one that dies after publishing is in the decision, and the
+//! new group's first call (or its creation, if the loss is known by then) fails with
+//! [`Error::PeerLost`], so the survivors agree again, from the new group. A decider that
+//! dies between its look and its compare-and-set leaves the key empty for the next one.
+
+use crate::error::{Error, Result};
+use crate::ids::{fnv1a, GroupId};
+use crate::time::Time;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The decision's magic bytes, and the version of its layout.
+const DECISION_MAGIC: [u8; 4] = *b"cxs1";
+/// Bytes of a decision before its members: magic, decider, completed, member count.
+const DECISION_HEAD: usize = 4 + 8 + 8 + 4;
+
+/// What the survivors of a group agreed on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// The members of the new group (global ranks, ascending): the new group ranks are
+    /// their positions.
+    pub members: Vec<usize>,
+    /// Calls `0..completed` of the failed group (by sequence number) completed on every
+    /// member of the new group; the rest must be made again (torchft's "should commit").
+    pub completed: u64,
+    /// The rank whose decision this is (global).
+    pub decided_by: usize,
+}
+
+impl Decision {
+    /// The new group's identity: the same on every member, and never the failed group's.
+    pub fn group_id(&self, failed: GroupId) -> GroupId {
+        let words = self.members.iter().map(|&m| m as u64);
+        GroupId::derive(failed, u64::MAX, &[3, fnv1a(words)])
+    }
+
+    /// The decision as the store keeps it.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(DECISION_HEAD + 8 * self.members.len());
+        v.extend_from_slice(&DECISION_MAGIC);
+        v.extend_from_slice(&(self.decided_by as u64).to_le_bytes());
+        v.extend_from_slice(&self.completed.to_le_bytes());
+        v.extend_from_slice(&(self.members.len() as u32).to_le_bytes());
+        for &m in &self.members {
+            v.extend_from_slice(&(m as u64).to_le_bytes());
+        }
+        v
+    }
+
+    /// A decision read from the store, checked against the failed group's members (`old`):
+    /// its members are distinct members of `old`, in order, and its decider one of `old`.
+    pub fn decode(bytes: &[u8], old: &[usize]) -> Result<Decision> {
+        let bad =
+            |what: &str| Error::Store(format!("the survivors' decision is malformed: {what}"));
+        if bytes.len() < DECISION_HEAD || bytes[..4] != DECISION_MAGIC {
+            return Err(bad("no decision header"));
+        }
+        let word = |at: usize| -> u64 {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        let rank = |w: u64| usize::try_from(w).unwrap_or(usize::MAX);
+        let decided_by = rank(word(4));
+        let completed = word(12);
+        let mut n4 = [0u8; 4];
+        n4.copy_from_slice(&bytes[20..24]);
+        let n = u32::from_le_bytes(n4) as usize;
+        // Checked against the failed group's size and the bytes present before allocating.
+        if n == 0 || n > old.len() || bytes.len() != DECISION_HEAD + 8 * n {
+            return Err(bad("member count and length disagree"));
+        }
+        let members: Vec<usize> = (0..n).map(|i| rank(word(DECISION_HEAD + 8 * i))).collect();
+        if !members.windows(2).all(|w| w[0] < w[1]) || !members.iter().all(|m| old.contains(m)) {
+            return Err(bad(
+                "members are not distinct members of the failed group, in order",
+            ));
+        }
+        if !old.contains(&decided_by) {
+            return Err(bad("decided by a rank outside the failed group"));
+        }
+        Ok(Decision {
+            members,
+            completed,
+            decided_by,
+        })
+    }
+}
+
+/// What the driver of an [`Agreement`] does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ask {
+    /// Set `key` to `value`, then poll again.
+    Publish {
+        /// The key.
+        key: String,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// Read `keys` and hand their values (`None` where absent), in order, to
+    /// [`Agreement::looked`]. When that leaves the agreement looking, wait a little before
+    /// asking again.
+    Look {
+        /// The keys.
+        keys: Vec<String>,
+    },
+    /// Compare-and-set `key` from empty (absent) to `value`, and hand the value the key holds
+    /// afterwards (the first decision written) to [`Agreement::decided`].
+    Decide {
+        /// The key.
+        key: String,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// Over: see [`Agreement::outcome`].
+    Done,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Step {
+    Publish,
+    Look,
+    Decide(Vec<u8>),
+    Done,
+}
+
+/// One survivor's part in agreeing on a failed group's survivors: see the module docs.
+#[derive(Debug)]
+pub struct Agreement {
+    group: GroupId,
+    me: usize,
+    members: Vec<usize>,
+    completed: u64,
+    deadline: Time,
+    step: Step,
+    /// Proposals seen: rank → calls completed.
+    seen: BTreeMap<usize, u64>,
+    outcome: Option<Result<Decision>>,
+}
+
+impl Agreement {
+    /// Global rank `me`'s agreement on the survivors of `group`, whose members are
+    /// `members` (global ranks); calls `0..completed` of the group completed here. After
+    /// `deadline` it decides without the members it has not heard from.
+    pub fn new(
+        group: GroupId,
+        me: usize,
+        members: Vec<usize>,
+        completed: u64,
+        deadline: Time,
+    ) -> Agreement {
+        Agreement {
+            group,
+            me,
+            members,
+            completed,
+            deadline,
+            step: Step::Publish,
+            seen: BTreeMap::new(),
+            outcome: None,
+        }
+    }
+
+    /// The store key of the decision.
+    pub fn decision_key(&self) -> String {
+        format!("collectix/survivors/{}/decision", self.group)
+    }
+
+    /// The store key of rank `rank`'s proposal.
+    pub fn proposal_key(&self, rank: usize) -> String {
+        format!("collectix/survivors/{}/rank/{rank}", self.group)
+    }
+
+    /// What to do next.
+    pub fn poll(&mut self) -> Ask {
+        match &self.step {
+            Step::Publish => {
+                self.step = Step::Look;
+                Ask::Publish {
+                    key: self.proposal_key(self.me),
+                    value: self.completed.to_le_bytes().to_vec(),
+                }
+            }
+            Step::Look => {
+                let mut keys = vec![self.decision_key()];
+                keys.extend(self.members.iter().map(|&m| self.proposal_key(m)));
+                Ask::Look { keys }
+            }
+            Step::Decide(value) => Ask::Decide {
+                key: self.decision_key(),
+                value: value.clone(),
+            },
+            Step::Done => Ask::Done,
+        }
+    }
+
+    /// The values of the keys of the last [`Ask::Look`], at `now`, with the peers this rank
+    /// knows lost (global ranks).
+    pub fn looked(&mut self, values: Vec<Option<Vec<u8>>>, now: Time, lost: &BTreeSet<usize>) {
+        if self.step != Step::Look {
+            return;
+        }
+        let mut values = values.into_iter();
+        if let Some(Some(d)) = values.next() {
+            self.adopt(&d);
+            return;
+        }
+        for (&m, v) in self.members.iter().zip(values) {
+            // A proposal is 8 bytes; anything else is not one (and is not counted).
+            if let Some(c) = v.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok()) {
+                self.seen.insert(m, u64::from_le_bytes(c));
+            }
+        }
+        let heard_all = self
+            .members
+            .iter()
+            .all(|m| self.seen.contains_key(m) || (lost.contains(m) && *m != self.me));
+        // Never decide without this rank's own proposal: it is in the store before any look.
+        if self.seen.contains_key(&self.me) && (heard_all || now >= self.deadline) {
+            let decision = Decision {
+                members: self.seen.keys().copied().collect(),
+                completed: self.seen.values().copied().min().unwrap_or(0),
+                decided_by: self.me,
+            };
+            self.step = Step::Decide(decision.encode());
+        } else if now >= self.deadline {
+            self.fail(Error::Store(format!(
+                "this rank's proposal for the survivors of group {} never showed in the store",
+                self.group
+            )));
+        }
+    }
+
+    /// The value the decision key holds after the compare-and-set of [`Ask::Decide`].
+    pub fn decided(&mut self, current: &[u8]) {
+        if matches!(self.step, Step::Decide(_)) {
+            self.adopt(current);
+        }
+    }
+
+    /// The store failed: the agreement ends with `e`.
+    pub fn fail(&mut self, e: Error) {
+        self.step = Step::Done;
+        self.outcome.get_or_insert(Err(e));
+    }
+
+    /// The decision (if this rank is in it), or why not; `None` while it runs.
+    pub fn outcome(&self) -> Option<&Result<Decision>> {
+        self.outcome.as_ref()
+    }
+
+    /// Ends with the decision in `bytes`.
+    fn adopt(&mut self, bytes: &[u8]) {
+        let r = Decision::decode(bytes, &self.members).and_then(|d| {
+            if d.members.contains(&self.me) {
+                Ok(d)
+            } else {
+                Err(Error::LeftOut {
+                    group: self.group,
+                    decided_by: d.decided_by,
+                })
+            }
+        });
+        self.step = Step::Done;
+        self.outcome = Some(r);
+    }
+}

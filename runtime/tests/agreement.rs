@@ -1,0 +1,267 @@
+//! The survivors' agreement (`recovery::Agreement`) under a seeded scheduler: every rank's
+//! steps against one linearizable store, interleaved at random, with one or two ranks failing
+//! at every step of the agreement (before publishing, after, between a look and the decision)
+//! and detected late or never. The promise checked, on every schedule:
+//!
+//! - every rank that did not fail ends (no hang), within the deadline plus a few steps;
+//! - there is one decision: every rank that ends with one ends with the same;
+//! - its members all published, and it is the least of their completed counts;
+//! - a live rank is left out only if the decision was taken at the deadline (nobody took a
+//!   live rank for dead here); a rank that is in the decision gets it, one that is not gets
+//!   `LeftOut` naming the decider.
+
+use collectix_runtime::recovery::{Agreement, Ask, Decision};
+use collectix_runtime::testing::sim::Rng;
+use collectix_runtime::{Error, GroupId, Time};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// Virtual time per scheduler tick.
+const TICK: Duration = Duration::from_micros(10);
+/// The agreements' deadline, in ticks.
+const DEADLINE_TICKS: u64 = 2_000;
+
+/// One rank's failure: it stops after `after` of its own steps; the others learn of it
+/// `detected` ticks later (`None`: never, only the deadline ends their wait).
+#[derive(Clone, Copy, Debug)]
+struct Failure {
+    rank: usize,
+    after: usize,
+    detected: Option<u64>,
+}
+
+struct Outcome {
+    /// Each rank's result (`None`: it failed).
+    results: Vec<Option<Result<Decision, Error>>>,
+    published: BTreeSet<usize>,
+    completed: Vec<u64>,
+    /// The tick of the first decision written.
+    decided_at: Option<u64>,
+}
+
+fn run(w: usize, failures: &[Failure], seed: u64) -> Outcome {
+    let mut rng = Rng::new(seed);
+    let group = GroupId::derive(GroupId::WORLD, 4, &[seed]);
+    let members: Vec<usize> = (0..w).collect();
+    let completed: Vec<u64> = (0..w).map(|_| rng.below(6) as u64).collect();
+    let deadline = Time::ZERO + TICK * DEADLINE_TICKS as u32;
+    let mut ags: Vec<Agreement> = (0..w)
+        .map(|r| Agreement::new(group, r, members.clone(), completed[r], deadline))
+        .collect();
+    let mut store: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut steps = vec![0usize; w];
+    let mut dead: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut decided_at = None;
+    let mut tick = 0u64;
+    loop {
+        tick += 1;
+        assert!(
+            tick < DEADLINE_TICKS * 4,
+            "hang: seed {seed}, failures {failures:?}"
+        );
+        let now = Time::ZERO + TICK * tick as u32;
+        let live: Vec<usize> = (0..w)
+            .filter(|r| !dead.contains_key(r) && ags[*r].outcome().is_none())
+            .collect();
+        if live.is_empty() {
+            break;
+        }
+        let r = live[rng.below(live.len())];
+        if let Some(f) = failures.iter().find(|f| f.rank == r && f.after == steps[r]) {
+            dead.insert(r, f.detected.map_or(u64::MAX, |d| tick + d));
+            continue;
+        }
+        steps[r] += 1;
+        let lost: BTreeSet<usize> = dead
+            .iter()
+            .filter(|(_, &at)| at <= tick)
+            .map(|(&d, _)| d)
+            .collect();
+        match ags[r].poll() {
+            Ask::Publish { key, value } => {
+                store.insert(key, value);
+            }
+            Ask::Look { keys } => {
+                let values = keys.iter().map(|k| store.get(k).cloned()).collect();
+                ags[r].looked(values, now, &lost);
+            }
+            Ask::Decide { key, value } => {
+                if !store.contains_key(&key) {
+                    decided_at = Some(tick);
+                }
+                let current = store.entry(key).or_insert(value).clone();
+                ags[r].decided(&current);
+            }
+            Ask::Done => {}
+        }
+    }
+    let probe = Agreement::new(group, 0, members.clone(), 0, deadline);
+    let published = (0..w)
+        .filter(|&r| store.contains_key(&probe.proposal_key(r)))
+        .collect();
+    Outcome {
+        results: (0..w)
+            .map(|r| {
+                if dead.contains_key(&r) {
+                    None
+                } else {
+                    ags[r].outcome().cloned()
+                }
+            })
+            .collect(),
+        published,
+        completed,
+        decided_at,
+    }
+}
+
+fn check(w: usize, failures: &[Failure], seed: u64) {
+    let o = run(w, failures, seed);
+    let ctx = format!("seed {seed}, {w} ranks, failures {failures:?}");
+    let decisions: Vec<&Decision> = o.results.iter().flatten().flatten().collect();
+    let Some(first) = decisions.first() else {
+        // Nobody live is in a decision: only possible if every live rank was left out.
+        for r in o.results.iter().flatten() {
+            assert!(matches!(r, Err(Error::LeftOut { .. })), "{ctx}: {r:?}");
+        }
+        return;
+    };
+    for d in &decisions {
+        assert_eq!(d, first, "{ctx}: two decisions");
+    }
+    assert!(
+        first.members.iter().all(|m| o.published.contains(m)),
+        "{ctx}: a member that never published: {first:?}"
+    );
+    let least = first.members.iter().map(|&m| o.completed[m]).min();
+    assert_eq!(Some(first.completed), least, "{ctx}");
+    let before_deadline = o.decided_at.is_some_and(|t| t < DEADLINE_TICKS);
+    for (r, res) in o.results.iter().enumerate() {
+        let Some(res) = res else { continue };
+        if first.members.contains(&r) {
+            assert_eq!(res.as_ref().ok(), Some(*first), "{ctx}: rank {r}");
+        } else {
+            assert!(
+                !before_deadline,
+                "{ctx}: live rank {r} left out before the deadline"
+            );
+            assert_eq!(
+                res.as_ref().err(),
+                Some(&Error::LeftOut {
+                    group: GroupId::derive(GroupId::WORLD, 4, &[seed]),
+                    decided_by: first.decided_by
+                }),
+                "{ctx}: rank {r}"
+            );
+        }
+    }
+}
+
+/// Nobody fails: one decision, with everyone, whatever the interleaving.
+#[test]
+fn with_no_failure_every_rank_is_in_the_one_decision() {
+    for w in 1..=5 {
+        for seed in 0..200 {
+            let o = run(w, &[], seed);
+            for (r, res) in o.results.iter().enumerate() {
+                match res {
+                    Some(Ok(d)) => {
+                        assert_eq!(d.members, (0..w).collect::<Vec<_>>(), "seed {seed}");
+                        assert_eq!(Some(d.completed), o.completed.iter().copied().min());
+                    }
+                    other => panic!("seed {seed}, rank {r}: {other:?}"),
+                }
+            }
+        }
+    }
+}
+
+/// One rank fails at each step of its agreement (before publishing, after, after each look,
+/// before its compare-and-set), detected soon, late, or never.
+#[test]
+fn one_failure_at_every_step() {
+    for w in 2..=5 {
+        for victim in 0..w {
+            for after in 0..6 {
+                for detected in [Some(1), Some(50), None] {
+                    for seed in 0..30 {
+                        let f = Failure {
+                            rank: victim,
+                            after,
+                            detected,
+                        };
+                        check(w, &[f], seed);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A second failure during the agreement, at every pair of steps: the survivors still end
+/// with one decision.
+#[test]
+fn a_second_failure_during_the_agreement() {
+    for w in 3..=5 {
+        for a in 0..5 {
+            for b in 0..5 {
+                for detected in [Some(1), Some(80), None] {
+                    for seed in 0..12 {
+                        let fs = [
+                            Failure {
+                                rank: 0,
+                                after: a,
+                                detected,
+                            },
+                            Failure {
+                                rank: w - 1,
+                                after: b,
+                                detected: Some(3),
+                            },
+                        ];
+                        check(w, &fs, seed);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the store hands back is data from outside: anything but a well-formed decision over
+/// the failed group's members is an error, never a panic or a huge allocation.
+#[test]
+fn a_malformed_decision_is_an_error() {
+    let old = [0usize, 1, 2];
+    let good = Decision {
+        members: vec![0, 2],
+        completed: 7,
+        decided_by: 2,
+    };
+    let bytes = good.encode();
+    assert_eq!(Decision::decode(&bytes, &old), Ok(good.clone()));
+    for cut in 0..bytes.len() {
+        assert!(
+            Decision::decode(&bytes[..cut], &old).is_err(),
+            "cut at {cut}"
+        );
+    }
+    let mut huge = bytes.clone();
+    huge[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(Decision::decode(&huge, &old).is_err());
+    let outsider = Decision {
+        members: vec![0, 5],
+        ..good.clone()
+    };
+    assert!(Decision::decode(&outsider.encode(), &old).is_err());
+    let unordered = Decision {
+        members: vec![2, 0],
+        ..good
+    };
+    assert!(Decision::decode(&unordered.encode(), &old).is_err());
+    let mut rng = Rng::new(1);
+    for _ in 0..2_000 {
+        let n = rng.below(64);
+        let junk: Vec<u8> = (0..n).map(|_| rng.below(256) as u8).collect();
+        let _ = Decision::decode(&junk, &old);
+    }
+}

@@ -1,0 +1,143 @@
+//! Revoking a group (ULFM's `MPI_Comm_revoke`) in the seeded simulator: every member's
+//! pending and later calls fail promptly, naming the revoker; and a group made after a loss
+//! that still names the lost rank fails at once.
+
+use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
+use collectix_runtime::testing::sim::Sim;
+use collectix_runtime::testing::Case;
+use collectix_runtime::{DType, Error, OpId, OpKind, ReduceOp, Time};
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_millis(50);
+const STEPS: usize = 1_000_000;
+
+fn opts() -> CallOptions {
+    CallOptions {
+        timeout: Some(TIMEOUT),
+        ..Default::default()
+    }
+}
+
+fn all_reduce(w: usize) -> Case {
+    Case {
+        kind: OpKind::AllReduce,
+        size: w,
+        count: 4,
+        dtype: DType::F32,
+        op: ReduceOp::Sum,
+        root: 0,
+        algorithm: None,
+    }
+}
+
+fn revoked_by(e: Option<&collectix_runtime::Result<collectix_runtime::Output>>) -> Option<usize> {
+    match e {
+        Some(Err(e)) => match e.root_cause() {
+            Error::Revoked { by, .. } => Some(*by),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Ranks 0, 2 and 3 wait in an all_reduce that rank 1 will never join: rank 1 revokes the
+/// group instead. Each fails at once (far inside its timeout) with the revoke naming rank
+/// 1, and so does every later call of every member, the revoker's included.
+#[test]
+fn a_revoke_ends_every_members_pending_and_later_calls() {
+    let w = 4;
+    for seed in 0..20 {
+        let mut sim = Sim::new(w, seed);
+        let case = all_reduce(w);
+        let waiting: Vec<(usize, OpId)> = [0, 2, 3]
+            .into_iter()
+            .map(|r| {
+                let id = sim
+                    .submit(r, GroupId::WORLD, case.request(r), &opts())
+                    .unwrap_or_else(|e| panic!("{e}"));
+                (r, id)
+            })
+            .collect();
+        sim.run_for(Duration::from_micros(100));
+        assert_eq!(sim.revoke(1, GroupId::WORLD), Ok(()));
+        sim.run(STEPS).unwrap_or_else(|e| panic!("{e:?}"));
+        for &(r, id) in &waiting {
+            assert_eq!(
+                revoked_by(sim.result(r, id)),
+                Some(1),
+                "rank {r}: {:?}\n{}",
+                sim.result(r, id),
+                sim.trace_text()
+            );
+            let at = sim.completed_at(r, id).unwrap_or(Time::ZERO);
+            assert!(at < Time::ZERO + TIMEOUT / 10, "rank {r} told at {at:?}");
+        }
+        for r in 0..w {
+            let later = sim
+                .submit(r, GroupId::WORLD, case.request(r), &opts())
+                .unwrap_or_else(|e| panic!("{e}"));
+            sim.run(STEPS).unwrap_or_else(|e| panic!("{e:?}"));
+            assert_eq!(revoked_by(sim.result(r, later)), Some(1), "rank {r}");
+        }
+        // Revoking again is harmless; the first revoke stands.
+        assert_eq!(sim.revoke(2, GroupId::WORLD), Ok(()));
+    }
+}
+
+/// A revoke reaches only its group: a group of the same ranks made separately goes on.
+#[test]
+fn a_revoke_leaves_other_groups_alone() {
+    let w = 3;
+    let mut sim = Sim::new(w, 5);
+    let other = GroupId::derive(GroupId::WORLD, 0, &[9]);
+    sim.add_group_everywhere(other, &[0, 1, 2], GroupOptions::default());
+    assert_eq!(sim.revoke(0, GroupId::WORLD), Ok(()));
+    let case = all_reduce(w);
+    let ids: Vec<OpId> = (0..w)
+        .map(|r| {
+            sim.submit(r, other, case.request(r), &opts())
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    sim.run(STEPS).unwrap_or_else(|e| panic!("{e:?}"));
+    for (r, id) in ids.into_iter().enumerate() {
+        assert!(matches!(sim.result(r, id), Some(Ok(_))), "rank {r}");
+    }
+    // Revoking a group this rank is not in, or one it destroyed, is refused.
+    let stranger = GroupId::derive(GroupId::WORLD, 1, &[7]);
+    assert!(matches!(
+        sim.revoke(0, stranger),
+        Err(Error::NotAMember { .. })
+    ));
+    assert_eq!(sim.destroy_group(1, other), Ok(()));
+    assert!(matches!(
+        sim.revoke(1, other),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+/// Rank 2 is killed; the survivors then make a group that still names it (a decision
+/// taken before the loss was known, say). Its first call fails at once with the loss,
+/// instead of waiting out its timeout.
+#[test]
+fn a_group_made_after_a_loss_that_names_the_lost_rank_fails_at_once() {
+    let w = 3;
+    let mut sim = Sim::new(w, 8);
+    sim.kill(2);
+    let late = GroupId::derive(GroupId::WORLD, 2, &[3]);
+    sim.add_group_everywhere(late, &[0, 1, 2], GroupOptions::default());
+    let case = all_reduce(w);
+    for r in 0..2 {
+        let id = sim
+            .submit(r, late, case.request(r), &opts())
+            .unwrap_or_else(|e| panic!("{e}"));
+        sim.run(STEPS).unwrap_or_else(|e| panic!("{e:?}"));
+        let e = match sim.result(r, id) {
+            Some(Err(e)) => e.root_cause().clone(),
+            other => panic!("rank {r}: {other:?}"),
+        };
+        assert_eq!(e, Error::PeerLost { rank: 2 }, "rank {r}");
+        let at = sim.completed_at(r, id).unwrap_or(Time::ZERO);
+        assert!(at < Time::ZERO + TIMEOUT / 10, "rank {r} failed at {at:?}");
+    }
+}
