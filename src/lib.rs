@@ -84,8 +84,8 @@ pub use collectix_actors::device;
 pub use collectix_actors::device::TensorDeviceExt;
 pub use collectix_actors::{
     init, Communicator, Connect, DeviceBackend, FileStore, InitArgs, JobConfig, Launcher, Liveness,
-    MemoryStore, P2POp, PrefixStore, Process, Rendezvous, Secret, Security, Store, TcpStore,
-    TcpStoreServer, Work, World, FIRST_RESERVED_TAG,
+    MemoryStore, P2POp, PrefixStore, Process, Rendezvous, Secret, Security, Shrunk, Store,
+    TcpStore, TcpStoreServer, Work, World, FIRST_RESERVED_TAG,
 };
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{

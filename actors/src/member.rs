@@ -26,6 +26,8 @@ pub(crate) struct RankShared {
     pub(crate) driver: Arc<Driver>,
     pub(crate) arbiter: ArbiterHandle,
     pub(crate) rank_threads: Arc<RankThreads>,
+    /// The job's store, where the survivors of a failed group agree (`recovery.rs`).
+    pub(crate) store: Arc<dyn crate::store::Store>,
 }
 
 /// One group as one rank holds it: its info and the counters that order its calls. On cache

@@ -33,7 +33,7 @@ use crate::transport::tcp::{Inbound, Liveness};
 use actix::System;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{Link, LinkError, Message};
-use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
+use collectix_runtime::{Error, GroupId, GroupInfo, GroupOptions, Result};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -362,6 +362,7 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         driver,
         arbiter,
         rank_threads: crate::work::RankThreads::shared(&[thread_id]),
+        store: store.clone(),
     });
     Ok((Communicator::new(shared, info), system, thread, mesh, me))
 }
@@ -431,10 +432,13 @@ impl Process {
             done: tx,
         });
         let pending = rx.recv_timeout(LINGER * 2).unwrap_or_default();
-        // Every rank has left (or the wait ran out): closing now harms nobody.
+        // Every rank has left (or the wait ran out): closing now harms nobody. Ranks this one
+        // saw lost never will leave: they are not waited for.
         let (rank, world) = (self.config.rank, self.config.world_size);
+        let (lost, _) = self.comm.member.rank.driver.survivors_view(GroupId::WORLD);
+        let alive = || (0..world).filter(|r| !lost.contains(r));
         let _ = self.store.set(&format!("left/{rank}"), Vec::new());
-        let keys: Vec<String> = (0..world).map(|r| format!("left/{r}")).collect();
+        let keys: Vec<String> = alive().map(|r| format!("left/{r}")).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         if let Err(e) = self.store.wait(&refs, LINGER) {
             tracing::warn!(rank, error = %e, "not every rank left in order; closing anyway");
@@ -443,7 +447,7 @@ impl Process {
         // rank's last request could find the store gone and wait out its timeout).
         let _ = self.store.set(&format!("gone/{rank}"), Vec::new());
         if self.server.is_some() {
-            let keys: Vec<String> = (0..world).map(|r| format!("gone/{r}")).collect();
+            let keys: Vec<String> = alive().map(|r| format!("gone/{r}")).collect();
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             let _ = self.store.wait(&refs, LINGER);
         }

@@ -6,6 +6,7 @@ use crate::member::RankShared;
 use crate::rank::actor::Quiesce;
 use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN};
 use crate::rank::system;
+use crate::store::{MemoryStore, Store};
 use crate::transport::local;
 use actix::System;
 use collectix_runtime::data_plane::Arenas;
@@ -64,6 +65,8 @@ impl World {
             d.set_links(local::links(r, &drivers));
         }
         let threads: Arc<[ThreadId]> = started.ranks.iter().map(|(_, _, t)| *t).collect();
+        // The ranks' store: where the survivors of a failed group agree.
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         let mut comms = Vec::with_capacity(n);
         let ranks = started.ranks.into_iter().zip(drivers).zip(infos);
         for (r, (((addr, arbiter, _), driver), info)) in ranks.enumerate() {
@@ -76,6 +79,7 @@ impl World {
                 // A copy of its own per rank: every call clones and drops it, and one `Arc`
                 // shared by the ranks would move its count between their cores on each.
                 rank_threads: crate::work::RankThreads::shared(&threads),
+                store: store.clone(),
             });
             comms.push(Communicator::new(shared, info));
         }
@@ -99,6 +103,28 @@ impl World {
     /// Rank `r`'s world communicator.
     pub fn rank(&self, r: usize) -> Option<&Communicator> {
         self.comms.get(r)
+    }
+
+    /// Kills rank `r` as a crashed process would die: its calls fail with
+    /// [`Error::Shutdown`] and later ones are refused, and every other rank sees it lost at
+    /// once (its calls that need rank `r` fail with [`Error::PeerLost`], its groups with
+    /// `r` abort), as a closed connection tells the ranks of a TCP job. For tests of what a
+    /// program does after a loss, and for supervisors. The world's other ranks go on;
+    /// [`shutdown`](Self::shutdown) still stops them all.
+    pub fn kill(&self, r: usize) -> Result<()> {
+        let Some(victim) = self.comms.get(r) else {
+            return Err(Error::invalid(format!(
+                "no rank {r} in a world of {}",
+                self.comms.len()
+            )));
+        };
+        victim.member.rank.driver.stopped();
+        for (i, c) in self.comms.iter().enumerate() {
+            if i != r {
+                c.member.rank.driver.peer_lost(r);
+            }
+        }
+        Ok(())
     }
 
     /// Stops every rank and joins every thread. `Err` with the pending error of the lowest

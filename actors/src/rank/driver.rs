@@ -37,6 +37,7 @@ use collectix_runtime::wire::{Link, Message, Outbox};
 use collectix_runtime::{Engine, Error, GroupId, GroupInfo, Output, Plan, Result, Time};
 use handoff::GRACE;
 use state::Waiting;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
@@ -288,6 +289,27 @@ impl Driver {
                 return Err(Error::Shutdown);
             }
             core.engine.destroy_group(group)
+        })
+    }
+
+    /// Revokes a group on the rank (see `Engine::revoke_group`).
+    pub(crate) fn revoke(&self, group: GroupId) -> Result<()> {
+        self.run(|core, _, _| {
+            if core.quiesced {
+                return Err(Error::Shutdown);
+            }
+            core.engine.revoke_group(group)
+        })
+    }
+
+    /// The peers this rank saw lost, and how many of `group`'s calls completed here without
+    /// a gap (`None`: not a group of this rank).
+    pub(crate) fn survivors_view(&self, group: GroupId) -> (BTreeSet<usize>, Option<u64>) {
+        self.run(|core, _, _| {
+            (
+                core.engine.lost_peers().clone(),
+                core.engine.completed_calls(group),
+            )
         })
     }
 

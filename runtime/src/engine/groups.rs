@@ -51,6 +51,8 @@ pub(super) struct Group {
 pub(super) struct DoneCalls {
     slots: Vec<Option<(u64, Fingerprint)>>,
     latest: Option<u64>,
+    /// Calls `0..prefix` all finished here (the gapless prefix).
+    prefix: u64,
 }
 
 impl DoneCalls {
@@ -77,6 +79,11 @@ impl DoneCalls {
         self.latest
     }
 
+    /// How many calls finished here without a gap: calls `0..prefix()` all did.
+    pub(super) fn prefix(&self) -> u64 {
+        self.prefix
+    }
+
     /// Records finished call `seq`; the call no longer kept because of it (the older call in
     /// its slot, or `seq` itself if its slot holds a newer one).
     pub(super) fn insert(&mut self, seq: u64, fp: Fingerprint) -> Option<u64> {
@@ -89,6 +96,9 @@ impl DoneCalls {
             Some((s, _)) if s > seq => Some(seq),
             old => {
                 self.slots[i] = Some((seq, fp));
+                while self.contains(self.prefix) {
+                    self.prefix += 1;
+                }
                 old.map(|(s, _)| s).filter(|s| *s != seq)
             }
         }
@@ -127,6 +137,15 @@ impl Engine {
     /// The group, if registered.
     pub fn group(&self, id: GroupId) -> Option<&GroupInfo> {
         self.groups.get(&id).map(|g| &g.info)
+    }
+
+    /// How many of the group's collective calls completed on this rank without a gap: calls
+    /// `0..n` (by sequence number) all did (`None`: not a group of this rank). A failed call
+    /// ends the prefix. For a call on the NCCL path, it is the host agreement step that
+    /// counts (the device operation itself may fail after it). This is this rank's part of
+    /// the survivors' agreement on what completed everywhere (`recovery::Agreement`).
+    pub fn completed_calls(&self, id: GroupId) -> Option<u64> {
+        self.groups.get(&id).map(|g| g.done.prefix())
     }
 
     /// Why the group was aborted, if it was.
@@ -229,11 +248,13 @@ mod tests {
         let k = DONE_KEPT as u64;
         let mut done = DoneCalls::default();
         assert_eq!(done.latest(), None);
+        assert_eq!(done.prefix(), 0);
         for seq in 0..k {
             assert_eq!(done.insert(seq, fp(seq)), None, "nothing forgotten yet");
         }
         assert_eq!(done.get(5), Some(fp(5)));
         assert_eq!(done.latest(), Some(k - 1));
+        assert_eq!(done.prefix(), k, "every call up to k - 1 finished");
         // Out of order: a later call finishes before an earlier one.
         assert_eq!(
             done.insert(k + 1, fp(k + 1)),
@@ -244,6 +265,7 @@ mod tests {
         assert_eq!(done.insert(k, fp(k)), Some(0));
         assert_eq!(done.get(k), Some(fp(k)));
         assert_eq!(done.latest(), Some(k + 1));
+        assert_eq!(done.prefix(), k + 2, "call k closed the gap");
         // A call older than the one in its slot is forgotten at once, never the newer one.
         assert_eq!(done.insert(1, fp(1)), Some(1));
         assert_eq!(done.get(k + 1), Some(fp(k + 1)));

@@ -147,6 +147,9 @@ pub(crate) struct Connection {
 /// Starts the reader and writer of an accepted or connected `stream` to global rank `peer`;
 /// what arrives goes to `inbound`, its payload parts in buffers from `pool` (shared by a
 /// process's connections, [`RECV_POOL_BYTES`]).
+/// Why a link ended when its peer closed the connection between two frames.
+pub(crate) const CLOSED_BY_PEER: &str = "the peer closed the connection";
+
 pub(crate) fn start(
     stream: TcpStream,
     peer: usize,
@@ -164,7 +167,13 @@ pub(crate) fn start(
         let (inbound, lost_once) = (inbound.clone(), lost_once.clone());
         move |why: &str| {
             if !lost_once.swap(true, Ordering::SeqCst) {
-                tracing::warn!(peer, reason = why, "link lost");
+                // A peer that closes its end at a frame boundary may have left in order (the
+                // engine knows, and warns of a loss that matters); anything else is a fault.
+                if why == CLOSED_BY_PEER {
+                    tracing::debug!(peer, reason = why, "link closed");
+                } else {
+                    tracing::warn!(peer, reason = why, "link lost");
+                }
                 inbound.lost(peer);
             }
         }

@@ -123,7 +123,7 @@ fn read_some(
     loop {
         return match s.read(dst) {
             Ok(0) if mid => Err("the peer closed the connection in the middle of a frame".into()),
-            Ok(0) => Err("the peer closed the connection".into()),
+            Ok(0) => Err(super::CLOSED_BY_PEER.into()),
             Ok(n) => Ok(n),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e)

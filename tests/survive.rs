@@ -1,0 +1,351 @@
+//! Surviving a failure, in one process: a revoke reaches every rank at once; a rank that
+//! destroys a group with nothing in flight is heard at once; the survivors of a killed rank
+//! shrink to a smaller group (together, skewed, or with a second rank killed during the
+//! agreement), agree on what completed, and go on with exact results.
+//!
+//! The time bounds below are hang guards, not timings: the groups' timeout is 30 s, and a
+//! rank that is told of a failure hears within milliseconds; a bound of a few seconds tells
+//! one from the other on any machine.
+
+mod common;
+use collectix::{
+    Communicator, DType, Error, GroupOptions, ReduceOp, Shrunk, Tensor, TensorSpec, World,
+};
+use common::{root, wait_all};
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+/// Far below [`TIMEOUT`]: what a rank that was told takes, with room for a slow machine.
+const TOLD: Duration = Duration::from_secs(5);
+
+fn world(n: usize) -> World {
+    World::local_with(n, GroupOptions::default().with_timeout(TIMEOUT))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn ones(n: usize) -> Tensor {
+    Tensor::from_vec(vec![1.0f32; n])
+}
+
+/// Each of `comms` all_reduces `[rank + 1]`; returns what each got.
+fn sums(comms: &[Communicator]) -> Vec<collectix::Result<Vec<f32>>> {
+    let works = comms
+        .iter()
+        .map(|c| c.all_reduce(Tensor::from_vec(vec![c.rank() as f32 + 1.0]), ReduceOp::Sum))
+        .collect();
+    wait_all(works, 60)
+        .into_iter()
+        .map(|r| r.and_then(|t| t.to_vec::<f32>()))
+        .collect()
+}
+
+#[test]
+fn a_revoke_reaches_every_rank_at_once_and_names_the_revoker() {
+    let w = world(4);
+    let c = w.communicators();
+    let start = Instant::now();
+    let waiting: Vec<_> = [0, 2, 3]
+        .iter()
+        .map(|&r| c[r].all_reduce(ones(8), ReduceOp::Sum))
+        .collect();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(c[1].revoke(), Ok(()));
+    for (r, res) in [0, 2, 3].into_iter().zip(wait_all(waiting, 60)) {
+        let e = res.err().unwrap_or_else(|| panic!("rank {r} completed"));
+        assert_eq!(
+            root(&e),
+            &Error::Revoked {
+                group: c[0].group_id(),
+                by: 1
+            },
+            "rank {r}: {e}"
+        );
+    }
+    assert!(start.elapsed() < TOLD, "told after {:?}", start.elapsed());
+    // Later calls fail the same way, on every rank, the revoker's included.
+    for (r, res) in sums(c).into_iter().enumerate() {
+        let e = res
+            .err()
+            .unwrap_or_else(|| panic!("rank {r}: a later call completed"));
+        assert!(matches!(root(&e), Error::Revoked { by: 1, .. }), "{e}");
+    }
+    drop(w);
+}
+
+#[test]
+fn a_rank_that_destroys_a_group_with_nothing_in_flight_is_heard_at_once() {
+    let w = world(3);
+    let c = w.communicators();
+    assert_eq!(c[2].destroy().wait(), Ok(()));
+    let start = Instant::now();
+    let got = wait_all(
+        c[..2]
+            .iter()
+            .map(|c| c.all_reduce(ones(4), ReduceOp::Sum))
+            .collect(),
+        60,
+    );
+    for (r, res) in got.into_iter().enumerate() {
+        let e = res.err().unwrap_or_else(|| panic!("rank {r} completed"));
+        assert_eq!(
+            root(&e),
+            &Error::PeerShutdown {
+                rank: 2,
+                undelivered: 0
+            },
+            "rank {r}: {e}"
+        );
+    }
+    assert!(start.elapsed() < TOLD, "heard after {:?}", start.elapsed());
+    // Leaving a group is no failure: nothing is pending on the others.
+    assert_eq!(w.shutdown(), Ok(()));
+}
+
+/// Every survivor shrinks; checks the agreement and returns the new handles, in old rank
+/// order.
+fn shrink_all(survivors: &[&Communicator], delay_of: impl Fn(usize) -> Duration) -> Vec<Shrunk> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = survivors
+            .iter()
+            .map(|c| {
+                let d = delay_of(c.rank());
+                s.spawn(move || {
+                    std::thread::sleep(d);
+                    c.shrink().wait()
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| panic!("a shrink panicked"))
+                    .unwrap_or_else(|e| panic!("shrink failed: {e}"))
+            })
+            .collect()
+    })
+}
+
+/// Four ranks train (an all_reduce per step); rank 2 is killed after step 3 while the
+/// others are in step 4. The survivors fail, shrink to three ranks numbered 0, 1, 2 in the
+/// order of their old ranks, agree that calls 0..3 completed everywhere, and go on with
+/// exact sums. Skewed: one survivor comes to the agreement late.
+#[test]
+fn the_survivors_of_a_killed_rank_shrink_and_go_on() {
+    for late in [None, Some(3usize)] {
+        let w = world(4);
+        let c = w.communicators();
+        for step in 0..3 {
+            for (r, s) in sums(c).into_iter().enumerate() {
+                assert_eq!(s, Ok(vec![10.0]), "step {step}, rank {r}");
+            }
+        }
+        let survivors: Vec<&Communicator> = [0, 1, 3].iter().map(|&r| &c[r]).collect();
+        let step4: Vec<_> = survivors
+            .iter()
+            .map(|c| c.all_reduce(ones(1), ReduceOp::Sum))
+            .collect();
+        w.kill(2).unwrap_or_else(|e| panic!("{e}"));
+        let start = Instant::now();
+        for res in wait_all(step4, 60) {
+            let e = res.err().unwrap_or_else(|| panic!("step 4 completed"));
+            assert_eq!(root(&e), &Error::PeerLost { rank: 2 }, "{e}");
+        }
+        assert!(start.elapsed() < TOLD);
+        let shrunk = shrink_all(&survivors, |r| {
+            if Some(r) == late {
+                Duration::from_millis(300)
+            } else {
+                Duration::ZERO
+            }
+        });
+        for (i, s) in shrunk.iter().enumerate() {
+            assert_eq!(s.completed, 3, "calls 0, 1 and 2 completed everywhere");
+            assert_eq!(s.left_out, vec![2]);
+            assert_eq!(
+                (s.communicator.rank(), s.communicator.size()),
+                (i, 3),
+                "renumbered in order"
+            );
+            assert_eq!(s.communicator.members(), &[0, 1, 3]);
+        }
+        let next: Vec<Communicator> = shrunk.into_iter().map(|s| s.communicator).collect();
+        for (r, s) in sums(&next).into_iter().enumerate() {
+            assert_eq!(s, Ok(vec![6.0]), "rank {r} of the survivors");
+        }
+        // The new group does everything the old one did: an all_gather, for one.
+        let works = next
+            .iter()
+            .map(|c| {
+                c.all_gather_into_tensor(
+                    TensorSpec::new(&[3], DType::I32),
+                    Tensor::from_vec(vec![c.global_rank() as i32]),
+                )
+            })
+            .collect();
+        for t in wait_all(works, 60) {
+            let t = t.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(t.to_vec::<i32>(), Ok(vec![0, 1, 3]));
+        }
+        assert_eq!(w.shutdown(), Ok(()));
+    }
+}
+
+/// Rank 3 is killed, and rank 1 dies during the survivors' agreement, at a point that
+/// varies from run to run: the survivors never split. They end in one group (whichever
+/// decision stood), and if the dead rank 1 is in it, its first call fails with the loss
+/// and they shrink again, down to ranks 0 and 2.
+#[test]
+fn a_second_failure_during_the_agreement_never_splits_the_survivors() {
+    for delay_ms in [0u64, 1, 3, 10] {
+        let w = world(4);
+        let c = w.communicators();
+        w.kill(3).unwrap_or_else(|e| panic!("{e}"));
+        let alive = [&c[0], &c[2]];
+        let (mut groups, killer) = std::thread::scope(|s| {
+            let killer = s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(delay_ms));
+                w.kill(1)
+            });
+            // Rank 1 starts its part too (it may publish before it dies, or not).
+            let _ghost = c[1].shrink();
+            (shrink_all(&alive, |_| Duration::ZERO), killer.join())
+        });
+        assert!(matches!(killer, Ok(Ok(()))));
+        assert_eq!(
+            groups[0].communicator.group_id(),
+            groups[1].communicator.group_id()
+        );
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            assert!(rounds <= 3, "still no working group after {rounds} rounds");
+            let comms: Vec<Communicator> = groups.iter().map(|s| s.communicator.clone()).collect();
+            let got = sums(&comms);
+            if got.iter().all(Result::is_ok) {
+                assert_eq!(comms[0].members(), &[0, 2]);
+                for s in got {
+                    assert_eq!(s, Ok(vec![3.0]));
+                }
+                break;
+            }
+            for s in &got {
+                let e = s
+                    .as_ref()
+                    .err()
+                    .unwrap_or_else(|| panic!("one ok, one not: {got:?}"));
+                assert_eq!(root(e), &Error::PeerLost { rank: 1 }, "{e}");
+            }
+            let refs: Vec<&Communicator> = comms.iter().collect();
+            groups = shrink_all(&refs, |_| Duration::ZERO);
+        }
+        drop(w);
+    }
+}
+
+/// A rank that comes to the agreement after the group's timeout (a frozen process, say)
+/// is left out: the others decided without it, and it is told so, naming the decider.
+#[test]
+fn a_rank_that_comes_after_the_timeout_is_left_out() {
+    let w = World::local_with(
+        3,
+        GroupOptions::default().with_timeout(Duration::from_millis(300)),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let c = w.communicators();
+    let shrunk = shrink_all(&[&c[0], &c[1]], |_| Duration::ZERO);
+    assert_eq!(shrunk[0].communicator.members(), &[0, 1]);
+    assert_eq!(shrunk[1].left_out, vec![2]);
+    let e = c[2].shrink().wait().err();
+    assert!(
+        matches!(
+            e,
+            Some(Error::LeftOut {
+                decided_by: 0 | 1,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    drop(w);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(29_998, |a| a.port())
+}
+
+/// Over TCP (each rank a thread with its own actor system and sockets, joined through
+/// rank 0's store): rank 2's process aborts; the survivors' next call fails naming it,
+/// they shrink through the store, agree that the two calls before completed everywhere, go
+/// on with an exact sum over the new group, and leave without waiting for the dead rank.
+#[test]
+fn over_tcp_the_survivors_of_an_aborted_process_shrink_and_go_on() {
+    use collectix::{init, InitArgs, Secret, Security};
+    let port = free_port();
+    let w = 4;
+    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..w)
+            .map(|r| {
+                s.spawn(move || -> Result<(), String> {
+                    let secret =
+                        Secret::new("the survive tests' secret").map_err(|e| e.to_string())?;
+                    let args = InitArgs {
+                        init_method: Some(format!("tcp://127.0.0.1:{port}")),
+                        rank: Some(r),
+                        world_size: Some(w),
+                        connect: None,
+                        security: Some(Security::with_secret(secret)),
+                        liveness: None,
+                    };
+                    let options = GroupOptions::default().with_timeout(TIMEOUT);
+                    let p =
+                        init(&args, options, Duration::from_secs(60)).map_err(|e| e.to_string())?;
+                    let c = p.communicator();
+                    let first = c
+                        .all_reduce(ones(2), ReduceOp::Sum)
+                        .wait()
+                        .map_err(|e| e.to_string())?;
+                    if first.to_vec::<f32>() != Ok(vec![4.0, 4.0]) {
+                        return Err(format!("rank {r}: {first:?}"));
+                    }
+                    c.barrier().wait().map_err(|e| e.to_string())?;
+                    if r == 2 {
+                        p.abort();
+                        return Ok(());
+                    }
+                    match c.all_reduce(ones(2), ReduceOp::Sum).wait() {
+                        Err(e) if *root(&e) == Error::PeerLost { rank: 2 } => {}
+                        other => return Err(format!("rank {r}: {other:?}")),
+                    }
+                    let shrunk = c.shrink().wait().map_err(|e| format!("rank {r}: {e}"))?;
+                    if (shrunk.completed, shrunk.left_out.as_slice()) != (2, &[2][..]) {
+                        return Err(format!("rank {r}: {shrunk:?}"));
+                    }
+                    let next = shrunk.communicator;
+                    let mine = Tensor::from_vec(vec![r as f32]);
+                    let sum = next
+                        .all_reduce(mine, ReduceOp::Sum)
+                        .wait()
+                        .map_err(|e| e.to_string())?;
+                    if sum.to_vec::<f32>() != Ok(vec![4.0]) {
+                        return Err(format!("rank {r}: sum {sum:?}"));
+                    }
+                    let start = Instant::now();
+                    p.shutdown()
+                        .map_err(|e| format!("rank {r} left with {e}"))?;
+                    if start.elapsed() > Duration::from_secs(8) {
+                        return Err(format!("rank {r}: leaving took {:?}", start.elapsed()));
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect()
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        assert_eq!(res, Ok(()), "rank {r}");
+    }
+}
