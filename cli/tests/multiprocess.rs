@@ -250,3 +250,32 @@ fn a_rank_killed_mid_all_reduce_under_collectix_launch_stops_the_job_and_is_name
         );
     }
 }
+
+/// A job whose ranks all finish and leave in order logs no warning: a peer that closes its
+/// links after leaving is no lost peer, and no group is aborted (each such job logged
+/// "link lost" and often "group aborted … peer rank N was lost"). Three runs, since which
+/// rank leaves first varies.
+#[test]
+fn a_clean_job_logs_no_warning() {
+    let exe = example("multiprocess");
+    for run in 0..3 {
+        let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+            .args(["launch", "--nproc-per-node", "3", "--master-port"])
+            .arg(free_port().to_string())
+            .arg("--")
+            .arg(&exe)
+            .env("RUST_LOG", "collectix=warn")
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let so = String::from_utf8_lossy(&out.stdout);
+        let se = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "run {run}:\n{so}\n{se}");
+        let warned: Vec<&str> = so
+            .lines()
+            .chain(se.lines())
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect();
+        assert!(warned.is_empty(), "run {run}: {warned:#?}");
+    }
+}
