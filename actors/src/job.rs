@@ -48,7 +48,8 @@ pub struct InitArgs {
 /// Where the job's rendezvous store is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rendezvous {
-    /// A TCP store: rank 0 serves it on `port`; every rank connects to `host:port`.
+    /// A TCP store: rank 0 serves it on `port` (unless the launcher does:
+    /// [`JobConfig::launcher_store`]); every rank connects to `host:port`.
     Tcp {
         /// Rank 0's host (a name, an IPv4 or an IPv6 address).
         host: String,
@@ -90,6 +91,10 @@ pub struct JobConfig {
     pub rendezvous: Rendezvous,
     /// Where the rank and size came from.
     pub launcher: Launcher,
+    /// The launcher serves the TCP store (torchrun's `TORCHELASTIC_USE_AGENT_STORE=True`,
+    /// which `collectix launch` sets too): rank 0 connects to it like every other rank
+    /// instead of serving it, so the store outlives any rank.
+    pub launcher_store: bool,
 }
 
 /// Ports derived from a job id fall in `PORT_BASE..PORT_BASE + PORT_SPAN`.
@@ -206,6 +211,8 @@ impl JobConfig {
             launcher
         };
         let rendezvous = rendezvous(args, env, launcher, world_size, local_world_size)?;
+        let launcher_store = var(env, "TORCHELASTIC_USE_AGENT_STORE")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
         Ok(JobConfig {
             rank,
             world_size,
@@ -213,6 +220,7 @@ impl JobConfig {
             local_world_size,
             rendezvous,
             launcher,
+            launcher_store,
         })
     }
 }

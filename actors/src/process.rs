@@ -110,19 +110,6 @@ fn host_port(host: &str, port: u16) -> String {
     }
 }
 
-/// Serves the job's store on rank 0: on every address with a secret (or insecure), else on
-/// the loopback address `host` names (any other is refused: [`Security::check_bind`]).
-fn serve_store(host: &str, port: u16, security: &Security) -> Result<TcpStoreServer> {
-    if security.any_address() {
-        return TcpStoreServer::bind_secured((Ipv6Addr::UNSPECIFIED, port), security.clone())
-            .or_else(|_| {
-                TcpStoreServer::bind_secured((Ipv4Addr::UNSPECIFIED, port), security.clone())
-            });
-    }
-    let ip = addr::resolve_ip(host).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    TcpStoreServer::bind_secured((ip, port), security.clone())
-}
-
 /// Listens for peers on `ip` (this rank's address), or on every address when that one is not
 /// this host's (a name behind NAT) and any address is allowed.
 fn listen(ip: &str, security: &Security) -> Result<TcpListener> {
@@ -163,8 +150,8 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
     let (store, server, store_host): (Arc<dyn Store>, _, Option<String>) = match &config.rendezvous
     {
         Rendezvous::Tcp { host, port } => {
-            let server = if rank == 0 {
-                Some(serve_store(host, *port, &security)?)
+            let server = if rank == 0 && !config.launcher_store {
+                Some(TcpStoreServer::for_job(host, *port, &security)?)
             } else {
                 None
             };

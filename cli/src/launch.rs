@@ -3,6 +3,9 @@
 //!
 //! - Each process gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`
 //!   (the node's rank), `MASTER_ADDR` and `MASTER_PORT` (what `JobConfig::from_env` reads).
+//! - The launcher of node 0 serves the job's store on `MASTER_ADDR:MASTER_PORT` and tells
+//!   the processes so (`TORCHELASTIC_USE_AGENT_STORE=True`, as torchrun's agent does): the
+//!   store outlives any rank, so the survivors of a lost rank 0 can still agree.
 //! - The job's secret: a fresh one (32 random bytes, in hex) in `COLLECTIX_SECRET`, unless
 //!   the launcher's own environment has `COLLECTIX_SECRET` or `COLLECTIX_SECRET_FILE`, which
 //!   the processes then inherit. A job of several nodes needs the same secret on every node:
@@ -12,7 +15,9 @@
 //! - SIGINT and SIGTERM sent to the launcher are forwarded to every process (each leads a
 //!   process group of its own, so what it started gets them too).
 //! - When a process exits with an error or is killed by a signal, the others are sent
-//!   SIGTERM, then SIGKILL after a grace period, and the launcher exits non-zero with a
+//!   SIGTERM, then SIGKILL after a grace period (with `--on-failure shrink`, a process
+//!   killed by a signal is survived instead: the others go on, and the launcher exits 0 if
+//!   none of them exits with an error), and the launcher exits non-zero with a
 //!   summary that names the process that failed first (each process has a thread of its own
 //!   waiting for it, so ends are seen in the order they happen), then how each ended. A
 //!   forwarded SIGINT or SIGTERM that every process answers by exiting with status 0 is a
@@ -46,16 +51,31 @@ pub(crate) struct LaunchArgs {
     /// Rank 0's host (where the store runs).
     #[arg(long = "master-addr", default_value = "127.0.0.1")]
     master_addr: String,
-    /// The store's port.
+    /// The store's port (0: any free one, for a job of one node).
     #[arg(long = "master-port", default_value_t = 29500)]
     master_port: u16,
     /// Seconds the other processes get, after a failure or a forwarded signal, before they
     /// are killed.
     #[arg(long, default_value_t = 5.0)]
     grace: f64,
+    /// What a process that dies does to the job: `stop` stops the others (torchrun's way);
+    /// `shrink` lets them go on without it (a program that shrinks its groups on a failure,
+    /// as examples/elastic.rs does, finishes with one rank fewer).
+    #[arg(long = "on-failure", value_enum, default_value_t = OnFailure::Stop)]
+    on_failure: OnFailure,
     /// The program and its arguments (after `--`).
     #[arg(required = true, last = true)]
     program: Vec<String>,
+}
+
+/// What a process that dies does to the job (`--on-failure`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OnFailure {
+    /// Stop every other process (SIGTERM, then SIGKILL after `--grace`).
+    Stop,
+    /// The others go on. A process killed by a signal (killed, crashed) is survived; one
+    /// that exits with a non-zero status still fails the job, at its end.
+    Shrink,
 }
 
 /// How one process ended.
@@ -136,6 +156,8 @@ enum Stop {
     Failed(String),
     /// The launcher got this signal and forwarded it.
     Signal(Signal),
+    /// Under `--on-failure shrink`: a process died (the first to), and the others went on.
+    WentOn(String),
 }
 
 /// A thread that waits for `child` (index `i` of the job's processes) and reports how it
@@ -168,7 +190,23 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
         // fails only for signals that cannot be caught, which these are not.
         let _ = signal_hook::flag::register_usize(sig, c, sig as usize);
     }
-    let (mut children, ended, relays) = match start_all(a, secret.as_deref()) {
+    // The job's store, served by the launcher of node 0 (as torchrun's agent serves it), so
+    // that it outlives any rank: the survivors of a lost rank 0 still agree through it.
+    let store = if a.node_rank == 0 {
+        match serve_store(a, secret.as_deref()) {
+            Ok(s) => Some(s),
+            Err(code) => return code,
+        }
+    } else if a.master_port == 0 {
+        eprintln!("collectix launch: --master-port 0 (any free port) is for a job of one node");
+        return 2;
+    } else {
+        None
+    };
+    let port = store
+        .as_ref()
+        .map_or(a.master_port, |s| s.local_addr().port());
+    let (mut children, ended, relays) = match start_all(a, port, secret.as_deref()) {
         Ok(started) => started,
         Err(code) => return code,
     };
@@ -187,6 +225,10 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
         }
         Some(Stop::Signal(s)) => (1, format!("the launcher got {s}; the job stopped")),
         Some(Stop::Failed(why)) => (1, format!("{why}; the job stopped")),
+        Some(Stop::WentOn(why)) => (
+            0,
+            format!("{why}; the job went on without it (--on-failure shrink)"),
+        ),
     };
     eprintln!("collectix launch: {why}:");
     for p in &children {
@@ -244,9 +286,29 @@ fn job_secret(a: &LaunchArgs) -> Result<Option<String>, u8> {
     }
 }
 
+/// Serves the job's store on `--master-addr`:`--master-port`, with the job's secret (the one
+/// made for the processes, or the one in the launcher's environment).
+fn serve_store(a: &LaunchArgs, made: Option<&str>) -> Result<collectix::TcpStoreServer, u8> {
+    let env = |k: &str| match (k, made) {
+        ("COLLECTIX_SECRET", Some(s)) => Some(s.to_string()),
+        _ => std::env::var(k).ok(),
+    };
+    let security = collectix::Security::resolve(&env).map_err(|e| {
+        eprintln!("collectix launch: the job's secret: {e}");
+        2
+    })?;
+    collectix::TcpStoreServer::for_job(&a.master_addr, a.master_port, &security).map_err(|e| {
+        eprintln!(
+            "collectix launch: cannot serve the job's store on {}:{}: {e}",
+            a.master_addr, a.master_port
+        );
+        1
+    })
+}
+
 /// Starts this node's processes, each with a relay for its stdout and one for its stderr;
 /// where one cannot start, kills those started and gives the exit code.
-fn start_all(a: &LaunchArgs, secret: Option<&str>) -> Result<Started, u8> {
+fn start_all(a: &LaunchArgs, port: u16, secret: Option<&str>) -> Result<Started, u8> {
     let world = a.nproc_per_node * a.nnodes;
     let mut children: Vec<Proc> = Vec::with_capacity(a.nproc_per_node);
     let mut relays = Vec::with_capacity(2 * a.nproc_per_node);
@@ -270,7 +332,9 @@ fn start_all(a: &LaunchArgs, secret: Option<&str>) -> Result<Started, u8> {
             .env("LOCAL_WORLD_SIZE", a.nproc_per_node.to_string())
             .env("GROUP_RANK", a.node_rank.to_string())
             .env("MASTER_ADDR", &a.master_addr)
-            .env("MASTER_PORT", a.master_port.to_string())
+            .env("MASTER_PORT", port.to_string())
+            // Node 0's launcher serves the store, not rank 0.
+            .env("TORCHELASTIC_USE_AGENT_STORE", "True")
             // A process group of its own: signals reach what it starts, and a terminal's
             // Ctrl-C reaches the launcher, which forwards it.
             .process_group(0)
@@ -332,15 +396,24 @@ fn supervise(
     let mut stopping: Option<(Instant, Stop)> = None;
     let (mut termed, mut killed) = (false, false);
     let mut running = children.len();
+    // Under `--on-failure shrink`: the first death by a signal (survived), and the first
+    // exit with an error (which fails the job once every process has ended).
+    let (mut went_on, mut errored): (Option<String>, Option<String>) = (None, None);
     while running > 0 {
         // Ends arrive in the order the processes ended.
         if let Ok((i, e)) = ended.recv_timeout(Duration::from_millis(20)) {
             if let Some(p) = children.get_mut(i) {
                 p.end = Some(e);
                 running -= 1;
-                if e != End::Ok && stopping.is_none() {
-                    let why = format!("rank {} {}", p.rank, e.text());
-                    stopping = Some((Instant::now(), Stop::Failed(why)));
+                let why = || format!("rank {} {}", p.rank, e.text());
+                let survivable = matches!(e, End::Signal(_)) && a.on_failure == OnFailure::Shrink;
+                if e == End::Ok || stopping.is_some() {
+                } else if survivable {
+                    went_on.get_or_insert_with(why);
+                } else if a.on_failure == OnFailure::Shrink {
+                    errored.get_or_insert_with(why);
+                } else {
+                    stopping = Some((Instant::now(), Stop::Failed(why())));
                 }
             }
             continue;
@@ -364,5 +437,8 @@ fn supervise(
             }
         }
     }
-    stopping.map(|(_, why)| why)
+    stopping
+        .map(|(_, why)| why)
+        .or(errored.map(Stop::Failed))
+        .or(went_on.map(Stop::WentOn))
 }

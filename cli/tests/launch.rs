@@ -13,6 +13,8 @@ fn launch(n: &str, script: &str) -> (Output, Duration) {
             "launch",
             "--nproc-per-node",
             n,
+            "--master-port",
+            "0",
             "--grace",
             "5",
             "--",
@@ -33,12 +35,22 @@ fn text(b: &[u8]) -> String {
 fn each_process_gets_torchruns_environment_and_its_output_is_prefixed() {
     let (out, _) = launch(
         "3",
-        r#"echo "hi $RANK of $WORLD_SIZE, local $LOCAL_RANK of $LOCAL_WORLD_SIZE, $MASTER_ADDR:$MASTER_PORT"; echo "to stderr" >&2"#,
+        r#"echo "hi $RANK of $WORLD_SIZE, local $LOCAL_RANK of $LOCAL_WORLD_SIZE, $MASTER_ADDR:$MASTER_PORT, store by launcher: $TORCHELASTIC_USE_AGENT_STORE"; echo "to stderr" >&2"#,
     );
     let (so, se) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{so}\n{se}");
+    // `--master-port 0`: the port the launcher's store got, the same for every rank.
+    let port = so
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|p| p.parse::<u16>().ok())
+        .filter(|&p| p != 0)
+        .unwrap_or_else(|| panic!("no port in:\n{so}"));
     for r in 0..3 {
-        let want = format!("[rank {r}] hi {r} of 3, local {r} of 3, 127.0.0.1:29500");
+        let want = format!(
+            "[rank {r}] hi {r} of 3, local {r} of 3, 127.0.0.1:{port}, store by launcher: True"
+        );
         assert!(so.lines().any(|l| l == want), "no {want:?} in:\n{so}");
         assert!(se.contains(&format!("[rank {r}] to stderr")), "{se}");
     }
@@ -89,7 +101,17 @@ fn terminated(
     String,
 ) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_collectix"))
-        .args(["launch", "--nproc-per-node", "2", "--", "sh", "-c", script])
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -140,7 +162,7 @@ fn launch_with(args: &[&str], env: &[(&str, &str)], script: &str) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_collectix"));
     c.arg("launch")
         .args(args)
-        .args(["--", "sh", "-c", script])
+        .args(["--master-port", "0", "--", "sh", "-c", script])
         .env_remove("COLLECTIX_SECRET")
         .env_remove("COLLECTIX_SECRET_FILE");
     for (k, v) in env {
@@ -242,7 +264,17 @@ fn no_process_outlives_a_killed_launcher() {
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
     let script = format!(r#"echo $$ > {}/pid.$RANK; exec sleep 30"#, dir.display());
     let mut child = Command::new(env!("CARGO_BIN_EXE_collectix"))
-        .args(["launch", "--nproc-per-node", "2", "--", "sh", "-c", &script])
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -37,6 +37,7 @@ fn torchrun_variables() {
                 port: 29500
             },
             launcher: Launcher::Torchrun,
+            launcher_store: false,
         })
     );
     err_names(

@@ -18,7 +18,9 @@ use crate::security::{Denied, Security};
 use crate::sync::lock;
 use collectix_runtime::{Error, Result};
 use std::collections::HashMap;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
+};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -44,6 +46,20 @@ impl TcpStoreServer {
     /// without a secret: loopback addresses only (see [`bind_secured`](Self::bind_secured)).
     pub fn bind(addr: impl ToSocketAddrs + std::fmt::Debug) -> Result<TcpStoreServer> {
         TcpStoreServer::bind_secured(addr, Security::loopback_only())
+    }
+
+    /// Serves a job's store on `port`, as its rank 0 or its launcher does: on every address
+    /// when `security` has a secret (or is insecure), else on the loopback address `host`
+    /// names (any other is refused: [`Security::check_bind`]).
+    pub fn for_job(host: &str, port: u16, security: &Security) -> Result<TcpStoreServer> {
+        if security.any_address() {
+            return TcpStoreServer::bind_secured((Ipv6Addr::UNSPECIFIED, port), security.clone())
+                .or_else(|_| {
+                    TcpStoreServer::bind_secured((Ipv4Addr::UNSPECIFIED, port), security.clone())
+                });
+        }
+        let ip = crate::addr::resolve_ip(host).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        TcpStoreServer::bind_secured((ip, port), security.clone())
     }
 
     /// Listens on `addr` (`"0.0.0.0:29500"`, `"[::]:29500"`, port 0 for any free port) and
