@@ -1,8 +1,9 @@
 //! Data-parallel training that survives the loss of any rank: a linear model fitted by
 //! gradient descent, one all_reduce of the gradient per step. When a step fails (a rank
 //! died, the group was revoked), the survivors shrink the group (`Communicator::shrink`),
-//! roll back to the last step that completed on all of them (`Shrunk::completed`) and go on
-//! with one rank fewer.
+//! roll back to the last step that completed on all of them (`Recovered::completed`) and go on
+//! with one rank fewer (or, where the launcher restarts
+//! the rank that died, regrow the group with it).
 //!
 //! The result does not depend on how many ranks there are or which died: every step uses
 //! the same global batch, split among the ranks that are left, and the gradient is summed in
@@ -14,7 +15,10 @@
 //! collectix launch --nproc-per-node 4 --on-failure shrink -- target/debug/examples/elastic --steps 200 --step-ms 20
 //! ```
 //!
-//! Kill any rank's process while it runs (`kill -9`): the others say so and finish. Flags:
+//! Kill any rank's process while it runs (`kill -9`): the others say so and finish with one
+//! rank fewer. Under `--max-restarts 1` instead of `--on-failure shrink`, the launcher
+//! restarts the killed rank, which rejoins (`Process::rejoin`); the survivors wait for it
+//! (`Communicator::regrow`), send it the parameters and the step, and all four finish. Flags:
 //! `--steps N` (default 100), `--step-ms M` (extra time per step, default 0), and for tests
 //! `--crash-rank R --crash-at-step S` (rank R aborts itself at step S).
 
@@ -146,6 +150,83 @@ fn flags() -> std::result::Result<Flags, String> {
     Ok(f)
 }
 
+/// How long the survivors wait for a restarted rank (`--max-restarts`), and a restarted
+/// rank for the survivors.
+const REGROW_WAIT: Duration = Duration::from_secs(30);
+
+/// Where a rank stands: its group, its parameters (and those before its last step, for a
+/// rollback), the step it is at, and how the group's calls map to steps.
+struct Training {
+    comm: Communicator,
+    w: [f64; D],
+    before: [f64; D],
+    step: u64,
+    /// The step of the group's first step call.
+    first: u64,
+    /// Calls at the start of the group that are not steps (the state sent to a restarted
+    /// rank).
+    skip: u64,
+}
+
+/// Gives the group's restarted members (`joined`) the state: the parameters and the step,
+/// broadcast from the first member that is not one of them.
+fn share_state(t: &mut Training, joined: &[usize]) -> Result<()> {
+    let members = t.comm.members().to_vec();
+    let Some(src) = members.iter().position(|m| !joined.contains(m)) else {
+        return Err(Error::invalid(
+            "every member is a restarted process: no state is left",
+        ));
+    };
+    let mut state = t.w.to_vec();
+    state.push(t.step as f64);
+    let got = t
+        .comm
+        .broadcast(Tensor::from_vec(state), src)
+        .wait()?
+        .to_vec::<f64>()?;
+    t.w.copy_from_slice(&got[..D]);
+    t.before = t.w;
+    t.step = got[D] as u64;
+    t.first = t.step;
+    t.skip = 1;
+    Ok(())
+}
+
+/// A step failed: agree with the survivors (shrink, or regrow under `--max-restarts`), roll
+/// back to the step that completed everywhere, and give restarted members the state.
+fn recover(t: &mut Training, me: usize, restart: bool) -> Result<()> {
+    let r = if restart {
+        t.comm.regrow(REGROW_WAIT).wait()?
+    } else {
+        t.comm.shrink().wait()?
+    };
+    let committed = t.first + r.completed.saturating_sub(t.skip);
+    if committed + 1 == t.step {
+        // This rank applied a step that did not complete everywhere.
+        t.w = t.before;
+    } else if committed != t.step {
+        return Err(Error::invalid(format!(
+            "the survivors agreed on step {committed}, this rank is at {}",
+            t.step
+        )));
+    }
+    t.step = committed;
+    t.first = committed;
+    t.skip = 0;
+    t.comm = r.communicator;
+    if !r.joined.is_empty() {
+        share_state(t, &r.joined)?;
+    }
+    println!(
+        "rank {me}: going on with {} ranks from step {} (lost: {:?}, restarted: {:?})",
+        t.comm.size(),
+        t.step,
+        r.left_out,
+        r.joined
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     common::init_tracing();
     let f = flags().map_err(Error::invalid)?;
@@ -156,61 +237,63 @@ fn main() -> Result<()> {
     )?;
     let me = p.communicator().global_rank();
     println!("rank {me}: pid {}", std::process::id());
-    let mut comm = p.communicator().clone();
-    let mut w = [0.0f64; D];
-    // The parameters before the last step this rank applied: a step that completed here but
-    // not on every survivor is rolled back to them.
-    let mut before = w;
-    // Steps are calls: step `first + k` is call `k` of `comm`.
-    let (mut first, mut step) = (0u64, 0u64);
-    while step < f.steps {
-        if f.crash == Some((me, step)) {
-            eprintln!("rank {me}: crashing at step {step}, as asked");
+    let restart = std::env::var("COLLECTIX_ON_FAILURE").is_ok_and(|v| v == "restart");
+    let mut t = Training {
+        comm: p.communicator().clone(),
+        w: [0.0; D],
+        before: [0.0; D],
+        step: 0,
+        first: 0,
+        skip: 0,
+    };
+    if p.incarnation() > 0 {
+        // A restarted process: join the survivors and take the state from them.
+        let joined = p.rejoin(REGROW_WAIT).wait().and_then(|r| {
+            t.comm = r.communicator;
+            share_state(&mut t, &r.joined)
+        });
+        if let Err(e) = joined {
+            println!("rank {me}: cannot rejoin: {e}");
+            p.abort();
+            std::process::exit(1);
+        }
+        println!(
+            "rank {me}: rejoined at step {} (incarnation {})",
+            t.step,
+            p.incarnation()
+        );
+    }
+    while t.step < f.steps {
+        if f.crash == Some((me, t.step)) && p.incarnation() == 0 {
+            eprintln!("rank {me}: crashing at step {}, as asked", t.step);
             std::process::abort();
         }
         if f.step_ms > 0 {
             std::thread::sleep(Duration::from_millis(f.step_ms));
         }
-        match step_on(&comm, &w, step) {
+        match step_on(&t.comm, &t.w, t.step) {
             Ok(next) => {
-                before = w;
-                w = next;
-                step += 1;
+                t.before = t.w;
+                t.w = next;
+                t.step += 1;
             }
             Err(e) => {
-                println!("rank {me}: step {step} failed ({e}); agreeing with the survivors");
-                let shrunk = match comm.shrink().wait() {
-                    Ok(s) => s,
-                    Err(e) => {
-                        println!("rank {me}: cannot go on: {e}");
-                        p.abort();
-                        std::process::exit(1);
-                    }
-                };
-                let committed = first + shrunk.completed;
-                if committed + 1 == step {
-                    // This rank applied a step that did not complete everywhere.
-                    w = before;
-                } else if committed != step {
-                    println!("rank {me}: the survivors agreed on step {committed}, this rank is at {step}");
+                println!(
+                    "rank {me}: step {} failed ({e}); agreeing with the survivors",
+                    t.step
+                );
+                if let Err(e) = recover(&mut t, me, restart) {
+                    println!("rank {me}: cannot go on: {e}");
                     p.abort();
                     std::process::exit(1);
                 }
-                step = committed;
-                first = committed;
-                comm = shrunk.communicator;
-                println!(
-                    "rank {me}: going on with {} ranks from step {step} (lost: {:?})",
-                    comm.size(),
-                    shrunk.left_out
-                );
             }
         }
     }
     println!(
         "rank {me}: final loss {:.9} params {}",
-        loss(&w),
-        digest(&w)
+        loss(&t.w),
+        digest(&t.w)
     );
     p.shutdown()
 }

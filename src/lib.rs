@@ -84,7 +84,7 @@ pub use collectix_actors::device;
 pub use collectix_actors::device::TensorDeviceExt;
 pub use collectix_actors::{
     init, Communicator, Connect, DeviceBackend, FileStore, InitArgs, JobConfig, Launcher, Liveness,
-    MemoryStore, P2POp, PrefixStore, Process, Rendezvous, Secret, Security, Shrunk, Store,
+    MemoryStore, P2POp, PrefixStore, Process, Recovered, Rendezvous, Secret, Security, Store,
     TcpStore, TcpStoreServer, Work, World, FIRST_RESERVED_TAG,
 };
 pub use collectix_runtime::collective::TensorSpec;

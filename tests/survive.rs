@@ -9,7 +9,7 @@
 
 mod common;
 use collectix::{
-    Communicator, DType, Error, GroupOptions, ReduceOp, Shrunk, Tensor, TensorSpec, World,
+    Communicator, DType, Error, GroupOptions, Recovered, ReduceOp, Tensor, TensorSpec, World,
 };
 use common::{root, wait_all};
 use std::time::{Duration, Instant};
@@ -103,7 +103,7 @@ fn a_rank_that_destroys_a_group_with_nothing_in_flight_is_heard_at_once() {
 
 /// Every survivor shrinks; checks the agreement and returns the new handles, in old rank
 /// order.
-fn shrink_all(survivors: &[&Communicator], delay_of: impl Fn(usize) -> Duration) -> Vec<Shrunk> {
+fn shrink_all(survivors: &[&Communicator], delay_of: impl Fn(usize) -> Duration) -> Vec<Recovered> {
     std::thread::scope(|s| {
         let hs: Vec<_> = survivors
             .iter()

@@ -95,6 +95,10 @@ pub struct JobConfig {
     /// which `collectix launch` sets too): rank 0 connects to it like every other rank
     /// instead of serving it, so the store outlives any rank.
     pub launcher_store: bool,
+    /// Which process of its rank this is: 0 for the first, one more for each restart
+    /// (`COLLECTIX_INCARNATION`, which `collectix launch --max-restarts` sets). A process
+    /// with a higher one rejoins a running job: see `Process::rejoin`.
+    pub incarnation: u32,
 }
 
 /// Ports derived from a job id fall in `PORT_BASE..PORT_BASE + PORT_SPAN`.
@@ -213,6 +217,14 @@ impl JobConfig {
         let rendezvous = rendezvous(args, env, launcher, world_size, local_world_size)?;
         let launcher_store = var(env, "TORCHELASTIC_USE_AGENT_STORE")
             .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+        let incarnation = match var(env, "COLLECTIX_INCARNATION") {
+            None => 0,
+            Some(v) => v.parse::<u32>().map_err(|_| {
+                Error::invalid(format!(
+                    "COLLECTIX_INCARNATION={v:?} is not a non-negative integer"
+                ))
+            })?,
+        };
         Ok(JobConfig {
             rank,
             world_size,
@@ -221,6 +233,7 @@ impl JobConfig {
             rendezvous,
             launcher,
             launcher_store,
+            incarnation,
         })
     }
 }

@@ -65,7 +65,7 @@ pub use backend::DeviceBackend;
 pub use comm::{Communicator, P2POp};
 pub use job::{parse_nodelist, InitArgs, JobConfig, Launcher, Rendezvous};
 pub use process::{init, Process};
-pub use recovery::Shrunk;
+pub use recovery::Recovered;
 pub use security::{Secret, Security, MAX_SECRET_BYTES};
 pub use store::{FileStore, MemoryStore, PrefixStore, Store, TcpStore, TcpStoreServer};
 pub use transport::mesh::Connect;

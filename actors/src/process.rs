@@ -44,6 +44,9 @@ use std::time::{Duration, Instant};
 const LINGER: Duration = Duration::from_secs(10);
 /// How long the rank serving the store keeps it after its own join failed.
 const JOIN_LINGER: Duration = Duration::from_secs(5);
+/// How long a restarted process tries to reach each peer (one that cannot be reached is
+/// taken as lost).
+const REJOIN_CONNECT: Duration = Duration::from_secs(5);
 
 /// This process's rank of a multi-process job.
 pub struct Process {
@@ -70,6 +73,9 @@ impl Inbound for ToRank {
     }
     fn lost(&self, peer: usize) {
         self.0.peer_lost(peer);
+    }
+    fn rejoined(&self, peer: usize) {
+        self.0.peer_rejoined(peer);
     }
 }
 
@@ -170,6 +176,7 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         security: &security,
         liveness,
         connect,
+        incarnation: config.incarnation,
         deadline,
         timeout,
     });
@@ -225,6 +232,8 @@ struct Joining<'a> {
     /// When this rank connects to its peers: eager connection makes every connection
     /// before the join returns.
     connect: Connect,
+    /// Which process of its rank this is (0, one more for each restart).
+    incarnation: u32,
     /// When the whole join must be done.
     deadline: Instant,
     /// The whole join's length, which a timeout's error reports.
@@ -263,6 +272,7 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         security,
         liveness,
         connect,
+        incarnation,
         deadline,
         timeout,
     } = joining;
@@ -329,13 +339,18 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
     let settings = Settings {
         job,
         limits,
+        incarnation,
         security: security.clone(),
         liveness,
     };
     let mesh = Mesh::start(listener, rank, addrs, settings, inbound)?;
     let links = mesh.links(Box::new(SelfLink(rank, driver.clone())));
     driver.set_links(links);
-    if connect == Connect::Eager {
+    if incarnation > 0 {
+        // A restarted process: the others are running already, and learn from this one's
+        // hellos that it replaces its rank's previous process.
+        mesh.rejoin_all(REJOIN_CONNECT.min(left()));
+    } else if connect == Connect::Eager {
         if let Err(e) = mesh.connect_all(deadline, timeout) {
             system.stop();
             let _ = thread.join();

@@ -1,8 +1,10 @@
-//! Going on after a failure (MPI ULFM's revoke and shrink, NCCL's `ncclCommRevoke` and
-//! `ncclCommShrink`, torchft's "should commit"): [`Communicator::revoke`] ends a group for
-//! every member, and [`Communicator::shrink`] makes the survivors of a failed group a new,
-//! smaller group, after they agree through the job's store on who is alive and on which
-//! calls of the old group completed on all of them (see `collectix_runtime::recovery`).
+//! Going on after a failure (MPI ULFM's revoke and shrink, NCCL's `ncclCommRevoke`,
+//! `ncclCommShrink` and growing, torchft's "should commit"): [`Communicator::revoke`] ends a
+//! group for every member; [`Communicator::shrink`] makes the survivors of a failed group a
+//! new, smaller group, after they agree through the job's store on who is alive and on which
+//! calls of the old group completed on all of them (see `collectix_runtime::recovery`);
+//! [`Communicator::regrow`] waits for the lost ranks' restarted processes, which join with
+//! [`Process::rejoin`](crate::Process::rejoin), and makes the group whole again.
 //!
 //! ```
 //! use collectix_actors::World;
@@ -32,29 +34,35 @@
 //! ```
 
 use crate::comm::Communicator;
+use crate::member::RankShared;
 use crate::store::Store;
 use crate::work::Work;
 use collectix_runtime::recovery::{Agreement, Ask, Decision};
-use collectix_runtime::{Error, GroupInfo, Result};
+use collectix_runtime::{Error, GroupId, GroupInfo, GroupOptions, Result};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long a survivor waits between two looks at the store while the others join the
+/// How long a rank waits between two looks at the store while the others join the
 /// agreement.
 const LOOK_EVERY: Duration = Duration::from_millis(2);
 
-/// What [`Communicator::shrink`] gives a survivor.
+/// What [`Communicator::shrink`], [`Communicator::regrow`] and
+/// [`Process::rejoin`](crate::Process::rejoin) give a member of the new group.
 #[derive(Debug)]
-pub struct Shrunk {
-    /// This rank's handle on the new group of the survivors (ranks renumbered in the order
-    /// of their old ranks).
+pub struct Recovered {
+    /// This rank's handle on the new group (ranks renumbered in the order of their world
+    /// ranks).
     pub communicator: Communicator,
-    /// Calls `0..completed` of the old group (in the order they were made) completed on
-    /// every survivor; calls from `completed` on must be made again on the new group, even
-    /// where they returned `Ok` on this rank (torchft's "should commit").
+    /// Calls `0..completed` of the failed group (in the order they were made) completed on
+    /// every member that was in it; calls from `completed` on must be made again on the new
+    /// group, even where they returned `Ok` on this rank (torchft's "should commit").
     pub completed: u64,
-    /// The old group's members that are not in the new one (world ranks, in order).
+    /// The failed group's members that are not in the new one (world ranks, in order).
     pub left_out: Vec<usize>,
+    /// The new group's members that are restarted processes (world ranks, in order): they
+    /// have none of the group's state, which the others must send them (a broadcast from a
+    /// member that is not among them).
+    pub joined: Vec<usize>,
 }
 
 impl Communicator {
@@ -75,16 +83,30 @@ impl Communicator {
     /// the rendezvous store of a TCP job) on who is alive — every member that joins the
     /// agreement before each survivor has heard from every member it does not know lost, or
     /// before the group's timeout — and on how many of the group's calls completed on all of
-    /// them ([`Shrunk::completed`]). There is one decision whatever fails when; a member
+    /// them ([`Recovered::completed`]). There is one decision whatever fails when; a member
     /// left out of it gets [`Error::LeftOut`]. A survivor that fails during the agreement may
     /// be in the new group: its first call then fails with [`Error::PeerLost`] (or the group
     /// fails at once, if the loss is known by then), and the survivors shrink that group.
     ///
     /// The agreement needs the store: in a TCP job whose store is served by a rank that
-    /// died (rank 0 under `init`), it fails with a store error on every survivor, never
-    /// with two groups. Run the store apart (`collectix store`, or `collectix launch`) to
-    /// survive the loss of any rank.
-    pub fn shrink(&self) -> Work<Shrunk> {
+    /// died (rank 0 under `init`, torchrun or mpirun), it fails with a store error on every
+    /// survivor, never with two groups. `collectix launch` serves the store itself, so the
+    /// loss of any rank is survived there.
+    pub fn shrink(&self) -> Work<Recovered> {
+        let timeout = self.member.group.info.options.timeout;
+        self.recover(timeout, false)
+    }
+
+    /// Like [`shrink`](Self::shrink), but the survivors wait up to `wait` for every lost
+    /// member's restarted process (`collectix launch --max-restarts`), which joins with
+    /// [`Process::rejoin`](crate::Process::rejoin): the new group then has every member
+    /// again, the restarted ones named in [`Recovered::joined`] (send them the state). A
+    /// member that has not come within `wait` is left out, as in a shrink.
+    pub fn regrow(&self, wait: Duration) -> Work<Recovered> {
+        self.recover(wait, true)
+    }
+
+    fn recover(&self, wait: Duration, everyone: bool) -> Work<Recovered> {
         let member = &self.member;
         let info = &member.group.info;
         let driver = &member.rank.driver;
@@ -102,77 +124,192 @@ impl Communicator {
             member.rank.rank,
             info.members.clone(),
             completed,
-            driver.now() + info.options.timeout,
+            driver.now() + wait,
         );
-        let (c, work) = Work::raw(member.rank.rank_threads.clone());
-        let me = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("collectix-shrink".into())
-            .spawn(move || c.complete(me.agree(agreement)));
-        match spawned {
-            Ok(_) => work,
-            Err(e) => member.ready(Err(Error::Resource(format!(
-                "cannot start the survivors' agreement: {e}"
-            )))),
-        }
-    }
-
-    /// Runs this rank's part of the agreement against the store (blocking), then makes the
-    /// new group.
-    fn agree(&self, mut ag: Agreement) -> Result<Shrunk> {
-        let rank = &self.member.rank;
-        let store: &Arc<dyn Store> = &rank.store;
-        let old = &self.member.group.info;
-        loop {
-            match ag.poll() {
-                Ask::Publish { key, value } => {
-                    if let Err(e) = store.set(&key, value) {
-                        ag.fail(e);
-                    }
-                }
-                Ask::Look { keys } => match look(store.as_ref(), &keys) {
-                    Ok(values) => {
-                        let (lost, _) = rank.driver.survivors_view(old.id);
-                        ag.looked(values, rank.driver.now(), &lost);
-                        if matches!(ag.poll(), Ask::Look { .. }) {
-                            std::thread::sleep(LOOK_EVERY);
-                        }
-                    }
-                    Err(e) => ag.fail(e),
-                },
-                Ask::Decide { key, value } => match store.compare_set(&key, b"", value) {
-                    Ok(current) => ag.decided(&current),
-                    Err(e) => ag.fail(e),
-                },
-                Ask::Done => break,
-            }
-        }
-        let decision: Decision = match ag.outcome() {
-            Some(Ok(d)) => d.clone(),
-            Some(Err(e)) => return Err(e.clone()),
-            None => return Err(Error::internal("the survivors' agreement ended undecided")),
+        let agreement = if everyone {
+            agreement.waiting_for_everyone()
+        } else {
+            agreement
         };
-        let info = GroupInfo::new(
-            decision.group_id(old.id),
-            decision.members.clone(),
-            rank.rank,
-            old.options.clone(),
-        )?;
-        rank.driver.add_group(info.clone());
-        let left_out = old
-            .members
-            .iter()
-            .copied()
-            .filter(|m| !decision.members.contains(m))
-            .collect();
-        tracing::info!(rank = rank.rank, group = %old.id, new_group = %info.id, size = info.size(), completed = decision.completed, "the survivors agreed on a new group");
-        Ok(Shrunk {
-            communicator: Communicator::new(rank.clone(), info)
-                .with_device_backend(self.device_backend),
-            completed: decision.completed,
-            left_out,
+        let old = Old {
+            id: info.id,
+            members: info.members.clone(),
+            options: info.options.clone(),
+        };
+        let backend = self.device_backend;
+        run_agreement(member.rank.clone(), old, agreement, move |c| {
+            c.with_device_backend(backend)
         })
     }
+}
+
+impl crate::Process {
+    /// Which process of its rank this is: 0 for the first, one more for each restart
+    /// (`COLLECTIX_INCARNATION`, which `collectix launch --max-restarts` sets).
+    pub fn incarnation(&self) -> u32 {
+        self.config().incarnation
+    }
+
+    /// A restarted process (a new [`incarnation`](Self::incarnation) of a lost rank) joins
+    /// the running job: it finds in the store the group the job's world became, and takes
+    /// part in its survivors' agreement (they call [`Communicator::regrow`]) as a member
+    /// that brings no state; it waits at most `wait`. The new group's members that are
+    /// restarted processes are in [`Recovered::joined`]: the others send them the state.
+    /// [`Error::LeftOut`] if the survivors decided without this process (they shrank, or
+    /// it came too late). This process's own world communicator belongs to the job's
+    /// first world group, which the others have left: use the returned one.
+    pub fn rejoin(&self, wait: Duration) -> Work<Recovered> {
+        let comm = self.communicator();
+        let rank = comm.member.rank.clone();
+        let options = comm.member.group.info.options.clone();
+        let world = comm.world_size();
+        let backend = comm.device_backend;
+        let (c, work) = Work::raw(rank.rank_threads.clone());
+        let threads = rank.rank_threads.clone();
+        let spawned = std::thread::Builder::new()
+            .name("collectix-rejoin".into())
+            .spawn(move || {
+                let r = current_group(rank.store.as_ref(), world).and_then(|(id, members)| {
+                    if !members.contains(&rank.rank) {
+                        return Err(Error::LeftOut {
+                            group: id,
+                            decided_by: members.first().copied().unwrap_or(0),
+                        });
+                    }
+                    let deadline = rank.driver.now() + wait;
+                    let ag = Agreement::newcomer(id, rank.rank, members.clone(), deadline);
+                    let old = Old {
+                        id,
+                        members,
+                        options,
+                    };
+                    agree(&rank, &old, ag)
+                });
+                c.complete(r.map(|r| Recovered {
+                    communicator: r.communicator.with_device_backend(backend),
+                    ..r
+                }));
+            });
+        match spawned {
+            Ok(_) => work,
+            Err(e) => Work::ready(
+                threads,
+                Err(Error::Resource(format!("cannot start the rejoin: {e}"))),
+            ),
+        }
+    }
+}
+
+/// The failed group, as the new one is made from it.
+pub(crate) struct Old {
+    pub(crate) id: GroupId,
+    pub(crate) members: Vec<usize>,
+    pub(crate) options: GroupOptions,
+}
+
+/// Runs `ag` on a thread of its own (the store's calls block), then makes the new group on
+/// `rank`; `finish` dresses its handle.
+pub(crate) fn run_agreement(
+    rank: Arc<RankShared>,
+    old: Old,
+    ag: Agreement,
+    finish: impl FnOnce(Communicator) -> Communicator + Send + 'static,
+) -> Work<Recovered> {
+    let (c, work) = Work::raw(rank.rank_threads.clone());
+    let threads = rank.rank_threads.clone();
+    let spawned = std::thread::Builder::new()
+        .name("collectix-agree".into())
+        .spawn(move || {
+            c.complete(agree(&rank, &old, ag).map(|r| Recovered {
+                communicator: finish(r.communicator),
+                ..r
+            }))
+        });
+    match spawned {
+        Ok(_) => work,
+        Err(e) => Work::ready(
+            threads,
+            Err(Error::Resource(format!(
+                "cannot start the survivors' agreement: {e}"
+            ))),
+        ),
+    }
+}
+
+/// Runs this rank's part of the agreement against the store (blocking), then makes the new
+/// group.
+fn agree(rank: &Arc<RankShared>, old: &Old, mut ag: Agreement) -> Result<Recovered> {
+    let store: &Arc<dyn Store> = &rank.store;
+    loop {
+        match ag.poll() {
+            Ask::Publish { key, value } => {
+                if let Err(e) = store.set(&key, value) {
+                    ag.fail(e);
+                }
+            }
+            Ask::Look { keys } => match look(store.as_ref(), &keys) {
+                Ok(values) => {
+                    let (lost, _) = rank.driver.survivors_view(old.id);
+                    ag.looked(values, rank.driver.now(), &lost);
+                    if matches!(ag.poll(), Ask::Look { .. }) {
+                        std::thread::sleep(LOOK_EVERY);
+                    }
+                }
+                Err(e) => ag.fail(e),
+            },
+            Ask::Decide { key, value } => match store.compare_set(&key, b"", value) {
+                Ok(current) => ag.decided(&current),
+                Err(e) => ag.fail(e),
+            },
+            Ask::Done => break,
+        }
+    }
+    let decision: Decision = match ag.outcome() {
+        Some(Ok(d)) => d.clone(),
+        Some(Err(e)) => return Err(e.clone()),
+        None => return Err(Error::internal("the survivors' agreement ended undecided")),
+    };
+    let info = GroupInfo::new(
+        decision.group_id(old.id),
+        decision.members.clone(),
+        rank.rank,
+        old.options.clone(),
+    )?;
+    rank.driver.add_group(info.clone());
+    let left_out = old
+        .members
+        .iter()
+        .copied()
+        .filter(|m| !decision.members.contains(m))
+        .collect();
+    tracing::info!(rank = rank.rank, group = %old.id, new_group = %info.id, size = info.size(), completed = decision.completed, joined = ?decision.joined, "the survivors agreed on a new group");
+    Ok(Recovered {
+        communicator: Communicator::new(rank.clone(), info),
+        completed: decision.completed,
+        left_out,
+        joined: decision.joined,
+    })
+}
+
+/// The group a job's world became through the agreements recorded in `store`: from the
+/// world group of `world` ranks, each decision's new group in turn. Its identity and
+/// members.
+pub(crate) fn current_group(store: &dyn Store, world: usize) -> Result<(GroupId, Vec<usize>)> {
+    let (mut id, mut members) = (GroupId::WORLD, (0..world).collect::<Vec<usize>>());
+    // Each step is a decision in the store; a chain longer than this is not one a job made.
+    for _ in 0..1_000_000 {
+        let probe = Agreement::new(id, 0, members.clone(), 0, collectix_runtime::Time::ZERO);
+        let key = probe.decision_key();
+        if !store.check(&[key.as_str()])? {
+            return Ok((id, members));
+        }
+        let d = Decision::decode(&store.get(&key, Duration::from_secs(1))?, &members)?;
+        id = d.group_id(id);
+        members = d.members;
+    }
+    Err(Error::Store(
+        "the job's chain of survivors' decisions does not end".into(),
+    ))
 }
 
 /// The values of `keys` in the store (`None` where absent).

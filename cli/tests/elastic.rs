@@ -1,7 +1,8 @@
-//! `examples/elastic.rs` under `collectix launch --on-failure shrink`: a rank killed mid-run
-//! (from outside with SIGKILL, or crashing by itself; rank 0 included, whose loss the store
-//! survives since the launcher serves it) leaves the others to finish with one rank fewer,
-//! and their final lines are byte for byte those of a run with no fault.
+//! `examples/elastic.rs` under `collectix launch`: a rank killed mid-run (from outside with
+//! SIGKILL, or crashing by itself; rank 0 included, whose loss the store survives since the
+//! launcher serves it) leaves the others to finish with one rank fewer under
+//! `--on-failure shrink`, and is restarted and rejoins under `--max-restarts 1`. Either way
+//! the final lines are byte for byte those of a run with no fault.
 
 mod common;
 use common::example;
@@ -11,14 +12,23 @@ use std::time::{Duration, Instant};
 
 const STEPS: &str = "60";
 
-fn launch(extra: &[&str]) -> Command {
+/// What the launcher does when a rank dies.
+const SHRINK: [&str; 2] = ["--on-failure", "shrink"];
+const RESTART: [&str; 2] = ["--max-restarts", "1"];
+
+fn launch_with(policy: [&str; 2], extra: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_collectix"));
     c.args(["launch", "--nproc-per-node", "4", "--master-port", "0"])
-        .args(["--on-failure", "shrink", "--"])
+        .args(policy)
+        .arg("--")
         .arg(example("elastic"))
         .args(["--steps", STEPS])
         .args(extra);
     c
+}
+
+fn launch(extra: &[&str]) -> Command {
+    launch_with(SHRINK, extra)
 }
 
 /// Each rank's final line, without its "[rank R] " prefix, by rank.
@@ -86,10 +96,10 @@ fn a_rank_that_crashes_is_survived_with_the_same_result() {
     }
 }
 
-#[test]
-fn a_rank_killed_from_outside_mid_run_is_survived_with_the_same_result() {
-    let clean = clean_run();
-    let mut child = launch(&["--step-ms", "20"])
+/// Runs the job with `--step-ms 20` under `policy`, SIGKILLs rank `victim`'s process a few
+/// steps in, and returns everything the ranks printed and whether the launcher succeeded.
+fn kill_mid_run(policy: [&str; 2], victim: usize) -> (String, bool) {
+    let mut child = launch_with(policy, &["--step-ms", "20"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -99,10 +109,11 @@ fn a_rank_killed_from_outside_mid_run_is_survived_with_the_same_result() {
     let mut seen = String::new();
     let mut pid = None;
     let start = Instant::now();
+    let prefix = format!("[rank {victim}] rank {victim}: pid ");
     while let Some(Ok(l)) = lines.next() {
         seen.push_str(&l);
         seen.push('\n');
-        if let Some(p) = l.strip_prefix("[rank 1] rank 1: pid ") {
+        if let Some(p) = l.strip_prefix(prefix.as_str()) {
             pid = p.trim().parse::<i32>().ok();
             break;
         }
@@ -120,6 +131,53 @@ fn a_rank_killed_from_outside_mid_run_is_survived_with_the_same_result() {
         seen.push('\n');
     }
     let status = child.wait().unwrap_or_else(|e| panic!("{e}"));
-    assert!(status.success(), "{seen}");
+    (seen, status.success())
+}
+
+#[test]
+fn a_rank_killed_from_outside_mid_run_is_survived_with_the_same_result() {
+    let clean = clean_run();
+    let (seen, ok) = kill_mid_run(SHRINK, 1);
+    assert!(ok, "{seen}");
     check_survivors(&clean, &seen, 1);
+}
+
+/// Under `--max-restarts 1`: the rank that crashed (rank 0, whose loss the launcher's store
+/// survives, or rank 3) is restarted, rejoins, takes the state from the survivors, and all
+/// four ranks end with the clean run's lines.
+#[test]
+fn a_rank_that_crashes_is_restarted_and_rejoins_with_the_same_result() {
+    let clean = clean_run();
+    for victim in ["0", "3"] {
+        let out = launch_with(RESTART, &["--crash-rank", victim, "--crash-at-step", "9"])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let so = String::from_utf8_lossy(&out.stdout);
+        let se = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{so}\n{se}");
+        assert_eq!(finals(&so), clean, "{so}\n{se}");
+        assert!(
+            so.contains(&format!(
+                "rank {victim}: rejoined at step 9 (incarnation 1)"
+            )),
+            "{so}"
+        );
+        assert!(
+            se.contains(&format!(
+                "rank {victim} was killed by signal 6 (SIGABRT); restarted it (restart 1 of 1)"
+            )),
+            "{se}"
+        );
+    }
+}
+
+/// Under `--max-restarts 1`, rank 1 SIGKILLed from outside mid-run: restarted, it rejoins
+/// and the four final lines are the clean run's.
+#[test]
+fn a_rank_killed_from_outside_is_restarted_with_the_same_result() {
+    let clean = clean_run();
+    let (seen, ok) = kill_mid_run(RESTART, 1);
+    assert!(ok, "{seen}");
+    assert_eq!(finals(&seen), clean, "{seen}");
+    assert!(seen.contains("rank 1: rejoined at step"), "{seen}");
 }

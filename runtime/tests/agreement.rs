@@ -236,6 +236,7 @@ fn a_malformed_decision_is_an_error() {
         members: vec![0, 2],
         completed: 7,
         decided_by: 2,
+        joined: vec![2],
     };
     let bytes = good.encode();
     assert_eq!(Decision::decode(&bytes, &old), Ok(good.clone()));
@@ -255,13 +256,200 @@ fn a_malformed_decision_is_an_error() {
     assert!(Decision::decode(&outsider.encode(), &old).is_err());
     let unordered = Decision {
         members: vec![2, 0],
-        ..good
+        ..good.clone()
     };
     assert!(Decision::decode(&unordered.encode(), &old).is_err());
+    let stranger_joined = Decision {
+        joined: vec![1],
+        ..good
+    };
+    assert!(Decision::decode(&stranger_joined.encode(), &old).is_err());
     let mut rng = Rng::new(1);
     for _ in 0..2_000 {
         let n = rng.below(64);
         let junk: Vec<u8> = (0..n).map(|_| rng.below(256) as u8).collect();
         let _ = Decision::decode(&junk, &old);
     }
+}
+
+/// What a regrow gave: the survivors' outcomes, the newcomer's, and each rank's completed
+/// count.
+type Regrown = (
+    Vec<Result<Decision, Error>>,
+    Option<Result<Decision, Error>>,
+    Vec<u64>,
+);
+
+/// A regrow: rank `v` of `w` died (its old incarnation published a proposal first or not,
+/// `old_published`), the survivors wait for everyone, and `v`'s new incarnation starts after
+/// `arrives` ticks (`None`: never). Returns the survivors' and the newcomer's outcomes.
+fn regrow(w: usize, v: usize, old_published: bool, arrives: Option<u64>, seed: u64) -> Regrown {
+    let mut rng = Rng::new(seed);
+    let group = GroupId::derive(GroupId::WORLD, 5, &[seed]);
+    let members: Vec<usize> = (0..w).collect();
+    let completed: Vec<u64> = (0..w).map(|_| 3 + rng.below(3) as u64).collect();
+    let deadline = Time::ZERO + TICK * DEADLINE_TICKS as u32;
+    let mut ags: Vec<Option<Agreement>> = (0..w)
+        .map(|r| {
+            (r != v).then(|| {
+                Agreement::new(group, r, members.clone(), completed[r], deadline)
+                    .waiting_for_everyone()
+            })
+        })
+        .collect();
+    let mut store: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    if old_published {
+        let mut old = Agreement::new(group, v, members.clone(), completed[v], deadline);
+        if let Ask::Publish { key, value } = old.poll() {
+            store.insert(key, value);
+        }
+    }
+    let mut newcomer: Option<Agreement> = None;
+    let lost: BTreeSet<usize> = [v].into();
+    let mut tick = 0u64;
+    loop {
+        tick += 1;
+        assert!(tick < DEADLINE_TICKS * 4, "hang: seed {seed}");
+        if arrives == Some(tick) {
+            newcomer = Some(Agreement::newcomer(group, v, members.clone(), deadline));
+        }
+        let now = Time::ZERO + TICK * tick as u32;
+        let mut live: Vec<&mut Agreement> = ags
+            .iter_mut()
+            .flatten()
+            .chain(newcomer.iter_mut())
+            .filter(|a| a.outcome().is_none())
+            .collect();
+        if live.is_empty() && (arrives.is_none_or(|a| a < tick)) {
+            break;
+        }
+        if live.is_empty() {
+            continue;
+        }
+        let i = rng.below(live.len());
+        let ag = &mut live[i];
+        match ag.poll() {
+            Ask::Publish { key, value } => {
+                store.insert(key, value);
+            }
+            Ask::Look { keys } => {
+                let values = keys.iter().map(|k| store.get(k).cloned()).collect();
+                ag.looked(values, now, &lost);
+            }
+            Ask::Decide { key, value } => {
+                let current = store.entry(key).or_insert(value).clone();
+                ag.decided(&current);
+            }
+            Ask::Done => {}
+        }
+    }
+    let survivors = ags
+        .iter()
+        .flatten()
+        .filter_map(|a| a.outcome().cloned())
+        .collect();
+    (
+        survivors,
+        newcomer.and_then(|a| a.outcome().cloned()),
+        completed,
+    )
+}
+
+/// The lost rank's new incarnation comes before the deadline: one decision with everyone,
+/// naming it as joined, with the survivors' least completed count (the newcomer's count
+/// nothing).
+#[test]
+fn a_new_incarnation_that_comes_in_time_joins() {
+    for w in 2..=5 {
+        for seed in 0..100 {
+            let v = seed as usize % w;
+            let (s, n, completed) = regrow(w, v, false, Some(1 + seed % 400), seed);
+            let least = (0..w).filter(|&r| r != v).map(|r| completed[r]).min();
+            let want = |d: &Decision| {
+                d.members == (0..w).collect::<Vec<_>>()
+                    && d.joined == vec![v]
+                    && Some(d.completed) == least
+            };
+            for r in s.iter().chain(n.iter()) {
+                assert!(matches!(r, Ok(d) if want(d)), "seed {seed}: {r:?}");
+            }
+        }
+    }
+}
+
+/// It never comes, or comes after the deadline: the survivors go on without it, and a late
+/// newcomer is told it was left out.
+#[test]
+fn a_new_incarnation_that_comes_late_is_left_out() {
+    for seed in 0..50 {
+        let (s, n, _) = regrow(4, 1, false, None, seed);
+        for r in &s {
+            assert!(matches!(r, Ok(d) if d.members == vec![0, 2, 3] && d.joined.is_empty()));
+        }
+        assert!(n.is_none());
+        let (s, n, _) = regrow(4, 1, false, Some(DEADLINE_TICKS + 50), seed);
+        assert!(s
+            .iter()
+            .all(|r| matches!(r, Ok(d) if d.members == vec![0, 2, 3])));
+        assert!(matches!(n, Some(Err(Error::LeftOut { .. }))), "{n:?}");
+    }
+}
+
+/// The old incarnation published before it died: the survivors, who know it lost, do not
+/// count that proposal and wait for the new incarnation, which joins (never taken for a
+/// survivor with the group's state).
+#[test]
+fn a_new_incarnation_is_never_taken_for_its_old_one() {
+    for seed in 0..300 {
+        let (s, n, _) = regrow(3, 2, true, Some(1 + seed % 40), seed);
+        let d = s[0].clone().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        assert!(s.iter().all(|r| r.as_ref().ok() == Some(&d)), "seed {seed}");
+        assert_eq!(n, Some(Ok(d.clone())), "seed {seed}");
+        assert_eq!(d.joined, vec![2]);
+    }
+}
+
+/// Where the survivors do not know the lost rank lost yet, its old proposal may count: the
+/// newcomer is then left out rather than taken for a survivor with the group's state.
+#[test]
+fn a_newcomer_counted_as_its_old_incarnation_is_left_out() {
+    let group = GroupId::WORLD;
+    let members = vec![0, 1];
+    let t = Time::ZERO;
+    let mut s = Agreement::new(group, 0, members.clone(), 4, t).waiting_for_everyone();
+    let mut old = Agreement::new(group, 1, members.clone(), 4, t);
+    let mut store: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for a in [&mut s, &mut old] {
+        if let Ask::Publish { key, value } = a.poll() {
+            store.insert(key, value);
+        }
+    }
+    let Ask::Look { keys } = s.poll() else {
+        panic!("not looking")
+    };
+    s.looked(
+        keys.iter().map(|k| store.get(k).cloned()).collect(),
+        t,
+        &BTreeSet::new(),
+    );
+    let Ask::Decide { key, value } = s.poll() else {
+        panic!("not deciding")
+    };
+    store.insert(key, value.clone());
+    s.decided(&value);
+    let mut n = Agreement::newcomer(group, 1, members, t);
+    let _ = n.poll();
+    let Ask::Look { keys } = n.poll() else {
+        panic!("not looking")
+    };
+    n.looked(
+        keys.iter().map(|k| store.get(k).cloned()).collect(),
+        t,
+        &BTreeSet::new(),
+    );
+    assert!(matches!(
+        n.outcome(),
+        Some(Err(Error::LeftOut { decided_by: 0, .. }))
+    ));
+    assert!(matches!(s.outcome(), Some(Ok(d)) if d.members == vec![0, 1] && d.joined.is_empty()));
 }

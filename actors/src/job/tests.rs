@@ -38,6 +38,7 @@ fn torchrun_variables() {
             },
             launcher: Launcher::Torchrun,
             launcher_store: false,
+            incarnation: 0,
         })
     );
     err_names(

@@ -355,6 +355,23 @@ impl Driver {
         });
     }
 
+    /// A new incarnation of global rank `peer` connected (a restarted process): the previous
+    /// one is lost for good (its groups abort, what waited for it goes), and the new one may
+    /// be a member of groups made from now on.
+    pub(crate) fn peer_rejoined(&self, peer: usize) {
+        self.run(|core, now, _| {
+            if core.quiesced {
+                return;
+            }
+            if let Some((_, outboxes)) = &mut core.links {
+                if let Some(o) = outboxes.get_mut(peer) {
+                    o.clear();
+                }
+            }
+            core.engine.handle_peer_rejoined(peer, now);
+        });
+    }
+
     /// A run of the background driver: takes the arrivals (later ones ask again), drives the
     /// engine, and returns when the engine wants its next timer.
     pub(crate) fn background(&self) -> Option<Time> {

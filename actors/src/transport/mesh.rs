@@ -32,7 +32,7 @@ use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{LinkError, Message};
 use collectix_runtime::{Error, LinkFailure, LinkStep, Result};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -80,6 +80,12 @@ struct Shared {
     rank: usize,
     world: usize,
     job: u64,
+    /// This process's incarnation of its rank (0, one more for each restart).
+    incarnation: u32,
+    /// The incarnation of each peer that this rank's connection to it is with: a connection
+    /// from a higher one replaces it (the peer was restarted), one from a lower one is
+    /// dropped, and only the current one's loss is reported.
+    known: Arc<Vec<AtomicU32>>,
     /// Each peer's address ("host:port").
     addrs: Vec<String>,
     slots: Vec<Mutex<Slot>>,
@@ -101,15 +107,34 @@ struct Shared {
 impl Shared {
     /// Starts the threads of a connection made with `peer` and makes it this rank's link to
     /// the peer, unless it has one already. Whether it did.
-    fn install(&self, stream: TcpStream, peer: usize) -> std::io::Result<bool> {
+    fn install(&self, stream: TcpStream, peer: usize, incarnation: u32) -> std::io::Result<bool> {
         // The slot is locked before the reader starts: whoever learns of a message that came
         // on the connection (and asks about the slot) finds it up.
         let mut slot = lock(&self.slots[peer]);
+        let known = self.known[peer].load(Ordering::SeqCst);
+        if incarnation < known {
+            // A process of the peer's rank that was replaced already.
+            return Ok(false);
+        }
+        let newer = incarnation > known;
+        if newer {
+            // A restarted process: its previous incarnation is gone for good, which the rank
+            // hears before anything the new one sends.
+            self.known[peer].store(incarnation, Ordering::SeqCst);
+            tracing::info!(peer, incarnation, "a new incarnation of a peer connected");
+            self.inbound.rejoined(peer);
+        }
+        let inbound: Arc<dyn Inbound> = Arc::new(Current {
+            inner: self.inbound.clone(),
+            known: self.known.clone(),
+            peer,
+            incarnation,
+        });
         let (link, conn) = tcp::start(
             stream,
             peer,
             self.limits,
-            self.inbound.clone(),
+            inbound,
             self.liveness,
             self.pool.clone(),
         )?;
@@ -117,6 +142,13 @@ impl Shared {
         if self.closing.load(Ordering::SeqCst) {
             // Too late: the process is leaving (dropping the link closes the connection).
             return Ok(false);
+        }
+        if newer {
+            // The previous incarnation's link (dead) goes.
+            *slot = Slot::Up(link);
+            drop(slot);
+            self.inbound.flush(peer);
+            return Ok(true);
         }
         if matches!(*slot, Slot::Up(_)) {
             drop(slot);
@@ -149,6 +181,7 @@ impl Shared {
             from: self.rank as u32,
             to: peer as u32,
             world: self.world as u32,
+            incarnation: self.incarnation,
         };
         let _ = s.set_read_timeout(Some(tcp::HELLO_TIMEOUT));
         match tcp::connect(&mut s, hello, &self.security) {
@@ -174,7 +207,8 @@ impl Shared {
             Err(Refused::Link(failure)) => return Err(link_error(failure)),
         }
         let _ = s.set_read_timeout(None);
-        self.install(s, peer)
+        let theirs = self.known[peer].load(Ordering::SeqCst);
+        self.install(s, peer, theirs)
             .map(|_| ())
             .map_err(|e| Error::Resource(format!("cannot start rank {peer}'s link: {e}")))
     }
@@ -187,6 +221,33 @@ impl Shared {
     }
 }
 
+/// A connection's view of the rank's inbound: everything goes through, but a loss only
+/// while the connection is with its peer's current incarnation (the end of a replaced one's
+/// connection is no news).
+struct Current {
+    inner: Arc<dyn Inbound>,
+    known: Arc<Vec<AtomicU32>>,
+    peer: usize,
+    incarnation: u32,
+}
+
+impl Inbound for Current {
+    fn deliver(&self, src: usize, msg: Message) {
+        self.inner.deliver(src, msg);
+    }
+    fn flush(&self, peer: usize) {
+        self.inner.flush(peer);
+    }
+    fn lost(&self, peer: usize) {
+        if self.known[self.peer].load(Ordering::SeqCst) == self.incarnation {
+            self.inner.lost(peer);
+        }
+    }
+    fn rejoined(&self, peer: usize) {
+        self.inner.rejoined(peer);
+    }
+}
+
 /// What every connection of a job's mesh shares.
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
@@ -194,6 +255,8 @@ pub(crate) struct Settings {
     pub job: u64,
     /// The frame decoder's limits.
     pub limits: Limits,
+    /// This process's incarnation of its rank (0, one more for each restart).
+    pub incarnation: u32,
     /// What each connection must prove, either way.
     pub security: Security,
     /// Heartbeats, and how long a silent peer is given.
@@ -222,6 +285,7 @@ impl Mesh {
         let Settings {
             job,
             limits,
+            incarnation,
             security,
             liveness,
         } = settings;
@@ -240,6 +304,8 @@ impl Mesh {
             rank,
             world,
             job,
+            incarnation,
+            known: Arc::new((0..world).map(|_| AtomicU32::new(0)).collect()),
             addrs,
             slots: (0..world).map(|_| Mutex::new(Slot::Idle)).collect(),
             connections: Mutex::new(Vec::new()),
@@ -307,6 +373,25 @@ impl Mesh {
             std::thread::sleep(nap.min(left()));
             nap = (nap * 2).min(Duration::from_millis(20));
         }
+    }
+
+    /// A restarted process (a new incarnation of its rank) rejoining a running job: connects
+    /// to every peer, in parallel, each within `within`; a peer that cannot be reached is
+    /// reported lost (it may have died too), the others learn from the hello that this is a
+    /// new incarnation and replace their link.
+    pub(crate) fn rejoin_all(&self, within: Duration) {
+        let s = &self.shared;
+        std::thread::scope(|sc| {
+            for peer in (0..s.world).filter(|&p| p != s.rank) {
+                sc.spawn(move || {
+                    if let Err(why) = s.connect(peer, within) {
+                        tracing::warn!(peer, reason = %why, "a restarted rank cannot reach a peer");
+                        *lock(&s.slots[peer]) = Slot::Failed;
+                        s.inbound.lost(peer);
+                    }
+                });
+            }
+        });
     }
 
     /// How many peers this rank has a connection to (eager: all, once joined; lazy: those
@@ -434,8 +519,8 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
                         .is_some_and(|slot| matches!(*lock(slot), Slot::Connecting))
                 };
                 match tcp::accept(&mut s, job, me, world, &connecting, &shared.security) {
-                    Ok(from) => {
-                        if let Err(e) = shared.install(s, from as usize) {
+                    Ok((from, incarnation)) => {
+                        if let Err(e) = shared.install(s, from as usize, incarnation) {
                             tracing::warn!(from, error = %e, "cannot start a link");
                         }
                     }
@@ -484,6 +569,7 @@ mod tests {
         let settings = Settings {
             job,
             limits: Limits::default(),
+            incarnation: 0,
             security: Security::insecure(),
             liveness: Liveness::default(),
         };

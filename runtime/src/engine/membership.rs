@@ -40,6 +40,16 @@ impl Engine {
         Ok(())
     }
 
+    /// A new incarnation of `peer` (a restarted process) connected: the previous one is lost
+    /// for good ([`handle_peer_lost`](Self::handle_peer_lost), if it was not already), and
+    /// the new one may be a member of groups registered from now on (it is no longer
+    /// among the [lost peers](Self::lost_peers)). It is a member of no group registered
+    /// before: those it shared with the previous incarnation stay aborted.
+    pub fn handle_peer_rejoined(&mut self, peer: usize, now: crate::time::Time) {
+        self.handle_peer_lost(peer, now);
+        self.lost.remove(&peer);
+    }
+
     /// The peers this rank saw lost (global ranks), in order.
     pub fn lost_peers(&self) -> &BTreeSet<usize> {
         &self.lost

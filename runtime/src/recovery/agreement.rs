@@ -15,6 +15,16 @@
 //!    written and hands it back to every later one: there is exactly one decision, whatever
 //!    fails when.
 //!
+//! **Regrow.** Where a launcher restarts what died, the survivors wait for every member
+//! ([`Agreement::waiting_for_everyone`]), and a lost member's new incarnation takes part as a
+//! [`newcomer`](Agreement::newcomer): it publishes under its rank's key a proposal that
+//! brings no state, and the decision names it among the [`joined`](Decision::joined)
+//! members, whom the others give the group's state. Whoever has not published by the
+//! deadline is left out, as in a shrink.
+//!
+//! A member this rank knows lost is not counted, even where its proposal is in the store
+//! (it published, then died): a group with it would fail at once.
+//!
 //! A rank adopts the decision it reads: if it is a member, the decision is its new group; if
 //! not, it was left out ([`Error::LeftOut`]) and stops. A second failure cannot split the
 //! survivors: a rank that dies before publishing is left out by a decider that saw it lost
@@ -29,9 +39,12 @@ use crate::time::Time;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The decision's magic bytes, and the version of its layout.
-const DECISION_MAGIC: [u8; 4] = *b"cxs1";
+const DECISION_MAGIC: [u8; 4] = *b"cxs2";
 /// Bytes of a decision before its members: magic, decider, completed, member count.
 const DECISION_HEAD: usize = 4 + 8 + 8 + 4;
+/// Bytes of a proposal: a flag (0: a survivor, 1: a new incarnation, with no state) and the
+/// calls completed.
+const PROPOSAL_LEN: usize = 9;
 
 /// What the survivors of a group agreed on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +57,9 @@ pub struct Decision {
     pub completed: u64,
     /// The rank whose decision this is (global).
     pub decided_by: usize,
+    /// The members that are new incarnations of a lost rank (restarted processes), in
+    /// order: they have none of the group's state, which the others must give them.
+    pub joined: Vec<usize>,
 }
 
 impl Decision {
@@ -55,45 +71,70 @@ impl Decision {
 
     /// The decision as the store keeps it.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(DECISION_HEAD + 8 * self.members.len());
+        let n = self.members.len() + self.joined.len();
+        let mut v = Vec::with_capacity(DECISION_HEAD + 4 + 8 * n);
         v.extend_from_slice(&DECISION_MAGIC);
         v.extend_from_slice(&(self.decided_by as u64).to_le_bytes());
         v.extend_from_slice(&self.completed.to_le_bytes());
-        v.extend_from_slice(&(self.members.len() as u32).to_le_bytes());
-        for &m in &self.members {
-            v.extend_from_slice(&(m as u64).to_le_bytes());
+        for list in [&self.members, &self.joined] {
+            v.extend_from_slice(&(list.len() as u32).to_le_bytes());
+            for &m in list {
+                v.extend_from_slice(&(m as u64).to_le_bytes());
+            }
         }
         v
     }
 
     /// A decision read from the store, checked against the failed group's members (`old`):
-    /// its members are distinct members of `old`, in order, and its decider one of `old`.
+    /// its members are distinct members of `old`, in order, its new incarnations some of
+    /// them, in order, and its decider one of `old`.
     pub fn decode(bytes: &[u8], old: &[usize]) -> Result<Decision> {
         let bad =
             |what: &str| Error::Store(format!("the survivors' decision is malformed: {what}"));
-        if bytes.len() < DECISION_HEAD || bytes[..4] != DECISION_MAGIC {
+        if bytes.len() < DECISION_HEAD + 4 || bytes[..4] != DECISION_MAGIC {
             return Err(bad("no decision header"));
         }
-        let word = |at: usize| -> u64 {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes[at..at + 8]);
-            u64::from_le_bytes(b)
+        let word = |at: usize| -> Option<u64> {
+            let b: [u8; 8] = bytes.get(at..at + 8)?.try_into().ok()?;
+            Some(u64::from_le_bytes(b))
+        };
+        let count = |at: usize| -> Option<usize> {
+            let b: [u8; 4] = bytes.get(at..at + 4)?.try_into().ok()?;
+            Some(u32::from_le_bytes(b) as usize)
         };
         let rank = |w: u64| usize::try_from(w).unwrap_or(usize::MAX);
-        let decided_by = rank(word(4));
-        let completed = word(12);
-        let mut n4 = [0u8; 4];
-        n4.copy_from_slice(&bytes[20..24]);
-        let n = u32::from_le_bytes(n4) as usize;
-        // Checked against the failed group's size and the bytes present before allocating.
-        if n == 0 || n > old.len() || bytes.len() != DECISION_HEAD + 8 * n {
+        // Each list is checked against the failed group's size and the bytes present before
+        // anything is allocated.
+        let list = |at: usize| -> Option<(Vec<usize>, usize)> {
+            let n = count(at)?;
+            if n > old.len() || bytes.len() < at + 4 + 8 * n {
+                return None;
+            }
+            let v = (0..n)
+                .map(|i| word(at + 4 + 8 * i).map(rank))
+                .collect::<Option<Vec<usize>>>()?;
+            Some((v, at + 4 + 8 * n))
+        };
+        let (Some(decided_by), Some(completed)) = (word(4).map(rank), word(12)) else {
+            return Err(bad("no decision header"));
+        };
+        let Some((members, at)) = list(20) else {
+            return Err(bad("member count and length disagree"));
+        };
+        let Some((joined, end)) = list(at) else {
+            return Err(bad("new incarnations' count and length disagree"));
+        };
+        if end != bytes.len() || members.is_empty() {
             return Err(bad("member count and length disagree"));
         }
-        let members: Vec<usize> = (0..n).map(|i| rank(word(DECISION_HEAD + 8 * i))).collect();
-        if !members.windows(2).all(|w| w[0] < w[1]) || !members.iter().all(|m| old.contains(m)) {
+        let ordered = |v: &[usize]| v.windows(2).all(|w| w[0] < w[1]);
+        if !ordered(&members) || !members.iter().all(|m| old.contains(m)) {
             return Err(bad(
                 "members are not distinct members of the failed group, in order",
             ));
+        }
+        if !ordered(&joined) || !joined.iter().all(|m| members.contains(m)) {
+            return Err(bad("new incarnations are not members, in order"));
         }
         if !old.contains(&decided_by) {
             return Err(bad("decided by a rank outside the failed group"));
@@ -102,6 +143,7 @@ impl Decision {
             members,
             completed,
             decided_by,
+            joined,
         })
     }
 }
@@ -143,24 +185,29 @@ enum Step {
     Done,
 }
 
-/// One survivor's part in agreeing on a failed group's survivors: see the module docs.
+/// One rank's part in agreeing on a failed group's survivors: see the module docs.
 #[derive(Debug)]
 pub struct Agreement {
     group: GroupId,
     me: usize,
     members: Vec<usize>,
-    completed: u64,
+    /// Calls of the group completed here; `None` for a new incarnation (no state).
+    completed: Option<u64>,
+    /// Whether to wait (until the deadline) for every member, the lost ones' new
+    /// incarnations included (a regrow), rather than for the members not known lost.
+    everyone: bool,
     deadline: Time,
     step: Step,
-    /// Proposals seen: rank → calls completed.
-    seen: BTreeMap<usize, u64>,
+    /// Proposals seen: rank → calls completed (`None`: a new incarnation).
+    seen: BTreeMap<usize, Option<u64>>,
     outcome: Option<Result<Decision>>,
 }
 
 impl Agreement {
     /// Global rank `me`'s agreement on the survivors of `group`, whose members are
     /// `members` (global ranks); calls `0..completed` of the group completed here. After
-    /// `deadline` it decides without the members it has not heard from.
+    /// `deadline` it decides without the members it has not heard from; before, it waits
+    /// for every member it does not know lost (a shrink).
     pub fn new(
         group: GroupId,
         me: usize,
@@ -172,11 +219,32 @@ impl Agreement {
             group,
             me,
             members,
-            completed,
+            completed: Some(completed),
+            everyone: false,
             deadline,
             step: Step::Publish,
             seen: BTreeMap::new(),
             outcome: None,
+        }
+    }
+
+    /// This agreement waiting (until its deadline) for every member, a lost one's new
+    /// incarnation included: a regrow, for a job whose launcher restarts what died.
+    pub fn waiting_for_everyone(mut self) -> Agreement {
+        self.everyone = true;
+        self
+    }
+
+    /// The part of global rank `me`, a new incarnation of a lost member (a restarted
+    /// process), in the agreement of `group`'s survivors: it brings no state, waits for
+    /// every member until `deadline`, and must be among the decision's
+    /// [`joined`](Decision::joined) members (a decision that counted its previous
+    /// incarnation as a survivor leaves it out: [`Error::LeftOut`]).
+    pub fn newcomer(group: GroupId, me: usize, members: Vec<usize>, deadline: Time) -> Agreement {
+        Agreement {
+            completed: None,
+            everyone: true,
+            ..Agreement::new(group, me, members, 0, deadline)
         }
     }
 
@@ -195,9 +263,12 @@ impl Agreement {
         match &self.step {
             Step::Publish => {
                 self.step = Step::Look;
+                let mut value = Vec::with_capacity(PROPOSAL_LEN);
+                value.push(u8::from(self.completed.is_none()));
+                value.extend_from_slice(&self.completed.unwrap_or(0).to_le_bytes());
                 Ask::Publish {
                     key: self.proposal_key(self.me),
-                    value: self.completed.to_le_bytes().to_vec(),
+                    value,
                 }
             }
             Step::Look => {
@@ -225,21 +296,44 @@ impl Agreement {
             return;
         }
         for (&m, v) in self.members.iter().zip(values) {
-            // A proposal is 8 bytes; anything else is not one (and is not counted).
-            if let Some(c) = v.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok()) {
-                self.seen.insert(m, u64::from_le_bytes(c));
-            }
+            // A proposal is a flag and 8 bytes; anything else is not one (and is not counted).
+            let Some(v) = v.filter(|v| v.len() == PROPOSAL_LEN) else {
+                continue;
+            };
+            let mut c = [0u8; 8];
+            c.copy_from_slice(&v[1..]);
+            match v[0] {
+                0 => self.seen.insert(m, Some(u64::from_le_bytes(c))),
+                1 => self.seen.insert(m, None),
+                _ => continue,
+            };
         }
+        // A member this rank knows lost counts only as a new incarnation, and only in a
+        // regrow: the proposal its lost incarnation may have published before it died is
+        // not counted (it would make a group that fails at once).
+        let me = self.me;
+        let everyone = self.everyone;
+        let heard: BTreeMap<usize, Option<u64>> = self
+            .seen
+            .iter()
+            .filter(|(&m, c)| m == me || !lost.contains(&m) || (everyone && c.is_none()))
+            .map(|(&m, &c)| (m, c))
+            .collect();
         let heard_all = self
             .members
             .iter()
-            .all(|m| self.seen.contains_key(m) || (lost.contains(m) && *m != self.me));
+            .all(|m| heard.contains_key(m) || (!everyone && lost.contains(m) && *m != me));
         // Never decide without this rank's own proposal: it is in the store before any look.
-        if self.seen.contains_key(&self.me) && (heard_all || now >= self.deadline) {
+        if heard.contains_key(&me) && (heard_all || now >= self.deadline) {
             let decision = Decision {
-                members: self.seen.keys().copied().collect(),
-                completed: self.seen.values().copied().min().unwrap_or(0),
-                decided_by: self.me,
+                members: heard.keys().copied().collect(),
+                completed: heard.values().flatten().copied().min().unwrap_or(0),
+                decided_by: me,
+                joined: heard
+                    .iter()
+                    .filter(|(_, c)| c.is_none())
+                    .map(|(&m, _)| m)
+                    .collect(),
             };
             self.step = Step::Decide(decision.encode());
         } else if now >= self.deadline {
@@ -271,7 +365,10 @@ impl Agreement {
     /// Ends with the decision in `bytes`.
     fn adopt(&mut self, bytes: &[u8]) {
         let r = Decision::decode(bytes, &self.members).and_then(|d| {
-            if d.members.contains(&self.me) {
+            // A new incarnation counted as a survivor (its previous one's proposal) would be
+            // taken for one that has the group's state: it is not in the group.
+            let fresh_ok = self.completed.is_some() || d.joined.contains(&self.me);
+            if d.members.contains(&self.me) && fresh_ok {
                 Ok(d)
             } else {
                 Err(Error::LeftOut {

@@ -34,23 +34,30 @@ pub(crate) struct Hello {
     pub to: u32,
     /// The world's size.
     pub world: u32,
+    /// Which process of its rank the connecting one is: 0 first, one more for each restart
+    /// (`COLLECTIX_INCARNATION`). A higher one replaces its rank's connection.
+    pub incarnation: u32,
 }
+
+/// Bytes of a hello.
+const HELLO_BYTES: usize = 36;
 
 impl Hello {
     /// The hello as it goes on the wire.
-    pub(super) fn to_bytes(self) -> [u8; 32] {
-        let mut b = [0u8; 32];
+    pub(super) fn to_bytes(self) -> [u8; HELLO_BYTES] {
+        let mut b = [0u8; HELLO_BYTES];
         b[..8].copy_from_slice(&MAGIC);
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
         b[12..20].copy_from_slice(&self.job.to_le_bytes());
         b[20..24].copy_from_slice(&self.from.to_le_bytes());
         b[24..28].copy_from_slice(&self.to.to_le_bytes());
         b[28..32].copy_from_slice(&self.world.to_le_bytes());
+        b[32..36].copy_from_slice(&self.incarnation.to_le_bytes());
         b
     }
 
-    /// Parses the 32 bytes; `Err` with why they are not a hello of this version.
-    fn parse(b: &[u8; 32]) -> Result<Hello, LinkFailure> {
+    /// Parses the bytes; `Err` with why they are not a hello of this version.
+    fn parse(b: &[u8; HELLO_BYTES]) -> Result<Hello, LinkFailure> {
         let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         if b[..8] != MAGIC {
             return Err(LinkFailure::NotALink);
@@ -69,6 +76,7 @@ impl Hello {
             from: word(20),
             to: word(24),
             world: word(28),
+            incarnation: word(32),
         })
     }
 
@@ -159,7 +167,8 @@ pub(crate) fn connect(s: &mut TcpStream, hello: Hello, security: &Security) -> R
 
 /// Accepts: checks the secret (as `security` has it; nothing else is read before it
 /// passes), then reads the hello on `s` and checks it against this rank (`me` of `world` in
-/// job `job`); answers it either way. `Ok` with the connecting rank. A hello from a higher rank
+/// job `job`); answers it either way. `Ok` with the connecting rank and its incarnation. A
+/// hello from a higher rank
 /// that this rank is connecting to at the moment (`connecting(from)`) is answered
 /// "duplicate" ([`Refused::Duplicate`]): this rank's own connection is the one both keep.
 pub(crate) fn accept(
@@ -169,7 +178,7 @@ pub(crate) fn accept(
     world: u32,
     connecting: &dyn Fn(u32) -> bool,
     security: &Security,
-) -> Result<u32, Refused> {
+) -> Result<(u32, u32), Refused> {
     // A connection that does not say its hello in time (a port scanner, a stuck client) is
     // dropped rather than left holding the accepting rank.
     s.set_read_timeout(Some(HELLO_TIMEOUT))
@@ -178,20 +187,21 @@ pub(crate) fn accept(
         let _ = s.shutdown(Shutdown::Both);
         return Err(Refused::Auth(d));
     }
-    let mut b = [0u8; 32];
+    let mut b = [0u8; HELLO_BYTES];
     let read = s.read_exact(&mut b);
     let _ = s.set_read_timeout(None);
     read.map_err(io(LinkStep::ReadHello))?;
-    let verdict = Hello::parse(&b).and_then(|h| h.check(job, me, world));
+    let verdict =
+        Hello::parse(&b).and_then(|h| h.check(job, me, world).map(|f| (f, h.incarnation)));
     match verdict {
-        Ok(from) if from > me && connecting(from) => {
+        Ok((from, _)) if from > me && connecting(from) => {
             let _ = s.write_all(&[DUPLICATE]);
             let _ = s.shutdown(Shutdown::Both);
             Err(Refused::Duplicate)
         }
-        Ok(from) => {
+        Ok(hello) => {
             s.write_all(&[ACCEPTED]).map_err(io(LinkStep::Answer))?;
-            Ok(from)
+            Ok(hello)
         }
         Err(why) => {
             let text = why.to_string();

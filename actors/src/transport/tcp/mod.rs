@@ -134,6 +134,11 @@ pub(crate) trait Inbound: Send + Sync + 'static {
     fn flush(&self, peer: usize);
     /// The link to `peer` is gone.
     fn lost(&self, peer: usize);
+    /// A new incarnation of `peer` (a restarted process) connected: the previous one is gone
+    /// for good, and this link is to the new one. By default, the previous one's loss.
+    fn rejoined(&self, peer: usize) {
+        self.lost(peer);
+    }
 }
 
 /// The writer thread of one connection; joining it waits for the writer to send what was

@@ -126,10 +126,11 @@ fn pair_via(job: u64, delay: Option<Duration>) -> (TcpStream, TcpStream) {
         from: 0,
         to: 1,
         world: 2,
+        incarnation: 0,
     };
     assert_eq!(connect(&mut c, hello, &secured()), Ok(()));
     let (s, from) = t.join().unwrap_or_else(|_| panic!("accept panicked"));
-    assert_eq!(from, Ok(0));
+    assert_eq!(from, Ok((0, 0)));
     (c, s)
 }
 
@@ -162,7 +163,7 @@ fn accepting(
     let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
     let t = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-        accept(&mut s, 7, me, 2, &|_| connecting, &secured())
+        accept(&mut s, 7, me, 2, &|_| connecting, &secured()).map(|(from, _)| from)
     });
     (addr, t)
 }
@@ -174,6 +175,7 @@ fn the_handshake_refuses_another_job_version_or_rank_on_both_sides() {
         from,
         to,
         world,
+        incarnation: 0,
     };
     let cases = vec![
         (
@@ -218,6 +220,7 @@ fn the_handshake_refuses_another_job_version_or_rank_on_both_sides() {
                 from: 0,
                 to: 1,
                 world: 2,
+                incarnation: 0,
             }
             .to_bytes();
             b[8] = 9;
@@ -258,6 +261,7 @@ fn the_handshake_refuses_another_job_version_or_rank_on_both_sides() {
             from: 0,
             to: 1,
             world: 2,
+            incarnation: 0,
         };
         let told = connect(&mut c, hello, &security);
         let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
@@ -278,6 +282,7 @@ fn a_lower_rank_connecting_the_other_way_answers_duplicate_and_a_higher_one_acce
             from,
             to: me,
             world: 2,
+            incarnation: 0,
         };
         let told = connect(&mut c, hello, &secured());
         let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));

@@ -22,19 +22,27 @@
 //!   waiting for it, so ends are seen in the order they happen), then how each ended. A
 //!   forwarded SIGINT or SIGTERM that every process answers by exiting with status 0 is a
 //!   clean shutdown: the launcher exits 0.
+//! - `--max-restarts N`: a process that dies is started again (same rank, its next
+//!   incarnation in `COLLECTIX_INCARNATION`; N restarts in all) while the others go on; the
+//!   program rejoins the running job (`Process::rejoin`, which examples/elastic.rs uses).
+//!   Every process gets `COLLECTIX_ON_FAILURE` (`stop`, `shrink` or `restart`) to recover
+//!   accordingly.
 //! - Each process is started through the launcher's own binary (`collectix exec`), which
 //!   asks the kernel to SIGKILL it when the launcher dies and then becomes the program: a
 //!   launcher killed without warning leaves none of its processes running.
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+mod spawn;
+mod supervise;
+
+use nix::sys::signal::Signal;
+use spawn::{signal_all, End, Spawner};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::sync::atomic::AtomicUsize;
+use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use supervise::{supervise, Job, Stop};
 
 /// `collectix launch`'s arguments.
 #[derive(clap::Args, Debug)]
@@ -63,6 +71,11 @@ pub(crate) struct LaunchArgs {
     /// as examples/elastic.rs does, finishes with one rank fewer).
     #[arg(long = "on-failure", value_enum, default_value_t = OnFailure::Stop)]
     on_failure: OnFailure,
+    /// How many times in all a process that dies may be restarted (same rank, its next
+    /// incarnation) while the others go on; a program rejoins with `Process::rejoin` (as
+    /// examples/elastic.rs does). Beyond it, `--on-failure` applies.
+    #[arg(long = "max-restarts", default_value_t = 0)]
+    max_restarts: usize,
     /// The program and its arguments (after `--`).
     #[arg(required = true, last = true)]
     program: Vec<String>,
@@ -76,98 +89,6 @@ pub(crate) enum OnFailure {
     /// The others go on. A process killed by a signal (killed, crashed) is survived; one
     /// that exits with a non-zero status still fails the job, at its end.
     Shrink,
-}
-
-/// How one process ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum End {
-    Ok,
-    Code(i32),
-    Signal(i32),
-}
-
-impl End {
-    fn of(s: ExitStatus) -> End {
-        match (s.code(), s.signal()) {
-            (Some(0), _) => End::Ok,
-            (Some(c), _) => End::Code(c),
-            (None, Some(sig)) => End::Signal(sig),
-            (None, None) => End::Code(-1),
-        }
-    }
-
-    fn text(self) -> String {
-        match self {
-            End::Ok => "exited with status 0".into(),
-            End::Code(c) => format!("exited with status {c}"),
-            End::Signal(s) => {
-                let name = Signal::try_from(s).map_or_else(|_| format!("{s}"), |n| n.to_string());
-                format!("was killed by signal {s} ({name})")
-            }
-        }
-    }
-}
-
-/// Copies each line of `from` to the launcher's stdout (or stderr), prefixed with the rank.
-fn relay(
-    from: impl std::io::Read + Send + 'static,
-    rank: usize,
-    to_stderr: bool,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        for line in BufReader::new(from).split(b'\n').map_while(Result::ok) {
-            let mut out = Vec::with_capacity(line.len() + 12);
-            out.extend_from_slice(format!("[rank {rank}] ").as_bytes());
-            out.extend_from_slice(&line);
-            out.push(b'\n');
-            let _ = if to_stderr {
-                std::io::stderr().lock().write_all(&out)
-            } else {
-                std::io::stdout().lock().write_all(&out)
-            };
-        }
-    })
-}
-
-/// Sends `sig` to the process group of every process still running (each process leads a
-/// group of its own, so what it started gets the signal too).
-fn signal_all(children: &[Proc], sig: Signal) {
-    for p in children {
-        // A process reaped already is skipped: its number may be another's by now.
-        if p.end.is_none() && !p.reaped.load(Ordering::SeqCst) {
-            let _ = kill(Pid::from_raw(-p.pid), sig);
-        }
-    }
-}
-
-/// A process of the job.
-struct Proc {
-    rank: usize,
-    pid: i32,
-    /// Set by its waiting thread the moment it has been reaped.
-    reaped: Arc<AtomicBool>,
-    /// How it ended (`None` while it runs).
-    end: Option<End>,
-}
-
-/// Why the job stopped.
-enum Stop {
-    /// A process failed (the first to), with the text of the summary's first line.
-    Failed(String),
-    /// The launcher got this signal and forwarded it.
-    Signal(Signal),
-    /// Under `--on-failure shrink`: a process died (the first to), and the others went on.
-    WentOn(String),
-}
-
-/// A thread that waits for `child` (index `i` of the job's processes) and reports how it
-/// ended as soon as it does.
-fn wait_for(mut child: Child, i: usize, reaped: Arc<AtomicBool>, tx: Sender<(usize, End)>) {
-    std::thread::spawn(move || {
-        let end = child.wait().map_or(End::Code(-1), End::of);
-        reaped.store(true, Ordering::SeqCst);
-        let _ = tx.send((i, end));
-    });
 }
 
 /// Runs the job; the launcher's exit code.
@@ -206,17 +127,52 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
     let port = store
         .as_ref()
         .map_or(a.master_port, |s| s.local_addr().port());
-    let (mut children, ended, relays) = match start_all(a, port, secret.as_deref()) {
-        Ok(started) => started,
-        Err(code) => return code,
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("collectix launch: cannot find its own program: {e}");
+            return 1;
+        }
     };
-    let stopping = supervise(a, &mut children, &ended, &caught);
+    let (tx, ended) = channel();
+    let spawner = Spawner {
+        a,
+        exe,
+        port,
+        secret: secret.as_deref(),
+        ended: tx,
+    };
+    let mut job = Job {
+        children: Vec::with_capacity(a.nproc_per_node),
+        ended,
+        relays: Vec::with_capacity(2 * a.nproc_per_node),
+        spawner,
+    };
+    for local in 0..a.nproc_per_node {
+        match job.spawner.spawn(local, local, 0, &mut job.relays) {
+            Ok(p) => job.children.push(p),
+            Err(e) => {
+                let rank = a.node_rank * a.nproc_per_node + local;
+                eprintln!(
+                    "collectix launch: cannot start {:?} as rank {rank}: {e}",
+                    a.program[0]
+                );
+                signal_all(&job.children, Signal::SIGKILL);
+                for _ in 0..job.children.len() {
+                    let _ = job.ended.recv();
+                }
+                return 1;
+            }
+        }
+    }
+    let stopping = supervise(a, &mut job, &caught);
     // Let the relays print what the processes wrote last: they end when the pipes close,
     // which a process's own children (still running) can delay; wait at most 2 s for that.
     let deadline = Instant::now() + Duration::from_secs(2);
-    while relays.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
+    while job.relays.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
+    let children = &job.children;
     let clean = children.iter().all(|p| p.end == Some(End::Ok));
     let (code, why) = match stopping {
         None => return 0,
@@ -229,9 +185,12 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
             0,
             format!("{why}; the job went on without it (--on-failure shrink)"),
         ),
+        Some(Stop::Restarted(why)) => {
+            (0, format!("{why}; every process then exited with status 0"))
+        }
     };
     eprintln!("collectix launch: {why}:");
-    for p in &children {
+    for p in children {
         let how = p.end.map_or("did not end".into(), End::text);
         eprintln!("  rank {} {how}", p.rank);
     }
@@ -304,141 +263,4 @@ fn serve_store(a: &LaunchArgs, made: Option<&str>) -> Result<collectix::TcpStore
         );
         1
     })
-}
-
-/// Starts this node's processes, each with a relay for its stdout and one for its stderr;
-/// where one cannot start, kills those started and gives the exit code.
-fn start_all(a: &LaunchArgs, port: u16, secret: Option<&str>) -> Result<Started, u8> {
-    let world = a.nproc_per_node * a.nnodes;
-    let mut children: Vec<Proc> = Vec::with_capacity(a.nproc_per_node);
-    let mut relays = Vec::with_capacity(2 * a.nproc_per_node);
-    let (tx, ended) = channel();
-    let me = std::env::current_exe().map_err(|e| {
-        eprintln!("collectix launch: cannot find its own program: {e}");
-        1
-    })?;
-    for local in 0..a.nproc_per_node {
-        let rank = a.node_rank * a.nproc_per_node + local;
-        let mut cmd = Command::new(&me);
-        if let Some(s) = secret {
-            cmd.env("COLLECTIX_SECRET", s);
-        }
-        let spawned = cmd
-            .args(["exec", "--parent", &std::process::id().to_string(), "--"])
-            .args(&a.program)
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", world.to_string())
-            .env("LOCAL_RANK", local.to_string())
-            .env("LOCAL_WORLD_SIZE", a.nproc_per_node.to_string())
-            .env("GROUP_RANK", a.node_rank.to_string())
-            .env("MASTER_ADDR", &a.master_addr)
-            .env("MASTER_PORT", port.to_string())
-            // Node 0's launcher serves the store, not rank 0.
-            .env("TORCHELASTIC_USE_AGENT_STORE", "True")
-            // A process group of its own: signals reach what it starts, and a terminal's
-            // Ctrl-C reaches the launcher, which forwards it.
-            .process_group(0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn();
-        match spawned {
-            Ok(mut c) => {
-                if let Some(o) = c.stdout.take() {
-                    relays.push(relay(o, rank, false));
-                }
-                if let Some(e) = c.stderr.take() {
-                    relays.push(relay(e, rank, true));
-                }
-                let reaped = Arc::new(AtomicBool::new(false));
-                let pid = i32::try_from(c.id()).unwrap_or(i32::MAX);
-                wait_for(c, children.len(), reaped.clone(), tx.clone());
-                children.push(Proc {
-                    rank,
-                    pid,
-                    reaped,
-                    end: None,
-                });
-            }
-            Err(e) => {
-                eprintln!(
-                    "collectix launch: cannot start {:?} as rank {rank}: {e}",
-                    a.program[0]
-                );
-                signal_all(&children, Signal::SIGKILL);
-                for _ in 0..children.len() {
-                    let _ = ended.recv();
-                }
-                return Err(1);
-            }
-        }
-    }
-    Ok((children, ended, relays))
-}
-
-/// The started processes, the channel their ends arrive on, and their output relays.
-type Started = (
-    Vec<Proc>,
-    Receiver<(usize, End)>,
-    Vec<std::thread::JoinHandle<()>>,
-);
-
-/// Waits for every process to end, forwarding the signals the launcher catches (`caught`);
-/// after the first failure or forwarded signal, sends the others SIGTERM, then SIGKILL once
-/// `--grace` has passed. Why the job stopped (`None`: every process exited with 0).
-fn supervise(
-    a: &LaunchArgs,
-    children: &mut [Proc],
-    ended: &Receiver<(usize, End)>,
-    caught: &AtomicUsize,
-) -> Option<Stop> {
-    let grace = Duration::from_secs_f64(a.grace.max(0.0));
-    let mut stopping: Option<(Instant, Stop)> = None;
-    let (mut termed, mut killed) = (false, false);
-    let mut running = children.len();
-    // Under `--on-failure shrink`: the first death by a signal (survived), and the first
-    // exit with an error (which fails the job once every process has ended).
-    let (mut went_on, mut errored): (Option<String>, Option<String>) = (None, None);
-    while running > 0 {
-        // Ends arrive in the order the processes ended.
-        if let Ok((i, e)) = ended.recv_timeout(Duration::from_millis(20)) {
-            if let Some(p) = children.get_mut(i) {
-                p.end = Some(e);
-                running -= 1;
-                let why = || format!("rank {} {}", p.rank, e.text());
-                let survivable = matches!(e, End::Signal(_)) && a.on_failure == OnFailure::Shrink;
-                if e == End::Ok || stopping.is_some() {
-                } else if survivable {
-                    went_on.get_or_insert_with(why);
-                } else if a.on_failure == OnFailure::Shrink {
-                    errored.get_or_insert_with(why);
-                } else {
-                    stopping = Some((Instant::now(), Stop::Failed(why())));
-                }
-            }
-            continue;
-        }
-        let sig = caught.swap(0, Ordering::SeqCst);
-        if sig != 0 {
-            let s = Signal::try_from(sig as i32).unwrap_or(Signal::SIGTERM);
-            signal_all(children, s);
-            if stopping.is_none() {
-                stopping = Some((Instant::now(), Stop::Signal(s)));
-                termed = true;
-            }
-        }
-        if let Some((since, _)) = &stopping {
-            if !termed {
-                termed = true;
-                signal_all(children, Signal::SIGTERM);
-            } else if !killed && since.elapsed() > grace {
-                killed = true;
-                signal_all(children, Signal::SIGKILL);
-            }
-        }
-    }
-    stopping
-        .map(|(_, why)| why)
-        .or(errored.map(Stop::Failed))
-        .or(went_on.map(Stop::WentOn))
 }
