@@ -137,6 +137,36 @@ fn texts() -> Vec<(&'static str, String)> {
         ));
     }
 
+    // A revoke, a rank that left, and a rank left out of the survivors' group.
+    let w = world(3);
+    let c = w.communicators();
+    let waiting = c[0].all_reduce(Tensor::from_vec(vec![1.0f32]), ReduceOp::Sum);
+    let _ = c[1].revoke();
+    out.push(("revoked", waiting.wait().err().map(t).unwrap_or_default()));
+    drop(w);
+    let w = world(2);
+    let c = w.communicators();
+    let _ = c[1].destroy().wait();
+    let got = c[0].barrier().wait();
+    out.push((
+        "left",
+        got.err()
+            .map(|e| t(e.root_cause().clone()))
+            .unwrap_or_default(),
+    ));
+    drop(w);
+    let w = World::local_with(
+        3,
+        GroupOptions::default().with_timeout(Duration::from_millis(200)),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let c = w.communicators();
+    // Rank 0 alone comes to the agreement, and decides at the timeout; rank 2 comes after.
+    let _ = c[0].shrink().wait();
+    let late = c[2].shrink().wait();
+    out.push(("left out", late.err().map(t).unwrap_or_default()));
+    drop(w);
+
     let store = MemoryStore::new();
     out.push((
         "store",

@@ -496,9 +496,10 @@ pub enum Error {
     /// A peer shut down while a call of the group was in flight on it, or while its flow
     /// control still held messages that this rank's calls need (it had run ahead by more
     /// than the window, e.g. a broadcast root that exits right after its calls completed)
-    /// and they could not be sent within its linger time. Make the peer wait for its peers
-    /// (a barrier) before it shuts down.
-    #[error("rank {rank} shut down with {undelivered} messages for this rank unsent")]
+    /// and they could not be sent within its linger time; or it left the group (shut down,
+    /// or destroyed the group) with nothing in flight (`undelivered` 0), and this call needs
+    /// it. Make the peer wait for its peers (a barrier) before it shuts down.
+    #[error("{}", peer_shutdown_text(*rank, *undelivered))]
     PeerShutdown {
         /// The rank that shut down (global).
         rank: usize,
@@ -597,6 +598,15 @@ impl Error {
             Error::GroupAborted { cause, .. } => cause.root_cause(),
             e => e,
         }
+    }
+}
+
+/// [`Error::PeerShutdown`]'s text.
+fn peer_shutdown_text(rank: usize, undelivered: usize) -> String {
+    if undelivered == 0 {
+        format!("rank {rank} left the group (it shut down or destroyed it) before this call could complete")
+    } else {
+        format!("rank {rank} shut down with {undelivered} messages for this rank unsent")
     }
 }
 
