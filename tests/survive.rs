@@ -275,16 +275,17 @@ fn free_port() -> u16 {
         .map_or(29_998, |a| a.port())
 }
 
-/// Over TCP (each rank a thread with its own actor system and sockets, joined through
-/// rank 0's store): rank 2's process aborts; the survivors' next call fails naming it,
-/// they shrink through the store, agree that the two calls before completed everywhere, go
-/// on with an exact sum over the new group, and leave without waiting for the dead rank.
-#[test]
-fn over_tcp_the_survivors_of_an_aborted_process_shrink_and_go_on() {
+/// Runs `w` ranks over TCP loopback, each a thread of this process with its own actor
+/// system and sockets, joined through rank 0's store (init timeout: 20 s), each running
+/// `body`; returns what each returned.
+fn tcp_job(
+    w: usize,
+    body: impl Fn(usize, collectix::Process) -> Result<(), String> + Sync,
+) -> Vec<Result<(), String>> {
     use collectix::{init, InitArgs, Secret, Security};
     let port = free_port();
-    let w = 4;
-    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+    let body = &body;
+    std::thread::scope(|s| {
         let hs: Vec<_> = (0..w)
             .map(|r| {
                 s.spawn(move || -> Result<(), String> {
@@ -300,50 +301,87 @@ fn over_tcp_the_survivors_of_an_aborted_process_shrink_and_go_on() {
                     };
                     let options = GroupOptions::default().with_timeout(TIMEOUT);
                     let p =
-                        init(&args, options, Duration::from_secs(60)).map_err(|e| e.to_string())?;
-                    let c = p.communicator();
-                    let first = c
-                        .all_reduce(ones(2), ReduceOp::Sum)
-                        .wait()
-                        .map_err(|e| e.to_string())?;
-                    if first.to_vec::<f32>() != Ok(vec![4.0, 4.0]) {
-                        return Err(format!("rank {r}: {first:?}"));
-                    }
-                    c.barrier().wait().map_err(|e| e.to_string())?;
-                    if r == 2 {
-                        p.abort();
-                        return Ok(());
-                    }
-                    match c.all_reduce(ones(2), ReduceOp::Sum).wait() {
-                        Err(e) if *root(&e) == Error::PeerLost { rank: 2 } => {}
-                        other => return Err(format!("rank {r}: {other:?}")),
-                    }
-                    let shrunk = c.shrink().wait().map_err(|e| format!("rank {r}: {e}"))?;
-                    if (shrunk.completed, shrunk.left_out.as_slice()) != (2, &[2][..]) {
-                        return Err(format!("rank {r}: {shrunk:?}"));
-                    }
-                    let next = shrunk.communicator;
-                    let mine = Tensor::from_vec(vec![r as f32]);
-                    let sum = next
-                        .all_reduce(mine, ReduceOp::Sum)
-                        .wait()
-                        .map_err(|e| e.to_string())?;
-                    if sum.to_vec::<f32>() != Ok(vec![4.0]) {
-                        return Err(format!("rank {r}: sum {sum:?}"));
-                    }
-                    let start = Instant::now();
-                    p.shutdown()
-                        .map_err(|e| format!("rank {r} left with {e}"))?;
-                    if start.elapsed() > Duration::from_secs(8) {
-                        return Err(format!("rank {r}: leaving took {:?}", start.elapsed()));
-                    }
-                    Ok(())
+                        init(&args, options, Duration::from_secs(20)).map_err(|e| e.to_string())?;
+                    body(r, p)
                 })
             })
             .collect();
         hs.into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
             .collect()
+    })
+}
+
+/// Over TCP: rank 2's process aborts; the survivors' next call fails naming it, they
+/// shrink through the store, agree that the two calls before completed everywhere, go on
+/// with an exact sum over the new group, and leave without waiting for the dead rank.
+#[test]
+fn over_tcp_the_survivors_of_an_aborted_process_shrink_and_go_on() {
+    let results = tcp_job(4, |r, p| {
+        let c = p.communicator();
+        let first = c
+            .all_reduce(ones(2), ReduceOp::Sum)
+            .wait()
+            .map_err(|e| e.to_string())?;
+        if first.to_vec::<f32>() != Ok(vec![4.0, 4.0]) {
+            return Err(format!("rank {r}: {first:?}"));
+        }
+        c.barrier().wait().map_err(|e| e.to_string())?;
+        if r == 2 {
+            p.abort();
+            return Ok(());
+        }
+        match c.all_reduce(ones(2), ReduceOp::Sum).wait() {
+            Err(e) if *root(&e) == Error::PeerLost { rank: 2 } => {}
+            other => return Err(format!("rank {r}: {other:?}")),
+        }
+        let shrunk = c.shrink().wait().map_err(|e| format!("rank {r}: {e}"))?;
+        if (shrunk.completed, shrunk.left_out.as_slice()) != (2, &[2][..]) {
+            return Err(format!("rank {r}: {shrunk:?}"));
+        }
+        let next = shrunk.communicator;
+        let mine = Tensor::from_vec(vec![r as f32]);
+        let sum = next
+            .all_reduce(mine, ReduceOp::Sum)
+            .wait()
+            .map_err(|e| e.to_string())?;
+        if sum.to_vec::<f32>() != Ok(vec![4.0]) {
+            return Err(format!("rank {r}: sum {sum:?}"));
+        }
+        let start = Instant::now();
+        p.shutdown()
+            .map_err(|e| format!("rank {r} left with {e}"))?;
+        if start.elapsed() > Duration::from_secs(8) {
+            return Err(format!("rank {r}: leaving took {:?}", start.elapsed()));
+        }
+        Ok(())
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        assert_eq!(res, Ok(()), "rank {r}");
+    }
+}
+
+/// Rank 0, which serves the store, dies: the others leave without waiting out the store's
+/// timeout (each of leaving's three store requests waited it out: 60 s with a 20 s timeout).
+#[test]
+fn leaving_after_the_store_s_rank_died_waits_out_no_timeout() {
+    let results = tcp_job(3, |r, p| {
+        let c = p.communicator();
+        c.barrier().wait().map_err(|e| e.to_string())?;
+        if r == 0 {
+            p.abort();
+            return Ok(());
+        }
+        match c.barrier().wait() {
+            Err(e) if *root(&e) == Error::PeerLost { rank: 0 } => {}
+            other => return Err(format!("rank {r}: {other:?}")),
+        }
+        let start = Instant::now();
+        let _ = p.shutdown();
+        if start.elapsed() > Duration::from_secs(8) {
+            return Err(format!("rank {r}: leaving took {:?}", start.elapsed()));
+        }
+        Ok(())
     });
     for (r, res) in results.into_iter().enumerate() {
         assert_eq!(res, Ok(()), "rank {r}");

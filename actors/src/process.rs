@@ -439,19 +439,18 @@ impl Process {
         let (rank, world) = (self.config.rank, self.config.world_size);
         let (lost, _) = self.comm.member.rank.driver.survivors_view(GroupId::WORLD);
         let alive = || (0..world).filter(|r| !lost.contains(r));
-        let _ = self.store.set(&format!("left/{rank}"), Vec::new());
-        let keys: Vec<String> = alive().map(|r| format!("left/{r}")).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        if let Err(e) = self.store.wait(&refs, LINGER) {
-            tracing::warn!(rank, error = %e, "not every rank left in order; closing anyway");
-        }
-        // The rank serving the store keeps it until every rank has had its answer (else a
-        // rank's last request could find the store gone and wait out its timeout).
-        let _ = self.store.set(&format!("gone/{rank}"), Vec::new());
-        if self.server.is_some() {
-            let keys: Vec<String> = alive().map(|r| format!("gone/{r}")).collect();
-            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let _ = self.store.wait(&refs, LINGER);
+        // The store is gone with rank 0 where rank 0 served it: each request would wait out
+        // the store's timeout to reconnect (three of them, three timeouts). Likewise after
+        // the first request that fails.
+        let store_gone = matches!(self.config.rendezvous, Rendezvous::Tcp { .. })
+            && !self.config.launcher_store
+            && lost.contains(&0);
+        if store_gone {
+            tracing::debug!(rank, "the store's rank is lost: leaving without it");
+        } else if let Err(e) = self.store.set(&format!("left/{rank}"), Vec::new()) {
+            tracing::warn!(rank, error = %e, "the store is gone; leaving without it");
+        } else {
+            self.leave_in_order(&alive().collect::<Vec<_>>());
         }
         system.stop();
         if let Some(t) = self.thread.take() {
@@ -462,6 +461,28 @@ impl Process {
             mesh.close();
         }
         pending
+    }
+
+    /// The store steps of leaving in order, once this rank said it left: waits for the
+    /// `alive` ranks to leave too, and the rank serving the store keeps it until each of them
+    /// has had its answer.
+    fn leave_in_order(&self, alive: &[usize]) {
+        let rank = self.config.rank;
+        let keys: Vec<String> = alive.iter().map(|r| format!("left/{r}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        if let Err(e) = self.store.wait(&refs, LINGER) {
+            tracing::warn!(rank, error = %e, "not every rank left in order; closing anyway");
+        }
+        // The rank serving the store keeps it until every rank has had its answer (else a
+        // rank's last request could find the store gone and wait out its timeout).
+        if self.store.set(&format!("gone/{rank}"), Vec::new()).is_err() {
+            return;
+        }
+        if self.server.is_some() {
+            let keys: Vec<String> = alive.iter().map(|r| format!("gone/{r}")).collect();
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let _ = self.store.wait(&refs, LINGER);
+        }
     }
 }
 
