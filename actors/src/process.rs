@@ -33,7 +33,7 @@ use crate::transport::tcp::{Inbound, Liveness};
 use actix::System;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{Link, LinkError, Message};
-use collectix_runtime::{Error, GroupId, GroupInfo, GroupOptions, Result};
+use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -437,7 +437,7 @@ impl Process {
         // Every rank has left (or the wait ran out): closing now harms nobody. Ranks this one
         // saw lost never will leave: they are not waited for.
         let (rank, world) = (self.config.rank, self.config.world_size);
-        let (lost, _) = self.comm.member.rank.driver.survivors_view(GroupId::WORLD);
+        let lost = self.comm.member.rank.driver.lost_peers();
         let alive = || (0..world).filter(|r| !lost.contains(r));
         // The store is gone with rank 0 where rank 0 served it: each request would wait out
         // the store's timeout to reconnect (three of them, three timeouts). Likewise after

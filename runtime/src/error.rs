@@ -452,6 +452,15 @@ pub enum Error {
         /// The rank that revoked it (global).
         by: usize,
     },
+    /// Rank `by` declared this rank lost (its links to this rank were silent or broken: a
+    /// frozen process, one stopped with SIGSTOP, a network partition) and aborted the
+    /// group: this rank was not there for its peers, who went on without it. A rank that
+    /// hears this should stop, or rejoin as a new incarnation.
+    #[error("rank {by} declared this rank lost (it was frozen, stopped or cut off) and went on without it")]
+    DeclaredLost {
+        /// The rank whose abort said so (global).
+        by: usize,
+    },
     /// The survivors of group `group` agreed on a smaller group without this rank: rank
     /// `decided_by` decided who survived before it heard from this rank (this rank was
     /// thought lost, or did not join the agreement within the group's timeout). This rank
@@ -653,7 +662,10 @@ mod tests {
             | Error::PeerShutdown { .. }
             | Error::Protocol { .. }
             | Error::Remote { .. } => "peer",
-            Error::GroupAborted { .. } | Error::Revoked { .. } | Error::LeftOut { .. } => "group",
+            Error::GroupAborted { .. }
+            | Error::Revoked { .. }
+            | Error::LeftOut { .. }
+            | Error::DeclaredLost { .. } => "group",
             Error::Shutdown => "shutdown",
             Error::Resource(_) | Error::Device(_) | Error::Store(_) => "system",
             Error::Panic(_) | Error::Serialization(_) => "user code",
@@ -707,6 +719,7 @@ mod tests {
             },
             Error::PeerLost { rank: 2 },
             Error::Revoked { group: g, by: 1 },
+            Error::DeclaredLost { by: 2 },
             Error::LeftOut {
                 group: g,
                 decided_by: 0,
@@ -760,12 +773,12 @@ mod tests {
     #[test]
     fn every_variant_says_in_one_line_who_is_at_fault() {
         let all = every_variant();
-        // Every variant once (23 of them: `class` lists them all, without a wildcard).
+        // Every variant once (24 of them: `class` lists them all, without a wildcard).
         let kinds: std::collections::BTreeSet<String> = all
             .iter()
             .map(|e| format!("{:?}", std::mem::discriminant(e)))
             .collect();
-        assert_eq!((kinds.len(), all.len()), (23, 23));
+        assert_eq!((kinds.len(), all.len()), (24, 24));
         for e in &all {
             let text = e.to_string();
             assert!(!text.is_empty() && !text.contains('\n'), "{e:?}: {text:?}");

@@ -141,3 +141,38 @@ fn a_group_made_after_a_loss_that_names_the_lost_rank_fails_at_once() {
         assert!(at < Time::ZERO + TIMEOUT / 10, "rank {r} failed at {at:?}");
     }
 }
+
+/// A rank that its peers declared lost (frozen, then resumed) hears so in words that say
+/// it, not that it lost itself: the abort a peer sent ("peer rank 1 was lost") reaches rank 1
+/// itself when it runs again.
+#[test]
+fn a_rank_declared_lost_by_its_peers_is_told_so_not_that_it_lost_itself() {
+    use collectix_runtime::wire::message::{AbortReason, Header, Message};
+    use collectix_runtime::{Engine, GroupInfo};
+    let mut e = Engine::new(1);
+    let info = GroupInfo::world(3, 1, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    e.add_group(info.clone(), Time::ZERO);
+    let plan = collectix_runtime::Plan::new(all_reduce(3).request(1), &info, &opts())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let id = e.submit(GroupId::WORLD, 0, plan, Time::ZERO);
+    while e.poll_transmit().is_some() {}
+    e.handle_message(
+        Message {
+            src: 2,
+            header: Header::Abort {
+                group: GroupId::WORLD,
+                reason: Box::new(AbortReason::PeerLost { rank: 1 }),
+            },
+            payload: Vec::new(),
+        },
+        Time::ZERO,
+    );
+    let ev = e.poll_event().unwrap_or_else(|| panic!("no event"));
+    assert_eq!(ev.op, id);
+    let err = ev.result.err().unwrap_or_else(|| panic!("completed"));
+    assert_eq!(err.root_cause(), &Error::DeclaredLost { by: 2 });
+    assert_eq!(
+        err.root_cause().to_string(),
+        "rank 2 declared this rank lost (it was frozen, stopped or cut off) and went on without it"
+    );
+}

@@ -302,12 +302,18 @@ impl Driver {
         })
     }
 
-    /// The peers this rank saw lost, and how many of `group`'s calls completed here without
-    /// a gap (`None`: not a group of this rank).
+    /// The peers this rank saw lost (their links broke; not those that left in order).
+    pub(crate) fn lost_peers(&self) -> BTreeSet<usize> {
+        self.run(|core, _, _| core.engine.lost_peers().clone())
+    }
+
+    /// The members of `group` gone as far as this rank knows (lost, or left the group), and
+    /// how many of its calls completed here without a gap (`None`: not a group of this
+    /// rank).
     pub(crate) fn survivors_view(&self, group: GroupId) -> (BTreeSet<usize>, Option<u64>) {
         self.run(|core, _, _| {
             (
-                core.engine.lost_peers().clone(),
+                core.engine.departed(group),
                 core.engine.completed_calls(group),
             )
         })

@@ -413,9 +413,19 @@ impl Engine {
     /// `from` (global) aborted group `gid` for `reason`: the group is aborted here too.
     pub(super) fn on_abort(&mut self, gid: GroupId, from: usize, reason: &AbortReason) {
         let cause = reason.clone().into_error(gid, from);
+        // A peer says this very rank was lost (it was frozen, stopped or cut off while the
+        // others went on): not a peer's loss, and said so.
+        if matches!(cause.root_cause(), Error::PeerLost { rank } if *rank == self.rank) {
+            self.abort(gid, Error::DeclaredLost { by: from }, None, false);
+            return;
+        }
         // A lost peer heard of from another member before this rank noticed: the
-        // calls that talk to it fail with `PeerLost`, as if this rank had noticed.
+        // calls that talk to it fail with `PeerLost`, as if this rank had noticed, and it
+        // counts as lost here too (its own link may take a moment more to break).
         if let Error::PeerLost { rank } = cause.root_cause() {
+            if *rank != self.rank {
+                self.lost.insert(*rank);
+            }
             self.fail_talking_to(gid, *rank);
         }
         self.abort(gid, cause, None, false);

@@ -50,6 +50,17 @@ impl Engine {
         self.lost.remove(&peer);
     }
 
+    /// The members of group `gid` that are gone as far as this rank knows: the peers it saw
+    /// lost, and the members that left the group (destroyed it, or shut down). What the
+    /// survivors' agreement does not wait for.
+    pub fn departed(&self, gid: GroupId) -> BTreeSet<usize> {
+        let mut gone = self.lost.clone();
+        if let Some(g) = self.groups.get(&gid) {
+            gone.extend(g.left.iter().map(|&(r, _)| r));
+        }
+        gone
+    }
+
     /// The peers this rank saw lost (global ranks), in order.
     pub fn lost_peers(&self) -> &BTreeSet<usize> {
         &self.lost
