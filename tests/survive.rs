@@ -298,6 +298,7 @@ fn tcp_job(
                         connect: None,
                         security: Some(Security::with_secret(secret)),
                         liveness: None,
+                        launcher_store: None,
                     };
                     let options = GroupOptions::default().with_timeout(TIMEOUT);
                     let p =

@@ -30,6 +30,7 @@ fn args(port: u16, r: usize, w: usize, connect: Option<Connect>) -> InitArgs {
         connect,
         security: Some(secured("the tcp_world tests' secret")),
         liveness: None,
+        launcher_store: None,
     }
 }
 

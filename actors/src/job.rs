@@ -43,6 +43,10 @@ pub struct InitArgs {
     /// How long a silent peer is given before it is lost (else `COLLECTIX_LINK_TIMEOUT`,
     /// else 10 s; see [`Liveness`](crate::transport::tcp::Liveness)).
     pub liveness: Option<crate::transport::tcp::Liveness>,
+    /// Whether someone else (a launcher, `collectix store`) serves the TCP store, so that
+    /// rank 0 connects to it instead of serving it (else `TORCHELASTIC_USE_AGENT_STORE`):
+    /// see [`JobConfig::launcher_store`].
+    pub launcher_store: Option<bool>,
 }
 
 /// Where the job's rendezvous store is.
@@ -215,8 +219,10 @@ impl JobConfig {
             launcher
         };
         let rendezvous = rendezvous(args, env, launcher, world_size, local_world_size)?;
-        let launcher_store = var(env, "TORCHELASTIC_USE_AGENT_STORE")
-            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+        let launcher_store = args.launcher_store.unwrap_or_else(|| {
+            var(env, "TORCHELASTIC_USE_AGENT_STORE")
+                .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+        });
         let incarnation = match var(env, "COLLECTIX_INCARNATION") {
             None => 0,
             Some(v) => v.parse::<u32>().map_err(|_| {
