@@ -83,9 +83,10 @@ pub use collectix_runtime as runtime;
 pub use collectix_actors::device;
 pub use collectix_actors::device::TensorDeviceExt;
 pub use collectix_actors::{
-    init, Communicator, Connect, DeviceBackend, FileStore, InitArgs, JobConfig, Launcher, Liveness,
-    MemoryStore, P2POp, PrefixStore, Process, Recovered, Rendezvous, Secret, Security, Store,
-    TcpStore, TcpStoreServer, Work, World, FIRST_RESERVED_TAG,
+    init, job_status, CallRecord, CallState, Communicator, Connect, DeviceBackend, FileStore,
+    InitArgs, JobConfig, JobStatus, Launcher, Liveness, MemoryStore, P2POp, PrefixStore, Process,
+    RankStatus, Recovered, Rendezvous, Secret, Security, Store, TcpStore, TcpStoreServer, Work,
+    World, CALLS_KEPT, FIRST_RESERVED_TAG,
 };
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{

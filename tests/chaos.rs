@@ -149,10 +149,7 @@ impl Rank<'_> {
             }
             let want: i64 = comm.members().iter().map(|&m| m as i64 + 1).sum();
             let got = comm
-                .all_reduce(
-                    Tensor::from_vec(vec![self.me as i64 + 1]),
-                    ReduceOp::Sum,
-                )
+                .all_reduce(Tensor::from_vec(vec![self.me as i64 + 1]), ReduceOp::Sum)
                 .wait();
             match got.and_then(|t| t.to_vec::<i64>()) {
                 Ok(v) if v == vec![want] => {

@@ -52,6 +52,7 @@ mod process;
 mod rank;
 mod recovery;
 mod security;
+mod status;
 mod store;
 mod sync;
 #[cfg(test)]
@@ -67,6 +68,7 @@ pub use job::{parse_nodelist, InitArgs, JobConfig, Launcher, Rendezvous};
 pub use process::{init, Process};
 pub use recovery::Recovered;
 pub use security::{Secret, Security, MAX_SECRET_BYTES};
+pub use status::{job_status, CallRecord, CallState, JobStatus, RankStatus, CALLS_KEPT};
 pub use store::{FileStore, MemoryStore, PrefixStore, Store, TcpStore, TcpStoreServer};
 pub use transport::mesh::Connect;
 pub use transport::tcp::Liveness;

@@ -58,6 +58,8 @@ pub struct Process {
     mesh: Option<Mesh>,
     server: Option<TcpStoreServer>,
     address: String,
+    /// Answers `collectix status` (a TCP job's ranks only); stops when dropped.
+    _status: Option<crate::status::Responder>,
 }
 
 /// Hands a connection's arrivals, its "can take more" and its loss to the rank's driver,
@@ -181,16 +183,34 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         timeout,
     });
     match joined {
-        Ok((comm, system, thread, mesh, address)) => Ok(Process {
-            comm,
-            config,
-            store,
-            system: Some(system),
-            thread: Some(thread),
-            mesh: Some(mesh),
-            server,
-            address,
-        }),
+        Ok((comm, system, thread, mesh, address)) => {
+            // A connection of its own for the status responder, whose waits hold it.
+            let status = match &config.rendezvous {
+                Rendezvous::Tcp { host, port } => {
+                    TcpStore::connect_secured(host_port(host, *port), left(), security.clone())
+                        .ok()
+                        .map(|s| {
+                            crate::status::Responder::start(
+                                rank,
+                                comm.member.rank.driver.clone(),
+                                Box::new(s),
+                            )
+                        })
+                }
+                Rendezvous::File { .. } => None,
+            };
+            Ok(Process {
+                comm,
+                config,
+                store,
+                system: Some(system),
+                thread: Some(thread),
+                mesh: Some(mesh),
+                server,
+                address,
+                _status: status,
+            })
+        }
         Err(e) => {
             // The others' joins are timing out about now too: the store stays up a little
             // longer, so that their errors name the missing ranks, not a vanished store.

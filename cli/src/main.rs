@@ -1,6 +1,7 @@
 //! `collectix`: the command-line tool of collectix. `bench` prints nccl-tests' table for a
 //! collective over a size sweep, with a correctness check; `plot` draws `--json` rows; `store`
-//! runs a TCP store server for multi-process jobs.
+//! runs a TCP store server for multi-process jobs; `launch` starts a job's processes; `status`
+//! asks a running job's ranks for their last calls.
 //!
 //! ```text
 //! collectix bench --collective all_reduce --ranks 4 -b 4 -e 64M -f 4 -c 1
@@ -18,6 +19,7 @@
 mod bench;
 mod launch;
 mod plot;
+mod status;
 mod store;
 
 use clap::{Parser, Subcommand};
@@ -44,6 +46,9 @@ enum Command {
     Launch(launch::LaunchArgs),
     /// Runs a TCP store server (the rendezvous of multi-process jobs) until interrupted.
     Store(store::StoreArgs),
+    /// Asks every rank of a running job (through its store) for its last calls, and says
+    /// which rank is behind in which call.
+    Status(status::StatusArgs),
     /// Draws busbw against size from `--json` files (collectix's, or peers' converted by
     /// `bench/peers/side_by_side.py`) into one SVG.
     Plot(plot::PlotArgs),
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::main(&a),
         Command::Launch(a) => ExitCode::from(launch::run(&a)),
         Command::Store(a) => store::run(a),
+        Command::Status(a) => status::run(&a),
         Command::Plot(a) => plot::run(&a),
         Command::Exec(a) => ExitCode::from(launch::exec(a.parent, &a.program)),
     }

@@ -22,6 +22,7 @@
 //! code may issue calls on the same rank.
 
 mod handoff;
+pub(crate) mod recorder;
 mod state;
 mod wait;
 
@@ -107,6 +108,8 @@ impl Driver {
                 quiesced: false,
                 leaving: None,
                 arrivals: Vec::new(),
+                recorder: recorder::Recorder::default(),
+                failing: false,
             })),
             inbox: Inbox::new(),
             actor: OnceLock::new(),
@@ -264,10 +267,20 @@ impl Driver {
                     algorithm = fp.algorithm.map(|a| a.name()),
                     bytes = count.map(|c| c.saturating_mul(fp.dtype.size() as u64)),
                 );
-                if !plan.is_p2p() {
+                let p2p = plan.is_p2p();
+                if !p2p {
                     span.record("seq", seq);
                 }
                 let id = core.engine.submit(group, seq, plan, now);
+                let record = recorder::Recorder::record(
+                    group,
+                    (!p2p).then_some(seq),
+                    fp.kind,
+                    fp.dtype,
+                    count,
+                    now,
+                );
+                core.recorder.started(id, record);
                 let start = (!span.is_disabled()).then(Instant::now);
                 core.waiting.insert(id, Waiting { done, span, start });
             },
@@ -300,6 +313,11 @@ impl Driver {
             }
             core.engine.revoke_group(group)
         })
+    }
+
+    /// The rank's flight record: its last calls, oldest first.
+    pub(crate) fn flight_record(&self) -> Vec<recorder::CallRecord> {
+        self.run(|core, _, _| core.recorder.calls())
     }
 
     /// The peers this rank saw lost (their links broke; not those that left in order).

@@ -40,9 +40,14 @@ impl Waiting {
 pub(crate) struct After {
     pub(super) finished: Vec<(Waiting, Result<Output>)>,
     pub(super) refused: Vec<Done<Output>>,
+    /// The flight record to write out (a call failed): the rank and the text.
+    pub(super) dump: Option<(usize, String)>,
 }
 impl After {
     pub(super) fn complete(self) {
+        if let Some((rank, text)) = &self.dump {
+            super::recorder::dump(*rank, text);
+        }
         for (w, r) in self.finished {
             w.finish(r);
         }
@@ -66,6 +71,11 @@ pub(crate) struct Core {
     pub(super) leaving: Option<(Vec<Error>, mpsc::Sender<Vec<Error>>)>,
     /// Arrivals taken from the inbox (kept to reuse its allocation).
     pub(super) arrivals: Vec<Message>,
+    /// The rank's last calls (the flight recorder).
+    pub(super) recorder: super::recorder::Recorder,
+    /// Whether the last call to end failed (the record is written out once per run of
+    /// failures).
+    pub(super) failing: bool,
 }
 impl Core {
     /// Sends `msg` to global rank `dst` through its link (or its outbox, if the link would
@@ -96,6 +106,11 @@ impl Core {
             }
             while let Some(ev) = self.engine.poll_event() {
                 progressed = true;
+                let failed = self.recorder.ended(ev.op, now, ev.result.as_ref().err());
+                if failed && !self.failing {
+                    after.dump = Some((self.engine.rank(), self.recorder.text(self.engine.rank())));
+                }
+                self.failing = failed;
                 if let Some(w) = self.waiting.remove(&ev.op) {
                     after.finished.push((w, ev.result));
                 }

@@ -1,0 +1,195 @@
+//! A running job's status, on demand: each rank's flight record (its last calls, see
+//! [`CallRecord`]) read by [`Communicator::flight_record`] in the program, or asked of every
+//! rank of a TCP job through its store ([`job_status`], which `collectix status` prints):
+//! a rank of a TCP job answers on a thread of its own, with a store connection of its own,
+//! that waits for the next request key.
+//!
+//! Through the store: the asker takes a request number `n` (`collectix/status/requests`, an
+//! add) and sets `collectix/status/request/n`; each rank, waiting for that key, writes its
+//! record under `collectix/status/n/rank/R`, one call a line (`group seq state text`).
+
+use crate::comm::Communicator;
+pub use crate::rank::driver::recorder::{CallRecord, CallState, CALLS_KEPT};
+use crate::rank::driver::Driver;
+use crate::store::Store;
+use collectix_runtime::{Error, Result};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+impl Communicator {
+    /// This rank's flight record: its last [`CALLS_KEPT`] calls on any group, oldest first,
+    /// each with its group, sequence number, collective, size, times and how it stands.
+    pub fn flight_record(&self) -> Vec<CallRecord> {
+        self.member.rank.driver.flight_record()
+    }
+}
+
+const REQUESTS: &str = "collectix/status/requests";
+
+fn request_key(n: i64) -> String {
+    format!("collectix/status/request/{n}")
+}
+
+fn answer_key(n: i64, rank: usize) -> String {
+    format!("collectix/status/{n}/rank/{rank}")
+}
+
+/// The thread that answers status requests for one rank of a TCP job; it stops within a
+/// second of being dropped.
+pub(crate) struct Responder {
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Responder {
+    /// Starts answering for rank `rank` (whose engine `driver` has), through `store` (a
+    /// connection of the responder's own: its waits hold the connection).
+    pub(crate) fn start(rank: usize, driver: Arc<Driver>, store: Box<dyn Store>) -> Responder {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let _ = std::thread::Builder::new()
+            .name(format!("collectix-status-{rank}"))
+            .spawn(move || {
+                // Requests made before this rank came are not for it.
+                let mut next = store.add(REQUESTS, 0).unwrap_or(0) + 1;
+                while !flag.load(Ordering::SeqCst) {
+                    let key = request_key(next);
+                    match store.wait(&[key.as_str()], Duration::from_secs(1)) {
+                        Ok(()) => {
+                            let mut text = String::new();
+                            for r in driver.flight_record() {
+                                let seq = r.seq.map_or("-".to_string(), |s| s.to_string());
+                                let state = match r.state {
+                                    CallState::Pending => "pending",
+                                    CallState::Completed => "completed",
+                                    CallState::Failed(_) => "failed",
+                                };
+                                text.push_str(&format!("{} {seq} {state} {r}\n", r.group));
+                            }
+                            if store
+                                .set(&answer_key(next, rank), text.into_bytes())
+                                .is_err()
+                            {
+                                return;
+                            }
+                            next += 1;
+                        }
+                        Err(Error::StoreTimeout { .. }) => {}
+                        Err(_) => return,
+                    }
+                }
+            });
+        Responder { stop }
+    }
+}
+
+/// One rank's answer to a status request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankStatus {
+    /// The rank.
+    pub rank: usize,
+    /// Its last calls, a line each, oldest first (`None`: it did not answer in time: dead,
+    /// frozen, or not started).
+    pub calls: Option<Vec<String>>,
+}
+
+/// A job's status: each rank's last calls, and who is behind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobStatus {
+    /// Each rank's answer, in rank order.
+    pub ranks: Vec<RankStatus>,
+    /// Findings, a line each: ranks behind the others in a group's calls, ranks that did not
+    /// answer.
+    pub findings: Vec<String>,
+}
+
+/// Asks every rank of a job of `world` ranks (through its `store`) for its flight record,
+/// waits at most `within` for the answers, and says who is behind in which call.
+pub fn job_status(store: &dyn Store, world: usize, within: Duration) -> Result<JobStatus> {
+    let n = store.add(REQUESTS, 1)?;
+    store.set(&request_key(n), Vec::new())?;
+    let deadline = Instant::now() + within;
+    let mut answers: BTreeMap<usize, String> = BTreeMap::new();
+    while answers.len() < world && Instant::now() < deadline {
+        let missing: Vec<usize> = (0..world).filter(|r| !answers.contains_key(r)).collect();
+        for r in missing {
+            let key = answer_key(n, r);
+            if store.check(&[key.as_str()])? {
+                let text = store.get(&key, Duration::from_secs(1))?;
+                answers.insert(r, String::from_utf8_lossy(&text).into_owned());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ranks: Vec<RankStatus> = (0..world)
+        .map(|rank| RankStatus {
+            rank,
+            calls: answers
+                .get(&rank)
+                .map(|t| t.lines().map(str::to_string).collect()),
+        })
+        .collect();
+    let findings = findings(&ranks);
+    Ok(JobStatus { ranks, findings })
+}
+
+/// Who is behind: for each group, each rank's latest call (the highest sequence number in
+/// its record); a rank whose latest is below another's is behind, and a call in flight on a
+/// rank that another has not reached waits for it.
+fn findings(ranks: &[RankStatus]) -> Vec<String> {
+    // group → rank → (latest seq, its state)
+    let mut latest: BTreeMap<String, BTreeMap<usize, (u64, String)>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for r in ranks {
+        let Some(calls) = &r.calls else {
+            out.push(format!(
+                "rank {} did not answer (dead, frozen, or not started)",
+                r.rank
+            ));
+            continue;
+        };
+        for line in calls {
+            let mut w = line.split(' ');
+            let (Some(g), Some(seq), Some(state)) = (w.next(), w.next(), w.next()) else {
+                continue;
+            };
+            let Ok(seq) = seq.parse::<u64>() else {
+                continue;
+            };
+            let e = latest.entry(g.to_string()).or_default();
+            let slot = e.entry(r.rank).or_insert((seq, state.to_string()));
+            if seq >= slot.0 {
+                *slot = (seq, state.to_string());
+            }
+        }
+    }
+    for (g, per_rank) in &latest {
+        let Some(top) = per_rank.values().map(|(s, _)| *s).max() else {
+            continue;
+        };
+        let behind: Vec<String> = per_rank
+            .iter()
+            .filter(|(_, (s, _))| *s < top)
+            .map(|(r, (s, st))| format!("rank {r} (at #{s}, {st})"))
+            .collect();
+        if !behind.is_empty() {
+            let waiting: Vec<usize> = per_rank
+                .iter()
+                .filter(|(_, (s, st))| *s == top && st == "pending")
+                .map(|(r, _)| *r)
+                .collect();
+            out.push(format!(
+                "group {g}: behind call #{top}: {}; waiting in it: ranks {waiting:?}",
+                behind.join(", ")
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,82 @@
+//! `collectix status`: asks every rank of a running job, through its store, for its flight
+//! record (its last calls), prints each rank's last calls and says which rank is behind in
+//! which call (torch's flight recorder and desync debug, on demand).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// `collectix status`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct StatusArgs {
+    /// The store's host (the job's `MASTER_ADDR`).
+    #[arg(long = "master-addr", default_value = "127.0.0.1")]
+    master_addr: String,
+    /// The store's port (the job's `MASTER_PORT`).
+    #[arg(long = "master-port", default_value_t = 29500)]
+    master_port: u16,
+    /// Calls shown per rank (the most recent).
+    #[arg(long, default_value_t = 8)]
+    calls: usize,
+    /// How long to wait for the ranks' answers, in milliseconds.
+    #[arg(long = "wait-ms", default_value_t = 1000)]
+    wait_ms: u64,
+}
+
+/// Prints the job's status; fails when the store cannot be reached.
+pub(crate) fn run(a: &StatusArgs) -> ExitCode {
+    match status(a) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("collectix status: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn status(a: &StatusArgs) -> collectix::Result<String> {
+    use collectix::Store;
+    let security = collectix::Security::from_env()?;
+    let host = if a.master_addr.contains(':') {
+        format!("[{}]:{}", a.master_addr, a.master_port)
+    } else {
+        format!("{}:{}", a.master_addr, a.master_port)
+    };
+    let store = collectix::TcpStore::connect_secured(host, Duration::from_secs(5), security)?;
+    // The job's size, as its first rank recorded it ("W R").
+    let said = store.get("world_size", Duration::from_secs(1))?;
+    let world = String::from_utf8_lossy(&said)
+        .split(' ')
+        .next()
+        .and_then(|w| w.parse::<usize>().ok())
+        .ok_or_else(|| collectix::Error::Store("the store holds no world size".into()))?;
+    let s = collectix::job_status(&store, world, Duration::from_millis(a.wait_ms))?;
+    let mut out = String::new();
+    for r in &s.ranks {
+        match &r.calls {
+            Some(calls) => {
+                out.push_str(&format!(
+                    "rank {}: last {} calls\n",
+                    r.rank,
+                    calls.len().min(a.calls)
+                ));
+                for line in &calls[calls.len().saturating_sub(a.calls)..] {
+                    // "GROUP SEQ STATE text": the text is the line shown.
+                    let text = line.splitn(4, ' ').nth(3).unwrap_or(line);
+                    out.push_str(&format!("  {text}\n"));
+                }
+            }
+            None => out.push_str(&format!("rank {}: no answer\n", r.rank)),
+        }
+    }
+    if s.findings.is_empty() {
+        out.push_str("every rank answered, and none is behind another\n");
+    } else {
+        for f in &s.findings {
+            out.push_str(&format!("{f}\n"));
+        }
+    }
+    Ok(out)
+}
