@@ -388,3 +388,52 @@ fn leaving_after_the_store_s_rank_died_waits_out_no_timeout() {
         assert_eq!(res, Ok(()), "rank {r}");
     }
 }
+
+/// Supervised ranks (`World::run`): a rank whose code panics mid-training is handled at once
+/// by the policy. `Stop`: every other rank's call fails at once (unsupervised, they waited
+/// out the 30 s timeout). `Shrink`: the others hear of it as of a killed process, shrink, and
+/// finish with exact sums over the survivors.
+#[test]
+fn a_rank_that_panics_is_handled_by_the_policy_at_once() {
+    use collectix::Policy;
+    let body = |comm: Communicator| -> collectix::Result<i64> {
+        let mut comm = comm;
+        let mut done = 0;
+        while done < 5 {
+            if comm.global_rank() == 1 && done == 2 {
+                panic!("rank 1's code gave up");
+            }
+            let mine = Tensor::from_vec(vec![comm.global_rank() as i64 + 1]);
+            match comm.all_reduce(mine, ReduceOp::Sum).wait() {
+                Ok(t) => {
+                    done += 1;
+                    if done == 5 {
+                        return Ok(t.to_vec::<i64>()?[0]);
+                    }
+                }
+                Err(e) => {
+                    let r = comm.shrink().wait().map_err(|_| e)?;
+                    comm = r.communicator;
+                }
+            }
+        }
+        Ok(0)
+    };
+    let w = world(3);
+    let start = Instant::now();
+    let got = w.run(Policy::Shrink, body);
+    assert!(matches!(&got[1], Err(Error::Panic(_))), "{:?}", got[1]);
+    assert_eq!(
+        (got[0].clone(), got[2].clone()),
+        (Ok(4), Ok(4)),
+        "1 + 3 over the survivors"
+    );
+    assert!(start.elapsed() < TOLD, "took {:?}", start.elapsed());
+    drop(w);
+    let w = world(3);
+    let start = Instant::now();
+    let got = w.run(Policy::Stop, body);
+    assert!(got.iter().all(Result::is_err), "{got:?}");
+    assert!(start.elapsed() < TOLD, "took {:?}", start.elapsed());
+    drop(w);
+}

@@ -54,6 +54,7 @@ mod recovery;
 mod security;
 mod status;
 mod store;
+mod supervise;
 mod sync;
 #[cfg(test)]
 mod test_support;
@@ -70,6 +71,7 @@ pub use recovery::Recovered;
 pub use security::{Secret, Security, MAX_SECRET_BYTES};
 pub use status::{job_status, CallRecord, CallState, JobStatus, RankStatus, CALLS_KEPT};
 pub use store::{FileStore, MemoryStore, PrefixStore, Store, TcpStore, TcpStoreServer};
+pub use supervise::Policy;
 pub use transport::mesh::Connect;
 pub use transport::tcp::Liveness;
 pub use work::Work;

@@ -110,8 +110,11 @@ impl Communicator {
         let member = &self.member;
         let info = &member.group.info;
         let driver = &member.rank.driver;
-        // Already failed, revoked or destroyed here: what matters is that the others hear.
-        let _ = driver.revoke(info.id);
+        // Already failed, revoked or destroyed here: what matters is that the others hear. A
+        // rank that was stopped (killed, or its world shut down) is no survivor.
+        if let Err(Error::Shutdown) = driver.revoke(info.id) {
+            return member.ready(Err(Error::Shutdown));
+        }
         let (_, completed) = driver.survivors_view(info.id);
         let Some(completed) = completed else {
             return member.ready(Err(Error::invalid(format!(

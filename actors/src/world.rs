@@ -118,6 +118,9 @@ impl World {
                 self.comms.len()
             )));
         };
+        if victim.member.rank.driver.is_closed() {
+            return Ok(());
+        }
         victim.member.rank.driver.stopped();
         for (i, c) in self.comms.iter().enumerate() {
             if i != r {
