@@ -27,6 +27,23 @@ fn launch(n: &str, script: &str) -> (Output, Duration) {
     (out, start.elapsed())
 }
 
+/// `collectix launch` of two ranks running `script`, not started yet.
+fn two_ranks(script: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_collectix"));
+    c.args([
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "0",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    c
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -100,18 +117,7 @@ fn terminated(
     std::io::BufReader<std::process::ChildStdout>,
     String,
 ) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_collectix"))
-        .args([
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            "0",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ])
+    let mut child = two_ranks(script)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -263,18 +269,7 @@ fn no_process_outlives_a_killed_launcher() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
     let script = format!(r#"echo $$ > {}/pid.$RANK; exec sleep 30"#, dir.display());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_collectix"))
-        .args([
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            "0",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ])
+    let mut child = two_ranks(&script)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -366,23 +366,19 @@ impl Driver {
 
     /// Global rank `peer` is gone: the calls that need it fail and its groups abort.
     pub(crate) fn peer_lost(&self, peer: usize) {
-        self.run(|core, now, _| {
-            if core.quiesced {
-                return;
-            }
-            if let Some((_, outboxes)) = &mut core.links {
-                if let Some(o) = outboxes.get_mut(peer) {
-                    o.clear();
-                }
-            }
-            core.engine.handle_peer_lost(peer, now);
-        });
+        self.peer_gone(peer, Engine::handle_peer_lost);
     }
 
     /// A new incarnation of global rank `peer` connected (a restarted process): the previous
     /// one is lost for good (its groups abort, what waited for it goes), and the new one may
     /// be a member of groups made from now on.
     pub(crate) fn peer_rejoined(&self, peer: usize) {
+        self.peer_gone(peer, Engine::handle_peer_rejoined);
+    }
+
+    /// What waited in front of `peer`'s link goes, and the engine hears (`tell`) unless the
+    /// rank is stopping.
+    fn peer_gone(&self, peer: usize, tell: fn(&mut Engine, usize, Time)) {
         self.run(|core, now, _| {
             if core.quiesced {
                 return;
@@ -392,7 +388,7 @@ impl Driver {
                     o.clear();
                 }
             }
-            core.engine.handle_peer_rejoined(peer, now);
+            tell(&mut core.engine, peer, now);
         });
     }
 

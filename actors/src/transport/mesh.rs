@@ -626,4 +626,108 @@ mod tests {
         m.close();
         other.close();
     }
+
+    /// What one rank's mesh tells its rank, in order.
+    #[derive(Clone, Default)]
+    struct Told(Arc<Mutex<Vec<String>>>);
+
+    impl Inbound for Told {
+        fn deliver(&self, src: usize, _: Message) {
+            lock(&self.0).push(format!("message from {src}"));
+        }
+        fn flush(&self, _: usize) {}
+        fn lost(&self, peer: usize) {
+            lock(&self.0).push(format!("lost {peer}"));
+        }
+        fn rejoined(&self, peer: usize) {
+            lock(&self.0).push(format!("rejoined {peer}"));
+        }
+    }
+
+    impl Told {
+        fn has(&self, what: &str) -> bool {
+            lock(&self.0).iter().any(|e| e == what)
+        }
+        fn wait_for(&self, what: &str) {
+            let start = Instant::now();
+            while !self.has(what) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "never told {what:?}"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+
+    struct Nothing;
+    impl Link<Message> for Nothing {
+        fn try_send(&mut self, _: Message) -> std::result::Result<(), LinkError<Message>> {
+            Ok(())
+        }
+    }
+
+    fn mesh_as(
+        listener: TcpListener,
+        rank: usize,
+        addrs: Vec<String>,
+        incarnation: u32,
+        inbound: Arc<dyn Inbound>,
+    ) -> Mesh {
+        let settings = Settings {
+            job: 7,
+            limits: Limits::default(),
+            incarnation,
+            security: Security::insecure(),
+            liveness: Liveness::default(),
+        };
+        Mesh::start(listener, rank, addrs, settings, inbound).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Rank 1 is restarted (a new process at a new address, incarnation 1) and rejoins: rank 0
+    /// hears that it rejoined, takes its messages on the new connection, and does not take
+    /// the end of the old process's connection for the new one's loss; the new one's end is.
+    #[test]
+    fn a_restarted_peer_replaces_its_connection_and_only_its_own_end_is_a_loss() {
+        let (l0, a0) = listener();
+        let (l1, a1) = listener();
+        let told = Told::default();
+        let mut m0 = mesh_as(
+            l0,
+            0,
+            vec![a0.clone(), a1.clone()],
+            0,
+            Arc::new(told.clone()),
+        );
+        let mut m1 = mesh_as(l1, 1, vec![a0.clone(), a1], 0, Arc::new(Nowhere));
+        let within = Duration::from_secs(10);
+        std::thread::scope(|s| {
+            s.spawn(|| m1.connect_all(Instant::now() + within, within));
+            m0.connect_all(Instant::now() + within, within)
+                .unwrap_or_else(|e| panic!("{e}"));
+        });
+        let (l1b, a1b) = listener();
+        let mut m1b = mesh_as(l1b, 1, vec![a0, a1b], 1, Arc::new(Nowhere));
+        m1b.rejoin_all(within);
+        told.wait_for("rejoined 1");
+        let mut links = m1b.links(Box::new(Nothing));
+        let credit = Message {
+            src: 1,
+            header: collectix_runtime::wire::message::Header::Credit {
+                group: collectix_runtime::GroupId::WORLD,
+                calls: 1,
+            },
+            payload: Vec::new(),
+        };
+        assert!(links[0].try_send(credit).is_ok());
+        told.wait_for("message from 1");
+        // The old process goes: its connection's end is no news.
+        m1.close();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!told.has("lost 1"), "{:?}", lock(&told.0));
+        drop(links);
+        m1b.close();
+        told.wait_for("lost 1");
+        m0.close();
+    }
 }

@@ -168,3 +168,77 @@ fn agreement_bug_overwritten_decision_splits() {
     });
     assert!(msg.contains("two decisions"), "{msg}");
 }
+
+/// Runs `ag` against the store until it ends (no failure).
+fn drive(mut ag: Agreement, store: &Store) -> Option<Result<Decision>> {
+    loop {
+        match ag.poll() {
+            Ask::Publish { key, value } => write(store, |s| {
+                s.map.insert(key, value);
+            }),
+            Ask::Look { keys } => {
+                let mut s = crate::sync::lock(&store.0);
+                let values = keys.iter().map(|k| s.map.get(k).cloned()).collect();
+                ag.looked(values, Time::ZERO, &s.lost);
+                if matches!(ag.poll(), Ask::Look { .. }) {
+                    let seen = s.version;
+                    while s.version == seen {
+                        s = store.1.wait(s).unwrap_or_else(|e| e.into_inner());
+                    }
+                }
+            }
+            Ask::Decide { key, value } => {
+                let mut current = Vec::new();
+                write(store, |s| {
+                    current = s.map.entry(key).or_insert(value).clone()
+                });
+                ag.decided(&current);
+            }
+            Ask::Done => return ag.outcome().cloned(),
+        }
+    }
+}
+
+/// A regrow: rank 2 was lost (the store's detector says so from the start), ranks 0 and 1
+/// wait for everyone, and rank 2's new incarnation joins as a newcomer, all three racing:
+/// one decision, with every rank, naming rank 2 as joined, whatever the interleaving.
+#[test]
+fn agreement_regrow_with_a_newcomer() {
+    check("agreement: regrow, rank 2's new incarnation joins", || {
+        let store: Store = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
+        crate::sync::lock(&store.0).lost.insert(2);
+        let never = Time::from_nanos(u64::MAX);
+        let members = vec![0, 1, 2];
+        let threads: Vec<_> = (0..2)
+            .map(|r| {
+                let (store, members) = (store.clone(), members.clone());
+                loom::thread::spawn(move || {
+                    let ag = Agreement::new(GroupId::WORLD, r, members, 3 + r as u64, never)
+                        .waiting_for_everyone();
+                    drive(ag, &store)
+                })
+            })
+            .collect();
+        let newcomer = drive(
+            Agreement::newcomer(GroupId::WORLD, 2, members.clone(), never),
+            &store,
+        );
+        let mut all = vec![newcomer];
+        for t in threads {
+            all.push(t.join().unwrap_or_else(|_| panic!("a rank panicked")));
+        }
+        for r in &all {
+            match r {
+                Some(Ok(d)) => {
+                    assert_eq!(d.members, members);
+                    assert_eq!(d.joined, vec![2]);
+                    assert_eq!(
+                        d.completed, 3,
+                        "the survivors' least; the newcomer's counts nothing"
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    });
+}
