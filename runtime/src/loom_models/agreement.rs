@@ -51,7 +51,19 @@ fn rank(
 ) -> Option<Result<Decision>> {
     let members: Vec<usize> = (0..w).collect();
     let never = Time::from_nanos(u64::MAX);
-    let mut ag = Agreement::new(GroupId::WORLD, me, members, me as u64 + 1, never);
+    let ag = Agreement::new(GroupId::WORLD, me, members, me as u64 + 1, never);
+    drive(ag, store, me, fail_after, decide)
+}
+
+/// Runs rank `me`'s agreement `ag` against the store to its end, or to its failure after
+/// `fail_after` steps (it then marks itself lost and gives `None`).
+fn drive(
+    mut ag: Agreement,
+    store: &Store,
+    me: usize,
+    fail_after: Option<usize>,
+    decide: Decide,
+) -> Option<Result<Decision>> {
     let mut steps = 0;
     loop {
         if fail_after == Some(steps) {
@@ -169,36 +181,6 @@ fn agreement_bug_overwritten_decision_splits() {
     assert!(msg.contains("two decisions"), "{msg}");
 }
 
-/// Runs `ag` against the store until it ends (no failure).
-fn drive(mut ag: Agreement, store: &Store) -> Option<Result<Decision>> {
-    loop {
-        match ag.poll() {
-            Ask::Publish { key, value } => write(store, |s| {
-                s.map.insert(key, value);
-            }),
-            Ask::Look { keys } => {
-                let mut s = crate::sync::lock(&store.0);
-                let values = keys.iter().map(|k| s.map.get(k).cloned()).collect();
-                ag.looked(values, Time::ZERO, &s.lost);
-                if matches!(ag.poll(), Ask::Look { .. }) {
-                    let seen = s.version;
-                    while s.version == seen {
-                        s = store.1.wait(s).unwrap_or_else(|e| e.into_inner());
-                    }
-                }
-            }
-            Ask::Decide { key, value } => {
-                let mut current = Vec::new();
-                write(store, |s| {
-                    current = s.map.entry(key).or_insert(value).clone()
-                });
-                ag.decided(&current);
-            }
-            Ask::Done => return ag.outcome().cloned(),
-        }
-    }
-}
-
 /// A regrow: rank 2 was lost (the store's detector says so from the start), ranks 0 and 1
 /// wait for everyone, and rank 2's new incarnation joins as a newcomer, all three racing:
 /// one decision, with every rank, naming rank 2 as joined, whatever the interleaving.
@@ -215,13 +197,16 @@ fn agreement_regrow_with_a_newcomer() {
                 loom::thread::spawn(move || {
                     let ag = Agreement::new(GroupId::WORLD, r, members, 3 + r as u64, never)
                         .waiting_for_everyone();
-                    drive(ag, &store)
+                    drive(ag, &store, r, None, Decide::CompareAndSet)
                 })
             })
             .collect();
         let newcomer = drive(
             Agreement::newcomer(GroupId::WORLD, 2, members.clone(), never),
             &store,
+            2,
+            None,
+            Decide::CompareAndSet,
         );
         let mut all = vec![newcomer];
         for t in threads {
