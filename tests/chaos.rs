@@ -12,7 +12,7 @@
 
 mod common;
 use collectix::{Communicator, Error, GroupOptions, ReduceOp, Tensor, World};
-use common::root;
+use common::{root, tcp_args};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -333,7 +333,7 @@ fn chaos_in_one_process() {
 /// from the ranks, as `collectix launch` serves it, so that rank 0's loss is survived too.
 /// `None` if it hung.
 fn over_tcp(trial: Trial) -> Option<Vec<End>> {
-    use collectix::{init, InitArgs, Secret, Security, TcpStoreServer};
+    use collectix::{init, Secret, Security, TcpStoreServer};
     let secret = || Secret::new("chaos").unwrap_or_else(|e| panic!("{e}"));
     let server = TcpStoreServer::for_job("127.0.0.1", 0, &Security::with_secret(secret()))
         .unwrap_or_else(|e| panic!("{e}"));
@@ -344,15 +344,7 @@ fn over_tcp(trial: Trial) -> Option<Vec<End>> {
         let (fault_at, tx) = (fault_at.clone(), tx.clone());
         std::thread::spawn(move || {
             let end = (|| {
-                let args = InitArgs {
-                    init_method: Some(format!("tcp://127.0.0.1:{port}")),
-                    rank: Some(me),
-                    world_size: Some(trial.world),
-                    connect: None,
-                    security: Some(Security::with_secret(secret())),
-                    liveness: None,
-                    launcher_store: Some(true),
-                };
+                let args = tcp_args(port, me, trial.world, "chaos", true);
                 let options = GroupOptions::default().with_timeout(TIMEOUT);
                 let p = init(&args, options, Duration::from_secs(20)).map_err(|e| e.to_string())?;
                 let p = Mutex::new(Some(p));

@@ -3,10 +3,14 @@
 //! behind is named with the call the others wait in.
 
 use collectix::{
-    init, job_status, CallState, GroupOptions, InitArgs, ReduceOp, Secret, Security, TcpStore,
-    Tensor, World,
+    init, job_status, CallState, GroupOptions, ReduceOp, Secret, Security, TcpStore, Tensor, World,
 };
 use std::time::Duration;
+
+mod common;
+use common::{free_port, tcp_args};
+
+const SECRET: &str = "the status test's secret";
 
 #[test]
 fn each_rank_records_its_last_calls() {
@@ -40,24 +44,16 @@ fn each_rank_records_its_last_calls() {
 
 #[test]
 fn the_rank_that_is_behind_is_named_within_a_second() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_or(29_996, |a| a.port());
-    let secret = || Secret::new("the status test's secret").unwrap_or_else(|e| panic!("{e}"));
+    let port = free_port();
+    let secret = || Secret::new(SECRET).unwrap_or_else(|e| panic!("{e}"));
     let w = 3;
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let rx = std::sync::Mutex::new(rx);
     std::thread::scope(|s| {
         for r in 0..w {
-            let (secret, rx) = (&secret, &rx);
+            let rx = &rx;
             s.spawn(move || {
-                let args = InitArgs {
-                    init_method: Some(format!("tcp://127.0.0.1:{port}")),
-                    rank: Some(r),
-                    world_size: Some(w),
-                    security: Some(Security::with_secret(secret())),
-                    ..InitArgs::default()
-                };
+                let args = tcp_args(port, r, w, SECRET, false);
                 let p = init(&args, GroupOptions::default(), Duration::from_secs(20))
                     .unwrap_or_else(|e| panic!("{e}"));
                 let c = p.communicator();

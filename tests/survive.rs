@@ -11,7 +11,7 @@ mod common;
 use collectix::{
     Communicator, DType, Error, GroupOptions, Recovered, ReduceOp, Tensor, TensorSpec, World,
 };
-use common::{root, wait_all};
+use common::{free_port, root, tcp_args, wait_all};
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -269,12 +269,6 @@ fn a_rank_that_comes_after_the_timeout_is_left_out() {
     drop(w);
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_or(29_998, |a| a.port())
-}
-
 /// Runs `w` ranks over TCP loopback, each a thread of this process with its own actor
 /// system and sockets, joined through rank 0's store (init timeout: 20 s), each running
 /// `body`; returns what each returned.
@@ -282,24 +276,14 @@ fn tcp_job(
     w: usize,
     body: impl Fn(usize, collectix::Process) -> Result<(), String> + Sync,
 ) -> Vec<Result<(), String>> {
-    use collectix::{init, InitArgs, Secret, Security};
+    use collectix::init;
     let port = free_port();
     let body = &body;
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..w)
             .map(|r| {
                 s.spawn(move || -> Result<(), String> {
-                    let secret =
-                        Secret::new("the survive tests' secret").map_err(|e| e.to_string())?;
-                    let args = InitArgs {
-                        init_method: Some(format!("tcp://127.0.0.1:{port}")),
-                        rank: Some(r),
-                        world_size: Some(w),
-                        connect: None,
-                        security: Some(Security::with_secret(secret)),
-                        liveness: None,
-                        launcher_store: None,
-                    };
+                    let args = tcp_args(port, r, w, "the survive tests' secret", false);
                     let options = GroupOptions::default().with_timeout(TIMEOUT);
                     let p =
                         init(&args, options, Duration::from_secs(20)).map_err(|e| e.to_string())?;

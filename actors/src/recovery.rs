@@ -33,11 +33,12 @@
 //! world.shutdown().unwrap();
 //! ```
 
+use crate::backend::DeviceBackend;
 use crate::comm::Communicator;
 use crate::member::RankShared;
 use crate::store::Store;
 use crate::work::Work;
-use collectix_runtime::recovery::{Agreement, Ask, Decision};
+use collectix_runtime::recovery::{decision_key, Agreement, Ask, Decision};
 use collectix_runtime::{Error, GroupId, GroupInfo, GroupOptions, Result};
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,9 +140,8 @@ impl Communicator {
             members: info.members.clone(),
             options: info.options.clone(),
         };
-        let backend = self.device_backend;
-        run_agreement(member.rank.clone(), old, agreement, move |c| {
-            c.with_device_backend(backend)
+        run_agreement(member.rank.clone(), self.device_backend, move |_| {
+            Ok((old, agreement))
         })
     }
 }
@@ -167,64 +167,49 @@ impl crate::Process {
         let options = comm.member.group.info.options.clone();
         let world = comm.world_size();
         let backend = comm.device_backend;
-        let (c, work) = Work::raw(rank.rank_threads.clone());
-        let threads = rank.rank_threads.clone();
-        let spawned = std::thread::Builder::new()
-            .name("collectix-rejoin".into())
-            .spawn(move || {
-                let r = current_group(rank.store.as_ref(), world).and_then(|(id, members)| {
-                    if !members.contains(&rank.rank) {
-                        return Err(Error::LeftOut {
-                            group: id,
-                            decided_by: members.first().copied().unwrap_or(0),
-                        });
-                    }
-                    let deadline = rank.driver.now() + wait;
-                    let ag = Agreement::newcomer(id, rank.rank, members.clone(), deadline);
-                    let old = Old {
-                        id,
-                        members,
-                        options,
-                    };
-                    agree(&rank, &old, ag)
+        run_agreement(rank, backend, move |rank| {
+            let (id, members) = current_group(rank.store.as_ref(), world)?;
+            if !members.contains(&rank.rank) {
+                return Err(Error::LeftOut {
+                    group: id,
+                    decided_by: members.first().copied().unwrap_or(0),
                 });
-                c.complete(r.map(|r| Recovered {
-                    communicator: r.communicator.with_device_backend(backend),
-                    ..r
-                }));
-            });
-        match spawned {
-            Ok(_) => work,
-            Err(e) => Work::ready(
-                threads,
-                Err(Error::Resource(format!("cannot start the rejoin: {e}"))),
-            ),
-        }
+            }
+            let deadline = rank.driver.now() + wait;
+            let ag = Agreement::newcomer(id, rank.rank, members.clone(), deadline);
+            let old = Old {
+                id,
+                members,
+                options,
+            };
+            Ok((old, ag))
+        })
     }
 }
 
 /// The failed group, as the new one is made from it.
-pub(crate) struct Old {
-    pub(crate) id: GroupId,
-    pub(crate) members: Vec<usize>,
-    pub(crate) options: GroupOptions,
+struct Old {
+    id: GroupId,
+    members: Vec<usize>,
+    options: GroupOptions,
 }
 
-/// Runs `ag` on a thread of its own (the store's calls block), then makes the new group on
-/// `rank`; `finish` dresses its handle.
-pub(crate) fn run_agreement(
+/// Runs this rank's part of an agreement on a thread of its own (the store's calls block):
+/// `setup` gives the failed group and the agreement (it may read the store), then the new
+/// group is made on `rank`, its handle taking calls on device tensors through `backend`.
+fn run_agreement(
     rank: Arc<RankShared>,
-    old: Old,
-    ag: Agreement,
-    finish: impl FnOnce(Communicator) -> Communicator + Send + 'static,
+    backend: DeviceBackend,
+    setup: impl FnOnce(&RankShared) -> Result<(Old, Agreement)> + Send + 'static,
 ) -> Work<Recovered> {
     let (c, work) = Work::raw(rank.rank_threads.clone());
     let threads = rank.rank_threads.clone();
     let spawned = std::thread::Builder::new()
         .name("collectix-agree".into())
         .spawn(move || {
-            c.complete(agree(&rank, &old, ag).map(|r| Recovered {
-                communicator: finish(r.communicator),
+            let r = setup(&rank).and_then(|(old, ag)| agree(&rank, &old, ag));
+            c.complete(r.map(|r| Recovered {
+                communicator: r.communicator.with_device_backend(backend),
                 ..r
             }))
         });
@@ -301,8 +286,7 @@ pub(crate) fn current_group(store: &dyn Store, world: usize) -> Result<(GroupId,
     let (mut id, mut members) = (GroupId::WORLD, (0..world).collect::<Vec<usize>>());
     // Each step is a decision in the store; a chain longer than this is not one a job made.
     for _ in 0..1_000_000 {
-        let probe = Agreement::new(id, 0, members.clone(), 0, collectix_runtime::Time::ZERO);
-        let key = probe.decision_key();
+        let key = decision_key(id);
         if !store.check(&[key.as_str()])? {
             return Ok((id, members));
         }

@@ -10,7 +10,7 @@
 //!   live rank for dead here); a rank that is in the decision gets it, one that is not gets
 //!   `LeftOut` naming the decider.
 
-use collectix_runtime::recovery::{Agreement, Ask, Decision};
+use collectix_runtime::recovery::{proposal_key, Agreement, Ask, Decision};
 use collectix_runtime::testing::sim::Rng;
 use collectix_runtime::{Error, GroupId, Time};
 use std::collections::{BTreeMap, BTreeSet};
@@ -95,9 +95,8 @@ fn run(w: usize, failures: &[Failure], seed: u64) -> Outcome {
             Ask::Done => {}
         }
     }
-    let probe = Agreement::new(group, 0, members.clone(), 0, deadline);
     let published = (0..w)
-        .filter(|&r| store.contains_key(&probe.proposal_key(r)))
+        .filter(|&r| store.contains_key(&proposal_key(group, r)))
         .collect();
     Outcome {
         results: (0..w)

@@ -16,6 +16,34 @@ pub fn wait_all<T>(works: Vec<Work<T>>, secs: u64) -> Vec<Result<T>> {
         .collect()
 }
 
+/// A port that is free on loopback at the moment.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(29_995, |a| a.port())
+}
+
+/// Rank `r` of `w` joining a TCP job through `tcp://127.0.0.1:PORT`, every connection
+/// proving `secret`; with `launcher_store`, the store is served apart (rank 0 connects to it
+/// instead of serving it).
+pub fn tcp_args(
+    port: u16,
+    r: usize,
+    w: usize,
+    secret: &str,
+    launcher_store: bool,
+) -> collectix::InitArgs {
+    let secret = collectix::Secret::new(secret).unwrap_or_else(|e| panic!("{e}"));
+    collectix::InitArgs {
+        init_method: Some(format!("tcp://127.0.0.1:{port}")),
+        rank: Some(r),
+        world_size: Some(w),
+        security: Some(collectix::Security::with_secret(secret)),
+        launcher_store: Some(launcher_store),
+        ..collectix::InitArgs::default()
+    }
+}
+
 /// The failure at the root of an error.
 pub fn root(e: &Error) -> &Error {
     e.root_cause()

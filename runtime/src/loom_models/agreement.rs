@@ -9,7 +9,7 @@
 use super::{check, must_fail};
 use crate::error::Result;
 use crate::ids::GroupId;
-use crate::recovery::agreement::{Agreement, Ask, Decision};
+use crate::recovery::agreement::{proposal_key, Agreement, Ask, Decision};
 use crate::time::Time;
 use loom::sync::{Arc, Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet};
@@ -125,9 +125,8 @@ fn agree(w: usize, fails: Vec<Option<usize>>, decide: Decide) {
     }
     let published: BTreeSet<usize> = {
         let s = crate::sync::lock(&store.0);
-        let probe = Agreement::new(GroupId::WORLD, 0, (0..w).collect(), 0, Time::ZERO);
         (0..w)
-            .filter(|&r| s.map.contains_key(&probe.proposal_key(r)))
+            .filter(|&r| s.map.contains_key(&proposal_key(GroupId::WORLD, r)))
             .collect()
     };
     for (r, res) in results.iter().enumerate() {

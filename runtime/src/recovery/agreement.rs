@@ -148,6 +148,16 @@ impl Decision {
     }
 }
 
+/// The store key of the decision on the survivors of `group`.
+pub fn decision_key(group: GroupId) -> String {
+    format!("collectix/survivors/{group}/decision")
+}
+
+/// The store key of rank `rank`'s proposal in the agreement on the survivors of `group`.
+pub fn proposal_key(group: GroupId, rank: usize) -> String {
+    format!("collectix/survivors/{group}/rank/{rank}")
+}
+
 /// What the driver of an [`Agreement`] does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ask {
@@ -250,12 +260,12 @@ impl Agreement {
 
     /// The store key of the decision.
     pub fn decision_key(&self) -> String {
-        format!("collectix/survivors/{}/decision", self.group)
+        decision_key(self.group)
     }
 
     /// The store key of rank `rank`'s proposal.
     pub fn proposal_key(&self, rank: usize) -> String {
-        format!("collectix/survivors/{}/rank/{rank}", self.group)
+        proposal_key(self.group, rank)
     }
 
     /// What to do next.

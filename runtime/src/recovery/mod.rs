@@ -5,4 +5,4 @@
 
 pub mod agreement;
 
-pub use agreement::{Agreement, Ask, Decision};
+pub use agreement::{decision_key, proposal_key, Agreement, Ask, Decision};

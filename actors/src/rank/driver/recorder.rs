@@ -84,7 +84,6 @@ impl Recorder {
     }
 
     /// The record of a call that starts at `now`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record(
         group: GroupId,
         seq: Option<u64>,
