@@ -7,7 +7,9 @@
 #                                         # with .gpu/ carried over; logs into DIR (default .gpu/out)
 #
 # `run` runs every test of tests/cuda.rs (the two-GPU test says SKIPPED with fewer than two
-# GPUs), `collectix bench --device cuda` for all_reduce from 1 MiB to 1 GiB next to
+# GPUs) and tests/cuda_local.rs, all_reduce on 2, 4 and 8 ranks sharing GPU 0 through the
+# device-local path and through host staging, `collectix bench --device cuda` for all_reduce
+# from 1 MiB to 1 GiB next to
 # torch.distributed's NCCL figures (bench/torch_nccl.py, when torch is there), and with two
 # GPUs or more, send_recv between GPU 0 and GPU 1 on NCCL. Each step's output goes to its own
 # log; a failing step is reported and the others still run; the exit status is the number of
@@ -21,11 +23,13 @@ build)
     mkdir -p .gpu
     cargo build --release --features cuda -p collectix-cli
     cp target/release/collectix .gpu/collectix
-    tests=$(cargo test --release --features cuda --test cuda --no-run --message-format=json 2>/dev/null |
-        sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
-    [ -n "$tests" ] || { echo "no test binary was built" >&2; exit 1; }
-    cp "$tests" .gpu/cuda_tests
-    echo "built .gpu/collectix and .gpu/cuda_tests; carry .gpu/ to the GPU machine and run: bash bench/gpu_checks.sh run"
+    for t in cuda cuda_local; do
+        bin=$(cargo test --release --features cuda --test "$t" --no-run --message-format=json 2>/dev/null |
+            sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+        [ -n "$bin" ] || { echo "no test binary was built for tests/$t.rs" >&2; exit 1; }
+        cp "$bin" ".gpu/${t}_tests"
+    done
+    echo "built .gpu/collectix, .gpu/cuda_tests and .gpu/cuda_local_tests; carry .gpu/ to the GPU machine and run: bash bench/gpu_checks.sh run"
     ;;
 run)
     out=${2:-.gpu/out}
@@ -51,6 +55,16 @@ run)
     gpus=$(grep -c '^GPU' "$out/gpus.log" || true)
     echo "== $gpus GPU(s): $(tr '\n' ' ' <"$out/gpus.log")"
     step cuda_tests .gpu/cuda_tests --test-threads=1 --nocapture
+    step cuda_local_tests .gpu/cuda_local_tests --test-threads=1 --nocapture
+    # Ranks sharing the one GPU: the device-local path (the default backend), then host
+    # staging, for the same sizes.
+    for n in 2 4 8; do
+        step "bench_local_$n" .gpu/collectix bench --device cuda --ranks "$n" --collective all_reduce -b 4 -e 256M -f 16 -n 5
+        step "bench_staged_$n" .gpu/collectix bench --device cuda --ranks "$n" --backend staged --collective all_reduce -b 4 -e 64M -f 16 -n 3
+    done
+    for c in all_gather reduce_scatter broadcast all_to_all; do
+        step "bench_local_4_$c" .gpu/collectix bench --device cuda --ranks 4 --collective "$c" -b 4K -e 64M -f 128 -n 5
+    done
     step bench_all_reduce .gpu/collectix bench --device cuda --ranks 1 --collective all_reduce -b 1M -e 1G -f 4 -n 10
     if python3 -c 'import torch' 2>/dev/null; then
         step torch_nccl python3 bench/torch_nccl.py 1024

@@ -386,6 +386,9 @@ impl Communicator {
         if let Some(w) = crate::sync::lock(&self.member.group.nccl_worker).as_ref() {
             w.release(self.member.group.info.id);
         }
+        if let Some(hub) = &self.member.rank.hub {
+            hub.release(self.member.group.info.id);
+        }
         self.member.group.p2p.release(self.member.group.info.id);
         self.member
             .ready(self.member.rank.driver.destroy(self.member.group.info.id))

@@ -28,6 +28,10 @@ pub(crate) struct RankShared {
     pub(crate) rank_threads: Arc<RankThreads>,
     /// The job's store, where the survivors of a failed group agree (`recovery.rs`).
     pub(crate) store: Arc<dyn crate::store::Store>,
+    /// What the ranks of this process share for device calls that stay on one GPU (the
+    /// device-local path): `Some` for the ranks of a [`World`](crate::World), `None` for a
+    /// process's one rank of a job.
+    pub(crate) hub: Option<Arc<crate::device::cuda::LocalHub>>,
 }
 
 /// One group as one rank holds it: its info and the counters that order its calls. On cache

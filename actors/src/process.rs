@@ -385,6 +385,8 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         arbiter,
         rank_threads: crate::work::RankThreads::shared(&[thread_id]),
         store: store.clone(),
+        // One rank per process: its device calls take NCCL.
+        hub: None,
     });
     Ok((Communicator::new(shared, info), system, thread, mesh, me))
 }

@@ -67,6 +67,8 @@ impl World {
         let threads: Arc<[ThreadId]> = started.ranks.iter().map(|(_, _, t)| *t).collect();
         // The ranks' store: where the survivors of a failed group agree.
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        // What the ranks share for device calls on one GPU (the device-local path).
+        let hub = Arc::new(crate::device::cuda::LocalHub::new());
         let mut comms = Vec::with_capacity(n);
         let ranks = started.ranks.into_iter().zip(drivers).zip(infos);
         for (r, (((addr, arbiter, _), driver), info)) in ranks.enumerate() {
@@ -80,6 +82,7 @@ impl World {
                 // shared by the ranks would move its count between their cores on each.
                 rank_threads: crate::work::RankThreads::shared(&threads),
                 store: store.clone(),
+                hub: Some(hub.clone()),
             });
             comms.push(Communicator::new(shared, info));
         }

@@ -4,15 +4,22 @@
 //! ranks (the sender is rank 0).
 //!
 //! The agreement step is a small all_gather marked [`DataPath::Nccl`]: every rank's call
-//! fingerprint, the call's NCCL ordinal, a status, and (on the group's first NCCL call)
-//! rank 0's NCCL id. Mismatched calls fail on every rank there, before NCCL is called; the
-//! worker then creates the group's communicator if it has none, runs the operation, and
-//! completes the call's `Work` when its CUDA event fires (or aborts the communicator when it
-//! does not within the group's timeout).
+//! fingerprint, the call's NCCL ordinal, a status, its device, and (on the group's first
+//! NCCL call) rank 0's NCCL id. Mismatched calls fail on every rank there, before NCCL is
+//! called; the worker then creates the group's communicator if it has none, runs the
+//! operation, and completes the call's `Work` when its CUDA event fires (or aborts the
+//! communicator when it does not within the group's timeout).
+//!
+//! The ranks of one process (a [`World`](crate::World)) share a hub: when the agreement
+//! shows every member on the same device, the call takes the device-local path instead
+//! (`device/cuda/local.rs`: device copies and a reduction kernel, no NCCL, which refuses two
+//! ranks on one device); on different devices it runs on NCCL, the group's NCCL id coming
+//! from the hub. Every rank sees the same agreement, so every rank takes the same path.
 
+use crate::device::cuda::local::{Deposit, LocalHub, Part};
 use crate::device::cuda::nccl::Nccl;
-use crate::device::cuda::worker::{Call, Init, Job, WorkerHandle};
-use crate::device::cuda::{plan, Exchange, NcclOp, OutputLayout};
+use crate::device::cuda::worker::{Call, Init, Job, LocalCall, WorkerHandle};
+use crate::device::cuda::{plan, Exchange, NcclOp, OutputLayout, Runner};
 use crate::device::lanes::{Carrier, InLane, OutLane, RecvDone, SendDone, Transfer};
 use crate::member::Member;
 use crate::rank::driver::Done;
@@ -25,11 +32,13 @@ use collectix_runtime::{
     Output, Plan, Request, Result, Tensor, TensorSpec,
 };
 use crossbeam_channel::SendError;
+use std::sync::Arc;
 
 /// Words of the agreement step per rank: the fingerprint (its wire encoding, zero-padded),
-/// the call's NCCL ordinal, a status, and rank 0's NCCL id on the group's first NCCL call.
+/// the call's NCCL ordinal, a status, the rank's device, and rank 0's NCCL id on the group's
+/// first NCCL call.
 const FP_BYTES: usize = 64;
-const HANDSHAKE_BYTES: usize = FP_BYTES + 8 + 8 + 128;
+const HANDSHAKE_BYTES: usize = FP_BYTES + 8 + 8 + 8 + 128;
 
 fn encode_fp(fp: &Fingerprint) -> Result<[u8; FP_BYTES]> {
     let mut out = [0u8; FP_BYTES];
@@ -47,33 +56,42 @@ struct Agreement {
     fp_bytes: Vec<u8>,
     k: u64,
     status: u64,
+    device: u64,
     id: [u8; 128],
 }
 
 fn parse(block: &[u8]) -> Option<Agreement> {
+    let word = |at: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(block.get(at..at + 8)?.try_into().ok()?))
+    };
     let fp_bytes = block.get(..FP_BYTES)?.to_vec();
-    let k = u64::from_le_bytes(block.get(FP_BYTES..FP_BYTES + 8)?.try_into().ok()?);
-    let status = u64::from_le_bytes(block.get(FP_BYTES + 8..FP_BYTES + 16)?.try_into().ok()?);
-    let id: [u8; 128] = block.get(FP_BYTES + 16..HANDSHAKE_BYTES)?.try_into().ok()?;
+    let id: [u8; 128] = block.get(FP_BYTES + 24..HANDSHAKE_BYTES)?.try_into().ok()?;
     Some(Agreement {
         fp_bytes,
-        k,
-        status,
+        k: word(FP_BYTES)?,
+        status: word(FP_BYTES + 8)?,
+        device: word(FP_BYTES + 16)?,
         id,
     })
 }
 
-/// The group's worker on this rank, started on first use.
+/// The group's worker on this rank, started on first use; with a hub (the ranks of one
+/// process) it loads libnccl only if an NCCL call comes.
 fn group_worker(member: &Member) -> Result<crossbeam_channel::Sender<Job>> {
     let mut slot = lock(&member.group.nccl_worker);
     if let Some(w) = slot.as_ref() {
         return Ok(w.sender());
     }
-    let w = WorkerHandle::spawn_named(format!(
+    let name = format!(
         "cx-nccl-{}-{:x}",
         member.global_rank(),
         member.group.info.id.0 & 0xffff
-    ))?;
+    );
+    let w = if member.rank.hub.is_some() {
+        WorkerHandle::spawn_lazy(name)?
+    } else {
+        WorkerHandle::spawn_named(name)?
+    };
     let tx = w.sender();
     *slot = Some(w);
     Ok(tx)
@@ -91,7 +109,14 @@ pub(crate) fn call<T: Send + 'static>(
         return member.ready(Err(Error::invalid(format!("no NCCL path for {device}"))));
     };
     let info = &member.group.info;
-    let (op, fp) = match plan(req, info) {
+    let hub = member.rank.hub.clone();
+    // A group of one keeps NCCL (nothing to share, and NCCL's refusals stay what they are).
+    let runner = if hub.is_some() && info.size() > 1 {
+        Runner::NcclOrLocal
+    } else {
+        Runner::Nccl
+    };
+    let (op, fp) = match plan(req, info, runner) {
         Ok(x) => x,
         Err(e) => return member.ready(Err(e)),
     };
@@ -111,10 +136,11 @@ pub(crate) fn call<T: Send + 'static>(
         (member.reserve(1), k)
     };
     // Rank 0 makes the group's NCCL id for its first NCCL call; a failure is reported in
-    // the agreement step, so every rank fails together.
+    // the agreement step, so every rank fails together. (With a hub, the id comes from the
+    // hub if and when the group needs NCCL.)
     let mut status = 0u64;
     let mut id = [0u8; 128];
-    if k == 0 && info.rank == 0 {
+    if k == 0 && info.rank == 0 && hub.is_none() {
         match Nccl::load().and_then(|n| n.unique_id()) {
             Ok(i) => id = i,
             Err(_) => status = 1,
@@ -124,6 +150,7 @@ pub(crate) fn call<T: Send + 'static>(
     block.extend_from_slice(&fp_bytes);
     block.extend_from_slice(&k.to_le_bytes());
     block.extend_from_slice(&status.to_le_bytes());
+    block.extend_from_slice(&u64::from(ordinal).to_le_bytes());
     block.extend_from_slice(&id);
     let size = info.size();
     let req = Request::AllGatherIntoTensor {
@@ -149,19 +176,21 @@ pub(crate) fn call<T: Send + 'static>(
         Box::new(move |agreed: Result<Output>| {
             let (group, k) = (ours.info.id, ours.k);
             let job = match agreed.and_then(|out| ours.check(out)) {
-                Ok(init) => Job::Call(Box::new(Call {
-                    group,
-                    k,
-                    init,
-                    device: ordinal,
-                    kind: ours.fp.kind,
-                    dtype: ours.fp.dtype,
-                    rank: ours.info.rank,
-                    op,
-                    timeout,
-                    done,
-                })),
+                Ok(agreed) => ours.job(
+                    agreed,
+                    hub,
+                    Next {
+                        ordinal,
+                        op,
+                        timeout,
+                        done,
+                    },
+                ),
                 Err(e) => {
+                    // The members that agreed learn at once that this one never comes.
+                    if let Some(hub) = &hub {
+                        hub.abandon(group, k, ours.info.size(), e.clone());
+                    }
                     done(Err(e));
                     Job::Skip { group, k }
                 }
@@ -172,6 +201,21 @@ pub(crate) fn call<T: Send + 'static>(
         }),
     );
     work
+}
+
+/// What the agreement step showed: every member's device, and rank 0's NCCL id on the
+/// group's first NCCL call (without a hub).
+struct Agreed {
+    devices: Vec<u64>,
+    init_id: Option<[u8; 128]>,
+}
+
+/// The rest of a call, for its job.
+struct Next {
+    ordinal: u32,
+    op: NcclOp,
+    timeout: std::time::Duration,
+    done: Done<Output>,
 }
 
 /// This rank's part of a call's agreement step, to check the others' against.
@@ -186,15 +230,15 @@ struct Ours {
 
 impl Ours {
     /// Checks the agreement step's output (every rank's block, in group-rank order): the
-    /// same call at the same NCCL ordinal everywhere, and rank 0's NCCL id made. The
-    /// communicator to create first, on the group's first NCCL call.
-    fn check(&self, out: Output) -> Result<Option<Init>> {
+    /// same call at the same NCCL ordinal everywhere, and rank 0's NCCL id made.
+    fn check(&self, out: Output) -> Result<Agreed> {
         let all = match out {
             Output::Tensor(t) => t.to_vec::<u8>()?,
             other => return Err(Error::internal(format!("agreement step gave {other:?}"))),
         };
         let members = &self.info.members;
         let mut init_id = None;
+        let mut devices = Vec::with_capacity(members.len());
         for (r, block) in all.chunks(HANDSHAKE_BYTES).enumerate() {
             let theirs = parse(block).ok_or_else(|| Error::internal("short agreement block"))?;
             let rank = members.get(r).copied().unwrap_or(r);
@@ -212,9 +256,72 @@ impl Ours {
             if r == 0 && self.k == 0 {
                 init_id = Some(theirs.id);
             }
+            devices.push(theirs.device);
         }
-        let (rank, size) = (self.info.rank, self.info.size());
-        Ok(init_id.map(|id| Init { id, rank, size }))
+        Ok(Agreed { devices, init_id })
+    }
+
+    /// The job a call whose agreement step succeeded becomes: the device-local path when
+    /// two or more ranks share a hub and a device, else NCCL.
+    fn job(&self, agreed: Agreed, hub: Option<Arc<LocalHub>>, next: Next) -> Job {
+        let Next {
+            ordinal,
+            op,
+            timeout,
+            done,
+        } = next;
+        let (group, k, rank, size) = (self.info.id, self.k, self.info.rank, self.info.size());
+        let init = match &hub {
+            Some(hub) if size > 1 && agreed.devices.iter().all(|&d| d == u64::from(ordinal)) => {
+                // Deposited here, on the thread that completed the agreement (the last
+                // rank to deposit enqueues the call on it); the worker only watches it.
+                let deposit = Deposit {
+                    group,
+                    k,
+                    size,
+                    rank,
+                };
+                let part = Part {
+                    op,
+                    dtype: self.fp.dtype,
+                    ordinal,
+                };
+                return Job::Local(Box::new(LocalCall {
+                    slot: hub.deposit(&deposit, part),
+                    group,
+                    k,
+                    rank,
+                    seq: self.seq,
+                    global_rank: self.info.members.get(rank).copied().unwrap_or(rank),
+                    members: self.info.members.clone(),
+                    kind: self.fp.kind,
+                    timeout,
+                    done,
+                }));
+            }
+            // Ranks of one process on different devices: NCCL, with the hub's id (used when
+            // this rank's communicator is created).
+            Some(hub) => match hub.nccl_id(group) {
+                Ok(id) => Some(Init { id, rank, size }),
+                Err(e) => {
+                    done(Err(e));
+                    return Job::Skip { group, k };
+                }
+            },
+            None => agreed.init_id.map(|id| Init { id, rank, size }),
+        };
+        Job::Call(Box::new(Call {
+            group,
+            k,
+            init,
+            device: ordinal,
+            kind: self.fp.kind,
+            dtype: self.fp.dtype,
+            rank,
+            op,
+            timeout,
+            done,
+        }))
     }
 
     /// The mismatch between this rank's call and world rank `rank`'s.

@@ -35,6 +35,20 @@ pub(crate) fn storage_of(_: &Tensor) -> Result<&CudaStorage> {
     disabled()
 }
 
+/// What the ranks of one process share for the device-local path: nothing in this build.
+#[derive(Default)]
+pub(crate) struct LocalHub;
+
+impl LocalHub {
+    /// A hub with nothing in it.
+    pub(crate) fn new() -> LocalHub {
+        LocalHub
+    }
+
+    /// Nothing to release.
+    pub(crate) fn release(&self, _: collectix_runtime::GroupId) {}
+}
+
 /// libnccl: never loaded in this build.
 pub(crate) mod nccl {
     use super::disabled;

@@ -3,9 +3,9 @@
 //! (valid once the stream reaches the event the worker records next) and the inputs, which
 //! the worker keeps until then.
 
-use super::ffi::driver::alloc;
+use super::ffi::driver::OwnedPool;
 use super::nccl::{Comm, DevMem, Enqueue, RedOp};
-use super::plan::{Exchange, NcclOp, OutputLayout};
+use super::plan::{red_op, Exchange, NcclOp, OutputLayout};
 use super::{cuda_err, storage_of, CudaStorage};
 use collectix_runtime::{DType, Output, Result, Tensor, TensorSpec};
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -22,6 +22,7 @@ impl NcclOp {
         self,
         comm: &Comm,
         stream: &Arc<CudaStream>,
+        pool: &OwnedPool,
         ordinal: u32,
         dtype: DType,
         rank: usize,
@@ -29,21 +30,31 @@ impl NcclOp {
         let l = Launch {
             q: Enqueue::new(comm, stream, dtype)?,
             stream,
+            pool,
             ordinal,
         };
         match self {
-            NcclOp::AllReduce { input, op } if sole_owner(&input) => {
-                l.all_reduce_in_place(input, &op)
+            NcclOp::AllReduce { input, op } => {
+                let op = red_op(op, dtype)?;
+                if sole_owner(&input) {
+                    l.all_reduce_in_place(input, &op)
+                } else if comm.size() == 1 {
+                    l.all_reduce_alone(input, &op)
+                } else {
+                    l.all_reduce(input, &op)
+                }
             }
-            NcclOp::AllReduce { input, op } if comm.size() == 1 => l.all_reduce_alone(input, &op),
-            NcclOp::AllReduce { input, op } => l.all_reduce(input, &op),
-            NcclOp::Reduce { input, root, op } => l.reduce(input, root, &op, rank == root),
+            NcclOp::Reduce { input, root, op } => {
+                l.reduce(input, root, &red_op(op, dtype)?, rank == root)
+            }
             NcclOp::Broadcast { input, root } if sole_owner(&input) => {
                 l.broadcast_in_place(input, root)
             }
             NcclOp::Broadcast { input, root } => l.broadcast(input, root),
             NcclOp::AllGather { input, layout } => l.all_gather(input, layout),
-            NcclOp::ReduceScatter { inputs, shape, op } => l.reduce_scatter(inputs, shape, &op),
+            NcclOp::ReduceScatter { inputs, shape, op } => {
+                l.reduce_scatter(inputs, shape, &red_op(op, dtype)?)
+            }
             NcclOp::Exchange(x) => l.exchange(x),
         }
     }
@@ -53,6 +64,8 @@ impl NcclOp {
 struct Launch<'c> {
     q: Enqueue<'c>,
     stream: &'c Arc<CudaStream>,
+    /// Where outputs (and staging buffers) come from.
+    pool: &'c OwnedPool,
     ordinal: u32,
 }
 
@@ -65,9 +78,9 @@ impl Launch<'_> {
         }
     }
 
-    /// A fresh output buffer of `bytes` bytes (none for 0).
+    /// A fresh output buffer of `bytes` bytes (none for 0), from the group's pool.
     fn alloc(&self, bytes: usize) -> Result<Option<CudaSlice<u8>>> {
-        alloc(self.stream, bytes)
+        self.pool.alloc(self.stream, bytes)
     }
 
     /// `buf` as the call's output, laid out as `layout`.
@@ -188,7 +201,14 @@ impl Launch<'_> {
     fn reduce_scatter(&self, inputs: Vec<Tensor>, shape: Vec<usize>, op: &RedOp) -> Launched {
         let dtype = self.q.dtype;
         let n_out = TensorSpec::new(&shape, dtype).numel()?;
-        let mut out = self.alloc(n_out * dtype.size())?;
+        let block = n_out * dtype.size();
+        if inputs.len() > 1 && inputs.iter().any(|t| t.nbytes() != block) {
+            return Err(collectix_runtime::DeviceError::Unsupported(
+                "reduce_scatter with inputs of different sizes".into(),
+            )
+            .into());
+        }
+        let mut out = self.alloc(block)?;
         if inputs.len() > 1 {
             let in_bytes: usize = inputs.iter().map(Tensor::nbytes).sum();
             if let Some(mut staged) = self.alloc(in_bytes)? {
@@ -286,7 +306,7 @@ impl Launch<'_> {
 }
 
 /// The output of a call: `buf` viewed as `layout` says.
-fn as_output(
+pub(crate) fn as_output(
     buf: Option<CudaSlice<u8>>,
     ordinal: u32,
     dtype: DType,
@@ -319,7 +339,7 @@ fn as_output(
 /// may be written over it (NCCL in place, as torch always does) without anyone seeing the
 /// change — the caller moved the tensor in and kept no clone. Saves a buffer and, on a
 /// world of one, a full copy.
-fn sole_owner(t: &Tensor) -> bool {
+pub(crate) fn sole_owner(t: &Tensor) -> bool {
     let Some(arc) = t.device_storage() else {
         return false;
     };

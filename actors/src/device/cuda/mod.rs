@@ -3,6 +3,8 @@
 //! - [`CudaStorage`]: a tensor's bytes in device memory (a cudarc `CudaSlice<u8>`, shared,
 //!   with an offset so that a gathered buffer can be handed back as per-rank views).
 //! - `plan.rs`: each collective as NCCL runs it (checks, fingerprint, `NcclOp`);
+//!   `local.rs`: the same operations run by the ranks of one process on one GPU, with device
+//!   copies and a reduction kernel (`kernels/fold.cu`), without NCCL;
 //!   `launch.rs`: enqueueing an operation, one function per kind; `worker`: the device
 //!   worker thread, which owns a group's (or a lane's) NCCL communicator and completes a call
 //!   when its CUDA event fires. The NCCL backend (`backend/nccl.rs`) drives them.
@@ -15,11 +17,13 @@ pub use cudarc;
 
 mod ffi;
 mod launch;
+pub(crate) mod local;
 mod plan;
 pub(crate) mod worker;
 
 pub use ffi::nccl;
-pub(crate) use plan::{plan, Exchange, NcclOp, OutputLayout};
+pub(crate) use local::LocalHub;
+pub(crate) use plan::{plan, Exchange, NcclOp, OutputLayout, Runner};
 
 use collectix_runtime::{DType, Device, DeviceError, DeviceStorage, Error, Result, Tensor};
 use cudarc::driver::{CudaContext, CudaSlice, DriverError};

@@ -16,7 +16,7 @@ use collectix_runtime::{
 use std::ops::Range;
 
 /// The NCCL reduction for `op` on `dtype`, or why NCCL cannot do it.
-fn red_op(op: ReduceOp, dtype: DType) -> Result<RedOp> {
+pub(super) fn red_op(op: ReduceOp, dtype: DType) -> Result<RedOp> {
     let unsupported = |why: String| Err(DeviceError::Unsupported(why).into());
     if dtype == DType::Bool {
         return unsupported(format!("NCCL has no bool reductions ({op} on bool)"));
@@ -51,12 +51,12 @@ pub(crate) enum OutputLayout {
 /// A call as NCCL runs it.
 pub(crate) enum NcclOp {
     /// `ncclAllReduce`.
-    AllReduce { input: Tensor, op: RedOp },
+    AllReduce { input: Tensor, op: ReduceOp },
     /// `ncclReduce` to `root`.
     Reduce {
         input: Tensor,
         root: usize,
-        op: RedOp,
+        op: ReduceOp,
     },
     /// `ncclBroadcast` from `root`.
     Broadcast { input: Tensor, root: usize },
@@ -66,7 +66,7 @@ pub(crate) enum NcclOp {
     ReduceScatter {
         inputs: Vec<Tensor>,
         shape: Vec<usize>,
-        op: RedOp,
+        op: ReduceOp,
     },
     /// Grouped sends and receives into one output buffer.
     Exchange(Exchange),
@@ -86,10 +86,25 @@ pub(crate) struct Exchange {
     pub(crate) layout: OutputLayout,
 }
 
-/// Refuses what NCCL cannot do, then checks `req` for this member of `group` as the engine
-/// would, and plans it as NCCL runs it: the operation, and the call's fingerprint on the NCCL
-/// path.
-pub(crate) fn plan(req: Request, group: &GroupInfo) -> Result<(NcclOp, Fingerprint)> {
+/// Who will run a planned call.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Runner {
+    /// NCCL: what it lacks is refused first.
+    Nccl,
+    /// NCCL, or the device-local path (`local.rs`) when every rank turns out to be on one
+    /// device: nothing is refused for NCCL's sake here (a call that ends up on NCCL and that
+    /// NCCL lacks fails with `Unsupported` when it is launched, on every rank alike).
+    NcclOrLocal,
+}
+
+/// Refuses what NCCL cannot do (for [`Runner::Nccl`]), then checks `req` for this member of
+/// `group` as the engine would, and plans it as NCCL runs it: the operation, and the call's
+/// fingerprint on the NCCL path.
+pub(crate) fn plan(
+    req: Request,
+    group: &GroupInfo,
+    runner: Runner,
+) -> Result<(NcclOp, Fingerprint)> {
     match &req {
         Request::Barrier | Request::NewGroup { .. } | Request::MonitoredBarrier => {
             return Err(Error::internal("a call without tensors on the NCCL path"))
@@ -99,7 +114,8 @@ pub(crate) fn plan(req: Request, group: &GroupInfo) -> Result<(NcclOp, Fingerpri
                 "point-to-point device calls go through backend/p2p.rs",
             ))
         }
-        _ => unsupported(&req)?,
+        _ if runner == Runner::Nccl => unsupported(&req)?,
+        _ => {}
     }
     let fp = Plan::check(req.clone(), group)?.fingerprint(DataPath::Nccl);
     let g = Group {
@@ -107,12 +123,9 @@ pub(crate) fn plan(req: Request, group: &GroupInfo) -> Result<(NcclOp, Fingerpri
         size: group.size(),
     };
     let op = match req {
-        Request::AllReduce { tensor, op } => NcclOp::AllReduce {
-            op: red_op(op, tensor.dtype())?,
-            input: tensor,
-        },
+        Request::AllReduce { tensor, op } => NcclOp::AllReduce { op, input: tensor },
         Request::Reduce { tensor, root, op } => NcclOp::Reduce {
-            op: red_op(op, tensor.dtype())?,
+            op,
             input: tensor,
             root,
         },
@@ -132,17 +145,12 @@ pub(crate) fn plan(req: Request, group: &GroupInfo) -> Result<(NcclOp, Fingerpri
             root,
         } => scatter(output, inputs.unwrap_or_default(), root, g)?,
         Request::ReduceScatter { inputs, op } => {
-            let first = inputs.first().map(|t| (t.dtype(), t.shape().to_vec()));
-            let (dtype, shape) =
-                first.ok_or_else(|| Error::invalid("reduce_scatter: no inputs"))?;
-            NcclOp::ReduceScatter {
-                op: red_op(op, dtype)?,
-                inputs,
-                shape,
-            }
+            let first = inputs.first().map(|t| t.shape().to_vec());
+            let shape = first.ok_or_else(|| Error::invalid("reduce_scatter: no inputs"))?;
+            NcclOp::ReduceScatter { op, inputs, shape }
         }
         Request::ReduceScatterTensor { input, output, op } => NcclOp::ReduceScatter {
-            op: red_op(op, input.dtype())?,
+            op,
             inputs: vec![input],
             shape: output.shape,
         },
@@ -446,7 +454,7 @@ mod tests {
         let g = member(2, 0);
         let unsupported = |req: Request| {
             matches!(
-                plan(req, &g),
+                plan(req, &g, Runner::Nccl),
                 Err(Error::Device(DeviceError::Unsupported(_)))
             )
         };
@@ -469,6 +477,7 @@ mod tests {
                 root: 2,
             },
             &g,
+            Runner::Nccl,
         );
         assert!(matches!(wrong, Err(Error::InvalidArgument(_))));
     }
@@ -484,7 +493,7 @@ mod tests {
         let want = Plan::check(req.clone(), &g)
             .unwrap_or_else(|e| panic!("{e}"))
             .fingerprint(DataPath::Nccl);
-        match plan(req, &g) {
+        match plan(req, &g, Runner::Nccl) {
             Ok((NcclOp::AllGather { layout, .. }, fp)) => {
                 assert_eq!(fp, want);
                 assert!(matches!(layout, OutputLayout::Whole(s) if s == vec![12]));
@@ -503,12 +512,15 @@ mod tests {
             input: f32s(2),
             outputs: specs([2, 2, 2]),
         };
-        assert!(matches!(plan(equal, &g), Ok((NcclOp::AllGather { .. }, _))));
+        assert!(matches!(
+            plan(equal, &g, Runner::Nccl),
+            Ok((NcclOp::AllGather { .. }, _))
+        ));
         let unequal = Request::AllGather {
             input: f32s(2),
             outputs: specs([1, 2, 3]),
         };
-        match plan(unequal, &g) {
+        match plan(unequal, &g, Runner::Nccl) {
             Ok((NcclOp::Exchange(x), _)) => {
                 let sends = vec![(0, 0..8), (2, 0..8)];
                 let recvs = vec![(0, 0..4), (2, 12..24)];
@@ -528,7 +540,7 @@ mod tests {
                 input: f32s(2),
                 root: 0,
             };
-            match plan(req, &member(3, me)) {
+            match plan(req, &member(3, me), Runner::Nccl) {
                 Ok((NcclOp::Exchange(x), _)) => (parts(&x), x.out_bytes),
                 _ => panic!("not an exchange"),
             }
@@ -550,7 +562,7 @@ mod tests {
             output_splits: Some(vec![1, 1]),
             input_splits: Some(vec![1, 3]),
         };
-        match plan(req, &member(2, 0)) {
+        match plan(req, &member(2, 0), Runner::Nccl) {
             Ok((NcclOp::Exchange(x), _)) => {
                 assert_eq!(parts(&x), (vec![(1, 8..32)], vec![(1, 8..16)], vec![0]));
                 assert_eq!(x.local[0].1, 0..8);

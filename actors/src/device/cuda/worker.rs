@@ -12,20 +12,36 @@
 //! or a call still running past its timeout, aborts the communicator (never a hang) and
 //! fails that call and every later one on the group.
 
+use super::ffi::driver::OwnedPool;
+use super::local::Slot;
 use super::nccl::{Comm, Nccl};
 use super::plan::NcclOp;
 use super::{context, cuda_err};
 use crate::rank::driver::Done;
 use collectix_runtime::{DeviceError, Error, GroupId, OpKind, Output, Result, Tensor};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long the worker waits for a new job while calls are in flight before it polls them
-/// again.
+/// again, once its spin budget is spent.
 const POLL: Duration = Duration::from_micros(20);
+/// How long the worker spins while calls are in flight before it sleeps between polls,
+/// unless `COLLECTIX_SPIN_US` says otherwise (the knob of the ranks' waiting callers).
+const DEVICE_SPIN: Duration = Duration::from_micros(200);
+/// Spin turns between two yields of the thread (so that a machine with fewer cores than
+/// spinning threads still runs the others).
+const YIELD_EVERY: u32 = 16;
+
+/// Asks the kernel to wake this thread's timed waits within a microsecond of their time
+/// (Linux's default slack of 50 µs would stretch each 20 µs poll to about 70 µs). Best
+/// effort: a refusal leaves the default.
+fn fine_timers() {
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::prctl::set_timerslack(1_000);
+}
 
 /// What the first call of a group needs to create its communicator.
 pub(crate) struct Init {
@@ -48,9 +64,32 @@ pub(crate) struct Call {
     pub(crate) done: Done<Output>,
 }
 
+/// A call whose agreement step succeeded and that runs on the device-local path (every
+/// member is a rank of this process on the same device: `local.rs`), its part deposited
+/// already: the worker watches its slot and completes it.
+pub(crate) struct LocalCall {
+    pub(crate) slot: Arc<Slot>,
+    pub(crate) group: GroupId,
+    /// Its NCCL ordinal, which the group's NCCL calls skip.
+    pub(crate) k: u64,
+    /// This rank in the group.
+    pub(crate) rank: usize,
+    /// The call's sequence number, and this rank in the world, for a timeout's error.
+    pub(crate) seq: u64,
+    pub(crate) global_rank: usize,
+    /// The members' world ranks, in group order.
+    pub(crate) members: Vec<usize>,
+    pub(crate) kind: OpKind,
+    pub(crate) timeout: Duration,
+    pub(crate) done: Done<Output>,
+}
+
 /// What the worker is sent.
 pub(crate) enum Job {
     Call(Box<Call>),
+    /// A call of the device-local path: watched at once (it needs no turn: the ranks'
+    /// parts meet in its slot), its NCCL ordinal skipped.
+    Local(Box<LocalCall>),
     /// Call `k` of the group failed its agreement step on this rank: it never runs.
     Skip {
         group: GroupId,
@@ -73,7 +112,16 @@ impl WorkerHandle {
     /// Starts a worker on a thread named `name` (fails if libnccl cannot be loaded): a
     /// group's on one rank, or a point-to-point lane's (`backend/p2p.rs`).
     pub(crate) fn spawn_named(name: String) -> Result<WorkerHandle> {
-        let nccl = Nccl::load()?;
+        WorkerHandle::spawn(name, Some(Nccl::load()?))
+    }
+
+    /// Starts a worker that loads libnccl only when an NCCL call first needs it: a group of
+    /// this process's ranks, whose calls may all take the device-local path.
+    pub(crate) fn spawn_lazy(name: String) -> Result<WorkerHandle> {
+        WorkerHandle::spawn(name, None)
+    }
+
+    fn spawn(name: String, nccl: Option<Arc<Nccl>>) -> Result<WorkerHandle> {
         let (tx, rx) = crossbeam_channel::unbounded();
         std::thread::Builder::new()
             .name(name)
@@ -97,40 +145,68 @@ enum CommState {
     Ready {
         comm: Comm,
         stream: Arc<CudaStream>,
+        /// The group's outputs come from here (memory kept for reuse).
+        pool: OwnedPool,
         ctx: Arc<CudaContext>,
         device: u32,
     },
     Broken(Error),
 }
 
+/// A call waiting for its turn in the group's order.
+enum Turn {
+    Nccl(Box<Call>),
+    /// Its agreement step failed, or it took the device-local path: no NCCL call.
+    Skip,
+}
+
 struct GroupState {
     next: u64,
-    waiting: BTreeMap<u64, Option<Box<Call>>>,
+    waiting: BTreeMap<u64, Turn>,
     comm: CommState,
+}
+
+/// What an enqueued call waits for.
+enum Pending {
+    /// An NCCL call: its event, its output, and its inputs kept until then.
+    Event {
+        event: CudaEvent,
+        output: Output,
+        _keep: Vec<Tensor>,
+    },
+    /// A device-local call: its slot, which every member's worker watches.
+    Local {
+        slot: Arc<Slot>,
+        rank: usize,
+        /// What a timeout's error says.
+        timeout_error: Box<dyn FnOnce(Vec<usize>) -> Error + Send>,
+    },
 }
 
 struct InFlight {
     group: GroupId,
-    event: CudaEvent,
+    pending: Pending,
     done: Done<Output>,
-    output: Output,
-    _keep: Vec<Tensor>,
     deadline: Instant,
     kind: OpKind,
     timeout: Duration,
 }
 
 struct Worker {
-    nccl: Arc<Nccl>,
+    /// libnccl, loaded by the first NCCL call if not at the start.
+    nccl: Option<Arc<Nccl>>,
+    /// How long to spin while calls are in flight before sleeping between polls.
+    spin: Duration,
     rx: Receiver<Job>,
     groups: HashMap<GroupId, GroupState>,
     in_flight: Vec<InFlight>,
 }
 
 impl Worker {
-    fn new(nccl: Arc<Nccl>, rx: Receiver<Job>) -> Worker {
+    fn new(nccl: Option<Arc<Nccl>>, rx: Receiver<Job>) -> Worker {
         Worker {
             nccl,
+            spin: crate::rank::driver::spin_from_env(DEVICE_SPIN),
             rx,
             groups: HashMap::new(),
             in_flight: Vec::new(),
@@ -138,35 +214,75 @@ impl Worker {
     }
 
     fn run(mut self) {
+        fine_timers();
         let mut open = true;
+        // While calls are in flight the worker spins (looking at its channel and the calls'
+        // events) until `spin_until`, then sleeps `POLL` at a time: a small operation
+        // finishes on the GPU within microseconds, and a thread put to sleep takes tens of
+        // microseconds to run again.
+        let mut spin_until: Option<Instant> = None;
+        let mut turns = 0u32;
         while open || !self.in_flight.is_empty() {
             let job = if self.in_flight.is_empty() {
+                spin_until = None;
                 self.rx.recv().ok()
             } else {
-                match self.rx.recv_timeout(POLL) {
-                    Ok(j) => Some(j),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => {
-                        open = false;
-                        None
+                let now = Instant::now();
+                let until = *spin_until.get_or_insert(now + self.spin);
+                if now < until {
+                    match self.rx.try_recv() {
+                        Ok(j) => Some(j),
+                        Err(TryRecvError::Empty) => {
+                            turns = turns.wrapping_add(1);
+                            if turns.is_multiple_of(YIELD_EVERY) {
+                                std::thread::yield_now();
+                            } else {
+                                std::hint::spin_loop();
+                            }
+                            None
+                        }
+                        Err(TryRecvError::Disconnected) => {
+                            open = false;
+                            None
+                        }
+                    }
+                } else {
+                    match self.rx.recv_timeout(POLL) {
+                        Ok(j) => Some(j),
+                        Err(RecvTimeoutError::Timeout) => None,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            open = false;
+                            None
+                        }
                     }
                 }
             };
             match job {
-                Some(j) => self.accept(j),
+                Some(j) => {
+                    self.accept(j);
+                    // A new call: spin again for it.
+                    spin_until = None;
+                }
                 None if self.in_flight.is_empty() => open = false,
                 None => {}
             }
-            self.poll();
+            if self.poll() {
+                spin_until = None;
+            }
         }
         // Calls still waiting for an earlier one that will never come fail with Shutdown
         // (their `done` is dropped); communicators are aborted as the groups drop.
     }
 
     fn accept(&mut self, job: Job) {
-        let (group, k, call) = match job {
-            Job::Call(c) => (c.group, c.k, Some(c)),
-            Job::Skip { group, k } => (group, k, None),
+        let (group, k, turn) = match job {
+            Job::Call(c) => (c.group, c.k, Turn::Nccl(c)),
+            Job::Local(c) => {
+                let (group, k) = (c.group, c.k);
+                self.in_flight.push(watch(*c));
+                (group, k, Turn::Skip)
+            }
+            Job::Skip { group, k } => (group, k, Turn::Skip),
             Job::Release { group } => {
                 self.break_group(group, Error::Shutdown);
                 // Dropping the state drops the communicator (aborted) and the `done` of
@@ -180,78 +296,136 @@ impl Worker {
             waiting: BTreeMap::new(),
             comm: CommState::None,
         });
-        g.waiting.insert(k, call);
-        while let Some(entry) = g.waiting.remove(&g.next) {
+        g.waiting.insert(k, turn);
+        while let Some(turn) = g.waiting.remove(&g.next) {
             g.next += 1;
-            let Some(call) = entry else { continue };
-            let Call {
-                group,
-                init,
-                device,
-                kind,
-                dtype,
-                rank,
-                op,
-                timeout,
-                done,
-                ..
-            } = *call;
-            match launch(
-                &self.nccl,
-                &mut g.comm,
-                init,
-                device,
-                Launchable { op, dtype, rank },
-                timeout,
-            ) {
-                Ok((event, output, keep)) => self.in_flight.push(InFlight {
-                    group,
-                    event,
-                    done,
-                    output,
-                    _keep: keep,
-                    deadline: Instant::now() + timeout,
-                    kind,
-                    timeout,
-                }),
-                Err(e) => done(Err(e)),
+            match turn {
+                Turn::Skip => {}
+                Turn::Nccl(call) => {
+                    let nccl = match &self.nccl {
+                        Some(n) => Ok(n.clone()),
+                        None => Nccl::load(),
+                    };
+                    let nccl = match nccl {
+                        Ok(n) => {
+                            self.nccl = Some(n.clone());
+                            n
+                        }
+                        Err(e) => {
+                            (call.done)(Err(e));
+                            continue;
+                        }
+                    };
+                    let Call {
+                        group,
+                        init,
+                        device,
+                        kind,
+                        dtype,
+                        rank,
+                        op,
+                        timeout,
+                        done,
+                        ..
+                    } = *call;
+                    match launch(
+                        &nccl,
+                        &mut g.comm,
+                        init,
+                        device,
+                        Launchable { op, dtype, rank },
+                        timeout,
+                    ) {
+                        Ok((event, output, keep)) => self.in_flight.push(InFlight {
+                            group,
+                            pending: Pending::Event {
+                                event,
+                                output,
+                                _keep: keep,
+                            },
+                            done,
+                            deadline: Instant::now() + timeout,
+                            kind,
+                            timeout,
+                        }),
+                        Err(e) => done(Err(e)),
+                    }
+                }
             }
         }
     }
 
     /// Completes the calls whose events fired; aborts communicators that failed or hang.
-    fn poll(&mut self) {
+    /// Whether any call completed or failed.
+    fn poll(&mut self) -> bool {
+        let before = self.in_flight.len();
         let now = Instant::now();
         let mut i = 0;
         while i < self.in_flight.len() {
-            let f = &self.in_flight[i];
-            let fired = f.event.try_is_complete();
-            let state = self.groups.get(&f.group).map(|g| &g.comm);
-            let async_err = match state {
-                Some(CommState::Ready { comm, .. }) => comm.async_error().err(),
-                _ => None,
-            };
-            let outcome = match (fired, async_err) {
-                (Ok(true), _) => Some(Ok(())),
-                (Err(e), _) => Some(Err(cuda_err("cuEventQuery")(e))),
-                (Ok(false), Some(e)) => Some(Err(e)),
-                (Ok(false), None) if now >= f.deadline => Some(Err(DeviceError::NcclTimeout {
-                    group: f.group,
-                    op: f.kind,
-                    timeout_ms: f.timeout.as_millis() as u64,
+            let f = &mut self.in_flight[i];
+            let group = f.group;
+            match &mut f.pending {
+                Pending::Local { slot, rank, .. } => {
+                    let outcome = match slot.poll(*rank) {
+                        Some(r) => Some(r),
+                        None if now >= f.deadline => {
+                            let f = self.in_flight.swap_remove(i);
+                            if let Pending::Local {
+                                slot,
+                                timeout_error,
+                                ..
+                            } = f.pending
+                            {
+                                (f.done)(Err(slot.expire(timeout_error)));
+                            }
+                            continue;
+                        }
+                        None => None,
+                    };
+                    match outcome {
+                        None => i += 1,
+                        Some(r) => {
+                            // A local call's failure is its own: the group goes on.
+                            let f = self.in_flight.swap_remove(i);
+                            (f.done)(r);
+                        }
+                    }
                 }
-                .into())),
-                (Ok(false), None) => None,
-            };
-            match outcome {
-                None => i += 1,
-                Some(Ok(())) => {
-                    let f = self.in_flight.swap_remove(i);
-                    (f.done)(Ok(f.output));
+                Pending::Event { event, .. } => {
+                    let fired = event.try_is_complete();
+                    let state = self.groups.get(&group).map(|g| &g.comm);
+                    let async_err = match state {
+                        Some(CommState::Ready { comm, .. }) => comm.async_error().err(),
+                        _ => None,
+                    };
+                    let outcome = match (fired, async_err) {
+                        (Ok(true), _) => Some(Ok(())),
+                        (Err(e), _) => Some(Err(cuda_err("cuEventQuery")(e))),
+                        (Ok(false), Some(e)) => Some(Err(e)),
+                        (Ok(false), None) if now >= f.deadline => {
+                            Some(Err(DeviceError::NcclTimeout {
+                                group,
+                                op: f.kind,
+                                timeout_ms: f.timeout.as_millis() as u64,
+                            }
+                            .into()))
+                        }
+                        (Ok(false), None) => None,
+                    };
+                    match outcome {
+                        None => i += 1,
+                        Some(Ok(())) => {
+                            let f = self.in_flight.swap_remove(i);
+                            if let Pending::Event { output, .. } = f.pending {
+                                (f.done)(Ok(output));
+                            }
+                        }
+                        Some(Err(e)) => self.break_group(group, e),
+                    }
                 }
-                Some(Err(e)) => self.break_group(self.in_flight[i].group, e),
             }
         }
+        self.in_flight.len() != before
     }
 
     /// Aborts the group's communicator and fails its calls in flight with `e` (and every
@@ -261,6 +435,8 @@ impl Worker {
             // Dropping the communicator aborts it.
             g.comm = CommState::Broken(e.clone());
         }
+        // Local calls of the group fail too on this rank; their slots go on for the others
+        // (a member that left is heard of on the engine).
         let (failed, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.in_flight)
             .into_iter()
             .partition(|f| f.group == group);
@@ -268,6 +444,49 @@ impl Worker {
         for f in failed {
             (f.done)(Err(e.clone()));
         }
+    }
+}
+
+/// Watches a device-local call's slot until its result comes or its time is up.
+fn watch(c: LocalCall) -> InFlight {
+    let LocalCall {
+        slot,
+        group,
+        k: _,
+        rank,
+        seq,
+        global_rank,
+        members,
+        kind,
+        timeout,
+        done,
+    } = c;
+    let timeout_error: Box<dyn FnOnce(Vec<usize>) -> Error + Send> =
+        Box::new(move |missing: Vec<usize>| {
+            let waiting_for = missing
+                .iter()
+                .map(|&r| members.get(r).copied().unwrap_or(r))
+                .collect();
+            Error::Timeout {
+                group,
+                seq: Some(seq),
+                op: kind,
+                rank: global_rank,
+                waiting_for,
+                report: Vec::new(),
+            }
+        });
+    InFlight {
+        group,
+        pending: Pending::Local {
+            slot,
+            rank,
+            timeout_error,
+        },
+        done,
+        deadline: Instant::now() + timeout,
+        kind,
+        timeout,
     }
 }
 
@@ -303,9 +522,11 @@ fn launch(
             }
         };
         let stream = ctx.new_stream().map_err(cuda_err("cuStreamCreate"))?;
+        let pool = OwnedPool::new(&ctx)?;
         *state = CommState::Ready {
             comm,
             stream,
+            pool,
             ctx,
             device: call_device,
         };
@@ -316,6 +537,7 @@ fn launch(
         CommState::Ready {
             comm,
             stream,
+            pool,
             ctx,
             device,
         } => {
@@ -326,7 +548,7 @@ fn launch(
                 .into());
             }
             ctx.bind_to_thread().map_err(cuda_err("cuCtxSetCurrent"))?;
-            let (output, keep) = op.launch(comm, stream, *device, dtype, rank)?;
+            let (output, keep) = op.launch(comm, stream, pool, *device, dtype, rank)?;
             let event = stream
                 .record_event(None)
                 .map_err(cuda_err("cuEventRecord"))?;

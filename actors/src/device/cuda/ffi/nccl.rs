@@ -115,8 +115,12 @@ pub struct Nccl {
     group_end: Group,
     premul_sum: PreMulSum,
     red_op_destroy: RedOpDestroy,
-    /// Keeps the functions above valid; dropped last.
-    _lib: Library,
+    /// Keeps the functions above valid. Never unloaded: NCCL runs threads of its own (the
+    /// bootstrap root that `ncclGetUniqueId` starts, a communicator's proxies) that can
+    /// outlive the handle that started them, and unloading the code under them kills the
+    /// process. Seen on a GPU machine: a segmentation fault when the last `Nccl` handle went
+    /// while such a thread ran. torch never unloads it either.
+    _lib: std::mem::ManuallyDrop<Library>,
 }
 
 impl std::fmt::Debug for Nccl {
@@ -251,7 +255,7 @@ impl Nccl {
             group_end: symbol(&lib, "ncclGroupEnd")?,
             premul_sum: symbol(&lib, "ncclRedOpCreatePreMulSum")?,
             red_op_destroy: symbol(&lib, "ncclRedOpDestroy")?,
-            _lib: lib,
+            _lib: std::mem::ManuallyDrop::new(lib),
         })
     }
 
