@@ -309,3 +309,24 @@ fn the_local_path_never_writes_over_a_tensor_the_caller_kept() {
         assert_eq!(got.ok(), Some(vec![4.0f32; 64]));
     }
 }
+
+/// torch's NCCL barrier (a one-element all_reduce on the device) on ranks sharing a GPU:
+/// the device-local path, every rank released.
+#[test]
+fn barrier_on_a_shared_gpu_releases_every_rank() {
+    if !gpu() {
+        return;
+    }
+    let world = World::local(4).unwrap_or_else(|e| panic!("{e}"));
+    for round in 0..3 {
+        let works: Vec<_> = world
+            .communicators()
+            .iter()
+            .map(|c| c.barrier_on(GPU))
+            .collect();
+        for (r, w) in works.into_iter().enumerate() {
+            let got = wait_parked(w);
+            assert!(got.is_ok(), "round {round} rank {r}: {got:?}");
+        }
+    }
+}
