@@ -330,3 +330,88 @@ fn barrier_on_a_shared_gpu_releases_every_rank() {
         }
     }
 }
+
+/// Device send and receive between ranks sharing one GPU, as users drive them: every rank
+/// sends to every other on three tags (sizes 0, 3 and 1 Mi elements) before it receives,
+/// receives in another order than the sends (peers and tags reversed), with an all_reduce in
+/// between; then receives from any source. Every tensor exact and on the GPU.
+#[test]
+fn device_send_and_recv_between_ranks_on_one_gpu_in_any_order() {
+    if !gpu() {
+        return;
+    }
+    let w = 4;
+    let world = World::local(w).unwrap_or_else(|e| panic!("{e}"));
+    let data = |from: usize, to: usize, tag: u32| -> Vec<f32> {
+        let n = match tag {
+            1 => 0,
+            2 => 3,
+            _ => 1 << 20,
+        };
+        (0..n)
+            .map(|i| (from * 100 + to * 10 + tag as usize) as f32 + (i % 1000) as f32)
+            .collect()
+    };
+    std::thread::scope(|s| {
+        for c in world.communicators() {
+            s.spawn(move || {
+                let me = c.rank();
+                let peers: Vec<usize> = (0..w).filter(|&p| p != me).collect();
+                let mut sends = Vec::new();
+                for &p in &peers {
+                    for tag in [1u32, 2, 3] {
+                        sends.push(c.send(to_gpu(Tensor::from_vec(data(me, p, tag))), p, tag));
+                    }
+                }
+                let sum = c.all_reduce(to_gpu(Tensor::from_vec(vec![1.0f32; 4])), ReduceOp::Sum);
+                for &p in peers.iter().rev() {
+                    for tag in [3u32, 2, 1] {
+                        let n = data(p, me, tag).len();
+                        let (t, src) = wait_parked(c.recv(
+                            TensorSpec::new(&[n], DType::F32).on(GPU),
+                            Some(p),
+                            tag,
+                        ))
+                        .unwrap_or_else(|e| panic!("rank {me} from {p}, tag {tag}: {e}"));
+                        assert_eq!((t.device(), src), (GPU, p));
+                        let v = t.to_host().and_then(|t| t.to_vec::<f32>());
+                        assert!(
+                            v.ok() == Some(data(p, me, tag)),
+                            "rank {me} from {p}, tag {tag}: wrong data"
+                        );
+                    }
+                }
+                for (i, wk) in sends.into_iter().enumerate() {
+                    wait_parked(wk).unwrap_or_else(|e| panic!("rank {me}, send {i}: {e}"));
+                }
+                let t = wait_parked(sum).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(
+                    t.to_host().and_then(|t| t.to_vec::<f32>()).ok(),
+                    Some(vec![w as f32; 4])
+                );
+            });
+        }
+    });
+    // From any source: rank 0 takes one message from each of the others, in whatever order
+    // they come, and learns who sent each.
+    let works: Vec<_> = (1..w)
+        .map(|r| world.communicators()[r].send(to_gpu(Tensor::from_vec(vec![r as i32; 5])), 0, 9))
+        .collect();
+    let mut seen = Vec::new();
+    for _ in 1..w {
+        let (t, src) = wait_parked(world.communicators()[0].recv(
+            TensorSpec::new(&[5], DType::I32).on(GPU),
+            None,
+            9,
+        ))
+        .unwrap_or_else(|e| panic!("any source: {e}"));
+        let v = t.to_host().and_then(|t| t.to_vec::<i32>()).ok();
+        assert_eq!(v, Some(vec![src as i32; 5]), "from {src}");
+        seen.push(src);
+    }
+    seen.sort();
+    assert_eq!(seen, (1..w).collect::<Vec<_>>());
+    for wk in works {
+        wait_parked(wk).unwrap_or_else(|e| panic!("{e}"));
+    }
+}

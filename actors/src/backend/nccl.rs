@@ -277,6 +277,7 @@ impl Ours {
                 // rank to deposit enqueues the call on it); the worker only watches it.
                 let deposit = Deposit {
                     group,
+                    lane: None,
                     k,
                     size,
                     rank,
@@ -291,7 +292,7 @@ impl Ours {
                     group,
                     k,
                     rank,
-                    seq: self.seq,
+                    seq: Some(self.seq),
                     global_rank: self.info.members.get(rank).copied().unwrap_or(rank),
                     members: self.info.members.clone(),
                     kind: self.fp.kind,
@@ -524,4 +525,164 @@ fn fail_job<T>(job: Job, r: Result<T>) {
     if let Job::Call(call) = job {
         (call.done)(Err(r.err().unwrap_or(Error::Shutdown)));
     }
+}
+
+/// Transfer `k` of a lane between ranks of one process, as one end deposits it in the
+/// world's hub: part 0 is the sender's (its tensor), part 1 the receiver's (a buffer of the
+/// spec's size on its device). The last end to deposit enqueues the copy; each end's group
+/// worker watches the transfer and completes its call when the copy's event fires.
+struct LocalEnd {
+    /// Which end: 0 sends, 1 receives.
+    end: usize,
+    /// The lane: (sender, receiver) in the group.
+    lane: (usize, usize),
+    k: u64,
+    part: Part,
+    kind: OpKind,
+    timeout: std::time::Duration,
+    done: Done<Output>,
+}
+
+/// Deposits one end of a device-local transfer and hands it to the group's worker to
+/// watch; a failure completes `done` at once.
+fn local_end(member: &Member, e: LocalEnd) {
+    let LocalEnd {
+        end,
+        lane,
+        k,
+        part,
+        kind,
+        timeout,
+        done,
+    } = e;
+    let Some(hub) = member.rank.hub.clone() else {
+        return done(Err(Error::internal(
+            "a device-local transfer without a hub",
+        )));
+    };
+    let tx = match group_worker(member) {
+        Ok(t) => t,
+        Err(e) => return done(Err(e)),
+    };
+    let info = &member.group.info;
+    let group = info.id;
+    let deposit = Deposit {
+        group,
+        lane: Some(lane),
+        k,
+        size: 2,
+        rank: end,
+    };
+    let slot = hub.deposit(&deposit, part);
+    let ends = [info.global(lane.0), info.global(lane.1)];
+    let job = Job::Watch(Box::new(LocalCall {
+        slot,
+        group,
+        k,
+        rank: end,
+        seq: None,
+        global_rank: member.global_rank(),
+        members: ends.to_vec(),
+        kind,
+        timeout,
+        done,
+    }));
+    // A worker that is gone dropped the job: its `done` completes with `Shutdown`.
+    let _ = tx.send(job);
+}
+
+/// Transfer `k` of the lane to `key.0` on the device-local path, sending `tensor`.
+pub(super) fn local_send(
+    member: &Member,
+    key: (usize, Carrier),
+    k: u64,
+    tensor: Tensor,
+    opts: &CallOptions,
+    done: SendDone,
+) {
+    let ordinal = match tensor.device() {
+        Device::Cuda(o) => o,
+        d => return done(Err(Error::invalid(format!("a device-local send from {d}")))),
+    };
+    let dtype = tensor.dtype();
+    let bytes = tensor.nbytes();
+    let op = NcclOp::Exchange(Exchange {
+        sends: vec![(1, tensor, 0..bytes)],
+        recvs: Vec::new(),
+        local: Vec::new(),
+        out_bytes: 0,
+        layout: OutputLayout::Nothing,
+    });
+    let group = Arc::downgrade(&member.group);
+    let finished: Done<Output> = Box::new(move |r: Result<Output>| {
+        if let (Err(e), Some(g)) = (&r, group.upgrade()) {
+            g.p2p.break_out(key, e.clone());
+        }
+        done(r.map(|_| ()));
+    });
+    local_end(
+        member,
+        LocalEnd {
+            end: 0,
+            lane: (member.group_rank(), key.0),
+            k,
+            part: Part { op, dtype, ordinal },
+            kind: OpKind::Send,
+            timeout: opts.timeout.unwrap_or(member.group.info.options.timeout),
+            done: finished,
+        },
+    );
+}
+
+/// Transfer `k` of the lane from `key.0` on the device-local path, into a new buffer of
+/// `spec` on its device.
+pub(super) fn local_recv(
+    member: &Member,
+    key: (usize, Carrier),
+    k: u64,
+    spec: TensorSpec,
+    opts: &CallOptions,
+    done: RecvDone,
+) {
+    let Device::Cuda(ordinal) = spec.device else {
+        return done(Err(Error::invalid(format!(
+            "a device-local receive into {}",
+            spec.device
+        ))));
+    };
+    let bytes = match spec.numel() {
+        Ok(n) => n.saturating_mul(spec.dtype.size()),
+        Err(e) => return done(Err(e)),
+    };
+    let (dtype, shape) = (spec.dtype, spec.shape.clone());
+    let op = NcclOp::Exchange(Exchange {
+        sends: Vec::new(),
+        recvs: vec![(0, 0..bytes)],
+        local: Vec::new(),
+        out_bytes: bytes,
+        layout: OutputLayout::Whole(shape),
+    });
+    let group = Arc::downgrade(&member.group);
+    let finished: Done<Output> = Box::new(move |r: Result<Output>| {
+        let r = r.and_then(|out| match out {
+            Output::Tensor(t) => Ok(t),
+            other => Err(Error::internal(format!("a local receive gave {other:?}"))),
+        });
+        if let (Err(e), Some(g)) = (&r, group.upgrade()) {
+            g.p2p.break_in(key, e.clone());
+        }
+        done(r);
+    });
+    local_end(
+        member,
+        LocalEnd {
+            end: 1,
+            lane: (key.0, member.group_rank()),
+            k,
+            part: Part { op, dtype, ordinal },
+            kind: OpKind::Recv,
+            timeout: opts.timeout.unwrap_or(member.group.info.options.timeout),
+            done: finished,
+        },
+    );
 }

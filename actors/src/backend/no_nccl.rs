@@ -48,3 +48,28 @@ pub(super) fn recv_job(
 ) -> std::result::Result<(), (RecvDone, Error)> {
     Err((done, DeviceError::FeatureDisabled.into()))
 }
+
+/// Unreachable in this build (no CUDA tensor exists to take the device-local carrier);
+/// fails the send with [`DeviceError::FeatureDisabled`].
+pub(super) fn local_send(
+    _: &Member,
+    _: (usize, Carrier),
+    _: u64,
+    _: Tensor,
+    _: &CallOptions,
+    done: SendDone,
+) {
+    done(Err(DeviceError::FeatureDisabled.into()))
+}
+
+/// As [`local_send`], for the receive.
+pub(super) fn local_recv(
+    _: &Member,
+    _: (usize, Carrier),
+    _: u64,
+    _: TensorSpec,
+    _: &CallOptions,
+    done: RecvDone,
+) {
+    done(Err(DeviceError::FeatureDisabled.into()))
+}

@@ -54,15 +54,18 @@ use std::sync::Arc;
 /// [`send`](crate::Communicator::send) or [`recv`](crate::Communicator::recv) with one of
 /// them is refused with [`Error::InvalidArgument`].
 pub const FIRST_RESERVED_TAG: u32 = 0xFFFF_FF00;
-/// The receivers' answers to device sends' tickets, one tag per carrier.
-const GO_TAGS: u32 = FIRST_RESERVED_TAG;
 /// The data of a device send between stand-in tensors.
 const DATA_TAG: u32 = FIRST_RESERVED_TAG + 2;
 
 /// The tag the receivers' answers to a carrier's tickets travel on: one per carrier, so that
 /// each lane's answers are matched only by that lane's waiting sends.
 fn go_tag(carrier: Carrier) -> u32 {
-    GO_TAGS + carrier as u32
+    FIRST_RESERVED_TAG
+        + match carrier {
+            Carrier::Nccl => 0,
+            Carrier::Host => 1,
+            Carrier::Local => 3,
+        }
 }
 
 /// The ticket: the send's serial number and its carrier.
@@ -109,14 +112,20 @@ impl<T> Drop for Notify<T> {
     }
 }
 
-/// The carrier of a device tensor that is sent.
-fn carrier_of(t: &Tensor) -> Result<Carrier> {
+/// The carrier of a device tensor that `member` sends: the host for stand-ins, a device
+/// copy between ranks of one process (they share a hub), NCCL between processes.
+fn carrier_of(member: &Member, t: &Tensor) -> Result<Carrier> {
     if t.device_storage()
         .is_some_and(|s| s.as_any().is::<StandIn>())
     {
         return Ok(Carrier::Host);
     }
-    crate::device::cuda::storage_of(t).map(|_| Carrier::Nccl)
+    crate::device::cuda::storage_of(t)?;
+    Ok(if member.rank.hub.is_some() {
+        Carrier::Local
+    } else {
+        Carrier::Nccl
+    })
 }
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
@@ -166,7 +175,7 @@ pub(crate) fn send<T: Send + 'static>(
     opts: &CallOptions,
     map: fn(Output) -> Result<T>,
 ) -> Work<T> {
-    let carrier = match carrier_of(&tensor) {
+    let carrier = match carrier_of(member, &tensor) {
         Ok(c) => c,
         Err(e) => return member.ready(Err(e)),
     };
@@ -395,6 +404,15 @@ fn start_send(
             Ok(())
         }
         Carrier::Nccl => super::nccl::send_job(member, key, lane, t, tensor, opts, done),
+        Carrier::Local => {
+            // Deposited once the lanes' lock is released (the last of the two ends to
+            // deposit enqueues the copy).
+            let (me, opts) = (member.clone(), opts.clone());
+            outbox.push_back(Box::new(move || {
+                super::nccl::local_send(&me, key, k, tensor, &opts, done)
+            }));
+            Ok(())
+        }
     }
 }
 
@@ -459,6 +477,7 @@ fn on_ticket(
     let carrier = match ticket.get(8) {
         Some(0) => Some(Carrier::Nccl),
         Some(1) => Some(Carrier::Host),
+        Some(2) => Some(Carrier::Local),
         _ => None,
     };
     let (Some(s), Some(carrier), TICKET_BYTES) = (s, carrier, ticket.len()) else {
@@ -578,6 +597,18 @@ fn post(
         }
         Carrier::Nccl => {
             super::nccl::recv_job(member, key, lane, Transfer { k, id }, spec, opts, done)
+        }
+        Carrier::Local if member.rank.hub.is_none() => Err((
+            done,
+            Error::internal("a device-local transfer to a rank with no hub"),
+        )),
+        Carrier::Local => {
+            // Deposited before the go is sent (both from the outbox, in this order).
+            let (me, opts) = (member.clone(), opts.clone());
+            outbox.push_back(Box::new(move || {
+                super::nccl::local_recv(&me, key, k, spec, &opts, done)
+            }));
+            Ok(())
         }
     };
     match posted {

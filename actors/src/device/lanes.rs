@@ -16,6 +16,9 @@ pub(crate) enum Carrier {
     Nccl = 0,
     /// A host message: the carrier of [`StandIn`](super::StandIn) tensors (tests without a GPU).
     Host = 1,
+    /// A device-to-device copy between ranks of one process (the device-local path): no
+    /// NCCL, which refuses two ranks on one GPU.
+    Local = 2,
 }
 
 /// Completes a send's `Work`.

@@ -47,7 +47,7 @@ pub(crate) struct LocalHub {
 struct HubState {
     /// Calls some members have come to (deposited or abandoned), by group and NCCL
     /// ordinal, with how many have.
-    slots: HashMap<(GroupId, u64), (Arc<Slot>, usize)>,
+    slots: HashMap<SlotKey, (Arc<Slot>, usize)>,
     /// Each device's context and kernels, loaded on first use.
     devices: HashMap<u32, Arc<DeviceKit>>,
     /// Each group's stream (one device per group's local calls).
@@ -79,10 +79,16 @@ pub(crate) struct Part {
 /// Who deposits: the call, the group's size and this rank in it.
 pub(crate) struct Deposit {
     pub(crate) group: GroupId,
+    /// For a point-to-point transfer, its lane: (sender, receiver) in the group; `k` is then
+    /// the lane's ordinal, the sender part 0 and the receiver part 1.
+    pub(crate) lane: Option<(usize, usize)>,
     pub(crate) k: u64,
     pub(crate) size: usize,
     pub(crate) rank: usize,
 }
+
+/// A slot's key: the group, the lane of a transfer (none for a collective), the ordinal.
+type SlotKey = (GroupId, Option<(usize, usize)>, u64);
 
 /// One call as the ranks deposit and then wait for it.
 pub(crate) struct Slot {
@@ -121,18 +127,15 @@ impl LocalHub {
         LocalHub::default()
     }
 
-    /// The slot of call `k` of `group`, counting this rank's arrival at it: the hub
-    /// forgets a slot once every member has come (deposited or abandoned it).
-    fn arrive(&self, group: GroupId, k: u64, size: usize) -> Arc<Slot> {
+    /// The slot `key`, counting this rank's arrival at it: the hub forgets a slot once
+    /// every member has come (deposited or abandoned it).
+    fn arrive(&self, key: SlotKey, size: usize) -> Arc<Slot> {
         let mut hub = lock(&self.state);
-        let entry = hub
-            .slots
-            .entry((group, k))
-            .or_insert_with(|| (Slot::new(size), 0));
+        let entry = hub.slots.entry(key).or_insert_with(|| (Slot::new(size), 0));
         entry.1 += 1;
         let slot = entry.0.clone();
         if entry.1 >= size {
-            hub.slots.remove(&(group, k));
+            hub.slots.remove(&key);
         }
         slot
     }
@@ -140,7 +143,7 @@ impl LocalHub {
     /// Deposits this rank's part of call `d.k` of group `d.group`; the rank whose part
     /// completes the call enqueues it (on this thread). Returns the slot to wait on.
     pub(crate) fn deposit(&self, d: &Deposit, part: Part) -> Arc<Slot> {
-        let slot = self.arrive(d.group, d.k, d.size);
+        let slot = self.arrive((d.group, d.lane, d.k), d.size);
         let complete = {
             let mut st = lock(&slot.state);
             match &mut *st {
@@ -181,7 +184,7 @@ impl LocalHub {
     /// A rank will never deposit call `k` of `group` (its agreement step failed with `e`):
     /// the call fails at once for the ranks that did, or will.
     pub(crate) fn abandon(&self, group: GroupId, k: u64, size: usize, e: Error) {
-        let slot = self.arrive(group, k, size);
+        let slot = self.arrive((group, None, k), size);
         let mut st = lock(&slot.state);
         if let SlotState::Gathering(_) = &*st {
             *st = SlotState::Failed(e);
@@ -192,7 +195,7 @@ impl LocalHub {
     pub(crate) fn release(&self, group: GroupId) {
         let mut hub = lock(&self.state);
         hub.streams.remove(&group);
-        hub.slots.retain(|(g, _), _| *g != group);
+        hub.slots.retain(|(g, _, _), _| *g != group);
         hub.nccl_ids.remove(&group);
     }
 
@@ -238,18 +241,30 @@ impl LocalHub {
         Ok((kit, stream))
     }
 
-    /// Enqueues the call whose parts (one per group rank, in order) have all arrived.
+    /// Enqueues the call whose parts (one per group rank, in order) have all arrived: on the
+    /// parts' device, or for a transfer between two devices (ranks of one process on
+    /// different GPUs) on the receiver's, the copy going peer to peer.
     fn execute(&self, group: GroupId, parts: Vec<Part>) -> Result<Running> {
         let first = parts
             .first()
             .ok_or_else(|| Error::internal("a local call with no parts"))?;
-        let (dtype, ordinal) = (first.dtype, first.ordinal);
-        if let Some(p) = parts.iter().find(|p| p.ordinal != ordinal) {
-            return Err(Error::internal(format!(
-                "a local call on cuda:{ordinal} and cuda:{}",
-                p.ordinal
-            )));
-        }
+        let receiver = parts.iter().find(|p| match &p.op {
+            NcclOp::Exchange(x) => !x.recvs.is_empty(),
+            _ => false,
+        });
+        let (dtype, ordinal) = match parts.iter().find(|p| p.ordinal != first.ordinal) {
+            None => (first.dtype, first.ordinal),
+            Some(_) if parts.len() == 2 => match receiver {
+                Some(r) => (r.dtype, r.ordinal),
+                None => return Err(Error::internal("a transfer with no receiver")),
+            },
+            Some(p) => {
+                return Err(Error::internal(format!(
+                    "a local call on cuda:{} and cuda:{}",
+                    first.ordinal, p.ordinal
+                )))
+            }
+        };
         let (kit, stream) = self.kit(group, ordinal)?;
         kit.ctx
             .bind_to_thread()
@@ -743,6 +758,7 @@ mod tests {
     fn deposit(k: u64, rank: usize) -> Deposit {
         Deposit {
             group: GroupId(7),
+            lane: None,
             k,
             size: 3,
             rank,

@@ -74,10 +74,11 @@ pub(crate) struct LocalCall {
     pub(crate) k: u64,
     /// This rank in the group.
     pub(crate) rank: usize,
-    /// The call's sequence number, and this rank in the world, for a timeout's error.
-    pub(crate) seq: u64,
+    /// The call's sequence number (none for a transfer), and this rank in the world, for a
+    /// timeout's error.
+    pub(crate) seq: Option<u64>,
     pub(crate) global_rank: usize,
-    /// The members' world ranks, in group order.
+    /// The world ranks of the slot's parts, in part order.
     pub(crate) members: Vec<usize>,
     pub(crate) kind: OpKind,
     pub(crate) timeout: Duration,
@@ -90,6 +91,9 @@ pub(crate) enum Job {
     /// A call of the device-local path: watched at once (it needs no turn: the ranks'
     /// parts meet in its slot), its NCCL ordinal skipped.
     Local(Box<LocalCall>),
+    /// A device-local transfer of a point-to-point lane: watched, and nothing else (its
+    /// ordinal is the lane's, not the group's).
+    Watch(Box<LocalCall>),
     /// Call `k` of the group failed its agreement step on this rank: it never runs.
     Skip {
         group: GroupId,
@@ -282,6 +286,10 @@ impl Worker {
                 self.in_flight.push(watch(*c));
                 (group, k, Turn::Skip)
             }
+            Job::Watch(c) => {
+                self.in_flight.push(watch(*c));
+                return;
+            }
             Job::Skip { group, k } => (group, k, Turn::Skip),
             Job::Release { group } => {
                 self.break_group(group, Error::Shutdown);
@@ -469,7 +477,7 @@ fn watch(c: LocalCall) -> InFlight {
                 .collect();
             Error::Timeout {
                 group,
-                seq: Some(seq),
+                seq,
                 op: kind,
                 rank: global_rank,
                 waiting_for,
