@@ -36,22 +36,6 @@ fn to_gpu(t: Tensor) -> Tensor {
         .unwrap_or_else(|e| panic!("to_device: {e}"))
 }
 
-const DTYPES: [DType; 13] = [
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::I8,
-    DType::U8,
-    DType::I16,
-    DType::U16,
-    DType::I32,
-    DType::U32,
-    DType::I64,
-    DType::U64,
-    DType::Bool,
-];
-
 /// Every collective (barrier aside) × every dtype × every op the host engine takes for it
 /// (reductions; the others once per dtype), 37 elements (a partial block of threads), plus
 /// empty tensors, and large f32/bf16 calls whose threads stride over several blocks.
@@ -70,7 +54,7 @@ fn full_matrix(w: usize) -> Vec<Case> {
         if kind == OpKind::Barrier {
             continue;
         }
-        for dtype in DTYPES {
+        for dtype in DType::ALL {
             if reduces(kind) {
                 for op in ReduceOp::ALL {
                     if op.check(dtype).is_ok() {

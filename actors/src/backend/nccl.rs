@@ -408,6 +408,46 @@ fn lane_call(
     })
 }
 
+/// A transfer's sending end as an exchange: the whole of `tensor` to the lane's other end.
+fn send_op(tensor: Tensor) -> NcclOp {
+    let bytes = tensor.nbytes();
+    NcclOp::Exchange(Exchange {
+        sends: vec![(1, tensor, 0..bytes)],
+        recvs: Vec::new(),
+        local: Vec::new(),
+        out_bytes: 0,
+        layout: OutputLayout::Nothing,
+    })
+}
+
+/// A transfer's receiving end as an exchange: `bytes` from the lane's other end, into a new
+/// buffer of `shape`.
+fn recv_op(bytes: usize, shape: Vec<usize>) -> NcclOp {
+    NcclOp::Exchange(Exchange {
+        sends: Vec::new(),
+        recvs: if bytes > 0 {
+            vec![(0, 0..bytes)]
+        } else {
+            Vec::new()
+        },
+        local: Vec::new(),
+        out_bytes: bytes,
+        layout: OutputLayout::Whole(shape),
+    })
+}
+
+/// What completes a send's transfer: a failure breaks the lane to the peer first.
+fn send_finished(member: &Member, key: (usize, Carrier), done: SendDone) -> Done<Output> {
+    // Weak: a call the worker holds must not keep the group (and so the worker) alive.
+    let group = Arc::downgrade(&member.group);
+    Box::new(move |r: Result<Output>| {
+        if let (Err(e), Some(g)) = (&r, group.upgrade()) {
+            g.p2p.break_out(key, e.clone());
+        }
+        done(r.map(|_| ()));
+    })
+}
+
 /// Hands send `k` of a lane to the lane's worker.
 pub(super) fn send_job(
     member: &Member,
@@ -426,22 +466,8 @@ pub(super) fn send_job(
         Ok(t) => t,
         Err(e) => return Err((e, done)),
     };
-    let bytes = tensor.nbytes();
-    let op = NcclOp::Exchange(Exchange {
-        sends: vec![(1, tensor, 0..bytes)],
-        recvs: Vec::new(),
-        local: Vec::new(),
-        out_bytes: 0,
-        layout: OutputLayout::Nothing,
-    });
-    // Weak: a call the worker holds must not keep the group (and so the worker) alive.
-    let group = std::sync::Arc::downgrade(&member.group);
-    let finished: Done<Output> = Box::new(move |r: Result<Output>| {
-        if let (Err(e), Some(g)) = (&r, group.upgrade()) {
-            g.p2p.break_out(key, e.clone());
-        }
-        done(r.map(|_| ()));
-    });
+    let op = send_op(tensor);
+    let finished = send_finished(member, key, done);
     // A worker that is gone gives the call back, to be failed once the lock is released.
     match tx.send(Job::Call(lane_call(
         member,
@@ -479,17 +505,7 @@ pub(super) fn recv_job(
         Err(e) => return Err((done, e)),
     };
     let (dtype, shape) = (spec.dtype, spec.shape.clone());
-    let op = NcclOp::Exchange(Exchange {
-        sends: Vec::new(),
-        recvs: if bytes > 0 {
-            vec![(0, 0..bytes)]
-        } else {
-            Vec::new()
-        },
-        local: Vec::new(),
-        out_bytes: bytes,
-        layout: OutputLayout::Whole(vec![bytes]),
-    });
+    let op = recv_op(bytes, vec![bytes]);
     let group = std::sync::Arc::downgrade(&member.group);
     let finished: Done<Output> = Box::new(move |r: Result<Output>| {
         // The bytes, viewed as the receive's dtype and shape.
@@ -605,21 +621,8 @@ pub(super) fn local_send(
         d => return done(Err(Error::invalid(format!("a device-local send from {d}")))),
     };
     let dtype = tensor.dtype();
-    let bytes = tensor.nbytes();
-    let op = NcclOp::Exchange(Exchange {
-        sends: vec![(1, tensor, 0..bytes)],
-        recvs: Vec::new(),
-        local: Vec::new(),
-        out_bytes: 0,
-        layout: OutputLayout::Nothing,
-    });
-    let group = Arc::downgrade(&member.group);
-    let finished: Done<Output> = Box::new(move |r: Result<Output>| {
-        if let (Err(e), Some(g)) = (&r, group.upgrade()) {
-            g.p2p.break_out(key, e.clone());
-        }
-        done(r.map(|_| ()));
-    });
+    let op = send_op(tensor);
+    let finished = send_finished(member, key, done);
     local_end(
         member,
         LocalEnd {
@@ -655,13 +658,7 @@ pub(super) fn local_recv(
         Err(e) => return done(Err(e)),
     };
     let (dtype, shape) = (spec.dtype, spec.shape.clone());
-    let op = NcclOp::Exchange(Exchange {
-        sends: Vec::new(),
-        recvs: vec![(0, 0..bytes)],
-        local: Vec::new(),
-        out_bytes: bytes,
-        layout: OutputLayout::Whole(shape),
-    });
+    let op = recv_op(bytes, shape);
     let group = Arc::downgrade(&member.group);
     let finished: Done<Output> = Box::new(move |r: Result<Output>| {
         let r = r.and_then(|out| match out {

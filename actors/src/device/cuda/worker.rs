@@ -1,5 +1,9 @@
-//! The device worker: one thread per rank that owns the rank's NCCL communicators for their
-//! whole life (an NCCL communicator is `!Send`), fed by a crossbeam channel.
+//! The device worker: a thread per group (or per point-to-point lane) on each rank that owns
+//! its NCCL communicator for its whole life (an NCCL communicator is `!Send`), fed by a
+//! crossbeam channel. A group of one process's ranks (`local.rs`) starts its worker without
+//! libnccl, which is loaded if an NCCL call comes: its calls on one GPU are device-local,
+//! and the worker only watches their slots (`Job::Local`, `Job::Watch`) and completes them
+//! when their event fires.
 //!
 //! Calls arrive when their agreement step has completed, which may be out of order; each
 //! group's calls run in the order of their NCCL ordinal `k` (the order of issue), so every
@@ -7,10 +11,10 @@
 //! arrives as a `Skip`. The first call of a group carries the NCCL id and creates the
 //! communicator on the call's device.
 //!
-//! After enqueueing, the worker records a CUDA event and keeps polling: a call completes
-//! (its `Work` with it) when its event fires; a communicator with an asynchronous error,
-//! or a call still running past its timeout, aborts the communicator (never a hang) and
-//! fails that call and every later one on the group.
+//! After enqueueing, the worker records a CUDA event and keeps polling (spinning first, see
+//! `run`): a call completes (its `Work` with it) when its event fires; a communicator with an
+//! asynchronous error, or a call still running past its timeout, aborts the communicator
+//! (never a hang) and fails that call and every later one on the group.
 
 use super::ffi::driver::OwnedPool;
 use super::local::Slot;
@@ -34,6 +38,16 @@ const DEVICE_SPIN: Duration = Duration::from_micros(200);
 /// Spin turns between two yields of the thread (so that a machine with fewer cores than
 /// spinning threads still runs the others).
 const YIELD_EVERY: u32 = 16;
+
+/// One turn of a spin: a pause, or every [`YIELD_EVERY`] turns a yield of the thread.
+fn spin_turn(turns: &mut u32) {
+    *turns = turns.wrapping_add(1);
+    if turns.is_multiple_of(YIELD_EVERY) {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
 
 /// Asks the kernel to wake this thread's timed waits within a microsecond of their time
 /// (Linux's default slack of 50 µs would stretch each 20 µs poll to about 70 µs). Best
@@ -237,12 +251,7 @@ impl Worker {
                     match self.rx.try_recv() {
                         Ok(j) => Some(j),
                         Err(TryRecvError::Empty) => {
-                            turns = turns.wrapping_add(1);
-                            if turns.is_multiple_of(YIELD_EVERY) {
-                                std::thread::yield_now();
-                            } else {
-                                std::hint::spin_loop();
-                            }
+                            spin_turn(&mut turns);
                             continue;
                         }
                         Err(TryRecvError::Disconnected) => None,
@@ -257,12 +266,7 @@ impl Worker {
                     match self.rx.try_recv() {
                         Ok(j) => Some(j),
                         Err(TryRecvError::Empty) => {
-                            turns = turns.wrapping_add(1);
-                            if turns.is_multiple_of(YIELD_EVERY) {
-                                std::thread::yield_now();
-                            } else {
-                                std::hint::spin_loop();
-                            }
+                            spin_turn(&mut turns);
                             None
                         }
                         Err(TryRecvError::Disconnected) => {
