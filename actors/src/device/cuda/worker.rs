@@ -184,6 +184,15 @@ struct GroupState {
     comm: CommState,
 }
 
+/// What the worker's wait for its next job gave.
+enum Next {
+    Job(Job),
+    /// Nothing yet.
+    Nothing,
+    /// Every handle on the worker is gone.
+    Closed,
+}
+
 /// What an enqueued call waits for.
 enum Pending {
     /// An NCCL call: its event, its output, and its inputs kept until then.
@@ -234,65 +243,21 @@ impl Worker {
     fn run(mut self) {
         fine_timers();
         let mut open = true;
-        // While calls are in flight the worker spins (looking at its channel and the calls'
-        // events) until `spin_until`, then sleeps `POLL` at a time: a small operation
-        // finishes on the GPU within microseconds, and a thread put to sleep takes tens of
-        // microseconds to run again. Idle, it spins as long for the next call, then blocks.
+        // The worker spins (looking at its channel and, while calls are in flight, at their
+        // events) until `spin_until`, then sleeps: a small operation finishes on the GPU
+        // within microseconds, a program that makes one call after another sends the next
+        // within microseconds, and a thread put to sleep takes tens of microseconds to run
+        // again. Each new call, and each completion, starts a new spin.
         let mut spin_until: Option<Instant> = None;
         let mut turns = 0u32;
         while open || !self.in_flight.is_empty() {
-            let job = if self.in_flight.is_empty() {
-                // Idle: a program that makes one call after another sends the next within
-                // microseconds, so the worker spins a while for it before it blocks (a
-                // blocked thread takes ~20 µs to wake).
-                let now = Instant::now();
-                let until = *spin_until.get_or_insert(now + self.spin);
-                if now < until {
-                    match self.rx.try_recv() {
-                        Ok(j) => Some(j),
-                        Err(TryRecvError::Empty) => {
-                            spin_turn(&mut turns);
-                            continue;
-                        }
-                        Err(TryRecvError::Disconnected) => None,
-                    }
-                } else {
-                    self.rx.recv().ok()
-                }
-            } else {
-                let now = Instant::now();
-                let until = *spin_until.get_or_insert(now + self.spin);
-                if now < until {
-                    match self.rx.try_recv() {
-                        Ok(j) => Some(j),
-                        Err(TryRecvError::Empty) => {
-                            spin_turn(&mut turns);
-                            None
-                        }
-                        Err(TryRecvError::Disconnected) => {
-                            open = false;
-                            None
-                        }
-                    }
-                } else {
-                    match self.rx.recv_timeout(POLL) {
-                        Ok(j) => Some(j),
-                        Err(RecvTimeoutError::Timeout) => None,
-                        Err(RecvTimeoutError::Disconnected) => {
-                            open = false;
-                            None
-                        }
-                    }
-                }
-            };
-            match job {
-                Some(j) => {
+            match self.next(&mut spin_until, &mut turns) {
+                Next::Job(j) => {
                     self.accept(j);
-                    // A new call: spin again for it.
                     spin_until = None;
                 }
-                None if self.in_flight.is_empty() => open = false,
-                None => {}
+                Next::Closed => open = false,
+                Next::Nothing => {}
             }
             if self.poll() {
                 spin_until = None;
@@ -300,6 +265,30 @@ impl Worker {
         }
         // Calls still waiting for an earlier one that will never come fail with Shutdown
         // (their `done` is dropped); communicators are aborted as the groups drop.
+    }
+
+    /// The next job: looked for at once while spinning; past the spin, waited for `POLL` at
+    /// a time while calls are in flight (to poll them), or until it comes when none is.
+    fn next(&mut self, spin_until: &mut Option<Instant>, turns: &mut u32) -> Next {
+        let now = Instant::now();
+        if now < *spin_until.get_or_insert(now + self.spin) {
+            return match self.rx.try_recv() {
+                Ok(j) => Next::Job(j),
+                Err(TryRecvError::Empty) => {
+                    spin_turn(turns);
+                    Next::Nothing
+                }
+                Err(TryRecvError::Disconnected) => Next::Closed,
+            };
+        }
+        if self.in_flight.is_empty() {
+            return self.rx.recv().map_or(Next::Closed, Next::Job);
+        }
+        match self.rx.recv_timeout(POLL) {
+            Ok(j) => Next::Job(j),
+            Err(RecvTimeoutError::Timeout) => Next::Nothing,
+            Err(RecvTimeoutError::Disconnected) => Next::Closed,
+        }
     }
 
     fn accept(&mut self, job: Job) {
