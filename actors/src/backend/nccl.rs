@@ -203,6 +203,13 @@ pub(crate) fn call<T: Send + 'static>(
     work
 }
 
+/// Whether a call of a group whose ranks share a hub takes the device-local path: two or
+/// more members, every one on this rank's device (`ordinal`), as the agreement step showed
+/// them all. Every rank sees the same devices, so every rank decides alike.
+fn takes_local_path(size: usize, devices: &[u64], ordinal: u32) -> bool {
+    size > 1 && devices.len() == size && devices.iter().all(|&d| d == u64::from(ordinal))
+}
+
 /// What the agreement step showed: every member's device, and rank 0's NCCL id on the
 /// group's first NCCL call (without a hub).
 struct Agreed {
@@ -272,7 +279,7 @@ impl Ours {
         } = next;
         let (group, k, rank, size) = (self.info.id, self.k, self.info.rank, self.info.size());
         let init = match &hub {
-            Some(hub) if size > 1 && agreed.devices.iter().all(|&d| d == u64::from(ordinal)) => {
+            Some(hub) if takes_local_path(size, &agreed.devices, ordinal) => {
                 // Deposited here, on the thread that completed the agreement (the last
                 // rank to deposit enqueues the call on it); the worker only watches it.
                 let deposit = Deposit {
@@ -682,4 +689,27 @@ pub(super) fn local_recv(
             done: finished,
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::takes_local_path;
+
+    /// The path a hub's group takes: local only with two or more members all on one device;
+    /// a group of one keeps NCCL, and so do members on different devices.
+    #[test]
+    fn the_local_path_needs_two_members_on_one_device() {
+        assert!(takes_local_path(2, &[0, 0], 0));
+        assert!(takes_local_path(4, &[3, 3, 3, 3], 3));
+        assert!(!takes_local_path(1, &[0], 0), "a group of one keeps NCCL");
+        assert!(
+            !takes_local_path(2, &[0, 1], 0),
+            "different devices take NCCL"
+        );
+        assert!(!takes_local_path(2, &[1, 1], 0), "not this rank's device");
+        assert!(
+            !takes_local_path(3, &[0, 0], 0),
+            "a member missing from the agreement"
+        );
+    }
 }
