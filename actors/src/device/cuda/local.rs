@@ -1,25 +1,30 @@
-//! The device-local path: a collective of ranks that live in one process and hold their
-//! tensors on one GPU, run with device copies and a reduction kernel on that GPU — never
-//! through host memory, and without NCCL (which refuses two ranks on one device).
+//! The device-local path: collectives and send/recv of ranks that live in one process and
+//! hold their tensors on one GPU, run with device copies and a reduction kernel on that GPU —
+//! never through host memory, and without NCCL (which refuses two ranks on one device).
 //!
 //! The ranks of a [`World`](crate::World) share a [`LocalHub`]. After a call's agreement step
 //! (the same as NCCL's: every rank's fingerprint, so mismatches and missing ranks are the
-//! usual typed errors), each rank's device worker *deposits* its part of the call — its
-//! planned [`NcclOp`], holding its tensors — in the call's slot, keyed by group and NCCL
-//! ordinal. The rank whose part completes the slot executes the whole call at once on the
-//! group's stream: it allocates every rank's output (or writes over an input nobody else
-//! holds, as NCCL in place), enqueues the kernels and copies, and records one event. Every
-//! rank's worker then completes its call when that event fires, each taking its own output.
+//! usual typed errors), each rank *deposits* its part of the call — its planned [`NcclOp`],
+//! holding its tensors — in the call's slot, keyed by group and NCCL ordinal, on the thread
+//! that completed its agreement step. The rank whose part completes the slot executes the
+//! whole call at once on the group's stream (`exec.rs`): it allocates every rank's output
+//! (or writes over an input nobody else holds, as NCCL in place), enqueues the kernels and
+//! copies, and records one event. Each rank's device worker watches the slot and completes
+//! the rank's call when that event fires, each taking its own output. A transfer of device
+//! send/recv is a slot of two parts (sender, receiver) keyed by its lane and the lane's
+//! ordinal; across two GPUs the copy runs on the receiver's, peer to peer.
 //!
 //! What each operation becomes:
 //! - all_reduce: one fold kernel reads every rank's input and writes every rank's output
 //!   (rank order, the host reference's rounding: `kernels/fold.cu`); reduce: the same into
 //!   the root's output only; reduce_scatter: a fold per rank over the ranks' blocks of it.
 //! - broadcast, all_gather, and the exchanges (gather, scatter, all_to_all, all_to_all_single,
-//!   all_gather of unequal blocks): device-to-device copies between the ranks' buffers.
+//!   all_gather of unequal blocks, a transfer): device-to-device copies between the ranks'
+//!   buffers.
 //!
 //! Every dtype and op the host engine reduces is supported (the kernel covers bitwise ops,
-//! integer types NCCL lacks, bool); the engine's argument rules apply (`Plan::check`).
+//! integer types NCCL lacks, bool); the engine's argument rules apply (`Plan::check`). The
+//! hub knows groups only by id and members only by position: it knows no `Member`.
 
 mod exec;
 
