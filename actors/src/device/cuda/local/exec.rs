@@ -31,6 +31,21 @@ fn bytes_of(t: &Tensor) -> Result<Option<Span<'_>>> {
         .map(|(buf, range)| Span { buf, range }))
 }
 
+/// The bytes of every non-empty tensor of `ts`, in order.
+fn spans(ts: &[Tensor]) -> Result<Vec<Span<'_>>> {
+    ts.iter().filter_map(|t| bytes_of(t).transpose()).collect()
+}
+
+/// Every rank's operation, unpacked by `part`; an operation of another kind (which the
+/// agreement step rules out) is an internal error naming `what`.
+fn unpack<T>(ops: Vec<NcclOp>, what: &str, part: impl Fn(NcclOp) -> Option<T>) -> Result<Vec<T>> {
+    ops.into_iter()
+        .map(|o| {
+            part(o).ok_or_else(|| Error::internal(format!("mixed operations in a local {what}")))
+        })
+        .collect()
+}
+
 /// Where an output goes: a buffer of the executor's, or an input written over.
 enum Dest {
     Fresh(Option<CudaSlice<u8>>),
@@ -109,17 +124,12 @@ impl Executor<'_> {
     /// all_reduce: every input folded, in rank order, into every output (written over an
     /// input that only the call holds).
     fn all_reduce(&self, ops: Vec<NcclOp>) -> Ran {
-        let mut inputs = Vec::with_capacity(ops.len());
-        let mut op = ReduceOp::Sum;
-        for o in ops {
-            match o {
-                NcclOp::AllReduce { input, op: p } => {
-                    op = p;
-                    inputs.push(input);
-                }
-                _ => return Err(Error::internal("mixed operations in a local all_reduce")),
-            }
-        }
+        let parts = unpack(ops, "all_reduce", |o| match o {
+            NcclOp::AllReduce { input, op } => Some((input, op)),
+            _ => None,
+        })?;
+        let op = parts.first().map_or(ReduceOp::Sum, |p| p.1);
+        let inputs: Vec<Tensor> = parts.into_iter().map(|p| p.0).collect();
         let count = inputs.first().map_or(0, Tensor::numel);
         let dests: Vec<Dest> = inputs
             .iter()
@@ -133,10 +143,7 @@ impl Executor<'_> {
             })
             .collect::<Result<_>>()?;
         {
-            let srcs = inputs
-                .iter()
-                .filter_map(|t| bytes_of(t).transpose())
-                .collect::<Result<Vec<_>>>()?;
+            let srcs = spans(&inputs)?;
             let outs = dests
                 .iter()
                 .filter_map(|d| match d {
@@ -166,30 +173,18 @@ impl Executor<'_> {
 
     /// reduce: the root's output is every input folded; the others get their input back.
     fn reduce(&self, ops: Vec<NcclOp>) -> Ran {
-        let mut inputs = Vec::with_capacity(ops.len());
-        let (mut op, mut root) = (ReduceOp::Sum, 0);
-        for o in ops {
-            match o {
-                NcclOp::Reduce {
-                    input,
-                    root: r,
-                    op: p,
-                } => {
-                    (op, root) = (p, r);
-                    inputs.push(input);
-                }
-                _ => return Err(Error::internal("mixed operations in a local reduce")),
-            }
-        }
+        let parts = unpack(ops, "reduce", |o| match o {
+            NcclOp::Reduce { input, root, op } => Some((input, root, op)),
+            _ => None,
+        })?;
+        let (root, op) = parts.first().map_or((0, ReduceOp::Sum), |p| (p.1, p.2));
+        let inputs: Vec<Tensor> = parts.into_iter().map(|p| p.0).collect();
         let at_root = inputs
             .get(root)
             .ok_or_else(|| Error::internal("reduce root out of range"))?;
         let mut out = self.alloc(at_root.nbytes())?;
         if let Some(buf) = out.as_mut() {
-            let srcs = inputs
-                .iter()
-                .filter_map(|t| bytes_of(t).transpose())
-                .collect::<Result<Vec<_>>>()?;
+            let srcs = spans(&inputs)?;
             let outs = vec![Span {
                 range: 0..buf.len(),
                 buf,
@@ -212,20 +207,15 @@ impl Executor<'_> {
         Ok((outputs, inputs))
     }
 
-    /// broadcast: the root's input copied to every other rank (over an input only the call
-    /// holds, else into a new buffer); the root gets its input back.
+    /// broadcast: the root's input copied into a new buffer for every other rank; the root
+    /// gets its input back.
     fn broadcast(&self, ops: Vec<NcclOp>) -> Ran {
-        let mut inputs = Vec::with_capacity(ops.len());
-        let mut root = 0;
-        for o in ops {
-            match o {
-                NcclOp::Broadcast { input, root: r } => {
-                    root = r;
-                    inputs.push(input);
-                }
-                _ => return Err(Error::internal("mixed operations in a local broadcast")),
-            }
-        }
+        let parts = unpack(ops, "broadcast", |o| match o {
+            NcclOp::Broadcast { input, root } => Some((input, root)),
+            _ => None,
+        })?;
+        let root = parts.first().map_or(0, |p| p.1);
+        let inputs: Vec<Tensor> = parts.into_iter().map(|p| p.0).collect();
         let src = inputs
             .get(root)
             .ok_or_else(|| Error::internal("broadcast root out of range"))?
@@ -254,17 +244,11 @@ impl Executor<'_> {
     /// all_gather of equal blocks: every rank's input copied into every rank's output at its
     /// offset.
     fn all_gather(&self, ops: Vec<NcclOp>) -> Ran {
-        let mut inputs = Vec::with_capacity(ops.len());
-        let mut layouts = Vec::with_capacity(ops.len());
-        for o in ops {
-            match o {
-                NcclOp::AllGather { input, layout } => {
-                    inputs.push(input);
-                    layouts.push(layout);
-                }
-                _ => return Err(Error::internal("mixed operations in a local all_gather")),
-            }
-        }
+        let parts = unpack(ops, "all_gather", |o| match o {
+            NcclOp::AllGather { input, layout } => Some((input, layout)),
+            _ => None,
+        })?;
+        let (inputs, layouts): (Vec<Tensor>, Vec<OutputLayout>) = parts.into_iter().unzip();
         let block = inputs.first().map_or(0, Tensor::nbytes);
         if inputs.iter().any(|t| t.nbytes() != block) {
             return Err(Error::internal("all_gather blocks differ across ranks"));
@@ -290,27 +274,13 @@ impl Executor<'_> {
     /// reduce_scatter: rank r's output is block r of every rank's input, folded in rank
     /// order. A list input's blocks are its tensors; one tensor's are equal slices of it.
     fn reduce_scatter(&self, ops: Vec<NcclOp>) -> Ran {
-        let mut all = Vec::with_capacity(ops.len());
-        let mut shapes = Vec::with_capacity(ops.len());
-        let mut op = ReduceOp::Sum;
-        for o in ops {
-            match o {
-                NcclOp::ReduceScatter {
-                    inputs,
-                    shape,
-                    op: p,
-                } => {
-                    op = p;
-                    all.push(inputs);
-                    shapes.push(shape);
-                }
-                _ => {
-                    return Err(Error::internal(
-                        "mixed operations in a local reduce_scatter",
-                    ))
-                }
-            }
-        }
+        let parts = unpack(ops, "reduce_scatter", |o| match o {
+            NcclOp::ReduceScatter { inputs, shape, op } => Some((inputs, shape, op)),
+            _ => None,
+        })?;
+        let op = parts.first().map_or(ReduceOp::Sum, |p| p.2);
+        let (all, shapes): (Vec<Vec<Tensor>>, Vec<Vec<usize>>) =
+            parts.into_iter().map(|p| (p.0, p.1)).unzip();
         let n = all.len();
         let esize = self.dtype.size();
         // A list's blocks may differ in size: rank r's output has the shape of block r (the
@@ -364,13 +334,10 @@ impl Executor<'_> {
     /// The exchanges: each rank's receives filled from the matching send of the peer (one
     /// per pair and call), its own parts copied locally.
     fn exchange(&self, ops: Vec<NcclOp>) -> Ran {
-        let xs: Vec<Exchange> = ops
-            .into_iter()
-            .map(|o| match o {
-                NcclOp::Exchange(x) => Ok(x),
-                _ => Err(Error::internal("mixed operations in a local exchange")),
-            })
-            .collect::<Result<_>>()?;
+        let xs: Vec<Exchange> = unpack(ops, "exchange", |o| match o {
+            NcclOp::Exchange(x) => Some(x),
+            _ => None,
+        })?;
         let mut outs = Vec::with_capacity(xs.len());
         for (r, x) in xs.iter().enumerate() {
             let mut out = self.alloc(x.out_bytes)?;
