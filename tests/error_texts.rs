@@ -113,8 +113,11 @@ fn texts() -> Vec<(&'static str, String)> {
     // Misuse.
     let w = world(2);
     let c = w.communicators();
+    let b = c[1].broadcast(Tensor::from_vec(vec![1i32]), 0);
     let a = c[0].broadcast(Tensor::from_vec(vec![1i32]), 5);
     out.push(("invalid", a.wait().err().map(t).unwrap_or_default()));
+    // The other rank's part of the same call.
+    out.push(("call failed", b.wait().err().map(t).unwrap_or_default()));
     drop(w);
 
     // An executor whose waker panics.

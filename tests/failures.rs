@@ -276,78 +276,117 @@ fn a_rank_that_never_calls_is_named_by_the_timeout() {
     }
 }
 
+/// A call whose arguments fail their checks on one rank fails there at once with
+/// `InvalidArgument`, and it still takes its place in the group's order: the other rank's
+/// part of the same call fails at once with `CallFailed` naming it (it used to wait out the
+/// group's timeout, 20 s here), whether it called first or second. The group goes on: the
+/// next call works on both ranks. Point-to-point calls stay local (a send to oneself has no
+/// peer to tell).
 #[test]
-fn bad_arguments_fail_at_once_and_send_nothing() {
-    let w = World::local(2).unwrap_or_else(|e| panic!("{e}"));
-    let c = &w.communicators()[0];
-    let quick = |work: Work<Tensor>| {
-        work.wait_timeout(Duration::from_millis(100))
-            .and_then(Result::err)
+fn a_bad_argument_on_one_rank_fails_that_call_on_every_rank_at_once() {
+    type Call = Box<dyn Fn(&Communicator) -> Work<collectix::runtime::Output>>;
+    let submit = |req: fn() -> Request| -> Call {
+        Box::new(move |c: &Communicator| c.submit(req(), &CallOptions::default()))
     };
-    assert!(matches!(
-        quick(c.broadcast(f32s(2, 1.0), 2)),
-        Some(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        quick(c.all_reduce(f32s(2, 1.0), ReduceOp::BAnd)),
-        Some(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        quick(c.all_reduce(Tensor::from_vec(vec![1i32]), ReduceOp::Avg)),
-        Some(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        quick(c.reduce_scatter(vec![f32s(1, 1.0)], ReduceOp::Sum)),
-        Some(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        quick(c.reduce_scatter_tensor(
-            TensorSpec::new(&[2], DType::F32),
-            f32s(5, 1.0),
-            ReduceOp::Sum
-        )),
-        Some(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        quick(c.all_gather_into_tensor(TensorSpec::new(&[3], DType::F32), f32s(2, 1.0))),
-        Some(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        quick(c.all_to_all_single(
-            TensorSpec::new(&[4], DType::F32),
-            f32s(4, 1.0),
-            None,
-            Some(vec![1, 2])
-        )),
-        Some(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        quick(c.all_to_all_single(TensorSpec::new(&[3], DType::F32), f32s(3, 1.0), None, None)),
-        Some(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        quick(c.scatter(
-            TensorSpec::new(&[2], DType::F32),
-            Some(vec![f32s(2, 1.0)]),
-            0
-        )),
-        Some(Error::InvalidArgument(_))
-    ));
-    let send_self = c
+    // (what rank 0 calls, which fails its checks; what rank 1 calls, which is fine)
+    let pairs: Vec<(Call, Call)> = vec![
+        (
+            submit(|| Request::Broadcast {
+                tensor: f32s(2, 1.0),
+                root: 2,
+            }),
+            submit(|| Request::Broadcast {
+                tensor: f32s(2, 1.0),
+                root: 0,
+            }),
+        ),
+        (
+            submit(|| Request::AllReduce {
+                tensor: f32s(2, 1.0),
+                op: ReduceOp::BAnd,
+            }),
+            submit(|| Request::AllReduce {
+                tensor: f32s(2, 1.0),
+                op: ReduceOp::Sum,
+            }),
+        ),
+        (
+            submit(|| Request::AllReduce {
+                tensor: Tensor::from_vec(vec![1i32]),
+                op: ReduceOp::Avg,
+            }),
+            submit(|| Request::AllReduce {
+                tensor: Tensor::from_vec(vec![1i32]),
+                op: ReduceOp::Sum,
+            }),
+        ),
+        (
+            submit(|| Request::ReduceScatter {
+                inputs: vec![f32s(1, 1.0)],
+                op: ReduceOp::Sum,
+            }),
+            submit(|| Request::ReduceScatter {
+                inputs: vec![f32s(1, 1.0), f32s(1, 1.0)],
+                op: ReduceOp::Sum,
+            }),
+        ),
+        (
+            submit(|| Request::AllGatherIntoTensor {
+                output: TensorSpec::new(&[3], DType::F32),
+                input: f32s(2, 1.0),
+            }),
+            submit(|| Request::AllGatherIntoTensor {
+                output: TensorSpec::new(&[4], DType::F32),
+                input: f32s(2, 1.0),
+            }),
+        ),
+        (
+            submit(|| Request::Scatter {
+                output: TensorSpec::new(&[2], DType::F32),
+                inputs: Some(vec![f32s(2, 1.0)]),
+                root: 0,
+            }),
+            submit(|| Request::Scatter {
+                output: TensorSpec::new(&[2], DType::F32),
+                inputs: None,
+                root: 0,
+            }),
+        ),
+    ];
+    let w = world(2);
+    let c = w.communicators();
+    for (k, (bad, good)) in pairs.iter().enumerate() {
+        // Each pair is one call of the group: call #k.
+        let seq = k as u64;
+        // Skewed both ways: the good rank first, then the bad one first.
+        let (theirs, ours) = if k % 2 == 0 {
+            let t = good(&c[1]);
+            (t, bad(&c[0]))
+        } else {
+            let o = bad(&c[0]);
+            (good(&c[1]), o)
+        };
+        let ours = ours.wait_timeout(Duration::from_millis(100));
+        assert!(
+            matches!(ours, Some(Err(Error::InvalidArgument(_)))),
+            "pair {k}: {ours:?}"
+        );
+        match theirs.wait_timeout(Duration::from_secs(5)) {
+            Some(Err(Error::CallFailed {
+                seq: s,
+                rank: 0,
+                reason,
+                ..
+            })) if s == seq => assert!(reason.starts_with("invalid argument"), "{reason}"),
+            other => panic!("pair {k}: rank 1 got {other:?}"),
+        }
+    }
+    let send_self = c[0]
         .send(f32s(1, 1.0), 0, 0)
         .wait_timeout(Duration::from_millis(100));
     assert!(matches!(send_self, Some(Err(Error::InvalidArgument(_)))));
-    assert!(matches!(
-        c.new_group(&[0, 0]).wait(),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        c.new_subgroups(3).wait(),
-        Err(Error::InvalidArgument(_))
-    ));
-    // Nothing was sent: the group is healthy and the next collective works on both ranks.
-    let works: Vec<_> = w
-        .communicators()
+    // The group is healthy: the next collective works on both ranks.
+    let works: Vec<_> = c
         .iter()
         .map(|c| c.all_reduce(f32s(2, 1.0), ReduceOp::Sum))
         .collect();
@@ -356,6 +395,40 @@ fn bad_arguments_fail_at_once_and_send_nothing() {
             r.ok().and_then(|t| t.to_vec::<f32>().ok()),
             Some(vec![2.0, 2.0])
         );
+    }
+}
+
+/// Group creation with arguments that cannot work fails on the rank that passed them, and
+/// the rank that passed good ones hears at once; the parent group goes on.
+#[test]
+fn bad_group_arguments_fail_at_once_everywhere() {
+    let w = world(2);
+    let c = w.communicators();
+    let good = c[1].new_group(&[0, 1]);
+    assert!(matches!(
+        c[0].new_group(&[0, 0]).wait(),
+        Err(Error::InvalidArgument(_))
+    ));
+    let got = good.wait_timeout(Duration::from_secs(5));
+    assert!(
+        matches!(got, Some(Err(Error::CallFailed { rank: 0, .. }))),
+        "{:?}",
+        got.map(|r| r.map(|_| ()))
+    );
+    let good = c[1].new_subgroups(1);
+    assert!(matches!(
+        c[0].new_subgroups(3).wait(),
+        Err(Error::InvalidArgument(_))
+    ));
+    let got = good.wait_timeout(Duration::from_secs(5));
+    assert!(
+        matches!(got, Some(Err(Error::CallFailed { rank: 0, .. }))),
+        "{:?}",
+        got.map(|r| r.map(|_| ()))
+    );
+    let works: Vec<_> = c.iter().map(|c| c.barrier()).collect();
+    for r in wait_all(works, 30) {
+        assert_eq!(r, Ok(()));
     }
 }
 

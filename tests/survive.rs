@@ -311,6 +311,43 @@ fn leave_in_time(r: usize, p: collectix::Process, clean: bool) -> Result<(), Str
     Ok(())
 }
 
+/// Over TCP: a call whose arguments fail their checks on rank 0 is heard by rank 1 at once
+/// (`CallFailed`, naming rank 0 and why; it used to wait out the 30 s timeout), and the next
+/// call completes on both with the exact sum.
+#[test]
+fn over_tcp_a_bad_argument_on_one_rank_is_heard_at_once() {
+    let results = tcp_job(2, |r, p| {
+        let c = p.communicator();
+        let start = Instant::now();
+        let root_of = if r == 0 { 7 } else { 0 };
+        let got = c.broadcast(ones(4), root_of).wait();
+        match (&got, r) {
+            (Err(Error::InvalidArgument(_)), 0) => {}
+            (
+                Err(Error::CallFailed {
+                    rank: 0,
+                    seq: 0,
+                    reason,
+                    ..
+                }),
+                1,
+            ) if reason.contains("root 7") => {}
+            _ => return Err(format!("rank {r}: {got:?}")),
+        }
+        if start.elapsed() > TOLD {
+            return Err(format!("rank {r}: heard after {:?}", start.elapsed()));
+        }
+        let sum = sums(std::slice::from_ref(c)).remove(0);
+        if sum != Ok(vec![3.0]) {
+            return Err(format!("rank {r}: then {sum:?}"));
+        }
+        leave_in_time(r, p, true)
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        assert_eq!(res, Ok(()), "rank {r}");
+    }
+}
+
 /// Over TCP: rank 2's process aborts; the survivors' next call fails naming it, they
 /// shrink through the store, agree that the two calls before completed everywhere, go on
 /// with an exact sum over the new group, and leave without waiting for the dead rank.

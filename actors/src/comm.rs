@@ -138,8 +138,9 @@ impl Communicator {
         &self.member.group.info.members
     }
 
-    /// Plans `req` (argument errors come back at once, nothing sent) and issues it; calls
-    /// on device tensors go to the device layer.
+    /// Plans `req` and issues it; calls on device tensors go to the device layer. Argument
+    /// errors come back at once (a collective's still takes its sequence number and tells
+    /// the other members, whose parts fail with `Error::CallFailed`: `Member::refuse`).
     fn call<T: Send + 'static>(
         &self,
         req: Request,
@@ -154,7 +155,7 @@ impl Communicator {
             }
         }
         match req.device() {
-            Err(e) => return self.member.ready(Err(e)),
+            Err(e) => return self.member.refuse(req.is_p2p(), e),
             Ok(d) if !d.is_host() => {
                 return backend::call(&self.member, self.device_backend, d, req, opts, map)
             }
@@ -411,7 +412,7 @@ impl Communicator {
                 &CallOptions::default(),
                 unit,
             ),
-            Err(e) => self.member.ready(Err(e)),
+            Err(e) => self.member.refuse(false, e),
         }
     }
 
@@ -486,10 +487,11 @@ impl Communicator {
     /// list). `ranks` are ranks of this group. Members get `Some(communicator)`, the others
     /// `None`. The ranks agree first (a mismatched list is an [`Error::Mismatch`]).
     pub fn new_group(&self, ranks: &[usize]) -> Work<Option<Communicator>> {
-        if let Err(e) = check_members(ranks, self.size()) {
-            return self.member.ready(Err(e));
-        }
+        // Taken first: a call that fails its checks here still counts on every member.
         let index = self.member.group.children.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = check_members(ranks, self.size()) {
+            return self.member.refuse(false, e);
+        }
         let members: Vec<usize> = ranks
             .iter()
             .map(|&r| self.member.group.info.global(r))
@@ -508,7 +510,7 @@ impl Communicator {
             &CallOptions::default(),
         ) {
             Ok(p) => p,
-            Err(e) => return self.member.ready(Err(e)),
+            Err(e) => return self.member.refuse(false, e),
         };
         let child = GroupInfo::new(
             id,
@@ -532,12 +534,14 @@ impl Communicator {
     /// group's).
     pub fn new_subgroups(&self, group_size: usize) -> Work<Communicator> {
         let w = self.size();
-        if group_size == 0 || !w.is_multiple_of(group_size) {
-            return self.member.ready(Err(Error::invalid(format!(
-                "subgroup size {group_size} does not divide the group size {w}"
-            ))));
-        }
+        // Taken first: a call that fails its checks here still counts on every member.
         let index = self.member.group.children.fetch_add(1, Ordering::Relaxed);
+        if group_size == 0 || !w.is_multiple_of(group_size) {
+            let e = Error::invalid(format!(
+                "subgroup size {group_size} does not divide the group size {w}"
+            ));
+            return self.member.refuse(false, e);
+        }
         let k = self.rank() / group_size;
         let members: Vec<usize> = (k * group_size..(k + 1) * group_size)
             .map(|r| self.member.group.info.global(r))

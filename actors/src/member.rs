@@ -104,22 +104,40 @@ impl Member {
         Work::ready(self.rank.rank_threads.clone(), v)
     }
 
+    /// A call that failed before it started, with `e`, on this rank: a collective (not
+    /// `p2p`) still takes its sequence number, and the group's other members are told, so
+    /// that their parts of it fail at once (`Error::CallFailed`) rather than at their
+    /// timeout, and the group's next call is the next everywhere.
+    pub(crate) fn refuse<T: Send + 'static>(
+        &self,
+        p2p: bool,
+        e: collectix_runtime::Error,
+    ) -> Work<T> {
+        if !p2p {
+            let seq = self.reserve(1);
+            self.rank.driver.fail_call(self.group.info.id, seq, &e);
+        }
+        self.ready(Err(e))
+    }
+
     /// Takes `n` consecutive sequence numbers of the group, now.
     pub(crate) fn reserve(&self, n: u64) -> u64 {
         self.group.next_seq.fetch_add(n, Ordering::Relaxed)
     }
 
-    /// Plans `req`, a request on host memory (argument errors come back at once, nothing
-    /// sent), and issues it, mapping its output with `map`.
+    /// Plans `req`, a request on host memory, and issues it, mapping its output with `map`.
+    /// Argument errors come back at once; a collective's still takes its sequence number
+    /// and tells the other members ([`refuse`](Self::refuse)).
     pub(crate) fn call_host<T: Send + 'static>(
         &self,
         req: Request,
         opts: &CallOptions,
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
+        let p2p = req.is_p2p();
         let plan = match Plan::new_cached(req, &self.group.info, opts, &self.group.schedules) {
             Ok(p) => p,
-            Err(e) => return self.ready(Err(e)),
+            Err(e) => return self.refuse(p2p, e),
         };
         let seq = if plan.is_p2p() { 0 } else { self.reserve(1) };
         self.issue(seq, plan, map)
@@ -157,8 +175,10 @@ impl Member {
 
     /// Issues a call whose second half depends on the first's result: both take their
     /// sequence numbers now, so the group's order is the order of the calls. `then` plans the
-    /// second half (or fails on every rank alike, leaving the reserved number unused
-    /// everywhere); `finish` turns its result into the caller's.
+    /// second half; `finish` turns its result into the caller's. When the second half is not
+    /// issued here (the first failed, or `then` did), the other members are told, as for a
+    /// call that fails its checks ([`refuse`](Self::refuse)): a member whose first half
+    /// completed does not wait for this rank's second half.
     pub(crate) fn chain<A, B, T>(
         &self,
         first: Work<A>,
@@ -178,7 +198,10 @@ impl Member {
             // fails this call with `Error::Panic` and the rank carries on.
             let r = match first.await.and_then(|a| guarded(|| then(a, &me, seq))) {
                 Ok(w) => w.await.and_then(|b| guarded(|| finish(b))),
-                Err(e) => Err(e),
+                Err(e) => {
+                    me.rank.driver.fail_call(me.group.info.id, seq, &e);
+                    Err(e)
+                }
             };
             c.complete(r);
         });

@@ -322,7 +322,7 @@ pub enum LinkFailure {
 /// - time ran out, naming who is missing: [`Timeout`](Error::Timeout),
 ///   [`StoreTimeout`](Error::StoreTimeout);
 /// - a peer: [`PeerLost`](Error::PeerLost), [`Link`](Error::Link),
-///   [`PeerShutdown`](Error::PeerShutdown),
+///   [`PeerShutdown`](Error::PeerShutdown), [`CallFailed`](Error::CallFailed),
 ///   [`Protocol`](Error::Protocol), [`Remote`](Error::Remote);
 /// - the group failed, for any of these reasons: [`GroupAborted`](Error::GroupAborted);
 /// - stopping: [`Shutdown`](Error::Shutdown);
@@ -515,6 +515,22 @@ pub enum Error {
         /// Messages it held for this rank.
         undelivered: usize,
     },
+    /// Rank `rank`'s part of collective call `seq` of group `group` failed before it started
+    /// (its arguments failed their checks there; `reason` is its error), so the call can
+    /// complete on no rank that needs that part: this rank abandoned its part too. The
+    /// group goes on, and the next call is unaffected. Fix the call on rank `rank`; every
+    /// rank must pass arguments that agree (the same root, op and sizes).
+    #[error("call #{seq} of group {group} failed on rank {rank} before it started ({reason}), so it was abandoned here too; the group goes on")]
+    CallFailed {
+        /// The group.
+        group: GroupId,
+        /// The call's sequence number.
+        seq: u64,
+        /// The rank whose part failed (global).
+        rank: usize,
+        /// Its error, as that rank's `Display` says it.
+        reason: String,
+    },
     /// The device layer failed: a library is missing, a CUDA or NCCL call failed, or NCCL
     /// cannot run the call. The [`DeviceError`] says which and what to do.
     #[error("device: {0}")]
@@ -660,6 +676,7 @@ mod tests {
             Error::PeerLost { .. }
             | Error::Link { .. }
             | Error::PeerShutdown { .. }
+            | Error::CallFailed { .. }
             | Error::Protocol { .. }
             | Error::Remote { .. } => "peer",
             Error::GroupAborted { .. }
@@ -747,6 +764,12 @@ mod tests {
                 rank: 1,
                 undelivered: 3,
             },
+            Error::CallFailed {
+                group: g,
+                seq: 4,
+                rank: 1,
+                reason: "invalid argument: root 5 is not a rank of a group of 4".into(),
+            },
             Error::Device(DeviceError::FeatureDisabled),
             Error::Serialization("unexpected end".into()),
             Error::from_panic("your code", &"boom"),
@@ -773,12 +796,12 @@ mod tests {
     #[test]
     fn every_variant_says_in_one_line_who_is_at_fault() {
         let all = every_variant();
-        // Every variant once (24 of them: `class` lists them all, without a wildcard).
+        // Every variant once (25 of them: `class` lists them all, without a wildcard).
         let kinds: std::collections::BTreeSet<String> = all
             .iter()
             .map(|e| format!("{:?}", std::mem::discriminant(e)))
             .collect();
-        assert_eq!((kinds.len(), all.len()), (24, 24));
+        assert_eq!((kinds.len(), all.len()), (25, 25));
         for e in &all {
             let text = e.to_string();
             assert!(!text.is_empty() && !text.contains('\n'), "{e:?}: {text:?}");

@@ -182,6 +182,11 @@ fn header() -> impl Strategy<Value = Header> {
         }),
         (g(), any::<u64>()).prop_map(|(group, seq)| Header::Inquire { group, seq }),
         (g(), any::<u64>()).prop_map(|(group, calls)| Header::Left { group, calls }),
+        (g(), any::<u64>(), "\\PC{0,64}").prop_map(|(group, seq, reason)| Header::Failed {
+            group,
+            seq,
+            reason
+        }),
         (
             g(),
             any::<u64>(),
@@ -287,12 +292,12 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_after_a_valid_prefix_never_panic(
-        kind in 1u8..=10,
+        kind in 1u8..=12,
         header_len in 0u32..200,
         parts in 0u32..4,
         rest in proptest::collection::vec(any::<u8>(), 0..300),
     ) {
-        let mut b = Vec::from(*b"CX\x03");
+        let mut b = Vec::from(*b"CX\x04");
         b.push(kind);
         b.extend_from_slice(&header_len.to_le_bytes());
         b.extend_from_slice(&parts.to_le_bytes());
@@ -342,7 +347,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         max_payload_bytes: 1 << 10,
     };
     // 2^32 - 1 parts.
-    let mut b = BytesMut::from(&b"CX\x03\x01\x00\x00\x00\x00\xff\xff\xff\xff"[..]);
+    let mut b = BytesMut::from(&b"CX\x04\x01\x00\x00\x00\x00\xff\xff\xff\xff"[..]);
     assert!(matches!(
         decode(&mut b, &limits),
         Err(DecodeError::TooLarge {
@@ -351,7 +356,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         })
     ));
     // One part of 2^62 bytes.
-    let mut b = BytesMut::from(&b"CX\x03\x01\x00\x00\x00\x00\x01\x00\x00\x00"[..]);
+    let mut b = BytesMut::from(&b"CX\x04\x01\x00\x00\x00\x00\x01\x00\x00\x00"[..]);
     b.extend_from_slice(&(1u64 << 62).to_le_bytes());
     assert!(matches!(
         decode(&mut b, &limits),
@@ -361,7 +366,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         })
     ));
     // A header of 4 GiB.
-    let mut b = BytesMut::from(&b"CX\x03\x01\xff\xff\xff\xff\x00\x00\x00\x00"[..]);
+    let mut b = BytesMut::from(&b"CX\x04\x01\xff\xff\xff\xff\x00\x00\x00\x00"[..]);
     assert!(matches!(
         decode(&mut b, &limits),
         Err(DecodeError::TooLarge {
@@ -376,7 +381,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
             &b"CX\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00"[..],
             "version",
         ),
-        (&b"CX\x03\x0c\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
+        (&b"CX\x04\x0d\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
     ] {
         let mut b = BytesMut::from(bytes);
         let e = decode(&mut b, &limits).err();

@@ -57,11 +57,12 @@ pub(crate) fn call<T: Send + 'static>(
 ) -> Work<T> {
     let limit = member.group.info.options.max_call_bytes;
     match req.declared_bytes() {
-        Err(e) => return member.ready(Err(e)),
+        Err(e) => return member.refuse(req.is_p2p(), e),
         Ok(b) if b > limit => {
-            return member.ready(Err(Error::invalid(format!(
+            let e = Error::invalid(format!(
                 "the call declares {b} bytes of inputs and outputs, above the group's max_call_bytes ({limit})"
-            ))))
+            ));
+            return member.refuse(req.is_p2p(), e);
         }
         Ok(_) => {}
     }

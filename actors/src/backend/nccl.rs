@@ -97,6 +97,18 @@ fn group_worker(member: &Member) -> Result<crossbeam_channel::Sender<Job>> {
     Ok(tx)
 }
 
+/// A call on CUDA tensors that failed on this rank before its agreement step: it takes its
+/// NCCL ordinal and its sequence number, as it would have (so the group's next call is the
+/// next on every member), and the other members hear at once (`Member::refuse`): their
+/// agreement steps fail with `Error::CallFailed`.
+fn refuse<T: Send + 'static>(member: &Member, e: Error) -> Work<T> {
+    let mut n = lock(&member.group.nccl_calls);
+    *n += 1;
+    let w = member.refuse(false, e);
+    drop(n);
+    w
+}
+
 /// Issues a call on CUDA tensors through NCCL.
 pub(crate) fn call<T: Send + 'static>(
     member: &Member,
@@ -106,7 +118,7 @@ pub(crate) fn call<T: Send + 'static>(
     map: fn(Output) -> Result<T>,
 ) -> Work<T> {
     let Device::Cuda(ordinal) = device else {
-        return member.ready(Err(Error::invalid(format!("no NCCL path for {device}"))));
+        return refuse(member, Error::invalid(format!("no NCCL path for {device}")));
     };
     let info = &member.group.info;
     let hub = member.rank.hub.clone();
@@ -118,15 +130,15 @@ pub(crate) fn call<T: Send + 'static>(
     };
     let (op, fp) = match plan(req, info, runner) {
         Ok(x) => x,
-        Err(e) => return member.ready(Err(e)),
+        Err(e) => return refuse(member, e),
     };
     let tx = match group_worker(member) {
         Ok(t) => t,
-        Err(e) => return member.ready(Err(e)),
+        Err(e) => return refuse(member, e),
     };
     let fp_bytes = match encode_fp(&fp) {
         Ok(b) => b,
-        Err(e) => return member.ready(Err(e)),
+        Err(e) => return refuse(member, e),
     };
     // The sequence number and the NCCL ordinal are taken together, so both orders agree.
     let (seq, k) = {
@@ -159,7 +171,11 @@ pub(crate) fn call<T: Send + 'static>(
     };
     let plan = match Plan::new(req, info, opts) {
         Ok(p) => p.with_path(DataPath::Nccl),
-        Err(e) => return member.ready(Err(e)),
+        Err(e) => {
+            // The numbers are taken: the members hear, as from `refuse`.
+            member.rank.driver.fail_call(info.id, seq, &e);
+            return member.ready(Err(e));
+        }
     };
     let (done, work) = Work::pair(member.rank.rank_threads.clone(), map);
     let ours = Ours {

@@ -20,9 +20,10 @@ pub(super) fn call<T: Send + 'static>(
     map: fn(Output) -> Result<T>,
 ) -> Work<T> {
     let like = first_storage(&req);
+    let p2p = req.is_p2p();
     let host = match host_request(req) {
         Ok(r) => r,
-        Err(e) => return member.ready(Err(e)),
+        Err(e) => return member.refuse(p2p, e),
     };
     member.call_host(host, opts, move |out| {
         map(up(out, device, like.as_deref())?)

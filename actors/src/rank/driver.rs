@@ -290,6 +290,17 @@ impl Driver {
         self.settle_driving(GRACE.min(self.spin), driving);
     }
 
+    /// This rank's part of collective call `seq` of `group` failed before it started (its
+    /// caller got `why`): the call takes its sequence number, and the other members hear at
+    /// once (see `Engine::fail_call`).
+    pub(crate) fn fail_call(&self, group: GroupId, seq: u64, why: &Error) {
+        self.run(|core, _, _| {
+            if !core.quiesced {
+                core.engine.fail_call(group, seq, why);
+            }
+        });
+    }
+
     /// Registers a group on the rank.
     pub(crate) fn add_group(&self, info: GroupInfo) {
         self.run(|core, now, _| core.engine.add_group(info, now));

@@ -132,6 +132,12 @@ pub enum Request {
 }
 
 impl Request {
+    /// Whether this is a point-to-point call (matched by tag, outside the group's sequence
+    /// of calls).
+    pub fn is_p2p(&self) -> bool {
+        matches!(self, Request::Send { .. } | Request::Recv { .. })
+    }
+
     /// The same request with every tensor passed through `tensor` and every output spec
     /// through `spec` (moving a call to another device, for one).
     pub fn try_map(

@@ -38,6 +38,16 @@ impl Engine {
             });
             return;
         }
+        if let Some(e) = self.failed_elsewhere(group, seq) {
+            self.events.push_back(Event {
+                op: id,
+                result: Err(e),
+            });
+            return;
+        }
+        let Some(g) = self.groups.get_mut(&group) else {
+            return;
+        };
         g.active.insert(seq, id);
         let mut out = Vec::new();
         g.flow.on_made(seq, &mut out);
@@ -96,7 +106,11 @@ impl Engine {
         };
         if let Some(&id) = g.active.get(&seq) {
             self.deliver(id, msg);
-        } else if let Some(ours) = g.done.get(seq) {
+        } else if let Some(entry) = g.done.entry(seq) {
+            let Some(ours) = entry else {
+                // The call failed on a member before it started: its late messages go.
+                return;
+            };
             let err = if ours == call {
                 Error::Protocol {
                     rank: msg.src,
@@ -280,7 +294,7 @@ impl Engine {
         };
         self.forget(&op, id);
         if let (Some(g), Some(seq)) = (self.groups.get_mut(&op.group), op.seq) {
-            if let Some(s) = g.done.insert(seq, op.fp) {
+            if let Some(s) = g.done.insert(seq, Some(op.fp)) {
                 g.forgotten_below = g.forgotten_below.max(s + 1);
             }
         }

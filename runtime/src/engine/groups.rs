@@ -42,14 +42,20 @@ pub(super) struct Group {
     /// Members that left the group cleanly (global rank, collective calls they made): see
     /// `Header::Left`.
     pub(super) left: Vec<(usize, u64)>,
+    /// Calls this rank has not made yet that failed on another member before they started
+    /// (`Header::Failed`): sequence number → (that member, global, and why). At most a
+    /// window of them (a marker beyond the window is a protocol violation).
+    pub(super) failed: BTreeMap<u64, (usize, String)>,
 }
 
 /// The fingerprints of a group's last [`DONE_KEPT`] finished calls, by sequence number: a
 /// ring indexed by `seq % DONE_KEPT`, so that recording a call allocates nothing (the ring
-/// grows to its size once) and looking one up is one index.
+/// grows to its size once) and looking one up is one index. A call that ended because it
+/// failed on a member before it started (`Header::Failed`) is kept without a fingerprint:
+/// its late messages are dropped, not checked.
 #[derive(Default)]
 pub(super) struct DoneCalls {
-    slots: Vec<Option<(u64, Fingerprint)>>,
+    slots: Vec<Option<(u64, Option<Fingerprint>)>>,
     latest: Option<u64>,
     /// Calls `0..prefix` all finished here (the gapless prefix).
     prefix: u64,
@@ -61,17 +67,23 @@ impl DoneCalls {
         (seq % DONE_KEPT as u64) as usize
     }
 
-    /// The fingerprint of finished call `seq`, if it is still kept.
-    pub(super) fn get(&self, seq: u64) -> Option<Fingerprint> {
+    /// Finished call `seq`, if it is still kept: `Some(None)` if it ended because it failed
+    /// on a member before it started.
+    pub(super) fn entry(&self, seq: u64) -> Option<Option<Fingerprint>> {
         match self.slots.get(Self::slot(seq)) {
             Some(Some((s, fp))) if *s == seq => Some(*fp),
             _ => None,
         }
     }
 
-    /// Whether finished call `seq` is still kept.
+    /// The fingerprint of finished call `seq`, if it is still kept and completed.
+    pub(super) fn get(&self, seq: u64) -> Option<Fingerprint> {
+        self.entry(seq).flatten()
+    }
+
+    /// Whether finished call `seq` (completed or failed) is still kept.
     pub(super) fn contains(&self, seq: u64) -> bool {
-        self.get(seq).is_some()
+        self.entry(seq).is_some()
     }
 
     /// The highest sequence number recorded.
@@ -79,14 +91,16 @@ impl DoneCalls {
         self.latest
     }
 
-    /// How many calls finished here without a gap: calls `0..prefix()` all did.
+    /// How many calls finished here without a gap: calls `0..prefix()` all did (a call that
+    /// failed on a member before it started counts: it ended everywhere).
     pub(super) fn prefix(&self) -> u64 {
         self.prefix
     }
 
-    /// Records finished call `seq`; the call no longer kept because of it (the older call in
-    /// its slot, or `seq` itself if its slot holds a newer one).
-    pub(super) fn insert(&mut self, seq: u64, fp: Fingerprint) -> Option<u64> {
+    /// Records finished call `seq` (`fp` `None`: it failed on a member before it started);
+    /// the call no longer kept because of it (the older call in its slot, or `seq` itself if
+    /// its slot holds a newer one).
+    pub(super) fn insert(&mut self, seq: u64, fp: Option<Fingerprint>) -> Option<u64> {
         let i = Self::slot(seq);
         if self.slots.len() <= i {
             self.slots.resize(i + 1, None);
@@ -126,6 +140,7 @@ impl Engine {
             flow: Flow::new(window, budget),
             p2p_flow: P2pFlow::new(window, budget),
             left: Vec::new(),
+            failed: BTreeMap::new(),
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
             self.unorphan(&m);
@@ -250,24 +265,28 @@ mod tests {
         assert_eq!(done.latest(), None);
         assert_eq!(done.prefix(), 0);
         for seq in 0..k {
-            assert_eq!(done.insert(seq, fp(seq)), None, "nothing forgotten yet");
+            assert_eq!(
+                done.insert(seq, Some(fp(seq))),
+                None,
+                "nothing forgotten yet"
+            );
         }
         assert_eq!(done.get(5), Some(fp(5)));
         assert_eq!(done.latest(), Some(k - 1));
         assert_eq!(done.prefix(), k, "every call up to k - 1 finished");
         // Out of order: a later call finishes before an earlier one.
         assert_eq!(
-            done.insert(k + 1, fp(k + 1)),
+            done.insert(k + 1, Some(fp(k + 1))),
             Some(1),
             "call 1 is forgotten"
         );
         assert!(!done.contains(1));
-        assert_eq!(done.insert(k, fp(k)), Some(0));
+        assert_eq!(done.insert(k, Some(fp(k))), Some(0));
         assert_eq!(done.get(k), Some(fp(k)));
         assert_eq!(done.latest(), Some(k + 1));
         assert_eq!(done.prefix(), k + 2, "call k closed the gap");
         // A call older than the one in its slot is forgotten at once, never the newer one.
-        assert_eq!(done.insert(1, fp(1)), Some(1));
+        assert_eq!(done.insert(1, Some(fp(1))), Some(1));
         assert_eq!(done.get(k + 1), Some(fp(k + 1)));
         assert_eq!(done.get(1), None);
         assert_eq!(

@@ -15,10 +15,12 @@
 //! One concern per file: `mod.rs` (the engine's state, inputs and outputs), `groups.rs` (the
 //! group registry), `call.rs` (the schedule interpreter), `p2p.rs` (point-to-point matching),
 //! `flow.rs` and `p2p_flow.rs` (flow control), `failure.rs` (timeouts, lost peers,
-//! mismatches, aborts, shutdown), `membership.rs` (revoking a group, members that left it,
-//! and lost peers) and `output.rs` (payload checks and output assembly).
+//! mismatches, aborts, shutdown), `failed.rs` (a call that failed on one member before it
+//! started), `membership.rs` (revoking a group, members that left it, and lost peers) and
+//! `output.rs` (payload checks and output assembly).
 
 mod call;
+mod failed;
 mod failure;
 pub(crate) mod flow;
 mod groups;
@@ -481,6 +483,10 @@ impl Engine {
         match &msg.header {
             Header::Abort { reason, .. } => self.on_abort(gid, msg.src, reason),
             Header::Left { calls, .. } => self.on_left(gid, msg.src, *calls),
+            Header::Failed { seq, reason, .. } => {
+                let (seq, reason) = (*seq, reason.clone());
+                self.on_failed(gid, src, msg.src, seq, reason);
+            }
             Header::P2p {
                 tag, seq, eager, ..
             } => self.on_p2p(gid, src, *tag, *seq, *eager, msg),

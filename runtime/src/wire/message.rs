@@ -113,6 +113,18 @@ pub enum Header {
         /// Collective calls the sender made on the group.
         calls: u64,
     },
+    /// The sender's part of collective call `seq` failed before it started (its arguments
+    /// failed their checks there): the call cannot complete on any member, and each member
+    /// abandons its part ([`crate::Error::CallFailed`]); the group goes on with the next call.
+    /// Sent through flow control like a data message of that call, and a credit as one is.
+    Failed {
+        /// The group.
+        group: GroupId,
+        /// The call's sequence number.
+        seq: u64,
+        /// Why, as the sender's error says it (cut at 4 KiB on the wire).
+        reason: String,
+    },
     /// The sender aborted the group because of `reason`.
     Abort {
         /// The group.
@@ -130,6 +142,7 @@ impl Header {
             | Header::P2p { group, .. }
             | Header::Abort { group, .. }
             | Header::Left { group, .. }
+            | Header::Failed { group, .. }
             | Header::Credit { group, .. }
             | Header::WantCredit { group, .. }
             | Header::P2pGrant { group, .. }

@@ -257,6 +257,10 @@ impl Sim {
     }
 
     /// Plans and submits a call on global rank `rank`; argument errors come back at once.
+    /// As a communicator does, a collective whose arguments fail their checks still takes
+    /// its sequence number, and the other members are told ([`Engine::fail_call`]).
+    ///
+    /// [`Engine::fail_call`]: crate::Engine::fail_call
     pub fn submit(
         &mut self,
         rank: usize,
@@ -268,8 +272,20 @@ impl Sim {
             .groups
             .get(&(rank, group))
             .ok_or(Error::NotAMember { group, rank })?;
-        let plan = Plan::new(req, info, opts)?;
-        self.submit_plan(rank, group, plan)
+        let p2p = req.is_p2p();
+        match Plan::new(req, info, opts) {
+            Ok(plan) => self.submit_plan(rank, group, plan),
+            Err(e) => {
+                if !p2p {
+                    let s = self.seqs.entry((rank, group)).or_insert(0);
+                    *s += 1;
+                    let seq = *s - 1;
+                    self.engines[rank].fail_call(group, seq, &e);
+                    self.drain(rank);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Submits a call planned already, such as a hand-made schedule

@@ -27,6 +27,7 @@ fn transmit_key(t: &Transmit) -> (usize, u64, u8, u64, u32) {
         Header::Inquire { group, seq } => (group.0, 7, *seq, 0),
         Header::Status { group, seq, .. } => (group.0, 8, *seq, 0),
         Header::Left { group, calls } => (group.0, 9, *calls, 0),
+        Header::Failed { group, seq, .. } => (group.0, 10, *seq, 0),
     };
     (t.dst, group, kind, seq, tag)
 }

@@ -104,6 +104,10 @@ fn header_text(h: &Header, src: usize, with_call: bool) -> String {
             )
         }
         Header::Abort { group, .. } => format!("abort g={group}"),
+        Header::Failed { group, seq, reason } if with_call => {
+            format!("failed g={group} #{seq}: {reason}")
+        }
+        Header::Failed { group, seq, .. } => format!("failed g={group} #{seq}"),
         Header::Credit { group, calls } => format!("credit g={group} calls={calls}"),
         Header::WantCredit { group, seq } => format!("want-credit g={group} #{seq}"),
         Header::P2pGrant { group, tag, upto } => format!("p2p-grant g={group} tag={tag} <{upto}"),

@@ -3,7 +3,8 @@
 
 use super::reader::read_header;
 use super::{
-    DecodeError, Limits, DATA, HEARTBEAT_KIND, LEFT, MAGIC, MAX_HEADER_BYTES, PREFIX_BYTES, VERSION,
+    DecodeError, Limits, DATA, FAILED, HEARTBEAT_KIND, MAGIC, MAX_HEADER_BYTES, PREFIX_BYTES,
+    VERSION,
 };
 use crate::wire::message::{Header, Message};
 use bytes::{Buf, Bytes, BytesMut};
@@ -31,7 +32,7 @@ fn read_prefix(buf: &[u8], limits: &Limits) -> Result<Option<Prefix>, DecodeErro
         return Err(DecodeError::Version { got: buf[2] });
     }
     let kind = buf[3];
-    if !(DATA..=LEFT).contains(&kind) {
+    if !(DATA..=FAILED).contains(&kind) {
         return Err(DecodeError::Kind(kind));
     }
     let u32_at = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);

@@ -1,8 +1,8 @@
 //! Encoding: a [`Message`] into a [`Frame`], or only its head into a buffer the caller reuses.
 
 use super::{
-    Frame, ABORT, CREDIT, DATA, INQUIRE, LEFT, MAGIC, MAX_REPORT, MAX_TEXT, P2P, P2P_CONSUMED,
-    P2P_GRANT, PREFIX_BYTES, STATUS, VERSION, WANT_CREDIT,
+    Frame, ABORT, CREDIT, DATA, FAILED, INQUIRE, LEFT, MAGIC, MAX_REPORT, MAX_TEXT, P2P,
+    P2P_CONSUMED, P2P_GRANT, PREFIX_BYTES, STATUS, VERSION, WANT_CREDIT,
 };
 use crate::error::{CallDesc, ProtocolError, RankCall};
 use crate::ids::Fingerprint;
@@ -103,6 +103,12 @@ fn put_header(h: &mut BytesMut, header: &Header) -> u8 {
             h.put_u64_le(group.0);
             h.put_u64_le(*calls);
             LEFT
+        }
+        Header::Failed { group, seq, reason } => {
+            h.put_u64_le(group.0);
+            h.put_u64_le(*seq);
+            put_text(h, reason);
+            FAILED
         }
         Header::Inquire { group, seq } => {
             h.put_u64_le(group.0);

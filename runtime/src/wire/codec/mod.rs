@@ -8,10 +8,10 @@
 //! ```text
 //!  offset  size        field
 //!  0       2           magic "CX"
-//!  2       1           version (3)
+//!  2       1           version (4)
 //!  3       1           kind: 1 data, 2 p2p, 3 credit, 4 want-credit, 5 p2p-grant,
 //!                      6 p2p-consumed, 7 abort, 8 inquire, 9 status, 10 heartbeat,
-//!                      11 left
+//!                      11 left, 12 failed
 //!  4       4           header length H (u32, little-endian; at most MAX_HEADER_BYTES)
 //!  8       4           payload parts P (u32; at most Limits::max_parts)
 //!  12      8 × P       each part's length (u64; their sum at most Limits::max_payload_bytes)
@@ -24,7 +24,8 @@
 //! dtype u8, count u64, eager u8, path u8`; credit `group u64, calls u64`; want-credit `group u64,
 //! seq u64`; p2p-grant `group u64, tag u32, upto u64`; p2p-consumed `group u64, eager u64`;
 //! abort `group u64, reason` (a code byte and its fields; see [`AbortReason`]); inquire
-//! `group u64, seq u64`; left `group u64, calls u64`; status `group u64, seq u64, made (flag, fingerprint), latest (flag,
+//! `group u64, seq u64`; left `group u64, calls u64`; failed `group u64, seq u64, reason
+//! (u32 length, UTF-8, at most 4 KiB)`; status `group u64, seq u64, made (flag, fingerprint), latest (flag,
 //! seq u64, fingerprint)`; heartbeat: none (no header, no parts: [`HEARTBEAT`], 12 bytes, which
 //! a link sends when it has had nothing to send for a while; [`decode`] takes it off the
 //! stream and returns the next frame: it is never a message). A header must
@@ -49,7 +50,7 @@ use bytes::{Bytes, BytesMut};
 /// The frame format's magic bytes.
 pub const MAGIC: [u8; 2] = *b"CX";
 /// The frame format's version; a frame of another version is refused.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Bytes of the fixed prefix.
 pub const PREFIX_BYTES: usize = 12;
 /// The largest header (every header is far smaller; abort reasons with long texts are cut).
@@ -172,6 +173,7 @@ const INQUIRE: u8 = 8;
 const STATUS: u8 = 9;
 const HEARTBEAT_KIND: u8 = 10;
 const LEFT: u8 = 11;
+const FAILED: u8 = 12;
 
 /// The heartbeat frame: a link's "still here" when it has nothing else to send. [`decode`]
 /// skips it.

@@ -2,8 +2,8 @@
 //! a code names nothing.
 
 use super::{
-    DecodeError, ABORT, CREDIT, DATA, INQUIRE, LEFT, MAX_REPORT, P2P, P2P_CONSUMED, P2P_GRANT,
-    STATUS, WANT_CREDIT,
+    DecodeError, ABORT, CREDIT, DATA, FAILED, INQUIRE, LEFT, MAX_REPORT, P2P, P2P_CONSUMED,
+    P2P_GRANT, STATUS, WANT_CREDIT,
 };
 use crate::error::{CallDesc, ProtocolError, RankCall};
 use crate::ids::{DataPath, Fingerprint, GroupId, FINGERPRINT_BYTES};
@@ -183,6 +183,11 @@ pub(super) fn read_header(kind: u8, b: Bytes) -> Result<Header, DecodeError> {
         LEFT => Header::Left {
             group: r.group()?,
             calls: r.u64("calls")?,
+        },
+        FAILED => Header::Failed {
+            group: r.group()?,
+            seq: r.u64("seq")?,
+            reason: r.text()?,
         },
         INQUIRE => Header::Inquire {
             group: r.group()?,
