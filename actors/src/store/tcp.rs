@@ -125,10 +125,8 @@ impl TcpStoreServer {
         if self.stop.swap(true, Ordering::SeqCst) {
             return;
         }
-        // Wake the accept loop with a connection of our own.
-        let _ = TcpStream::connect_timeout(&self.connect_addr(), Duration::from_secs(1));
         if let Some(t) = self.accept.take() {
-            let _ = t.join();
+            crate::sync::wake_acceptor(t, self.connect_addr(), "the store's acceptor");
         }
         for (_, c) in lock(&self.conns).drain() {
             let _ = c.shutdown(Shutdown::Both);

@@ -408,10 +408,8 @@ impl Mesh {
     pub(crate) fn close(&mut self) {
         let s = &self.shared;
         s.closing.store(true, Ordering::SeqCst);
-        // Wake the acceptor with a connection of our own.
-        let _ = TcpStream::connect_timeout(&self.wake, Duration::from_secs(1));
         if let Some(t) = self.acceptor.take() {
-            let _ = t.join();
+            crate::sync::wake_acceptor(t, self.wake, "a rank's acceptor");
         }
         for slot in &s.slots {
             *lock(slot) = Slot::Failed;
@@ -625,6 +623,30 @@ mod tests {
         }
         m.close();
         other.close();
+    }
+
+    /// Closing wakes the acceptor and waits for it; when the wake-up connection is lost
+    /// (here: it goes where nobody listens, as a SYN dropped on a lossy link did in the
+    /// process chaos run, `cli/tests/chaos.rs`), closing still returns, within its bound. It
+    /// used to wait for the acceptor forever.
+    #[test]
+    fn closing_returns_when_the_acceptor_cannot_be_woken() {
+        let (l0, a0) = listener();
+        let (gone, a1) = listener();
+        let nowhere = gone.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        drop(gone);
+        let mut m = mesh(l0, 0, vec![a0, a1], 7);
+        m.wake = nowhere;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            m.close();
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(crate::sync::WAKE_TIMEOUT + Duration::from_secs(10))
+                .is_ok(),
+            "close did not return"
+        );
     }
 
     /// What one rank's mesh tells its rank, in order.
