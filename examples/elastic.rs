@@ -20,7 +20,10 @@
 //! restarts the killed rank, which rejoins (`Process::rejoin`); the survivors wait for it
 //! (`Communicator::regrow`), send it the parameters and the step, and all four finish. Flags:
 //! `--steps N` (default 100), `--step-ms M` (extra time per step, default 0), and for tests
-//! `--crash-rank R --crash-at-step S` (rank R aborts itself at step S).
+//! `--crash-rank R --crash-at-step S` (rank R aborts itself at step S) and `--bad-call-rank R
+//! --bad-call-at-step S` (rank R's all_reduce of step S fails its argument checks: every rank's
+//! step fails at once, and all make it again, with no rank lost). After a recovery, each rank
+//! says when its first step on the rebuilt group is done.
 
 mod common;
 use collectix::{Communicator, Error, GroupOptions, ReduceOp, Result, Tensor};
@@ -104,11 +107,14 @@ fn digest(w: &[f64; D]) -> String {
     format!("{h:016x}")
 }
 
-/// One step on `comm`: the summed gradient, applied to `w`.
-fn step_on(comm: &Communicator, w: &[f64; D], step: u64) -> Result<[f64; D]> {
+/// One step on `comm`: the summed gradient, applied to `w`. With `bad`, the all_reduce is
+/// given an op that integers do not take (`Avg`), as a program with a bug on one rank would:
+/// it fails its checks on this rank, and the other ranks' parts of it fail at once.
+fn step_on(comm: &Communicator, w: &[f64; D], step: u64, bad: bool) -> Result<[f64; D]> {
     let g = local_gradient(w, step, comm.rank(), comm.size());
+    let op = if bad { ReduceOp::Avg } else { ReduceOp::Sum };
     let sum = comm
-        .all_reduce(Tensor::from_vec(g), ReduceOp::Sum)
+        .all_reduce(Tensor::from_vec(g), op)
         .wait()?
         .to_vec::<i64>()?;
     let mut next = *w;
@@ -122,6 +128,7 @@ struct Flags {
     steps: u64,
     step_ms: u64,
     crash: Option<(usize, u64)>,
+    bad_call: Option<(usize, u64)>,
 }
 
 fn flags() -> std::result::Result<Flags, String> {
@@ -129,8 +136,10 @@ fn flags() -> std::result::Result<Flags, String> {
         steps: 100,
         step_ms: 0,
         crash: None,
+        bad_call: None,
     };
     let (mut crash_rank, mut crash_step) = (None, None);
+    let (mut bad_rank, mut bad_step) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |name: &str| -> std::result::Result<u64, String> {
@@ -143,10 +152,13 @@ fn flags() -> std::result::Result<Flags, String> {
             "--step-ms" => f.step_ms = value("--step-ms")?,
             "--crash-rank" => crash_rank = Some(value("--crash-rank")? as usize),
             "--crash-at-step" => crash_step = Some(value("--crash-at-step")?),
+            "--bad-call-rank" => bad_rank = Some(value("--bad-call-rank")? as usize),
+            "--bad-call-at-step" => bad_step = Some(value("--bad-call-at-step")?),
             other => return Err(format!("unknown flag {other:?}")),
         }
     }
     f.crash = crash_rank.zip(crash_step);
+    f.bad_call = bad_rank.zip(bad_step);
     Ok(f)
 }
 
@@ -163,8 +175,8 @@ struct Training {
     step: u64,
     /// The step of the group's first step call.
     first: u64,
-    /// Calls at the start of the group that are not steps (the state sent to a restarted
-    /// rank).
+    /// Calls of the group that are not steps: the state sent to a restarted rank, and calls
+    /// that failed on every rank (`--bad-call-rank`).
     skip: u64,
 }
 
@@ -263,6 +275,9 @@ fn main() -> Result<()> {
             p.incarnation()
         );
     }
+    // Whether a step on a rebuilt group is still to be reported, and whether the bad call
+    // (`--bad-call-rank`) was made.
+    let (mut report_next, mut bad_made) = (false, false);
     while t.step < f.steps {
         if f.crash == Some((me, t.step)) && p.incarnation() == 0 {
             eprintln!("rank {me}: crashing at step {}, as asked", t.step);
@@ -271,11 +286,26 @@ fn main() -> Result<()> {
         if f.step_ms > 0 {
             std::thread::sleep(Duration::from_millis(f.step_ms));
         }
-        match step_on(&t.comm, &t.w, t.step) {
+        let bad = !bad_made && f.bad_call == Some((me, t.step)) && p.incarnation() == 0;
+        bad_made |= bad;
+        match step_on(&t.comm, &t.w, t.step, bad) {
             Ok(next) => {
                 t.before = t.w;
                 t.w = next;
                 t.step += 1;
+                if std::mem::take(&mut report_next) {
+                    println!("rank {me}: step {} done on the rebuilt group", t.step - 1);
+                }
+            }
+            Err(e @ (Error::InvalidArgument(_) | Error::CallFailed { .. })) => {
+                // One rank's part failed its checks: the call failed on every rank, and the
+                // group goes on. The step is made again; the failed call took a sequence
+                // number, which is no step.
+                t.skip += 1;
+                println!(
+                    "rank {me}: step {} failed ({e}); the group goes on, making it again",
+                    t.step
+                );
             }
             Err(e) => {
                 println!(
@@ -287,6 +317,7 @@ fn main() -> Result<()> {
                     p.abort();
                     std::process::exit(1);
                 }
+                report_next = true;
             }
         }
     }

@@ -1,8 +1,11 @@
 //! Chaos: ranks training (an all_reduce per step, each result checked exactly) while random
 //! faults strike — a rank killed (in one process `World::kill`; over TCP its process's
 //! connections close, as `Process::abort` does), a rank whose code gives up (it destroys the
-//! group and stops), a rank that revokes the group, a straggler, and a second rank killed
-//! during the recovery. The survivors shrink and go on. Counted: hangs, wrong results,
+//! group and stops), a rank that revokes the group, a straggler, a rank whose call fails its
+//! argument checks (every rank's part of that call fails at once, and all make the step
+//! again on the same group), and a second rank killed during the recovery. The survivors
+//! shrink and go on. (`cli/tests/chaos.rs` strikes real processes: SIGKILL, SIGSTOP and
+//! SIGCONT, cut and delayed links.) Counted: hangs, wrong results,
 //! survivors that did not hear of a fault within the bound, unexpected errors (each must be
 //! 0), and the recovery time, from the fault to the first successful call on the rebuilt
 //! group (p50, p99, max).
@@ -46,9 +49,16 @@ enum Fault {
     GiveUp,
     Revoke,
     Straggle,
+    BadCall,
 }
 
-const FAULTS: [Fault; 4] = [Fault::Kill, Fault::GiveUp, Fault::Revoke, Fault::Straggle];
+const FAULTS: [Fault; 5] = [
+    Fault::Kill,
+    Fault::GiveUp,
+    Fault::Revoke,
+    Fault::Straggle,
+    Fault::BadCall,
+];
 
 #[derive(Clone, Copy, Debug)]
 struct Trial {
@@ -65,7 +75,8 @@ impl Trial {
         let world = 3 + rng.below(3);
         let victim = rng.below(world);
         let fault = FAULTS[rng.below(FAULTS.len())];
-        let second = (fault != Fault::Straggle && world > 3 && rng.below(3) == 0).then(|| {
+        let costs_a_rank = !matches!(fault, Fault::Straggle | Fault::BadCall);
+        let second = (costs_a_rank && world > 3 && rng.below(3) == 0).then(|| {
             let mut v = rng.below(world);
             if v == victim {
                 v = (v + 1) % world;
@@ -120,7 +131,7 @@ impl Rank<'_> {
         let (mut step, mut base) = (0usize, 0usize);
         let mut recovering = false;
         let mut recovered = None;
-        let mut straggled = false;
+        let (mut straggled, mut bad_made) = (false, false);
         while step < STEPS {
             if self.me == t.victim && step == t.at_step {
                 match t.fault {
@@ -144,6 +155,19 @@ impl Rank<'_> {
                         straggled = true;
                         std::thread::sleep(Duration::from_millis(50));
                     }
+                    Fault::BadCall if !bad_made => {
+                        bad_made = true;
+                        self.mark_fault();
+                        // `Avg` of integers fails its checks here; the others hear at once.
+                        let got = comm
+                            .all_reduce(Tensor::from_vec(vec![1i64]), ReduceOp::Avg)
+                            .wait();
+                        if !matches!(got, Err(Error::InvalidArgument(_))) {
+                            return End::Bad(format!("the bad call gave {got:?}"));
+                        }
+                        recovering = true;
+                        continue;
+                    }
                     _ => {}
                 }
             }
@@ -166,6 +190,14 @@ impl Rank<'_> {
                     };
                     if heard > HEAR_BOUND {
                         return End::Bad(format!("heard of the fault after {heard:?}: {e}"));
+                    }
+                    if let Error::CallFailed { rank, .. } = e {
+                        if t.fault != Fault::BadCall || rank != t.victim {
+                            return End::Bad(format!("unexpected: {e}"));
+                        }
+                        // The group goes on: the step is made again.
+                        recovering = true;
+                        continue;
                     }
                     if let Some((second, delay)) = t.second {
                         if second == self.me {
@@ -201,12 +233,24 @@ impl Rank<'_> {
 #[derive(Default)]
 struct Tally {
     trials: usize,
-    by_fault: [usize; 4],
+    by_fault: [usize; 5],
     seconds: usize,
     hangs: usize,
     bad: Vec<String>,
     left_out: usize,
+    /// Fault to the first success on a rebuilt group (faults that cost a rank).
     recoveries: Vec<Duration>,
+    /// Fault to the first success on the same group (a bad call: nothing to rebuild).
+    retries: Vec<Duration>,
+}
+
+/// The `p` quantile of `v` (sorted), in milliseconds.
+fn pct(v: &[Duration], p: f64) -> String {
+    if v.is_empty() {
+        return "-".into();
+    }
+    let i = ((v.len() - 1) as f64 * p).round() as usize;
+    format!("{:.2} ms", v[i].as_secs_f64() * 1e3)
 }
 
 impl Tally {
@@ -227,35 +271,40 @@ impl Tally {
                 End::Bad(why) => self.bad.push(format!("{t:?}, rank {r}: {why}")),
             }
         }
-        if t.fault != Fault::Straggle && !ends.iter().any(|e| matches!(e, End::Bad(_))) {
-            self.recoveries.extend(worst);
+        if ends.iter().any(|e| matches!(e, End::Bad(_))) {
+            return;
+        }
+        match t.fault {
+            Fault::Straggle => {}
+            Fault::BadCall => self.retries.extend(worst),
+            _ => self.recoveries.extend(worst),
         }
     }
 
     fn report(&mut self, what: &str) {
         self.recoveries.sort();
-        let pct = |p: f64| -> String {
-            if self.recoveries.is_empty() {
-                return "-".into();
-            }
-            let i = ((self.recoveries.len() - 1) as f64 * p).round() as usize;
-            format!("{:.2} ms", self.recoveries[i].as_secs_f64() * 1e3)
-        };
+        self.retries.sort();
+        let (r, b) = (&self.recoveries, &self.retries);
         println!(
-            "chaos {what}: {} faults (kill {}, give up {}, revoke {}, straggler {}; a second kill during recovery in {}): hangs {}, wrong or unbounded {}, left out {}; recovery p50 {} p99 {} max {} over {} recoveries",
+            "chaos {what}: {} faults (kill {}, give up {}, revoke {}, straggler {}, bad call {}; a second kill during recovery in {}): hangs {}, wrong or unbounded {}, left out {}; recovery p50 {} p99 {} max {} over {} recoveries; after a bad call, the step made again p50 {} p99 {} max {} over {}",
             self.trials,
             self.by_fault[0],
             self.by_fault[1],
             self.by_fault[2],
             self.by_fault[3],
+            self.by_fault[4],
             self.seconds,
             self.hangs,
             self.bad.len(),
             self.left_out,
-            pct(0.5),
-            pct(0.99),
-            pct(1.0),
-            self.recoveries.len()
+            pct(r, 0.5),
+            pct(r, 0.99),
+            pct(r, 1.0),
+            r.len(),
+            pct(b, 0.5),
+            pct(b, 0.99),
+            pct(b, 1.0),
+            b.len(),
         );
         assert_eq!(self.hangs, 0, "{what}: hangs");
         assert!(self.bad.is_empty(), "{what}:\n{}", self.bad.join("\n"));

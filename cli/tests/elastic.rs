@@ -181,3 +181,31 @@ fn a_rank_killed_from_outside_is_restarted_with_the_same_result() {
     assert_eq!(finals(&seen), clean, "{seen}");
     assert!(seen.contains("rank 1: rejoined at step"), "{seen}");
 }
+
+/// Rank 2's all_reduce of step 9 fails its argument checks (`--bad-call-rank`): every rank's
+/// step fails at once (rank 2's with the invalid argument, the others' with `CallFailed`
+/// naming it), all make the step again on the same group, nobody is lost, and the four final
+/// lines are the clean run's.
+#[test]
+fn a_call_that_fails_its_checks_on_one_rank_is_made_again_by_all() {
+    let clean = clean_run();
+    let out = launch(&["--bad-call-rank", "2", "--bad-call-at-step", "9"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{so}");
+    assert_eq!(finals(&so), clean, "{so}");
+    assert!(
+        so.contains("rank 2: step 9 failed (invalid argument: "),
+        "{so}"
+    );
+    for r in [0, 1, 3] {
+        assert!(
+            so.contains(&format!(
+                "rank {r}: step 9 failed (call #9 of group world failed on rank 2 before it started"
+            )),
+            "rank {r}:\n{so}"
+        );
+    }
+    assert!(!so.contains("going on with"), "{so}");
+}
