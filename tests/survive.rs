@@ -297,6 +297,62 @@ fn tcp_job(
     })
 }
 
+/// The body of a child process of
+/// [`a_join_that_times_out_names_the_missing_rank_though_the_store_s_rank_exited`]: does
+/// nothing unless `SURVIVE_CHILD` (`RANK PORT`) is set; then joins a job of 3 with a 2 s
+/// timeout, prints the outcome, and the process ends (with the test harness).
+#[test]
+fn child_that_joins_a_job_of_three() {
+    let Ok(spec) = std::env::var("SURVIVE_CHILD") else {
+        return;
+    };
+    let mut words = spec.split(' ').filter_map(|w| w.parse::<usize>().ok());
+    let (Some(r), Some(port)) = (words.next(), words.next()) else {
+        return;
+    };
+    let args = tcp_args(port as u16, r, 3, "the survive tests' secret", false);
+    let options = GroupOptions::default().with_timeout(TIMEOUT);
+    match collectix::init(&args, options, Duration::from_secs(2)) {
+        Ok(_) => println!("CHILD {r}: joined"),
+        Err(e) => println!("CHILD {r}: {e}"),
+    }
+}
+
+/// Rank 2 of a job of 3 never starts. Rank 0 (which serves the store) and rank 1, started a
+/// second later, each time out in their join; rank 0's process then ends. Rank 1's error
+/// still names rank 2: the store stayed up for it. (Rank 0 used to leave the store to a
+/// thread that died with its process, and rank 1 got "Connection reset".)
+#[test]
+fn a_join_that_times_out_names_the_missing_rank_though_the_store_s_rank_exited() {
+    let port = free_port();
+    let child = |r: usize| {
+        std::process::Command::new(std::env::current_exe().unwrap_or_else(|e| panic!("{e}")))
+            .args(["--exact", "child_that_joins_a_job_of_three", "--nocapture"])
+            .env("SURVIVE_CHILD", format!("{r} {port}"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let zero = child(0);
+    std::thread::sleep(Duration::from_secs(1));
+    let one = child(1);
+    let said = |c: std::process::Child| {
+        let out = c.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with("CHILD "))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (zero, one) = (said(zero), said(one));
+    for (r, line) in [(0, &zero), (1, &one)] {
+        assert!(
+            line.starts_with(&format!("CHILD {r}: ")) && line.contains("waiting for addr/2"),
+            "rank {r} said {line:?} (rank 0 said {zero:?})"
+        );
+    }
+}
+
 /// Rank `r` leaves (`Process::shutdown`, which must be `Ok` where `clean`) within 8 s: a hang
 /// guard, not a timing (a leave that waits out a timeout takes 20 s or more here).
 fn leave_in_time(r: usize, p: collectix::Process, clean: bool) -> Result<(), String> {

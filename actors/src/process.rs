@@ -42,7 +42,8 @@ use std::time::{Duration, Instant};
 /// How long a leaving rank keeps sending what flow control holds, and how long it waits for
 /// the others to leave.
 const LINGER: Duration = Duration::from_secs(10);
-/// How long the rank serving the store keeps it after its own join failed.
+/// How long the rank serving the store keeps it after its own join failed, while other ranks
+/// are still connected to it.
 const JOIN_LINGER: Duration = Duration::from_secs(5);
 /// How long a restarted process tries to reach each peer (one that cannot be reached is
 /// taken as lost).
@@ -212,15 +213,18 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
             })
         }
         Err(e) => {
-            // The others' joins are timing out about now too: the store stays up a little
-            // longer, so that their errors name the missing ranks, not a vanished store.
+            // The others' joins are timing out about now too: the store stays up until they
+            // are done with it (for at most JOIN_LINGER), so that their errors name the
+            // missing ranks, not a vanished store. On this thread: a thread of its own died
+            // with the process if the caller exited at once.
             if let Some(server) = server {
-                let _ = std::thread::Builder::new()
-                    .name("collectix-store-linger".into())
-                    .spawn(move || {
-                        std::thread::sleep(JOIN_LINGER);
-                        drop(server);
-                    });
+                drop(store);
+                if !server.wait_idle(JOIN_LINGER) {
+                    tracing::debug!(
+                        clients = server.clients(),
+                        "the store's clients were still connected after the linger"
+                    );
+                }
             }
             Err(e)
         }

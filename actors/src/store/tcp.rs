@@ -116,6 +116,25 @@ impl TcpStoreServer {
         a
     }
 
+    /// Clients connected now.
+    pub fn clients(&self) -> usize {
+        lock(&self.conns).len()
+    }
+
+    /// Waits until no client is connected, for at most `within`; whether none is. (A rank
+    /// that serves the store and is about to stop gives the others the time to finish
+    /// with it.)
+    pub fn wait_idle(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while self.clients() > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
     /// Stops listening and closes every connection.
     pub fn shutdown(mut self) {
         self.stop_now();
