@@ -310,12 +310,20 @@ fn child_that_joins_a_job_of_three() {
     let (Some(r), Some(port)) = (words.next(), words.next()) else {
         return;
     };
-    let args = tcp_args(port as u16, r, 3, "the survive tests' secret", false);
+    let world = words.next().unwrap_or(3);
+    let secret = std::env::var("SURVIVE_CHILD_SECRET");
+    let secret = secret.as_deref().unwrap_or("the survive tests' secret");
+    let args = tcp_args(port as u16, r, world, secret, false);
     let options = GroupOptions::default().with_timeout(TIMEOUT);
+    let start = Instant::now();
     match collectix::init(&args, options, Duration::from_secs(2)) {
-        Ok(_) => println!("CHILD {r}: joined"),
+        Ok(p) => {
+            println!("CHILD {r}: joined");
+            let _ = p.shutdown();
+        }
         Err(e) => println!("CHILD {r}: {e}"),
     }
+    println!("TOOK {r}: {} ms", start.elapsed().as_millis());
 }
 
 /// Rank 2 of a job of 3 never starts. Rank 0 (which serves the store) and rank 1, started a
@@ -516,4 +524,78 @@ fn a_rank_that_panics_is_handled_by_the_policy_at_once() {
     assert!(got.iter().all(Result::is_err), "{got:?}");
     assert!(start.elapsed() < TOLD, "took {:?}", start.elapsed());
     drop(w);
+}
+
+/// `Policy::Restart`: rank 1's code panics at step 3 of 8; the world starts it again as a
+/// new incarnation, which rejoins while the others regrow the group; they send it the step,
+/// and all three finish every step on the full group (each step's sum is exactly 6), with
+/// the same count of steps. A rank that fails again once its restarts are spent is handled
+/// as by `Shrink`.
+#[test]
+fn a_rank_that_panics_is_restarted_and_rejoins() {
+    use collectix::Policy;
+    const STEPS: i64 = 8;
+    let body = |comm: Communicator| -> collectix::Result<(u32, i64, i64)> {
+        let wait = Duration::from_secs(20);
+        let mut step = 0i64;
+        let (mut comm, mut base, mut skip) = if comm.incarnation() > 0 {
+            // A restart: rejoin, and take the step from the others.
+            let r = comm.rejoin(wait).wait()?;
+            let from = first_not_joined(&r);
+            let got = r
+                .communicator
+                .broadcast(Tensor::from_vec(vec![0i64]), from)
+                .wait()?
+                .to_vec::<i64>()?;
+            step = got[0];
+            (r.communicator, step, 1u64)
+        } else {
+            (comm, 0, 0)
+        };
+        let mut sums = 0i64;
+        while step < STEPS {
+            if comm.global_rank() == 1 && step == 3 && comm.incarnation() == 0 {
+                panic!("rank 1's code gave up");
+            }
+            let mine = Tensor::from_vec(vec![comm.global_rank() as i64 + 1]);
+            match comm.all_reduce(mine, ReduceOp::Sum).wait() {
+                Ok(t) => {
+                    sums += t.to_vec::<i64>()?[0];
+                    step += 1;
+                }
+                Err(e) => {
+                    let r = comm.regrow(wait).wait().map_err(|_| e)?;
+                    // The steps that completed everywhere; the rest are made again.
+                    let done = base + r.completed.saturating_sub(skip) as i64;
+                    sums -= 6 * (step - done);
+                    step = done;
+                    let from = first_not_joined(&r);
+                    comm = r.communicator;
+                    comm.broadcast(Tensor::from_vec(vec![step]), from).wait()?;
+                    (base, skip) = (step, 1);
+                }
+            }
+        }
+        Ok((comm.incarnation(), step, sums))
+    };
+    let w = world(3);
+    let got = w.run(Policy::Restart(1), body);
+    assert_eq!(got[0], Ok((0, STEPS, 6 * STEPS)), "{got:?}");
+    assert_eq!(got[2], Ok((0, STEPS, 6 * STEPS)), "{got:?}");
+    // The restarted rank made the steps from where it joined, each summing to 6.
+    match &got[1] {
+        Ok((1, STEPS, sums)) => assert!(sums % 6 == 0 && *sums > 0, "{sums}"),
+        other => panic!("rank 1: {other:?}"),
+    }
+    assert_eq!(w.shutdown(), Ok(()));
+}
+
+/// The rank whose state the others send a restarted rank: the first member of the new group
+/// that is not restarted (its group rank).
+fn first_not_joined(r: &Recovered) -> usize {
+    r.communicator
+        .members()
+        .iter()
+        .position(|m| !r.joined.contains(m))
+        .unwrap_or(0)
 }

@@ -121,6 +121,14 @@ impl Communicator {
         self.member.rank.world
     }
 
+    /// Which incarnation of its rank this handle's rank is: 0 for the first, one more for
+    /// each restart (of its process under `collectix launch --max-restarts`, or of the rank
+    /// under [`World::run`](crate::World::run) with [`Policy::Restart`](crate::Policy)). A
+    /// restarted rank joins the others with [`rejoin`](Self::rejoin).
+    pub fn incarnation(&self) -> u32 {
+        self.member.rank.incarnation
+    }
+
     /// The group's identity (the same on every member).
     pub fn group_id(&self) -> GroupId {
         self.member.group.info.id

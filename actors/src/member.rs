@@ -32,6 +32,9 @@ pub(crate) struct RankShared {
     /// device-local path): `Some` for the ranks of a [`World`](crate::World), `None` for a
     /// process's one rank of a job.
     pub(crate) hub: Option<Arc<crate::device::cuda::LocalHub>>,
+    /// Which incarnation of its rank this is: 0 for the first, one more for each restart
+    /// (of its process, or of the rank in a `World`).
+    pub(crate) incarnation: u32,
 }
 
 /// One group as one rank holds it: its info and the counters that order its calls. On cache

@@ -391,6 +391,7 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         store: store.clone(),
         // One rank per process: its device calls take NCCL.
         hub: None,
+        incarnation,
     });
     Ok((Communicator::new(shared, info), system, thread, mesh, me))
 }

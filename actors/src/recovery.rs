@@ -153,20 +153,31 @@ impl crate::Process {
         self.config().incarnation
     }
 
-    /// A restarted process (a new [`incarnation`](Self::incarnation) of a lost rank) joins
-    /// the running job: it finds in the store the group the job's world became, and takes
-    /// part in its survivors' agreement (they call [`Communicator::regrow`]) as a member
-    /// that brings no state; it waits at most `wait`. The new group's members that are
-    /// restarted processes are in [`Recovered::joined`]: the others send them the state.
-    /// [`Error::LeftOut`] if the survivors decided without this process (they shrank, or
-    /// it came too late). This process's own world communicator belongs to the job's
-    /// first world group, which the others have left: use the returned one.
+    /// A restarted process joins the running job: [`Communicator::rejoin`] on its world
+    /// communicator.
     pub fn rejoin(&self, wait: Duration) -> Work<Recovered> {
-        let comm = self.communicator();
-        let rank = comm.member.rank.clone();
-        let options = comm.member.group.info.options.clone();
-        let world = comm.world_size();
-        let backend = comm.device_backend;
+        self.communicator().rejoin(wait)
+    }
+}
+
+impl Communicator {
+    /// A restarted rank (a new [`incarnation`](Self::incarnation) of a lost rank: a process
+    /// that `collectix launch --max-restarts` started again, or a rank that [`World::run`]
+    /// restarted) joins the running job: it finds in the store the group the job's world
+    /// became, and takes part in its survivors' agreement (they call
+    /// [`regrow`](Self::regrow)) as a member that brings no state; it waits at most `wait`.
+    /// The new group's members that are restarted ranks are in [`Recovered::joined`]: the
+    /// others send them the state. [`Error::LeftOut`] if the survivors decided without this
+    /// rank (they shrank, or it came too late). A restarted rank's own world communicator
+    /// (this one) belongs to the job's first world group, which the others have left: use
+    /// the returned one.
+    ///
+    /// [`World::run`]: crate::World::run
+    pub fn rejoin(&self, wait: Duration) -> Work<Recovered> {
+        let rank = self.member.rank.clone();
+        let options = self.member.group.info.options.clone();
+        let world = self.world_size();
+        let backend = self.device_backend;
         run_agreement(rank, backend, move |rank| {
             let (id, members) = current_group(rank.store.as_ref(), world)?;
             if !members.contains(&rank.rank) {

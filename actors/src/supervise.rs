@@ -2,7 +2,8 @@
 //! handles processes): [`World::run`] runs a body per rank, and a rank whose body panics or
 //! returns an error is handled by a [`Policy`] with the launcher's names: `Stop` stops every
 //! rank, `Shrink` lets the others go on without it (they hear of it at once, as of a killed
-//! process, and shrink their groups).
+//! process, and shrink their groups), `Restart` starts it again as a new incarnation (as
+//! `--max-restarts` does), which rejoins the others while they regrow their group.
 
 use crate::comm::Communicator;
 use crate::work::guarded;
@@ -19,13 +20,21 @@ pub enum Policy {
     /// that need it fail at once with `Error::PeerLost`, and they go on without it (with
     /// `Communicator::shrink`).
     Shrink,
+    /// The failed rank is killed and started again as a new incarnation
+    /// ([`World::restart`]), at most this many times per rank (then as `Shrink`); its body
+    /// runs again with the new incarnation's world communicator, whose
+    /// [`incarnation`](Communicator::incarnation) says it is a restart: it joins the others
+    /// with [`Communicator::rejoin`], while they, hearing of the loss, call
+    /// [`Communicator::regrow`] and send it the state (`collectix launch --max-restarts N`
+    /// does the same with processes).
+    Restart(u32),
 }
 
 impl World {
     /// Runs `body` for every rank at once, each on a thread of its own with the rank's world
-    /// communicator, and returns each rank's result, in rank order. A body that panics
-    /// (its result is `Error::Panic`) or returns an error is handled by `policy`, the moment
-    /// it ends.
+    /// communicator, and returns each rank's result, in rank order (a restarted rank's: its
+    /// last incarnation's). A body that panics (its result is `Error::Panic`) or returns an
+    /// error is handled by `policy`, the moment it ends.
     ///
     /// ```
     /// use collectix_actors::{Policy, World};
@@ -62,13 +71,29 @@ impl World {
                 .iter()
                 .enumerate()
                 .map(|(r, comm)| {
-                    let comm = comm.clone();
+                    let mut comm = comm.clone();
                     s.spawn(move || {
-                        let result = guarded(|| body(comm));
-                        if let Err(e) = &result {
+                        let mut restarts = 0;
+                        loop {
+                            let result = guarded(|| body(comm.clone()));
+                            let Err(e) = &result else {
+                                return result;
+                            };
                             tracing::warn!(rank = r, error = %e, ?policy, "a supervised rank failed");
                             match policy {
-                                Policy::Shrink => {
+                                Policy::Restart(most) if restarts < most => {
+                                    restarts += 1;
+                                    match self.restart(r) {
+                                        Ok(c) => {
+                                            comm = c;
+                                            continue;
+                                        }
+                                        Err(e) => {
+                                            tracing::warn!(rank = r, error = %e, "cannot restart the rank");
+                                        }
+                                    }
+                                }
+                                Policy::Shrink | Policy::Restart(_) => {
                                     let _ = self.kill(r);
                                 }
                                 Policy::Stop => {
@@ -77,8 +102,8 @@ impl World {
                                     }
                                 }
                             }
+                            return result;
                         }
-                        result
                     })
                 })
                 .collect();

@@ -7,13 +7,14 @@ use crate::rank::actor::Quiesce;
 use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN};
 use crate::rank::system;
 use crate::store::{MemoryStore, Store};
+use crate::sync::lock;
 use crate::transport::local;
 use actix::System;
 use collectix_runtime::data_plane::Arenas;
 use collectix_runtime::engine::POOL_BYTES;
 use collectix_runtime::{Engine, Error, GroupInfo, GroupOptions, Locality, Result};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
 
 /// A set of in-process ranks. [`shutdown`](World::shutdown) (or dropping it) stops every
@@ -26,6 +27,22 @@ pub struct World {
     comms: Vec<Communicator>,
     system: Option<System>,
     thread: Option<JoinHandle<()>>,
+    /// What a restarted rank is made with (see [`World::restart`]).
+    parts: Parts,
+    /// Each rank's live incarnation: its handle (the first is in `comms`).
+    current: Mutex<Vec<Communicator>>,
+    /// The actor systems (and their threads) of restarted ranks, each with its rank's
+    /// handle, stopped with the world.
+    restarted: Mutex<Vec<(Communicator, System, JoinHandle<()>)>>,
+}
+
+/// What the ranks of a world share, kept to make a restarted rank of the same kind.
+struct Parts {
+    arenas: Arc<Arenas>,
+    spin: std::time::Duration,
+    yields: bool,
+    store: Arc<dyn Store>,
+    hub: Arc<crate::device::cuda::LocalHub>,
 }
 
 impl World {
@@ -83,13 +100,23 @@ impl World {
                 rank_threads: crate::work::RankThreads::shared(&threads),
                 store: store.clone(),
                 hub: Some(hub.clone()),
+                incarnation: 0,
             });
             comms.push(Communicator::new(shared, info));
         }
         Ok(World {
+            current: Mutex::new(comms.clone()),
             comms,
             system: Some(started.system),
             thread: Some(started.thread),
+            parts: Parts {
+                arenas,
+                spin,
+                yields,
+                store,
+                hub,
+            },
+            restarted: Mutex::new(Vec::new()),
         })
     }
 
@@ -115,7 +142,8 @@ impl World {
     /// program does after a loss, and for supervisors. The world's other ranks go on;
     /// [`shutdown`](Self::shutdown) still stops them all.
     pub fn kill(&self, r: usize) -> Result<()> {
-        let Some(victim) = self.comms.get(r) else {
+        let current = lock(&self.current);
+        let Some(victim) = current.get(r) else {
             return Err(Error::invalid(format!(
                 "no rank {r} in a world of {}",
                 self.comms.len()
@@ -125,12 +153,79 @@ impl World {
             return Ok(());
         }
         victim.member.rank.driver.stopped();
-        for (i, c) in self.comms.iter().enumerate() {
+        for (i, c) in current.iter().enumerate() {
             if i != r {
                 c.member.rank.driver.peer_lost(r);
             }
         }
         Ok(())
+    }
+
+    /// Restarts rank `r` as a new incarnation, as `collectix launch --max-restarts` restarts
+    /// a process: the rank's live incarnation is killed first (as by [`kill`](Self::kill),
+    /// if it is not dead already), then a new one starts, with a new engine on an actor
+    /// thread of its own, and every other rank's link to `r` leads to it; the others' groups
+    /// made from now on may have it as a member. Returns the new incarnation's world
+    /// communicator ([`Communicator::incarnation`] one more than before): it holds none of
+    /// the old one's state, and joins the others with [`Communicator::rejoin`] while they
+    /// call [`Communicator::regrow`]. [`World::run`] with [`Policy::Restart`] does this for
+    /// a rank whose body failed.
+    ///
+    /// [`Policy::Restart`]: crate::Policy::Restart
+    pub fn restart(&self, r: usize) -> Result<Communicator> {
+        self.kill(r)?;
+        let mut current = lock(&self.current);
+        let Some(old) = current.get(r).cloned() else {
+            return Err(Error::invalid(format!("no rank {r}")));
+        };
+        // Its view of the world group (the handles a world keeps are world communicators).
+        let info = old.member.group.info.clone();
+        let engine = Engine::in_process(r, self.parts.arenas.clone());
+        let driver = Arc::new(Driver::new(
+            engine,
+            info.clone(),
+            self.parts.spin,
+            self.parts.yields,
+        ));
+        let started = system::start(&format!("collectix-restart-{r}"), vec![driver.clone()])?;
+        let Some((addr, arbiter, tid)) = started.ranks.into_iter().next() else {
+            started.system.stop();
+            let _ = started.thread.join();
+            return Err(Error::Shutdown);
+        };
+        let mut threads: Vec<ThreadId> = old.member.rank.rank_threads.0.to_vec();
+        threads.push(tid);
+        let shared = Arc::new(RankShared {
+            rank: r,
+            world: self.comms.len(),
+            addr,
+            driver: driver.clone(),
+            arbiter,
+            rank_threads: crate::work::RankThreads::shared(&threads),
+            store: self.parts.store.clone(),
+            hub: Some(self.parts.hub.clone()),
+            incarnation: old.incarnation().saturating_add(1),
+        });
+        let comm = Communicator::new(shared, info);
+        current[r] = comm.clone();
+        let drivers: Vec<Arc<Driver>> = current
+            .iter()
+            .map(|c| c.member.rank.driver.clone())
+            .collect();
+        driver.set_links(local::links(r, &drivers));
+        for (p, d) in drivers.iter().enumerate() {
+            if p != r {
+                d.relink(r, local::link(p, d, driver.clone()));
+            }
+        }
+        drop(current);
+        lock(&self.restarted).push((comm.clone(), started.system, started.thread));
+        tracing::info!(
+            rank = r,
+            incarnation = comm.incarnation(),
+            "restarted a rank"
+        );
+        Ok(comm)
     }
 
     /// Stops every rank and joins every thread. `Err` with the pending error of the lowest
@@ -158,7 +253,8 @@ impl World {
         // then does any rank stop (else a rank could see a peer's stop as a lost peer).
         let (tx, rx) = mpsc::channel();
         let mut asked: usize = 0;
-        for c in &self.comms {
+        let restarted = std::mem::take(&mut *lock(&self.restarted));
+        for c in self.comms.iter().chain(restarted.iter().map(|(c, _, _)| c)) {
             if c.member.rank.addr.connected() {
                 c.member.rank.addr.do_send(Quiesce(tx.clone()));
                 asked += 1;
@@ -180,6 +276,18 @@ impl World {
             }
         }
         pending.sort_by_key(|(rank, _)| *rank);
+        for (_, system, thread) in restarted {
+            system.stop();
+            if on_rank {
+                let _ = std::thread::Builder::new()
+                    .name("collectix-join".into())
+                    .spawn(move || {
+                        let _ = thread.join();
+                    });
+            } else {
+                let _ = thread.join();
+            }
+        }
         if let Some(s) = self.system.take() {
             s.stop();
         }

@@ -359,6 +359,25 @@ impl Driver {
         });
     }
 
+    /// Global rank `peer` was restarted in this process (a new incarnation, on a new
+    /// driver): its link is replaced by `link`, what waited for the old one is dropped, and
+    /// the engine hears that the old incarnation is lost for good and the new one may be a
+    /// member of groups made from now on (`Engine::handle_peer_rejoined`).
+    pub(crate) fn relink(&self, peer: usize, link: Box<dyn Link<Message> + Send>) {
+        self.run(|core, now, _| {
+            if core.quiesced {
+                return;
+            }
+            if let Some((links, outboxes)) = &mut core.links {
+                if let (Some(l), Some(o)) = (links.get_mut(peer), outboxes.get_mut(peer)) {
+                    *l = link;
+                    o.clear();
+                }
+            }
+            core.engine.handle_peer_rejoined(peer, now);
+        });
+    }
+
     /// The link to global rank `peer` can take messages again: what waits for it is sent.
     pub(crate) fn flush(&self, peer: usize) {
         self.run(|core, now, _| {

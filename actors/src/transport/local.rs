@@ -42,3 +42,13 @@ pub(crate) fn links(src: usize, peers: &[Arc<Driver>]) -> Links {
         })
         .collect()
 }
+
+/// The link from global rank `src` (whose driver is `from`) to the driver `to` of one peer
+/// (a restarted rank's new driver, say).
+pub(crate) fn link(src: usize, from: &Driver, to: Arc<Driver>) -> Box<dyn Link<Message> + Send> {
+    Box::new(LocalLink {
+        src,
+        peer: to,
+        owed: from.owed(),
+    })
+}
