@@ -50,14 +50,17 @@ enum Fault {
     Revoke,
     Straggle,
     BadCall,
+    /// Every link of the victim cut (in one process: `World::cut`); it goes on running.
+    Isolate,
 }
 
-const FAULTS: [Fault; 5] = [
+const FAULTS: [Fault; 6] = [
     Fault::Kill,
     Fault::GiveUp,
     Fault::Revoke,
     Fault::Straggle,
     Fault::BadCall,
+    Fault::Isolate,
 ];
 
 #[derive(Clone, Copy, Debug)]
@@ -71,10 +74,16 @@ struct Trial {
 }
 
 impl Trial {
-    fn random(rng: &mut Rng) -> Trial {
+    /// A random trial; `isolate`: whether the harness can cut links.
+    fn random(rng: &mut Rng, isolate: bool) -> Trial {
         let world = 3 + rng.below(3);
         let victim = rng.below(world);
-        let fault = FAULTS[rng.below(FAULTS.len())];
+        let kinds = if isolate {
+            FAULTS.len()
+        } else {
+            FAULTS.len() - 1
+        };
+        let fault = FAULTS[rng.below(kinds)];
         let costs_a_rank = !matches!(fault, Fault::Straggle | Fault::BadCall);
         let second = (costs_a_rank && world > 3 && rng.below(3) == 0).then(|| {
             let mut v = rng.below(world);
@@ -113,6 +122,8 @@ struct Rank<'a> {
     trial: Trial,
     fault_at: &'a Mutex<Option<Instant>>,
     die: &'a (dyn Fn() + Sync),
+    /// Cuts every link of this rank (`Fault::Isolate`; one process only).
+    isolate: &'a (dyn Fn() + Sync),
 }
 
 impl Rank<'_> {
@@ -154,6 +165,10 @@ impl Rank<'_> {
                     Fault::Straggle if !straggled => {
                         straggled = true;
                         std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Fault::Isolate if !recovering && recovered.is_none() => {
+                        self.mark_fault();
+                        (self.isolate)();
                     }
                     Fault::BadCall if !bad_made => {
                         bad_made = true;
@@ -233,7 +248,7 @@ impl Rank<'_> {
 #[derive(Default)]
 struct Tally {
     trials: usize,
-    by_fault: [usize; 5],
+    by_fault: [usize; 6],
     seconds: usize,
     hangs: usize,
     bad: Vec<String>,
@@ -286,13 +301,14 @@ impl Tally {
         self.retries.sort();
         let (r, b) = (&self.recoveries, &self.retries);
         println!(
-            "chaos {what}: {} faults (kill {}, give up {}, revoke {}, straggler {}, bad call {}; a second kill during recovery in {}): hangs {}, wrong or unbounded {}, left out {}; recovery p50 {} p99 {} max {} over {} recoveries; after a bad call, the step made again p50 {} p99 {} max {} over {}",
+            "chaos {what}: {} faults (kill {}, give up {}, revoke {}, straggler {}, bad call {}, isolated {}; a second kill during recovery in {}): hangs {}, wrong or unbounded {}, left out {}; recovery p50 {} p99 {} max {} over {} recoveries; after a bad call, the step made again p50 {} p99 {} max {} over {}",
             self.trials,
             self.by_fault[0],
             self.by_fault[1],
             self.by_fault[2],
             self.by_fault[3],
             self.by_fault[4],
+            self.by_fault[5],
             self.seconds,
             self.hangs,
             self.bad.len(),
@@ -336,11 +352,17 @@ fn in_process(trial: Trial) -> Option<Vec<End>> {
             let die = || {
                 let _ = world.kill(me);
             };
+            let isolate = || {
+                for other in (0..world.size()).filter(|&o| o != me) {
+                    let _ = world.cut(me, other);
+                }
+            };
             let rank = Rank {
                 me,
                 trial,
                 fault_at: &fault_at,
                 die: &die,
+                isolate: &isolate,
             };
             let comm = world.communicators()[me].clone();
             let _ = tx.send((me, rank.run(comm)));
@@ -367,7 +389,7 @@ fn chaos_in_one_process() {
     let mut rng = Rng(seed());
     let mut tally = Tally::default();
     for _ in 0..count("CHAOS_LOCAL", 40) {
-        let t = Trial::random(&mut rng);
+        let t = Trial::random(&mut rng, true);
         let ends = in_process(t);
         tally.add(&t, ends);
         if tally.hangs > 0 {
@@ -411,6 +433,9 @@ fn over_tcp(trial: Trial) -> Option<Vec<End>> {
                     trial,
                     fault_at: &fault_at,
                     die: &die,
+                    // Not drawn over TCP (`Trial::random`): `cli/tests/chaos.rs` cuts real
+                    // links.
+                    isolate: &|| {},
                 };
                 let end = rank.run(comm);
                 if let Some(p) = p.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -432,7 +457,7 @@ fn chaos_over_tcp() {
     let mut rng = Rng(seed() ^ 0x7c9);
     let mut tally = Tally::default();
     for _ in 0..count("CHAOS_TCP", 8) {
-        let t = Trial::random(&mut rng);
+        let t = Trial::random(&mut rng, false);
         let ends = over_tcp(t);
         tally.add(&t, ends);
         if tally.hangs > 0 {

@@ -361,6 +361,70 @@ fn a_join_that_times_out_names_the_missing_rank_though_the_store_s_rank_exited()
     }
 }
 
+/// With lazy connections, rank 1 revokes the world and aborts its process at once (as a
+/// program that gives up does), before it ever talked with rank 0: the revoke still reaches
+/// rank 0, whose call fails at once naming rank 1, not at its timeout naming a rank it waits
+/// for. (The revoke waited in front of a connection still being made, and `abort` dropped
+/// it.)
+#[test]
+fn with_lazy_connections_an_abort_right_after_a_revoke_still_tells_the_peers() {
+    let port = free_port();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                let tx = tx.clone();
+                let rx = &rx;
+                s.spawn(move || -> Result<(), String> {
+                    let mut args = tcp_args(port, r, 3, "the survive tests' secret", false);
+                    args.connect = Some(collectix::Connect::Lazy);
+                    let options = GroupOptions::default().with_timeout(TIMEOUT);
+                    let p = collectix::init(&args, options, Duration::from_secs(20))
+                        .map_err(|e| e.to_string())?;
+                    let c = p.communicator().clone();
+                    match r {
+                        0 => {
+                            // Waits for rank 2, which never sends: only the revoke ends it.
+                            let start = Instant::now();
+                            let got = c.recv(TensorSpec::new(&[1], DType::F32), Some(2), 9);
+                            let _ = tx.send(());
+                            let e = got.wait().err().ok_or("the recv completed")?;
+                            if !matches!(root(&e), Error::Revoked { by: 1, .. }) {
+                                return Err(format!("rank 0 got {e}"));
+                            }
+                            if start.elapsed() > TOLD {
+                                return Err(format!("rank 0 heard after {:?}", start.elapsed()));
+                            }
+                            p.abort();
+                        }
+                        1 => {
+                            let _ = rx.lock().map_err(|e| e.to_string())?.recv();
+                            c.revoke().map_err(|e| e.to_string())?;
+                            p.abort();
+                        }
+                        _ => {
+                            // Rank 2 stays until rank 0 is done, then goes.
+                            std::thread::sleep(Duration::from_secs(1));
+                            let _ = c
+                                .recv(TensorSpec::new(&[1], DType::F32), Some(0), 9)
+                                .wait_timeout(TOLD);
+                            p.abort();
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        drop(tx);
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect()
+    });
+    assert_eq!(results[0], Ok(()), "{results:?}");
+    assert_eq!(results[1], Ok(()), "{results:?}");
+}
+
 /// Rank `r` leaves (`Process::shutdown`, which must be `Ok` where `clean`) within 8 s: a hang
 /// guard, not a timing (a leave that waits out a timeout takes 20 s or more here).
 fn leave_in_time(r: usize, p: collectix::Process, clean: bool) -> Result<(), String> {

@@ -39,6 +39,9 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// How long `Process::abort` waits for messages queued in front of connections still being
+/// made.
+const ABORT_FLUSH: Duration = Duration::from_secs(2);
 /// How long a leaving rank keeps sending what flow control holds, and how long it waits for
 /// the others to leave.
 const LINGER: Duration = Duration::from_secs(10);
@@ -440,6 +443,14 @@ impl Process {
     /// that failed and is about to exit: its peers then learn of the failure itself, not only
     /// of a closed connection. (The store this rank may serve closes too.)
     pub fn abort(mut self) {
+        // What waits in front of a connection still being made (a lazy one: the abort of a
+        // revoke, say) goes first, for a moment: else it is dropped with the links, and the
+        // peer hears only that this rank was lost.
+        let driver = self.comm.member.rank.driver.clone();
+        let deadline = Instant::now() + ABORT_FLUSH;
+        while driver.queued() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         if let Some(system) = self.system.take() {
             system.stop();
         }

@@ -161,6 +161,27 @@ impl World {
         Ok(())
     }
 
+    /// Cuts the link between ranks `a` and `b`, as a network fault between two hosts
+    /// would: neither takes the other's messages any more, and each sees the other lost at
+    /// once (as a broken connection tells the ranks of a TCP job). Both go on running, with
+    /// every other link. For tests of partitions; cutting every link of one rank isolates
+    /// it.
+    pub fn cut(&self, a: usize, b: usize) -> Result<()> {
+        let current = lock(&self.current);
+        let (Some(da), Some(db)) = (current.get(a), current.get(b)) else {
+            return Err(Error::invalid(format!(
+                "no link between ranks {a} and {b} in a world of {}",
+                self.comms.len()
+            )));
+        };
+        if a == b {
+            return Err(Error::invalid(format!("rank {a} has no link to itself")));
+        }
+        da.member.rank.driver.cut(b, local::cut());
+        db.member.rank.driver.cut(a, local::cut());
+        Ok(())
+    }
+
     /// Restarts rank `r` as a new incarnation, as `collectix launch --max-restarts` restarts
     /// a process: the rank's live incarnation is killed first (as by [`kill`](Self::kill),
     /// if it is not dead already), then a new one starts, with a new engine on an actor

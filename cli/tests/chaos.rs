@@ -15,12 +15,14 @@
 //!
 //! Counted: hangs (a job not over within [`HANG`]), wrong results (a final line that is not
 //! the clean run's, byte for byte), ranks that neither finished nor ended with a typed error
-//! within [`BOUND`] of the fault, false alarms (a pause or a delay that cost a rank), and the
+//! within [`BOUND`] of the fault, survivors whose first error names another rank than the
+//! one the fault struck, false alarms (a pause or a delay that cost a rank), and the
 //! recovery time by fault: from the fault to the last survivor's first step done on the
 //! rebuilt group (p50, p99, max). Each must-be-zero count is asserted.
 //!
 //! The link faults need root and nftables (CI has both); without them those faults are
-//! skipped and the report says so. CI runs 14 jobs (2 of each fault). The figures in
+//! skipped and the report says so. `CHAOS_CONNECT=lazy` runs the jobs with lazy
+//! connections (`COLLECTIX_CONNECT`). CI runs 12 jobs (2 of each fault). The figures in
 //! `docs/errors.md` come from
 //! `cargo build --release -p collectix --example elastic && CHAOS_PROCESSES=1000 cargo test --release -p collectix-cli --test chaos -- --nocapture`.
 
@@ -159,6 +161,10 @@ impl Job {
             format!("{}", LINK_TIMEOUT.as_secs_f64()),
         )
         .env_remove("RUST_LOG")
+        .env(
+            "COLLECTIX_CONNECT",
+            std::env::var("CHAOS_CONNECT").unwrap_or_else(|_| "eager".into()),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
         let mut launcher = c.spawn().unwrap_or_else(|e| panic!("cannot launch: {e}"));
@@ -419,6 +425,8 @@ struct Outcome {
     wrong: Vec<String>,
     unbounded: Vec<String>,
     false_alarm: bool,
+    /// Survivors whose first error after the fault did not name the rank the fault struck.
+    blame: Vec<String>,
     recovery: Option<Duration>,
 }
 
@@ -521,6 +529,21 @@ fn run(elastic: &Path, clean: &BTreeMap<usize, String>, t: Trial) -> Outcome {
             ended - fault_end
         ));
     }
+    if t.fault.loses_a_rank() {
+        // Each survivor's first error names the rank the fault struck.
+        let named = format!("peer rank {} was lost", t.victim);
+        for r in (0..RANKS).filter(|r| finals.contains_key(r)) {
+            let first = job
+                .seen
+                .iter()
+                .find(|l| l.rank == r && l.text.contains(" failed ("));
+            if let Some(l) = first {
+                if !l.text.contains(&named) {
+                    o.blame.push(format!("{t:?}: rank {r} said {:?}", l.text));
+                }
+            }
+        }
+    }
     if t.fault == Fault::BadCall {
         for r in 0..RANKS {
             if !job.said(r, "the group goes on, making it again") {
@@ -602,6 +625,7 @@ fn chaos_with_processes() {
     let n = count("CHAOS_PROCESSES", 2 * faults.len());
     let mut rng = Rng(count("CHAOS_SEED", 11) as u64);
     let (mut hangs, mut wrong, mut unbounded) = (0, Vec::new(), Vec::new());
+    let mut blame = Vec::new();
     let mut by_fault: BTreeMap<Fault, (usize, usize, usize, Vec<Duration>)> = BTreeMap::new();
     let started = Instant::now();
     for i in 0..n {
@@ -615,6 +639,7 @@ fn chaos_with_processes() {
         hangs += usize::from(o.hang);
         wrong.extend(o.wrong);
         unbounded.extend(o.unbounded);
+        blame.extend(o.blame);
         if o.hang {
             eprintln!(
                 "chaos: {t:?} hung; what the ranks printed (from the fault):\n{}",
@@ -624,10 +649,11 @@ fn chaos_with_processes() {
         }
     }
     println!(
-        "chaos with processes: {n} faults in {:.0} s; hangs {hangs}, wrong results {}, unbounded {}{}",
+        "chaos with processes: {n} faults in {:.0} s; hangs {hangs}, wrong results {}, unbounded {}, a survivor blaming another rank than the one struck {}{}",
         started.elapsed().as_secs_f64(),
         wrong.len(),
         unbounded.len(),
+        blame.len(),
         if nft {
             ""
         } else {
@@ -647,4 +673,5 @@ fn chaos_with_processes() {
     assert_eq!(hangs, 0, "hangs");
     assert!(wrong.is_empty(), "wrong results:\n{}", wrong.join("\n"));
     assert!(unbounded.is_empty(), "unbounded:\n{}", unbounded.join("\n"));
+    assert!(blame.is_empty(), "blame:\n{}", blame.join("\n"));
 }

@@ -348,6 +348,16 @@ impl Driver {
         })
     }
 
+    /// Messages waiting in front of links that cannot take them yet (a connection still
+    /// being made, a full writer queue), over all peers; a lost peer's are dropped.
+    pub(crate) fn queued(&self) -> usize {
+        self.run(|core, _, _| {
+            core.links
+                .as_ref()
+                .map_or(0, |(_, outboxes)| outboxes.iter().map(Outbox::len).sum())
+        })
+    }
+
     /// Installs the rank's links (once every peer's address is known) and sends what waited.
     pub(crate) fn set_links(&self, links: Links) {
         self.run(|core, now, _| {
@@ -375,6 +385,24 @@ impl Driver {
                 }
             }
             core.engine.handle_peer_rejoined(peer, now);
+        });
+    }
+
+    /// The link to global rank `peer` was cut (a network fault, `World::cut`): it is
+    /// replaced by `link` (one that takes nothing), what waited for it is dropped, and the
+    /// engine hears `peer` lost, as from a broken connection.
+    pub(crate) fn cut(&self, peer: usize, link: Box<dyn Link<Message> + Send>) {
+        self.run(|core, now, _| {
+            if core.quiesced {
+                return;
+            }
+            if let Some((links, outboxes)) = &mut core.links {
+                if let (Some(l), Some(o)) = (links.get_mut(peer), outboxes.get_mut(peer)) {
+                    *l = link;
+                    o.clear();
+                }
+            }
+            core.engine.handle_peer_lost(peer, now);
         });
     }
 

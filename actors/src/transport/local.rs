@@ -52,3 +52,17 @@ pub(crate) fn link(src: usize, from: &Driver, to: Arc<Driver>) -> Box<dyn Link<M
         owed: from.owed(),
     })
 }
+
+/// A link that a network fault cut ([`World::cut`](crate::World::cut)): it takes nothing.
+struct CutLink;
+
+impl Link<Message> for CutLink {
+    fn try_send(&mut self, _: Message) -> Result<(), LinkError<Message>> {
+        Err(LinkError::Closed)
+    }
+}
+
+/// A link that takes nothing, as a cut one.
+pub(crate) fn cut() -> Box<dyn Link<Message> + Send> {
+    Box::new(CutLink)
+}
