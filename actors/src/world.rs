@@ -297,7 +297,11 @@ impl World {
             }
         }
         pending.sort_by_key(|(rank, _)| *rank);
-        for (_, system, thread) in restarted {
+        let systems = restarted
+            .into_iter()
+            .map(|(_, system, thread)| (system, thread))
+            .chain(self.system.take().zip(self.thread.take()));
+        for (system, thread) in systems {
             system.stop();
             if on_rank {
                 let _ = std::thread::Builder::new()
@@ -307,20 +311,6 @@ impl World {
                     });
             } else {
                 let _ = thread.join();
-            }
-        }
-        if let Some(s) = self.system.take() {
-            s.stop();
-        }
-        if let Some(t) = self.thread.take() {
-            if on_rank {
-                let _ = std::thread::Builder::new()
-                    .name("collectix-join".into())
-                    .spawn(move || {
-                        let _ = t.join();
-                    });
-            } else {
-                let _ = t.join();
             }
         }
         pending

@@ -387,22 +387,10 @@ impl Cut {
                 "out",
                 "{ type filter hook output priority 0; }",
             ])
-            && nft(&[
-                "add",
-                "rule",
-                "inet",
-                &table,
-                "out",
-                &format!("tcp sport {set} {how}"),
-            ])
-            && nft(&[
-                "add",
-                "rule",
-                "inet",
-                &table,
-                "out",
-                &format!("tcp dport {set} {how}"),
-            ]);
+            && ["sport", "dport"].iter().all(|way| {
+                let rule = format!("tcp {way} {set} {how}");
+                nft(&["add", "rule", "inet", &table, "out", &rule])
+            });
         let cut = Cut { table };
         ok.then_some(cut)
     }

@@ -374,24 +374,24 @@ impl Driver {
     /// the engine hears that the old incarnation is lost for good and the new one may be a
     /// member of groups made from now on (`Engine::handle_peer_rejoined`).
     pub(crate) fn relink(&self, peer: usize, link: Box<dyn Link<Message> + Send>) {
-        self.run(|core, now, _| {
-            if core.quiesced {
-                return;
-            }
-            if let Some((links, outboxes)) = &mut core.links {
-                if let (Some(l), Some(o)) = (links.get_mut(peer), outboxes.get_mut(peer)) {
-                    *l = link;
-                    o.clear();
-                }
-            }
-            core.engine.handle_peer_rejoined(peer, now);
-        });
+        self.replace_link(peer, link, Engine::handle_peer_rejoined);
     }
 
     /// The link to global rank `peer` was cut (a network fault, `World::cut`): it is
     /// replaced by `link` (one that takes nothing), what waited for it is dropped, and the
     /// engine hears `peer` lost, as from a broken connection.
     pub(crate) fn cut(&self, peer: usize, link: Box<dyn Link<Message> + Send>) {
+        self.replace_link(peer, link, Engine::handle_peer_lost);
+    }
+
+    /// Replaces the link to `peer` with `link`, drops what waited for the old one, and tells
+    /// the engine (`tell`), unless the rank is stopping.
+    fn replace_link(
+        &self,
+        peer: usize,
+        link: Box<dyn Link<Message> + Send>,
+        tell: fn(&mut Engine, usize, Time),
+    ) {
         self.run(|core, now, _| {
             if core.quiesced {
                 return;
@@ -402,7 +402,7 @@ impl Driver {
                     o.clear();
                 }
             }
-            core.engine.handle_peer_lost(peer, now);
+            tell(&mut core.engine, peer, now);
         });
     }
 
