@@ -72,6 +72,40 @@ fn a_revoke_reaches_every_rank_at_once_and_names_the_revoker() {
     drop(w);
 }
 
+/// A rank's thread that panics while it holds its communicator (no supervisor) revokes the
+/// group as it unwinds: the others' calls fail at once, naming it (they used to wait out
+/// their timeout).
+#[test]
+fn a_rank_whose_thread_panics_is_heard_at_once() {
+    let w = world(3);
+    let c = w.communicators().to_vec();
+    let mine = c[0].clone();
+    let h = std::thread::spawn(move || {
+        let _held = mine;
+        panic!("rank 0's code failed");
+    });
+    assert!(h.join().is_err());
+    let start = Instant::now();
+    let got = wait_all(
+        c[1..]
+            .iter()
+            .map(|c| c.all_reduce(ones(4), ReduceOp::Sum))
+            .collect(),
+        60,
+    );
+    for (r, res) in got.into_iter().enumerate() {
+        let e = res
+            .err()
+            .unwrap_or_else(|| panic!("rank {} completed", r + 1));
+        assert!(
+            matches!(root(&e), Error::Revoked { by: 0, .. }),
+            "rank {}: {e}",
+            r + 1
+        );
+    }
+    assert!(start.elapsed() < TOLD, "heard after {:?}", start.elapsed());
+}
+
 #[test]
 fn a_rank_that_destroys_a_group_with_nothing_in_flight_is_heard_at_once() {
     let w = world(3);

@@ -90,10 +90,9 @@ impl Communicator {
     /// torch's choice of backend, every rank of the group must choose the same one for a
     /// call: ranks that differ get [`Error::Mismatch`], never a hang.
     pub fn with_device_backend(&self, backend: DeviceBackend) -> Communicator {
-        Communicator {
-            device_backend: backend,
-            ..self.clone()
-        }
+        let mut c = self.clone();
+        c.device_backend = backend;
+        c
     }
 
     /// The backend calls on device tensors take through this handle.
@@ -599,6 +598,18 @@ impl Communicator {
             c.complete(r);
         });
         work
+    }
+}
+
+impl Drop for Communicator {
+    /// A handle dropped while its thread unwinds from a panic (the rank's code failed, and
+    /// nobody supervises it) revokes its group, so that the other members hear at once
+    /// (their calls on it fail with [`Error::Revoked`] naming this rank) instead of at their
+    /// timeout. Under [`World::run`](crate::World::run) the policy then does the rest.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.member.rank.driver.revoke(self.member.group.info.id);
+        }
     }
 }
 
