@@ -38,16 +38,16 @@ impl Engine {
             });
             return;
         }
-        if let Some(e) = self.failed_elsewhere(group, seq) {
-            self.events.push_back(Event {
-                op: id,
-                result: Err(e),
-            });
+        if g.failed.contains_key(&seq) {
+            // A member's part of this call failed before it started: so does this one.
+            if let Some(e) = self.failed_elsewhere(group, seq) {
+                self.events.push_back(Event {
+                    op: id,
+                    result: Err(e),
+                });
+            }
             return;
         }
-        let Some(g) = self.groups.get_mut(&group) else {
-            return;
-        };
         g.active.insert(seq, id);
         let mut out = Vec::new();
         g.flow.on_made(seq, &mut out);
