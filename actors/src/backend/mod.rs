@@ -56,15 +56,19 @@ pub(crate) fn call<T: Send + 'static>(
     map: fn(Output) -> Result<T>,
 ) -> Work<T> {
     let limit = member.group.info.options.max_call_bytes;
-    match req.declared_bytes() {
-        Err(e) => return member.refuse(req.is_p2p(), e),
-        Ok(b) if b > limit => {
-            let e = Error::invalid(format!(
-                "the call declares {b} bytes of inputs and outputs, above the group's max_call_bytes ({limit})"
-            ));
-            return member.refuse(req.is_p2p(), e);
-        }
-        Ok(_) => {}
+    let refusal = match req.declared_bytes() {
+        Err(e) => Some(e),
+        Ok(b) if b > limit => Some(Error::invalid(format!(
+            "the call declares {b} bytes of inputs and outputs, above the group's max_call_bytes ({limit})"
+        ))),
+        Ok(_) => None,
+    };
+    if let Some(e) = refusal {
+        // The call takes its place in the group's order as it would have on this backend.
+        return match (backend, req.is_p2p()) {
+            (DeviceBackend::Nccl, false) => nccl::refuse(member, e),
+            (_, p2p) => member.refuse(p2p, e),
+        };
     }
     // Point-to-point calls on the NCCL backend: a rendezvous on the engine, then the data
     // on a lane of their own (`p2p.rs`).

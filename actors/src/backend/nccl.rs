@@ -101,7 +101,7 @@ fn group_worker(member: &Member) -> Result<crossbeam_channel::Sender<Job>> {
 /// NCCL ordinal and its sequence number, as it would have (so the group's next call is the
 /// next on every member), and the other members hear at once (`Member::refuse`): their
 /// agreement steps fail with `Error::CallFailed`.
-fn refuse<T: Send + 'static>(member: &Member, e: Error) -> Work<T> {
+pub(super) fn refuse<T: Send + 'static>(member: &Member, e: Error) -> Work<T> {
     let mut n = lock(&member.group.nccl_calls);
     *n += 1;
     let w = member.refuse(false, e);

@@ -18,6 +18,12 @@ pub(crate) fn call<T: Send + 'static>(
     member.ready(Err(DeviceError::FeatureDisabled.into()))
 }
 
+/// A call that failed its checks: every NCCL call of this build fails alike without taking
+/// a place in the group's order, and so does this one.
+pub(super) fn refuse<T: Send + 'static>(member: &Member, e: Error) -> Work<T> {
+    member.ready(Err(e))
+}
+
 /// Nothing to start: a send on the NCCL carrier fails when its transfer is issued.
 pub(super) fn start_lane(_: &Member, _: (usize, Carrier), _: &mut OutLane) -> Result<()> {
     Ok(())
