@@ -34,6 +34,9 @@ pub struct World {
     /// The actor systems (and their threads) of restarted ranks, each with its rank's
     /// handle, stopped with the world.
     restarted: Mutex<Vec<(Communicator, System, JoinHandle<()>)>>,
+    /// Held by a restart, so that restarts happen one at a time (the other locks are held
+    /// only to read or write, never while ranks run: a completion may run user code).
+    restarting: Mutex<()>,
 }
 
 /// What the ranks of a world share, kept to make a restarted rank of the same kind.
@@ -117,6 +120,7 @@ impl World {
                 hub,
             },
             restarted: Mutex::new(Vec::new()),
+            restarting: Mutex::new(()),
         })
     }
 
@@ -142,7 +146,7 @@ impl World {
     /// program does after a loss, and for supervisors. The world's other ranks go on;
     /// [`shutdown`](Self::shutdown) still stops them all.
     pub fn kill(&self, r: usize) -> Result<()> {
-        let current = lock(&self.current);
+        let current = lock(&self.current).clone();
         let Some(victim) = current.get(r) else {
             return Err(Error::invalid(format!(
                 "no rank {r} in a world of {}",
@@ -167,7 +171,7 @@ impl World {
     /// every other link. For tests of partitions; cutting every link of one rank isolates
     /// it.
     pub fn cut(&self, a: usize, b: usize) -> Result<()> {
-        let current = lock(&self.current);
+        let current = lock(&self.current).clone();
         let (Some(da), Some(db)) = (current.get(a), current.get(b)) else {
             return Err(Error::invalid(format!(
                 "no link between ranks {a} and {b} in a world of {}",
@@ -194,9 +198,9 @@ impl World {
     ///
     /// [`Policy::Restart`]: crate::Policy::Restart
     pub fn restart(&self, r: usize) -> Result<Communicator> {
+        let _one_at_a_time = lock(&self.restarting);
         self.kill(r)?;
-        let mut current = lock(&self.current);
-        let Some(old) = current.get(r).cloned() else {
+        let Some(old) = lock(&self.current).get(r).cloned() else {
             return Err(Error::invalid(format!("no rank {r}")));
         };
         // Its view of the world group (the handles a world keeps are world communicators).
@@ -228,18 +232,22 @@ impl World {
             incarnation: old.incarnation().saturating_add(1),
         });
         let comm = Communicator::new(shared, info);
-        current[r] = comm.clone();
-        let drivers: Vec<Arc<Driver>> = current
-            .iter()
-            .map(|c| c.member.rank.driver.clone())
-            .collect();
+        let drivers: Vec<Arc<Driver>> = {
+            let mut current = lock(&self.current);
+            if let Some(slot) = current.get_mut(r) {
+                *slot = comm.clone();
+            }
+            current
+                .iter()
+                .map(|c| c.member.rank.driver.clone())
+                .collect()
+        };
         driver.set_links(local::links(r, &drivers));
         for (p, d) in drivers.iter().enumerate() {
             if p != r {
                 d.relink(r, local::link(p, d, driver.clone()));
             }
         }
-        drop(current);
         lock(&self.restarted).push((comm.clone(), started.system, started.thread));
         tracing::info!(
             rank = r,
