@@ -570,6 +570,13 @@ impl Communicator {
         work
     }
 
+    /// A `split` that failed its checks on this rank: it takes its place as one would (a
+    /// child index, and its all_gather's sequence number), and the others hear at once.
+    pub(crate) fn refuse_split<T: Send + 'static>(&self, e: Error) -> Work<T> {
+        self.member.group.children.fetch_add(1, Ordering::Relaxed);
+        self.member.refuse(false, e)
+    }
+
     /// `split(color, key)` (torch's `split_group`/MPI's `Comm_split`): collective; ranks that
     /// pass the same `Some(color)` form a group, ordered by `(key, rank)`; `None` joins none.
     pub fn split(&self, color: Option<u32>, key: i64) -> Work<Option<Communicator>> {
