@@ -4,32 +4,15 @@
 //! and the next call completes everywhere with the right values. Skewed (the bad rank first
 //! or last), in batches, and beyond the flow-control window.
 
-use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
+mod common;
+use collectix_runtime::group::{GroupId, GroupOptions};
 use collectix_runtime::testing::sim::Sim;
 use collectix_runtime::testing::Case;
 use collectix_runtime::{DType, Error, OpId, OpKind, ReduceOp, Request, Tensor, Time};
-use std::time::Duration;
-
-const TIMEOUT: Duration = Duration::from_millis(50);
-const STEPS: usize = 1_000_000;
-
-fn opts() -> CallOptions {
-    CallOptions {
-        timeout: Some(TIMEOUT),
-        ..Default::default()
-    }
-}
+use common::{opts, run, TIMEOUT};
 
 fn all_reduce(w: usize) -> Case {
-    Case {
-        kind: OpKind::AllReduce,
-        size: w,
-        count: 4,
-        dtype: DType::I32,
-        op: ReduceOp::Sum,
-        root: 0,
-        algorithm: None,
-    }
+    common::case(OpKind::AllReduce, w, DType::I32)
 }
 
 /// An all_reduce that fails its checks: `Avg` of integers.
@@ -52,12 +35,6 @@ fn good(sim: &mut Sim, r: usize, req: Request) -> OpId {
 
 fn engine(sim: &Sim, r: usize) -> &collectix_runtime::Engine {
     sim.engine(r).unwrap_or_else(|| panic!("no rank {r}"))
-}
-
-fn run(sim: &mut Sim) {
-    if let Err(e) = sim.run(STEPS) {
-        panic!("did not settle: {e:?}\n{}", sim.trace_text());
-    }
 }
 
 /// Rank `r`'s call `id` failed with `CallFailed` naming `bad` at `seq`, well before the

@@ -4,43 +4,20 @@
 //! rank as the group's pending error, which its next call on the group, a
 //! `monitored_barrier` or `destroy_group` returns.
 
-use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
+mod common;
+use collectix_runtime::group::{GroupId, GroupOptions};
 use collectix_runtime::testing::sim::Sim;
 use collectix_runtime::testing::Case;
-use collectix_runtime::{DType, Error, OpId, OpKind, ReduceOp, Request, Time};
-use std::time::Duration;
-
-const TIMEOUT: Duration = Duration::from_millis(50);
-const STEPS: usize = 1_000_000;
-
-fn opts() -> CallOptions {
-    CallOptions {
-        timeout: Some(TIMEOUT),
-        ..Default::default()
-    }
-}
+use collectix_runtime::{DType, Error, OpId, OpKind, Request, Time};
+use common::{opts, run, TIMEOUT};
 
 fn case(kind: OpKind, w: usize) -> Case {
-    Case {
-        kind,
-        size: w,
-        count: 4,
-        dtype: DType::I32,
-        op: ReduceOp::Sum,
-        root: 0,
-        algorithm: None,
-    }
+    common::case(kind, w, DType::I32)
 }
 
 fn submit(sim: &mut Sim, r: usize, req: Request) -> OpId {
     sim.submit(r, GroupId::WORLD, req, &opts())
         .unwrap_or_else(|e| panic!("rank {r}: {e}"))
-}
-
-fn run(sim: &mut Sim) {
-    if let Err(e) = sim.run(STEPS) {
-        panic!("did not settle: {e:?}\n{}", sim.trace_text());
-    }
 }
 
 /// The root cause of a result, or a panic naming what was there instead.

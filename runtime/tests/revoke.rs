@@ -2,32 +2,16 @@
 //! pending and later calls fail promptly, naming the revoker; and a group made after a loss
 //! that still names the lost rank fails at once.
 
-use collectix_runtime::group::{CallOptions, GroupId, GroupOptions};
+mod common;
+use collectix_runtime::group::{GroupId, GroupOptions};
 use collectix_runtime::testing::sim::Sim;
 use collectix_runtime::testing::Case;
-use collectix_runtime::{DType, Error, OpId, OpKind, ReduceOp, Time};
+use collectix_runtime::{DType, Error, OpId, OpKind, Time};
+use common::{opts, STEPS, TIMEOUT};
 use std::time::Duration;
 
-const TIMEOUT: Duration = Duration::from_millis(50);
-const STEPS: usize = 1_000_000;
-
-fn opts() -> CallOptions {
-    CallOptions {
-        timeout: Some(TIMEOUT),
-        ..Default::default()
-    }
-}
-
 fn all_reduce(w: usize) -> Case {
-    Case {
-        kind: OpKind::AllReduce,
-        size: w,
-        count: 4,
-        dtype: DType::F32,
-        op: ReduceOp::Sum,
-        root: 0,
-        algorithm: None,
-    }
+    common::case(OpKind::AllReduce, w, DType::F32)
 }
 
 fn revoked_by(e: Option<&collectix_runtime::Result<collectix_runtime::Output>>) -> Option<usize> {
