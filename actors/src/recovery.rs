@@ -246,6 +246,9 @@ fn agree(rank: &Arc<RankShared>, old: &Old, mut ag: Agreement) -> Result<Recover
                     ag.fail(e);
                 }
             }
+            // A rank stopped while it agrees (killed, its world shut down) is no survivor:
+            // it hears no more losses, and would wait out the deadline.
+            Ask::Look { .. } if rank.driver.is_closed() => ag.fail(Error::Shutdown),
             Ask::Look { keys } => match look(store.as_ref(), &keys) {
                 Ok(values) => {
                     let (lost, _) = rank.driver.survivors_view(old.id);
