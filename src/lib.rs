@@ -83,13 +83,13 @@ pub use collectix_runtime as runtime;
 pub use collectix_actors::device;
 pub use collectix_actors::device::TensorDeviceExt;
 pub use collectix_actors::{
-    init, job_status, CallRecord, CallState, Communicator, Connect, DeviceBackend, FileStore,
-    InitArgs, JobConfig, JobStatus, Launcher, Liveness, MemoryStore, Mesh2d, P2POp, Policy,
-    PrefixStore, Process, RankStatus, Recovered, Rendezvous, Secret, Security, Store, TcpStore,
-    TcpStoreServer, Work, World, CALLS_KEPT, FIRST_RESERVED_TAG,
+    init, job_status, BufferCalls, BufferWork, CallRecord, CallState, Communicator, Connect,
+    DeviceBackend, Failed, FileStore, InitArgs, JobConfig, JobStatus, Launcher, Liveness,
+    MemoryStore, Mesh2d, P2POp, Policy, PrefixStore, Process, RankStatus, Recovered, Rendezvous,
+    Secret, Security, Store, TcpStore, TcpStoreServer, Work, World, CALLS_KEPT, FIRST_RESERVED_TAG,
 };
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{
-    Algorithm, CallOptions, DType, Device, DeviceError, Element, Error, GroupId, GroupOptions,
-    Locality, OpKind, ReduceOp, Request, Result, Tensor,
+    Algorithm, Buffer, CallOptions, DType, Device, DeviceError, Element, Error, GroupId,
+    GroupOptions, Locality, OpKind, ReduceOp, Request, Result, Tensor,
 };

@@ -43,6 +43,7 @@
 
 mod addr;
 mod backend;
+mod buffers;
 mod comm;
 pub mod device;
 mod job;
@@ -65,6 +66,7 @@ mod world;
 
 pub use backend::p2p::FIRST_RESERVED_TAG;
 pub use backend::DeviceBackend;
+pub use buffers::{BufferCalls, BufferWork, Failed};
 pub use comm::{Communicator, P2POp};
 pub use job::{parse_nodelist, InitArgs, JobConfig, Launcher, Rendezvous};
 pub use mesh2d::Mesh2d;

@@ -59,6 +59,8 @@ pub(crate) struct GroupShared {
     /// group, so that a communicator still being created (waiting for the other members)
     /// never holds up another group's calls.
     pub(crate) nccl_worker: Mutex<Option<crate::device::cuda::worker::WorkerHandle>>,
+    /// Recycled memory for the inputs of in-place calls on caller buffers (`buffers.rs`).
+    pub(crate) staging: collectix_runtime::tensor::pool::Pool,
 }
 
 impl GroupShared {
@@ -71,6 +73,7 @@ impl GroupShared {
             schedules: ScheduleCache::default(),
             p2p: Lanes::default(),
             nccl_worker: Mutex::new(None),
+            staging: crate::buffers::staging_pool(),
         })
     }
 }
@@ -144,6 +147,28 @@ impl Member {
         };
         let seq = if plan.is_p2p() { 0 } else { self.reserve(1) };
         self.issue(seq, plan, map)
+    }
+
+    /// [`call_host`](Self::call_host) for a call that writes its result into the caller's
+    /// buffers in `dest` (checked against the call first: a mismatch is refused like any
+    /// argument error).
+    pub(crate) fn call_host_into<T: Send + 'static>(
+        &self,
+        req: Request,
+        opts: &CallOptions,
+        dest: &collectix_runtime::Destination,
+        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
+    ) -> Work<T> {
+        let p2p = req.is_p2p();
+        let plan = Plan::new_cached(req, &self.group.info, opts, &self.group.schedules)
+            .and_then(|p| p.writing_into(dest));
+        match plan {
+            Ok(plan) => {
+                let seq = self.reserve(1);
+                self.issue(seq, plan, map)
+            }
+            Err(e) => self.refuse(p2p, e),
+        }
     }
 
     /// Issues `plan` at `seq` and hands back its [`Work`], driven by its caller while it

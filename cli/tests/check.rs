@@ -66,6 +66,31 @@ fn every_collective_checks_out_on_small_sizes() {
 }
 
 #[test]
+fn every_collective_checks_out_into_caller_buffers() {
+    for c in COLLECTIVES.iter().filter(|c| **c != "send_recv") {
+        let mut args = vec!["--collective", c, "--ranks", "3", "--buffers", "-o", "avg"];
+        args.extend(SMALL);
+        let (ok, text) = bench(&args);
+        assert!(ok, "{c}:\n{text}");
+        assert!(text.contains("outputs in caller buffers"), "{c}:\n{text}");
+        assert!(text.contains("#wrong in total: 0"), "{c}:\n{text}");
+    }
+    let (ok, text) = bench(&[
+        "--collective",
+        "send_recv",
+        "--buffers",
+        "-b",
+        "4",
+        "-e",
+        "4",
+    ]);
+    assert!(
+        !ok && text.contains("--buffers runs the collectives"),
+        "{text}"
+    );
+}
+
+#[test]
 fn ops_other_than_sum_check_out() {
     for op in ["prod", "min", "max", "avg"] {
         for c in ["all_reduce", "reduce", "reduce_scatter"] {

@@ -81,12 +81,13 @@ pub mod testing;
 mod time;
 pub mod wire;
 
-pub use collective::{CheckedCall, Output, Plan, Request, TensorSpec};
+pub use collective::{CheckedCall, Destination, Output, Plan, Request, TensorSpec};
 pub use engine::{Engine, Event, OpId};
 pub use error::{DeviceError, Error, LinkFailure, LinkStep, RankCall, Result};
 pub use group::{CallOptions, GroupId, GroupInfo, GroupOptions, Locality};
 pub use ids::{DataPath, Fingerprint};
 pub use op::{Algorithm, CodeError, OpKind, ReduceKind};
+pub use tensor::buffer::Buffer;
 pub use tensor::dtype::{bf16, f16, DType, Element};
 pub use tensor::reduce::ReduceOp;
 pub use tensor::{Device, DeviceStorage, Tensor};

@@ -63,6 +63,10 @@ pub(crate) struct Args {
     /// Backend for device tensors.
     #[arg(long, value_enum, default_value = "nccl")]
     pub(super) backend: Backend,
+    /// Write every call's outputs into buffers this rank owns and reuses (the caller-buffer
+    /// path, `Communicator::buffers`) instead of new tensors; host collectives only.
+    #[arg(long)]
+    pub(super) buffers: bool,
     /// Target length of one sample, in milliseconds.
     #[arg(long, default_value_t = 5.0)]
     pub(super) sample_ms: f64,

@@ -4,7 +4,7 @@
 use super::args::Args;
 use super::cell::{count_wrong, flatten, Cell, Collective};
 use collectix::runtime::collective::{Output, Request};
-use collectix::{CallOptions, Communicator, ReduceOp, Result};
+use collectix::{Buffer, CallOptions, Communicator, ReduceOp, Result};
 use std::time::Instant;
 
 /// One cell as one rank measured it, made the same on every rank by collectives: the wrong
@@ -22,10 +22,65 @@ pub(super) struct Measured {
     pub(super) peak: Option<(f64, bool)>,
 }
 
-/// Submits every request of one call, then waits for each; their outputs in order.
-fn submit_all(c: &Communicator, reqs: &[Request], opts: &CallOptions) -> Result<Vec<Output>> {
-    let works: Vec<_> = reqs.iter().map(|q| c.submit(q.clone(), opts)).collect();
-    works.into_iter().map(|w| w.wait()).collect()
+/// One call's requests, and with `--buffers` the buffers each writes its outputs into (taken
+/// by each call and handed back).
+struct Calls {
+    reqs: Vec<Request>,
+    outputs: Option<Vec<Vec<Buffer>>>,
+}
+
+impl Calls {
+    fn new(a: &Args, c: &Communicator, reqs: Vec<Request>, opts: &CallOptions) -> Result<Calls> {
+        let outputs = if a.buffers {
+            if reqs.iter().any(Request::is_p2p) {
+                return Err(collectix::Error::invalid(
+                    "--buffers runs the collectives (send_recv has no buffer form here)",
+                ));
+            }
+            let b = c.buffers().with_options(opts);
+            Some(
+                reqs.iter()
+                    .map(|q| b.outputs_for(q))
+                    .collect::<Result<_>>()?,
+            )
+        } else {
+            None
+        };
+        Ok(Calls { reqs, outputs })
+    }
+
+    /// Submits every request of one call, then waits for each; their outputs in order (with
+    /// `--buffers`, copies of the buffers only when `keep`: the check).
+    fn submit_all(
+        &mut self,
+        c: &Communicator,
+        opts: &CallOptions,
+        keep: bool,
+    ) -> Result<Vec<Output>> {
+        let Some(outputs) = &mut self.outputs else {
+            let works: Vec<_> = self
+                .reqs
+                .iter()
+                .map(|q| c.submit(q.clone(), opts))
+                .collect();
+            return works.into_iter().map(|w| w.wait()).collect();
+        };
+        let b = c.buffers().with_options(opts);
+        let works: Vec<_> = self
+            .reqs
+            .iter()
+            .zip(outputs.iter_mut())
+            .map(|(q, o)| b.submit(q.clone(), std::mem::take(o)))
+            .collect();
+        let mut got = Vec::new();
+        for (w, o) in works.into_iter().zip(outputs.iter_mut()) {
+            *o = w.wait()?;
+            if keep {
+                got.push(Output::Tensors(o.iter().map(Buffer::to_tensor).collect()));
+            }
+        }
+        Ok(got)
+    }
 }
 
 /// Resets this process's peak RSS to its current RSS (Linux: `clear_refs` with 5), so that
@@ -60,9 +115,9 @@ pub(super) fn measure(
     cell: &Cell,
     opts: &CallOptions,
 ) -> Result<Measured> {
-    let reqs = cell.requests(r)?;
+    let mut reqs = Calls::new(a, c, cell.requests(r)?, opts)?;
     let wrong = if a.check != 0 && a.collective != Collective::Barrier {
-        Some(check(c, r, cell, &reqs, opts)?)
+        Some(check(c, r, cell, &mut reqs, opts)?)
     } else {
         None
     };
@@ -70,7 +125,7 @@ pub(super) fn measure(
     // Every rank has made its inputs and finished its check: the peak from here on is the
     // calls' own (inputs, outputs and what the calls hold), not the check's reference copies.
     let reset = r == 0 && reset_peak_rss();
-    let calls = calibrate(a, c, &reqs, opts)?;
+    let calls = calibrate(a, c, &mut reqs, opts)?;
     let mut v = Vec::with_capacity(a.iters);
     let mut woken = 0;
     for _ in 0..a.iters.max(1) {
@@ -78,12 +133,12 @@ pub(super) fn measure(
         let before = c.background_wakeups();
         let t0 = Instant::now();
         for _ in 0..calls {
-            submit_all(c, &reqs, opts)?;
+            reqs.submit_all(c, opts, false)?;
         }
         v.push(t0.elapsed().as_secs_f64() / calls as f64);
         woken += c.background_wakeups() - before;
     }
-    let per_call = woken as f64 / (calls * a.iters.max(1) * reqs.len().max(1)) as f64;
+    let per_call = woken as f64 / (calls * a.iters.max(1) * reqs.reqs.len().max(1)) as f64;
     let peak = if r == 0 {
         peak_rss_mib().map(|m| (m, reset))
     } else {
@@ -104,10 +159,10 @@ fn check(
     c: &Communicator,
     r: usize,
     cell: &Cell,
-    reqs: &[Request],
+    reqs: &mut Calls,
     opts: &CallOptions,
 ) -> Result<usize> {
-    let out = submit_all(c, reqs, opts)?;
+    let out = reqs.submit_all(c, opts, true)?;
     let want = cell.expected(r).unwrap_or_default();
     let mine = count_wrong(&flatten(&out)?, &want, cell.op, cell.dtype) as f64;
     Ok(over_ranks(c, vec![mine], ReduceOp::Sum)?[0] as usize)
@@ -115,10 +170,10 @@ fn check(
 
 /// The warm-up calls (`-w`, at least one); the calls per sample that make a sample last about
 /// `--sample-ms` on the slowest rank.
-fn calibrate(a: &Args, c: &Communicator, reqs: &[Request], opts: &CallOptions) -> Result<usize> {
+fn calibrate(a: &Args, c: &Communicator, reqs: &mut Calls, opts: &CallOptions) -> Result<usize> {
     let t0 = Instant::now();
     for _ in 0..a.warmup.max(1) {
-        submit_all(c, reqs, opts)?;
+        reqs.submit_all(c, opts, false)?;
     }
     let mine = t0.elapsed().as_secs_f64() / a.warmup.max(1) as f64;
     let per_call = over_ranks(c, vec![mine], ReduceOp::Max)?[0].max(1e-9);

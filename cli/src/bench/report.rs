@@ -125,14 +125,15 @@ impl Table {
     pub(super) fn head(&self, a: &Args, w: usize, bind: bool, backend: DeviceBackend) {
         let transport = format!("{:?}", a.transport).to_lowercase();
         self.say(format!(
-            "# collectix bench: {}, {w} ranks, transport {transport}{}, device {}{}, {}, op {}, {} samples",
+            "# collectix bench: {}, {w} ranks, transport {transport}{}, device {}{}, {}, op {}, {} samples{}",
             a.collective.name(),
             if bind { " (ranks bound to cores)" } else { "" },
             format!("{:?}", a.device).to_lowercase(),
             if a.device == Dev::Cpu { String::new() } else { format!(" ({backend:?})") },
             a.dtype.dtype(),
             a.op.reduce_op(),
-            a.iters
+            a.iters,
+            if a.buffers { ", outputs in caller buffers" } else { "" }
         ));
         self.say(format!(
             "#{:>11} {:>11} {:>8} {:>6} {:>5} {:>10} {:>10} {:>10} {:>8} {:>8} {:>7}",

@@ -14,6 +14,7 @@ mod barrier;
 mod broadcast;
 #[cfg(any(test, feature = "testing"))]
 pub(crate) mod case;
+mod dest;
 mod gather_scatter;
 mod p2p;
 mod reduce;
@@ -21,6 +22,7 @@ mod reduce_scatter;
 mod request;
 mod select;
 
+pub use dest::Destination;
 pub use request::Request;
 
 use crate::error::{Error, Result};
@@ -86,6 +88,9 @@ pub enum Output {
     Tensor(Tensor),
     /// One tensor per rank.
     Tensors(Vec<Tensor>),
+    /// The caller's buffers, holding the result (a plan
+    /// [`writing_into`](Plan::writing_into) a [`Destination`]).
+    Buffers(Vec<crate::tensor::buffer::Buffer>),
     /// A received tensor and its sender (group-local).
     Received {
         /// The data.
@@ -118,6 +123,8 @@ pub(crate) enum Body {
         init: Vec<Option<Bytes>>,
         assembly: Assembly,
         share: Share,
+        /// The caller's buffers the result goes into, if any (instead of new tensors).
+        dest: Option<Destination>,
     },
     Send {
         dst: usize,
@@ -209,6 +216,7 @@ impl Plan {
                 init,
                 assembly,
                 share: Share::Nothing,
+                dest: None,
             },
             timeout,
             group_size,
@@ -488,6 +496,7 @@ impl Planner<'_> {
                 init,
                 assembly: checked.assembly,
                 share: Share::Nothing,
+                dest: None,
             },
             timeout: self.opts.timeout.unwrap_or(self.g.options.timeout),
             group_size: self.w(),

@@ -278,7 +278,12 @@ impl Engine {
                 }
                 return;
             }
-            if let Err(e) = receive_step(self.plane.as_ref(), c, op.fp, op.reduce) {
+            let received = receive_step(self.plane.as_ref(), c, op.fp, op.reduce);
+            let written = match (&received, &mut c.sink) {
+                (Ok(()), Some(sink)) => sink.after_step(c.step, &mut c.chunks),
+                _ => Ok(()),
+            };
+            if let Err(e) = received.and(written) {
                 let gid = op.group;
                 self.abort(gid, e.clone(), Some((id, e)), true);
                 return;

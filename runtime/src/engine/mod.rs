@@ -28,6 +28,7 @@ mod membership;
 mod output;
 mod p2p;
 pub(crate) mod p2p_flow;
+mod sink;
 
 use crate::collective::{Assembly, Body, Output, Plan, Share, TensorSpec};
 use crate::data_plane::{DataPlane, HostPlane};
@@ -103,6 +104,8 @@ struct CollectiveState {
     /// The output the ranks of this process share for this call, and which chunks this rank
     /// writes into it (see `tensor::arena`).
     arena: Option<(Arc<Arena>, Share)>,
+    /// The caller's buffers the result goes into, if it has them (`sink.rs`).
+    sink: Option<sink::Sink>,
 }
 
 /// The most receives a call's schedule may have for its messages to be checked by scanning
@@ -406,6 +409,7 @@ impl Engine {
                 mut init,
                 assembly,
                 share,
+                dest,
             } => {
                 let recvs = schedule.steps.iter().map(|s| s.recvs.len()).sum::<usize>();
                 let expected = (recvs > SCANNED_RECVS).then(|| {
@@ -418,8 +422,10 @@ impl Engine {
                     index
                 });
                 let size = fp.dtype.size();
+                let sink = dest.map(|d| sink::Sink::new(d, &schedule, &assembly, size));
                 // A non-root of a split reduce writes its reduced block into the root's output.
                 let arena = match (&share, &assembly) {
+                    _ if sink.is_some() => None,
                     (Share::Folds | Share::Own(_), Assembly::Whole(_))
                     | (Share::Folds, Assembly::Return(_)) => self
                         .plane
@@ -437,6 +443,7 @@ impl Engine {
                     expected,
                     assembly,
                     arena: None,
+                    sink,
                 };
                 if let Some((a, Share::Own(own))) = &arena {
                     // This rank's own blocks go into the shared output now; a range it cannot

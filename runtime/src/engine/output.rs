@@ -79,11 +79,14 @@ fn shared(c: &CollectiveState, dtype: DType) -> Option<Bytes> {
 
 pub(super) fn build_output(
     plane: &dyn DataPlane,
-    c: CollectiveState,
+    mut c: CollectiveState,
     dtype: DType,
     op: Option<ReduceOp>,
     group_size: usize,
 ) -> Result<Output> {
+    if let Some(sink) = c.sink.take() {
+        return sink.finish(&c.chunks, dtype, op, group_size);
+    }
     let post = |b: Bytes| -> Result<Bytes> {
         match op {
             Some(op) => Ok(reduce::post(dtype, op, &b, group_size)?.unwrap_or(b)),

@@ -6,6 +6,7 @@
 //! values (reductions, the local [`scatter_`](Tensor::scatter_) family) write a new buffer.
 
 pub mod arena;
+pub mod buffer;
 pub mod dtype;
 pub mod local_ops;
 pub mod pool;

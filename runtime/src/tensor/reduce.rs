@@ -184,6 +184,8 @@ pub(crate) trait Kernel: bytemuck::Pod {
     fn scale(a: &[Self], s: f64) -> Option<Vec<Self>>;
     /// Every element divided by `n` (floats only).
     fn divide(a: &[Self], n: usize) -> Option<Vec<Self>>;
+    /// [`divide`](Kernel::divide) in place (the same bits).
+    fn divide_in_place(a: &mut [Self], n: usize) -> Option<()>;
 }
 
 macro_rules! float_minmax {
@@ -246,6 +248,11 @@ macro_rules! float_kernel {
                 let n = n as $t;
                 Some(a.iter().map(|&x| x / n).collect())
             }
+            fn divide_in_place(a: &mut [Self], n: usize) -> Option<()> {
+                let n = n as $t;
+                a.iter_mut().for_each(|x| *x /= n);
+                Some(())
+            }
         }
     };
 }
@@ -275,6 +282,23 @@ where
             *x = f(*x, y);
         }
         co[..n].convert_from_f32_slice(&fa[..n]);
+    }
+}
+
+/// `f(a)` for 16-bit floats in place, as [`half_into`] computes it.
+fn half_in_place<T>(a: &mut [T], f: impl Fn(f32) -> f32)
+where
+    T: Copy,
+    [T]: half::slice::HalfFloatSliceExt,
+{
+    use half::slice::HalfFloatSliceExt;
+    const BLOCK: usize = 256;
+    let mut fa = [0f32; BLOCK];
+    for ca in a.chunks_mut(BLOCK) {
+        let n = ca.len();
+        ca.convert_to_f32_slice(&mut fa[..n]);
+        fa[..n].iter_mut().for_each(|x| *x = f(*x));
+        ca.convert_from_f32_slice(&fa[..n]);
     }
 }
 
@@ -315,6 +339,11 @@ macro_rules! half_kernel {
                 let n = n as f32;
                 Some(half_zip(a, a, |x, _| x / n))
             }
+            fn divide_in_place(a: &mut [Self], n: usize) -> Option<()> {
+                let n = n as f32;
+                half_in_place(a, |x| x / n);
+                Some(())
+            }
         }
     };
 }
@@ -349,6 +378,9 @@ macro_rules! int_kernel {
                 None
             }
             fn divide(_: &[Self], _: usize) -> Option<Vec<Self>> {
+                None
+            }
+            fn divide_in_place(_: &mut [Self], _: usize) -> Option<()> {
                 None
             }
         }
@@ -477,6 +509,23 @@ pub(crate) fn post(
     crate::with_storage_type!(dtype, T => {
         let out = <T as Kernel>::divide(view::<T>(a)?, group_size).ok_or_else(|| unsupported(op, dtype))?;
         Ok(Some(bytes_from_vec(out)))
+    })
+}
+
+/// [`post`] in place: the output transform of `op` over `group_size` ranks applied to `a`.
+pub(crate) fn post_in_place(
+    dtype: DType,
+    op: ReduceOp,
+    a: &mut [u8],
+    group_size: usize,
+) -> Result<()> {
+    if op != ReduceOp::Avg || a.is_empty() {
+        return Ok(());
+    }
+    crate::with_storage_type!(dtype, T => {
+        let v: &mut [T] = bytemuck::try_cast_slice_mut(a)
+            .map_err(|e| Error::invalid(format!("misaligned or ragged buffer: {e}")))?;
+        <T as Kernel>::divide_in_place(v, group_size).ok_or_else(|| unsupported(op, dtype))
     })
 }
 

@@ -236,6 +236,15 @@ impl Sim {
         self.engines.get(rank).map_or(0, Engine::pending)
     }
 
+    /// Global rank `rank`'s view of group `group` (to plan calls with [`Plan::new`] and
+    /// [`submit_plan`](Self::submit_plan) them).
+    pub fn group(&self, rank: usize, group: GroupId) -> Result<GroupInfo> {
+        self.groups
+            .get(&(rank, group))
+            .cloned()
+            .ok_or(Error::NotAMember { group, rank })
+    }
+
     /// Registers a group on global rank `rank`.
     pub fn add_group(&mut self, rank: usize, info: GroupInfo) {
         self.groups.insert((rank, info.id), info.clone());

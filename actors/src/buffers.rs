@@ -1,0 +1,461 @@
+//! Caller-owned buffers: every collective torch writes into a caller's tensor, writing into
+//! a caller's [`Buffer`] ([`Communicator::buffers`]), with torch's names and argument order.
+//!
+//! | torch.distributed | collectix |
+//! |---|---|
+//! | `all_reduce(tensor, op)` | `buffers().all_reduce(tensor, op)` |
+//! | `broadcast(tensor, src)` | `buffers().broadcast(tensor, src)` |
+//! | `reduce(tensor, dst, op)` | `buffers().reduce(tensor, dst, op)` |
+//! | `all_gather(tensor_list, tensor)` | `buffers().all_gather(tensor_list, tensor)` |
+//! | `all_gather_into_tensor(output, input)` | `buffers().all_gather_into_tensor(output, input)` |
+//! | `all_gather_into_tensor(output, output.chunk(w)[rank])` | `buffers().all_gather_into_tensor_in_place(output)` |
+//! | `gather(tensor, gather_list, dst)` | `buffers().gather(tensor, gather_list, dst)` |
+//! | `scatter(tensor, scatter_list, src)` | `buffers().scatter(tensor, scatter_list, src)` |
+//! | `reduce_scatter(output, input_list, op)` | `buffers().reduce_scatter(output, input_list, op)` |
+//! | `reduce_scatter_tensor(output, input, op)` | `buffers().reduce_scatter_tensor(output, input, op)` |
+//! | `all_to_all(output_list, input_list)` | `buffers().all_to_all(output_list, input_list)` |
+//! | `all_to_all_single(output, input, …)` | `buffers().all_to_all_single(output, input, …)` |
+//! | `recv(tensor, src)` | `buffers().recv(tensor, src, tag)` |
+//!
+//! The rules, each enforced rather than documented:
+//! - **The caller cannot touch a buffer while its call runs**: the call takes it by value and
+//!   its [`BufferWork`] hands it back, with the result or with the error ([`Failed`]).
+//! - **A buffer of the wrong dtype, size or count is refused before anything is sent**, with
+//!   [`Error::InvalidArgument`]; the group's other members are told, so their parts of the
+//!   call fail at once with [`Error::CallFailed`], and the buffers come back unchanged.
+//! - **Nothing aliases**: inputs are [`Tensor`]s (shared and immutable) and outputs are
+//!   buffers (owned and mutable), so an output can never be an input. The in-place forms read
+//!   their input out of the buffer when the call is issued; the engine never sends memory of
+//!   a caller's buffer, so no peer reads what this rank writes.
+//! - **A call that fails** hands its buffers back in [`Failed::buffers`], with their dtype,
+//!   size and shape; their contents are unspecified: each element holds its old value, its
+//!   result, or a partial result (the engine writes each part of the output as soon as it is
+//!   final, so that a call holds no second copy of its output).
+//!
+//! What it costs: no allocation proportional to the data on this path, in steady state (the
+//! engine's working chunks are recycled through a pool; `tests/buffers_alloc.rs` counts);
+//! a call's memory is its inputs, its outputs and the chunks in flight. An in-place call
+//! copies its input once (into a recycled buffer) when it is issued.
+//!
+//! ```
+//! use collectix_actors::World;
+//! use collectix_runtime::{Buffer, DType, ReduceOp, Tensor};
+//!
+//! let world = World::local(2)?;
+//! let works: Vec<_> = world.communicators().iter().map(|c| {
+//!     // FSDP2's gather: each rank's shard is its slice of one flat buffer.
+//!     let mut flat = Buffer::zeros(&[4], DType::F32).expect("4 floats");
+//!     let r = c.rank();
+//!     flat.as_mut_slice::<f32>()?[2 * r..2 * r + 2].copy_from_slice(&[r as f32; 2]);
+//!     Ok(c.buffers().all_gather_into_tensor_in_place(flat))
+//! }).collect::<collectix_runtime::Result<_>>()?;
+//! for w in works {
+//!     assert_eq!(w.wait()?.to_vec::<f32>()?, vec![0.0, 0.0, 1.0, 1.0]);
+//! }
+//! # Ok::<(), collectix_runtime::Error>(())
+//! ```
+
+use crate::comm::Communicator;
+use crate::work::Work;
+use collectix_runtime::tensor::pool::Pool;
+use collectix_runtime::{
+    Buffer, CallOptions, Destination, Error, Output, ReduceOp, Request, Result, Tensor, TensorSpec,
+};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// The most bytes of in-place inputs a member keeps free for reuse.
+pub(crate) const STAGING_BYTES: usize = 128 << 20;
+
+/// A call that writes into caller buffers, in flight: like [`Work`], with the buffers handed
+/// back whatever happens ([`Failed`] on an error).
+#[must_use = "a dropped BufferWork detaches the call and drops its buffers"]
+pub struct BufferWork<T> {
+    work: Work<T>,
+    dest: Destination,
+}
+
+impl<T> BufferWork<T> {
+    fn failed(&self, error: Error) -> Failed {
+        Failed {
+            error,
+            buffers: self.dest.take().unwrap_or_default(),
+        }
+    }
+
+    /// Blocks until the call finishes (as [`Work::wait`]).
+    pub fn wait(self) -> std::result::Result<T, Failed> {
+        let dest = self.dest.clone();
+        self.work.wait().map_err(|error| Failed {
+            error,
+            buffers: dest.take().unwrap_or_default(),
+        })
+    }
+
+    /// Whether the call has finished.
+    pub fn is_completed(&self) -> bool {
+        self.work.is_completed()
+    }
+}
+
+impl<T> Future for BufferWork<T> {
+    type Output = std::result::Result<T, Failed>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.work).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(t)) => Poll::Ready(Ok(t)),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(this.failed(e))),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for BufferWork<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferWork")
+            .field("completed", &self.is_completed())
+            .finish()
+    }
+}
+
+/// A call on caller buffers that failed: the error, and the buffers back (their contents
+/// unspecified, see the [module doc](self)). Converts into [`Error`], so `?` works.
+#[derive(Debug)]
+pub struct Failed {
+    /// Why.
+    pub error: Error,
+    /// The call's buffers, in the order they were given.
+    pub buffers: Vec<Buffer>,
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for Failed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<Failed> for Error {
+    fn from(f: Failed) -> Error {
+        f.error
+    }
+}
+
+/// The calls of one communicator that write into caller buffers (see the
+/// [module doc](self)); from [`Communicator::buffers`].
+///
+/// A buffer moves into its call, so touching it before the call hands it back does not
+/// compile:
+///
+/// ```compile_fail
+/// # use collectix_actors::World;
+/// # use collectix_runtime::{Buffer, DType, ReduceOp};
+/// # let world = World::local(1).unwrap();
+/// # let c = &world.communicators()[0];
+/// let mut b = Buffer::zeros(&[4], DType::F32).unwrap();
+/// let work = c.buffers().all_reduce(b, ReduceOp::Sum);
+/// b.as_mut_slice::<f32>(); // error[E0382]: borrow of moved value: `b`
+/// # drop(work.wait());
+/// ```
+#[derive(Clone)]
+pub struct BufferCalls<'a> {
+    comm: &'a Communicator,
+    opts: CallOptions,
+}
+
+fn exactly_one(mut v: Vec<Buffer>) -> Result<Buffer> {
+    match (v.pop(), v.is_empty()) {
+        (Some(b), true) => Ok(b),
+        _ => Err(Error::internal("expected one output buffer")),
+    }
+}
+
+impl Communicator {
+    /// This communicator's calls that write into caller-owned [`Buffer`]s: torch's
+    /// pre-allocated outputs and in-place forms (see [`BufferCalls`]).
+    pub fn buffers(&self) -> BufferCalls<'_> {
+        BufferCalls {
+            comm: self,
+            opts: CallOptions::default(),
+        }
+    }
+}
+
+impl<'a> BufferCalls<'a> {
+    /// The same calls with per-call options (algorithm, timeout).
+    pub fn with_options(mut self, opts: &CallOptions) -> BufferCalls<'a> {
+        self.opts = opts.clone();
+        self
+    }
+
+    /// Plans `req` writing into `bufs` and issues it; `unpack` makes the caller's result of
+    /// the buffers. A refused call (its arguments, or its buffers) still takes its sequence
+    /// number and tells the other members, and hands the buffers back.
+    fn issue<T: Send + 'static>(
+        &self,
+        req: Result<Request>,
+        bufs: Vec<Buffer>,
+        unpack: impl FnOnce(Vec<Buffer>) -> Result<T> + Send + 'static,
+    ) -> BufferWork<T> {
+        let dest = Destination::new(bufs);
+        let member = &self.comm.member;
+        let work = match req {
+            Err(e) => member.refuse(false, e),
+            Ok(req) => member.call_host_into(req, &self.opts, &dest, move |o| match o {
+                Output::Buffers(v) => unpack(v),
+                other => Err(Error::internal(format!(
+                    "expected the caller's buffers back, got {other:?}"
+                ))),
+            }),
+        };
+        BufferWork { work, dest }
+    }
+
+    /// A copy of `elems` elements of `buf` (in elements) as a tensor, from the member's
+    /// recycled staging memory: the input of an in-place call.
+    fn staged(&self, buf: &Buffer, elems: std::ops::Range<usize>) -> Result<Tensor> {
+        let src = buf.elems(elems.clone())?;
+        let mut b = self.comm.member.group.staging.take(src.len());
+        b.bytes_mut().copy_from_slice(src);
+        let shape = if elems.len() == buf.numel() {
+            buf.shape().to_vec()
+        } else {
+            vec![elems.len()]
+        };
+        Tensor::from_bytes(b.freeze(), buf.dtype(), &shape)
+    }
+
+    /// Any collective [`Request`] (as [`Communicator::submit`]), writing its outputs into
+    /// `outputs`: one buffer per output tensor the call returns on this rank, in order (see
+    /// [`outputs_for`](Self::outputs_for)). A call whose output is its input (a reduce's
+    /// non-root, a broadcast's root) leaves its buffer as it is.
+    pub fn submit(&self, req: Request, outputs: Vec<Buffer>) -> BufferWork<Vec<Buffer>> {
+        self.issue(Ok(req), outputs, Ok)
+    }
+
+    /// Buffers for `req`'s outputs on this rank, for [`submit`](Self::submit): zeros of
+    /// each output's shape and dtype, or a copy of the input where the output is the input.
+    /// Nothing is issued.
+    pub fn outputs_for(&self, req: &Request) -> Result<Vec<Buffer>> {
+        let info = &self.comm.member.group.info;
+        collectix_runtime::Plan::new(req.clone(), info, &self.opts)?.output_buffers()
+    }
+
+    /// `all_reduce(tensor, op)`, in place: `tensor` comes back holding the reduction.
+    pub fn all_reduce(&self, tensor: Buffer, op: ReduceOp) -> BufferWork<Buffer> {
+        let req = self
+            .staged(&tensor, 0..tensor.numel())
+            .map(|t| Request::AllReduce { tensor: t, op });
+        self.issue(req, vec![tensor], exactly_one)
+    }
+
+    /// `broadcast(tensor, src)`, in place: the root's `tensor` is sent (and comes back as it
+    /// was), every other rank's is overwritten with it.
+    pub fn broadcast(&self, tensor: Buffer, src: usize) -> BufferWork<Buffer> {
+        let req = self
+            .staged(&tensor, 0..tensor.numel())
+            .map(|t| Request::Broadcast {
+                tensor: t,
+                root: src,
+            });
+        self.issue(req, vec![tensor], exactly_one)
+    }
+
+    /// `reduce(tensor, dst, op)`, in place: `dst`'s `tensor` comes back holding the
+    /// reduction; the others' come back unchanged.
+    pub fn reduce(&self, tensor: Buffer, dst: usize, op: ReduceOp) -> BufferWork<Buffer> {
+        let req = self
+            .staged(&tensor, 0..tensor.numel())
+            .map(|t| Request::Reduce {
+                tensor: t,
+                root: dst,
+                op,
+            });
+        self.issue(req, vec![tensor], exactly_one)
+    }
+
+    /// `all_gather(tensor_list, tensor)`: `tensor_list[r]` gets rank r's `tensor`.
+    pub fn all_gather(&self, tensor_list: Vec<Buffer>, tensor: Tensor) -> BufferWork<Vec<Buffer>> {
+        let outputs = tensor_list.iter().map(Buffer::spec).collect();
+        let req = Request::AllGather {
+            input: tensor,
+            outputs,
+        };
+        self.issue(Ok(req), tensor_list, Ok)
+    }
+
+    /// `all_gather_into_tensor(output, input)`: `output` (W times `input`'s elements) gets
+    /// every rank's `input`, in rank order.
+    pub fn all_gather_into_tensor(&self, output: Buffer, input: Tensor) -> BufferWork<Buffer> {
+        let req = Request::AllGatherIntoTensor {
+            input,
+            output: output.spec(),
+        };
+        self.issue(Ok(req), vec![output], exactly_one)
+    }
+
+    /// `all_gather_into_tensor(output, output.chunk(W)[rank])`, FSDP2's gather: this rank's
+    /// input is its own slice of `output` (elements `rank·n..(rank+1)·n`, with n the
+    /// buffer's elements / W), and the whole buffer comes back gathered.
+    pub fn all_gather_into_tensor_in_place(&self, output: Buffer) -> BufferWork<Buffer> {
+        let (w, r) = (self.comm.size(), self.comm.rank());
+        let n = output.numel() / w.max(1);
+        let req = if n * w != output.numel() {
+            Err(Error::invalid(format!(
+                "an in-place all_gather_into_tensor needs a buffer of a multiple of {w} elements (the group's size); it holds {}",
+                output.numel()
+            )))
+        } else {
+            self.staged(&output, r * n..(r + 1) * n)
+                .map(|input| Request::AllGatherIntoTensor {
+                    input,
+                    output: output.spec(),
+                })
+        };
+        self.issue(req, vec![output], exactly_one)
+    }
+
+    /// `gather(tensor, gather_list, dst)`: `dst` passes one buffer per rank and gets them
+    /// back filled; the others pass `None` and get `None`.
+    pub fn gather(
+        &self,
+        tensor: Tensor,
+        gather_list: Option<Vec<Buffer>>,
+        dst: usize,
+    ) -> BufferWork<Option<Vec<Buffer>>> {
+        let root = self.comm.rank() == dst;
+        let req = Request::Gather {
+            input: tensor,
+            root: dst,
+        };
+        self.issue(Ok(req), gather_list.unwrap_or_default(), move |v| {
+            Ok(root.then_some(v))
+        })
+    }
+
+    /// `scatter(tensor, scatter_list, src)`: `tensor` gets the root's `scatter_list[rank]`.
+    pub fn scatter(
+        &self,
+        tensor: Buffer,
+        scatter_list: Option<Vec<Tensor>>,
+        src: usize,
+    ) -> BufferWork<Buffer> {
+        let req = Request::Scatter {
+            output: tensor.spec(),
+            inputs: scatter_list,
+            root: src,
+        };
+        self.issue(Ok(req), vec![tensor], exactly_one)
+    }
+
+    /// `reduce_scatter(output, input_list, op)`: `output` gets the reduction of every rank's
+    /// `input_list[rank]`.
+    pub fn reduce_scatter(
+        &self,
+        output: Buffer,
+        input_list: Vec<Tensor>,
+        op: ReduceOp,
+    ) -> BufferWork<Buffer> {
+        let req = Request::ReduceScatter {
+            inputs: input_list,
+            op,
+        };
+        self.issue(Ok(req), vec![output], exactly_one)
+    }
+
+    /// `reduce_scatter_tensor(output, input, op)`: `output` gets the reduction of every
+    /// rank's block `rank` of `input` (W times `output`'s elements).
+    pub fn reduce_scatter_tensor(
+        &self,
+        output: Buffer,
+        input: Tensor,
+        op: ReduceOp,
+    ) -> BufferWork<Buffer> {
+        let req = Request::ReduceScatterTensor {
+            input,
+            output: output.spec(),
+            op,
+        };
+        self.issue(Ok(req), vec![output], exactly_one)
+    }
+
+    /// `all_to_all(output_list, input_list)`: `output_list[r]` gets rank r's
+    /// `input_list[rank]`.
+    pub fn all_to_all(
+        &self,
+        output_list: Vec<Buffer>,
+        input_list: Vec<Tensor>,
+    ) -> BufferWork<Vec<Buffer>> {
+        let outputs = output_list.iter().map(Buffer::spec).collect();
+        let req = Request::AllToAll {
+            inputs: input_list,
+            outputs,
+        };
+        self.issue(Ok(req), output_list, Ok)
+    }
+
+    /// `all_to_all_single(output, input, output_split_sizes, input_split_sizes)`.
+    pub fn all_to_all_single(
+        &self,
+        output: Buffer,
+        input: Tensor,
+        output_split_sizes: Option<Vec<usize>>,
+        input_split_sizes: Option<Vec<usize>>,
+    ) -> BufferWork<Buffer> {
+        let req = Request::AllToAllSingle {
+            input,
+            output: output.spec(),
+            output_splits: output_split_sizes,
+            input_splits: input_split_sizes,
+        };
+        self.issue(Ok(req), vec![output], exactly_one)
+    }
+
+    /// `recv(tensor, src, tag)`: `tensor` gets the message (of exactly its dtype and
+    /// elements) and comes back with its sender; `src: None` receives from any rank.
+    pub fn recv(
+        &self,
+        tensor: Buffer,
+        src: Option<usize>,
+        tag: u32,
+    ) -> BufferWork<(Buffer, usize)> {
+        let spec: TensorSpec = tensor.spec();
+        let dest = Destination::new(vec![tensor]);
+        let back = dest.clone();
+        let received = self.comm.recv(spec, src, tag);
+        let work = self.comm.member.map_work(received, move |(t, from)| {
+            // The engine checked the message against the buffer's spec.
+            back.with(|bufs| match bufs {
+                [b] if b.nbytes() == t.nbytes() => {
+                    b.bytes_mut().copy_from_slice(t.bytes());
+                    Ok(())
+                }
+                _ => Err(Error::internal(
+                    "a received message of another size than its buffer",
+                )),
+            })
+            .unwrap_or_else(|| {
+                Err(Error::internal(
+                    "the receive's buffer was taken while it ran",
+                ))
+            })?;
+            let b = back
+                .take()
+                .map(exactly_one)
+                .ok_or_else(|| Error::internal("the receive's buffer was taken while it ran"))??;
+            Ok((b, from))
+        });
+        BufferWork { work, dest }
+    }
+}
+
+/// A member's staging pool for in-place inputs.
+pub(crate) fn staging_pool() -> Pool {
+    Pool::new(STAGING_BYTES)
+}
