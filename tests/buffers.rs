@@ -9,7 +9,7 @@ mod common;
 use collectix::{
     Buffer, Communicator, DType, Error, Failed, GroupOptions, ReduceOp, Tensor, TensorSpec, World,
 };
-use common::{free_port, tcp_args};
+use common::tcp_job;
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -243,30 +243,6 @@ fn in_process(w: usize, skew: bool) -> Vec<Result<(), String>> {
     })
 }
 
-fn tcp_job(
-    w: usize,
-    body: impl Fn(usize, collectix::Process) -> Result<(), String> + Sync,
-) -> Vec<Result<(), String>> {
-    let port = free_port();
-    let body = &body;
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..w)
-            .map(|r| {
-                s.spawn(move || -> Result<(), String> {
-                    let args = tcp_args(port, r, w, "the buffers tests' secret", false);
-                    let options = GroupOptions::default().with_timeout(TIMEOUT);
-                    let p = collectix::init(&args, options, Duration::from_secs(20))
-                        .map_err(|e| e.to_string())?;
-                    body(r, p)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
-            .collect()
-    })
-}
-
 #[test]
 fn every_buffer_form_matches_its_tensor_form_in_one_process() {
     for w in [1, 2, 3, 4] {
@@ -280,7 +256,10 @@ fn every_buffer_form_matches_its_tensor_form_in_one_process() {
 
 #[test]
 fn every_buffer_form_matches_its_tensor_form_over_tcp() {
-    let results = tcp_job(3, |_, p| every_form(p.communicator(), true));
+    let secret = "the buffers tests' secret";
+    let results = tcp_job(3, secret, TIMEOUT, |_, p| {
+        every_form(p.communicator(), true)
+    });
     for (r, res) in results.into_iter().enumerate() {
         assert_eq!(res, Ok(()), "rank {r}");
     }
@@ -440,7 +419,11 @@ fn what_the_caller_keeps_never_aliases_what_a_call_writes() {
     for (w, input, mine) in works {
         let got = w.wait().map(|b| b.to_vec::<f32>().unwrap_or_default());
         assert_eq!(got.ok(), Some(vec![1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]));
-        assert_eq!(input.to_vec::<f32>().ok(), Some(vec![mine; 4]), "the input is a copy");
+        assert_eq!(
+            input.to_vec::<f32>().ok(),
+            Some(vec![mine; 4]),
+            "the input is a copy"
+        );
     }
 }
 

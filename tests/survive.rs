@@ -303,32 +303,13 @@ fn a_rank_that_comes_after_the_timeout_is_left_out() {
     drop(w);
 }
 
-/// Runs `w` ranks over TCP loopback, each a thread of this process with its own actor
-/// system and sockets, joined through rank 0's store (init timeout: 20 s), each running
-/// `body`; returns what each returned.
+/// `w` ranks over TCP loopback running `body` (`common::tcp_job`), with this file's secret
+/// and timeout.
 fn tcp_job(
     w: usize,
     body: impl Fn(usize, collectix::Process) -> Result<(), String> + Sync,
 ) -> Vec<Result<(), String>> {
-    use collectix::init;
-    let port = free_port();
-    let body = &body;
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..w)
-            .map(|r| {
-                s.spawn(move || -> Result<(), String> {
-                    let args = tcp_args(port, r, w, "the survive tests' secret", false);
-                    let options = GroupOptions::default().with_timeout(TIMEOUT);
-                    let p =
-                        init(&args, options, Duration::from_secs(20)).map_err(|e| e.to_string())?;
-                    body(r, p)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
-            .collect()
-    })
+    common::tcp_job(w, "the survive tests' secret", TIMEOUT, body)
 }
 
 /// The body of a child process of

@@ -44,6 +44,35 @@ pub fn tcp_args(
     }
 }
 
+/// Runs `w` ranks over TCP loopback, each a thread of this process with its own actor
+/// system and sockets, joined through rank 0's store (init timeout: 20 s) with `secret` and
+/// groups timing out after `timeout`, each running `body`; returns what each returned.
+pub fn tcp_job(
+    w: usize,
+    secret: &str,
+    timeout: Duration,
+    body: impl Fn(usize, collectix::Process) -> std::result::Result<(), String> + Sync,
+) -> Vec<std::result::Result<(), String>> {
+    let port = free_port();
+    let body = &body;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..w)
+            .map(|r| {
+                s.spawn(move || -> std::result::Result<(), String> {
+                    let args = tcp_args(port, r, w, secret, false);
+                    let options = collectix::GroupOptions::default().with_timeout(timeout);
+                    let p = collectix::init(&args, options, Duration::from_secs(20))
+                        .map_err(|e| e.to_string())?;
+                    body(r, p)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect()
+    })
+}
+
 /// The failure at the root of an error.
 pub fn root(e: &Error) -> &Error {
     e.root_cause()

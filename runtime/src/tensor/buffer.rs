@@ -80,14 +80,7 @@ impl Buffer {
 
     /// The same memory with another shape of the same number of elements.
     pub fn reshape(mut self, shape: &[usize]) -> Result<Buffer> {
-        if numel_of(shape)? != self.numel() {
-            return Err(Error::invalid(format!(
-                "cannot reshape a buffer of {:?} ({} elements) to {shape:?}",
-                self.shape,
-                self.numel()
-            )));
-        }
-        self.shape = shape.to_vec();
+        self.shape = crate::tensor::reshaped(&self.shape, self.numel(), shape)?;
         Ok(self)
     }
 

@@ -116,6 +116,16 @@ pub(crate) fn numel_of(shape: &[usize]) -> Result<usize> {
         })
 }
 
+/// `to`, if it has the `numel` elements of shape `from` (a reshape's check).
+pub(crate) fn reshaped(from: &[usize], numel: usize, to: &[usize]) -> Result<Vec<usize>> {
+    if numel_of(to)? != numel {
+        return Err(Error::invalid(format!(
+            "cannot reshape {from:?} ({numel} elements) to {to:?}"
+        )));
+    }
+    Ok(to.to_vec())
+}
+
 /// A dense, contiguous host tensor (row-major), like a contiguous `torch.Tensor` on CPU.
 ///
 /// Cloning is cheap (the storage is shared). Tensors are values: collectives take them by
@@ -211,14 +221,7 @@ impl Tensor {
 
     /// The same storage with another shape of the same number of elements.
     pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor> {
-        if numel_of(shape)? != self.numel() {
-            return Err(Error::invalid(format!(
-                "cannot reshape {:?} ({} elements) to {shape:?}",
-                self.shape,
-                self.numel()
-            )));
-        }
-        self.shape = shape.to_vec();
+        self.shape = reshaped(&self.shape, self.numel(), shape)?;
         Ok(self)
     }
 
