@@ -7,6 +7,8 @@ mod all_gather_into_tensor;
 mod all_reduce;
 #[path = "../examples/ddp.rs"]
 mod ddp;
+#[path = "../examples/fsdp.rs"]
+mod fsdp;
 #[path = "../examples/parameter_server.rs"]
 mod parameter_server;
 #[path = "../examples/reduce_scatter.rs"]
@@ -139,6 +141,56 @@ fn ddp_example_matches_single_process_training() {
             assert!(
                 (a - b).abs() <= 1e-4 * b.abs(),
                 "W={w}, step {s}: {a} against single-process {b}"
+            );
+        }
+    }
+}
+
+/// The fsdp example: on 1, 2 and 4 in-process ranks, as FSDP and as HSDP, with and without
+/// prefetch, every rank's loss curve is single-process training's bit for bit, it learns, and
+/// each rank held its shards and at most two gathered layers (one without prefetch).
+#[test]
+fn fsdp_example_matches_single_process_training_exactly_and_holds_a_shard() {
+    for (ranks, replicas, prefetch) in [
+        (4, 1, true),
+        (4, 1, false),
+        (4, 2, true),
+        (2, 1, true),
+        (2, 2, true),
+        (1, 1, true),
+    ] {
+        let cfg = fsdp::Config {
+            ranks,
+            replicas,
+            prefetch,
+            ..fsdp::Config::default()
+        };
+        let want = fsdp::single(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            want[want.len() - 1] < 0.7 * want[0],
+            "it does not learn: {want:?}"
+        );
+        let reports = fsdp::in_process(&cfg).unwrap_or_else(|e| panic!("{cfg:?}: {e}"));
+        assert_eq!(reports.len(), ranks);
+        for (r, rep) in reports.iter().enumerate() {
+            assert_eq!(rep.losses, want, "{cfg:?}, rank {r}");
+            // Per layer 16 × 16 + 16 floats; a rank keeps 1/shards of each layer, plus the
+            // gathered layers it held at once.
+            let layer = 272 * 4;
+            let shards = ranks / replicas;
+            let gathered = if prefetch { 2 } else { 1 };
+            assert_eq!(rep.total_bytes, fsdp::LAYERS * layer, "{cfg:?}");
+            assert_eq!(
+                rep.peak_bytes,
+                fsdp::LAYERS * layer / shards + gathered * layer,
+                "{cfg:?}, rank {r}"
+            );
+            let lines = fsdp::lines(r, rep);
+            assert_eq!(
+                lines.last().map(String::as_str),
+                Some(
+                    format!("rank {r}: param bytes held peak {} of 8704", rep.peak_bytes).as_str()
+                )
             );
         }
     }

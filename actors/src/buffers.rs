@@ -1,59 +1,5 @@
-//! Caller-owned buffers: every collective torch writes into a caller's tensor, writing into
-//! a caller's [`Buffer`] ([`Communicator::buffers`]), with torch's names and argument order.
-//!
-//! | torch.distributed | collectix |
-//! |---|---|
-//! | `all_reduce(tensor, op)` | `buffers().all_reduce(tensor, op)` |
-//! | `broadcast(tensor, src)` | `buffers().broadcast(tensor, src)` |
-//! | `reduce(tensor, dst, op)` | `buffers().reduce(tensor, dst, op)` |
-//! | `all_gather(tensor_list, tensor)` | `buffers().all_gather(tensor_list, tensor)` |
-//! | `all_gather_into_tensor(output, input)` | `buffers().all_gather_into_tensor(output, input)` |
-//! | `all_gather_into_tensor(output, output.chunk(w)[rank])` | `buffers().all_gather_into_tensor_in_place(output)` |
-//! | `gather(tensor, gather_list, dst)` | `buffers().gather(tensor, gather_list, dst)` |
-//! | `scatter(tensor, scatter_list, src)` | `buffers().scatter(tensor, scatter_list, src)` |
-//! | `reduce_scatter(output, input_list, op)` | `buffers().reduce_scatter(output, input_list, op)` |
-//! | `reduce_scatter_tensor(output, input, op)` | `buffers().reduce_scatter_tensor(output, input, op)` |
-//! | `all_to_all(output_list, input_list)` | `buffers().all_to_all(output_list, input_list)` |
-//! | `all_to_all_single(output, input, …)` | `buffers().all_to_all_single(output, input, …)` |
-//! | `recv(tensor, src)` | `buffers().recv(tensor, src, tag)` |
-//!
-//! The rules, each enforced rather than documented:
-//! - **The caller cannot touch a buffer while its call runs**: the call takes it by value and
-//!   its [`BufferWork`] hands it back, with the result or with the error ([`Failed`]).
-//! - **A buffer of the wrong dtype, size or count is refused before anything is sent**, with
-//!   [`Error::InvalidArgument`]; the group's other members are told, so their parts of the
-//!   call fail at once with [`Error::CallFailed`], and the buffers come back unchanged.
-//! - **Nothing aliases**: inputs are [`Tensor`]s (shared and immutable) and outputs are
-//!   buffers (owned and mutable), so an output can never be an input. The in-place forms read
-//!   their input out of the buffer when the call is issued; the engine never sends memory of
-//!   a caller's buffer, so no peer reads what this rank writes.
-//! - **A call that fails** hands its buffers back in [`Failed::buffers`], with their dtype,
-//!   size and shape; their contents are unspecified: each element holds its old value, its
-//!   result, or a partial result (the engine writes each part of the output as soon as it is
-//!   final, so that a call holds no second copy of its output).
-//!
-//! What it costs: no allocation proportional to the data on this path, in steady state (the
-//! engine's working chunks are recycled through a pool; `tests/buffers_alloc.rs` counts);
-//! a call's memory is its inputs, its outputs and the chunks in flight. An in-place call
-//! copies its input once (into a recycled buffer) when it is issued.
-//!
-//! ```
-//! use collectix_actors::World;
-//! use collectix_runtime::{Buffer, DType, ReduceOp, Tensor};
-//!
-//! let world = World::local(2)?;
-//! let works: Vec<_> = world.communicators().iter().map(|c| {
-//!     // FSDP2's gather: each rank's shard is its slice of one flat buffer.
-//!     let mut flat = Buffer::zeros(&[4], DType::F32).expect("4 floats");
-//!     let r = c.rank();
-//!     flat.as_mut_slice::<f32>()?[2 * r..2 * r + 2].copy_from_slice(&[r as f32; 2]);
-//!     Ok(c.buffers().all_gather_into_tensor_in_place(flat))
-//! }).collect::<collectix_runtime::Result<_>>()?;
-//! for w in works {
-//!     assert_eq!(w.wait()?.to_vec::<f32>()?, vec![0.0, 0.0, 1.0, 1.0]);
-//! }
-//! # Ok::<(), collectix_runtime::Error>(())
-//! ```
+//! Caller-owned buffers: [`BufferCalls`] (its doc has the table beside torch's names and
+//! the rules), [`BufferWork`] and [`Failed`].
 
 use crate::comm::Communicator;
 use crate::work::Work;
@@ -120,7 +66,7 @@ impl<T> std::fmt::Debug for BufferWork<T> {
 }
 
 /// A call on caller buffers that failed: the error, and the buffers back (their contents
-/// unspecified, see the [module doc](self)). Converts into [`Error`], so `?` works.
+/// unspecified, see [`BufferCalls`]). Converts into [`Error`], so `?` works.
 #[derive(Debug)]
 pub struct Failed {
     /// Why.
@@ -147,8 +93,62 @@ impl From<Failed> for Error {
     }
 }
 
-/// The calls of one communicator that write into caller buffers (see the
-/// [module doc](self)); from [`Communicator::buffers`].
+/// Caller-owned buffers: every collective torch writes into a caller's tensor, writing into
+/// a caller's [`Buffer`] ([`Communicator::buffers`]), with torch's names and argument order.
+///
+/// | torch.distributed | collectix |
+/// |---|---|
+/// | `all_reduce(tensor, op)` | `buffers().all_reduce(tensor, op)` |
+/// | `broadcast(tensor, src)` | `buffers().broadcast(tensor, src)` |
+/// | `reduce(tensor, dst, op)` | `buffers().reduce(tensor, dst, op)` |
+/// | `all_gather(tensor_list, tensor)` | `buffers().all_gather(tensor_list, tensor)` |
+/// | `all_gather_into_tensor(output, input)` | `buffers().all_gather_into_tensor(output, input)` |
+/// | `all_gather_into_tensor(output, output.chunk(w)[rank])` | `buffers().all_gather_into_tensor_in_place(output)` |
+/// | `gather(tensor, gather_list, dst)` | `buffers().gather(tensor, gather_list, dst)` |
+/// | `scatter(tensor, scatter_list, src)` | `buffers().scatter(tensor, scatter_list, src)` |
+/// | `reduce_scatter(output, input_list, op)` | `buffers().reduce_scatter(output, input_list, op)` |
+/// | `reduce_scatter_tensor(output, input, op)` | `buffers().reduce_scatter_tensor(output, input, op)` |
+/// | `all_to_all(output_list, input_list)` | `buffers().all_to_all(output_list, input_list)` |
+/// | `all_to_all_single(output, input, …)` | `buffers().all_to_all_single(output, input, …)` |
+/// | `recv(tensor, src)` | `buffers().recv(tensor, src, tag)` |
+///
+/// The rules, each enforced rather than documented:
+/// - **The caller cannot touch a buffer while its call runs**: the call takes it by value and
+///   its [`BufferWork`] hands it back, with the result or with the error ([`Failed`]).
+/// - **A buffer of the wrong dtype, size or count is refused before anything is sent**, with
+///   [`Error::InvalidArgument`]; the group's other members are told, so their parts of the
+///   call fail at once with [`Error::CallFailed`], and the buffers come back unchanged.
+/// - **Nothing aliases**: inputs are [`Tensor`]s (shared and immutable) and outputs are
+///   buffers (owned and mutable), so an output can never be an input. The in-place forms read
+///   their input out of the buffer when the call is issued; the engine never sends memory of
+///   a caller's buffer, so no peer reads what this rank writes.
+/// - **A call that fails** hands its buffers back in [`Failed::buffers`], with their dtype,
+///   size and shape; their contents are unspecified: each element holds its old value, its
+///   result, or a partial result (the engine writes each part of the output as soon as it is
+///   final, so that a call holds no second copy of its output).
+///
+/// What it costs: no allocation proportional to the data on this path, in steady state (the
+/// engine's working chunks are recycled through a pool; `tests/buffers_alloc.rs` counts);
+/// a call's memory is its inputs, its outputs and the chunks in flight. An in-place call
+/// copies its input once (into a recycled buffer) when it is issued.
+///
+/// ```
+/// use collectix_actors::World;
+/// use collectix_runtime::{Buffer, DType, ReduceOp, Tensor};
+///
+/// let world = World::local(2)?;
+/// let works: Vec<_> = world.communicators().iter().map(|c| {
+///     // FSDP2's gather: each rank's shard is its slice of one flat buffer.
+///     let mut flat = Buffer::zeros(&[4], DType::F32).expect("4 floats");
+///     let r = c.rank();
+///     flat.as_mut_slice::<f32>()?[2 * r..2 * r + 2].copy_from_slice(&[r as f32; 2]);
+///     Ok(c.buffers().all_gather_into_tensor_in_place(flat))
+/// }).collect::<collectix_runtime::Result<_>>()?;
+/// for w in works {
+///     assert_eq!(w.wait()?.to_vec::<f32>()?, vec![0.0, 0.0, 1.0, 1.0]);
+/// }
+/// # Ok::<(), collectix_runtime::Error>(())
+/// ```
 ///
 /// A buffer moves into its call, so touching it before the call hands it back does not
 /// compile:

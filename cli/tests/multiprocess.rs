@@ -111,6 +111,11 @@ fn a_rank_killed_mid_all_reduce_is_named_by_every_other_rank() {
 
 /// Runs `exe` under `collectix launch --nproc-per-node w`; (success, stdout, stderr).
 fn launch(w: usize, exe: &std::path::Path) -> (bool, String, String) {
+    launch_with(w, exe, &[])
+}
+
+/// [`launch`] with arguments for the program.
+fn launch_with(w: usize, exe: &std::path::Path, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
         .args(["launch", "--nproc-per-node"])
         .arg(w.to_string())
@@ -118,6 +123,7 @@ fn launch(w: usize, exe: &std::path::Path) -> (bool, String, String) {
         .arg(free_port().to_string())
         .arg("--")
         .arg(exe)
+        .args(args)
         .output()
         .unwrap_or_else(|e| panic!("{e}"));
     (
@@ -181,6 +187,41 @@ fn the_ddp_example_under_collectix_launch_matches_single_process_training() {
         for (s, (a, b)) in got.iter().zip(&want).enumerate() {
             // Printed to 6 decimals; the sums differ in their order of additions only.
             assert!((a - b).abs() <= 1e-5, "rank {r}, step {s}: {a} against {b}");
+        }
+    }
+}
+
+/// `fsdp` under `collectix launch`, one rank per process, as FSDP over 4 and HSDP over 2 × 2:
+/// every rank's losses are `--single`'s, printed the same to the last digit (f32's shortest
+/// round trip), and each rank held a quarter (FSDP) or a half (HSDP) of the model and two
+/// gathered layers.
+#[test]
+fn the_fsdp_example_under_collectix_launch_matches_single_process_training_exactly() {
+    let exe = example("fsdp");
+    for (replicas, peak) in [("1", 4352), ("2", 6528)] {
+        let single = Command::new(&exe)
+            .args(["--single", "--ranks", "4", "--replicas", replicas])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(single.status.success(), "{single:?}");
+        let want: Vec<String> = String::from_utf8_lossy(&single.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("single: ").map(str::to_string))
+            .collect();
+        assert_eq!(want.len(), 20, "{single:?}");
+        let (ok, so, se) = launch_with(4, &exe, &["--replicas", replicas]);
+        assert!(ok, "{so}\n{se}");
+        for r in 0..4 {
+            let prefix = format!("[rank {r}] rank {r}: ");
+            let got: Vec<String> = so
+                .lines()
+                .filter_map(|l| l.strip_prefix(&prefix))
+                .filter(|l| l.starts_with("step "))
+                .map(str::to_string)
+                .collect();
+            assert_eq!(got, want, "replicas {replicas}, rank {r}:\n{so}\n{se}");
+            let held = format!("{prefix}param bytes held peak {peak} of 8704");
+            assert!(so.lines().any(|l| l == held), "{held}:\n{so}");
         }
     }
 }
