@@ -3,9 +3,11 @@
 
 use crate::comm::Communicator;
 use crate::work::Work;
+use collectix_runtime::collective::coalesce::{coalesce, Coalesced, Coalescing};
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::{
-    Buffer, CallOptions, Destination, Error, Output, ReduceOp, Request, Result, Tensor, TensorSpec,
+    Buffer, CallOptions, DType, Destination, Device, Error, Output, ReduceOp, Request, Result,
+    Tensor, TensorSpec,
 };
 use std::future::Future;
 use std::pin::Pin;
@@ -203,7 +205,16 @@ impl<'a> BufferCalls<'a> {
         bufs: Vec<Buffer>,
         unpack: impl FnOnce(Vec<Buffer>) -> Result<T> + Send + 'static,
     ) -> BufferWork<T> {
-        let dest = Destination::new(bufs);
+        self.issue_to(req, Destination::new(bufs), unpack)
+    }
+
+    /// [`issue`](Self::issue) into a destination made already (runs of its own).
+    fn issue_to<T: Send + 'static>(
+        &self,
+        req: Result<Request>,
+        dest: Destination,
+        unpack: impl FnOnce(Vec<Buffer>) -> Result<T> + Send + 'static,
+    ) -> BufferWork<T> {
         let member = &self.comm.member;
         let work = match req {
             Err(e) => member.refuse(false, e),
@@ -215,6 +226,98 @@ impl<'a> BufferCalls<'a> {
             }),
         };
         BufferWork { work, dest }
+    }
+
+    /// The coalesced call `kind` of `inputs` (bytes of host tensors of `dtype`; `Err` where
+    /// the list is not one of those) writing into `outputs`: one call, one message per peer
+    /// per step (`collective::coalesce`).
+    fn coalesced<T: Send + 'static>(
+        &self,
+        kind: Coalescing,
+        dtype: Result<DType>,
+        inputs: &[&[u8]],
+        outputs: Vec<Buffer>,
+        unpack: impl FnOnce(Vec<Buffer>) -> Result<T> + Send + 'static,
+    ) -> BufferWork<T> {
+        let made = self.flatten(kind, dtype, inputs);
+        self.issue_coalesced(made, outputs, unpack)
+    }
+
+    /// The one call of a coalesced list (its flat input copied into staging memory).
+    fn flatten(
+        &self,
+        kind: Coalescing,
+        dtype: Result<DType>,
+        inputs: &[&[u8]],
+    ) -> Result<Coalesced> {
+        let staging = &self.comm.member.group.staging;
+        dtype.and_then(|d| coalesce(kind, d, inputs, self.comm.size(), staging))
+    }
+
+    /// Issues a coalesced call made by [`flatten`](Self::flatten), writing into `outputs`.
+    fn issue_coalesced<T: Send + 'static>(
+        &self,
+        made: Result<Coalesced>,
+        outputs: Vec<Buffer>,
+        unpack: impl FnOnce(Vec<Buffer>) -> Result<T> + Send + 'static,
+    ) -> BufferWork<T> {
+        match made {
+            Ok(c) => self.issue_to(
+                Ok(c.request),
+                Destination::with_runs(outputs, c.runs),
+                unpack,
+            ),
+            Err(e) => self.issue(Err(e), outputs, unpack),
+        }
+    }
+
+    /// torch's `all_reduce_coalesced(tensors, op)`, in place: every buffer comes back
+    /// holding its reduction, all of them moved as one call (one message per peer per step).
+    /// The buffers share one dtype.
+    pub fn all_reduce_coalesced(
+        &self,
+        tensors: Vec<Buffer>,
+        op: ReduceOp,
+    ) -> BufferWork<Vec<Buffer>> {
+        let dtype = one_dtype(tensors.iter().map(|b| (b.dtype(), Device::Host)));
+        let inputs: Vec<&[u8]> = tensors.iter().map(Buffer::bytes).collect();
+        // The buffers are the outputs too: the flat input is copied out of them first.
+        let made = self.flatten(Coalescing::AllReduce(op), dtype, &inputs);
+        drop(inputs);
+        self.issue_coalesced(made, tensors, Ok)
+    }
+
+    /// `all_gather_into_tensor` of many tensors as one call (torch's
+    /// `all_gather_into_tensor_coalesced`): `outputs[i]` (W × `inputs[i]`'s elements) gets
+    /// every rank's `inputs[i]`, in rank order.
+    pub fn all_gather_into_tensor_coalesced(
+        &self,
+        outputs: Vec<Buffer>,
+        inputs: Vec<Tensor>,
+    ) -> BufferWork<Vec<Buffer>> {
+        let dtype = one_dtype(inputs.iter().map(|t| (t.dtype(), t.device())));
+        let bytes: Vec<&[u8]> = inputs.iter().map(|t| &t.bytes()[..]).collect();
+        self.coalesced(Coalescing::AllGatherIntoTensor, dtype, &bytes, outputs, Ok)
+    }
+
+    /// `reduce_scatter_tensor` of many tensors as one call (torch's
+    /// `reduce_scatter_tensor_coalesced`): `outputs[i]` gets the reduction of every rank's
+    /// block `rank` of `inputs[i]` (W × `outputs[i]`'s elements).
+    pub fn reduce_scatter_tensor_coalesced(
+        &self,
+        outputs: Vec<Buffer>,
+        inputs: Vec<Tensor>,
+        op: ReduceOp,
+    ) -> BufferWork<Vec<Buffer>> {
+        let dtype = one_dtype(inputs.iter().map(|t| (t.dtype(), t.device())));
+        let bytes: Vec<&[u8]> = inputs.iter().map(|t| &t.bytes()[..]).collect();
+        self.coalesced(
+            Coalescing::ReduceScatterTensor(op),
+            dtype,
+            &bytes,
+            outputs,
+            Ok,
+        )
     }
 
     /// A copy of `elems` elements of `buf` (in elements) as a tensor, from the member's
@@ -452,6 +555,90 @@ impl<'a> BufferCalls<'a> {
             Ok((b, from))
         });
         BufferWork { work, dest }
+    }
+}
+
+/// The one dtype of a coalesced call's tensors, all on the host.
+fn one_dtype(mut tensors: impl Iterator<Item = (DType, Device)>) -> Result<DType> {
+    let (first, dev) = tensors
+        .next()
+        .ok_or_else(|| Error::invalid("a coalesced call of no tensors"))?;
+    for (i, (d, v)) in std::iter::once((first, dev)).chain(tensors).enumerate() {
+        if !v.is_host() {
+            return Err(Error::invalid(format!(
+                "tensor {i} of a coalesced call is on {v}; coalesced calls move host tensors"
+            )));
+        }
+        if d != first {
+            return Err(Error::invalid(format!(
+                "tensor {i} of a coalesced call is {d}, tensor 0 {first}: one call moves one dtype"
+            )));
+        }
+    }
+    Ok(first)
+}
+
+/// Zeros shaped like `t` with its first dimension multiplied by `mul` and divided by `div`
+/// (1-D where it does not divide).
+fn scaled(t: &Tensor, mul: usize, div: usize) -> Result<Buffer> {
+    let shape = match t.shape().split_first() {
+        Some((&d0, rest)) if (d0 * mul).is_multiple_of(div.max(1)) => {
+            let mut s = vec![d0 * mul / div.max(1)];
+            s.extend_from_slice(rest);
+            s
+        }
+        _ => vec![t.numel() * mul / div.max(1)],
+    };
+    Buffer::zeros(&shape, t.dtype())
+}
+
+impl Communicator {
+    /// torch's `all_reduce_coalesced(tensors, op)`: every tensor's reduction, all of them
+    /// moved as one call (one message per peer per step). The tensors share one dtype.
+    pub fn all_reduce_coalesced(&self, tensors: Vec<Tensor>, op: ReduceOp) -> Work<Vec<Tensor>> {
+        self.coalesced_tensors(Coalescing::AllReduce(op), tensors, 1, 1)
+    }
+
+    /// `all_gather_into_tensor` of many tensors as one call: output i (first dimension W
+    /// times input i's) holds every rank's input i, in rank order.
+    pub fn all_gather_into_tensor_coalesced(&self, inputs: Vec<Tensor>) -> Work<Vec<Tensor>> {
+        let w = self.size();
+        self.coalesced_tensors(Coalescing::AllGatherIntoTensor, inputs, w, 1)
+    }
+
+    /// `reduce_scatter_tensor` of many tensors as one call: output i (first dimension input
+    /// i's / W) holds the reduction of every rank's block `rank` of input i.
+    pub fn reduce_scatter_tensor_coalesced(
+        &self,
+        inputs: Vec<Tensor>,
+        op: ReduceOp,
+    ) -> Work<Vec<Tensor>> {
+        let w = self.size();
+        self.coalesced_tensors(Coalescing::ReduceScatterTensor(op), inputs, 1, w)
+    }
+
+    /// A coalesced call on tensors, its outputs made here (output i: input i's shape, its
+    /// first dimension × `mul` / `div`).
+    fn coalesced_tensors(
+        &self,
+        kind: Coalescing,
+        inputs: Vec<Tensor>,
+        mul: usize,
+        div: usize,
+    ) -> Work<Vec<Tensor>> {
+        let b = self.buffers();
+        let outputs = inputs
+            .iter()
+            .map(|t| scaled(t, mul, div))
+            .collect::<Result<Vec<_>>>();
+        let dtype = one_dtype(inputs.iter().map(|t| (t.dtype(), t.device())));
+        let bytes: Vec<&[u8]> = inputs.iter().map(|t| &t.bytes()[..]).collect();
+        let to_tensors =
+            |v: Vec<Buffer>| Ok(v.into_iter().map(Buffer::into_tensor).collect::<Vec<_>>());
+        match outputs {
+            Ok(outputs) => b.coalesced(kind, dtype, &bytes, outputs, to_tensors).work,
+            Err(e) => b.issue(Err(e), Vec::new(), to_tensors).work,
+        }
     }
 }
 

@@ -6,6 +6,10 @@
 //! [`Output::Buffers`](super::Output::Buffers); when the call fails, the caller's handle
 //! takes them back from the destination ([`Destination::take`]). A lock guards the slot, so
 //! whichever side holds it, nothing else can touch the buffers.
+//!
+//! Where each part of the output goes is a list of [`Run`]s: by default output tensor i goes
+//! whole into buffer i; a coalesced call (`collective::coalesce`) maps its one flat output
+//! onto many buffers, in any order, with runs of its own.
 
 use super::{Assembly, Body, Plan, Share};
 use crate::error::{Error, Result};
@@ -15,15 +19,52 @@ use std::fmt;
 // Plain std locks: like the payload pools, caller buffers stay outside the loom model.
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// Where a span of a call's output goes: `len` elements from element `at` of the output (its
+/// tensors one after another, for a call that returns a list) into buffer `buffer`, from its
+/// element `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    /// The first element, in the output.
+    pub at: usize,
+    /// Elements.
+    pub len: usize,
+    /// Which buffer of the destination.
+    pub buffer: usize,
+    /// The first element, in that buffer.
+    pub offset: usize,
+}
+
 /// The buffers a call writes its result into (see the module doc). Cheap to clone: clones
 /// share the slot.
 #[derive(Clone)]
-pub struct Destination(Arc<Mutex<Option<Vec<Buffer>>>>);
+pub struct Destination {
+    slot: Arc<Mutex<Option<Vec<Buffer>>>>,
+    /// Where the output goes; `None` until a plan resolves the default (tensor i into buffer
+    /// i), or as given ([`with_runs`](Self::with_runs)).
+    runs: Option<Arc<[Run]>>,
+}
 
 impl Destination {
     /// A destination holding `buffers`, in the order of the call's outputs.
     pub fn new(buffers: Vec<Buffer>) -> Destination {
-        Destination(Arc::new(Mutex::new(Some(buffers))))
+        Destination {
+            slot: Arc::new(Mutex::new(Some(buffers))),
+            runs: None,
+        }
+    }
+
+    /// A destination holding `buffers` that the call's output is spread over by `runs`
+    /// (checked when a plan is made: they must cover the output once, and every buffer once).
+    pub fn with_runs(buffers: Vec<Buffer>, runs: Vec<Run>) -> Destination {
+        Destination {
+            slot: Arc::new(Mutex::new(Some(buffers))),
+            runs: Some(runs.into()),
+        }
+    }
+
+    /// Where the output goes (the runs the plan checked).
+    pub(crate) fn runs(&self) -> &[Run] {
+        self.runs.as_deref().unwrap_or(&[])
     }
 
     /// The buffers, if they are still here (a call hands them back in its output when it
@@ -38,13 +79,13 @@ impl Destination {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Option<Vec<Buffer>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 impl fmt::Debug for Destination {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.try_lock().as_deref() {
+        match self.slot.try_lock().as_deref() {
             Ok(Some(b)) => write!(f, "Destination({b:?})"),
             Ok(None) => f.write_str("Destination(taken)"),
             Err(_) => f.write_str("Destination(in use)"),
@@ -100,37 +141,112 @@ impl Plan {
             Assembly::Return(t) => vec![t.numel()],
             Assembly::Nothing => Vec::new(),
         };
-        {
+        let runs = {
             let held = dest.lock();
             let bufs = held
                 .as_deref()
                 .ok_or_else(|| Error::internal("a destination without its buffers"))?;
-            if bufs.len() != want.len() {
-                return Err(Error::invalid(format!(
-                    "this call writes {} output{} on this rank; {} buffer{} given",
-                    want.len(),
-                    if want.len() == 1 { "" } else { "s" },
-                    bufs.len(),
-                    if bufs.len() == 1 { " was" } else { "s were" },
-                )));
-            }
-            for (i, (b, &n)) in bufs.iter().zip(&want).enumerate() {
+            for (i, b) in bufs.iter().enumerate() {
                 if b.dtype() != dtype {
                     return Err(Error::invalid(format!(
                         "output buffer {i} holds {}; this call's dtype is {dtype}",
                         b.dtype()
                     )));
                 }
-                if b.numel() != n {
-                    return Err(Error::invalid(format!(
-                        "output buffer {i} holds {} {dtype} elements; this call writes {n} there",
-                        b.numel()
-                    )));
-                }
             }
-        }
+            match &dest.runs {
+                Some(runs) => {
+                    check_runs(runs, want.iter().sum(), bufs)?;
+                    runs.clone()
+                }
+                None => default_runs(&want, bufs, dtype)?,
+            }
+        };
         *share = Share::Nothing;
-        *slot = Some(dest.clone());
+        *slot = Some(Destination {
+            slot: dest.slot.clone(),
+            runs: Some(runs),
+        });
         Ok(self)
     }
+}
+
+/// Output tensor i (of `want[i]` elements) whole into buffer i.
+fn default_runs(want: &[usize], bufs: &[Buffer], dtype: crate::DType) -> Result<Arc<[Run]>> {
+    if bufs.len() != want.len() {
+        return Err(Error::invalid(format!(
+            "this call writes {} output{} on this rank; {} buffer{} given",
+            want.len(),
+            if want.len() == 1 { "" } else { "s" },
+            bufs.len(),
+            if bufs.len() == 1 { " was" } else { "s were" },
+        )));
+    }
+    let mut at = 0;
+    let mut runs = Vec::with_capacity(want.len());
+    for (i, (b, &n)) in bufs.iter().zip(want).enumerate() {
+        if b.numel() != n {
+            return Err(Error::invalid(format!(
+                "output buffer {i} holds {} {dtype} elements; this call writes {n} there",
+                b.numel()
+            )));
+        }
+        runs.push(Run {
+            at,
+            len: n,
+            buffer: i,
+            offset: 0,
+        });
+        at += n;
+    }
+    Ok(runs.into())
+}
+
+/// Checks that `runs` cover an output of `total` elements once, in order, and every element
+/// of every buffer once.
+fn check_runs(runs: &[Run], total: usize, bufs: &[Buffer]) -> Result<()> {
+    let bad = |why: String| Err(Error::invalid(format!("the destination's runs {why}")));
+    let mut at = 0usize;
+    let mut per_buffer: Vec<Vec<(usize, usize)>> = vec![Vec::new(); bufs.len()];
+    for (k, r) in runs.iter().enumerate() {
+        if r.at != at {
+            return bad(format!(
+                "leave a gap or overlap at element {at} of the output (run {k})"
+            ));
+        }
+        let Some(b) = bufs.get(r.buffer) else {
+            return bad(format!(
+                "name buffer {} of {} (run {k})",
+                r.buffer,
+                bufs.len()
+            ));
+        };
+        match r.offset.checked_add(r.len) {
+            Some(end) if end <= b.numel() => per_buffer[r.buffer].push((r.offset, end)),
+            _ => return bad(format!("go past the end of buffer {} (run {k})", r.buffer)),
+        }
+        at = at.saturating_add(r.len);
+    }
+    if at != total {
+        return bad(format!("cover {at} elements; this call writes {total}"));
+    }
+    for (i, mut spans) in per_buffer.into_iter().enumerate() {
+        spans.sort_unstable();
+        let mut end = 0;
+        for (s, e) in spans {
+            if s != end {
+                return bad(format!(
+                    "cover buffer {i} with a gap or twice at element {end}"
+                ));
+            }
+            end = e;
+        }
+        if end != bufs[i].numel() {
+            return bad(format!(
+                "cover {end} of buffer {i}'s {} elements",
+                bufs[i].numel()
+            ));
+        }
+    }
+    Ok(())
 }

@@ -14,6 +14,7 @@ mod barrier;
 mod broadcast;
 #[cfg(any(test, feature = "testing"))]
 pub(crate) mod case;
+pub mod coalesce;
 mod dest;
 mod gather_scatter;
 mod p2p;
@@ -22,7 +23,7 @@ mod reduce_scatter;
 mod request;
 mod select;
 
-pub use dest::Destination;
+pub use dest::{Destination, Run};
 pub use request::Request;
 
 use crate::error::{Error, Result};

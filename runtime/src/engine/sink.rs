@@ -12,20 +12,20 @@
 //! The buffers are written only here, under the destination's lock; nothing the engine
 //! sends is ever memory of the caller's buffers.
 
-use crate::collective::{Assembly, Destination, Output};
+use crate::collective::{Assembly, Destination, Output, Run};
 use crate::error::{Error, Result};
 use crate::schedule::{Action, Schedule};
+use crate::tensor::buffer::Buffer;
 use crate::tensor::dtype::DType;
 use crate::tensor::reduce::{self, ReduceOp};
 use bytes::Bytes;
 
-/// Where one chunk goes in the caller's buffers.
+/// Where one chunk goes in the call's output (the destination's runs say which buffers that
+/// is).
 #[derive(Clone, Copy)]
 struct Place {
-    /// The buffer (`u32::MAX`: the chunk is not part of the output).
-    buf: u32,
-    /// The byte offset in it.
-    offset: usize,
+    /// The byte offset in the output ([`NOWHERE`]: the chunk is not part of it).
+    at: usize,
     /// Whether it was written out already.
     written: bool,
 }
@@ -39,11 +39,13 @@ enum After {
     Dead,
 }
 
-const NOWHERE: u32 = u32::MAX;
+const NOWHERE: usize = usize::MAX;
 
 /// A call's caller-owned output, as the engine fills it (see the module doc).
 pub(super) struct Sink {
     dest: Destination,
+    /// The element size.
+    size: usize,
     places: Vec<Place>,
     /// `(step, chunk, what)`, in step order: the chunks each step leaves final or dead.
     drops: Vec<(usize, usize, After)>,
@@ -63,31 +65,26 @@ impl Sink {
         let layout = &schedule.layout;
         let mut places = vec![
             Place {
-                buf: NOWHERE,
-                offset: 0,
+                at: NOWHERE,
                 written: false,
             };
             layout.chunk_elems.len()
         ];
-        let mut place = |buf: u32, chunks: std::ops::Range<usize>| {
-            let mut at = 0usize;
-            for ch in chunks {
-                if let (Some(p), Some(&n)) = (places.get_mut(ch), layout.chunk_elems.get(ch)) {
-                    p.buf = buf;
-                    p.offset = at;
-                    at = at.saturating_add(n.saturating_mul(size));
-                }
+        // The output: every chunk (Whole), or the chunks of its blocks, in order (Concat, and
+        // Blocks: one tensor per block, one after another).
+        let chunks = match assembly {
+            Assembly::Whole(_) => 0..layout.chunk_elems.len(),
+            Assembly::Concat(blocks, _) | Assembly::Blocks(blocks, _) => {
+                layout.chunks_of(blocks.clone())
             }
+            Assembly::Return(_) | Assembly::Nothing => 0..0,
         };
-        match assembly {
-            Assembly::Whole(_) => place(0, 0..layout.chunk_elems.len()),
-            Assembly::Concat(blocks, _) => place(0, layout.chunks_of(blocks.clone())),
-            Assembly::Blocks(blocks, _) => {
-                for (i, b) in blocks.clone().enumerate() {
-                    place(i as u32, layout.chunks_of(b..b + 1));
-                }
+        let mut at = 0usize;
+        for ch in chunks {
+            if let (Some(p), Some(&n)) = (places.get_mut(ch), layout.chunk_elems.get(ch)) {
+                p.at = at;
+                at = at.saturating_add(n.saturating_mul(size));
             }
-            Assembly::Return(_) | Assembly::Nothing => {}
         }
         // Backwards over the steps: each chunk's next use decides what it is after a step.
         #[derive(Clone, Copy, PartialEq)]
@@ -142,6 +139,7 @@ impl Sink {
         drops.reverse();
         Sink {
             dest,
+            size,
             places,
             drops,
             next: 0,
@@ -162,8 +160,15 @@ impl Sink {
             let Some(p) = self.places.get_mut(ch) else {
                 continue;
             };
-            if after == After::Final && p.buf != NOWHERE && !p.written {
-                write(bufs, p, &data.ok_or_else(unfilled)?)?;
+            if after == After::Final && p.at != NOWHERE && !p.written {
+                write(
+                    bufs,
+                    self.dest.runs(),
+                    self.size,
+                    p.at,
+                    &data.ok_or_else(unfilled)?,
+                )?;
+                p.written = true;
             }
         }
         Ok(())
@@ -180,26 +185,25 @@ impl Sink {
     ) -> Result<Output> {
         let mut held = self.dest.lock();
         let bufs = held.as_deref_mut().ok_or_else(taken)?;
-        let mut targets = 0u64;
+        let mut writes = false;
         for (ch, p) in self.places.iter_mut().enumerate() {
-            if p.buf == NOWHERE {
+            if p.at == NOWHERE {
                 continue;
             }
-            if p.buf < 64 {
-                targets |= 1 << p.buf;
-            }
+            writes = true;
             if !p.written {
                 let data = chunks
                     .get(ch)
                     .and_then(Option::as_ref)
                     .ok_or_else(unfilled)?;
-                write(bufs, p, data)?;
+                write(bufs, self.dest.runs(), self.size, p.at, data)?;
+                p.written = true;
             }
         }
-        if let Some(op) = op {
-            // Only single-output calls reduce (Whole and Concat: buffer 0).
+        if let (Some(op), true) = (op, writes) {
+            let runs = self.dest.runs();
             for (i, b) in bufs.iter_mut().enumerate() {
-                if i < 64 && targets & (1 << i) != 0 {
+                if runs.iter().any(|r| r.buffer == i) {
                     reduce::post_in_place(dtype, op, b.bytes_mut(), group_size)?;
                 }
             }
@@ -210,15 +214,30 @@ impl Sink {
     }
 }
 
-/// Copies `data` to its place; marks it written.
-fn write(bufs: &mut [crate::tensor::buffer::Buffer], p: &mut Place, data: &[u8]) -> Result<()> {
-    let dst = bufs
-        .get_mut(p.buf as usize)
-        .map(|b| b.bytes_mut())
-        .and_then(|b| b.get_mut(p.offset..p.offset.checked_add(data.len())?))
-        .ok_or_else(|| Error::internal("a chunk outside the caller's buffer"))?;
-    dst.copy_from_slice(data);
-    p.written = true;
+/// Copies `data`, the output's bytes from `at`, to where `runs` put them (elements of
+/// `size` bytes).
+fn write(bufs: &mut [Buffer], runs: &[Run], size: usize, at: usize, data: &[u8]) -> Result<()> {
+    let outside = || Error::internal("a chunk outside the caller's buffers");
+    let end_of = |r: &Run| r.at.saturating_add(r.len).saturating_mul(size);
+    let (mut at, mut data) = (at, data);
+    let mut k = runs.partition_point(|r| end_of(r) <= at);
+    while !data.is_empty() {
+        let r = runs.get(k).ok_or_else(outside)?;
+        let start = r.at.saturating_mul(size);
+        if at < start {
+            return Err(outside());
+        }
+        let n = (end_of(r) - at).min(data.len());
+        let off = r.offset.saturating_mul(size) + (at - start);
+        let dst = bufs
+            .get_mut(r.buffer)
+            .and_then(|b| b.bytes_mut().get_mut(off..off.checked_add(n)?))
+            .ok_or_else(outside)?;
+        dst.copy_from_slice(&data[..n]);
+        data = &data[n..];
+        at += n;
+        k += 1;
+    }
     Ok(())
 }
 

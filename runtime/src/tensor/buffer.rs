@@ -78,6 +78,12 @@ impl Buffer {
         )
     }
 
+    /// The buffer as a tensor, without a copy (it is shared and immutable from then on).
+    pub fn into_tensor(self) -> Tensor {
+        let bytes = crate::tensor::bytes_from_vec(self.words).slice(..self.len);
+        Tensor::from_parts(bytes, self.dtype, self.shape)
+    }
+
     /// The same memory with another shape of the same number of elements.
     pub fn reshape(mut self, shape: &[usize]) -> Result<Buffer> {
         self.shape = crate::tensor::reshaped(&self.shape, self.numel(), shape)?;
