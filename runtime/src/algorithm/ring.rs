@@ -10,8 +10,10 @@
 //!
 //!   all-gather, step s: rank r sends block r-s to r+1 and copies block r-s-1 from r-1
 //! ```
-//! Each block is cut into segments; every step moves one segment, so a rank forwards segment
-//! j while segment j+1 is still on its way (pipelining). Block b is reduced in the fixed order
+//! Each block is cut into segments; every step moves one segment, and the steps run
+//! diagonally (segment j of step t at position t + j), so a rank forwards segment j as soon
+//! as it has it, while later segments are still on their way (pipelining), and holds about
+//! W − 1 segments at a time rather than a block. Block b is reduced in the fixed order
 //! b+1, b+2, …, b (the received partial is the left operand), on one rank, and then copied,
 //! so every rank ends with the same bits. Sources: Patarasuk & Yuan, "Bandwidth optimal
 //! all-reduce algorithms for clusters of workstations" (JPDC 2009); gloo `allreduce_ring.h`;
@@ -20,38 +22,49 @@
 use super::back;
 use crate::schedule::{partition, recv_copy, recv_reduce, send, Layout, Schedule};
 
-/// Appends ring reduce-scatter steps over the layout's `w` blocks, tags from `tag0`.
-/// Returns the next free tag.
-fn reduce_scatter_steps(s: &mut Schedule, rank: usize, w: usize, tag0: u32) -> u32 {
-    let segs = s.layout.segments();
-    let mut tag = tag0;
-    for step in 0..w.saturating_sub(1) {
-        for j in 0..segs {
-            let out = s.layout.chunk(back(rank, step + 1, w), j);
-            let inn = s.layout.chunk(back(rank, step + 2, w), j);
-            s.step(
-                vec![send((rank + 1) % w, tag, out)],
-                vec![recv_reduce(back(rank, 1, w), tag, inn, true)],
-            );
-            tag += 1;
-        }
-    }
-    tag
+/// A phase of a ring: W − 1 steps of reduce-scatter or of all-gather.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Step s: send block r−s−1 to r+1, reduce block r−s−2 from r−1 into this rank's.
+    ReduceScatter,
+    /// Step s: send block r−s to r+1, copy block r−s−1 from r−1 (rank r starts with block r).
+    AllGather,
 }
 
-/// Appends ring all-gather steps (rank r starts with block r), tags from `tag0`.
-fn all_gather_steps(s: &mut Schedule, rank: usize, w: usize, tag0: u32) {
+/// Appends the steps of `phases` (each W − 1 steps over every segment), tags from `tag0`,
+/// pipelined: segment j of global step t runs at position t + j, so segment 0 of step t + 1
+/// starts as soon as segment 0 of step t is done, not after every segment of step t. Then a
+/// segment is forwarded one position after it arrives (W − 1 positions at most), and a rank
+/// holds about W − 1 segments in flight instead of a whole block (`engine/sink.rs` drops the
+/// rest). Every rank runs the same order, so step k's receive is its peer's step k send.
+fn ring_steps(s: &mut Schedule, rank: usize, w: usize, phases: &[Phase], tag0: u32) {
     let segs = s.layout.segments();
-    let mut tag = tag0;
-    for step in 0..w.saturating_sub(1) {
-        for j in 0..segs {
-            let out = s.layout.chunk(back(rank, step, w), j);
-            let inn = s.layout.chunk(back(rank, step + 1, w), j);
-            s.step(
-                vec![send((rank + 1) % w, tag, out)],
-                vec![recv_copy(back(rank, 1, w), tag, inn)],
-            );
-            tag += 1;
+    let per = w.saturating_sub(1);
+    let total = per * phases.len();
+    if total == 0 || segs == 0 {
+        return;
+    }
+    let (next, prev) = ((rank + 1) % w, back(rank, 1, w));
+    for d in 0..total + segs - 1 {
+        for t in d.saturating_sub(segs - 1)..=d.min(total - 1) {
+            let j = d - t;
+            let step = t % per;
+            let tag = tag0 + (t * segs + j) as u32;
+            match phases[t / per] {
+                Phase::ReduceScatter => {
+                    let out = s.layout.chunk(back(rank, step + 1, w), j);
+                    let inn = s.layout.chunk(back(rank, step + 2, w), j);
+                    s.step(
+                        vec![send(next, tag, out)],
+                        vec![recv_reduce(prev, tag, inn, true)],
+                    );
+                }
+                Phase::AllGather => {
+                    let out = s.layout.chunk(back(rank, step, w), j);
+                    let inn = s.layout.chunk(back(rank, step + 1, w), j);
+                    s.step(vec![send(next, tag, out)], vec![recv_copy(prev, tag, inn)]);
+                }
+            }
         }
     }
 }
@@ -59,21 +72,26 @@ fn all_gather_steps(s: &mut Schedule, rank: usize, w: usize, tag0: u32) {
 /// Ring all-reduce of `count` elements in segments of at most `seg` elements.
 pub fn all_reduce(rank: usize, w: usize, count: usize, seg: usize) -> Schedule {
     let mut s = Schedule::new(Layout::segmented(&partition(count, w), seg));
-    let tag = reduce_scatter_steps(&mut s, rank, w, 0);
-    all_gather_steps(&mut s, rank, w, tag);
+    ring_steps(
+        &mut s,
+        rank,
+        w,
+        &[Phase::ReduceScatter, Phase::AllGather],
+        0,
+    );
     s
 }
 
 /// Ring reduce-scatter: block b (of `blocks[b]` elements) ends reduced on rank b.
 pub fn reduce_scatter(rank: usize, w: usize, blocks: &[usize], seg: usize) -> Schedule {
     let mut s = Schedule::new(Layout::segmented(blocks, seg));
-    reduce_scatter_steps(&mut s, rank, w, 0);
+    ring_steps(&mut s, rank, w, &[Phase::ReduceScatter], 0);
     s
 }
 
 /// Ring all-gather: rank b contributes block b (of `blocks[b]` elements).
 pub fn all_gather(rank: usize, w: usize, blocks: &[usize], seg: usize) -> Schedule {
     let mut s = Schedule::new(Layout::segmented(blocks, seg));
-    all_gather_steps(&mut s, rank, w, 0);
+    ring_steps(&mut s, rank, w, &[Phase::AllGather], 0);
     s
 }
