@@ -21,6 +21,7 @@
 
 mod common;
 use collectix::{Communicator, Error, ReduceOp, Result, Tensor, Work, World};
+use common::Rng;
 
 /// Inputs per row.
 const D: usize = 8;
@@ -36,20 +37,6 @@ pub(crate) const STEPS: usize = 40;
 const LR: f32 = 0.5;
 /// Gradient elements per bucket.
 const BUCKET: usize = 64;
-
-/// xorshift64*: the same numbers on every rank and in every run.
-struct Rng(u64);
-
-impl Rng {
-    /// Uniform in [-1, 1).
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let bits = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40; // 24 bits
-        bits as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
 
 /// The data set: rows of `D` inputs and their targets, `t = 0.5 a·x + tanh(x0 x1) + noise`.
 fn data() -> (Vec<[f32; D]>, Vec<f32>) {
@@ -286,11 +273,7 @@ fn main() -> Result<()> {
     if std::env::args().any(|a| a == "--single") {
         print(&train(None)?);
     } else if common::launched() {
-        let p = collectix::init(
-            &collectix::InitArgs::default(),
-            collectix::GroupOptions::default(),
-            std::time::Duration::from_secs(120),
-        )?;
+        let p = common::join()?;
         print(&train(Some(p.communicator()))?);
         p.shutdown()?;
     } else {

@@ -36,6 +36,7 @@ use collectix::{
     Algorithm, Buffer, BufferWork, CallOptions, Communicator, DType, Error, ReduceOp, Result,
     Tensor, World,
 };
+use common::Rng;
 use std::time::Instant;
 
 /// Layers.
@@ -104,20 +105,6 @@ impl Config {
             )));
         }
         Ok(())
-    }
-}
-
-/// xorshift64*: the same numbers on every rank and in every run.
-struct Rng(u64);
-
-impl Rng {
-    /// Uniform in [-1, 1).
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let bits = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40; // 24 bits
-        bits as f32 / (1u64 << 23) as f32 - 1.0
     }
 }
 
@@ -620,11 +607,7 @@ fn main() -> Result<()> {
     };
     let launched = common::launched();
     let process = if launched {
-        Some(collectix::init(
-            &collectix::InitArgs::default(),
-            collectix::GroupOptions::default(),
-            std::time::Duration::from_secs(120),
-        )?)
+        Some(common::join()?)
     } else {
         None
     };

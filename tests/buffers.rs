@@ -9,7 +9,7 @@ mod common;
 use collectix::{
     Buffer, Communicator, DType, Error, Failed, GroupOptions, ReduceOp, Tensor, TensorSpec, World,
 };
-use common::tcp_job;
+use common::{on_every_rank, tcp_job};
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -229,18 +229,7 @@ fn every_form(c: &Communicator, skew: bool) -> Result<(), String> {
 }
 
 fn in_process(w: usize, skew: bool) -> Vec<Result<(), String>> {
-    let world = World::local_with(w, GroupOptions::default().with_timeout(TIMEOUT))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let comms = world.communicators();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .map(|c| s.spawn(move || every_form(c, skew)))
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
-            .collect()
-    })
+    on_every_rank(w, TIMEOUT, |c| every_form(c, skew))
 }
 
 #[test]

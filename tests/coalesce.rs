@@ -9,7 +9,7 @@ mod common;
 use collectix::{
     Buffer, Communicator, DType, Error, Failed, GroupOptions, ReduceOp, Tensor, World,
 };
-use common::tcp_job;
+use common::{on_every_rank, tcp_job};
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -152,18 +152,7 @@ fn every_form(c: &Communicator, skew: bool) -> Result<(), String> {
 fn every_coalesced_form_matches_the_calls_one_by_one_in_one_process() {
     for w in 1..=4 {
         for skew in [false, true] {
-            let world = World::local_with(w, GroupOptions::default().with_timeout(TIMEOUT))
-                .unwrap_or_else(|e| panic!("{e}"));
-            let comms = world.communicators();
-            let results: Vec<_> = std::thread::scope(|s| {
-                let hs: Vec<_> = comms
-                    .iter()
-                    .map(|c| s.spawn(move || every_form(c, skew)))
-                    .collect();
-                hs.into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
-                    .collect()
-            });
+            let results = on_every_rank(w, TIMEOUT, |c| every_form(c, skew));
             for (r, res) in results.into_iter().enumerate() {
                 assert_eq!(res, Ok(()), "W={w} skew={skew} rank {r}");
             }

@@ -43,15 +43,36 @@ pub(crate) fn launched() -> bool {
         .any(|v| std::env::var_os(v).is_some())
 }
 
+/// Joins the job this process was launched into (its environment says how), waiting up to
+/// 2 minutes for the others.
+pub(crate) fn join() -> Result<collectix::Process> {
+    collectix::init(
+        &collectix::InitArgs::default(),
+        collectix::GroupOptions::default(),
+        std::time::Duration::from_secs(120),
+    )
+}
+
+/// xorshift64*: the same numbers on every rank and in every run (the training examples'
+/// data and initial weights).
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    /// Uniform in [-1, 1).
+    pub(crate) fn next(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let bits = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40; // 24 bits
+        bits as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
 /// As one rank of a launched job: joins it, runs `f` on this rank's communicator, prints its
 /// lines, and leaves in order.
 pub(crate) fn run_launched(f: fn(Communicator) -> Result<Vec<String>>) -> Result<()> {
     init_tracing();
-    let p = collectix::init(
-        &collectix::InitArgs::default(),
-        collectix::GroupOptions::default(),
-        std::time::Duration::from_secs(120),
-    )?;
+    let p = join()?;
     let lines = f(p.communicator().clone())?;
     print(&lines);
     p.shutdown()

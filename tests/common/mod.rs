@@ -44,6 +44,26 @@ pub fn tcp_args(
     }
 }
 
+/// Runs `f` on every rank of a world of `w` in-process ranks (groups timing out after
+/// `timeout`), each on a thread of its own; what each returned, in rank order.
+pub fn on_every_rank(
+    w: usize,
+    timeout: Duration,
+    f: impl Fn(&collectix::Communicator) -> std::result::Result<(), String> + Sync,
+) -> Vec<std::result::Result<(), String>> {
+    let world =
+        collectix::World::local_with(w, collectix::GroupOptions::default().with_timeout(timeout))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let comms = world.communicators();
+    let f = &f;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || f(c))).collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect()
+    })
+}
+
 /// Runs `w` ranks over TCP loopback, each a thread of this process with its own actor
 /// system and sockets, joined through rank 0's store (init timeout: 20 s) with `secret` and
 /// groups timing out after `timeout`, each running `body`; returns what each returned.
