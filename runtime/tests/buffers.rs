@@ -61,8 +61,7 @@ fn run(case: &Case, seed: u64) -> Result<(), String> {
         let info = sim.group(r, GroupId::WORLD).map_err(|e| e.to_string())?;
         let want = case.expected(r);
         let dest = Destination::new(buffers_for(case, r, &want));
-        let plan = Plan::new(case.request(r), &info, &call)
-            .and_then(|p| p.writing_into(&dest))
+        let plan = Plan::new_into(case.request(r), &info, &call, None, &dest)
             .map_err(|e| format!("{case:?}: rank {r}: {e}"))?;
         let id = sim
             .submit_plan(r, GroupId::WORLD, plan)
@@ -230,4 +229,63 @@ fn a_failed_call_leaves_the_buffers_in_the_destination() {
     let back = dest.take().unwrap_or_default();
     assert_eq!(back.len(), 1);
     assert_eq!(back[0].to_vec::<f32>().ok(), Some(vec![1.0, 2.0, 3.0]));
+}
+
+#[test]
+fn a_direct_all_reduce_into_buffers_moves_in_segments_with_the_same_bits() {
+    // Values whose sums round: the order of additions shows in the bits.
+    let w = 4;
+    let n = 10_000;
+    let opts = GroupOptions {
+        segment_bytes: 4096,
+        ..GroupOptions::default()
+    };
+    let call = CallOptions {
+        algorithm: Some(collectix_runtime::Algorithm::Direct),
+        timeout: None,
+    };
+    let input = |r: usize| {
+        collectix_runtime::Tensor::from_vec(
+            (0..n)
+                .map(|i| ((i * 7919 + r * 104_729) % 1000) as f32 * 0.001_37 + 0.1 / (r + 1) as f32)
+                .collect::<Vec<f32>>(),
+        )
+    };
+    let mut plain = Sim::with_options(w, 3, opts.clone());
+    let mut into = Sim::with_options(w, 3, opts);
+    let mut ids = Vec::new();
+    for r in 0..w {
+        let req = || collectix_runtime::Request::AllReduce {
+            tensor: input(r),
+            op: ReduceOp::Sum,
+        };
+        let a = plain.submit(r, GroupId::WORLD, req(), &call);
+        let info = into
+            .group(r, GroupId::WORLD)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let dest = Destination::new(vec![
+            Buffer::zeros(&[n], DType::F32).unwrap_or_else(|e| panic!("{e}"))
+        ]);
+        let plan =
+            Plan::new_into(req(), &info, &call, None, &dest).unwrap_or_else(|e| panic!("{e}"));
+        let segments = plan.schedule().map_or(0, |s| s.layout.chunk_elems.len());
+        assert!(segments > w, "in segments: {segments} chunks");
+        let b = into.submit_plan(r, GroupId::WORLD, plan);
+        ids.push((
+            a.unwrap_or_else(|e| panic!("{e}")),
+            b.unwrap_or_else(|e| panic!("{e}")),
+        ));
+    }
+    assert_eq!(plain.run_no_timeouts(1_000_000), Ok(()));
+    assert_eq!(into.run_no_timeouts(1_000_000), Ok(()));
+    for (r, (a, b)) in ids.into_iter().enumerate() {
+        let want = match plain.take(r, a) {
+            Some(Ok(Output::Tensor(t))) => t,
+            other => panic!("rank {r}: {other:?}"),
+        };
+        match into.take(r, b) {
+            Some(Ok(Output::Buffers(v))) => assert_eq!(v[0].bytes(), &want.bytes()[..], "rank {r}"),
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
 }

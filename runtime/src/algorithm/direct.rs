@@ -164,6 +164,50 @@ pub fn all_reduce(rank: usize, w: usize, blocks: &[usize]) -> Schedule {
     s
 }
 
+/// [`all_reduce`] with each block cut into segments of at most `seg` elements, pipelined:
+/// segment j of every block is reduced (step RS j, as in [`reduce_scatter`]: on its block's
+/// owner, its own value first, then the others' in rank order), and sent to every rank in the
+/// step after the next segment's reduction (AG j), so a rank holds a segment of its reduced
+/// block until its peers have it, not the whole block. The same bits as [`all_reduce`]; for
+/// calls that write into caller buffers, which would otherwise hold every rank's reduced block
+/// at once (`engine/sink.rs`).
+pub fn all_reduce_pipelined(rank: usize, w: usize, blocks: &[usize], seg: usize) -> Schedule {
+    let mut s = Schedule::new(Layout::segmented(blocks, seg));
+    let segs = s.layout.segments();
+    let rs = |s: &mut Schedule, j: usize| {
+        let tag = 2 * j as u32;
+        let sends = others(rank, w)
+            .map(|p| send(p, tag, s.layout.chunk(p, j)))
+            .collect();
+        let mine = s.layout.chunk(rank, j);
+        let recvs = others(rank, w)
+            .map(|p| recv_reduce(p, tag, mine.clone(), p < rank))
+            .collect();
+        s.step(sends, recvs);
+    };
+    let ag = |s: &mut Schedule, j: usize| {
+        let tag = 2 * j as u32 + 1;
+        let mine = s.layout.chunk(rank, j);
+        let sends = others(rank, w)
+            .map(|p| send(p, tag, mine.clone()))
+            .collect();
+        let recvs = others(rank, w)
+            .map(|p| recv_copy(p, tag, s.layout.chunk(p, j)))
+            .collect();
+        s.step(sends, recvs);
+    };
+    for j in 0..segs {
+        rs(&mut s, j);
+        if j > 0 {
+            ag(&mut s, j - 1);
+        }
+    }
+    if segs > 0 {
+        ag(&mut s, segs - 1);
+    }
+    s
+}
+
 /// Rank 0 reduces every rank's tensor, in rank order ([`reduce`] to root 0), then sends the
 /// result to every rank: two steps, 2(W − 1) messages, every rank's output the same bytes.
 /// Few messages for small tensors; rank 0 carries all the data.
