@@ -32,6 +32,7 @@
 //! once (two with prefetch, one without), never the whole model.
 
 mod common;
+use collectix::runtime::schedule::partition;
 use collectix::{
     Algorithm, Buffer, BufferWork, CallOptions, Communicator, DType, Error, ReduceOp, Result,
     Tensor, World,
@@ -259,14 +260,6 @@ fn direct_avg(parts: &[&[f32]], blocks: &[usize]) -> Vec<f32> {
     out
 }
 
-/// `n` split into `parts` near-equal parts, the first `n % parts` one larger (the runtime's
-/// `schedule::partition`).
-fn partition(n: usize, parts: usize) -> Vec<usize> {
-    (0..parts)
-        .map(|i| n / parts + usize::from(i < n % parts))
-        .collect()
-}
-
 /// Training in one process without communication, adding up the ranks' gradients as the
 /// collectives do. Returns the loss before each step.
 pub(crate) fn single(cfg: &Config) -> Result<Vec<f32>> {
@@ -301,7 +294,6 @@ pub(crate) fn single(cfg: &Config) -> Result<Vec<f32>> {
         for l in 0..LAYERS {
             let mut g_full = Vec::with_capacity(padded);
             for s in 0..s_n {
-                // Each replica's reduce_scatter: shard s, averaged over its row.
                 // Each replica's reduce_scatter: shard s is reduced on the row's rank s,
                 // starting from its own gradient, then the others' in rank order.
                 let rows_avg: Vec<Vec<f32>> = (0..r_n)

@@ -397,7 +397,7 @@ fn what_the_caller_keeps_never_aliases_what_a_call_writes() {
         .iter()
         .map(|x| {
             let mut b = Buffer::from_slice(&[x.rank() as f32 + 1.0; 4]);
-            let input = b.to_tensor();
+            let input = b.to_tensor().unwrap_or_else(|e| panic!("{e}"));
             let work = x.buffers().all_gather_into_tensor(zeros(8), input.clone());
             if let Ok(s) = b.as_mut_slice::<f32>() {
                 s.fill(-1.0);
@@ -414,6 +414,29 @@ fn what_the_caller_keeps_never_aliases_what_a_call_writes() {
             "the input is a copy"
         );
     }
+}
+
+#[test]
+fn ranks_may_mix_buffer_and_tensor_forms_of_one_call() {
+    // Where each rank's result goes is its own business: a direct all_reduce of 4 MiB blocks
+    // (in 1 MiB segments) with rank 0 on a buffer and rank 1 on tensors completes on both.
+    let world = World::local_with(2, GroupOptions::default().with_timeout(TIMEOUT))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let c = world.communicators();
+    let direct = collectix::CallOptions {
+        algorithm: Some(collectix::Algorithm::Direct),
+        timeout: None,
+    };
+    let n = 2 << 20;
+    let x = |r: usize| vals(r, 3, n);
+    let a = c[0]
+        .buffers()
+        .with_options(&direct)
+        .all_reduce(buf(&x(0)), ReduceOp::Sum);
+    let b = c[1].all_reduce_with(x(1), ReduceOp::Sum, &direct);
+    let got_a = a.wait().unwrap_or_else(|e| panic!("{e}"));
+    let got_b = b.wait().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got_a.bytes(), &got_b.bytes()[..]);
 }
 
 #[test]

@@ -25,20 +25,32 @@ pub struct BufferWork<T> {
 }
 
 impl<T> BufferWork<T> {
-    fn failed(&self, error: Error) -> Failed {
-        Failed {
-            error,
-            buffers: self.dest.take().unwrap_or_default(),
-        }
+    /// `error` with the buffers, once the call has ended; a call still running (a wait
+    /// refused with [`Error::WouldDeadlock`]) keeps them, detached, and none come back.
+    fn failed(dest: &Destination, work: &Work<T>, error: Error) -> Failed {
+        let buffers = if work.is_completed() {
+            dest.take().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        Failed { error, buffers }
     }
 
     /// Blocks until the call finishes (as [`Work::wait`]).
     pub fn wait(self) -> std::result::Result<T, Failed> {
-        let dest = self.dest.clone();
-        self.work.wait().map_err(|error| Failed {
-            error,
-            buffers: dest.take().unwrap_or_default(),
-        })
+        let BufferWork { work, dest } = self;
+        let done = work.is_completed();
+        match work.wait() {
+            Ok(t) => Ok(t),
+            Err(error) => Err(Failed {
+                buffers: if done || !matches!(error, Error::WouldDeadlock) {
+                    dest.take().unwrap_or_default()
+                } else {
+                    Vec::new()
+                },
+                error,
+            }),
+        }
     }
 
     /// Whether the call has finished.
@@ -54,7 +66,7 @@ impl<T> Future for BufferWork<T> {
         match Pin::new(&mut this.work).poll(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(t)) => Poll::Ready(Ok(t)),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(this.failed(e))),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(BufferWork::failed(&this.dest, &this.work, e))),
         }
     }
 }
@@ -521,7 +533,8 @@ impl<'a> BufferCalls<'a> {
     }
 
     /// `recv(tensor, src, tag)`: `tensor` gets the message (of exactly its dtype and
-    /// elements) and comes back with its sender; `src: None` receives from any rank.
+    /// elements) and comes back with its sender; `src: None` receives from any rank. Unlike the
+    /// collectives, the message is received whole and then copied in (one more copy).
     pub fn recv(
         &self,
         tensor: Buffer,
@@ -581,13 +594,25 @@ fn one_dtype(mut tensors: impl Iterator<Item = (DType, Device)>) -> Result<DType
 /// Zeros shaped like `t` with its first dimension multiplied by `mul` and divided by `div`
 /// (1-D where it does not divide).
 fn scaled(t: &Tensor, mul: usize, div: usize) -> Result<Buffer> {
+    let too_big = || {
+        Error::invalid(format!(
+            "a tensor of shape {:?} gathered {mul} times overflows",
+            t.shape()
+        ))
+    };
+    let div = div.max(1);
     let shape = match t.shape().split_first() {
-        Some((&d0, rest)) if (d0 * mul).is_multiple_of(div.max(1)) => {
-            let mut s = vec![d0 * mul / div.max(1)];
-            s.extend_from_slice(rest);
-            s
+        Some((&d0, rest)) => {
+            let d = d0.checked_mul(mul).ok_or_else(too_big)?;
+            if d.is_multiple_of(div) {
+                let mut s = vec![d / div];
+                s.extend_from_slice(rest);
+                s
+            } else {
+                vec![t.numel().checked_mul(mul).ok_or_else(too_big)? / div]
+            }
         }
-        _ => vec![t.numel() * mul / div.max(1)],
+        None => vec![t.numel().checked_mul(mul).ok_or_else(too_big)? / div],
     };
     Buffer::zeros(&shape, t.dtype())
 }
@@ -633,8 +658,7 @@ impl Communicator {
             .collect::<Result<Vec<_>>>();
         let dtype = one_dtype(inputs.iter().map(|t| (t.dtype(), t.device())));
         let bytes: Vec<&[u8]> = inputs.iter().map(|t| &t.bytes()[..]).collect();
-        let to_tensors =
-            |v: Vec<Buffer>| Ok(v.into_iter().map(Buffer::into_tensor).collect::<Vec<_>>());
+        let to_tensors = |v: Vec<Buffer>| v.into_iter().map(Buffer::into_tensor).collect();
         match outputs {
             Ok(outputs) => b.coalesced(kind, dtype, &bytes, outputs, to_tensors).work,
             Err(e) => b.issue(Err(e), Vec::new(), to_tensors).work,

@@ -160,13 +160,8 @@ impl Member {
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
         let p2p = req.is_p2p();
-        let plan = Plan::new_into(
-            req,
-            &self.group.info,
-            opts,
-            Some(&self.group.schedules),
-            dest,
-        );
+        let plan = Plan::new_cached(req, &self.group.info, opts, &self.group.schedules)
+            .and_then(|p| p.writing_into(dest));
         match plan {
             Ok(plan) => {
                 let seq = self.reserve(1);

@@ -61,7 +61,8 @@ fn run(case: &Case, seed: u64) -> Result<(), String> {
         let info = sim.group(r, GroupId::WORLD).map_err(|e| e.to_string())?;
         let want = case.expected(r);
         let dest = Destination::new(buffers_for(case, r, &want));
-        let plan = Plan::new_into(case.request(r), &info, &call, None, &dest)
+        let plan = Plan::new(case.request(r), &info, &call)
+            .and_then(|p| p.writing_into(&dest))
             .map_err(|e| format!("{case:?}: rank {r}: {e}"))?;
         let id = sim
             .submit_plan(r, GroupId::WORLD, plan)
@@ -232,8 +233,9 @@ fn a_failed_call_leaves_the_buffers_in_the_destination() {
 }
 
 #[test]
-fn a_direct_all_reduce_into_buffers_moves_in_segments_with_the_same_bits() {
-    // Values whose sums round: the order of additions shows in the bits.
+fn a_direct_all_reduce_in_segments_gives_the_bits_of_one_segment() {
+    // Values whose sums round: the order of additions shows in the bits. One segment per
+    // block (the default 1 MiB) against 4 KiB segments, into caller buffers.
     let w = 4;
     let n = 10_000;
     let opts = GroupOptions {
@@ -251,7 +253,7 @@ fn a_direct_all_reduce_into_buffers_moves_in_segments_with_the_same_bits() {
                 .collect::<Vec<f32>>(),
         )
     };
-    let mut plain = Sim::with_options(w, 3, opts.clone());
+    let mut plain = Sim::new(w, 3);
     let mut into = Sim::with_options(w, 3, opts);
     let mut ids = Vec::new();
     for r in 0..w {
@@ -266,8 +268,9 @@ fn a_direct_all_reduce_into_buffers_moves_in_segments_with_the_same_bits() {
         let dest = Destination::new(vec![
             Buffer::zeros(&[n], DType::F32).unwrap_or_else(|e| panic!("{e}"))
         ]);
-        let plan =
-            Plan::new_into(req(), &info, &call, None, &dest).unwrap_or_else(|e| panic!("{e}"));
+        let plan = Plan::new(req(), &info, &call)
+            .and_then(|p| p.writing_into(&dest))
+            .unwrap_or_else(|e| panic!("{e}"));
         let segments = plan.schedule().map_or(0, |s| s.layout.chunk_elems.len());
         assert!(segments > w, "in segments: {segments} chunks");
         let b = into.submit_plan(r, GroupId::WORLD, plan);

@@ -68,7 +68,8 @@ fn coalesced(
             .group(r, GroupId::WORLD)
             .unwrap_or_else(|e| panic!("{e}"));
         let dest = Destination::with_runs(outs, c.runs);
-        let plan = Plan::new_into(c.request, &info, &call(alg), None, &dest)
+        let plan = Plan::new(c.request, &info, &call(alg))
+            .and_then(|p| p.writing_into(&dest))
             .unwrap_or_else(|e| panic!("{kind:?} W={w} {alg}: {e}"));
         ids.push(
             sim.submit_plan(r, GroupId::WORLD, plan)

@@ -76,7 +76,8 @@ impl Calls {
         for (w, o) in works.into_iter().zip(outputs.iter_mut()) {
             *o = w.wait()?;
             if keep {
-                got.push(Output::Tensors(o.iter().map(Buffer::to_tensor).collect()));
+                let tensors = o.iter().map(Buffer::to_tensor).collect::<Result<_>>()?;
+                got.push(Output::Tensors(tensors));
             }
         }
         Ok(got)

@@ -147,31 +147,17 @@ pub fn all_gather(rank: usize, w: usize, blocks: &[usize]) -> Schedule {
     s
 }
 
-/// Every rank sends block b to rank b, which reduces them (one pass over the W operands),
-/// then sends its reduced block to every rank: two steps, each rank reducing 1/W of the
-/// tensor. Every block moves once per peer, which on a network costs the same as a ring's
+/// Every rank sends block b to rank b, which reduces them (one pass over the W operands,
+/// its own value first, then the others' in rank order), then sends its reduced block to every
+/// rank. Every block moves once per peer, which on a network costs the same as a ring's
 /// traffic in 2 latencies instead of 2(W−1); in one process the blocks are shared, not
 /// copied, and the reduced blocks are written straight into the output the ranks share
-/// (`tensor::arena`).
-pub fn all_reduce(rank: usize, w: usize, blocks: &[usize]) -> Schedule {
-    let mut s = reduce_scatter(rank, w, blocks);
-    s.step(
-        others(rank, w)
-            .map(|p| send(p, 1, rank..rank + 1))
-            .collect(),
-        others(rank, w).map(|p| recv_copy(p, 1, p..p + 1)).collect(),
-    );
-    s
-}
-
-/// [`all_reduce`] with each block cut into segments of at most `seg` elements, pipelined:
-/// segment j of every block is reduced (step RS j, as in [`reduce_scatter`]: on its block's
-/// owner, its own value first, then the others' in rank order), and sent to every rank in the
-/// step after the next segment's reduction (AG j), so a rank holds a segment of its reduced
-/// block until its peers have it, not the whole block. The same bits as [`all_reduce`]; for
-/// calls that write into caller buffers, which would otherwise hold every rank's reduced block
-/// at once (`engine/sink.rs`).
-pub fn all_reduce_pipelined(rank: usize, w: usize, blocks: &[usize], seg: usize) -> Schedule {
+/// (`tensor::arena`). Blocks larger than `seg` elements move in segments, pipelined: segment j
+/// is reduced (step RS j), then sent to every rank in the step after the next segment's
+/// reduction (AG j), so a rank holds a segment of its reduced block until its peers have it,
+/// not the whole block (which a call writing into caller buffers would otherwise hold on every
+/// rank at once, `engine/sink.rs`). With one segment it is the two-step schedule.
+pub fn all_reduce(rank: usize, w: usize, blocks: &[usize], seg: usize) -> Schedule {
     let mut s = Schedule::new(Layout::segmented(blocks, seg));
     let segs = s.layout.segments();
     let rs = |s: &mut Schedule, j: usize| {

@@ -49,16 +49,11 @@ impl Planner<'_> {
         let (checked, n, data) = self.check_all_reduce(tensor, op)?;
         let dt = checked.dtype;
         let alg = self.algorithm(checked.kind, checked.bytes)?;
-        // Into caller buffers, a direct all_reduce moves in segments (`Plan::new_into`).
-        let pipelined = alg == Algorithm::Direct && self.into_buffers;
-        let seg = self.seg_if(alg == Algorithm::Ring || pipelined, dt);
+        let seg = self.seg_if(matches!(alg, Algorithm::Ring | Algorithm::Direct), dt);
         let s = self.memo((checked.kind, alg, n, seg, 0), || match alg {
             Algorithm::Ring => ring::all_reduce(me, w, n, seg),
             Algorithm::HalvingDoubling => halving_doubling::all_reduce(me, w, n),
-            Algorithm::Direct if pipelined => {
-                direct::all_reduce_pipelined(me, w, &partition(n, w), seg)
-            }
-            Algorithm::Direct => direct::all_reduce(me, w, &partition(n, w)),
+            Algorithm::Direct => direct::all_reduce(me, w, &partition(n, w), seg),
             Algorithm::ReduceBroadcast => direct::reduce_broadcast(me, w, n),
             _ => recursive_doubling::all_reduce(me, w, n),
         });

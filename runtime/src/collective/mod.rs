@@ -235,7 +235,6 @@ impl Plan {
             g: group,
             opts: &CallOptions::default(),
             cache: None,
-            into_buffers: false,
         }
         .check(req)
         .map(CheckedCall)
@@ -250,7 +249,6 @@ impl Plan {
             g: group,
             opts,
             cache: None,
-            into_buffers: false,
         }
         .plan(req)
     }
@@ -288,33 +286,8 @@ impl Plan {
             g: group,
             opts,
             cache: Some(cache),
-            into_buffers: false,
         }
         .plan(req)
-    }
-
-    /// Validates `req` for this member of `group` and plans it to write its result into the
-    /// caller's buffers in `dest` ([`writing_into`](Self::writing_into)), with schedules that
-    /// suit caller buffers: where the ranks would otherwise hold a whole reduced output at
-    /// once (a direct all_reduce), its blocks move in segments, each sent on as soon as it is
-    /// reduced, so a call holds its inputs, its outputs and the segments in flight. The
-    /// result is the same, bit for bit, as the plan [`new`](Self::new) would make.
-    pub fn new_into(
-        req: Request,
-        group: &GroupInfo,
-        opts: &CallOptions,
-        cache: Option<&ScheduleCache>,
-        dest: &Destination,
-    ) -> Result<Plan> {
-        Plan::check_host(&req, group)?;
-        Planner {
-            g: group,
-            opts,
-            cache,
-            into_buffers: true,
-        }
-        .plan(req)?
-        .writing_into(dest)
     }
 
     /// The same plan, marked as the agreement step of a call on another data path (see
@@ -429,8 +402,6 @@ struct Planner<'a> {
     opts: &'a CallOptions,
     /// Where the schedules of this group member's recent calls are kept, if anywhere.
     cache: Option<&'a ScheduleCache>,
-    /// The call writes into caller buffers ([`Plan::new_into`]).
-    into_buffers: bool,
 }
 
 fn same_dtype(what: &str, want: DType, got: DType) -> Result<()> {

@@ -9,8 +9,9 @@
 //! chunks in flight. Chunks no step uses (a rank's own block that nothing reads) are written when the
 //! call finishes, and so is the output transform (`Avg`'s division), over each whole buffer.
 //!
-//! The buffers are written only here, under the destination's lock; nothing the engine
-//! sends is ever memory of the caller's buffers.
+//! The engine writes the buffers only here, under the destination's lock (a receive into a
+//! buffer, `recv` in `collectix-actors`, copies the message in after the engine is done);
+//! nothing the engine sends is ever memory of the caller's buffers.
 
 use crate::collective::{Assembly, Destination, Output, Run};
 use crate::error::{Error, Result};
@@ -149,15 +150,25 @@ impl Sink {
     /// After step `k` of the call: writes out (and drops) the chunks step `k` left final,
     /// and drops those it left dead.
     pub(super) fn after_step(&mut self, k: usize, chunks: &mut [Option<Bytes>]) -> Result<()> {
+        if self
+            .drops
+            .get(self.next)
+            .is_none_or(|&(step, _, _)| step > k)
+        {
+            return Ok(());
+        }
         let mut held = self.dest.lock();
-        let bufs = held.as_deref_mut().ok_or_else(taken)?;
+        // Without its buffers (taken by a holder of the destination: the caller left), the
+        // call still runs its part for the others; its chunks are dropped unwritten and it
+        // fails when it finishes (`finish`), alone.
+        let mut bufs = held.as_deref_mut();
         while let Some(&(step, ch, after)) = self.drops.get(self.next) {
             if step > k {
                 break;
             }
             self.next += 1;
             let data = chunks.get_mut(ch).and_then(Option::take);
-            let Some(p) = self.places.get_mut(ch) else {
+            let (Some(p), Some(bufs)) = (self.places.get_mut(ch), bufs.as_deref_mut()) else {
                 continue;
             };
             if after == After::Final && p.at != NOWHERE && !p.written {

@@ -69,19 +69,21 @@ impl Buffer {
         Ok(b)
     }
 
-    /// A tensor holding a copy of the buffer (the buffer stays the caller's).
-    pub fn to_tensor(&self) -> Tensor {
-        Tensor::from_parts(
+    /// A tensor holding a copy of the buffer (the buffer stays the caller's); fails for a
+    /// bool buffer holding a byte other than 0 or 1.
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        Tensor::from_bytes(
             crate::tensor::aligned_copy(self.bytes(), self.dtype),
             self.dtype,
-            self.shape.clone(),
+            &self.shape,
         )
     }
 
-    /// The buffer as a tensor, without a copy (it is shared and immutable from then on).
-    pub fn into_tensor(self) -> Tensor {
+    /// The buffer as a tensor, without a copy (it is shared and immutable from then on);
+    /// fails for a bool buffer holding a byte other than 0 or 1.
+    pub fn into_tensor(self) -> Result<Tensor> {
         let bytes = crate::tensor::bytes_from_vec(self.words).slice(..self.len);
-        Tensor::from_parts(bytes, self.dtype, self.shape)
+        Tensor::from_bytes(bytes, self.dtype, &self.shape)
     }
 
     /// The same memory with another shape of the same number of elements.
@@ -212,7 +214,7 @@ mod tests {
         if let Ok(s) = b.as_mut_slice::<f32>() {
             s[1] = 5.0;
         }
-        let t = b.to_tensor();
+        let t = b.to_tensor().unwrap_or_else(|_| Tensor::empty(DType::F32));
         if let Ok(s) = b.as_mut_slice::<f32>() {
             s[0] = 9.0;
         }
@@ -230,6 +232,7 @@ mod tests {
         assert_eq!(b.as_slice::<bool>().ok(), Some(&[true, false][..]));
         b.bytes_mut()[0] = 7;
         assert!(b.as_slice::<bool>().is_err());
+        assert!(b.to_tensor().is_err() && b.clone().into_tensor().is_err());
         assert!(Tensor::from_bytes(b.bytes().to_vec().into(), DType::Bool, &[2]).is_err());
     }
 }
