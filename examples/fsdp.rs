@@ -35,7 +35,7 @@ mod common;
 use collectix::runtime::schedule::partition;
 use collectix::{
     Algorithm, Buffer, BufferWork, CallOptions, Communicator, DType, Error, ReduceOp, Result,
-    Tensor, World,
+    Tensor,
 };
 use common::Rng;
 use std::time::Instant;
@@ -532,22 +532,8 @@ pub(crate) fn lines(r: usize, rep: &Report) -> Vec<String> {
 
 /// Every rank's report, of `cfg.ranks` in-process ranks, in rank order.
 pub(crate) fn in_process(cfg: &Config) -> Result<Vec<Report>> {
-    let world = World::local(cfg.ranks)?;
-    let threads: Vec<_> = world
-        .communicators()
-        .iter()
-        .cloned()
-        .map(|c| {
-            let cfg = cfg.clone();
-            std::thread::spawn(move || train(&cfg, &c))
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in threads {
-        out.push(t.join().map_err(|_| Error::Shutdown)??);
-    }
-    world.shutdown()?;
-    Ok(out)
+    let cfg = cfg.clone();
+    common::per_rank(cfg.ranks, move |c| train(&cfg, &c))
 }
 
 fn parse() -> Result<(Config, bool, bool)> {

@@ -13,18 +13,22 @@ pub(crate) fn init_tracing() {
         .try_init();
 }
 
-/// Runs `f` on every rank; returns each rank's lines, in rank order.
-pub(crate) fn per_rank(
+/// Runs `f` on every rank of a world of `n`, each on a thread of its own; returns what each
+/// returned (its lines, in most examples), in rank order.
+pub(crate) fn per_rank<T: Send + 'static>(
     n: usize,
-    f: fn(Communicator) -> Result<Vec<String>>,
-) -> Result<Vec<Vec<String>>> {
+    f: impl Fn(Communicator) -> Result<T> + Clone + Send + 'static,
+) -> Result<Vec<T>> {
     init_tracing();
     let world = World::local(n)?;
     let threads: Vec<_> = world
         .communicators()
         .iter()
         .cloned()
-        .map(|c| std::thread::spawn(move || f(c)))
+        .map(|c| {
+            let f = f.clone();
+            std::thread::spawn(move || f(c))
+        })
         .collect();
     let mut out = Vec::new();
     for t in threads {
