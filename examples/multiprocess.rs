@@ -1,7 +1,7 @@
 //! A long all_reduce loop for multi-process jobs, each result checked: every rank adds
 //! `[rank + 1; 1024]` for `ITERS` rounds (environment, default 200), and the sum is
-//! `W(W+1)/2` everywhere. Prints `rank R: pid P, joined in T ms, at ADDR` first (so that a
-//! test can kill a chosen rank; ADDR is where its peers reach it) and `rank R: ok ITERS in T ms (first F ms), N threads` at the end (the
+//! `W(W+1)/2` everywhere. Prints `rank R: pid P, joined in T ms, at ADDR, N shared-memory
+//! peers` first (so that a test can kill a chosen rank; ADDR is where its peers reach it) and `rank R: ok ITERS in T ms (first F ms), N threads` at the end (the
 //! loop's time, its first call's, and this process's threads where `/proc` tells), or
 //! `rank R: error: …` when a call fails, then exits 1. With `FIRST=all_to_all` the first
 //! call is an all_to_all instead (every rank talks to every other: with lazy connection it
@@ -27,10 +27,11 @@ fn main() -> Result<()> {
     let (r, w) = (c.rank(), c.size());
     let joined = start.elapsed();
     println!(
-        "rank {r}: pid {}, joined in {:.1} ms, at {}",
+        "rank {r}: pid {}, joined in {:.1} ms, at {}, {} shared-memory peers",
         std::process::id(),
         joined.as_secs_f64() * 1e3,
-        p.address()
+        p.address(),
+        p.shm_peers()
     );
     let iters: usize = std::env::var("ITERS")
         .ok()

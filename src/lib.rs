@@ -86,7 +86,8 @@ pub use collectix_actors::{
     init, job_status, BufferCalls, BufferWork, CallRecord, CallState, Communicator, Connect,
     DeviceBackend, Failed, FileStore, InitArgs, JobConfig, JobStatus, Launcher, Liveness,
     MemoryStore, Mesh2d, P2POp, Policy, PrefixStore, Process, RankStatus, Recovered, Rendezvous,
-    Secret, Security, Store, TcpStore, TcpStoreServer, Work, World, CALLS_KEPT, FIRST_RESERVED_TAG,
+    Secret, Security, Store, TcpStore, TcpStoreServer, Transport, Work, World, CALLS_KEPT,
+    FIRST_RESERVED_TAG,
 };
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{

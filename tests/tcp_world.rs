@@ -12,7 +12,9 @@
 mod check_job;
 
 use collectix::runtime::testing::matrix;
-use collectix::{init, CallOptions, Connect, Error, GroupOptions, InitArgs, Secret, Security};
+use collectix::{
+    init, CallOptions, Connect, Error, GroupOptions, InitArgs, Secret, Security, Transport,
+};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -23,6 +25,17 @@ fn secured(text: &str) -> Security {
 
 /// Rank `r` of `w` joining through `tcp://127.0.0.1:PORT`.
 fn args(port: u16, r: usize, w: usize, connect: Option<Connect>) -> InitArgs {
+    args_over(port, r, w, connect, Transport::Tcp)
+}
+
+/// [`args`] over `transport`.
+fn args_over(
+    port: u16,
+    r: usize,
+    w: usize,
+    connect: Option<Connect>,
+    transport: Transport,
+) -> InitArgs {
     InitArgs {
         init_method: Some(format!("tcp://127.0.0.1:{port}")),
         rank: Some(r),
@@ -31,6 +44,7 @@ fn args(port: u16, r: usize, w: usize, connect: Option<Connect>) -> InitArgs {
         security: Some(secured("the tcp_world tests' secret")),
         liveness: None,
         launcher_store: None,
+        transport: Some(transport),
     }
 }
 
@@ -43,14 +57,28 @@ fn free_port() -> u16 {
 /// Every rank joins, runs the matrix (`examples/check_job.rs`: one call after another, each
 /// waited for and checked), and leaves.
 fn run(w: usize, connect: Connect) -> Vec<Result<(), String>> {
+    run_over(w, connect, Transport::Tcp)
+}
+
+/// [`run`] over `transport`; each rank checks that it reaches every peer through shared
+/// memory with `Shm`, and none with `Tcp`.
+fn run_over(w: usize, connect: Connect, transport: Transport) -> Vec<Result<(), String>> {
     let port = free_port();
     std::thread::scope(|sc| {
         let handles: Vec<_> = (0..w)
             .map(|r| {
                 sc.spawn(move || -> Result<(), String> {
-                    let args = args(port, r, w, Some(connect));
+                    let args = args_over(port, r, w, Some(connect), transport);
                     let p = init(&args, check_job::options(), Duration::from_secs(60))
                         .map_err(|e| format!("rank {r} cannot join: {e}"))?;
+                    let shm = if transport == Transport::Shm {
+                        w - 1
+                    } else {
+                        0
+                    };
+                    if p.shm_peers() != shm {
+                        return Err(format!("rank {r}: {} shared-memory peers", p.shm_peers()));
+                    }
                     let c = p.communicator();
                     assert_eq!((c.rank(), c.size()), (r, w));
                     let n = check_job::check(c).map_err(|e| format!("rank {r}: {e}"))?;
@@ -83,6 +111,18 @@ fn run(w: usize, connect: Connect) -> Vec<Result<(), String>> {
 fn every_collective_over_tcp_on_2_3_4_ranks() {
     for w in [2, 3, 4] {
         for (r, res) in run(w, Connect::Eager).into_iter().enumerate() {
+            assert_eq!(res, Ok(()), "W={w} rank {r}");
+        }
+    }
+}
+
+#[test]
+fn every_collective_over_shared_memory_on_2_3_4_ranks() {
+    for w in [2, 3, 4] {
+        for (r, res) in run_over(w, Connect::Eager, Transport::Shm)
+            .into_iter()
+            .enumerate()
+        {
             assert_eq!(res, Ok(()), "W={w} rank {r}");
         }
     }

@@ -38,6 +38,9 @@ pub struct InitArgs {
     pub world_size: Option<usize>,
     /// When to connect to the peers (else `COLLECTIX_CONNECT`, else eager).
     pub connect: Option<crate::transport::mesh::Connect>,
+    /// Whether the ranks of one host use shared memory (else `COLLECTIX_TRANSPORT`, else
+    /// [`Transport::Auto`](crate::Transport::Auto)).
+    pub transport: Option<crate::transport::Transport>,
     /// The job's secret and where it may listen (else [`Security::from_env`](crate::Security::from_env)).
     pub security: Option<crate::security::Security>,
     /// How long a silent peer is given before it is lost (else `COLLECTIX_LINK_TIMEOUT`,

@@ -78,5 +78,6 @@ pub use store::{FileStore, MemoryStore, PrefixStore, Store, TcpStore, TcpStoreSe
 pub use supervise::Policy;
 pub use transport::mesh::Connect;
 pub use transport::tcp::Liveness;
+pub use transport::Transport;
 pub use work::Work;
 pub use world::World;

@@ -29,7 +29,10 @@ use crate::rank::system;
 use crate::security::Security;
 use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
 use crate::transport::mesh::{Connect, Mesh, Settings};
+#[cfg(target_os = "linux")]
+use crate::transport::shm::{self, Hub};
 use crate::transport::tcp::{Inbound, Liveness};
+use crate::transport::Transport;
 use actix::System;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{Link, LinkError, Message};
@@ -60,6 +63,9 @@ pub struct Process {
     system: Option<System>,
     thread: Option<JoinHandle<()>>,
     mesh: Option<Mesh>,
+    /// Shared memory with the ranks of this host (none when alone on it, or over TCP only).
+    #[cfg(target_os = "linux")]
+    shm: Option<Hub>,
     server: Option<TcpStoreServer>,
     address: String,
     /// Answers `collectix status` (a TCP job's ranks only); stops when dropped.
@@ -96,22 +102,24 @@ impl Link<Message> for SelfLink {
     }
 }
 
+/// Whether every rank published the same host identity (`host/RANK`, see
+/// [`shm::host_id`](crate::transport::shm)): then the job runs on one host.
+fn one_host(hosts: &[String]) -> bool {
+    hosts.first().is_some_and(|h| hosts.iter().all(|x| x == h))
+}
+
 /// "host:port", with an IPv6 address in brackets.
-/// Whether every rank's address (`host:port`, `[v6]:port`) names the same host: then the job
-/// runs on one host (its ranks advertise the same interface's address). Ranks of one host
-/// that advertise different interfaces count as hosts apart, which only costs them the rows
-/// measured for one host.
-fn one_host(addrs: &[String]) -> bool {
-    let host = |a: &str| {
-        a.rsplit_once(':')
-            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']').to_owned())
-    };
-    let Some(first) = addrs.first().and_then(|a| host(a)) else {
-        return false;
-    };
-    addrs
-        .iter()
-        .all(|a| host(a).as_deref() == Some(first.as_str()))
+/// This host's identity (see `transport::shm::host_id`; elsewhere than Linux, its name or
+/// `COLLECTIX_HOST_ID`).
+fn host_identity() -> String {
+    #[cfg(target_os = "linux")]
+    {
+        shm::host_id()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        std::env::var("COLLECTIX_HOST_ID").unwrap_or_else(|_| "host".to_owned())
+    }
 }
 
 fn host_port(host: &str, port: u16) -> String {
@@ -155,6 +163,10 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         Some(c) => c,
         None => Connect::from_env()?,
     };
+    let transport = match args.transport {
+        Some(t) => t,
+        None => Transport::from_env()?,
+    };
     let (rank, world) = (config.rank, config.world_size);
     let deadline = Instant::now() + timeout;
     let left = || deadline.saturating_duration_since(Instant::now());
@@ -182,12 +194,21 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         security: &security,
         liveness,
         connect,
+        transport,
         incarnation: config.incarnation,
         deadline,
         timeout,
     });
     match joined {
-        Ok((comm, system, thread, mesh, address)) => {
+        Ok(Joined {
+            comm,
+            system,
+            thread,
+            mesh,
+            address,
+            #[cfg(target_os = "linux")]
+            shm,
+        }) => {
             // A connection of its own for the status responder, whose waits hold it.
             let status = match &config.rendezvous {
                 Rendezvous::Tcp { host, port } => {
@@ -210,6 +231,8 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
                 system: Some(system),
                 thread: Some(thread),
                 mesh: Some(mesh),
+                #[cfg(target_os = "linux")]
+                shm,
                 server,
                 address,
                 _status: status,
@@ -234,9 +257,21 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
     }
 }
 
-/// What joining gives: the world communicator, the actor system and its thread, the
-/// connections, and the address this rank published.
-type Joined = (Communicator, System, JoinHandle<()>, Mesh, String);
+/// What joining gives.
+struct Joined {
+    /// The world communicator.
+    comm: Communicator,
+    /// The actor system and its thread.
+    system: System,
+    thread: JoinHandle<()>,
+    /// The TCP connections.
+    mesh: Mesh,
+    /// The address this rank published.
+    address: String,
+    /// Shared memory with the ranks of this host.
+    #[cfg(target_os = "linux")]
+    shm: Option<Hub>,
+}
 
 /// What [`join`] needs once the store is there: this rank's place in the job, the store the
 /// ranks meet through, how the connections are made, and the time the join has.
@@ -259,6 +294,8 @@ struct Joining<'a> {
     /// When this rank connects to its peers: eager connection makes every connection
     /// before the join returns.
     connect: Connect,
+    /// Whether the ranks of one host use shared memory.
+    transport: Transport,
     /// Which process of its rank this is (0, one more for each restart).
     incarnation: u32,
     /// When the whole join must be done.
@@ -299,6 +336,7 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         security,
         liveness,
         connect,
+        transport,
         incarnation,
         deadline,
         timeout,
@@ -306,8 +344,8 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
     let left = || deadline.saturating_duration_since(Instant::now());
     // 2. Listen, publish.
     let ip = addr::own_ip(store_host)?;
-    let listener = listen(&ip, security)?;
-    let port = listener
+    let tcp_listener = listen(&ip, security)?;
+    let port = tcp_listener
         .local_addr()
         .map_err(|e| Error::Resource(format!("no local address: {e}")))?
         .port();
@@ -320,6 +358,30 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         store.compare_set("job", b"", id.to_string().into_bytes())?;
     }
     agree_on_world(store.as_ref(), rank, world)?;
+    // This host's identity, and where this rank takes shared-memory peers (published before
+    // the address: a rank that sees `addr/r` finds `host/r` there too).
+    let host = host_identity();
+    #[cfg(target_os = "linux")]
+    let listener = if transport != Transport::Tcp && incarnation == 0 {
+        match shm::Listener::bind(u64::from(std::process::id()), rank) {
+            Ok(l) => Some(l),
+            Err(e) if transport == Transport::Auto => {
+                tracing::warn!(rank, error = %e, "no shared memory: TCP to every peer");
+                None
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        None
+    };
+    #[cfg(target_os = "linux")]
+    let socket = listener.as_ref().map_or("-".to_owned(), |l| l.name.clone());
+    #[cfg(not(target_os = "linux"))]
+    let socket = "-".to_owned();
+    store.set(
+        &format!("host/{rank}"),
+        format!("{host} {socket}").into_bytes(),
+    )?;
     store.set(&format!("addr/{rank}"), me.clone().into_bytes())?;
     // 3. Everyone.
     let keys: Vec<String> = (0..world).map(|r| format!("addr/{r}")).collect();
@@ -333,11 +395,19 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
     for key in &keys {
         addrs.push(String::from_utf8_lossy(&store.get(key, left())?).into_owned());
     }
+    let mut hosts = Vec::with_capacity(world);
+    let mut sockets = Vec::with_capacity(world);
+    for r in 0..world {
+        let said = String::from_utf8_lossy(&store.get(&format!("host/{r}"), left())?).into_owned();
+        let (h, sock) = said.split_once(' ').unwrap_or((said.as_str(), "-"));
+        hosts.push(h.to_owned());
+        sockets.push(sock.to_owned());
+    }
     // 4. The actor, the links, the connections.
     let mut options = options;
-    // Every rank reads the same addresses, so every rank picks the same locality (and so the
-    // same default algorithms).
-    options.locality = if one_host(&addrs) {
+    // Every rank reads the same identities, so every rank picks the same locality (and so
+    // the same default algorithms).
+    options.locality = if one_host(&hosts) {
         collectix_runtime::Locality::Host
     } else {
         collectix_runtime::Locality::Network
@@ -370,8 +440,46 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         security: security.clone(),
         liveness,
     };
-    let mesh = Mesh::start(listener, rank, addrs, settings, inbound)?;
-    let links = mesh.links(Box::new(SelfLink(rank, driver.clone())));
+    let mesh = Mesh::start(tcp_listener, rank, addrs, settings, inbound)?;
+    #[allow(unused_mut)]
+    let mut links = mesh.links(Box::new(SelfLink(rank, driver.clone())));
+    #[cfg(target_os = "linux")]
+    let hub = match listener {
+        None => None,
+        Some(listener) => {
+            // The ranks of this host that take shared memory (those that published a socket).
+            let local: std::collections::BTreeMap<usize, String> = (0..world)
+                .filter(|&r| hosts[r] == host && sockets[r] != "-")
+                .map(|r| (r, sockets[r].clone()))
+                .collect();
+            let setup = shm::Setup {
+                job,
+                rank,
+                local,
+                listener,
+                security,
+                ring: shm::ring_from_env()?,
+                limits,
+                deadline,
+            };
+            if setup.local.len() < 2 {
+                None
+            } else {
+                match Hub::start(setup, driver.clone(), &mut links, mesh.incarnations()) {
+                    Ok(h) => Some(h),
+                    Err(e) if transport == Transport::Auto => {
+                        tracing::warn!(rank, error = %e, "no shared memory: TCP to every peer");
+                        None
+                    }
+                    Err(e) => {
+                        system.stop();
+                        let _ = thread.join();
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    };
     driver.set_links(links);
     if incarnation > 0 {
         // A restarted process: the others are running already, and learn from this one's
@@ -396,7 +504,15 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         hub: None,
         incarnation,
     });
-    Ok((Communicator::new(shared, info), system, thread, mesh, me))
+    Ok(Joined {
+        comm: Communicator::new(shared, info),
+        system,
+        thread,
+        mesh,
+        address: me,
+        #[cfg(target_os = "linux")]
+        shm: hub,
+    })
 }
 impl Process {
     /// This rank's world communicator.
@@ -408,6 +524,19 @@ impl Process {
     /// ones it has talked with (either way) with lazy connection.
     pub fn connected_peers(&self) -> usize {
         self.mesh.as_ref().map_or(0, Mesh::connected)
+    }
+
+    /// How many peers this rank reaches through shared memory (the other ranks of its host,
+    /// unless `COLLECTIX_TRANSPORT=tcp` or shared memory could not be set up).
+    pub fn shm_peers(&self) -> usize {
+        #[cfg(target_os = "linux")]
+        {
+            self.shm.as_ref().map_or(0, Hub::peers)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            0
+        }
     }
 
     /// The address ("host:port") this rank listens on for its peers, as it published it.
@@ -460,6 +589,8 @@ impl Process {
         if let Some(mut mesh) = self.mesh.take() {
             mesh.close();
         }
+        #[cfg(target_os = "linux")]
+        drop(self.shm.take());
     }
 
     fn leave(&mut self) -> Vec<Error> {
@@ -498,6 +629,8 @@ impl Process {
         if let Some(mut mesh) = self.mesh.take() {
             mesh.close();
         }
+        #[cfg(target_os = "linux")]
+        drop(self.shm.take());
         pending
     }
 
@@ -534,24 +667,18 @@ impl Drop for Process {
 
 #[cfg(test)]
 mod tests {
-    use super::{host_port, one_host};
+    use super::one_host;
 
     #[test]
-    fn a_job_is_on_one_host_when_every_rank_advertises_the_same_address() {
-        let addrs = |hosts: &[&str]| -> Vec<String> {
-            hosts
-                .iter()
-                .enumerate()
-                .map(|(i, h)| host_port(h, 4000 + i as u16))
-                .collect()
-        };
-        assert!(one_host(&addrs(&["127.0.0.1", "127.0.0.1", "127.0.0.1"])));
-        assert!(one_host(&addrs(&["::1", "::1"])));
-        assert!(one_host(&addrs(&["10.0.0.5"])));
-        assert!(!one_host(&addrs(&["10.0.0.5", "10.0.0.6"])));
-        assert!(!one_host(&addrs(&["127.0.0.1", "::1"])));
-        assert!(!one_host(&addrs(&["fe80::1", "fe80::2"])));
+    fn a_job_is_on_one_host_when_every_rank_published_the_same_identity() {
+        let ids = |hosts: &[&str]| -> Vec<String> { hosts.iter().map(|h| h.to_string()).collect() };
+        assert!(one_host(&ids(&[
+            "a/boot/net:[1]",
+            "a/boot/net:[1]",
+            "a/boot/net:[1]"
+        ])));
+        assert!(one_host(&ids(&["x"])));
+        assert!(!one_host(&ids(&["a/boot/net:[1]", "a/boot/net:[2]"])));
         assert!(!one_host(&[]));
-        assert!(!one_host(&["no port".to_owned()]));
     }
 }

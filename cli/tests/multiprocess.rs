@@ -56,13 +56,44 @@ fn the_readme_example_runs_under_mpirun() {
     }
 }
 
+/// What `/dev/shm` holds whose name says collectix (nothing, ever: the segments are memfds).
+fn collectix_in_dev_shm() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains("collectix"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether process `pid` maps a collectix segment, and as what (`/proc/PID/maps`): a
+/// memfd, named in no file system.
+fn maps_a_memfd_segment(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.contains("/memfd:collectix-shm (deleted)"))
+    })
+}
+
 #[test]
 fn a_rank_killed_mid_all_reduce_is_named_by_every_other_rank() {
+    for transport in ["shm", "tcp"] {
+        killed_mid_all_reduce(transport);
+    }
+}
+
+/// Rank 1 of 3 is killed with SIGKILL mid-loop over `transport`: both others name it, soon;
+/// over shared memory, nothing is left in `/dev/shm` (the segments are memfds, mapped by
+/// every rank while it runs).
+fn killed_mid_all_reduce(transport: &str) {
     let exe = example("multiprocess");
     let (w, port) = (3, free_port());
     let mut children: Vec<_> = (0..w)
         .map(|r| {
             Command::new(&exe)
+                .env("COLLECTIX_TRANSPORT", transport)
                 .env("RANK", r.to_string())
                 .env("WORLD_SIZE", w.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
@@ -79,14 +110,24 @@ fn a_rank_killed_mid_all_reduce_is_named_by_every_other_rank() {
         .iter_mut()
         .map(|c| BufReader::new(c.stdout.take().unwrap_or_else(|| panic!("no stdout"))))
         .collect();
-    let mut first = String::new();
-    let _ = outs[1].read_line(&mut first);
-    assert!(first.starts_with("rank 1: pid "), "{first:?}");
-    for o in [0, 2] {
+    let peers = if transport == "shm" { w - 1 } else { 0 };
+    for (o, out) in outs.iter_mut().enumerate() {
         let mut l = String::new();
-        let _ = outs[o].read_line(&mut l);
+        let _ = out.read_line(&mut l);
         assert!(l.starts_with(&format!("rank {o}: pid ")), "{l:?}");
+        assert!(
+            l.trim_end()
+                .ends_with(&format!(", {peers} shared-memory peers")),
+            "{transport}: {l:?}"
+        );
+        let pid = l["rank 0: pid ".len()..].split(',').next().unwrap_or("");
+        assert_eq!(
+            maps_a_memfd_segment(pid),
+            transport == "shm",
+            "{transport}: rank {o}'s segments"
+        );
     }
+    assert_eq!(collectix_in_dev_shm(), Vec::<String>::new());
     // Let them run a little, then kill rank 1 mid-loop.
     std::thread::sleep(Duration::from_millis(300));
     let _ = children[1].kill();
@@ -100,13 +141,14 @@ fn a_rank_killed_mid_all_reduce_is_named_by_every_other_rank() {
         assert!(!status.success(), "rank {r}: {rest}");
         assert!(
             rest.contains(&format!("rank {r}: error:")) && rest.contains("rank 1"),
-            "rank {r} does not name rank 1: {rest:?}"
+            "{transport}: rank {r} does not name rank 1: {rest:?}"
         );
         assert!(
             took < Duration::from_secs(5),
-            "rank {r} heard after {took:?}"
+            "{transport}: rank {r} heard after {took:?}"
         );
     }
+    assert_eq!(collectix_in_dev_shm(), Vec::<String>::new());
 }
 
 /// Runs `exe` under `collectix launch --nproc-per-node w`; (success, stdout, stderr).
@@ -116,7 +158,18 @@ fn launch(w: usize, exe: &std::path::Path) -> (bool, String, String) {
 
 /// [`launch`] with arguments for the program.
 fn launch_with(w: usize, exe: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    launch_env(w, exe, args, &[])
+}
+
+/// [`launch_with`] with environment variables for the job.
+fn launch_env(
+    w: usize,
+    exe: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .envs(env.iter().copied())
         .args(["launch", "--nproc-per-node"])
         .arg(w.to_string())
         .arg("--master-port")
@@ -136,9 +189,9 @@ fn launch_with(w: usize, exe: &std::path::Path, args: &[&str]) -> (bool, String,
 #[test]
 fn every_collective_checks_out_across_2_3_4_processes() {
     let exe = example("check_job");
-    for w in [2, 3, 4] {
-        let (ok, so, se) = launch(w, &exe);
-        assert!(ok, "W={w}:\n{so}\n{se}");
+    for (w, transport) in [(2, "shm"), (3, "shm"), (4, "shm"), (2, "tcp"), (4, "tcp")] {
+        let (ok, so, se) = launch_env(w, &exe, &[], &[("COLLECTIX_TRANSPORT", transport)]);
+        assert!(ok, "W={w} {transport}:\n{so}\n{se}");
         // Every rank ran the whole matrix: the same count everywhere, and more cases than
         // there are collectives (12).
         let counts: Vec<usize> = (0..w)
@@ -151,12 +204,14 @@ fn every_collective_checks_out_across_2_3_4_processes() {
                             .parse()
                             .ok()
                     })
-                    .unwrap_or_else(|| panic!("W={w}: rank {r} did not finish:\n{so}\n{se}"))
+                    .unwrap_or_else(|| {
+                        panic!("W={w} {transport}: rank {r} did not finish:\n{so}\n{se}")
+                    })
             })
             .collect();
         assert!(
             counts.iter().all(|&n| n == counts[0] && n > 12),
-            "W={w}: {counts:?}"
+            "W={w} {transport}: {counts:?}"
         );
     }
 }
@@ -290,6 +345,67 @@ fn a_rank_killed_mid_all_reduce_under_collectix_launch_stops_the_job_and_is_name
             "rank {r}:\n{rest}\n{se}"
         );
     }
+}
+
+/// `kill -9` of the launcher of a job over shared memory: its ranks die with it (the
+/// launcher's death signal), and nothing of theirs is left in `/dev/shm` (their segments were
+/// memfds, which they mapped while they ran).
+#[test]
+fn killing_the_launcher_of_a_shared_memory_job_leaves_nothing_behind() {
+    let exe = example("multiprocess");
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .args(["launch", "--nproc-per-node", "3", "--master-port"])
+        .arg(free_port().to_string())
+        .arg("--")
+        .arg(&exe)
+        .env("ITERS", "100000000")
+        .env("COLLECTIX_TRANSPORT", "shm")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut out = BufReader::new(
+        launcher
+            .stdout
+            .take()
+            .unwrap_or_else(|| panic!("no stdout")),
+    );
+    // "[rank R] rank R: pid P, joined in T ms, at A, 2 shared-memory peers", from each rank.
+    let mut pids = Vec::new();
+    let mut seen = String::new();
+    while pids.len() < 3 {
+        let mut l = String::new();
+        if out.read_line(&mut l).unwrap_or(0) == 0 {
+            break;
+        }
+        seen.push_str(&l);
+        if let Some(pid) = l
+            .split_once(": pid ")
+            .and_then(|(_, r)| r.split(',').next())
+            .map(|p| p.trim().to_owned())
+        {
+            assert!(l.contains(", 2 shared-memory peers"), "{l:?}");
+            pids.push(pid);
+        }
+    }
+    assert_eq!(pids.len(), 3, "{seen}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(pids.iter().all(|p| maps_a_memfd_segment(p)), "{pids:?}");
+    let _ = launcher.kill();
+    let _ = launcher.wait();
+    // A hang guard: the ranks are gone within seconds.
+    let start = Instant::now();
+    while pids
+        .iter()
+        .any(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "ranks {pids:?} outlived their launcher"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(collectix_in_dev_shm(), Vec::<String>::new());
 }
 
 /// A job whose ranks all finish and leave in order logs no warning: a peer that closes its

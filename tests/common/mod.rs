@@ -25,7 +25,7 @@ pub fn free_port() -> u16 {
 
 /// Rank `r` of `w` joining a TCP job through `tcp://127.0.0.1:PORT`, every connection
 /// proving `secret`; with `launcher_store`, the store is served apart (rank 0 connects to it
-/// instead of serving it).
+/// instead of serving it). Every pair talks over TCP (no shared memory).
 pub fn tcp_args(
     port: u16,
     r: usize,
@@ -40,6 +40,7 @@ pub fn tcp_args(
         world_size: Some(w),
         security: Some(collectix::Security::with_secret(secret)),
         launcher_store: Some(launcher_store),
+        transport: Some(collectix::Transport::Tcp),
         ..collectix::InitArgs::default()
     }
 }
@@ -73,13 +74,28 @@ pub fn tcp_job(
     timeout: Duration,
     body: impl Fn(usize, collectix::Process) -> std::result::Result<(), String> + Sync,
 ) -> Vec<std::result::Result<(), String>> {
+    job(collectix::Transport::Tcp, w, secret, timeout, body)
+}
+
+/// [`tcp_job`] over `transport`: with `Shm`, the ranks (threads of one process, so of one
+/// host) talk through shared memory, beside the TCP connections that tell a loss.
+pub fn job(
+    transport: collectix::Transport,
+    w: usize,
+    secret: &str,
+    timeout: Duration,
+    body: impl Fn(usize, collectix::Process) -> std::result::Result<(), String> + Sync,
+) -> Vec<std::result::Result<(), String>> {
     let port = free_port();
     let body = &body;
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..w)
             .map(|r| {
                 s.spawn(move || -> std::result::Result<(), String> {
-                    let args = tcp_args(port, r, w, secret, false);
+                    let args = collectix::InitArgs {
+                        transport: Some(transport),
+                        ..tcp_args(port, r, w, secret, false)
+                    };
                     let options = collectix::GroupOptions::default().with_timeout(timeout);
                     let p = collectix::init(&args, options, Duration::from_secs(20))
                         .map_err(|e| e.to_string())?;

@@ -88,6 +88,22 @@ pub(crate) struct Driver {
     /// `bell.sleepers`, readable without the lock (see [`Driver::completed`]).
     sleeping: AtomicUsize,
     bell_rung: Condvar,
+    /// A transport whose arrivals a waiting caller reads itself (shared memory): polled on
+    /// every turn of a caller's drive (see [`Poller`]).
+    poller: OnceLock<Arc<dyn Poller>>,
+}
+
+/// A transport that a waiting caller drives itself: instead of a reader thread handing each
+/// arrival over (a cross-thread wake-up), the caller that waits for its call reads the
+/// transport's arrivals on every turn of its spin ([`Driver::drive_until`]).
+pub(crate) trait Poller: Send + Sync {
+    /// A caller starts driving the rank (the transport's senders need not wake anyone).
+    fn enter(&self);
+    /// Reads what arrived into the rank's inbox ([`Driver::deliver`]) and moves on what the
+    /// rank's links have in progress; whether anything happened.
+    fn poll(&self) -> bool;
+    /// The caller stops driving (what arrives from now on is the transport's to hand over).
+    fn leave(&self);
 }
 
 impl Driver {
@@ -123,7 +139,13 @@ impl Driver {
             bell: CachePadded(Mutex::new(Bell::default())),
             sleeping: AtomicUsize::new(0),
             bell_rung: Condvar::new(),
+            poller: OnceLock::new(),
         }
+    }
+
+    /// Sets the transport that waiting callers poll (once).
+    pub(crate) fn set_poller(&self, p: Arc<dyn Poller>) {
+        let _ = self.poller.set(p);
     }
 
     /// Names the rank's actor, which drives the rank when no caller does.

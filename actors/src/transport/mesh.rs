@@ -331,6 +331,13 @@ impl Mesh {
         })
     }
 
+    /// The incarnation of each peer that this rank's connection to it is with (a restarted
+    /// peer's is higher): another transport that set up a path to a peer's first process
+    /// stops using it once this moves.
+    pub(crate) fn incarnations(&self) -> Arc<Vec<AtomicU32>> {
+        self.shared.known.clone()
+    }
+
     /// The rank's links, one per global rank: `own` for itself.
     pub(crate) fn links(&self, own: Box<dyn Link<Message> + Send>) -> super::Links {
         let mut own = Some(own);

@@ -12,12 +12,48 @@
 //!   rank's inbox on the sender's thread, never serialized).
 //! - [`tcp`]: one connection per pair of ranks, with a handshake, the core's frames and a
 //!   bounded queue per link; [`mesh`]: a process's connections to its peers (an acceptor,
-//!   a slot per peer, eager or lazy connection). Shared memory comes later behind the same
-//!   seam.
+//!   a slot per peer, eager or lazy connection).
+//! - [`shm`]: rings in shared memory between the processes of one host (Linux), beside the
+//!   TCP connections that still tell when a peer is lost.
 
 pub(crate) mod local;
 pub(crate) mod mesh;
+#[cfg(target_os = "linux")]
+pub(crate) mod shm;
 pub(crate) mod tcp;
 
 pub(crate) use crate::rank::driver::Links;
 pub(crate) use collectix_runtime::wire::{Link, LinkError};
+
+use collectix_runtime::{Error, Result};
+
+/// Which transport the processes of one host use between them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// Shared memory between processes of one host, TCP between hosts; if shared memory
+    /// cannot be set up, TCP (with a warning).
+    #[default]
+    Auto,
+    /// Shared memory between processes of one host (an error if it cannot be set up), TCP
+    /// between hosts.
+    Shm,
+    /// TCP between every pair.
+    Tcp,
+}
+
+impl Transport {
+    /// From `COLLECTIX_TRANSPORT` (`auto`, `shm` or `tcp`; unset is `auto`).
+    pub fn from_env() -> Result<Transport> {
+        match std::env::var("COLLECTIX_TRANSPORT") {
+            Err(_) => Ok(Transport::Auto),
+            Ok(v) => match v.trim() {
+                "" | "auto" => Ok(Transport::Auto),
+                "shm" => Ok(Transport::Shm),
+                "tcp" => Ok(Transport::Tcp),
+                other => Err(Error::invalid(format!(
+                    "COLLECTIX_TRANSPORT is {other:?}; set it to auto, shm or tcp"
+                ))),
+            },
+        }
+    }
+}

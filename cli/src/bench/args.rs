@@ -135,6 +135,16 @@ pub(super) enum Transport {
     /// processes of itself (torchrun's variables, a fresh secret), or, started by a launcher
     /// (`RANK` set), is one of them. Rank 0 prints the table.
     Tcp,
+    /// Ranks in processes of their own, as with `tcp`, over shared memory between the
+    /// processes of one host (`COLLECTIX_TRANSPORT=shm`).
+    Shm,
+}
+
+impl Transport {
+    /// Whether the ranks are processes of their own.
+    pub(super) fn is_processes(self) -> bool {
+        self != Transport::Local
+    }
 }
 
 /// `--bind`: the in-process ranks' threads' placement.

@@ -17,13 +17,12 @@ mod run;
 mod spawn;
 
 pub(crate) use args::Args;
-use args::Transport;
 use std::process::ExitCode;
 
-/// `collectix bench`: the sweep (or, for `--transport tcp` started by hand, the processes
+/// `collectix bench`: the sweep (or, for `--transport tcp`/`shm` started by hand, the processes
 /// that run it), then the files; fails on an error or on wrong results.
 pub(crate) fn main(args: &Args) -> ExitCode {
-    if args.transport == Transport::Tcp && std::env::var_os("RANK").is_none() {
+    if args.transport.is_processes() && std::env::var_os("RANK").is_none() {
         return spawn::spawn_ranks(args);
     }
     match run::run(args) {

@@ -27,9 +27,16 @@ impl Ranks {
                     .collect();
                 Ranks::Local(world, comms)
             }
-            Transport::Tcp => {
+            Transport::Tcp | Transport::Shm => {
                 let p = collectix::init(
-                    &collectix::InitArgs::default(),
+                    &collectix::InitArgs {
+                        transport: Some(if a.transport == Transport::Shm {
+                            collectix::Transport::Shm
+                        } else {
+                            collectix::Transport::Tcp
+                        }),
+                        ..Default::default()
+                    },
                     collectix::GroupOptions::default(),
                     std::time::Duration::from_secs(120),
                 )?;
@@ -57,7 +64,7 @@ impl Ranks {
 
     /// Whether the ranks are processes of their own (so that this process's memory is rank
     /// 0's only).
-    pub(super) fn is_tcp(&self) -> bool {
+    pub(super) fn is_processes(&self) -> bool {
         matches!(self, Ranks::Tcp(..))
     }
 

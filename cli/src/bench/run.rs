@@ -43,7 +43,7 @@ pub(super) fn run(a: &Args) -> Result<Option<Vec<Row>>> {
         rows.push(row);
     }
     table.progress_done();
-    table.summary(&rows, &woken, &peaks, ranks.is_tcp());
+    table.summary(&rows, &woken, &peaks, ranks.is_processes());
     ranks.shutdown()?;
     Ok(table.prints.then_some(rows))
 }

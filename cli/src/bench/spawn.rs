@@ -1,9 +1,9 @@
-//! `--transport tcp` started by hand: the bench starts its ranks as processes of its own.
+//! `--transport tcp` or `shm` started by hand: the bench starts its ranks as processes of its own.
 
 use super::args::Args;
 use std::process::{Child, ExitCode, Stdio};
 
-/// `--transport tcp` started by hand: runs `--ranks` processes of this program as the job's
+/// `--transport tcp` or `shm` started by hand: runs `--ranks` processes of this program as the job's
 /// ranks (torchrun's variables, a free port, a fresh secret); rank 0's output is this one's.
 pub(super) fn spawn_ranks(a: &Args) -> ExitCode {
     let exe = match std::env::current_exe() {

@@ -4,6 +4,7 @@
 pub mod codec;
 pub mod link;
 pub mod message;
+pub mod shm;
 
 pub use codec::{
     decode, decode_head, encode, encode_head, DecodeError, Decoded, Frame, Head, Limits,

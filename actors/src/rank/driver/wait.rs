@@ -124,10 +124,17 @@ impl Driver {
             return;
         }
         let driving = self.inbox.enter();
+        let poller = self.poller.get();
+        if let Some(p) = poller {
+            p.enter();
+        }
         let start = Instant::now();
         let mut active = start;
         let mut turns: u32 = 0;
         loop {
+            if poller.is_some_and(|p| p.poll()) {
+                active = Instant::now();
+            }
             if !self.inbox.looks_empty() {
                 self.try_run();
                 turns = 0;
@@ -144,6 +151,12 @@ impl Driver {
                 }
             }
             self.pause(turns);
+        }
+        if let Some(p) = poller {
+            // Reads once more after it stops counting as a reader: what a sender published
+            // before it saw this caller gone is taken here, what came after it wakes the
+            // transport's thread.
+            p.leave();
         }
         if driving.leave() {
             self.run(|_, _, _| ());

@@ -1,0 +1,507 @@
+//! The shared-memory transport between the processes of one host.
+//!
+//! **Which pairs.** At join every rank publishes its host's identity ([`host_id`]: the boot's
+//! id and the network namespace, or `COLLECTIX_HOST_ID`) with the name of a Unix socket;
+//! two ranks with the same identity are on one host. Locality is decided per pair of ranks,
+//! from what they published, never from a launcher's `LOCAL_WORLD_SIZE`: a group's members on
+//! one host talk through shared memory, members on different hosts through TCP, whatever the
+//! group. `COLLECTIX_TRANSPORT` chooses: `auto` (the default; a setup that fails falls back
+//! to TCP with a warning), `shm` (a setup that fails is an error), `tcp` (no shared memory).
+//!
+//! **Segments.** Each process owns one segment, a sealed memfd with a ring per local peer
+//! (`collectix_runtime::wire::shm`); a peer sends by writing frames into its ring there.
+//! The memfds travel over Unix sockets ([`setup`]) and have no name: nothing is left behind
+//! in `/dev/shm` when any process dies.
+//!
+//! **Progress.** A sender writes a frame into the ring itself (on the thread that sends,
+//! usually the rank's caller); a frame that does not fit goes on as the reader frees room.
+//! The receiving side is read by whoever is at hand: a caller of the rank waiting for its call
+//! reads the rings on every turn of its spin ([`Poller`]), so a small call crosses no thread;
+//! otherwise the process's progress thread, which parks on a futex in its segment (the
+//! doorbell) and uses no CPU while the job is idle. A sender rings the doorbell only when
+//! the receiving process has no caller reading and its thread is parked.
+//!
+//! **Loss.** The TCP connection of each pair stays open beside the rings, carrying heartbeats:
+//! a process that dies, or stops, is lost as over TCP (at once for a `kill -9`, which closes
+//! its sockets). Bytes a sender wrote but never published are never read. A ring whose
+//! counters or frames are not valid makes its peer lost, with the reason in the log.
+//!
+//! **Restarts.** A restarted process (`COLLECTIX_INCARNATION` above 0) talks to its peers over
+//! TCP, and they to it: the rings were set up with its first process.
+
+mod os;
+mod setup;
+
+pub(crate) use setup::Listener;
+
+use crate::rank::driver::{Driver, Poller};
+use crate::security::Security;
+use crate::sync::lock;
+use collectix_runtime::tensor::pool::Pool;
+use collectix_runtime::wire::codec::Limits;
+use collectix_runtime::wire::shm::{FrameReader, FrameWriter, Layout, RingReader, Segment, Sent};
+use collectix_runtime::wire::{Link, LinkError, Message};
+use collectix_runtime::{Error, Result};
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Each ring's capacity unless `COLLECTIX_SHM_RING` says otherwise (see
+/// `docs/performance.md` for the sizes measured).
+pub(crate) const DEFAULT_RING: u64 = 2 << 20;
+
+/// The ring capacity from `COLLECTIX_SHM_RING` (bytes, a multiple of 64 from 4 KiB to 1 GiB).
+pub(crate) fn ring_from_env() -> Result<u64> {
+    match std::env::var("COLLECTIX_SHM_RING") {
+        Err(_) => Ok(DEFAULT_RING),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&n| Layout::new(1, n).is_ok())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "COLLECTIX_SHM_RING is {v:?}; give bytes, a multiple of 64 from 4096 to 2^30"
+                ))
+            }),
+    }
+}
+
+/// This host's identity as far as shared memory goes: `COLLECTIX_HOST_ID` if set, else the
+/// kernel's boot id and this process's network namespace (processes that share both can
+/// reach each other's abstract Unix sockets and memory; containers with network namespaces
+/// of their own count as hosts apart).
+pub(crate) fn host_id() -> String {
+    if let Ok(id) = std::env::var("COLLECTIX_HOST_ID") {
+        if !id.trim().is_empty() {
+            return id.trim().replace(' ', "_");
+        }
+    }
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let net = std::fs::read_link("/proc/self/ns/net")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    format!("{host}/{boot}/{net}").replace(' ', "_")
+}
+
+/// What setting up a host's shared memory needs.
+pub(crate) struct Setup<'a> {
+    pub(crate) job: u64,
+    pub(crate) rank: usize,
+    /// The ranks of this host (this one included), with their sockets' names.
+    pub(crate) local: BTreeMap<usize, String>,
+    pub(crate) listener: Listener,
+    pub(crate) security: &'a Security,
+    pub(crate) ring: u64,
+    pub(crate) limits: Limits,
+    pub(crate) deadline: Instant,
+}
+
+/// A process's shared memory: its segment, its peers', and its progress thread (stopped and
+/// joined when dropped).
+pub(crate) struct Hub {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The ring this process reads from one peer.
+struct Reading {
+    peer: usize,
+    ring: RingReader,
+    frames: FrameReader,
+    /// The peer's segment: its doorbell, rung when it waits for room this side freed.
+    theirs: Arc<Segment>,
+    /// The ring failed: nothing more is read from it.
+    dead: bool,
+}
+
+/// This process's ring in one peer's segment.
+struct Tx {
+    frames: FrameWriter,
+    /// A message was refused while a frame was in progress: the rank is told to flush once
+    /// it is done.
+    full: bool,
+    /// The ring is corrupt: the link is closed.
+    broken: bool,
+}
+
+struct Sending {
+    peer: usize,
+    theirs: Arc<Segment>,
+    tx: Arc<Mutex<Tx>>,
+}
+
+struct Inner {
+    own: Arc<Segment>,
+    readers: Mutex<Vec<Reading>>,
+    senders: Vec<Sending>,
+    /// Frames in progress over all links (their pumping is skipped while none is).
+    in_progress: AtomicUsize,
+    driver: Arc<Driver>,
+    pool: Pool,
+    closing: AtomicBool,
+}
+
+/// Wakes `seg`'s owner if it needs it (no caller of its reads, its thread parked).
+fn nudge(seg: &Segment) {
+    if seg.needs_wake() {
+        seg.ring();
+        os::wake(seg.doorbell());
+    }
+}
+
+impl Hub {
+    /// Sets up shared memory with the other ranks of this host (see [`setup`]) and starts
+    /// the progress thread; the links to those ranks, each falling back to `tcp[peer]` once
+    /// the peer's process is replaced (`incarnations`).
+    pub(crate) fn start(
+        s: Setup<'_>,
+        driver: Arc<Driver>,
+        links: &mut crate::transport::Links,
+        incarnations: Arc<Vec<AtomicU32>>,
+    ) -> Result<Hub> {
+        let index: BTreeMap<usize, u32> = s
+            .local
+            .keys()
+            .enumerate()
+            .map(|(i, &r)| (r, i as u32))
+            .collect();
+        let rings = index.len() as u32;
+        let me = *index
+            .get(&s.rank)
+            .ok_or_else(|| Error::internal("this rank is not among its host's ranks"))?;
+        let layout = Layout::new(rings, s.ring).map_err(|e| Error::invalid(e.to_string()))?;
+        let bytes = layout
+            .bytes()
+            .ok_or_else(|| Error::invalid("a shared-memory segment too large"))?;
+        let (fd, region) = os::create(bytes)
+            .map_err(|e| Error::Resource(format!("cannot create a shared-memory segment: {e}")))?;
+        let own = Arc::new(
+            Segment::create(Arc::new(region), layout, std::process::id())
+                .map_err(|e| Error::internal(e.to_string()))?,
+        );
+        let fds = setup::exchange(
+            &setup::Exchange {
+                job: s.job,
+                rank: s.rank,
+                local: &s.local,
+                security: s.security,
+                deadline: s.deadline,
+            },
+            s.listener,
+            &fd,
+        )?;
+        drop(fd);
+        let mut readers = Vec::new();
+        let mut senders = Vec::new();
+        for (peer, fd) in fds {
+            let bad = |what: String| {
+                Error::Resource(format!(
+                    "the shared-memory segment of rank {peer} cannot be used: {what}"
+                ))
+            };
+            let region = os::map(&fd).map_err(|e| bad(e.to_string()))?;
+            drop(fd);
+            let theirs =
+                Arc::new(Segment::open(Arc::new(region), rings).map_err(|e| bad(e.to_string()))?);
+            let writer = theirs
+                .writer(me)
+                .ok_or_else(|| bad("this rank's ring in it is not fresh".into()))?;
+            let k = *index
+                .get(&peer)
+                .ok_or_else(|| bad("not a rank of this host".into()))?;
+            let ring = own
+                .reader(k)
+                .ok_or_else(|| Error::internal("a ring outside this rank's segment"))?;
+            readers.push(Reading {
+                peer,
+                ring,
+                frames: FrameReader::new(s.limits),
+                theirs: theirs.clone(),
+                dead: false,
+            });
+            senders.push(Sending {
+                peer,
+                theirs,
+                tx: Arc::new(Mutex::new(Tx {
+                    frames: FrameWriter::new(writer),
+                    full: false,
+                    broken: false,
+                })),
+            });
+        }
+        let inner = Arc::new(Inner {
+            own,
+            readers: Mutex::new(readers),
+            senders,
+            in_progress: AtomicUsize::new(0),
+            driver: driver.clone(),
+            pool: Pool::new(crate::transport::tcp::RECV_POOL_BYTES),
+            closing: AtomicBool::new(false),
+        });
+        for sending in &inner.senders {
+            let Some(slot) = links.get_mut(sending.peer) else {
+                continue;
+            };
+            let at = incarnations
+                .get(sending.peer)
+                .map_or(0, |a| a.load(Ordering::SeqCst));
+            let tcp = std::mem::replace(slot, Box::new(Closed));
+            *slot = Box::new(ShmLink {
+                peer: sending.peer,
+                tx: sending.tx.clone(),
+                theirs: sending.theirs.clone(),
+                inner: inner.clone(),
+                tcp,
+                incarnations: incarnations.clone(),
+                at,
+            });
+        }
+        let thread = {
+            let inner = inner.clone();
+            std::thread::Builder::new()
+                .name(format!("collectix-shm-{}", s.rank))
+                .spawn(move || inner.progress_loop())
+                .map_err(|e| Error::Resource(format!("cannot start a thread: {e}")))?
+        };
+        driver.set_poller(inner.clone());
+        tracing::debug!(
+            rank = s.rank,
+            peers = inner.senders.len(),
+            ring = s.ring,
+            "shared memory up"
+        );
+        Ok(Hub {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    /// How many peers this rank reaches through shared memory.
+    pub(crate) fn peers(&self) -> usize {
+        self.inner.senders.len()
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.inner.closing.store(true, Ordering::SeqCst);
+        self.inner.own.ring();
+        os::wake(self.inner.own.doorbell());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A link placeholder while the links are rebuilt.
+struct Closed;
+
+impl Link<Message> for Closed {
+    fn try_send(&mut self, _: Message) -> std::result::Result<(), LinkError<Message>> {
+        Err(LinkError::Closed)
+    }
+}
+
+/// How long the progress thread parks at most before it looks whether the hub is closing.
+const PARK: Duration = Duration::from_millis(500);
+
+impl Inner {
+    /// Reads every ring and hands what came to the rank with `deliver`; whether anything
+    /// came. Returns at once if someone else is reading.
+    fn read(&self, deliver: &dyn Fn(usize, Message)) -> bool {
+        let Ok(mut readers) = self.readers.try_lock() else {
+            return false;
+        };
+        let mut any = false;
+        let mut lost = Vec::new();
+        for r in readers.iter_mut().filter(|r| !r.dead) {
+            let mut wake = false;
+            loop {
+                match r.frames.next(&mut r.ring, &self.pool, &mut wake) {
+                    Ok(Some((header, payload))) => {
+                        any = true;
+                        deliver(
+                            r.peer,
+                            Message {
+                                src: r.peer,
+                                header,
+                                payload,
+                            },
+                        );
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(peer = r.peer, reason = %e, "shared-memory ring lost");
+                        r.dead = true;
+                        lost.push(r.peer);
+                        break;
+                    }
+                }
+            }
+            if wake {
+                r.theirs.ring();
+                os::wake(r.theirs.doorbell());
+            }
+        }
+        drop(readers);
+        for peer in lost {
+            self.driver.peer_lost(peer);
+        }
+        any
+    }
+
+    /// Moves on the frames in progress; whether any went on.
+    fn pump(&self) -> bool {
+        if self.in_progress.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let mut any = false;
+        for s in &self.senders {
+            let Ok(mut tx) = s.tx.try_lock() else {
+                continue;
+            };
+            if !tx.frames.is_pending() || tx.broken || !tx.frames.has_room() {
+                continue;
+            }
+            any = true;
+            match tx.frames.pump() {
+                Ok(false) => {
+                    drop(tx);
+                    nudge(&s.theirs);
+                }
+                Ok(true) => {
+                    self.in_progress.fetch_sub(1, Ordering::AcqRel);
+                    let flush = std::mem::take(&mut tx.full);
+                    drop(tx);
+                    nudge(&s.theirs);
+                    if flush {
+                        self.driver.flush(s.peer);
+                    }
+                }
+                Err(e) => {
+                    tx.broken = true;
+                    self.in_progress.fetch_sub(1, Ordering::AcqRel);
+                    drop(tx);
+                    tracing::warn!(peer = s.peer, reason = %e, "shared-memory ring lost");
+                    self.driver.peer_lost(s.peer);
+                }
+            }
+        }
+        any
+    }
+
+    /// Whether there is work for the progress thread now.
+    fn has_work(&self) -> bool {
+        if let Ok(readers) = self.readers.try_lock() {
+            if readers
+                .iter()
+                .any(|r| !r.dead && r.ring.ready().map_or(true, |n| n > 0))
+            {
+                return true;
+            }
+        }
+        self.in_progress.load(Ordering::Acquire) > 0
+            && self.senders.iter().any(|s| {
+                s.tx.try_lock()
+                    .is_ok_and(|t| t.frames.is_pending() && !t.broken && t.frames.has_room())
+            })
+    }
+
+    /// The progress thread: reads and pumps while there is work, then parks on the doorbell.
+    fn progress_loop(&self) {
+        let driver = self.driver.clone();
+        let deliver = move |src: usize, msg: Message| driver.deliver_read(src, msg);
+        while !self.closing.load(Ordering::SeqCst) {
+            let read = self.read(&deliver);
+            let pumped = self.pump();
+            if read || pumped {
+                continue;
+            }
+            let bell = self.own.doorbell().load(Ordering::SeqCst);
+            self.own.sleeping().store(1, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            // A caller reading the rings now will take what comes; else anything published
+            // before `sleeping` was seen is found here, and anything after rings the bell.
+            if self.own.polling().load(Ordering::SeqCst) > 0 || !self.has_work() {
+                os::wait(self.own.doorbell(), bell, PARK);
+            }
+            self.own.sleeping().store(0, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Poller for Inner {
+    fn enter(&self) {
+        self.own.polling().fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn poll(&self) -> bool {
+        let driver = &self.driver;
+        let read = self.read(&|src, msg| driver.deliver(src, msg));
+        self.pump() || read
+    }
+
+    fn leave(&self) {
+        self.own.polling().fetch_sub(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.poll();
+    }
+}
+
+/// A rank's link to a peer of its host: frames into this rank's ring in the peer's segment.
+struct ShmLink {
+    peer: usize,
+    tx: Arc<Mutex<Tx>>,
+    theirs: Arc<Segment>,
+    inner: Arc<Inner>,
+    /// The TCP link to the peer: used once the peer's process is replaced.
+    tcp: Box<dyn Link<Message> + Send>,
+    incarnations: Arc<Vec<AtomicU32>>,
+    /// The peer's incarnation the rings were set up with.
+    at: u32,
+}
+
+impl Link<Message> for ShmLink {
+    fn try_send(&mut self, msg: Message) -> std::result::Result<(), LinkError<Message>> {
+        if self
+            .incarnations
+            .get(self.peer)
+            .is_some_and(|a| a.load(Ordering::Relaxed) != self.at)
+        {
+            return self.tcp.try_send(msg);
+        }
+        let mut tx = lock(&self.tx);
+        if tx.broken {
+            return Err(LinkError::Closed);
+        }
+        match tx.frames.send(msg) {
+            Ok(Sent::Whole) => {}
+            Ok(Sent::Partly) => {
+                self.inner.in_progress.fetch_add(1, Ordering::AcqRel);
+            }
+            Err((msg, None)) => {
+                tx.full = true;
+                // The frame in progress may have finished meanwhile (the pump saw `full`
+                // unset): the rank retries when told, and is told by whoever finishes it.
+                return Err(LinkError::WouldBlock(msg));
+            }
+            Err((_, Some(e))) => {
+                tx.broken = true;
+                tracing::warn!(peer = self.peer, reason = %e, "shared-memory ring lost");
+                return Err(LinkError::Closed);
+            }
+        }
+        drop(tx);
+        nudge(&self.theirs);
+        Ok(())
+    }
+}

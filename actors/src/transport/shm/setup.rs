@@ -1,0 +1,312 @@
+//! How the processes of one host get each other's segments: each listens on an abstract Unix
+//! socket whose name it publishes through the store (with its host's identity); for each
+//! pair, the higher rank connects to the lower. On the connection:
+//! 1. the peer's user must be this process's (`SO_PEERCRED`), and both sides run the job's
+//!    challenge–response ([`Security`], context `shm`): a process without the job's secret,
+//!    or of another user, gets nothing;
+//! 2. each side sends a hello (magic, job, its rank, the rank it wants) with its segment's
+//!    memfd attached (`SCM_RIGHTS`), and checks the other's.
+//!
+//! The memfds have no name: once mapped they are closed, and nothing is left in `/dev/shm`
+//! or anywhere else when a process dies. The sockets close when the exchange is done.
+
+use super::os;
+use crate::security::Security;
+use collectix_runtime::{Error, Result};
+use nix::sys::socket::{
+    getsockopt, recvmsg, sendmsg, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
+};
+use std::collections::BTreeMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::time::{Duration, Instant};
+
+/// The exchange's magic.
+const MAGIC: [u8; 8] = *b"cx-shm-1";
+/// Bytes of a hello: magic, job (u64), from (u32), to (u32).
+const HELLO: usize = 24;
+/// Context of the secret's challenge–response on these sockets.
+const CONTEXT: &[u8] = b"shm";
+
+/// A rank's listening socket, bound before it publishes its name.
+pub(crate) struct Listener {
+    socket: UnixListener,
+    /// The abstract name (without its leading NUL), as published.
+    pub(crate) name: String,
+}
+
+impl Listener {
+    /// Binds an abstract socket with an unguessable name for `rank` of `job`.
+    pub(crate) fn bind(job_hint: u64, rank: usize) -> Result<Listener> {
+        let mut random = [0u8; 16];
+        getrandom::fill(&mut random)
+            .map_err(|e| Error::Resource(format!("no randomness for a socket name: {e}")))?;
+        let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let name = format!("collectix/{job_hint:x}/{rank}/{hex}");
+        let addr = SocketAddr::from_abstract_name(name.as_bytes())
+            .map_err(|e| Error::Resource(format!("an abstract socket name: {e}")))?;
+        let socket = UnixListener::bind_addr(&addr)
+            .map_err(|e| Error::Resource(format!("cannot listen on a Unix socket: {e}")))?;
+        Ok(Listener { socket, name })
+    }
+}
+
+/// What the exchange needs to know of the job.
+pub(crate) struct Exchange<'a> {
+    pub(crate) job: u64,
+    pub(crate) rank: usize,
+    /// The ranks of this host (this one included) and their sockets' names.
+    pub(crate) local: &'a BTreeMap<usize, String>,
+    pub(crate) security: &'a Security,
+    pub(crate) deadline: Instant,
+}
+
+/// Connects to every lower local rank and accepts every higher one, sending `own` (this
+/// rank's segment) to each; returns each peer's segment memfd, by rank.
+pub(crate) fn exchange(
+    x: &Exchange<'_>,
+    listener: Listener,
+    own: &OwnedFd,
+) -> Result<BTreeMap<usize, OwnedFd>> {
+    let mut got = BTreeMap::new();
+    let higher = x.local.keys().filter(|&&r| r > x.rank).count();
+    // Lower ranks first: each connects to the ones below it, which are accepting (every rank
+    // accepts while it connects: the accepting half runs on a thread of its own).
+    let (acc, own_dup) = (
+        listener,
+        own.try_clone()
+            .map_err(|e| Error::Resource(format!("dup of a memfd: {e}")))?,
+    );
+    let (job, rank, deadline, security) = (x.job, x.rank, x.deadline, x.security.clone());
+    let local: Vec<usize> = x.local.keys().copied().collect();
+    let accepting = std::thread::Builder::new()
+        .name("collectix-shm-setup".into())
+        .spawn(move || {
+            accept_all(
+                &acc, higher, job, rank, &local, &own_dup, &security, deadline,
+            )
+        })
+        .map_err(|e| Error::Resource(format!("cannot start a thread: {e}")))?;
+    let mut first_err = None;
+    for (&peer, name) in x.local.range(..x.rank) {
+        match connect_one(x, peer, name, own) {
+            Ok(fd) => {
+                got.insert(peer, fd);
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+                break;
+            }
+        }
+    }
+    let accepted = accepting
+        .join()
+        .map_err(|_| Error::internal("the shared-memory setup thread panicked"))?;
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    got.extend(accepted?);
+    Ok(got)
+}
+
+fn left(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
+}
+
+fn setup_err(peer: usize, what: impl std::fmt::Display) -> Error {
+    Error::Resource(format!(
+        "shared memory with rank {peer} could not be set up: {what}"
+    ))
+}
+
+/// The connecting side, to a lower rank.
+fn connect_one(x: &Exchange<'_>, peer: usize, name: &str, own: &OwnedFd) -> Result<OwnedFd> {
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| setup_err(peer, e))?;
+    let mut s = loop {
+        match UnixStream::connect_addr(&addr) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() < x.deadline => {
+                tracing::debug!(peer, error = %e, "retrying the shared-memory socket");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => {
+                return Err(setup_err(
+                    peer,
+                    format!("cannot connect to its socket: {e}"),
+                ))
+            }
+        }
+    };
+    prepare(&s, x.deadline).map_err(|e| setup_err(peer, e))?;
+    same_user(&s).map_err(|e| setup_err(peer, e))?;
+    x.security
+        .client(&mut s, CONTEXT)
+        .map_err(|e| setup_err(peer, e))?;
+    send_hello(&s, x.job, x.rank, peer, own).map_err(|e| setup_err(peer, e))?;
+    let (from, fd) = recv_hello(&s, x.job, x.rank).map_err(|e| setup_err(peer, e))?;
+    if from != peer {
+        return Err(setup_err(peer, format!("it says it is rank {from}")));
+    }
+    Ok(fd)
+}
+
+/// The accepting side: `n` connections from higher local ranks.
+#[allow(clippy::too_many_arguments)]
+fn accept_all(
+    l: &Listener,
+    n: usize,
+    job: u64,
+    rank: usize,
+    local: &[usize],
+    own: &OwnedFd,
+    security: &Security,
+    deadline: Instant,
+) -> Result<BTreeMap<usize, OwnedFd>> {
+    let mut got = BTreeMap::new();
+    l.socket
+        .set_nonblocking(true)
+        .map_err(|e| Error::Resource(format!("a Unix socket: {e}")))?;
+    while got.len() < n {
+        let mut s = match l.socket.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing: Vec<usize> = local
+                        .iter()
+                        .copied()
+                        .filter(|r| *r > rank && !got.contains_key(r))
+                        .collect();
+                    return Err(Error::Resource(format!(
+                        "shared memory: ranks {missing:?} of this host never connected"
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            Err(e) => return Err(Error::Resource(format!("accept on a Unix socket: {e}"))),
+        };
+        // A connection that fails its checks is dropped, and the wait goes on: it was not
+        // one of the job's ranks (or it gave up), and the real one may still come.
+        let r = (|| -> std::result::Result<(usize, OwnedFd), String> {
+            s.set_nonblocking(false).map_err(|e| e.to_string())?;
+            prepare(&s, deadline)?;
+            same_user(&s)?;
+            security
+                .server(&mut s, CONTEXT)
+                .map_err(|e| e.to_string())?;
+            let (from, fd) = recv_hello(&s, job, rank)?;
+            if from <= rank || !local.contains(&from) || got.contains_key(&from) {
+                return Err(format!(
+                    "a hello from rank {from}, not a higher rank of this host still expected"
+                ));
+            }
+            send_hello(&s, job, rank, from, own)?;
+            Ok((from, fd))
+        })();
+        match r {
+            Ok((from, fd)) => {
+                got.insert(from, fd);
+            }
+            Err(why) => tracing::warn!(reason = %why, "a shared-memory connection refused"),
+        }
+    }
+    Ok(got)
+}
+
+fn prepare(s: &UnixStream, deadline: Instant) -> std::result::Result<(), String> {
+    s.set_read_timeout(Some(left(deadline)))
+        .and_then(|()| s.set_write_timeout(Some(left(deadline))))
+        .map_err(|e| e.to_string())
+}
+
+/// The peer runs as this process's user (root may reach anyone's, as root always may).
+fn same_user(s: &UnixStream) -> std::result::Result<(), String> {
+    let cred = getsockopt(s, sockopt::PeerCredentials).map_err(|e| e.to_string())?;
+    let me = nix::unistd::getuid().as_raw();
+    if cred.uid() != me {
+        return Err(format!(
+            "the peer runs as user {}, this process as {me}",
+            cred.uid()
+        ));
+    }
+    Ok(())
+}
+
+fn send_hello(
+    s: &UnixStream,
+    job: u64,
+    from: usize,
+    to: usize,
+    fd: &OwnedFd,
+) -> std::result::Result<(), String> {
+    let mut b = [0u8; HELLO];
+    b[..8].copy_from_slice(&MAGIC);
+    b[8..16].copy_from_slice(&job.to_le_bytes());
+    b[16..20].copy_from_slice(&(from as u32).to_le_bytes());
+    b[20..24].copy_from_slice(&(to as u32).to_le_bytes());
+    let fds = [fd.as_raw_fd()];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let n = sendmsg::<()>(
+        s.as_raw_fd(),
+        &[IoSlice::new(&b)],
+        &cmsg,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(|e| format!("sending the hello: {e}"))?;
+    if n != HELLO {
+        return Err("the hello went short".into());
+    }
+    Ok(())
+}
+
+/// Reads a hello and its memfd; the sender's rank.
+fn recv_hello(
+    s: &UnixStream,
+    job: u64,
+    me: usize,
+) -> std::result::Result<(usize, OwnedFd), String> {
+    let mut b = [0u8; HELLO];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let (n, truncated, mut fds) = {
+        let mut iov = [IoSliceMut::new(&mut b)];
+        let msg = recvmsg::<()>(
+            s.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|e| format!("reading the hello: {e}"))?;
+        let mut fds = Vec::new();
+        for c in msg.cmsgs().map_err(|e| e.to_string())? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // Each descriptor received is this process's to close.
+                fds.extend(raw.into_iter().map(os::owned));
+            }
+        }
+        (msg.bytes, msg.flags.contains(MsgFlags::MSG_CTRUNC), fds)
+    };
+    if n != HELLO || truncated || b[..8] != MAGIC {
+        return Err(format!("not a collectix shared-memory hello ({n} bytes)"));
+    }
+    let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) as usize;
+    let (got_job, from, to) = (
+        u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]),
+        word(16),
+        word(20),
+    );
+    if got_job != job || to != me {
+        return Err(format!(
+            "a hello for job {got_job:x}, rank {to} (this is job {job:x}, rank {me})"
+        ));
+    }
+    if fds.len() != 1 {
+        return Err(format!("{} descriptors with the hello, not one", fds.len()));
+    }
+    let fd = fds.pop().ok_or("no descriptor with the hello")?;
+    Ok((from, fd))
+}

@@ -1,0 +1,531 @@
+//! A segment's layout and its rings: single-producer, single-consumer byte rings in shared
+//! memory, one per sender, in the segment of the process that receives.
+//!
+//! ```text
+//!  segment                               ring k (at HEADER_BYTES + k × (RING_HEAD + cap))
+//!  0    magic "cx-shm01" (u64)           +0    tail (u64): bytes ever written; the sender's
+//!  8    version (u32)                    +64   waiting (u32): the sender waits for room
+//!  12   rings (u32)                      +128  head (u64): bytes ever read; the receiver's
+//!  16   ring capacity (u64)              +192  cap bytes of data, written at tail % cap
+//!  24   owner's pid (u32)
+//!  64   doorbell (u32, a futex word)
+//!  128  sleeping (u32): the owner's progress thread is parked on the doorbell
+//!  192  polling (u32): callers of the owner that read its rings themselves now
+//! ```
+//!
+//! Every counter sits on a cache line of its own and has one writer: the tail and `waiting`
+//! the sender, the head the receiver (and `waiting`'s reset). Data is published by a release
+//! store of the tail, which the receiver loads with acquire before it reads the bytes;
+//! space is returned by a release store of the head. Each side keeps its own counter in
+//! private memory and only *reads* the other's from the segment, checking it: a tail that
+//! claims more than a ring holds, or a head ahead of the tail, is [`ShmError::Corrupt`], never
+//! a read outside the ring. A sender that dies mid-write never published the bytes it wrote.
+
+use super::region::Region;
+use super::ShmError;
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Bytes of a cache line (each counter has one to itself).
+pub const LINE: usize = 64;
+/// A segment's magic.
+pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"cx-shm01");
+/// The segment format's version.
+pub const SEGMENT_VERSION: u32 = 1;
+/// Bytes of a segment's header.
+pub const HEADER_BYTES: usize = 4 * LINE;
+/// Bytes in front of each ring's data.
+pub const RING_HEAD: usize = 3 * LINE;
+/// The smallest ring.
+pub const MIN_RING: u64 = 4 << 10;
+/// The largest ring.
+pub const MAX_RING: u64 = 1 << 30;
+/// The most rings in a segment (senders of one host).
+pub const MAX_RINGS: u32 = 4096;
+
+const MAGIC_AT: usize = 0;
+const VERSION_AT: usize = 8;
+const RINGS_AT: usize = 12;
+const CAP_AT: usize = 16;
+const PID_AT: usize = 24;
+const DOORBELL_AT: usize = LINE;
+const SLEEPING_AT: usize = 2 * LINE;
+const POLLING_AT: usize = 3 * LINE;
+const TAIL: usize = 0;
+const WAITING: usize = LINE;
+const HEAD: usize = 2 * LINE;
+
+/// A segment's shape: how many rings, of what capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Rings (one per sender).
+    pub rings: u32,
+    /// Each ring's capacity in bytes (a multiple of [`LINE`]).
+    pub cap: u64,
+}
+
+impl Layout {
+    /// A layout of `rings` rings of `cap` bytes; `cap` must be a multiple of 64 between
+    /// [`MIN_RING`] and [`MAX_RING`], and `rings` at most [`MAX_RINGS`].
+    pub fn new(rings: u32, cap: u64) -> Result<Layout, ShmError> {
+        if rings > MAX_RINGS {
+            return Err(ShmError::Layout(format!(
+                "{rings} rings (at most {MAX_RINGS})"
+            )));
+        }
+        if !(MIN_RING..=MAX_RING).contains(&cap) || !cap.is_multiple_of(LINE as u64) {
+            return Err(ShmError::Layout(format!(
+                "a ring of {cap} bytes (a multiple of 64 from {MIN_RING} to {MAX_RING})"
+            )));
+        }
+        let l = Layout { rings, cap };
+        l.bytes()
+            .map(|_| l)
+            .ok_or_else(|| ShmError::Layout(format!("{rings} rings of {cap} bytes overflow")))
+    }
+
+    /// The segment's size in bytes (`None` if it overflows).
+    pub fn bytes(&self) -> Option<usize> {
+        let per = usize::try_from(self.cap).ok()?.checked_add(RING_HEAD)?;
+        per.checked_mul(self.rings as usize)?
+            .checked_add(HEADER_BYTES)
+    }
+
+    /// Where ring `k` starts.
+    fn ring_at(&self, k: u32) -> Option<usize> {
+        if k >= self.rings {
+            return None;
+        }
+        let per = usize::try_from(self.cap).ok()?.checked_add(RING_HEAD)?;
+        per.checked_mul(k as usize)?.checked_add(HEADER_BYTES)
+    }
+}
+
+/// A segment: a region with a checked [`Layout`] (its size is at least the layout's).
+pub struct Segment {
+    region: Arc<Region>,
+    layout: Layout,
+    /// Stands in for a counter the region cannot hold (never used: the size was checked).
+    spare: AtomicU32,
+}
+
+impl Segment {
+    /// Formats a new segment (this process receives on it): writes the header of `layout`
+    /// for owner `pid`. The region must be zeroed and at least `layout.bytes()` long.
+    pub fn create(region: Arc<Region>, layout: Layout, pid: u32) -> Result<Segment, ShmError> {
+        let need = layout.bytes().unwrap_or(usize::MAX);
+        if region.len() < need {
+            return Err(ShmError::Layout(format!(
+                "a region of {} bytes for a segment of {need}",
+                region.len()
+            )));
+        }
+        region.write(VERSION_AT, &SEGMENT_VERSION.to_le_bytes());
+        region.write(RINGS_AT, &layout.rings.to_le_bytes());
+        region.write(CAP_AT, &layout.cap.to_le_bytes());
+        region.write(PID_AT, &pid.to_le_bytes());
+        if let Some(m) = region.u64(MAGIC_AT) {
+            // Last, with release: a peer that sees the magic sees the header.
+            m.store(SEGMENT_MAGIC, Ordering::Release);
+        }
+        Ok(Segment {
+            region,
+            layout,
+            spare: AtomicU32::new(0),
+        })
+    }
+
+    /// Opens a peer's segment (this process sends on it): checks its header against what the
+    /// job agreed on (`rings`) and the region's size. Bad values are errors, never trusted.
+    pub fn open(region: Arc<Region>, rings: u32) -> Result<Segment, ShmError> {
+        let magic = region.u64(MAGIC_AT).map(|m| m.load(Ordering::Acquire));
+        if magic != Some(SEGMENT_MAGIC) {
+            return Err(ShmError::Corrupt("the segment's magic".into()));
+        }
+        let mut b4 = [0u8; 4];
+        let mut b8 = [0u8; 8];
+        region.read(VERSION_AT, &mut b4);
+        let version = u32::from_le_bytes(b4);
+        if version != SEGMENT_VERSION {
+            return Err(ShmError::Corrupt(format!(
+                "the segment's version {version} (this build speaks {SEGMENT_VERSION})"
+            )));
+        }
+        region.read(RINGS_AT, &mut b4);
+        let got = u32::from_le_bytes(b4);
+        if got != rings {
+            return Err(ShmError::Corrupt(format!(
+                "the segment has {got} rings where {rings} were agreed"
+            )));
+        }
+        region.read(CAP_AT, &mut b8);
+        let layout = Layout::new(rings, u64::from_le_bytes(b8))?;
+        let need = layout.bytes().unwrap_or(usize::MAX);
+        if region.len() < need {
+            return Err(ShmError::Corrupt(format!(
+                "the segment is {} bytes, its header says {need}",
+                region.len()
+            )));
+        }
+        Ok(Segment {
+            region,
+            layout,
+            spare: AtomicU32::new(0),
+        })
+    }
+
+    /// The segment's layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The owner's pid, as its header says (a peer's word: for diagnostics).
+    pub fn owner_pid(&self) -> u32 {
+        let mut b4 = [0u8; 4];
+        self.region.read(PID_AT, &mut b4);
+        u32::from_le_bytes(b4)
+    }
+
+    fn word(&self, at: usize) -> &AtomicU32 {
+        self.region.u32(at).unwrap_or(&self.spare)
+    }
+
+    /// The doorbell: a counter that wakes the owner's progress thread (a futex word).
+    pub fn doorbell(&self) -> &AtomicU32 {
+        self.word(DOORBELL_AT)
+    }
+
+    /// Non-zero while the owner's progress thread is parked on the doorbell.
+    pub fn sleeping(&self) -> &AtomicU32 {
+        self.word(SLEEPING_AT)
+    }
+
+    /// How many of the owner's callers read its rings themselves now.
+    pub fn polling(&self) -> &AtomicU32 {
+        self.word(POLLING_AT)
+    }
+
+    /// Whether a sender that just published must wake the owner: nobody of the owner's reads
+    /// its rings now and its progress thread is parked. (After a `SeqCst` fence, paired with
+    /// the owner's fences before it parks or stops polling.)
+    pub fn needs_wake(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.polling().load(Ordering::Relaxed) == 0 && self.sleeping().load(Ordering::Relaxed) != 0
+    }
+
+    /// Rings the doorbell; whether the owner's thread may be parked on it (then wake it with
+    /// the OS: a futex wake on [`Segment::doorbell`]).
+    pub fn ring(&self) {
+        self.doorbell().fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The sending end of ring `k` (this process's ring in a peer's segment).
+    pub fn writer(self: &Arc<Self>, k: u32) -> Option<RingWriter> {
+        let base = self.layout.ring_at(k)?;
+        let w = RingWriter {
+            seg: self.clone(),
+            base,
+            cap: self.layout.cap,
+            tail: 0,
+        };
+        // A fresh ring: both counters at zero (a reused or scribbled one is refused).
+        (w.load(TAIL) == 0 && w.load(HEAD) == 0).then_some(w)
+    }
+
+    /// The receiving end of ring `k` (from sender `k`, in this process's segment).
+    pub fn reader(self: &Arc<Self>, k: u32) -> Option<RingReader> {
+        let base = self.layout.ring_at(k)?;
+        Some(RingReader {
+            seg: self.clone(),
+            base,
+            cap: self.layout.cap,
+            head: 0,
+        })
+    }
+}
+
+/// The sending end of a ring.
+pub struct RingWriter {
+    seg: Arc<Segment>,
+    base: usize,
+    cap: u64,
+    /// Bytes written (this side's own count; the segment's copy is only published).
+    tail: u64,
+}
+
+impl RingWriter {
+    fn load(&self, at: usize) -> u64 {
+        self.seg
+            .region
+            .u64(self.base + at)
+            .map_or(0, |a| a.load(Ordering::Acquire))
+    }
+
+    /// The segment the ring is in (its owner's doorbell).
+    pub fn segment(&self) -> &Arc<Segment> {
+        &self.seg
+    }
+
+    /// Bytes the ring can take now.
+    pub fn room(&self) -> Result<u64, ShmError> {
+        let head = self.load(HEAD);
+        let used = self.tail.wrapping_sub(head);
+        if used > self.cap {
+            return Err(ShmError::Corrupt(format!(
+                "the reader's head {head} is not within a ring of {} bytes behind the tail {}",
+                self.cap, self.tail
+            )));
+        }
+        Ok(self.cap - used)
+    }
+
+    /// Copies as much of `src` as `room` allows into the ring (not yet visible to the
+    /// reader: see [`publish`](RingWriter::publish)); takes what it wrote off `room`.
+    pub fn put(&mut self, src: &[u8], room: &mut u64) -> usize {
+        let n = (src.len() as u64).min(*room) as usize;
+        let mut done = 0;
+        while done < n {
+            let at = self.tail % self.cap;
+            let run = ((self.cap - at) as usize).min(n - done);
+            let ok = self
+                .seg
+                .region
+                .write(self.base + RING_HEAD + at as usize, &src[done..done + run]);
+            debug_assert!(ok, "a ring's data lies inside its segment");
+            done += run;
+            self.tail += run as u64;
+        }
+        *room -= n as u64;
+        n
+    }
+
+    /// Makes what was put visible to the reader.
+    pub fn publish(&self) {
+        if let Some(t) = self.seg.region.u64(self.base + TAIL) {
+            t.store(self.tail, Ordering::Release);
+        }
+    }
+
+    /// Asks the reader to ring this side's doorbell once it frees room; then the caller
+    /// checks [`room`](RingWriter::room) again (a `SeqCst` pairing with the reader's).
+    pub fn want_room(&self) {
+        if let Some(w) = self.seg.region.u32(self.base + WAITING) {
+            w.store(1, Ordering::SeqCst);
+        }
+        // The store above before the caller's next load of the head (the reader stores the
+        // head, fences, then loads this flag).
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// The receiving end of a ring.
+pub struct RingReader {
+    seg: Arc<Segment>,
+    base: usize,
+    cap: u64,
+    /// Bytes read (this side's own count).
+    head: u64,
+}
+
+impl RingReader {
+    /// Bytes published and not read yet.
+    pub fn ready(&self) -> Result<u64, ShmError> {
+        let tail = self
+            .seg
+            .region
+            .u64(self.base + TAIL)
+            .map_or(0, |a| a.load(Ordering::Acquire));
+        let n = tail.wrapping_sub(self.head);
+        if n > self.cap {
+            return Err(ShmError::Corrupt(format!(
+                "the writer's tail {tail} is not within a ring of {} bytes ahead of the head {}",
+                self.cap, self.head
+            )));
+        }
+        Ok(n)
+    }
+
+    /// Copies up to `ready` bytes into `dst`; takes what it read off `ready`.
+    pub fn take(&mut self, dst: &mut [u8], ready: &mut u64) -> usize {
+        let n = (dst.len() as u64).min(*ready) as usize;
+        let mut done = 0;
+        while done < n {
+            let at = self.head % self.cap;
+            let run = ((self.cap - at) as usize).min(n - done);
+            let ok = self.seg.region.read(
+                self.base + RING_HEAD + at as usize,
+                &mut dst[done..done + run],
+            );
+            debug_assert!(ok, "a ring's data lies inside its segment");
+            done += run;
+            self.head += run as u64;
+        }
+        *ready -= n as u64;
+        n
+    }
+
+    /// Returns what was read to the writer; whether the writer waits for room (then ring its
+    /// doorbell).
+    pub fn release(&self) -> bool {
+        let region = &self.seg.region;
+        if let Some(h) = region.u64(self.base + HEAD) {
+            h.store(self.head, Ordering::SeqCst);
+        }
+        fence(Ordering::SeqCst);
+        region
+            .u32(self.base + WAITING)
+            .is_some_and(|w| w.load(Ordering::SeqCst) != 0 && w.swap(0, Ordering::SeqCst) != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(cap: u64) -> (RingWriter, RingReader) {
+        let layout = Layout::new(2, cap).unwrap_or(Layout {
+            rings: 2,
+            cap: 4096,
+        });
+        let region = Arc::new(Region::heap(layout.bytes().unwrap_or(0)));
+        let seg = Arc::new(
+            Segment::create(region.clone(), layout, 7)
+                .ok()
+                .unwrap_or_else(|| unreachable!()),
+        );
+        let peer = Arc::new(
+            Segment::open(region, 2)
+                .ok()
+                .unwrap_or_else(|| unreachable!()),
+        );
+        let w = peer.writer(1).unwrap_or_else(|| unreachable!());
+        let r = seg.reader(1).unwrap_or_else(|| unreachable!());
+        (w, r)
+    }
+
+    #[test]
+    fn bytes_come_out_in_order_across_the_wrap() {
+        let (mut w, mut r) = pair(4096);
+        let mut next = 0u8;
+        let mut expect = 0u8;
+        for round in 0..50usize {
+            let chunk: Vec<u8> = (0..(round * 97) % 3000 + 1)
+                .map(|_| {
+                    next = next.wrapping_add(1);
+                    next
+                })
+                .collect();
+            let mut room = w.room().unwrap_or(0);
+            assert_eq!(w.put(&chunk, &mut room), chunk.len());
+            w.publish();
+            let mut ready = r.ready().unwrap_or(0);
+            assert_eq!(ready, chunk.len() as u64);
+            let mut got = vec![0u8; chunk.len()];
+            assert_eq!(r.take(&mut got, &mut ready), chunk.len());
+            assert!(!r.release());
+            for b in got {
+                expect = expect.wrapping_add(1);
+                assert_eq!(b, expect);
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_ring_takes_nothing_until_the_reader_frees_room_and_says_so() {
+        let (mut w, mut r) = pair(4096);
+        let mut room = w.room().unwrap_or(0);
+        assert_eq!(w.put(&[1u8; 5000], &mut room), 4096);
+        w.publish();
+        assert_eq!(w.room().ok(), Some(0));
+        w.want_room();
+        let mut ready = r.ready().unwrap_or(0);
+        let mut got = vec![0u8; 100];
+        r.take(&mut got, &mut ready);
+        assert!(r.release(), "the writer asked for room");
+        assert!(!r.release(), "and is told once");
+        assert_eq!(w.room().ok(), Some(100));
+    }
+
+    #[test]
+    fn counters_a_peer_scribbled_are_errors_not_reads() {
+        let (w, r) = pair(4096);
+        // A tail far ahead of the head: more than the ring holds.
+        if let Some(t) = r.seg.region.u64(r.base + TAIL) {
+            t.store(1 << 40, Ordering::Release);
+        }
+        assert!(matches!(r.ready(), Err(ShmError::Corrupt(_))));
+        // A head ahead of the writer's tail.
+        if let Some(h) = w.seg.region.u64(w.base + HEAD) {
+            h.store(5, Ordering::Release);
+        }
+        assert!(matches!(w.room(), Err(ShmError::Corrupt(_))));
+    }
+
+    #[test]
+    fn a_segment_is_opened_only_with_the_agreed_header() {
+        let layout = Layout::new(3, 4096).unwrap_or(Layout {
+            rings: 3,
+            cap: 4096,
+        });
+        let bytes = layout.bytes().unwrap_or(0);
+        let region = Arc::new(Region::heap(bytes));
+        assert!(
+            matches!(Segment::open(region.clone(), 3), Err(ShmError::Corrupt(_))),
+            "no magic yet"
+        );
+        let _own = Segment::create(region.clone(), layout, 1);
+        assert!(Segment::open(region.clone(), 3).is_ok());
+        assert!(
+            Segment::open(region.clone(), 2).is_err(),
+            "another ring count"
+        );
+        // A capacity that would put the rings past the region's end.
+        region.write(CAP_AT, &(1u64 << 20).to_le_bytes());
+        assert!(matches!(
+            Segment::open(region.clone(), 3),
+            Err(ShmError::Corrupt(_))
+        ));
+        region.write(CAP_AT, &4097u64.to_le_bytes());
+        assert!(matches!(Segment::open(region, 3), Err(ShmError::Layout(_))));
+        assert!(Layout::new(MAX_RINGS + 1, 4096).is_err());
+        assert!(Layout::new(1, 100).is_err());
+    }
+
+    #[test]
+    fn a_writer_and_a_reader_on_two_threads_agree_on_every_byte() {
+        let (mut w, mut r) = pair(4096);
+        let total: usize = if cfg!(miri) { 20_000 } else { 2_000_000 };
+        let t = std::thread::spawn(move || {
+            let mut sent = 0usize;
+            let mut buf = [0u8; 777];
+            while sent < total {
+                for (i, b) in buf.iter_mut().enumerate() {
+                    *b = ((sent + i) % 251) as u8;
+                }
+                let n = buf.len().min(total - sent);
+                let mut room = w.room().unwrap_or(0);
+                let k = w.put(&buf[..n], &mut room);
+                w.publish();
+                sent += k;
+                if k == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let mut got = 0usize;
+        let mut buf = [0u8; 1000];
+        while got < total {
+            let mut ready = r.ready().unwrap_or(0);
+            let n = r.take(&mut buf, &mut ready);
+            r.release();
+            for (i, b) in buf[..n].iter().enumerate() {
+                assert_eq!(*b, ((got + i) % 251) as u8);
+            }
+            got += n;
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
+        assert!(t.join().is_ok());
+    }
+}
