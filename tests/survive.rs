@@ -312,6 +312,15 @@ fn tcp_job(
     common::tcp_job(w, "the survive tests' secret", TIMEOUT, body)
 }
 
+/// [`tcp_job`] over `transport` (with `Shm`, the ranks share memory, TCP beside it).
+fn job_over(
+    transport: collectix::Transport,
+    w: usize,
+    body: impl Fn(usize, collectix::Process) -> Result<(), String> + Sync,
+) -> Vec<Result<(), String>> {
+    common::job(transport, w, "the survive tests' secret", TIMEOUT, body)
+}
+
 /// The body of a child process of
 /// [`a_join_that_times_out_names_the_missing_rank_though_the_store_s_rank_exited`]: does
 /// nothing unless `SURVIVE_CHILD` (`RANK PORT`) is set; then joins a job of 3 with a 2 s
@@ -459,7 +468,17 @@ fn leave_in_time(r: usize, p: collectix::Process, clean: bool) -> Result<(), Str
 /// call completes on both with the exact sum.
 #[test]
 fn over_tcp_a_bad_argument_on_one_rank_is_heard_at_once() {
-    let results = tcp_job(2, |r, p| {
+    bad_argument_heard_at_once(collectix::Transport::Tcp);
+}
+
+/// The same over shared memory.
+#[test]
+fn over_shm_a_bad_argument_on_one_rank_is_heard_at_once() {
+    bad_argument_heard_at_once(collectix::Transport::Shm);
+}
+
+fn bad_argument_heard_at_once(transport: collectix::Transport) {
+    let results = job_over(transport, 2, |r, p| {
         let c = p.communicator();
         let start = Instant::now();
         let root_of = if r == 0 { 7 } else { 0 };
@@ -496,7 +515,17 @@ fn over_tcp_a_bad_argument_on_one_rank_is_heard_at_once() {
 /// with an exact sum over the new group, and leave without waiting for the dead rank.
 #[test]
 fn over_tcp_the_survivors_of_an_aborted_process_shrink_and_go_on() {
-    let results = tcp_job(4, |r, p| {
+    survivors_shrink(collectix::Transport::Tcp);
+}
+
+/// The same over shared memory: the loss comes from the TCP connection beside the rings.
+#[test]
+fn over_shm_the_survivors_of_an_aborted_process_shrink_and_go_on() {
+    survivors_shrink(collectix::Transport::Shm);
+}
+
+fn survivors_shrink(transport: collectix::Transport) {
+    let results = job_over(transport, 4, |r, p| {
         let c = p.communicator();
         let first = c
             .all_reduce(ones(2), ReduceOp::Sum)

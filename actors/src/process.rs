@@ -458,19 +458,41 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
                 local,
                 listener,
                 security,
+                store: store.as_ref(),
                 ring: shm::ring_from_env()?,
                 limits,
                 deadline,
             };
-            if setup.local.len() < 2 {
+            let want: Vec<usize> = setup.local.keys().copied().filter(|&r| r != rank).collect();
+            if want.is_empty() {
                 None
             } else {
-                match Hub::start(setup, driver.clone(), &mut links, mesh.incarnations()) {
-                    Ok(h) => Some(h),
-                    Err(e) if transport == Transport::Auto => {
-                        tracing::warn!(rank, error = %e, "no shared memory: TCP to every peer");
-                        None
-                    }
+                let started = Hub::start(setup, &driver, &mut links, mesh.incarnations()).and_then(
+                    |(hub, peers)| {
+                        let missing: Vec<usize> = want
+                            .iter()
+                            .copied()
+                            .filter(|r| !peers.contains(r))
+                            .collect();
+                        if transport == Transport::Shm && !missing.is_empty() {
+                            return Err(Error::Resource(format!(
+                                "COLLECTIX_TRANSPORT=shm, but shared memory could not be set \
+                                 up with ranks {missing:?} of this host (see the log)"
+                            )));
+                        }
+                        if !missing.is_empty() {
+                            tracing::warn!(rank, ?missing, "TCP to these ranks of this host");
+                        }
+                        // A lazy job still connects the pairs that share memory at once: their
+                        // connections tell when one of them is lost.
+                        if connect == Connect::Lazy && !peers.is_empty() {
+                            mesh.connect_among(&peers, deadline, timeout)?;
+                        }
+                        Ok(hub)
+                    },
+                );
+                match started {
+                    Ok(h) => h,
                     Err(e) => {
                         system.stop();
                         let _ = thread.join();

@@ -7,10 +7,12 @@ tool's raw output.
   python3 bench/peers/side_by_side.py --ranks 2 --sizes 1M --collectives all_reduce --rounds 1
   python3 bench/peers/side_by_side.py --peers mpi gloo      # torch.distributed on Gloo too
   python3 bench/peers/side_by_side.py --transport tcp --peers mpi gloo   # TCP between processes
+  python3 bench/peers/side_by_side.py --transport shm      # processes over shared memory
 
 Every later performance claim of collectix comes from this script (issue 10). What it runs:
 - `collectix bench` (target/release/collectix; built if missing): the in-process world, or
-  with `--transport tcp` one process per rank over TCP loopback; one invocation per (ranks,
+  with `--transport tcp` one process per rank over TCP loopback, or with `--transport shm`
+  one process per rank over shared memory (TCP beside it for loss); one invocation per (ranks,
   collective, size), `-n ITERS`, with its correctness check on; in one process its ranks'
   threads are bound to cores when the cores suffice (`--bind auto`), as `mpirun` binds its
   processes (to cores for 2 ranks, to the socket for more);
@@ -156,8 +158,9 @@ def main():
     ap.add_argument("--sizes", nargs="+", default=["4", "1M", "16M", "64M"])
     ap.add_argument("--collectives", nargs="+", default=BOTH, choices=BOTH)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--transport", default="local", choices=["local", "tcp"],
-                    help="tcp: collectix and Open MPI between processes over TCP loopback")
+    ap.add_argument("--transport", default="local", choices=["local", "tcp", "shm"],
+                    help="tcp: collectix and Open MPI between processes over TCP loopback; "
+                         "shm: collectix's processes over shared memory, against Open MPI's")
     ap.add_argument("--iters", type=int, default=10, help="samples per cell (median)")
     ap.add_argument("--timeout", type=int, default=120, help="seconds per collectix invocation")
     ap.add_argument("--out", default=None)
@@ -266,7 +269,7 @@ def main():
         json.dump({"versions": versions, "rows": table}, f, indent=1)
 
     # Each tool's medians in collectix's --json format, and the plots.
-    label = {"collectix": "collectix" + (" (tcp)" if args.transport == "tcp" else ""),
+    label = {"collectix": "collectix" + {"tcp": " (tcp)", "shm": " (shm)"}.get(args.transport, ""),
              "mpi": "Open MPI (tcp)" if args.transport == "tcp" else "Open MPI (shm)",
              "gloo": "torch Gloo"}
     for tool in tools:
@@ -289,7 +292,8 @@ def main():
                 with open(p, "w") as f:
                     json.dump(rows, f)
                 files.append(p)
-        where = "over TCP" if args.transport == "tcp" else "in-process"
+        where = {"tcp": "over TCP", "shm": "processes over shared memory"}.get(
+            args.transport, "in-process")
         title = f"{coll}: collectix ({where}) and " + ", ".join(label[p] for p in args.peers)
         subprocess.run([args.collectix, "plot", "--out", os.path.join(out, f"plot_{coll}.svg"),
                         "--title", title] + files, check=False)

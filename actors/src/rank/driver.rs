@@ -104,6 +104,9 @@ pub(crate) trait Poller: Send + Sync {
     fn poll(&self) -> bool;
     /// The caller stops driving (what arrives from now on is the transport's to hand over).
     fn leave(&self);
+    /// Takes what arrived before a peer's loss is handled (a peer's last messages before it
+    /// closed its connection, which another transport reports).
+    fn drain(&self);
 }
 
 impl Driver {
@@ -459,6 +462,9 @@ impl Driver {
     /// What waited in front of `peer`'s link goes, and the engine hears (`tell`) unless the
     /// rank is stopping.
     fn peer_gone(&self, peer: usize, tell: fn(&mut Engine, usize, Time)) {
+        if let Some(p) = self.poller.get() {
+            p.drain();
+        }
         self.run(|core, now, _| {
             if core.quiesced {
                 return;

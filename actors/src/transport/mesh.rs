@@ -357,9 +357,21 @@ impl Mesh {
     /// Eager connection: connects to every higher rank and waits (until `deadline`) until
     /// every peer has a connection. The timeout's error names the ranks still missing.
     pub(crate) fn connect_all(&self, deadline: Instant, timeout: Duration) -> Result<()> {
+        let all: Vec<usize> = (0..self.shared.world).collect();
+        self.connect_among(&all, deadline, timeout)
+    }
+
+    /// [`connect_all`](Mesh::connect_all) for the pairs of this rank with `peers` only (the
+    /// peers of a lazy job it shares memory with: their connections tell when one is lost).
+    pub(crate) fn connect_among(
+        &self,
+        peers: &[usize],
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<()> {
         let s = &self.shared;
         let left = || deadline.saturating_duration_since(Instant::now());
-        for peer in s.rank + 1..s.world {
+        for &peer in peers.iter().filter(|&&p| p > s.rank && p < s.world) {
             if matches!(*lock(&s.slots[peer]), Slot::Up(_)) {
                 continue;
             }
@@ -367,7 +379,11 @@ impl Mesh {
         }
         let mut nap = Duration::from_micros(200);
         loop {
-            let missing = s.missing();
+            let missing: Vec<usize> = s
+                .missing()
+                .into_iter()
+                .filter(|p| peers.contains(p))
+                .collect();
             if missing.is_empty() {
                 return Ok(());
             }

@@ -30,6 +30,15 @@ pub(crate) fn spin_from_env(default: Duration) -> Duration {
         },
     }
 }
+/// A caller reading a [`Poller`]'s arrivals: leaves when dropped.
+struct Reading<'a>(&'a dyn super::Poller);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.0.leave();
+    }
+}
+
 /// The parked callers of a rank, and whether one of them was asked to run it.
 #[derive(Default)]
 pub(super) struct Bell {
@@ -125,9 +134,12 @@ impl Driver {
         }
         let driving = self.inbox.enter();
         let poller = self.poller.get();
-        if let Some(p) = poller {
+        // Leaves on every way out, a panic in a completion included (a reader count left
+        // behind would keep the transport's senders from waking its thread).
+        let _reading = poller.map(|p| {
             p.enter();
-        }
+            Reading(p.as_ref())
+        });
         let start = Instant::now();
         let mut active = start;
         let mut turns: u32 = 0;
@@ -152,12 +164,10 @@ impl Driver {
             }
             self.pause(turns);
         }
-        if let Some(p) = poller {
-            // Reads once more after it stops counting as a reader: what a sender published
-            // before it saw this caller gone is taken here, what came after it wakes the
-            // transport's thread.
-            p.leave();
-        }
+        // Reads once more after it stops counting as a reader: what a sender published before
+        // it saw this caller gone is taken here, what came after it wakes the transport's
+        // thread.
+        drop(_reading);
         if driving.leave() {
             self.run(|_, _, _| ());
         }

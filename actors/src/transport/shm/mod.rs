@@ -31,21 +31,26 @@
 
 mod os;
 mod setup;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use setup::Listener;
 
 use crate::rank::driver::{Driver, Poller};
 use crate::security::Security;
+use crate::store::Store;
 use crate::sync::lock;
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
-use collectix_runtime::wire::shm::{FrameReader, FrameWriter, Layout, RingReader, Segment, Sent};
+use collectix_runtime::wire::shm::{
+    FrameReader, FrameWriter, Layout, RingReader, RingWriter, Segment, Sent,
+};
 use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, Result};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -100,10 +105,16 @@ pub(crate) struct Setup<'a> {
     pub(crate) local: BTreeMap<usize, String>,
     pub(crate) listener: Listener,
     pub(crate) security: &'a Security,
+    /// Where the ranks of this host agree on the pairs that use shared memory.
+    pub(crate) store: &'a dyn Store,
     pub(crate) ring: u64,
     pub(crate) limits: Limits,
     pub(crate) deadline: Instant,
 }
+
+/// How long the ranks of one host take at most to exchange their segments (within the
+/// join's deadline).
+const EXCHANGE: Duration = Duration::from_secs(30);
 
 /// A process's shared memory: its segment, its peers', and its progress thread (stopped and
 /// joined when dropped).
@@ -145,7 +156,11 @@ struct Inner {
     senders: Vec<Sending>,
     /// Frames in progress over all links (their pumping is skipped while none is).
     in_progress: AtomicUsize,
-    driver: Arc<Driver>,
+    /// Callers of this rank reading the rings now (this process's own count; the segment's
+    /// `polling`, which peers read, mirrors it, and a peer may scribble on that one).
+    polling: AtomicU32,
+    /// The rank (weak: the driver holds this as its poller).
+    driver: Weak<Driver>,
     pool: Pool,
     closing: AtomicBool,
 }
@@ -158,16 +173,24 @@ fn nudge(seg: &Segment) {
     }
 }
 
+/// Most frames one reading takes from one ring before it looks at the others (and its caller
+/// at its call).
+const BURST: usize = 64;
+
 impl Hub {
-    /// Sets up shared memory with the other ranks of this host (see [`setup`]) and starts
-    /// the progress thread; the links to those ranks, each falling back to `tcp[peer]` once
-    /// the peer's process is replaced (`incarnations`).
+    /// Sets up shared memory with the other ranks of this host: makes this rank's segment,
+    /// exchanges segments ([`setup`]), maps the peers', and agrees through the store on the
+    /// pairs where both sides succeeded (a pair uses shared memory only if both say so).
+    /// Then starts the progress thread and swaps the links to those peers for rings, each
+    /// falling back to `links[peer]` (TCP) once the peer's process is replaced
+    /// (`incarnations`). Returns the hub and the peers it reaches (`None` for the hub when
+    /// none).
     pub(crate) fn start(
         s: Setup<'_>,
-        driver: Arc<Driver>,
+        driver: &Arc<Driver>,
         links: &mut crate::transport::Links,
         incarnations: Arc<Vec<AtomicU32>>,
-    ) -> Result<Hub> {
+    ) -> Result<(Option<Hub>, Vec<usize>)> {
         let index: BTreeMap<usize, u32> = s
             .local
             .keys()
@@ -178,52 +201,82 @@ impl Hub {
         let me = *index
             .get(&s.rank)
             .ok_or_else(|| Error::internal("this rank is not among its host's ranks"))?;
-        let layout = Layout::new(rings, s.ring).map_err(|e| Error::invalid(e.to_string()))?;
-        let bytes = layout
-            .bytes()
-            .ok_or_else(|| Error::invalid("a shared-memory segment too large"))?;
-        let (fd, region) = os::create(bytes)
-            .map_err(|e| Error::Resource(format!("cannot create a shared-memory segment: {e}")))?;
-        let own = Arc::new(
-            Segment::create(Arc::new(region), layout, std::process::id())
-                .map_err(|e| Error::internal(e.to_string()))?,
-        );
-        let fds = setup::exchange(
+        // This rank's segment (a failure is told to the peers in the exchange).
+        let own = Layout::new(rings, s.ring)
+            .map_err(|e| e.to_string())
+            .and_then(|layout| {
+                let bytes = layout.bytes().ok_or("a segment too large")?;
+                let (fd, region) = os::create(bytes).map_err(|e| e.to_string())?;
+                let seg = Segment::create(Arc::new(region), layout, std::process::id())
+                    .map_err(|e| e.to_string())?;
+                Ok((fd, Arc::new(seg)))
+            });
+        let own = match own {
+            Ok(o) => Some(o),
+            Err(why) => {
+                tracing::warn!(rank = s.rank, reason = %why, "cannot make a shared-memory segment");
+                None
+            }
+        };
+        let deadline = s.deadline.min(Instant::now() + EXCHANGE);
+        let got = setup::exchange(
             &setup::Exchange {
                 job: s.job,
                 rank: s.rank,
                 local: &s.local,
                 security: s.security,
-                deadline: s.deadline,
+                deadline,
             },
             s.listener,
-            &fd,
+            own.as_ref().map(|(fd, _)| fd),
         )?;
-        drop(fd);
+        let mut mapped = BTreeMap::new();
+        if let Some((_, own_seg)) = &own {
+            for (peer, fd) in got {
+                let Some(fd) = fd else { continue };
+                match map_peer(&fd, rings, me, index.get(&peer).copied(), own_seg) {
+                    Ok(m) => {
+                        mapped.insert(peer, m);
+                    }
+                    Err(why) => tracing::warn!(
+                        peer,
+                        reason = %why,
+                        "the shared-memory segment of a rank of this host cannot be used"
+                    ),
+                }
+            }
+        }
+        // The pairs both sides can use.
+        let mine: Vec<String> = mapped.keys().map(usize::to_string).collect();
+        s.store
+            .set(&format!("shm/{}", s.rank), mine.join(",").into_bytes())?;
+        let left = || s.deadline.saturating_duration_since(Instant::now());
+        let mut both = BTreeSet::new();
+        for &peer in mapped.keys() {
+            let said = s.store.get(&format!("shm/{peer}"), left())?;
+            let said = String::from_utf8_lossy(&said);
+            if said
+                .split(',')
+                .any(|r| r.parse::<usize>().ok() == Some(s.rank))
+            {
+                both.insert(peer);
+            }
+        }
+        let Some((_, own)) = own else {
+            return Ok((None, Vec::new()));
+        };
+        if both.is_empty() {
+            return Ok((None, Vec::new()));
+        }
         let mut readers = Vec::new();
         let mut senders = Vec::new();
-        for (peer, fd) in fds {
-            let bad = |what: String| {
-                Error::Resource(format!(
-                    "the shared-memory segment of rank {peer} cannot be used: {what}"
-                ))
-            };
-            let region = os::map(&fd).map_err(|e| bad(e.to_string()))?;
-            drop(fd);
-            let theirs =
-                Arc::new(Segment::open(Arc::new(region), rings).map_err(|e| bad(e.to_string()))?);
-            let writer = theirs
-                .writer(me)
-                .ok_or_else(|| bad("this rank's ring in it is not fresh".into()))?;
-            let k = *index
-                .get(&peer)
-                .ok_or_else(|| bad("not a rank of this host".into()))?;
-            let ring = own
-                .reader(k)
-                .ok_or_else(|| Error::internal("a ring outside this rank's segment"))?;
+        for (peer, (theirs, writer, reader)) in mapped {
+            if !both.contains(&peer) {
+                continue;
+            }
             readers.push(Reading {
                 peer,
-                ring,
+                ring: reader,
                 frames: FrameReader::new(s.limits),
                 theirs: theirs.clone(),
                 dead: false,
@@ -243,10 +296,18 @@ impl Hub {
             readers: Mutex::new(readers),
             senders,
             in_progress: AtomicUsize::new(0),
-            driver: driver.clone(),
+            polling: AtomicU32::new(0),
+            driver: Arc::downgrade(driver),
             pool: Pool::new(crate::transport::tcp::RECV_POOL_BYTES),
             closing: AtomicBool::new(false),
         });
+        let thread = {
+            let inner = inner.clone();
+            std::thread::Builder::new()
+                .name(format!("collectix-shm-{}", s.rank))
+                .spawn(move || inner.progress_loop())
+                .map_err(|e| Error::Resource(format!("cannot start a thread: {e}")))?
+        };
         for sending in &inner.senders {
             let Some(slot) = links.get_mut(sending.peer) else {
                 continue;
@@ -265,30 +326,42 @@ impl Hub {
                 at,
             });
         }
-        let thread = {
-            let inner = inner.clone();
-            std::thread::Builder::new()
-                .name(format!("collectix-shm-{}", s.rank))
-                .spawn(move || inner.progress_loop())
-                .map_err(|e| Error::Resource(format!("cannot start a thread: {e}")))?
-        };
         driver.set_poller(inner.clone());
-        tracing::debug!(
-            rank = s.rank,
-            peers = inner.senders.len(),
-            ring = s.ring,
-            "shared memory up"
-        );
-        Ok(Hub {
-            inner,
-            thread: Some(thread),
-        })
+        let peers: Vec<usize> = both.into_iter().collect();
+        tracing::debug!(rank = s.rank, ?peers, ring = s.ring, "shared memory up");
+        Ok((
+            Some(Hub {
+                inner,
+                thread: Some(thread),
+            }),
+            peers,
+        ))
     }
 
     /// How many peers this rank reaches through shared memory.
     pub(crate) fn peers(&self) -> usize {
         self.inner.senders.len()
     }
+}
+
+/// A peer's segment, mapped and checked, with this rank's ring in it and the peer's ring in
+/// `own`.
+fn map_peer(
+    fd: &std::os::fd::OwnedFd,
+    rings: u32,
+    me: u32,
+    k: Option<u32>,
+    own: &Arc<Segment>,
+) -> std::result::Result<(Arc<Segment>, RingWriter, RingReader), String> {
+    let region = os::map(fd).map_err(|e| e.to_string())?;
+    let theirs = Arc::new(Segment::open(Arc::new(region), rings).map_err(|e| e.to_string())?);
+    let writer = theirs
+        .writer(me)
+        .ok_or("this rank's ring in it is not fresh")?;
+    let reader = k
+        .and_then(|k| own.reader(k))
+        .ok_or("not a rank of this host")?;
+    Ok((theirs, writer, reader))
 }
 
 impl Drop for Hub {
@@ -315,21 +388,22 @@ impl Link<Message> for Closed {
 const PARK: Duration = Duration::from_millis(500);
 
 impl Inner {
-    /// Reads every ring and hands what came to the rank with `deliver`; whether anything
-    /// came. Returns at once if someone else is reading.
-    fn read(&self, deliver: &dyn Fn(usize, Message)) -> bool {
+    /// Reads the rings and hands what came to the rank with `deliver` (at most [`BURST`]
+    /// frames per ring); whether anything came. `None` if someone else is reading now.
+    fn read(&self, driver: &Driver, deliver: &dyn Fn(&Driver, usize, Message)) -> Option<bool> {
         let Ok(mut readers) = self.readers.try_lock() else {
-            return false;
+            return None;
         };
         let mut any = false;
         let mut lost = Vec::new();
         for r in readers.iter_mut().filter(|r| !r.dead) {
             let mut wake = false;
-            loop {
+            for _ in 0..BURST {
                 match r.frames.next(&mut r.ring, &self.pool, &mut wake) {
                     Ok(Some((header, payload))) => {
                         any = true;
                         deliver(
+                            driver,
                             r.peer,
                             Message {
                                 src: r.peer,
@@ -348,25 +422,28 @@ impl Inner {
                 }
             }
             if wake {
-                r.theirs.ring();
-                os::wake(r.theirs.doorbell());
+                // The peer waits for room: its thread, if no caller of its pumps now.
+                nudge(&r.theirs);
             }
         }
         drop(readers);
         for peer in lost {
-            self.driver.peer_lost(peer);
+            driver.peer_lost(peer);
         }
-        any
+        Some(any)
     }
 
-    /// Moves on the frames in progress; whether any went on.
-    fn pump(&self) -> bool {
+    /// Moves on the frames in progress; `Some(whether any went on)`, `None` if a link was
+    /// busy (its holder moves it on, or the caller should look again).
+    fn pump(&self, driver: &Driver) -> Option<bool> {
         if self.in_progress.load(Ordering::Acquire) == 0 {
-            return false;
+            return Some(false);
         }
         let mut any = false;
+        let mut busy = false;
         for s in &self.senders {
             let Ok(mut tx) = s.tx.try_lock() else {
+                busy = true;
                 continue;
             };
             if !tx.frames.is_pending() || tx.broken || !tx.frames.has_room() {
@@ -384,7 +461,7 @@ impl Inner {
                     drop(tx);
                     nudge(&s.theirs);
                     if flush {
-                        self.driver.flush(s.peer);
+                        driver.flush(s.peer);
                     }
                 }
                 Err(e) => {
@@ -392,68 +469,117 @@ impl Inner {
                     self.in_progress.fetch_sub(1, Ordering::AcqRel);
                     drop(tx);
                     tracing::warn!(peer = s.peer, reason = %e, "shared-memory ring lost");
-                    self.driver.peer_lost(s.peer);
+                    driver.peer_lost(s.peer);
                 }
             }
         }
-        any
+        if busy && !any {
+            None
+        } else {
+            Some(any)
+        }
     }
 
-    /// Whether there is work for the progress thread now.
+    /// Whether there may be work for the progress thread now (a lock held by someone else
+    /// counts: what it guards may hold work this thread was woken for).
     fn has_work(&self) -> bool {
-        if let Ok(readers) = self.readers.try_lock() {
-            if readers
-                .iter()
-                .any(|r| !r.dead && r.ring.ready().map_or(true, |n| n > 0))
-            {
-                return true;
+        match self.readers.try_lock() {
+            Err(_) => return true,
+            Ok(readers) => {
+                if readers
+                    .iter()
+                    .any(|r| !r.dead && r.ring.ready().map_or(true, |n| n > 0))
+                {
+                    return true;
+                }
             }
         }
         self.in_progress.load(Ordering::Acquire) > 0
             && self.senders.iter().any(|s| {
-                s.tx.try_lock()
-                    .is_ok_and(|t| t.frames.is_pending() && !t.broken && t.frames.has_room())
+                s.tx.try_lock().map_or(true, |t| {
+                    t.frames.is_pending() && !t.broken && t.frames.has_room()
+                })
             })
     }
 
     /// The progress thread: reads and pumps while there is work, then parks on the doorbell.
     fn progress_loop(&self) {
-        let driver = self.driver.clone();
-        let deliver = move |src: usize, msg: Message| driver.deliver_read(src, msg);
         while !self.closing.load(Ordering::SeqCst) {
-            let read = self.read(&deliver);
-            let pumped = self.pump();
-            if read || pumped {
-                continue;
+            let Some(driver) = self.driver.upgrade() else {
+                return;
+            };
+            // A panic in what a completion runs (user code) must not end this thread: nothing
+            // would read the rings any more.
+            let worked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let read = self.read(&driver, &|d, src, msg| d.deliver_read(src, msg));
+                let pumped = self.pump(&driver);
+                read != Some(false) || pumped != Some(false)
+            }));
+            drop(driver);
+            match worked {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(_) => {
+                    tracing::error!("a completion panicked on the shared-memory thread");
+                    continue;
+                }
             }
             let bell = self.own.doorbell().load(Ordering::SeqCst);
             self.own.sleeping().store(1, Ordering::SeqCst);
             std::sync::atomic::fence(Ordering::SeqCst);
-            // A caller reading the rings now will take what comes; else anything published
-            // before `sleeping` was seen is found here, and anything after rings the bell.
-            if self.own.polling().load(Ordering::SeqCst) > 0 || !self.has_work() {
+            // A caller reading the rings now takes what comes; else anything published before
+            // `sleeping` was seen is found here, and anything after rings the bell.
+            if self.polling.load(Ordering::SeqCst) > 0 || !self.has_work() {
                 os::wait(self.own.doorbell(), bell, PARK);
             }
             self.own.sleeping().store(0, Ordering::SeqCst);
         }
     }
+
+    /// A caller's read and pump; whether anything happened.
+    fn poll_now(&self) -> bool {
+        let Some(driver) = self.driver.upgrade() else {
+            return false;
+        };
+        let read = self.read(&driver, &|d, src, msg| d.deliver(src, msg));
+        let pumped = self.pump(&driver);
+        read == Some(true) || pumped == Some(true)
+    }
 }
 
 impl Poller for Inner {
     fn enter(&self) {
-        self.own.polling().fetch_add(1, Ordering::SeqCst);
+        self.polling.fetch_add(1, Ordering::SeqCst);
+        self.own.polling().store(1, Ordering::SeqCst);
     }
 
     fn poll(&self) -> bool {
-        let driver = &self.driver;
-        let read = self.read(&|src, msg| driver.deliver(src, msg));
-        self.pump() || read
+        self.poll_now()
     }
 
     fn leave(&self) {
-        self.own.polling().fetch_sub(1, Ordering::SeqCst);
+        if self.polling.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.own.polling().store(0, Ordering::SeqCst);
+        }
         std::sync::atomic::fence(Ordering::SeqCst);
-        self.poll();
+        // What a sender published before it saw no reader is taken here; after, it rings.
+        self.poll_now();
+    }
+
+    fn drain(&self) {
+        let Some(driver) = self.driver.upgrade() else {
+            return;
+        };
+        // The rings are read before a loss is handled: what a peer sent before it left (its
+        // last frames, then its closed connection) is not overtaken by the loss.
+        let deadline = Instant::now() + Duration::from_millis(10);
+        while self
+            .read(&driver, &|d, src, msg| d.deliver(src, msg))
+            .is_none()
+            && Instant::now() < deadline
+        {
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -483,25 +609,40 @@ impl Link<Message> for ShmLink {
         if tx.broken {
             return Err(LinkError::Closed);
         }
-        match tx.frames.send(msg) {
-            Ok(Sent::Whole) => {}
+        if tx.frames.is_pending() {
+            // Moves the frame in progress on first (whoever holds the link does).
+            match tx.frames.pump() {
+                Ok(true) => {
+                    self.inner.in_progress.fetch_sub(1, Ordering::AcqRel);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tx.broken = true;
+                    self.inner.in_progress.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!(peer = self.peer, reason = %e, "shared-memory ring lost");
+                    return Err(LinkError::Closed);
+                }
+            }
+        }
+        let r = match tx.frames.send(msg) {
+            Ok(Sent::Whole) => Ok(()),
             Ok(Sent::Partly) => {
                 self.inner.in_progress.fetch_add(1, Ordering::AcqRel);
+                Ok(())
             }
             Err((msg, None)) => {
+                // A frame is still in progress: the rank is told to flush once it is done.
                 tx.full = true;
-                // The frame in progress may have finished meanwhile (the pump saw `full`
-                // unset): the rank retries when told, and is told by whoever finishes it.
-                return Err(LinkError::WouldBlock(msg));
+                Err(LinkError::WouldBlock(msg))
             }
             Err((_, Some(e))) => {
                 tx.broken = true;
                 tracing::warn!(peer = self.peer, reason = %e, "shared-memory ring lost");
                 return Err(LinkError::Closed);
             }
-        }
+        };
         drop(tx);
         nudge(&self.theirs);
-        Ok(())
+        r
     }
 }

@@ -4,8 +4,9 @@
 //! 1. the peer's user must be this process's (`SO_PEERCRED`), and both sides run the job's
 //!    challenge–response ([`Security`], context `shm`): a process without the job's secret,
 //!    or of another user, gets nothing;
-//! 2. each side sends a hello (magic, job, its rank, the rank it wants) with its segment's
-//!    memfd attached (`SCM_RIGHTS`), and checks the other's.
+//! 2. each side sends a hello (magic, job, its rank, the rank it wants, whether it has a
+//!    segment) with its segment's memfd attached (`SCM_RIGHTS`), and checks the other's. A
+//!    rank that could not make its segment still says so, so that nobody waits for it.
 //!
 //! The memfds have no name: once mapped they are closed, and nothing is left in `/dev/shm`
 //! or anywhere else when a process dies. The sockets close when the exchange is done.
@@ -25,8 +26,8 @@ use std::time::{Duration, Instant};
 
 /// The exchange's magic.
 const MAGIC: [u8; 8] = *b"cx-shm-1";
-/// Bytes of a hello: magic, job (u64), from (u32), to (u32).
-const HELLO: usize = 24;
+/// Bytes of a hello: magic, job (u64), from (u32), to (u32), has a segment (u8).
+const HELLO: usize = 25;
 /// Context of the secret's challenge–response on these sockets.
 const CONTEXT: &[u8] = b"shm";
 
@@ -63,20 +64,22 @@ pub(crate) struct Exchange<'a> {
     pub(crate) deadline: Instant,
 }
 
+/// What a peer sent: its segment's memfd, or `None` if it has none.
+pub(crate) type Got = BTreeMap<usize, Option<OwnedFd>>;
+
 /// Connects to every lower local rank and accepts every higher one, sending `own` (this
-/// rank's segment) to each; returns each peer's segment memfd, by rank.
-pub(crate) fn exchange(
-    x: &Exchange<'_>,
-    listener: Listener,
-    own: &OwnedFd,
-) -> Result<BTreeMap<usize, OwnedFd>> {
+/// rank's segment, if it could make one) to each; returns what each peer sent, by rank. A
+/// failure with one peer leaves it out of the result (and is logged); the exchange goes on
+/// with the others, within the deadline.
+pub(crate) fn exchange(x: &Exchange<'_>, listener: Listener, own: Option<&OwnedFd>) -> Result<Got> {
     let mut got = BTreeMap::new();
     let higher = x.local.keys().filter(|&&r| r > x.rank).count();
     // Lower ranks first: each connects to the ones below it, which are accepting (every rank
     // accepts while it connects: the accepting half runs on a thread of its own).
     let (acc, own_dup) = (
         listener,
-        own.try_clone()
+        own.map(OwnedFd::try_clone)
+            .transpose()
             .map_err(|e| Error::Resource(format!("dup of a memfd: {e}")))?,
     );
     let (job, rank, deadline, security) = (x.job, x.rank, x.deadline, x.security.clone());
@@ -85,29 +88,29 @@ pub(crate) fn exchange(
         .name("collectix-shm-setup".into())
         .spawn(move || {
             accept_all(
-                &acc, higher, job, rank, &local, &own_dup, &security, deadline,
+                &acc,
+                higher,
+                job,
+                rank,
+                &local,
+                own_dup.as_ref(),
+                &security,
+                deadline,
             )
         })
         .map_err(|e| Error::Resource(format!("cannot start a thread: {e}")))?;
-    let mut first_err = None;
     for (&peer, name) in x.local.range(..x.rank) {
         match connect_one(x, peer, name, own) {
             Ok(fd) => {
                 got.insert(peer, fd);
             }
-            Err(e) => {
-                first_err.get_or_insert(e);
-                break;
-            }
+            Err(e) => tracing::warn!(peer, error = %e, "no shared memory with a rank of this host"),
         }
     }
     let accepted = accepting
         .join()
         .map_err(|_| Error::internal("the shared-memory setup thread panicked"))?;
-    if let Some(e) = first_err {
-        return Err(e);
-    }
-    got.extend(accepted?);
+    got.extend(accepted);
     Ok(got)
 }
 
@@ -124,7 +127,12 @@ fn setup_err(peer: usize, what: impl std::fmt::Display) -> Error {
 }
 
 /// The connecting side, to a lower rank.
-fn connect_one(x: &Exchange<'_>, peer: usize, name: &str, own: &OwnedFd) -> Result<OwnedFd> {
+fn connect_one(
+    x: &Exchange<'_>,
+    peer: usize,
+    name: &str,
+    own: Option<&OwnedFd>,
+) -> Result<Option<OwnedFd>> {
     let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| setup_err(peer, e))?;
     let mut s = loop {
         match UnixStream::connect_addr(&addr) {
@@ -154,7 +162,8 @@ fn connect_one(x: &Exchange<'_>, peer: usize, name: &str, own: &OwnedFd) -> Resu
     Ok(fd)
 }
 
-/// The accepting side: `n` connections from higher local ranks.
+/// The accepting side: `n` connections from higher local ranks (those that did not come by
+/// the deadline are left out, with a warning).
 #[allow(clippy::too_many_arguments)]
 fn accept_all(
     l: &Listener,
@@ -162,14 +171,15 @@ fn accept_all(
     job: u64,
     rank: usize,
     local: &[usize],
-    own: &OwnedFd,
+    own: Option<&OwnedFd>,
     security: &Security,
     deadline: Instant,
-) -> Result<BTreeMap<usize, OwnedFd>> {
+) -> Got {
     let mut got = BTreeMap::new();
-    l.socket
-        .set_nonblocking(true)
-        .map_err(|e| Error::Resource(format!("a Unix socket: {e}")))?;
+    if let Err(e) = l.socket.set_nonblocking(true) {
+        tracing::warn!(error = %e, "a Unix socket cannot be made non-blocking");
+        return got;
+    }
     while got.len() < n {
         let mut s = match l.socket.accept() {
             Ok((s, _)) => s,
@@ -180,18 +190,24 @@ fn accept_all(
                         .copied()
                         .filter(|r| *r > rank && !got.contains_key(r))
                         .collect();
-                    return Err(Error::Resource(format!(
-                        "shared memory: ranks {missing:?} of this host never connected"
-                    )));
+                    tracing::warn!(
+                        ?missing,
+                        "ranks of this host never connected for shared memory"
+                    );
+                    return got;
                 }
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
-            Err(e) => return Err(Error::Resource(format!("accept on a Unix socket: {e}"))),
+            Err(e) => {
+                tracing::warn!(error = %e, "accept on a Unix socket failed");
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
         };
         // A connection that fails its checks is dropped, and the wait goes on: it was not
         // one of the job's ranks (or it gave up), and the real one may still come.
-        let r = (|| -> std::result::Result<(usize, OwnedFd), String> {
+        let r = (|| -> std::result::Result<(usize, Option<OwnedFd>), String> {
             s.set_nonblocking(false).map_err(|e| e.to_string())?;
             prepare(&s, deadline)?;
             same_user(&s)?;
@@ -214,7 +230,7 @@ fn accept_all(
             Err(why) => tracing::warn!(reason = %why, "a shared-memory connection refused"),
         }
     }
-    Ok(got)
+    got
 }
 
 fn prepare(s: &UnixStream, deadline: Instant) -> std::result::Result<(), String> {
@@ -223,7 +239,7 @@ fn prepare(s: &UnixStream, deadline: Instant) -> std::result::Result<(), String>
         .map_err(|e| e.to_string())
 }
 
-/// The peer runs as this process's user (root may reach anyone's, as root always may).
+/// The peer runs as this process's user.
 fn same_user(s: &UnixStream) -> std::result::Result<(), String> {
     let cred = getsockopt(s, sockopt::PeerCredentials).map_err(|e| e.to_string())?;
     let me = nix::unistd::getuid().as_raw();
@@ -241,19 +257,21 @@ fn send_hello(
     job: u64,
     from: usize,
     to: usize,
-    fd: &OwnedFd,
+    fd: Option<&OwnedFd>,
 ) -> std::result::Result<(), String> {
     let mut b = [0u8; HELLO];
     b[..8].copy_from_slice(&MAGIC);
     b[8..16].copy_from_slice(&job.to_le_bytes());
     b[16..20].copy_from_slice(&(from as u32).to_le_bytes());
     b[20..24].copy_from_slice(&(to as u32).to_le_bytes());
-    let fds = [fd.as_raw_fd()];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
+    b[24] = u8::from(fd.is_some());
+    let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
+    let with_fd = [ControlMessage::ScmRights(&fds)];
+    let cmsg: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &with_fd };
     let n = sendmsg::<()>(
         s.as_raw_fd(),
         &[IoSlice::new(&b)],
-        &cmsg,
+        cmsg,
         MsgFlags::MSG_NOSIGNAL,
         None,
     )
@@ -269,7 +287,7 @@ fn recv_hello(
     s: &UnixStream,
     job: u64,
     me: usize,
-) -> std::result::Result<(usize, OwnedFd), String> {
+) -> std::result::Result<(usize, Option<OwnedFd>), String> {
     let mut b = [0u8; HELLO];
     let mut space = nix::cmsg_space!([RawFd; 1]);
     let (n, truncated, mut fds) = {
@@ -304,9 +322,13 @@ fn recv_hello(
             "a hello for job {got_job:x}, rank {to} (this is job {job:x}, rank {me})"
         ));
     }
-    if fds.len() != 1 {
-        return Err(format!("{} descriptors with the hello, not one", fds.len()));
+    let has = usize::from(b[24] == 1);
+    if b[24] > 1 || fds.len() != has {
+        return Err(format!(
+            "{} descriptors with a hello that says {}",
+            fds.len(),
+            b[24]
+        ));
     }
-    let fd = fds.pop().ok_or("no descriptor with the hello")?;
-    Ok((from, fd))
+    Ok((from, fds.pop()))
 }

@@ -72,43 +72,48 @@ impl FrameWriter {
             Ok(false) => Ok(Sent::Partly),
             Err(e) => match self.pending.take() {
                 Some((msg, _)) => Err((msg, Some(e))),
-                None => Ok(Sent::Whole),
+                None => unreachable!("a pump that fails keeps its frame"),
             },
         }
     }
 
     /// Writes more of the frame in progress; whether it is done (or none was in progress).
-    /// When the ring has no room it asks the reader to say when it has.
+    /// When the ring has no room it asks the reader to say when it has (then looks once
+    /// more: room freed before the request was seen is not waited for). On an error the
+    /// frame stays in progress (and [`send`](FrameWriter::send) hands its message back).
     pub fn pump(&mut self) -> Result<bool, ShmError> {
-        let Some((msg, mut written)) = self.pending.take() else {
-            return Ok(true);
-        };
-        let mut room = self.ring.room()?;
-        let mut skip = written;
-        let mut full = false;
-        for piece in std::iter::once(&self.head[..]).chain(msg.payload.iter().map(|p| &p[..])) {
-            if skip >= piece.len() {
-                skip -= piece.len();
-                continue;
+        loop {
+            let mut room = self.ring.room()?;
+            let Some((msg, mut written)) = self.pending.take() else {
+                return Ok(true);
+            };
+            let mut skip = written;
+            let mut full = false;
+            for piece in std::iter::once(&self.head[..]).chain(msg.payload.iter().map(|p| &p[..])) {
+                if skip >= piece.len() {
+                    skip -= piece.len();
+                    continue;
+                }
+                let rest = &piece[skip..];
+                skip = 0;
+                let n = self.ring.put(rest, &mut room);
+                written += n;
+                if n < rest.len() {
+                    full = true;
+                    break;
+                }
             }
-            let rest = &piece[skip..];
-            skip = 0;
-            let n = self.ring.put(rest, &mut room);
-            written += n;
-            if n < rest.len() {
-                full = true;
-                break;
+            self.ring.publish();
+            self.pending = Some((msg, written));
+            if !full {
+                self.pending = None;
+                return Ok(true);
+            }
+            self.ring.want_room();
+            if self.ring.room()? == 0 {
+                return Ok(false);
             }
         }
-        self.ring.publish();
-        if !full {
-            return Ok(true);
-        }
-        self.pending = Some((msg, written));
-        // Room may have come between the count and the request: the caller pumps again
-        // when the reader rings, or at once if `room` says so now.
-        self.ring.want_room();
-        Ok(false)
     }
 
     /// Whether the ring has room now (for a frame in progress).
@@ -200,7 +205,7 @@ impl FrameReader {
                         }
                         None if self.head.len() < PREFIX_BYTES => {} // a heartbeat went
                         None => {
-                            let need = head_len(&self.head);
+                            let need = head_len(&self.head, &self.limits);
                             if !take_into(&mut self.head, need, ring, ready) {
                                 return Ok(None);
                             }
@@ -275,8 +280,9 @@ fn take_into(buf: &mut BytesMut, want: usize, ring: &mut RingReader, ready: &mut
 }
 
 /// A head's length from its prefix (which `decode_head` has checked: the header and the part
-/// count are within the limits).
-fn head_len(prefix: &[u8]) -> usize {
+/// count are within `limits`, so this is more than the prefix and the head is whole once
+/// this many bytes are in).
+fn head_len(prefix: &[u8], limits: &Limits) -> usize {
     let word = |at: usize| {
         prefix
             .get(at..at + 4)
@@ -284,7 +290,10 @@ fn head_len(prefix: &[u8]) -> usize {
             .map_or(0, u32::from_le_bytes) as usize
     };
     let header = word(4).min(MAX_HEADER_BYTES as usize);
-    PREFIX_BYTES + 8 * word(8).min(1 << 20) + header
+    let parts = word(8).min(limits.max_parts as usize);
+    PREFIX_BYTES
+        .saturating_add(parts.saturating_mul(8))
+        .saturating_add(header)
 }
 
 #[cfg(test)]

@@ -16,7 +16,15 @@
 //!
 //! The ring protocol gives each data byte one writer at a time and publishes it with a
 //! release store that the reader acquires, so between honest processes the plain copies never
-//! race (Miri's data race detector checks this on the heap-backed rings of the tests).
+//! race (Miri's data race detector checks this on the heap-backed rings of the tests). A
+//! hostile or broken peer can still write bytes while this process copies them: in Rust's
+//! memory model that is a data race, which no check here can rule out for memory another
+//! process maps. What bounds its effect: the copies go through raw pointers into this
+//! process's own buffers (the compiler never holds a reference to the region's bytes, so it
+//! cannot assume they are stable), every byte pattern is a valid `u8`, and everything read is
+//! checked after the copy, never parsed in place. The worst outcome is wrong bytes, which the
+//! codec's checks turn into a lost peer or, in a payload, wrong data from a peer that sent
+//! wrong data.
 
 #![allow(unsafe_code)]
 
@@ -41,7 +49,7 @@ impl Backing for Heap {}
 
 impl Drop for Heap {
     fn drop(&mut self) {
-        // SAFETY: the pointer came from `Box::into_raw` in `Region::heap` and is freed only
+        // SAFETY: the pointer came from `Box::leak` in `Region::heap` and is freed only
         // here, once; the region that pointed into it is being dropped (it owns this backing).
         drop(unsafe { Box::from_raw(self.0.as_ptr()) });
     }
@@ -74,8 +82,8 @@ impl Region {
         let mem: Box<[Line]> = (0..lines)
             .map(|_| Line(std::array::from_fn(|_| AtomicU64::new(0))))
             .collect();
-        // A raw pointer from `into_raw` (never a box that later moves, which would retag it):
-        // valid for reads and writes until `Heap` frees it.
+        // A raw pointer from a leaked box (never a box that later moves, which would retag
+        // it): valid for reads and writes until `Heap` frees it.
         let lines = NonNull::from(Box::leak(mem));
         Region {
             ptr: lines.cast::<u8>(),

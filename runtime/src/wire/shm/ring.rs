@@ -174,6 +174,17 @@ impl Segment {
         })
     }
 
+    /// The memory under the segment (its accessors are all checked: a test scribbles on a
+    /// peer's counters through it, as a broken peer would).
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+
+    /// Where ring `k`'s tail counter is, in the region.
+    pub fn tail_at(&self, k: u32) -> Option<usize> {
+        self.layout.ring_at(k).map(|b| b + TAIL)
+    }
+
     /// The segment's layout.
     pub fn layout(&self) -> Layout {
         self.layout
@@ -213,8 +224,8 @@ impl Segment {
         self.polling().load(Ordering::Relaxed) == 0 && self.sleeping().load(Ordering::Relaxed) != 0
     }
 
-    /// Rings the doorbell; whether the owner's thread may be parked on it (then wake it with
-    /// the OS: a futex wake on [`Segment::doorbell`]).
+    /// Rings the doorbell (then the caller wakes a thread parked on it with the OS: a futex
+    /// wake on [`Segment::doorbell`]).
     pub fn ring(&self) {
         self.doorbell().fetch_add(1, Ordering::SeqCst);
     }

@@ -1,0 +1,104 @@
+//! The hub between two ranks of this process (two drivers, two segments, a memory store):
+//! set up past an intruder on the socket, and a peer's scribbled ring makes that peer lost.
+
+use super::*;
+use crate::rank::driver::{Driver, DEFAULT_SPIN};
+use crate::store::MemoryStore;
+use collectix_runtime::{Engine, GroupInfo, GroupOptions};
+use std::io::Write;
+use std::os::linux::net::SocketAddrExt;
+
+fn driver(rank: usize) -> Arc<Driver> {
+    let world =
+        GroupInfo::world(2, rank, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    Arc::new(Driver::new(Engine::new(rank), world, DEFAULT_SPIN, false))
+}
+
+/// Two ranks' hubs, set up together; an intruder first knocks on rank 0's socket with junk.
+fn two_hubs() -> Vec<(Arc<Driver>, Hub)> {
+    let store = MemoryStore::new();
+    let security = Security::insecure();
+    let listeners: Vec<Listener> = (0..2)
+        .map(|r| Listener::bind(7, r).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let local: BTreeMap<usize, String> = listeners
+        .iter()
+        .enumerate()
+        .map(|(r, l)| (r, l.name.clone()))
+        .collect();
+    let intruder = std::os::unix::net::SocketAddr::from_abstract_name(local[&0].as_bytes())
+        .and_then(|a| std::os::unix::net::UnixStream::connect_addr(&a));
+    if let Ok(mut s) = intruder {
+        let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n");
+    }
+    let (store, security, local) = (&store, &security, &local);
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(rank, listener)| {
+                sc.spawn(move || {
+                    let d = driver(rank);
+                    let mut links: crate::transport::Links =
+                        (0..2).map(|_| crate::transport::local::cut()).collect();
+                    let (hub, peers) = Hub::start(
+                        Setup {
+                            job: 42,
+                            rank,
+                            local: local.clone(),
+                            listener,
+                            security,
+                            store,
+                            ring: 4096,
+                            limits: Limits::default(),
+                            deadline: Instant::now() + Duration::from_secs(20),
+                        },
+                        &d,
+                        &mut links,
+                        Arc::new(vec![AtomicU32::new(0), AtomicU32::new(0)]),
+                    )
+                    .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+                    assert_eq!(peers, vec![1 - rank]);
+                    (d, hub.unwrap_or_else(|| panic!("rank {rank}: no hub")))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| panic!("a rank panicked")))
+            .collect()
+    })
+}
+
+#[test]
+fn a_peer_that_scribbles_on_its_ring_is_lost_not_trusted() {
+    let hubs = two_hubs();
+    let (d0, _) = &hubs[0];
+    let (_, hub1) = &hubs[1];
+    assert!(d0.lost_peers().is_empty());
+    // Rank 1 writes a tail far past anything a ring holds into its ring in rank 0's segment.
+    let theirs = &hub1.inner.senders[0].theirs;
+    let at = theirs.tail_at(1).unwrap_or_else(|| panic!("no ring 1"));
+    assert!(theirs.region().write(at, &(1u64 << 40).to_le_bytes()));
+    theirs.ring();
+    os::wake(theirs.doorbell());
+    // Rank 0's progress thread reads the ring, refuses it, and loses rank 1.
+    let start = Instant::now();
+    while !d0.lost_peers().contains(&1) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "rank 1 never lost"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_hub_and_its_driver_are_freed_when_dropped() {
+    let hubs = two_hubs();
+    let weak: Vec<_> = hubs.iter().map(|(d, _)| Arc::downgrade(d)).collect();
+    drop(hubs);
+    assert!(
+        weak.iter().all(|w| w.upgrade().is_none()),
+        "a driver outlived its hub"
+    );
+}
