@@ -69,7 +69,13 @@ fn main() -> Result<()> {
             Duration::from_secs(120),
         )?;
         let c = p.communicator().clone();
-        println!("rank {}: at {}", c.rank(), p.address());
+        println!(
+            "rank {}: at {}, {} shared-memory peers, locality {:?}",
+            c.rank(),
+            p.address(),
+            p.shm_peers(),
+            c.locality()
+        );
         let ok = report(c.rank(), check(&c));
         p.shutdown()?;
         ok

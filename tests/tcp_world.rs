@@ -45,6 +45,7 @@ fn args_over(
         liveness: None,
         launcher_store: None,
         transport: Some(transport),
+        host_id: None,
     }
 }
 
@@ -125,6 +126,69 @@ fn every_collective_over_shared_memory_on_2_3_4_ranks() {
         {
             assert_eq!(res, Ok(()), "W={w} rank {r}");
         }
+    }
+}
+
+/// Two "hosts" of two ranks each (host identities given by the program): each rank shares
+/// memory with the other of its host and talks TCP to the others; the world is on several
+/// hosts (`Hosts`), a sub-group of one host's ranks on one (`Host`); the matrix checks out,
+/// and the world's all_reduce (hierarchical by default: reduce over shared memory, the leaders
+/// over TCP, broadcast over shared memory) gives exact sums at every size.
+#[test]
+fn two_hosts_of_two_ranks_share_memory_inside_and_go_hierarchical_across() {
+    let (w, port) = (4usize, free_port());
+    let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..w)
+            .map(|r| {
+                sc.spawn(move || -> Result<(), String> {
+                    let args = InitArgs {
+                        host_id: Some(if r < 2 { "host-a" } else { "host-b" }.to_owned()),
+                        ..args_over(port, r, w, Some(Connect::Eager), Transport::Auto)
+                    };
+                    let p = init(&args, check_job::options(), Duration::from_secs(60))
+                        .map_err(|e| format!("rank {r} cannot join: {e}"))?;
+                    let c = p.communicator();
+                    if p.shm_peers() != 1 || c.locality() != collectix::Locality::Hosts {
+                        return Err(format!(
+                            "rank {r}: {} shared-memory peers, {:?}",
+                            p.shm_peers(),
+                            c.locality()
+                        ));
+                    }
+                    for n in [1usize, 1000, 300_000] {
+                        let mine: Vec<f32> = (0..n).map(|k| ((r + k) % 5) as f32).collect();
+                        let got = c
+                            .all_reduce(collectix::Tensor::from_vec(mine), collectix::ReduceOp::Sum)
+                            .wait()
+                            .map_err(|e| format!("rank {r}: {e}"))?;
+                        let want: Vec<f32> = (0..n)
+                            .map(|k| (0..w).map(|q| ((q + k) % 5) as f32).sum())
+                            .collect();
+                        if got.to_vec::<f32>().ok() != Some(want) {
+                            return Err(format!("rank {r}: wrong sum of {n}"));
+                        }
+                    }
+                    let sub = c.new_subgroups(2).wait().map_err(|e| e.to_string())?;
+                    if sub.locality() != collectix::Locality::Host {
+                        return Err(format!(
+                            "rank {r}: its host's group is {:?}",
+                            sub.locality()
+                        ));
+                    }
+                    let n = check_job::check(c).map_err(|e| format!("rank {r}: {e}"))?;
+                    if n != matrix(w).len() {
+                        return Err(format!("rank {r}: {n} cases"));
+                    }
+                    p.shutdown().map_err(|e| format!("rank {r} left with {e}"))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect()
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        assert_eq!(res, Ok(()), "rank {r}");
     }
 }
 

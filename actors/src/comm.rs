@@ -145,6 +145,13 @@ impl Communicator {
         &self.member.group.info.members
     }
 
+    /// Where the group's members live, as its default algorithms see it: in this process, on
+    /// one host, on several hosts with several on one (the hierarchical algorithms), or each
+    /// on its own. In a multi-process job it follows from the members' published hosts.
+    pub fn locality(&self) -> collectix_runtime::Locality {
+        self.member.group.info.options.locality
+    }
+
     /// Plans `req` and issues it; calls on device tensors go to the device layer. Argument
     /// errors come back at once (a collective's still takes its sequence number and tells
     /// the other members, whose parts fail with `Error::CallFailed`: `Member::refuse`).

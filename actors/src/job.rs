@@ -41,6 +41,10 @@ pub struct InitArgs {
     /// Whether the ranks of one host use shared memory (else `COLLECTIX_TRANSPORT`, else
     /// [`Transport::Auto`](crate::Transport::Auto)).
     pub transport: Option<crate::transport::Transport>,
+    /// This process's host identity: ranks with the same one share memory (else
+    /// `COLLECTIX_HOST_ID`, else the kernel's boot id and the network namespace; see
+    /// `docs/architecture.md`, "Shared memory").
+    pub host_id: Option<String>,
     /// The job's secret and where it may listen (else [`Security::from_env`](crate::Security::from_env)).
     pub security: Option<crate::security::Security>,
     /// How long a silent peer is given before it is lost (else `COLLECTIX_LINK_TIMEOUT`,

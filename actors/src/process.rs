@@ -195,6 +195,7 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         liveness,
         connect,
         transport,
+        host_id: args.host_id.clone(),
         incarnation: config.incarnation,
         deadline,
         timeout,
@@ -296,6 +297,8 @@ struct Joining<'a> {
     connect: Connect,
     /// Whether the ranks of one host use shared memory.
     transport: Transport,
+    /// This process's host identity, if the program gave one.
+    host_id: Option<String>,
     /// Which process of its rank this is (0, one more for each restart).
     incarnation: u32,
     /// When the whole join must be done.
@@ -337,6 +340,7 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         liveness,
         connect,
         transport,
+        host_id,
         incarnation,
         deadline,
         timeout,
@@ -360,7 +364,10 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
     agree_on_world(store.as_ref(), rank, world)?;
     // This host's identity, and where this rank takes shared-memory peers (published before
     // the address: a rank that sees `addr/r` finds `host/r` there too).
-    let host = host_identity();
+    let host = match &host_id {
+        Some(h) => h.trim().replace(' ', "_"),
+        None => host_identity(),
+    };
     #[cfg(target_os = "linux")]
     let listener = if transport != Transport::Tcp && incarnation == 0 {
         match shm::Listener::bind(u64::from(std::process::id()), rank) {
@@ -407,6 +414,20 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
     let mut options = options;
     // Every rank reads the same identities, so every rank picks the same locality (and so
     // the same default algorithms).
+    // Each rank's host as an index (in order of first appearance): a group's locality, and
+    // its hierarchical algorithms, follow from its members' (`GroupInfo::new`).
+    let mut ids: Vec<&str> = Vec::new();
+    let index: Vec<u32> = hosts
+        .iter()
+        .map(|h| match ids.iter().position(|x| x == h) {
+            Some(i) => i as u32,
+            None => {
+                ids.push(h);
+                (ids.len() - 1) as u32
+            }
+        })
+        .collect();
+    options.hosts = Some(Arc::from(index));
     options.locality = if one_host(&hosts) {
         collectix_runtime::Locality::Host
     } else {

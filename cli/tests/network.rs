@@ -2,7 +2,8 @@
 //! its own, with its own address, joined to the others by veth pairs on a bridge. The
 //! collective matrix passes across them; a silent partition (one veth set down: no FIN, no
 //! reset) fails every rank's pending call, naming the unreachable peer, within the link
-//! timeout; added delay and loss raise no false alarm.
+//! timeout; added delay and loss raise no false alarm; two namespaces of two processes each
+//! share memory inside and go hierarchical across.
 //!
 //! Making namespaces takes root (CI runs as root). Where they cannot be made the tests say so
 //! and pass — except in CI (`CI` set), where that is a failure. What each test saw (the
@@ -109,8 +110,20 @@ impl Net {
 
     /// `exe` as rank `r` of `w` in namespace `r`, joining through rank 0's address.
     fn rank(&self, r: usize, w: usize, exe: &std::path::Path, env: &[(&str, &str)]) -> Child {
+        self.rank_in(r, r, w, exe, env)
+    }
+
+    /// `exe` as rank `r` of `w` in namespace `ns`, joining through namespace 0's address.
+    fn rank_in(
+        &self,
+        ns: usize,
+        r: usize,
+        w: usize,
+        exe: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Child {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns(r)])
+        c.args(["netns", "exec", &self.ns(ns)])
             .arg(exe)
             .env("RANK", r.to_string())
             .env("WORLD_SIZE", w.to_string())
@@ -226,6 +239,34 @@ fn the_matrix_passes_across_three_network_namespaces() {
         "{counts:?}"
     );
     evidence("matrix", &report);
+}
+
+/// Two "hosts" (namespaces) of two processes each: the ranks of one namespace share memory
+/// (one shared-memory peer each), the world is on several hosts (`Hosts`: its all_reduces go
+/// hierarchical, reduced over shared memory inside each namespace, the leaders over TCP
+/// across), and the matrix passes.
+#[test]
+fn two_hosts_of_two_processes_share_memory_inside_and_pass_the_matrix_across() {
+    let Some(net) = Net::or_skip(2) else { return };
+    let exe = example("check_job");
+    let key = secret();
+    let ranks: Vec<Child> = (0..4)
+        .map(|r| net.rank_in(r / 2, r, 4, &exe, &[("COLLECTIX_SECRET", &key)]))
+        .collect();
+    let mut report = net.describe();
+    for (r, c) in ranks.into_iter().enumerate() {
+        let (out, status) = finish(c, Duration::from_secs(300));
+        report += &format!("rank {r} ({status:?}):\n{out}");
+        assert!(status.is_some_and(|s| s.success()), "rank {r}:\n{out}");
+        let at = format!("rank {r}: at {}:", net.addr(r / 2));
+        assert!(out.contains(&at), "rank {r}: no {at:?} in\n{out}");
+        assert!(
+            out.contains(", 1 shared-memory peers, locality Hosts"),
+            "rank {r}:\n{out}"
+        );
+        assert!(out.contains(" cases ok"), "rank {r} did not finish:\n{out}");
+    }
+    evidence("hierarchy", &report);
 }
 
 /// The multiprocess example's ranks in the namespaces, looping all_reduces, each having said

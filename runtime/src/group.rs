@@ -23,6 +23,10 @@ pub enum Locality {
     /// Every rank in this process (an in-process world, set by `World`): a message's payload
     /// is shared, not copied, so the direct algorithms (whole blocks, few steps) win.
     Process,
+    /// Ranks on several hosts, several on one host at least (known from
+    /// [`GroupOptions::hosts`]): the hierarchical algorithms send across hosts only between
+    /// one leader per host. Calls with no row of their own use the `Network` rows.
+    Hosts,
 }
 
 /// Tunables of a group; every member must use the same values (they feed algorithm
@@ -54,8 +58,14 @@ pub struct GroupOptions {
     /// in (the desync report; 1 s by default). Zero skips the report.
     pub desync_grace: Duration,
     /// Where the ranks live (set by the world or process that makes the group; a sub-group
-    /// inherits it).
+    /// inherits it, unless [`hosts`](GroupOptions::hosts) says more: see [`GroupInfo::new`]).
     pub locality: Locality,
+    /// Each global rank's host, as an index (ranks with the same index share a host), where
+    /// the job knows it (a multi-process job, from the identities its ranks published). A
+    /// group's locality then follows from its own members: `Host` if they are all on one host,
+    /// `Hosts` if on several with several on one, `Network` if each on its own. `None`: the
+    /// locality is as set.
+    pub hosts: Option<std::sync::Arc<[u32]>>,
 }
 
 impl Default for GroupOptions {
@@ -69,6 +79,7 @@ impl Default for GroupOptions {
             max_call_bytes: 64 << 30,
             desync_grace: Duration::from_secs(1),
             locality: Locality::Network,
+            hosts: None,
         }
     }
 }
@@ -95,6 +106,21 @@ pub struct CallOptions {
     pub algorithm: Option<Algorithm>,
     /// Another timeout for this call.
     pub timeout: Option<Duration>,
+}
+
+/// The locality of a group of `members` (global ranks) whose hosts `hosts` gives (see
+/// [`GroupOptions::hosts`]); a member the map does not cover counts as a host of its own.
+fn locality_of(members: &[usize], hosts: &[u32]) -> Locality {
+    let host = |m: usize| hosts.get(m).copied().map_or(u64::MAX - m as u64, u64::from);
+    let mut seen: Vec<u64> = members.iter().map(|&m| host(m)).collect();
+    let n = seen.len();
+    seen.sort_unstable();
+    seen.dedup();
+    match seen.len() {
+        1 => Locality::Host,
+        k if k == n => Locality::Network,
+        _ => Locality::Hosts,
+    }
 }
 
 /// A group as one member sees it.
@@ -125,12 +151,31 @@ impl GroupInfo {
                 group: id,
                 rank: me,
             })?;
+        let mut options = options;
+        if let (Some(hosts), false) = (&options.hosts, options.locality == Locality::Process) {
+            options.locality = locality_of(&members, hosts);
+        }
         Ok(GroupInfo {
             id,
             members,
             rank,
             options,
         })
+    }
+
+    /// Each member's host (in group-rank order), from [`GroupOptions::hosts`]; with no host
+    /// map, each member its own host.
+    pub fn member_hosts(&self) -> Vec<u32> {
+        self.members
+            .iter()
+            .map(|&m| {
+                self.options
+                    .hosts
+                    .as_ref()
+                    .and_then(|h| h.get(m).copied())
+                    .unwrap_or(u32::MAX - m as u32)
+            })
+            .collect()
     }
 
     /// The world group of `n` ranks as seen by `me`.

@@ -138,6 +138,7 @@ impl OpKind {
                 RecursiveDoubling,
                 Direct,
                 ReduceBroadcast,
+                Hierarchical,
             ],
             OpKind::Reduce => &[BinomialTree, Direct, ReduceScatterGather],
             OpKind::Broadcast => &[BinomialTree, Direct],
@@ -183,6 +184,9 @@ pub enum Algorithm {
     /// Rank 0 reduces every rank's tensor and sends each the result: two steps, 2(W − 1)
     /// messages, for small all_reduces (MPICH's reduce + broadcast, both linear).
     ReduceBroadcast = 9,
+    /// Reduce inside each host to its leader, a ring among the leaders, broadcast inside each
+    /// host: for groups on several hosts (only the leaders talk across hosts).
+    Hierarchical = 10,
 }
 
 coded!(
@@ -197,13 +201,14 @@ coded!(
         Dissemination,
         Pairwise,
         ReduceScatterGather,
-        ReduceBroadcast
+        ReduceBroadcast,
+        Hierarchical
     ]
 );
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 9] = [
+    pub const ALL: [Algorithm; 10] = [
         Algorithm::Ring,
         Algorithm::HalvingDoubling,
         Algorithm::RecursiveDoubling,
@@ -213,6 +218,7 @@ impl Algorithm {
         Algorithm::Pairwise,
         Algorithm::ReduceScatterGather,
         Algorithm::ReduceBroadcast,
+        Algorithm::Hierarchical,
     ];
 
     /// The algorithm with this [`name`](Algorithm::name).
@@ -232,6 +238,7 @@ impl Algorithm {
             Algorithm::Pairwise => "pairwise",
             Algorithm::ReduceScatterGather => "reduce_scatter_gather",
             Algorithm::ReduceBroadcast => "reduce_broadcast",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
 }

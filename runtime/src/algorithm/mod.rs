@@ -5,6 +5,7 @@
 pub mod direct;
 pub mod dissemination;
 pub mod halving_doubling;
+pub mod hierarchical;
 pub mod pairwise;
 pub mod recursive_doubling;
 pub mod ring;

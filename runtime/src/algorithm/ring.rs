@@ -69,6 +69,13 @@ fn ring_steps(s: &mut Schedule, rank: usize, w: usize, phases: &[Phase], tag0: u
     }
 }
 
+/// The steps of a ring all-reduce over `s`'s layout (one block per rank), tags from `tag0`
+/// (fewer than `2 · w · segments` of them): for a ring among some of a group's members
+/// (`hierarchical`, whose ranks here are the ring's).
+pub(crate) fn all_reduce_steps(s: &mut Schedule, rank: usize, w: usize, tag0: u32) {
+    ring_steps(s, rank, w, &[Phase::ReduceScatter, Phase::AllGather], tag0);
+}
+
 /// Ring all-reduce of `count` elements in segments of at most `seg` elements.
 pub fn all_reduce(rank: usize, w: usize, count: usize, seg: usize) -> Schedule {
     let mut s = Schedule::new(Layout::segmented(&partition(count, w), seg));

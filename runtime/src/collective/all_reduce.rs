@@ -1,7 +1,7 @@
 //! `all_reduce`: every rank gets the reduction of every rank's tensor (ring, halving-doubling or recursive doubling).
 
 use super::{fill, Assembly, Checked, Plan, Planner, Share};
-use crate::algorithm::{direct, halving_doubling, recursive_doubling, ring};
+use crate::algorithm::{direct, halving_doubling, hierarchical, recursive_doubling, ring};
 use crate::error::Result;
 use crate::op::{Algorithm, OpKind};
 use crate::schedule::partition;
@@ -49,9 +49,16 @@ impl Planner<'_> {
         let (checked, n, data) = self.check_all_reduce(tensor, op)?;
         let dt = checked.dtype;
         let alg = self.algorithm(checked.kind, checked.bytes)?;
-        let seg = self.seg_if(matches!(alg, Algorithm::Ring | Algorithm::Direct), dt);
+        let seg = self.seg_if(
+            matches!(
+                alg,
+                Algorithm::Ring | Algorithm::Direct | Algorithm::Hierarchical
+            ),
+            dt,
+        );
         let s = self.memo((checked.kind, alg, n, seg, 0), || match alg {
             Algorithm::Ring => ring::all_reduce(me, w, n, seg),
+            Algorithm::Hierarchical => hierarchical::all_reduce(me, &self.g.member_hosts(), n, seg),
             Algorithm::HalvingDoubling => halving_doubling::all_reduce(me, w, n),
             Algorithm::Direct => direct::all_reduce(me, w, &partition(n, w), seg),
             Algorithm::ReduceBroadcast => direct::reduce_broadcast(me, w, n),

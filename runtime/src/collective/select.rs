@@ -63,10 +63,10 @@ const K: usize = 1 << 10;
 const M: usize = 1 << 20;
 
 use Algorithm::{
-    BinomialTree, Direct, Dissemination, HalvingDoubling, RecursiveDoubling, ReduceBroadcast,
-    ReduceScatterGather, Ring,
+    BinomialTree, Direct, Dissemination, HalvingDoubling, Hierarchical, RecursiveDoubling,
+    ReduceBroadcast, ReduceScatterGather, Ring,
 };
-use Locality::{Host, Network, Process};
+use Locality::{Host, Hosts, Network, Process};
 const ALL_REDUCE: &[OpKind] = &[OpKind::AllReduce];
 const BROADCAST: &[OpKind] = &[OpKind::Broadcast];
 const REDUCE: &[OpKind] = &[OpKind::Reduce];
@@ -120,11 +120,18 @@ const TABLE: &[Row] = &[
     // Measured over loopback by `bench/tune.py --transport tcp` (see the module doc).
     row(Host, BARRIER, ANY, ANY, Direct),
     row(Host, ALL_REDUCE, 2, 256 * K, ReduceBroadcast),
+    // Groups on several hosts, several ranks on one: only one leader per host talks across.
+    // Measured on two "hosts" of two processes (COLLECTIX_HOST_ID, TCP between them over
+    // loopback; docs/performance.md, "Hierarchical"): recursive doubling to 1 KiB, then the
+    // hierarchy (ahead to 256 KiB, level with the ring above).
+    row(Hosts, ALL_REDUCE, ANY, 1 * K, RecursiveDoubling),
+    row(Hosts, ALL_REDUCE, ANY, ANY, Hierarchical),
 ];
 
 /// The default algorithm for a call of `kind` moving `bytes` bytes per rank in a group of
 /// `w` ranks that live as `locality` says: the first row of the table that matches (for
-/// [`Locality::Host`], else the first `Network` row that does), else the kind's first
+/// [`Locality::Host`] and [`Locality::Hosts`], else the first `Network` row that does), else
+/// the kind's first
 /// algorithm.
 pub fn select(kind: OpKind, bytes: usize, w: usize, locality: Locality) -> Algorithm {
     let find = |locality: Locality| {
@@ -136,7 +143,11 @@ pub fn select(kind: OpKind, bytes: usize, w: usize, locality: Locality) -> Algor
         })
     };
     find(locality)
-        .or_else(|| (locality == Host).then(|| find(Network)).flatten())
+        .or_else(|| {
+            matches!(locality, Host | Hosts)
+                .then(|| find(Network))
+                .flatten()
+        })
         .map_or(kind.algorithms()[0], |r| r.algorithm)
 }
 
