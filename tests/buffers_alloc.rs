@@ -133,9 +133,12 @@ fn check(transport: &str, comms: &[Communicator]) {
         "{transport}: per rank and call, 256 KiB: {} B in {} allocations; 4 MiB: {} B in {} allocations",
         small.0, small.1, large.0, large.1
     );
-    // A copy of the data would be 256 KiB and 4 MiB per call.
-    assert!(small.0 < 16 << 10, "{transport}: {small:?} at 256 KiB");
-    assert!(large.0 < 16 << 10, "{transport}: {large:?} at 4 MiB");
+    // A copy of the data would be 256 KiB and 4 MiB per call. Over TCP a window now and then
+    // has one more receive buffer in flight than the warm-up had, and the pool allocates one
+    // (a 1 MiB segment: about 17 KiB per call averaged over the window; seen in 1 run of 4):
+    // the bound allows that, not a copy per call.
+    assert!(small.0 < 64 << 10, "{transport}: {small:?} at 256 KiB");
+    assert!(large.0 < 64 << 10, "{transport}: {large:?} at 4 MiB");
 }
 
 #[test]
