@@ -481,6 +481,7 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
                 security,
                 store: store.as_ref(),
                 ring: shm::ring_from_env()?,
+                single_copy: shm::single_copy_from_env()?,
                 limits,
                 deadline,
             };

@@ -189,8 +189,21 @@ fn launch_env(
 #[test]
 fn every_collective_checks_out_across_2_3_4_processes() {
     let exe = example("check_job");
-    for (w, transport) in [(2, "shm"), (3, "shm"), (4, "shm"), (2, "tcp"), (4, "tcp")] {
-        let (ok, so, se) = launch_env(w, &exe, &[], &[("COLLECTIX_TRANSPORT", transport)]);
+    // "shm1": shared memory with single-copy large payloads (COLLECTIX_SHM_SINGLE_COPY=1).
+    for (w, transport) in [
+        (2, "shm"),
+        (3, "shm"),
+        (4, "shm"),
+        (3, "shm1"),
+        (2, "tcp"),
+        (4, "tcp"),
+    ] {
+        let single = if transport == "shm1" { "1" } else { "0" };
+        let env = [
+            ("COLLECTIX_TRANSPORT", &transport[..3]),
+            ("COLLECTIX_SHM_SINGLE_COPY", single),
+        ];
+        let (ok, so, se) = launch_env(w, &exe, &[], &env);
         assert!(ok, "W={w} {transport}:\n{so}\n{se}");
         // Every rank ran the whole matrix: the same count everywhere, and more cases than
         // there are collectives (12).

@@ -43,7 +43,7 @@ use crate::sync::lock;
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::shm::{
-    FrameReader, FrameWriter, Layout, RingReader, RingWriter, Segment, Sent,
+    FrameReader, FrameWriter, Layout, RemoteRead, RingReader, RingWriter, Segment, Sent, Sources,
 };
 use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, Result};
@@ -57,6 +57,21 @@ use std::time::{Duration, Instant};
 /// Each ring's capacity unless `COLLECTIX_SHM_RING` says otherwise (see
 /// `docs/performance.md` for the sizes measured).
 pub(crate) const DEFAULT_RING: u64 = 2 << 20;
+
+/// Whether `COLLECTIX_SHM_SINGLE_COPY` asks for single-copy large payloads (`1`; unset or
+/// `0`: no).
+pub(crate) fn single_copy_from_env() -> Result<bool> {
+    match std::env::var("COLLECTIX_SHM_SINGLE_COPY") {
+        Err(_) => Ok(false),
+        Ok(v) => match v.trim() {
+            "" | "0" => Ok(false),
+            "1" => Ok(true),
+            other => Err(Error::invalid(format!(
+                "COLLECTIX_SHM_SINGLE_COPY is {other:?}; set it to 1 or 0"
+            ))),
+        },
+    }
+}
 
 /// The ring capacity from `COLLECTIX_SHM_RING` (bytes, a multiple of 64 from 4 KiB to 1 GiB).
 pub(crate) fn ring_from_env() -> Result<u64> {
@@ -108,6 +123,11 @@ pub(crate) struct Setup<'a> {
     /// Where the ranks of this host agree on the pairs that use shared memory.
     pub(crate) store: &'a dyn Store,
     pub(crate) ring: u64,
+    /// Whether large payloads go as remote records (`COLLECTIX_SHM_SINGLE_COPY=1`: the
+    /// receiver reads them from the sender's memory, one copy in all, where the kernel lets
+    /// it; off by default: slower than the ring's two copies where measured, see
+    /// `docs/performance.md`).
+    pub(crate) single_copy: bool,
     pub(crate) limits: Limits,
     pub(crate) deadline: Instant,
 }
@@ -130,6 +150,8 @@ struct Reading {
     frames: FrameReader,
     /// The peer's segment: its doorbell, rung when it waits for room this side freed.
     theirs: Arc<Segment>,
+    /// The peer's memory, where this process can read it (remote records).
+    remote: Option<os::Remote>,
     /// The ring failed: nothing more is read from it.
     dead: bool,
 }
@@ -232,11 +254,23 @@ impl Hub {
         )?;
         let mut mapped = BTreeMap::new();
         if let Some((_, own_seg)) = &own {
-            for (peer, fd) in got {
-                let Some(fd) = fd else { continue };
+            for (peer, p) in got {
+                let Some(fd) = p.fd else { continue };
                 match map_peer(&fd, rings, me, index.get(&peer).copied(), own_seg) {
-                    Ok(m) => {
-                        mapped.insert(peer, m);
+                    Ok((theirs, writer, reader)) => {
+                        // Whether this process reads the peer's memory itself (single copy,
+                        // when asked for and the probe word reads back).
+                        let remote = os::Remote { pid: p.pid };
+                        let mut word = [0u8; 8];
+                        let readable = s.single_copy
+                            && remote.read(p.probe, &mut word).is_ok()
+                            && u64::from_le_bytes(word) == os::PROBE;
+                        if readable {
+                            reader.allow_remote();
+                        } else {
+                            tracing::debug!(peer, "cannot read the peer's memory: two copies");
+                        }
+                        mapped.insert(peer, (theirs, writer, reader, readable.then_some(remote)));
                     }
                     Err(why) => tracing::warn!(
                         peer,
@@ -270,7 +304,7 @@ impl Hub {
         }
         let mut readers = Vec::new();
         let mut senders = Vec::new();
-        for (peer, (theirs, writer, reader)) in mapped {
+        for (peer, (theirs, writer, reader, remote)) in mapped {
             if !both.contains(&peer) {
                 continue;
             }
@@ -279,6 +313,7 @@ impl Hub {
                 ring: reader,
                 frames: FrameReader::new(s.limits),
                 theirs: theirs.clone(),
+                remote,
                 dead: false,
             });
             senders.push(Sending {
@@ -398,8 +433,12 @@ impl Inner {
         let mut lost = Vec::new();
         for r in readers.iter_mut().filter(|r| !r.dead) {
             let mut wake = false;
+            let src = Sources {
+                pool: &self.pool,
+                remote: r.remote.as_ref().map(|x| x as &dyn RemoteRead),
+            };
             for _ in 0..BURST {
-                match r.frames.next(&mut r.ring, &self.pool, &mut wake) {
+                match r.frames.next(&mut r.ring, &src, &mut wake) {
                     Ok(Some((header, payload))) => {
                         any = true;
                         deliver(

@@ -148,3 +148,59 @@ pub(crate) fn owned(raw: std::os::fd::RawFd) -> OwnedFd {
     // SCM_RIGHTS descriptor); nothing else owns or closes it.
     unsafe { OwnedFd::from_raw_fd(raw) }
 }
+
+/// A peer process whose memory this process reads (remote records: the receiver's single
+/// copy, `process_vm_readv`).
+pub(crate) struct Remote {
+    /// The peer's pid, as the kernel gave it at setup (`SO_PEERCRED`).
+    pub(crate) pid: i32,
+}
+
+impl collectix_runtime::wire::shm::RemoteRead for Remote {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), String> {
+        let mut at = 0usize;
+        while at < dst.len() {
+            let from = addr
+                .checked_add(at as u64)
+                .ok_or("an address past the end of memory")?;
+            // In steps of at most 4 MiB: one call over tens of MiB pins all its pages at
+            // once and ran at half the speed here (3.3 against 6.8 GB/s, 64 MiB).
+            let end = dst.len().min(at + (4 << 20));
+            let rest = &mut dst[at..end];
+            let local = libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len(),
+            };
+            let remote = libc::iovec {
+                iov_base: from as usize as *mut libc::c_void,
+                iov_len: rest.len(),
+            };
+            // SAFETY: `local` describes `rest`, memory of this process that this function
+            // borrows mutably for the call (the kernel writes at most `iov_len` bytes into
+            // it); `remote` names memory of the other process, which the kernel checks (a bad
+            // address is an error, never an access here). No other memory is touched.
+            let n = unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) };
+            if n < 0 {
+                return Err(format!(
+                    "reading rank memory of pid {}: {}",
+                    self.pid,
+                    std::io::Error::last_os_error()
+                ));
+            }
+            if n == 0 {
+                return Err(format!("pid {} gave no bytes at {from:#x}", self.pid));
+            }
+            at += n as usize;
+        }
+        Ok(())
+    }
+}
+
+/// The value at [`probe_addr`]: a peer that reads it from this process can read its memory.
+pub(crate) const PROBE: u64 = u64::from_le_bytes(*b"cx-probe");
+static PROBE_WORD: u64 = PROBE;
+
+/// Where this process keeps [`PROBE`] (sent to the peers in the setup's hello).
+pub(crate) fn probe_addr() -> u64 {
+    &PROBE_WORD as *const u64 as usize as u64
+}

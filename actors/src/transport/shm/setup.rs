@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 
 /// The exchange's magic.
 const MAGIC: [u8; 8] = *b"cx-shm-1";
-/// Bytes of a hello: magic, job (u64), from (u32), to (u32), has a segment (u8).
-const HELLO: usize = 25;
+/// Bytes of a hello: magic, job (u64), from (u32), to (u32), has a segment (u8), the
+/// address of the sender's probe word (u64: see `os::PROBE`).
+const HELLO: usize = 33;
 /// Context of the secret's challenge–response on these sockets.
 const CONTEXT: &[u8] = b"shm";
 
@@ -64,8 +65,18 @@ pub(crate) struct Exchange<'a> {
     pub(crate) deadline: Instant,
 }
 
-/// What a peer sent: its segment's memfd, or `None` if it has none.
-pub(crate) type Got = BTreeMap<usize, Option<OwnedFd>>;
+/// What a peer sent and is.
+pub(crate) struct Peer {
+    /// Its segment's memfd, or `None` if it has none.
+    pub(crate) fd: Option<OwnedFd>,
+    /// Its pid, as the kernel says (`SO_PEERCRED`).
+    pub(crate) pid: i32,
+    /// Where its probe word is, as it says.
+    pub(crate) probe: u64,
+}
+
+/// What each peer sent, by rank.
+pub(crate) type Got = BTreeMap<usize, Peer>;
 
 /// Connects to every lower local rank and accepts every higher one, sending `own` (this
 /// rank's segment, if it could make one) to each; returns what each peer sent, by rank. A
@@ -127,12 +138,7 @@ fn setup_err(peer: usize, what: impl std::fmt::Display) -> Error {
 }
 
 /// The connecting side, to a lower rank.
-fn connect_one(
-    x: &Exchange<'_>,
-    peer: usize,
-    name: &str,
-    own: Option<&OwnedFd>,
-) -> Result<Option<OwnedFd>> {
+fn connect_one(x: &Exchange<'_>, peer: usize, name: &str, own: Option<&OwnedFd>) -> Result<Peer> {
     let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| setup_err(peer, e))?;
     let mut s = loop {
         match UnixStream::connect_addr(&addr) {
@@ -150,16 +156,16 @@ fn connect_one(
         }
     };
     prepare(&s, x.deadline).map_err(|e| setup_err(peer, e))?;
-    same_user(&s).map_err(|e| setup_err(peer, e))?;
+    let pid = same_user(&s).map_err(|e| setup_err(peer, e))?;
     x.security
         .client(&mut s, CONTEXT)
         .map_err(|e| setup_err(peer, e))?;
     send_hello(&s, x.job, x.rank, peer, own).map_err(|e| setup_err(peer, e))?;
-    let (from, fd) = recv_hello(&s, x.job, x.rank).map_err(|e| setup_err(peer, e))?;
+    let (from, fd, probe) = recv_hello(&s, x.job, x.rank).map_err(|e| setup_err(peer, e))?;
     if from != peer {
         return Err(setup_err(peer, format!("it says it is rank {from}")));
     }
-    Ok(fd)
+    Ok(Peer { fd, pid, probe })
 }
 
 /// The accepting side: `n` connections from higher local ranks (those that did not come by
@@ -207,25 +213,25 @@ fn accept_all(
         };
         // A connection that fails its checks is dropped, and the wait goes on: it was not
         // one of the job's ranks (or it gave up), and the real one may still come.
-        let r = (|| -> std::result::Result<(usize, Option<OwnedFd>), String> {
+        let r = (|| -> std::result::Result<(usize, Peer), String> {
             s.set_nonblocking(false).map_err(|e| e.to_string())?;
             prepare(&s, deadline)?;
-            same_user(&s)?;
+            let pid = same_user(&s)?;
             security
                 .server(&mut s, CONTEXT)
                 .map_err(|e| e.to_string())?;
-            let (from, fd) = recv_hello(&s, job, rank)?;
+            let (from, fd, probe) = recv_hello(&s, job, rank)?;
             if from <= rank || !local.contains(&from) || got.contains_key(&from) {
                 return Err(format!(
                     "a hello from rank {from}, not a higher rank of this host still expected"
                 ));
             }
             send_hello(&s, job, rank, from, own)?;
-            Ok((from, fd))
+            Ok((from, Peer { fd, pid, probe }))
         })();
         match r {
-            Ok((from, fd)) => {
-                got.insert(from, fd);
+            Ok((from, peer)) => {
+                got.insert(from, peer);
             }
             Err(why) => tracing::warn!(reason = %why, "a shared-memory connection refused"),
         }
@@ -239,8 +245,8 @@ fn prepare(s: &UnixStream, deadline: Instant) -> std::result::Result<(), String>
         .map_err(|e| e.to_string())
 }
 
-/// The peer runs as this process's user.
-fn same_user(s: &UnixStream) -> std::result::Result<(), String> {
+/// The peer runs as this process's user; its pid.
+fn same_user(s: &UnixStream) -> std::result::Result<i32, String> {
     let cred = getsockopt(s, sockopt::PeerCredentials).map_err(|e| e.to_string())?;
     let me = nix::unistd::getuid().as_raw();
     if cred.uid() != me {
@@ -249,7 +255,7 @@ fn same_user(s: &UnixStream) -> std::result::Result<(), String> {
             cred.uid()
         ));
     }
-    Ok(())
+    Ok(cred.pid())
 }
 
 fn send_hello(
@@ -265,6 +271,7 @@ fn send_hello(
     b[16..20].copy_from_slice(&(from as u32).to_le_bytes());
     b[20..24].copy_from_slice(&(to as u32).to_le_bytes());
     b[24] = u8::from(fd.is_some());
+    b[25..33].copy_from_slice(&super::os::probe_addr().to_le_bytes());
     let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
     let with_fd = [ControlMessage::ScmRights(&fds)];
     let cmsg: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &with_fd };
@@ -287,7 +294,7 @@ fn recv_hello(
     s: &UnixStream,
     job: u64,
     me: usize,
-) -> std::result::Result<(usize, Option<OwnedFd>), String> {
+) -> std::result::Result<(usize, Option<OwnedFd>, u64), String> {
     let mut b = [0u8; HELLO];
     let mut space = nix::cmsg_space!([RawFd; 1]);
     let (n, truncated, mut fds) = {
@@ -330,5 +337,6 @@ fn recv_hello(
             b[24]
         ));
     }
-    Ok((from, fds.pop()))
+    let probe = u64::from_le_bytes([b[25], b[26], b[27], b[28], b[29], b[30], b[31], b[32]]);
+    Ok((from, fds.pop(), probe))
 }

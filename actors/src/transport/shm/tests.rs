@@ -50,6 +50,7 @@ fn two_hubs() -> Vec<(Arc<Driver>, Hub)> {
                             security,
                             store,
                             ring: 4096,
+                            single_copy: true,
                             limits: Limits::default(),
                             deadline: Instant::now() + Duration::from_secs(20),
                         },

@@ -1,10 +1,19 @@
-//! Frames over a ring: the codec's frames ([`crate::wire::codec`]), as a socket carries them,
-//! written into a ring by a [`FrameWriter`] and read back by a [`FrameReader`]. Both are
-//! sans-IO and never wait: the writer puts what fits and keeps the rest of a frame for the
-//! next [`pump`](FrameWriter::pump); the reader takes what was published and keeps its place
-//! in a frame between calls. The reader decodes with the codec's checks (every length
-//! against [`Limits`] before anything is allocated), and reads each payload part straight
-//! into an 8-aligned buffer from a [`Pool`]: the only copy after the sender's.
+//! Records over a ring: each is one message, a kind byte then the codec's frame
+//! ([`crate::wire::codec`]):
+//! - **inline** (kind 0): the frame as a socket carries it, payload and all: the sender copies
+//!   the payload into the ring and the receiver copies it out;
+//! - **remote** (kind 1): the frame's head, then each payload part's address in the sender's
+//!   memory (u64 each). The receiver reads each part straight from the sender's memory into
+//!   a buffer of its own ([`RemoteRead`]: one copy in all, the kernel's, with
+//!   `process_vm_readv`), then acknowledges the record (the ring's `acked`); the sender keeps
+//!   the message's payload alive until then. Sent for payloads of [`REMOTE_MIN`] bytes or
+//!   more, once the receiver said it can read the sender's memory.
+//!
+//! Both ends are sans-IO and never wait: the writer puts what fits and keeps the rest of a
+//! record for the next [`pump`](FrameWriter::pump); the reader takes what was published and
+//! keeps its place between calls. The reader decodes with the codec's checks (every length
+//! against [`Limits`] before anything is allocated), and puts each payload part in an
+//! 8-aligned buffer from a [`Pool`].
 
 use super::ring::{RingReader, RingWriter};
 use super::ShmError;
@@ -13,25 +22,53 @@ use crate::tensor::pool::{Pool, PoolBuf};
 use crate::wire::codec::{self, Limits, MAX_HEADER_BYTES, PREFIX_BYTES};
 use crate::wire::{Header, Message};
 use bytes::{Bytes, BytesMut};
+use std::collections::VecDeque;
 
 /// Parts up to this size are read into a pooled buffer taken whole; larger ones into a buffer
 /// that grows by this much as their bytes arrive (a length a peer announces is never
 /// allocated ahead of its data, beyond one step).
 pub const BIG_PART: usize = 64 << 20;
 
-/// The sending side: a ring, and the frame it is in the middle of.
+/// Payloads of at least this many bytes go as remote records (where the receiver can read
+/// the sender's memory): below it, two copies through the ring cost less than the system
+/// call and the acknowledgement.
+pub const REMOTE_MIN: usize = 64 << 10;
+
+/// An inline record.
+const INLINE: u8 = 0;
+/// A remote record.
+const REMOTE: u8 = 1;
+
+/// Reads another process's memory (the receiving process's side of remote records).
+pub trait RemoteRead {
+    /// Fills `dst` with the sender's bytes at `addr`; why not, if it cannot.
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), String>;
+}
+
+/// A record in progress: its message (for an inline record's payload; a remote record's is
+/// lent, see [`FrameWriter`]) and how many of its bytes went.
+struct Pending {
+    msg: Option<Message>,
+    written: usize,
+}
+
+/// The sending side: a ring, the record it is in the middle of, and the messages whose
+/// memory the receiver may still be reading.
 pub struct FrameWriter {
     ring: RingWriter,
-    /// The head of the frame in progress (reused: no allocation per frame).
+    /// The kind byte, the frame's head, and a remote record's addresses (reused: no
+    /// allocation per record).
     head: BytesMut,
-    /// The frame in progress and how many of its bytes went.
-    pending: Option<(Message, usize)>,
+    pending: Option<Pending>,
+    /// Remote records written, and their messages not yet acknowledged (by number).
+    remote_sent: u64,
+    lent: VecDeque<(u64, Message)>,
 }
 
 /// What [`FrameWriter::send`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Sent {
-    /// The whole frame is in the ring.
+    /// The whole record is in the ring.
     Whole,
     /// Part of it; the rest goes with [`FrameWriter::pump`] once the reader frees room.
     Partly,
@@ -44,6 +81,8 @@ impl FrameWriter {
             ring,
             head: BytesMut::with_capacity(256),
             pending: None,
+            remote_sent: 0,
+            lent: VecDeque::new(),
         }
     }
 
@@ -52,44 +91,93 @@ impl FrameWriter {
         &self.ring
     }
 
-    /// Whether a frame is in progress.
+    /// Whether a record is in progress.
     pub fn is_pending(&self) -> bool {
         self.pending.is_some()
     }
 
-    /// Starts `msg`'s frame and writes what fits; `Err((msg, None))` back if a frame is still
-    /// in progress, `Err((_, Some(e)))` if the ring is corrupt.
+    /// Messages lent to the receiver (remote records not yet acknowledged).
+    pub fn lent(&self) -> usize {
+        self.lent.len()
+    }
+
+    /// Lets go of the messages whose remote records the receiver has read.
+    pub fn release(&mut self) -> Result<(), ShmError> {
+        if self.lent.is_empty() {
+            return Ok(());
+        }
+        let acked = self.ring.acked(self.remote_sent)?;
+        while self.lent.front().is_some_and(|(n, _)| *n <= acked) {
+            self.lent.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Starts `msg`'s record and writes what fits; `Err((msg, None))` back if a record is
+    /// still in progress, `Err((msg, Some(e)))` if the ring is corrupt.
     #[allow(clippy::result_large_err)]
     pub fn send(&mut self, msg: Message) -> Result<Sent, (Message, Option<ShmError>)> {
         if self.pending.is_some() {
             return Err((msg, None));
         }
+        if let Err(e) = self.release() {
+            return Err((msg, Some(e)));
+        }
+        let bytes: usize = msg.payload.iter().map(|p| p.len()).sum();
+        let remote = bytes >= REMOTE_MIN && self.ring.remote_ok();
         self.head.clear();
+        self.head
+            .extend_from_slice(&[if remote { REMOTE } else { INLINE }]);
         codec::encode_head(&msg, &mut self.head);
-        self.pending = Some((msg, 0));
+        let pending = if remote {
+            for p in &msg.payload {
+                self.head
+                    .extend_from_slice(&(p.as_ptr() as usize as u64).to_le_bytes());
+            }
+            self.remote_sent += 1;
+            self.lent.push_back((self.remote_sent, msg));
+            Pending {
+                msg: None,
+                written: 0,
+            }
+        } else {
+            Pending {
+                msg: Some(msg),
+                written: 0,
+            }
+        };
+        self.pending = Some(pending);
         match self.pump() {
             Ok(true) => Ok(Sent::Whole),
             Ok(false) => Ok(Sent::Partly),
-            Err(e) => match self.pending.take() {
-                Some((msg, _)) => Err((msg, Some(e))),
-                None => unreachable!("a pump that fails keeps its frame"),
-            },
+            Err(e) => {
+                let msg = match self.pending.take().and_then(|p| p.msg) {
+                    Some(m) => m,
+                    // A remote record's message is the last lent.
+                    None => match self.lent.pop_back() {
+                        Some((_, m)) => m,
+                        None => unreachable!("a remote record lends its message"),
+                    },
+                };
+                Err((msg, Some(e)))
+            }
         }
     }
 
-    /// Writes more of the frame in progress; whether it is done (or none was in progress).
+    /// Writes more of the record in progress; whether it is done (or none was in progress).
     /// When the ring has no room it asks the reader to say when it has (then looks once
     /// more: room freed before the request was seen is not waited for). On an error the
-    /// frame stays in progress (and [`send`](FrameWriter::send) hands its message back).
+    /// record stays in progress.
     pub fn pump(&mut self) -> Result<bool, ShmError> {
         loop {
             let mut room = self.ring.room()?;
-            let Some((msg, mut written)) = self.pending.take() else {
+            let Some(mut p) = self.pending.take() else {
                 return Ok(true);
             };
-            let mut skip = written;
+            let mut skip = p.written;
             let mut full = false;
-            for piece in std::iter::once(&self.head[..]).chain(msg.payload.iter().map(|p| &p[..])) {
+            let payload = p.msg.iter().flat_map(|m| m.payload.iter().map(|b| &b[..]));
+            for piece in std::iter::once(&self.head[..]).chain(payload) {
                 if skip >= piece.len() {
                     skip -= piece.len();
                     continue;
@@ -97,18 +185,17 @@ impl FrameWriter {
                 let rest = &piece[skip..];
                 skip = 0;
                 let n = self.ring.put(rest, &mut room);
-                written += n;
+                p.written += n;
                 if n < rest.len() {
                     full = true;
                     break;
                 }
             }
             self.ring.publish();
-            self.pending = Some((msg, written));
             if !full {
-                self.pending = None;
                 return Ok(true);
             }
+            self.pending = Some(p);
             self.ring.want_room();
             if self.ring.room()? == 0 {
                 return Ok(false);
@@ -116,7 +203,7 @@ impl FrameWriter {
         }
     }
 
-    /// Whether the ring has room now (for a frame in progress).
+    /// Whether the ring has room now (for a record in progress).
     pub fn has_room(&self) -> bool {
         self.ring.room().map_or(true, |r| r > 0)
     }
@@ -130,11 +217,19 @@ enum Part {
     Big(Vec<u64>, usize, usize),
 }
 
-/// The receiving side's place in a frame.
+/// The receiving side's place in a record.
 enum Place {
-    /// Reading a frame's head into `head`.
-    Head,
-    /// Reading the payload of a frame whose head was decoded.
+    /// Before a record: its kind byte.
+    Kind,
+    /// Reading a frame's head into `head` (`remote`: a remote record's).
+    Head { remote: bool },
+    /// Reading a remote record's addresses into `head` (`want` bytes).
+    Addrs {
+        header: Header,
+        lens: Vec<usize>,
+        want: usize,
+    },
+    /// Reading the payload of an inline record whose head was decoded.
     Parts {
         header: Header,
         lens: Vec<usize>,
@@ -148,6 +243,17 @@ pub struct FrameReader {
     limits: Limits,
     head: BytesMut,
     place: Place,
+    /// Remote records read (acknowledged through the ring).
+    remote_read: u64,
+}
+
+/// What the reader needs besides the ring: buffers, and the sender's memory for remote
+/// records (`None`: a remote record is an error).
+pub struct Sources<'a> {
+    /// Where payload buffers come from.
+    pub pool: &'a Pool,
+    /// The sender's memory.
+    pub remote: Option<&'a dyn RemoteRead>,
 }
 
 impl FrameReader {
@@ -156,22 +262,23 @@ impl FrameReader {
         FrameReader {
             limits,
             head: BytesMut::with_capacity(256),
-            place: Place::Head,
+            place: Place::Kind,
+            remote_read: 0,
         }
     }
 
-    /// The next whole message from `ring` (its payload in buffers from `pool`), or `None`
-    /// when the ring has no more of one now. The bytes read are returned to the writer
-    /// before this returns ([`RingReader::release`]); `wake` is told whether the writer waits
-    /// for room. An error means the ring does not carry a valid stream: the peer is lost.
+    /// The next whole message from `ring`, or `None` when the ring has no more of one now.
+    /// The bytes read are returned to the writer before this returns
+    /// ([`RingReader::release`]); `wake` is told whether the writer waits for room. An
+    /// error means the ring does not carry a valid stream: the peer is lost.
     pub fn next(
         &mut self,
         ring: &mut RingReader,
-        pool: &Pool,
+        src: &Sources<'_>,
         wake: &mut bool,
     ) -> Result<Option<(Header, Vec<Bytes>)>, ShmError> {
         let mut ready = ring.ready()?;
-        let r = self.step(ring, pool, &mut ready);
+        let r = self.step(ring, src, &mut ready);
         if ring.release() {
             *wake = true;
         }
@@ -181,18 +288,47 @@ impl FrameReader {
     fn step(
         &mut self,
         ring: &mut RingReader,
-        pool: &Pool,
+        src: &Sources<'_>,
         ready: &mut u64,
     ) -> Result<Option<(Header, Vec<Bytes>)>, ShmError> {
         loop {
             match &mut self.place {
-                Place::Head => {
+                Place::Kind => {
+                    let mut k = [0u8; 1];
+                    if ring.take(&mut k, ready) == 0 {
+                        return Ok(None);
+                    }
+                    let remote = match k[0] {
+                        INLINE => false,
+                        REMOTE if src.remote.is_some() => true,
+                        REMOTE => {
+                            return Err(ShmError::Corrupt(
+                                "a remote record where none may come".into(),
+                            ))
+                        }
+                        other => {
+                            return Err(ShmError::Corrupt(format!("a record of kind {other}")))
+                        }
+                    };
+                    self.head.clear();
+                    self.place = Place::Head { remote };
+                }
+                Place::Head { remote } => {
+                    let remote = *remote;
                     if self.head.len() < PREFIX_BYTES
                         && !take_into(&mut self.head, PREFIX_BYTES, ring, ready)
                     {
                         return Ok(None);
                     }
                     match codec::decode_head(&mut self.head, &self.limits)? {
+                        Some(h) if remote => {
+                            self.head.clear();
+                            self.place = Place::Addrs {
+                                header: h.header,
+                                want: 8 * h.parts.len(),
+                                lens: h.parts,
+                            };
+                        }
                         Some(h) => {
                             let mut lens = h.parts;
                             lens.reverse();
@@ -212,13 +348,39 @@ impl FrameReader {
                         }
                     }
                 }
+                Place::Addrs { want, .. } => {
+                    let want = *want;
+                    if !take_into(&mut self.head, want, ring, ready) {
+                        return Ok(None);
+                    }
+                    let Place::Addrs { header, lens, .. } =
+                        std::mem::replace(&mut self.place, Place::Kind)
+                    else {
+                        unreachable!("matched above")
+                    };
+                    let remote = src.remote.ok_or_else(|| {
+                        ShmError::Corrupt("a remote record where none may come".into())
+                    })?;
+                    let mut payload = Vec::with_capacity(lens.len());
+                    for (i, &len) in lens.iter().enumerate() {
+                        let addr = self
+                            .head
+                            .get(8 * i..8 * i + 8)
+                            .and_then(|b| b.try_into().ok())
+                            .map_or(0, u64::from_le_bytes);
+                        payload.push(read_remote(remote, addr, len, src.pool)?);
+                    }
+                    self.remote_read += 1;
+                    ring.ack(self.remote_read);
+                    return Ok(Some((header, payload)));
+                }
                 Place::Parts {
                     lens, done, part, ..
                 } => {
                     if part.is_none() {
                         let Some(len) = lens.pop() else {
                             let Place::Parts { header, done, .. } =
-                                std::mem::replace(&mut self.place, Place::Head)
+                                std::mem::replace(&mut self.place, Place::Kind)
                             else {
                                 unreachable!("matched above")
                             };
@@ -227,7 +389,7 @@ impl FrameReader {
                         *part = Some(if len > BIG_PART {
                             Part::Big(Vec::new(), 0, len)
                         } else {
-                            Part::Pooled(pool.take(len), 0)
+                            Part::Pooled(src.pool.take(len), 0)
                         });
                     }
                     let finished = match part {
@@ -265,6 +427,40 @@ impl FrameReader {
             }
         }
     }
+}
+
+/// A remote part of `len` bytes at the sender's `addr`, read into a buffer of this process
+/// (taken whole up to [`BIG_PART`], else grown step by step as it is read).
+fn read_remote(
+    remote: &dyn RemoteRead,
+    addr: u64,
+    len: usize,
+    pool: &Pool,
+) -> Result<Bytes, ShmError> {
+    let bad = |why: String| ShmError::Corrupt(format!("a remote part of {len} bytes: {why}"));
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    if len <= BIG_PART {
+        let mut buf = pool.take(len);
+        remote.read(addr, buf.bytes_mut()).map_err(bad)?;
+        return Ok(buf.freeze());
+    }
+    let mut words: Vec<u64> = Vec::new();
+    let mut at = 0usize;
+    while at < len {
+        let upto = (at + BIG_PART).min(len);
+        words.resize(upto.div_ceil(8), 0);
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(words.as_mut_slice());
+        let from = addr
+            .checked_add(at as u64)
+            .ok_or_else(|| bad("an address past the end of memory".into()))?;
+        remote.read(from, &mut dst[at..upto]).map_err(bad)?;
+        at = upto;
+    }
+    let mut b = bytes_from_vec(words);
+    b.truncate(len);
+    Ok(b)
 }
 
 /// Copies from the ring until `buf` holds `want` bytes; whether it does.
@@ -361,7 +557,7 @@ mod tests {
                 assert!(w.pump().is_ok());
             }
             let mut wake = false;
-            while let Ok(Some((h, p))) = fr.next(&mut r, &pool, &mut wake) {
+            while let Ok(Some((h, p))) = fr.next(&mut r, &src(&pool, None), &mut wake) {
                 got.push(Message {
                     src: 0,
                     header: h,
@@ -389,7 +585,17 @@ mod tests {
         let mut fr = FrameReader::new(Limits::default());
         let mut wake = false;
         assert!(matches!(
-            fr.next(&mut r, &Pool::none(), &mut wake),
+            fr.next(&mut r, &src(&Pool::none(), None), &mut wake),
+            Err(ShmError::Corrupt(_))
+        ));
+        // Garbage after a valid kind byte: the codec refuses it.
+        let (mut w, mut r, _region) = ends(4096);
+        let mut room = w.ring.room().unwrap_or(0);
+        w.ring.put(b"\0GARBAGE-GARBAGE-GARBAGE", &mut room);
+        w.ring.publish();
+        let mut fr = FrameReader::new(Limits::default());
+        assert!(matches!(
+            fr.next(&mut r, &src(&Pool::none(), None), &mut wake),
             Err(ShmError::Decode(_))
         ));
     }
@@ -405,8 +611,73 @@ mod tests {
         let mut fr = FrameReader::new(limits);
         let mut wake = false;
         assert!(matches!(
-            fr.next(&mut r, &Pool::none(), &mut wake),
+            fr.next(&mut r, &src(&Pool::none(), None), &mut wake),
             Err(ShmError::Decode(_))
+        ));
+    }
+
+    fn src<'a>(pool: &'a Pool, remote: Option<&'a dyn RemoteRead>) -> Sources<'a> {
+        Sources { pool, remote }
+    }
+
+    /// The sender's memory, as far as the test lent it: the payloads it sent.
+    struct Lent(Vec<Bytes>);
+
+    impl RemoteRead for Lent {
+        fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), String> {
+            for b in &self.0 {
+                let start = b.as_ptr() as usize as u64;
+                if addr >= start && addr + dst.len() as u64 <= start + b.len() as u64 {
+                    let at = (addr - start) as usize;
+                    dst.copy_from_slice(&b[at..at + dst.len()]);
+                    return Ok(());
+                }
+            }
+            Err(format!("nothing lent at {addr:#x}"))
+        }
+    }
+
+    #[test]
+    fn large_payloads_go_as_remote_records_and_are_lent_until_read() {
+        let (mut w, mut r, _region) = ends(4096);
+        let mut fr = FrameReader::new(Limits::default());
+        let pool = Pool::new(1 << 20);
+        let sent: Vec<Message> = (0..5u64)
+            .map(|i| msg(i, &[REMOTE_MIN + i as usize * 1000, 0, 3]))
+            .collect();
+        let lent = Lent(sent.iter().flat_map(|m| m.payload.clone()).collect());
+        // Not allowed yet: inline (through the 4 KiB ring, in pieces).
+        assert!(w.send(sent[0].clone()).is_ok());
+        assert_eq!(w.lent(), 0);
+        let mut got = Vec::new();
+        let mut wake = false;
+        for _ in 0..10_000 {
+            assert!(w.pump().is_ok());
+            if let Ok(Some(m)) = fr.next(&mut r, &src(&pool, Some(&lent)), &mut wake) {
+                got.push(m);
+                break;
+            }
+        }
+        // Allowed: the rest go remote, each lent until the reader has read it.
+        r.allow_remote();
+        for m in &sent[1..] {
+            assert!(w.send(m.clone()).is_ok());
+            assert_eq!(w.lent(), 1);
+            let m = fr.next(&mut r, &src(&pool, Some(&lent)), &mut wake);
+            got.push(m.ok().flatten().unwrap_or_else(|| panic!("no record")));
+            assert!(w.release().is_ok());
+            assert_eq!(w.lent(), 0, "read, so let go");
+        }
+        assert_eq!(got.len(), sent.len());
+        for ((h, p), s) in got.iter().zip(&sent) {
+            assert_eq!((h, p), (&s.header, &s.payload));
+        }
+        // A reader that cannot read remote memory refuses a remote record.
+        assert!(w.send(sent[1].clone()).is_ok());
+        let mut fr = FrameReader::new(Limits::default());
+        assert!(matches!(
+            fr.next(&mut r, &src(&pool, None), &mut wake),
+            Err(ShmError::Corrupt(_))
         ));
     }
 }

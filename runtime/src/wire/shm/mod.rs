@@ -14,7 +14,7 @@ pub mod frames;
 pub mod region;
 pub mod ring;
 
-pub use frames::{FrameReader, FrameWriter, Sent};
+pub use frames::{FrameReader, FrameWriter, RemoteRead, Sent, Sources, REMOTE_MIN};
 pub use region::Region;
 pub use ring::{Layout, RingReader, RingWriter, Segment};
 

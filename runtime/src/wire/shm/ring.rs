@@ -6,7 +6,10 @@
 //!  0    magic "cx-shm01" (u64)           +0    tail (u64): bytes ever written; the sender's
 //!  8    version (u32)                    +64   waiting (u32): the sender waits for room
 //!  12   rings (u32)                      +128  head (u64): bytes ever read; the receiver's
-//!  16   ring capacity (u64)              +192  cap bytes of data, written at tail % cap
+//!  16   ring capacity (u64)              +192  acked (u64): remote records read; the
+//!                                              receiver's; +200 remote (u32): the receiver
+//!                                              can read the sender's memory
+//!                                        +256  cap bytes of data, written at tail % cap
 //!  24   owner's pid (u32)
 //!  64   doorbell (u32, a futex word)
 //!  128  sleeping (u32): the owner's progress thread is parked on the doorbell
@@ -31,11 +34,11 @@ pub const LINE: usize = 64;
 /// A segment's magic.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"cx-shm01");
 /// The segment format's version.
-pub const SEGMENT_VERSION: u32 = 1;
+pub const SEGMENT_VERSION: u32 = 2;
 /// Bytes of a segment's header.
 pub const HEADER_BYTES: usize = 4 * LINE;
 /// Bytes in front of each ring's data.
-pub const RING_HEAD: usize = 3 * LINE;
+pub const RING_HEAD: usize = 4 * LINE;
 /// The smallest ring.
 pub const MIN_RING: u64 = 4 << 10;
 /// The largest ring.
@@ -54,6 +57,8 @@ const POLLING_AT: usize = 3 * LINE;
 const TAIL: usize = 0;
 const WAITING: usize = LINE;
 const HEAD: usize = 2 * LINE;
+const ACKED: usize = 3 * LINE;
+const REMOTE: usize = 3 * LINE + 8;
 
 /// A segment's shape: how many rings, of what capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -317,6 +322,26 @@ impl RingWriter {
         }
     }
 
+    /// Remote records the reader has read (their memory may be let go); at most `sent`, the
+    /// records this side wrote (a larger count is a scribbled ring).
+    pub fn acked(&self, sent: u64) -> Result<u64, ShmError> {
+        let n = self.load(ACKED);
+        if n > sent {
+            return Err(ShmError::Corrupt(format!(
+                "the reader acknowledges {n} remote records of {sent}"
+            )));
+        }
+        Ok(n)
+    }
+
+    /// Whether the reader said it can read this process's memory (remote records).
+    pub fn remote_ok(&self) -> bool {
+        self.seg
+            .region
+            .u32(self.base + REMOTE)
+            .is_some_and(|a| a.load(Ordering::Relaxed) == 1)
+    }
+
     /// Asks the reader to ring this side's doorbell once it frees room; then the caller
     /// checks [`room`](RingWriter::room) again (a `SeqCst` pairing with the reader's).
     pub fn want_room(&self) {
@@ -373,6 +398,20 @@ impl RingReader {
         }
         *ready -= n as u64;
         n
+    }
+
+    /// Tells the writer that `n` remote records were read in all (their memory may go).
+    pub fn ack(&self, n: u64) {
+        if let Some(a) = self.seg.region.u64(self.base + ACKED) {
+            a.store(n, Ordering::Release);
+        }
+    }
+
+    /// Tells the writer that this side can read its memory (it may send remote records).
+    pub fn allow_remote(&self) {
+        if let Some(a) = self.seg.region.u32(self.base + REMOTE) {
+            a.store(1, Ordering::Release);
+        }
     }
 
     /// Returns what was read to the writer; whether the writer waits for room (then ring its
