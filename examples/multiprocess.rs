@@ -5,7 +5,8 @@
 //! loop's time, its first call's, and this process's threads where `/proc` tells), or
 //! `rank R: error: …` when a call fails, then exits 1. With `FIRST=all_to_all` the first
 //! call is an all_to_all instead (every rank talks to every other: with lazy connection it
-//! makes every pair's connection). The timings are what `bench/connect.py` collects to
+//! makes every pair's connection). With `IDLE_MS`, the job then sits idle that long before it
+//! leaves (after printing `rank R: idle for N ms`). The timings are what `bench/connect.py` collects to
 //! compare eager and lazy connection.
 //!
 //! ```text
@@ -94,5 +95,14 @@ fn main() -> Result<()> {
         ms(looping.elapsed()),
         ms(first.unwrap_or_default())
     );
+    // `IDLE_MS`: the job then sits idle that long (a test reads what CPU it uses meanwhile).
+    if let Some(idle) = std::env::var("IDLE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        c.barrier().wait()?;
+        println!("rank {r}: idle for {idle} ms");
+        std::thread::sleep(std::time::Duration::from_millis(idle));
+    }
     p.shutdown()
 }

@@ -421,6 +421,75 @@ fn killing_the_launcher_of_a_shared_memory_job_leaves_nothing_behind() {
     assert_eq!(collectix_in_dev_shm(), Vec::<String>::new());
 }
 
+/// CPU time (user + system, clock ticks) process `pid` has used, from `/proc/PID/stat`.
+fn cpu_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// A job over shared memory that sits idle uses no CPU: its progress threads park on their
+/// futex, its callers are gone, its connections only send a heartbeat a second. Over one
+/// idle second each of 3 ranks uses at most 5 ticks (50 ms at 100 Hz; a spinning thread would
+/// use the whole second).
+#[test]
+fn an_idle_job_over_shared_memory_uses_no_cpu() {
+    let exe = example("multiprocess");
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .args(["launch", "--nproc-per-node", "3", "--master-port"])
+        .arg(free_port().to_string())
+        .arg("--")
+        .arg(&exe)
+        .env("ITERS", "50")
+        .env("IDLE_MS", "3000")
+        .env("COLLECTIX_TRANSPORT", "shm")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut out = BufReader::new(
+        launcher
+            .stdout
+            .take()
+            .unwrap_or_else(|| panic!("no stdout")),
+    );
+    let mut pids = Vec::new();
+    let mut idle = 0;
+    let mut seen = String::new();
+    while idle < 3 {
+        let mut l = String::new();
+        if out.read_line(&mut l).unwrap_or(0) == 0 {
+            break;
+        }
+        seen.push_str(&l);
+        if let Some(pid) = l
+            .split_once(": pid ")
+            .and_then(|(_, r)| r.split(',').next())
+        {
+            pids.push(pid.trim().to_owned());
+        }
+        idle += usize::from(l.contains(": idle for "));
+    }
+    assert_eq!((pids.len(), idle), (3, 3), "{seen}");
+    // Let the last calls' spinning end, then count one second's CPU.
+    std::thread::sleep(Duration::from_millis(300));
+    let before: Vec<Option<u64>> = pids.iter().map(|p| cpu_ticks(p)).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let after: Vec<Option<u64>> = pids.iter().map(|p| cpu_ticks(p)).collect();
+    let status = launcher.wait().unwrap_or_else(|e| panic!("{e}"));
+    assert!(status.success(), "{seen}");
+    for (r, (b, a)) in before.iter().zip(&after).enumerate() {
+        let used = a.zip(*b).map(|(a, b)| a.saturating_sub(b));
+        eprintln!("rank {r}: {used:?} ticks in an idle second");
+        assert!(
+            used.is_some_and(|t| t <= 5),
+            "rank {r} used {used:?} ticks of CPU in an idle second"
+        );
+    }
+}
+
 /// A job whose ranks all finish and leave in order logs no warning: a peer that closes its
 /// links after leaving is no lost peer, and no group is aborted (each such job logged
 /// "link lost" and often "group aborted … peer rank N was lost"). Three runs, since which

@@ -544,7 +544,11 @@ mod tests {
         let pool = Pool::new(1 << 20);
         // Fewer and smaller under Miri, whose interpreter is slow; the wrap and the pieces
         // still happen (a 4 KiB ring).
-        let (count, most) = if cfg!(miri) { (6u64, 9_000) } else { (20, 20_000) };
+        let (count, most) = if cfg!(miri) {
+            (6u64, 9_000)
+        } else {
+            (20, 20_000)
+        };
         let sent: Vec<Message> = (0..count)
             .map(|i| msg(i, &[(i as usize * 1733) % most, 3, 0]))
             .collect();
