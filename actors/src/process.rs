@@ -385,10 +385,16 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
     let socket = listener.as_ref().map_or("-".to_owned(), |l| l.name.clone());
     #[cfg(not(target_os = "linux"))]
     let socket = "-".to_owned();
-    store.set(
-        &format!("host/{rank}"),
-        format!("{host} {socket}").into_bytes(),
-    )?;
+    let published = format!("{host} {socket}").into_bytes();
+    if incarnation == 0 {
+        store.set(&format!("host/{rank}"), published)?;
+    } else {
+        // A restarted process keeps its rank's first identity in the map (set only if none
+        // is): every rank's map of hosts, and so the hierarchical schedules of the groups the
+        // survivors make with it, stay the same on every rank even if it came back in another
+        // namespace or on another host. (It talks TCP to everyone.)
+        store.compare_set(&format!("host/{rank}"), b"", published)?;
+    }
     store.set(&format!("addr/{rank}"), me.clone().into_bytes())?;
     // 3. Everyone.
     let keys: Vec<String> = (0..world).map(|r| format!("addr/{r}")).collect();

@@ -9,16 +9,16 @@ use std::time::Duration;
 /// `collective::select`): the best schedule for ranks that share memory is not the best
 /// for ranks that talk over sockets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Locality {
     /// Ranks in separate processes (TCP), on more than one host or on hosts not known to be
     /// one: every byte sent is a byte carried, and a step costs a link's latency.
     #[default]
     Network,
-    /// Ranks in separate processes of one host (TCP; every rank's address names the same
-    /// host, set by a multi-process job): each message crosses the kernel and wakes the
-    /// receiver's reader thread, on cores the ranks share. Schedules in which one rank sends
-    /// at a time beat those in which every rank sends at once (measured; see
-    /// `collective::select`). Calls with no row of their own use the `Network` rows.
+    /// Ranks in separate processes of one host (every rank published the same host
+    /// identity; set by a multi-process job): their messages go through shared memory, or
+    /// TCP with `COLLECTIX_TRANSPORT=tcp`, on cores the ranks share. Calls with no row of
+    /// their own use the `Network` rows (`collective::select`).
     Host,
     /// Every rank in this process (an in-process world, set by `World`): a message's payload
     /// is shared, not copied, so the direct algorithms (whole blocks, few steps) win.

@@ -178,6 +178,9 @@ struct Inner {
     senders: Vec<Sending>,
     /// Frames in progress over all links (their pumping is skipped while none is).
     in_progress: AtomicUsize,
+    /// Some link has lent messages to its receiver (remote records not yet acknowledged):
+    /// the pumping lets go of those the receivers have read.
+    lending: AtomicBool,
     /// Callers of this rank reading the rings now (this process's own count; the segment's
     /// `polling`, which peers read, mirrors it, and a peer may scribble on that one).
     polling: AtomicU32,
@@ -331,6 +334,7 @@ impl Hub {
             readers: Mutex::new(readers),
             senders,
             in_progress: AtomicUsize::new(0),
+            lending: AtomicBool::new(false),
             polling: AtomicU32::new(0),
             driver: Arc::downgrade(driver),
             pool: Pool::new(crate::transport::tcp::RECV_POOL_BYTES),
@@ -475,6 +479,22 @@ impl Inner {
     /// Moves on the frames in progress; `Some(whether any went on)`, `None` if a link was
     /// busy (its holder moves it on, or the caller should look again).
     fn pump(&self, driver: &Driver) -> Option<bool> {
+        if self.lending.swap(false, Ordering::AcqRel) {
+            let mut still = false;
+            for s in &self.senders {
+                match s.tx.try_lock() {
+                    Ok(mut tx) => {
+                        // A corrupt acknowledgement is found again by the next send.
+                        let _ = tx.frames.release();
+                        still |= tx.frames.lent() > 0;
+                    }
+                    Err(_) => still = true,
+                }
+            }
+            if still {
+                self.lending.store(true, Ordering::Release);
+            }
+        }
         if self.in_progress.load(Ordering::Acquire) == 0 {
             return Some(false);
         }
@@ -642,10 +662,18 @@ impl Link<Message> for ShmLink {
             .get(self.peer)
             .is_some_and(|a| a.load(Ordering::Relaxed) != self.at)
         {
+            // The peer's process was replaced: nothing of the old one reads the ring again.
+            let mut tx = lock(&self.tx);
+            if tx.frames.is_pending() && !tx.broken {
+                self.inner.in_progress.fetch_sub(1, Ordering::AcqRel);
+            }
+            tx.frames.abandon();
+            drop(tx);
             return self.tcp.try_send(msg);
         }
         let mut tx = lock(&self.tx);
         if tx.broken {
+            tx.frames.abandon();
             return Err(LinkError::Closed);
         }
         if tx.frames.is_pending() {
@@ -680,6 +708,9 @@ impl Link<Message> for ShmLink {
                 return Err(LinkError::Closed);
             }
         };
+        if tx.frames.lent() > 0 {
+            self.inner.lending.store(true, Ordering::Release);
+        }
         drop(tx);
         nudge(&self.theirs);
         r

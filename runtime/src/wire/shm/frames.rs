@@ -101,6 +101,13 @@ impl FrameWriter {
         self.lent.len()
     }
 
+    /// Drops the record in progress and every lent message: the ring is given up (corrupt,
+    /// or its reader replaced) and nothing reads from it any more.
+    pub fn abandon(&mut self) {
+        self.pending = None;
+        self.lent.clear();
+    }
+
     /// Lets go of the messages whose remote records the receiver has read.
     pub fn release(&mut self) -> Result<(), ShmError> {
         if self.lent.is_empty() {
