@@ -360,19 +360,26 @@ fn a_rank_killed_mid_all_reduce_under_collectix_launch_stops_the_job_and_is_name
     }
 }
 
-/// `kill -9` of the launcher of a job over shared memory: its ranks die with it (the
-/// launcher's death signal), and nothing of theirs is left in `/dev/shm` (their segments were
-/// memfds, which they mapped while they ran).
-#[test]
-fn killing_the_launcher_of_a_shared_memory_job_leaves_nothing_behind() {
+/// A job of `examples/multiprocess` as 3 ranks under `collectix launch` over shared memory:
+/// the launcher, its output, each rank's pid (from its first line, which must say it has 2
+/// shared-memory peers), and what was read, once every rank also printed a line with `also`.
+struct ShmJob {
+    launcher: std::process::Child,
+    /// The launcher's stdout, kept open (the ranks may print more).
+    _out: BufReader<std::process::ChildStdout>,
+    pids: Vec<String>,
+    seen: String,
+}
+
+fn shm_job(env: &[(&str, &str)], also: &str) -> ShmJob {
     let exe = example("multiprocess");
     let mut launcher = Command::new(env!("CARGO_BIN_EXE_collectix"))
         .args(["launch", "--nproc-per-node", "3", "--master-port"])
         .arg(free_port().to_string())
         .arg("--")
         .arg(&exe)
-        .env("ITERS", "100000000")
         .env("COLLECTIX_TRANSPORT", "shm")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -384,9 +391,8 @@ fn killing_the_launcher_of_a_shared_memory_job_leaves_nothing_behind() {
             .unwrap_or_else(|| panic!("no stdout")),
     );
     // "[rank R] rank R: pid P, joined in T ms, at A, 2 shared-memory peers", from each rank.
-    let mut pids = Vec::new();
-    let mut seen = String::new();
-    while pids.len() < 3 {
+    let (mut pids, mut also_seen, mut seen) = (Vec::new(), 0, String::new());
+    while pids.len() < 3 || also_seen < 3 {
         let mut l = String::new();
         if out.read_line(&mut l).unwrap_or(0) == 0 {
             break;
@@ -395,13 +401,32 @@ fn killing_the_launcher_of_a_shared_memory_job_leaves_nothing_behind() {
         if let Some(pid) = l
             .split_once(": pid ")
             .and_then(|(_, r)| r.split(',').next())
-            .map(|p| p.trim().to_owned())
         {
             assert!(l.contains(", 2 shared-memory peers"), "{l:?}");
-            pids.push(pid);
+            pids.push(pid.trim().to_owned());
         }
+        also_seen += usize::from(l.contains(also));
     }
-    assert_eq!(pids.len(), 3, "{seen}");
+    assert_eq!((pids.len(), also_seen), (3, 3), "{seen}");
+    ShmJob {
+        launcher,
+        _out: out,
+        pids,
+        seen,
+    }
+}
+
+/// `kill -9` of the launcher of a job over shared memory: its ranks die with it (the
+/// launcher's death signal), and nothing of theirs is left in `/dev/shm` (their segments were
+/// memfds, which they mapped while they ran).
+#[test]
+fn killing_the_launcher_of_a_shared_memory_job_leaves_nothing_behind() {
+    let ShmJob {
+        mut launcher,
+        _out,
+        pids,
+        ..
+    } = shm_job(&[("ITERS", "100000000")], ": pid ");
     std::thread::sleep(Duration::from_millis(300));
     assert!(pids.iter().all(|p| maps_a_memfd_segment(p)), "{pids:?}");
     let _ = launcher.kill();
@@ -436,43 +461,12 @@ fn cpu_ticks(pid: &str) -> Option<u64> {
 /// use the whole second).
 #[test]
 fn an_idle_job_over_shared_memory_uses_no_cpu() {
-    let exe = example("multiprocess");
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_collectix"))
-        .args(["launch", "--nproc-per-node", "3", "--master-port"])
-        .arg(free_port().to_string())
-        .arg("--")
-        .arg(&exe)
-        .env("ITERS", "50")
-        .env("IDLE_MS", "3000")
-        .env("COLLECTIX_TRANSPORT", "shm")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut out = BufReader::new(
-        launcher
-            .stdout
-            .take()
-            .unwrap_or_else(|| panic!("no stdout")),
-    );
-    let mut pids = Vec::new();
-    let mut idle = 0;
-    let mut seen = String::new();
-    while idle < 3 {
-        let mut l = String::new();
-        if out.read_line(&mut l).unwrap_or(0) == 0 {
-            break;
-        }
-        seen.push_str(&l);
-        if let Some(pid) = l
-            .split_once(": pid ")
-            .and_then(|(_, r)| r.split(',').next())
-        {
-            pids.push(pid.trim().to_owned());
-        }
-        idle += usize::from(l.contains(": idle for "));
-    }
-    assert_eq!((pids.len(), idle), (3, 3), "{seen}");
+    let ShmJob {
+        mut launcher,
+        _out,
+        pids,
+        seen,
+    } = shm_job(&[("ITERS", "50"), ("IDLE_MS", "3000")], ": idle for ");
     // Let the last calls' spinning end, then count one second's CPU.
     std::thread::sleep(Duration::from_millis(300));
     let before: Vec<Option<u64>> = pids.iter().map(|p| cpu_ticks(p)).collect();
