@@ -4,7 +4,6 @@
 use crate::comm::Communicator;
 use crate::work::Work;
 use collectix_runtime::collective::coalesce::{coalesce, Coalesced, Coalescing};
-use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::{
     Buffer, CallOptions, DType, Destination, Device, Error, Output, ReduceOp, Request, Result,
     Tensor, TensorSpec,
@@ -12,9 +11,6 @@ use collectix_runtime::{
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-
-/// The most bytes of in-place inputs a member keeps free for reuse.
-pub(crate) const STAGING_BYTES: usize = 128 << 20;
 
 /// A call that writes into caller buffers, in flight: like [`Work`], with the buffers handed
 /// back whatever happens ([`Failed`] on an error).
@@ -664,9 +660,4 @@ impl Communicator {
             Err(e) => b.issue(Err(e), Vec::new(), to_tensors).work,
         }
     }
-}
-
-/// A member's staging pool for in-place inputs.
-pub(crate) fn staging_pool() -> Pool {
-    Pool::new(STAGING_BYTES)
 }

@@ -17,6 +17,10 @@ use collectix_runtime::{CallOptions, GroupInfo, Output, Plan, Request, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// The most bytes of in-place inputs (`Communicator::buffers()`) a member keeps free for
+/// reuse in its staging pool.
+pub(crate) const STAGING_BYTES: usize = 128 << 20;
+
 /// What a rank handle shares across its groups.
 pub(crate) struct RankShared {
     pub(crate) rank: usize,
@@ -73,7 +77,7 @@ impl GroupShared {
             schedules: ScheduleCache::default(),
             p2p: Lanes::default(),
             nccl_worker: Mutex::new(None),
-            staging: crate::buffers::staging_pool(),
+            staging: collectix_runtime::tensor::pool::Pool::new(STAGING_BYTES),
         })
     }
 }

@@ -33,51 +33,13 @@ use crate::op::{Algorithm, OpKind};
 use crate::schedule::{Layout, Schedule, ScheduleCache, ScheduleKey};
 use crate::tensor::dtype::DType;
 use crate::tensor::reduce::ReduceOp;
-use crate::tensor::{numel_of, Device, Tensor};
+use crate::tensor::Tensor;
 use bytes::Bytes;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Shape and dtype of a tensor to be produced (torch passes pre-allocated outputs; collectix
-/// hands back new tensors and takes only their specs).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorSpec {
-    /// Shape.
-    pub shape: Vec<usize>,
-    /// Element type.
-    pub dtype: DType,
-    /// Where the tensor is to be produced.
-    pub device: Device,
-}
-
-impl TensorSpec {
-    /// A spec of a host tensor.
-    pub fn new(shape: &[usize], dtype: DType) -> TensorSpec {
-        TensorSpec {
-            shape: shape.to_vec(),
-            dtype,
-            device: Device::Host,
-        }
-    }
-
-    /// The same spec on `device`.
-    pub fn on(mut self, device: Device) -> TensorSpec {
-        self.device = device;
-        self
-    }
-
-    /// Elements (overflow-checked).
-    pub fn numel(&self) -> Result<usize> {
-        numel_of(&self.shape)
-    }
-}
-
-impl From<&Tensor> for TensorSpec {
-    fn from(t: &Tensor) -> Self {
-        TensorSpec::new(t.shape(), t.dtype()).on(t.device())
-    }
-}
+pub use crate::tensor::spec::TensorSpec;
 
 /// The result of a call.
 #[derive(Clone, Debug, PartialEq)]

@@ -10,9 +10,9 @@
 //!
 //! Its memory is 8-aligned, so it can be viewed as any element type.
 
-use crate::collective::TensorSpec;
 use crate::error::{Error, Result};
 use crate::tensor::dtype::{DType, Element};
+use crate::tensor::spec::TensorSpec;
 use crate::tensor::{numel_of, Tensor};
 use std::fmt;
 use std::ops::Range;
