@@ -156,10 +156,14 @@ fn a_rank_that_crashes_is_restarted_and_rejoins_with_the_same_result() {
         let se = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{so}\n{se}");
         assert_eq!(finals(&so), clean, "{so}\n{se}");
+        // It rejoins where the survivors agreed that every rank had completed: step 9, or
+        // step 8 when a survivor had not yet taken the victim's last message of step 8 when
+        // it learned of the crash (seen once in CI over shared memory, 2026-11-27; the final
+        // lines are the clean run's either way).
         assert!(
-            so.contains(&format!(
-                "rank {victim}: rejoined at step 9 (incarnation 1)"
-            )),
+            ["8", "9"].iter().any(|s| so.contains(&format!(
+                "rank {victim}: rejoined at step {s} (incarnation 1)"
+            ))),
             "{so}"
         );
         assert!(
