@@ -285,8 +285,14 @@ impl FrameReader {
         wake: &mut bool,
     ) -> Result<Option<(Header, Vec<Bytes>)>, ShmError> {
         let mut ready = ring.ready()?;
+        if ready == 0 {
+            // Nothing published: the head's line is left alone (a caller spinning here must
+            // not write the line the writer reads for room on every turn).
+            return Ok(None);
+        }
+        let before = ready;
         let r = self.step(ring, src, &mut ready);
-        if ring.release() {
+        if ready != before && ring.release() {
             *wake = true;
         }
         r
