@@ -41,6 +41,14 @@ fn calls_are_spans_with_their_outcome_and_failures_are_events() {
     for wk in works {
         wk.wait().unwrap_or_else(|e| panic!("{e}"));
     }
+    // One on the engine (too large for the board).
+    let works: Vec<_> = c
+        .iter()
+        .map(|c| c.all_reduce(Tensor::from_vec(vec![1.0f32; 64]), ReduceOp::Sum))
+        .collect();
+    for wk in works {
+        wk.wait().unwrap_or_else(|e| panic!("{e}"));
+    }
     // A mismatch: rank 0 reduces 2 elements, rank 1 three.
     let a = c[0].all_reduce(Tensor::from_vec(vec![1i64, 2]), ReduceOp::Sum);
     let b = c[1].all_reduce(Tensor::from_vec(vec![1i64, 2, 3]), ReduceOp::Sum);
@@ -68,7 +76,9 @@ fn calls_are_spans_with_their_outcome_and_failures_are_events() {
         "count=2",
         "bytes=8",
         "seq=0",
+        "algorithm=\"board\"",
         "algorithm=\"recursive_doubling\"",
+        "count=64",
         "micros=",
         "call failed",
         "group aborted",

@@ -43,6 +43,7 @@
 
 mod addr;
 mod backend;
+mod board;
 mod buffers;
 mod comm;
 pub mod device;

@@ -9,9 +9,10 @@
 
 use crate::device::lanes::Lanes;
 use crate::rank::actor::RankActor;
-use crate::rank::driver::{Done, Driver};
+use crate::rank::driver::{Done, Driver, GroupBoard};
 use crate::work::{guarded, RankThreads, Work};
 use actix::{Addr, ArbiterHandle};
+use collectix_runtime::board::BoardCall;
 use collectix_runtime::schedule::ScheduleCache;
 use collectix_runtime::{CallOptions, GroupInfo, Output, Plan, Request, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +40,9 @@ pub(crate) struct RankShared {
     /// Which incarnation of its rank this is: 0 for the first, one more for each restart
     /// (of its process, or of the rank in a `World`).
     pub(crate) incarnation: u32,
+    /// Where the rank's groups get their boards, the shared memory their small calls run
+    /// in (`None`: every call goes through the engine).
+    pub(crate) boards: Option<Arc<dyn crate::board::BoardSource>>,
 }
 
 /// One group as one rank holds it: its info and the counters that order its calls. On cache
@@ -65,11 +69,15 @@ pub(crate) struct GroupShared {
     pub(crate) nccl_worker: Mutex<Option<crate::device::cuda::worker::WorkerHandle>>,
     /// Recycled memory for the inputs of in-place calls on caller buffers (`buffers.rs`).
     pub(crate) staging: collectix_runtime::tensor::pool::Pool,
+    /// The group's board on this rank, where its small calls run (`None`: the engine runs
+    /// them all).
+    board: Option<Arc<GroupBoard>>,
 }
 
 impl GroupShared {
-    fn new(info: GroupInfo) -> Arc<Self> {
+    fn new(info: GroupInfo, board: Option<Arc<GroupBoard>>) -> Arc<Self> {
         Arc::new(GroupShared {
+            board,
             info,
             next_seq: AtomicU64::new(0),
             children: AtomicU64::new(0),
@@ -93,9 +101,10 @@ pub(crate) struct Member {
 impl Member {
     /// The member of a new group `info` (this rank's view of it).
     pub(crate) fn new(rank: Arc<RankShared>, info: GroupInfo) -> Member {
+        let board = rank.boards.as_ref().and_then(|b| b.board(&info));
         Member {
             rank,
-            group: GroupShared::new(info),
+            group: GroupShared::new(info, board),
         }
     }
 
@@ -144,13 +153,33 @@ impl Member {
         opts: &CallOptions,
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
+        if let Some(gb) = &self.group.board {
+            match BoardCall::of(&req, &self.group.info, opts) {
+                Some(Ok(call)) => return self.issue_board(gb, call, opts, map),
+                Some(Err(e)) => return self.refuse(false, e),
+                None => {}
+            }
+        }
         let p2p = req.is_p2p();
         let plan = match Plan::new_cached(req, &self.group.info, opts, &self.group.schedules) {
             Ok(p) => p,
             Err(e) => return self.refuse(p2p, e),
         };
         let seq = if plan.is_p2p() { 0 } else { self.reserve(1) };
+        if let Some(e) = self.clash(&plan, seq) {
+            return self.ready(Err(e));
+        }
         self.issue(seq, plan, map)
+    }
+
+    /// A collective call on the engine at `seq` of a group with a board, where another
+    /// member is in a call on the board at `seq`: the mismatch, once the group is aborted
+    /// (the member on the board would otherwise hear of it only at its timeout).
+    fn clash(&self, plan: &Plan, seq: u64) -> Option<collectix_runtime::Error> {
+        let gb = self.group.board.as_ref().filter(|_| !plan.is_p2p())?;
+        let e = gb.clash(seq, plan.fingerprint())?;
+        self.rank.driver.board_clash(self.group.info.id, seq, &e);
+        Some(e)
     }
 
     /// [`call_host`](Self::call_host) for a call that writes its result into the caller's
@@ -163,16 +192,58 @@ impl Member {
         dest: &collectix_runtime::Destination,
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
+        if let Some(gb) = &self.group.board {
+            match BoardCall::of(&req, &self.group.info, opts) {
+                Some(Ok(call)) => {
+                    let fp = call.fingerprint();
+                    let want: Vec<usize> = fp
+                        .count
+                        .map(|c| usize::try_from(c).unwrap_or(usize::MAX))
+                        .into_iter()
+                        .collect();
+                    let runs = match dest.check_outputs(&want, fp.dtype) {
+                        Ok(r) => r,
+                        Err(e) => return self.refuse(false, e),
+                    };
+                    let dest = dest.clone();
+                    return self.issue_board(gb, call, opts, move |o| match o {
+                        Output::Tensor(t) => map(dest.write_one(&runs, &t)?),
+                        // A barrier writes nothing: its (no) buffers come back.
+                        _ => map(Output::Buffers(dest.take().unwrap_or_default())),
+                    });
+                }
+                Some(Err(e)) => return self.refuse(false, e),
+                None => {}
+            }
+        }
         let p2p = req.is_p2p();
         let plan = Plan::new_cached(req, &self.group.info, opts, &self.group.schedules)
             .and_then(|p| p.writing_into(dest));
         match plan {
             Ok(plan) => {
                 let seq = self.reserve(1);
+                if let Some(e) = self.clash(&plan, seq) {
+                    return self.ready(Err(e));
+                }
                 self.issue(seq, plan, map)
             }
             Err(e) => self.refuse(p2p, e),
         }
+    }
+
+    /// Issues `call` on the group's board `gb`, taking the group's next sequence number.
+    fn issue_board<T: Send + 'static>(
+        &self,
+        gb: &Arc<GroupBoard>,
+        call: BoardCall,
+        opts: &CallOptions,
+        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
+    ) -> Work<T> {
+        let seq = self.reserve(1);
+        let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
+        let timeout = opts.timeout.unwrap_or(self.group.info.options.timeout);
+        self.rank.driver.submit_board(gb, seq, call, timeout, done);
+        work.driven_by(self.rank.driver.clone())
     }
 
     /// Issues `plan` at `seq` and hands back its [`Work`], driven by its caller while it

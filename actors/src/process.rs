@@ -553,6 +553,8 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         // One rank per process: its device calls take NCCL.
         hub: None,
         incarnation,
+        // Not yet: the processes of one host will share boards in their segments.
+        boards: None,
     });
     Ok(Joined {
         comm: Communicator::new(shared, info),

@@ -118,6 +118,10 @@ impl<T> Work<T> {
 
     /// Whether the call has finished (successfully or not).
     pub fn is_completed(&self) -> bool {
+        if let Some(d) = &self.driver {
+            // A call on a board is finished by whoever looks (see `rank::driver::board`).
+            d.board_progress();
+        }
         self.waiter.is_completed()
     }
 

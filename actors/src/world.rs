@@ -46,6 +46,8 @@ struct Parts {
     yields: bool,
     store: Arc<dyn Store>,
     hub: Arc<crate::device::cuda::LocalHub>,
+    /// The ranks' boards (`None`: turned off).
+    boards: Option<Arc<crate::board::LocalBoards>>,
 }
 
 impl World {
@@ -84,6 +86,15 @@ impl World {
         for (r, d) in drivers.iter().enumerate() {
             d.set_links(local::links(r, &drivers));
         }
+        // The ranks share memory: their groups' small calls run on boards.
+        let boards = crate::board::enabled().then(|| {
+            for d in &drivers {
+                d.boards.signal.attach(d);
+            }
+            crate::board::LocalBoards::new(
+                drivers.iter().map(|d| d.boards.signal.clone()).collect(),
+            )
+        });
         let threads: Arc<[ThreadId]> = started.ranks.iter().map(|(_, _, t)| *t).collect();
         // The ranks' store: where the survivors of a failed group agree.
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -104,6 +115,9 @@ impl World {
                 store: store.clone(),
                 hub: Some(hub.clone()),
                 incarnation: 0,
+                boards: boards
+                    .clone()
+                    .map(|b| b as Arc<dyn crate::board::BoardSource>),
             });
             comms.push(Communicator::new(shared, info));
         }
@@ -118,6 +132,7 @@ impl World {
                 yields,
                 store,
                 hub,
+                boards,
             },
             restarted: Mutex::new(Vec::new()),
             restarting: Mutex::new(()),
@@ -230,6 +245,11 @@ impl World {
             store: self.parts.store.clone(),
             hub: Some(self.parts.hub.clone()),
             incarnation: old.incarnation().saturating_add(1),
+            boards: self.parts.boards.clone().map(|b| {
+                driver.boards.signal.attach(&driver);
+                b.restarted(r, driver.boards.signal.clone());
+                b as Arc<dyn crate::board::BoardSource>
+            }),
         });
         let comm = Communicator::new(shared, info);
         let drivers: Vec<Arc<Driver>> = {

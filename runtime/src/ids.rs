@@ -63,9 +63,11 @@ pub enum DataPath {
     Engine = 0,
     /// NCCL on device memory (its agreement step on the engine carries this path).
     Nccl = 1,
+    /// The board of small calls in memory the group's members share ([`crate::board`]).
+    Board = 2,
 }
 
-crate::op::coded!(DataPath, "data path", [Engine, Nccl]);
+crate::op::coded!(DataPath, "data path", [Engine, Nccl, Board]);
 
 /// What every rank's call must agree on; carried by every message of the call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -199,9 +201,10 @@ impl fmt::Display for Fingerprint {
             Some(o) => write!(f, ", {}", o.name())?,
             None => {}
         }
-        match self.algorithm {
-            Some(a) => write!(f, ", {a})"),
-            None => f.write_str(")"),
+        match (self.algorithm, self.path) {
+            (Some(a), _) => write!(f, ", {a})"),
+            (None, DataPath::Board) => f.write_str(", on the board)"),
+            (None, _) => f.write_str(")"),
         }
     }
 }
@@ -226,7 +229,7 @@ mod tests {
             fp.to_string(),
             "all_reduce(float32, over nccl, count 18446744073709551615, root 3, premul_sum(0.5), ring)"
         );
-        for (i, bad) in [(0, 0u8), (1, 200), (2, 16), (25, 2)] {
+        for (i, bad) in [(0, 0u8), (1, 200), (2, 16), (25, 3)] {
             let mut c = b;
             c[i] = bad;
             assert!(Fingerprint::from_bytes(&c).is_err(), "byte {i} = {bad}");

@@ -59,6 +59,7 @@
 #![deny(unsafe_code)]
 
 pub mod algorithm;
+pub mod board;
 pub mod collective;
 #[doc(hidden)]
 pub mod completion;

@@ -21,11 +21,13 @@
 //! engine collects the finished calls and completes them once the lock is released, so that
 //! code may issue calls on the same rank.
 
+mod board;
 mod handoff;
 pub(crate) mod recorder;
 mod state;
 mod wait;
 
+pub(crate) use board::{GroupBoard, Signal, Wake};
 pub(crate) use handoff::Owed;
 pub(crate) use state::{After, Core};
 pub(crate) use wait::{spin_from_env, DEFAULT_SPIN, DEFAULT_SPIN_TCP};
@@ -91,6 +93,8 @@ pub(crate) struct Driver {
     /// A transport whose arrivals a waiting caller reads itself (shared memory): polled on
     /// every turn of a caller's drive (see [`Poller`]).
     poller: OnceLock<Arc<dyn Poller>>,
+    /// The rank's calls on boards (small calls in shared memory: `board.rs`).
+    pub(crate) boards: board::Boards,
 }
 
 /// A transport that a waiting caller drives itself: instead of a reader thread handing each
@@ -143,6 +147,7 @@ impl Driver {
             sleeping: AtomicUsize::new(0),
             bell_rung: Condvar::new(),
             poller: OnceLock::new(),
+            boards: board::Boards::default(),
         }
     }
 
@@ -242,9 +247,15 @@ impl Driver {
         }
         let r = f(&mut core, now, &mut after);
         core.progress(&self.inbox, now, &mut after);
-        let next = core.engine.poll_timeout();
+        let mut next = core.engine.poll_timeout();
+        let (board_next, moved) = self.board_checks(&mut core, now, &mut after);
+        if let Some(b) = board_next {
+            next = Some(next.map_or(b, |n| n.min(b)));
+        }
         drop(core);
-        let any = !after.finished.is_empty() || !after.refused.is_empty();
+        Driver::board_wake(moved);
+        let any =
+            !after.finished.is_empty() || !after.refused.is_empty() || !after.board.is_empty();
         after.complete();
         if any {
             self.completed();
@@ -305,7 +316,7 @@ impl Driver {
                     count,
                     now,
                 );
-                core.recorder.started(id, record);
+                core.recorder.started(recorder::Key::Op(id), record);
                 let start = (!span.is_disabled()).then(Instant::now);
                 core.waiting.insert(id, Waiting { done, span, start });
             },

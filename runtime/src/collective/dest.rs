@@ -11,7 +11,7 @@
 //! whole into buffer i; a coalesced call (`collective::coalesce`) maps its one flat output
 //! onto many buffers, in any order, with runs of its own.
 
-use super::{Assembly, Body, Plan, Share};
+use super::{Assembly, Body, Output, Plan, Share};
 use crate::error::{Error, Result};
 use crate::tensor::buffer::Buffer;
 use crate::tensor::numel_of;
@@ -76,6 +76,53 @@ impl Destination {
     /// `f` applied to the buffers, if they are still here.
     pub fn with<R>(&self, f: impl FnOnce(&mut [Buffer]) -> R) -> Option<R> {
         self.lock().as_deref_mut().map(f)
+    }
+
+    /// Checks that a call whose outputs are tensors of `want` elements of `dtype` (one, or
+    /// none for a barrier) can write them into these buffers (as [`Plan::writing_into`]
+    /// checks a plan's outputs): the runs it will write, for [`write_one`](Self::write_one).
+    pub fn check_outputs(&self, want: &[usize], dtype: crate::DType) -> Result<Arc<[Run]>> {
+        let held = self.lock();
+        let bufs = held
+            .as_deref()
+            .ok_or_else(|| Error::internal("a destination without its buffers"))?;
+        for (i, b) in bufs.iter().enumerate() {
+            if b.dtype() != dtype {
+                return Err(Error::invalid(format!(
+                    "output buffer {i} holds {}; this call's dtype is {dtype}",
+                    b.dtype()
+                )));
+            }
+        }
+        match &self.runs {
+            Some(runs) => {
+                check_runs(runs, want.iter().sum(), bufs)?;
+                Ok(runs.clone())
+            }
+            None => default_runs(want, bufs, dtype),
+        }
+    }
+
+    /// Writes `t`, a call's one output, into the buffers along `runs` (from
+    /// [`check_outputs`](Self::check_outputs)) and hands them back as the call's output.
+    pub fn write_one(&self, runs: &[Run], t: &crate::Tensor) -> Result<Output> {
+        let mut held = self.lock();
+        let bufs = held
+            .as_deref_mut()
+            .ok_or_else(|| Error::internal("a destination without its buffers"))?;
+        let es = t.dtype().size();
+        let src = t.bytes();
+        for r in runs {
+            let from = src
+                .get(r.at * es..(r.at + r.len) * es)
+                .ok_or_else(|| Error::internal("a run beyond the output"))?;
+            let b = bufs
+                .get_mut(r.buffer)
+                .ok_or_else(|| Error::internal("a run into no buffer"))?;
+            let to = b.byte_range(r.offset..r.offset + r.len)?;
+            b.bytes_mut()[to].copy_from_slice(from);
+        }
+        Ok(Output::Buffers(held.take().unwrap_or_default()))
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Option<Vec<Buffer>>> {

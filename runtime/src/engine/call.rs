@@ -106,6 +106,11 @@ impl Engine {
         };
         if let Some(&id) = g.active.get(&seq) {
             self.deliver(id, msg);
+        } else if let Some(&ours) = g.board.get(&seq) {
+            // This rank runs the call on the board, which sends no messages: the sender is in
+            // another call.
+            let err = self.mismatch(gid, Some(seq), ours, msg.src, call);
+            self.abort(gid, err, None, true);
         } else if let Some(entry) = g.done.entry(seq) {
             let Some(ours) = entry else {
                 // The call failed on a member before it started: its late messages go.

@@ -260,11 +260,11 @@ impl Engine {
             let g = self.groups.get(&gid)?;
             match g.active.get(&s) {
                 Some(id) => self.ops.get(id).map(|op| op.fp),
-                None => g.done.get(s),
+                None => g.board.get(&s).copied().or_else(|| g.done.get(s)),
             }
         };
         let latest = self.groups.get(&gid).and_then(|g| {
-            let a = g.active.keys().max().copied();
+            let a = g.active.keys().chain(g.board.keys()).max().copied();
             let d = g.done.latest();
             a.max(d).and_then(|s| fp_of(s).map(|fp| (s, fp)))
         });
@@ -289,6 +289,7 @@ impl Engine {
         latest: Option<(u64, Fingerprint)>,
     ) {
         let Some(&id) = self.groups.get(&gid).and_then(|g| g.active.get(&seq)) else {
+            self.board_status(gid, seq, from, made, latest);
             return;
         };
         let Some(op) = self.ops.get_mut(&id) else {
@@ -316,9 +317,27 @@ impl Engine {
         let Some(op) = self.ops.get(&id) else {
             return;
         };
-        let Some(g) = self.groups.get(&op.group) else {
+        let awaited = self.awaited(op);
+        let (gid, seq, fp) = (op.group, op.seq, op.fp);
+        let Some(err) = self.verdict(gid, seq, fp, &replies, awaited) else {
             return;
         };
+        self.abort(gid, err.clone(), Some((id, err)), true);
+    }
+
+    /// The verdict of a desync report on call `seq` (`fp`) of group `gid`, from the members'
+    /// `replies`: a mismatch if some rank is in a different call, else a timeout naming
+    /// exactly the ranks that said they have not made it (or, when every rank is in the call,
+    /// those in `awaited`, whose messages it waits for).
+    pub(super) fn verdict(
+        &self,
+        gid: GroupId,
+        seq: Option<u64>,
+        fp: Fingerprint,
+        replies: &BTreeMap<usize, RankCall>,
+        awaited: Vec<usize>,
+    ) -> Option<Error> {
+        let g = self.groups.get(&gid)?;
         let report: Vec<RankCall> = g
             .info
             .members
@@ -332,24 +351,37 @@ impl Engine {
             })
             .collect();
         let different = report.iter().find_map(|r| match r {
-            RankCall::Made { rank, call } if *call != op.fp => Some((*rank, *call)),
+            RankCall::Made { rank, call } if *call != fp => Some((seq, fp, *rank, *call)),
             _ => None,
         });
-        let gid = op.group;
-        let err = match different {
-            Some((rank, call)) => Error::Mismatch {
+        // A rank still in an earlier call that this rank made differently (and finished
+        // early: a broadcast root, a call on the board) is a mismatch of that call.
+        let earlier = || {
+            report.iter().find_map(|r| match r {
+                RankCall::NotReached {
+                    rank,
+                    latest: Some((l, call)),
+                } => g
+                    .done
+                    .get(*l)
+                    .filter(|ours| ours != call)
+                    .map(|ours| (Some(*l), ours, *rank, *call)),
+                _ => None,
+            })
+        };
+        Some(match different.or_else(earlier) {
+            Some((seq, ours, rank, call)) => Error::Mismatch {
                 group: gid,
-                seq: op.seq,
+                seq,
                 ours: CallDesc {
                     rank: self.rank,
-                    call: op.fp,
+                    call: ours,
                 },
                 theirs: CallDesc { rank, call },
                 report,
             },
             None => {
-                let seq = op.seq.unwrap_or_default();
-                let awaited = self.awaited(op);
+                let s = seq.unwrap_or_default();
                 // A rank whose latest call is this one or later has passed it, even when its
                 // fingerprint of it is forgotten. A rank that did not answer is named only
                 // when the call waits for its messages: nothing shows that it made the call.
@@ -357,7 +389,7 @@ impl Engine {
                     .iter()
                     .filter_map(|r| match r {
                         RankCall::NotReached { rank, latest } => {
-                            latest.is_none_or(|(l, _)| l < seq).then_some(*rank)
+                            latest.is_none_or(|(l, _)| l < s).then_some(*rank)
                         }
                         RankCall::NoAnswer { rank } => awaited.contains(rank).then_some(*rank),
                         RankCall::Made { .. } => None,
@@ -369,8 +401,8 @@ impl Engine {
                         .any(|r| matches!(r, RankCall::NoAnswer { .. }));
                 Error::Timeout {
                     group: gid,
-                    seq: op.seq,
-                    op: op.fp.kind,
+                    seq,
+                    op: fp.kind,
                     rank: self.rank,
                     // Every rank is in the call (a lost message, a schedule bug): name whose
                     // messages the current step still waits for.
@@ -378,8 +410,7 @@ impl Engine {
                     report,
                 }
             }
-        };
-        self.abort(gid, err.clone(), Some((id, err)), true);
+        })
     }
 
     /// Handles the loss of a peer (its link closed, or a simulator isolated it): every group

@@ -46,6 +46,13 @@ pub(super) struct Group {
     /// (`Header::Failed`): sequence number → (that member, global, and why). At most a
     /// window of them (a marker beyond the window is a protocol violation).
     pub(super) failed: BTreeMap<u64, (usize, String)>,
+    /// This rank's calls in flight on the group's board (`crate::board`), by sequence
+    /// number: what it answers a member that asks which call it is in.
+    pub(super) board: FastMap<u64, Fingerprint>,
+    /// Desync reports on this rank's calls on the board that passed their deadlines.
+    pub(super) board_inquiries: FastMap<u64, super::board::BoardInquiry>,
+    /// The verdicts of those reports, for the calls they were about.
+    pub(super) board_verdicts: FastMap<u64, Error>,
 }
 
 /// The fingerprints of a group's last [`DONE_KEPT`] finished calls, by sequence number: a
@@ -141,6 +148,9 @@ impl Engine {
             p2p_flow: P2pFlow::new(window, budget),
             left: Vec::new(),
             failed: BTreeMap::new(),
+            board: FastMap::default(),
+            board_inquiries: FastMap::default(),
+            board_verdicts: FastMap::default(),
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
             self.unorphan(&m);

@@ -19,6 +19,7 @@
 //! started), `membership.rs` (revoking a group, members that left it, and lost peers) and
 //! `output.rs` (payload checks and output assembly).
 
+mod board;
 mod call;
 mod failed;
 mod failure;

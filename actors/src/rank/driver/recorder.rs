@@ -64,10 +64,18 @@ impl fmt::Display for CallRecord {
     }
 }
 
+/// Which call a record is: an engine call, or a call on a group's board (by sequence
+/// number).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Key {
+    Op(OpId),
+    Board(GroupId, u64),
+}
+
 /// The ring of a rank's last calls.
 #[derive(Default)]
 pub(crate) struct Recorder {
-    calls: VecDeque<(OpId, CallRecord)>,
+    calls: VecDeque<(Key, CallRecord)>,
 }
 
 fn ms(t: Time) -> f64 {
@@ -76,7 +84,7 @@ fn ms(t: Time) -> f64 {
 
 impl Recorder {
     /// A call started.
-    pub(crate) fn started(&mut self, op: OpId, record: CallRecord) {
+    pub(crate) fn started(&mut self, op: Key, record: CallRecord) {
         if self.calls.len() == CALLS_KEPT {
             self.calls.pop_front();
         }
@@ -105,7 +113,7 @@ impl Recorder {
     }
 
     /// Call `op` ended at `now`, with `error` if it failed; whether it failed.
-    pub(crate) fn ended(&mut self, op: OpId, now: Time, error: Option<&Error>) -> bool {
+    pub(crate) fn ended(&mut self, op: Key, now: Time, error: Option<&Error>) -> bool {
         // The call is among the last few: look from the newest.
         if let Some((_, r)) = self.calls.iter_mut().rev().find(|(id, _)| *id == op) {
             r.ended_ms = Some(ms(now));

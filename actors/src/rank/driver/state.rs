@@ -40,6 +40,8 @@ impl Waiting {
 pub(crate) struct After {
     pub(super) finished: Vec<(Waiting, Result<Output>)>,
     pub(super) refused: Vec<Done<Output>>,
+    /// Calls on a board that ended in the run (see `board.rs`).
+    pub(super) board: Vec<(Waiting, Result<Output>)>,
     /// The flight record to write out (a call failed): the rank and the text.
     pub(super) dump: Option<(usize, String)>,
 }
@@ -53,6 +55,9 @@ impl After {
         }
         for done in self.refused {
             done(Err(Error::Shutdown));
+        }
+        for (w, r) in self.board {
+            w.finish(r);
         }
     }
 }
@@ -106,7 +111,11 @@ impl Core {
             }
             while let Some(ev) = self.engine.poll_event() {
                 progressed = true;
-                let failed = self.recorder.ended(ev.op, now, ev.result.as_ref().err());
+                let failed = self.recorder.ended(
+                    super::recorder::Key::Op(ev.op),
+                    now,
+                    ev.result.as_ref().err(),
+                );
                 if failed && !self.failing {
                     after.dump = Some((self.engine.rank(), self.recorder.text(self.engine.rank())));
                 }

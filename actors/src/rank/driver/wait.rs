@@ -140,11 +140,15 @@ impl Driver {
             p.enter();
             Reading(p.as_ref())
         });
+        self.board_enter();
         let start = Instant::now();
         let mut active = start;
         let mut turns: u32 = 0;
         loop {
             if poller.is_some_and(|p| p.poll()) {
+                active = Instant::now();
+            }
+            if self.board_progress() {
                 active = Instant::now();
             }
             if !self.inbox.looks_empty() {
@@ -168,6 +172,7 @@ impl Driver {
         // it saw this caller gone is taken here, what came after it wakes the transport's
         // thread.
         drop(_reading);
+        self.board_leave();
         if driving.leave() {
             self.run(|_, _, _| ());
         }

@@ -1,0 +1,551 @@
+//! Small calls on the board ([`collectix_runtime::board`]), driven by the rank's [`Driver`].
+//!
+//! A call on the board is queued on its group's [`GroupBoard`] and runs in the group's order:
+//! it is *published* (its slot written) as soon as its slot is free, and *finished* (the
+//! other members' slots read, the result made) once every slot it needs is there, one call
+//! after another. Whoever is at hand does it, as for the engine: the caller that issues it,
+//! a caller that waits (every turn of [`Driver::drive_until`]), and the rank's background
+//! driver (every run of the engine, so the actor's too). A member that publishes or
+//! finishes wakes the members that have calls waiting and nobody driving them ([`Signal`]):
+//! their parked caller, or their actor.
+//!
+//! The engine keeps the calls' records (made, finished, failed: `Engine::board_*`), and every
+//! run of the engine looks at the first waiting call of each board: if the group was aborted
+//! (a lost peer, a mismatch, a revoke), a member's part failed before it started, or the rank
+//! is shutting down, the call fails with the engine's error; past its deadline it fails with
+//! [`Error::Timeout`] naming the members whose slots are missing, and the group is aborted.
+//! The earliest deadline is part of the actor's timer.
+
+use super::recorder::{Key, Recorder};
+use super::state::Waiting;
+use super::{After, Core, Done, Driver};
+use crate::sync::lock;
+use collectix_runtime::board::{Board, BoardCall, Slot};
+use collectix_runtime::error::ProtocolError;
+use collectix_runtime::progress::CachePadded;
+use collectix_runtime::{Error, GroupInfo, Output, Result, Time};
+use std::collections::VecDeque;
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// How another member learns that this rank moved the board (published a slot, finished a
+/// call): whether it has a call waiting that nobody drives, and how to wake it.
+pub(crate) trait Wake: Send + Sync {
+    /// Wakes the member if it has a call waiting on a board and nobody drives it (called
+    /// after a `SeqCst` fence that follows the move).
+    fn wake(&self);
+}
+
+/// A rank's board activity, shared with the members that wake it (without keeping its
+/// driver alive).
+pub(crate) struct Signal {
+    /// Calls queued on this rank's boards and not finished.
+    pending: CachePadded<AtomicUsize>,
+    /// Threads driving the rank now (in `drive_until`).
+    drivers: CachePadded<AtomicUsize>,
+    /// The last thread to drive the rank left with calls waiting (a caller parked, or a
+    /// future returned `Pending`): they need a wake-up. A call issued and not waited for
+    /// yet needs none (its caller is about to drive, or dropped it; either way a later drive
+    /// of the rank finishes it).
+    unattended: CachePadded<AtomicBool>,
+    driver: std::sync::OnceLock<Weak<Driver>>,
+}
+
+impl Signal {
+    /// Names the driver that a wake-up goes to (once).
+    pub(crate) fn attach(&self, d: &Arc<Driver>) {
+        let _ = self.driver.set(Arc::downgrade(d));
+    }
+}
+
+impl Wake for Signal {
+    fn wake(&self) {
+        let attended =
+            || self.pending.load(Ordering::SeqCst) == 0 || self.drivers.load(Ordering::SeqCst) > 0;
+        if attended() {
+            return;
+        }
+        if !self.unattended.load(Ordering::SeqCst) {
+            // Its calls were issued and nobody waited for them yet: a caller between its
+            // call and its wait drives a moment later (as `Driver::deliver_read` gives a
+            // peer between two calls).
+            super::handoff::wait_attended(attended, super::GRACE);
+            if attended() {
+                return;
+            }
+        }
+        if let Some(d) = self.driver.get().and_then(Weak::upgrade) {
+            d.wake_background();
+        }
+    }
+}
+
+/// What a rank holds of its boards: those with calls waiting, and its [`Signal`].
+pub(crate) struct Boards {
+    live: Mutex<Vec<Arc<GroupBoard>>>,
+    pub(crate) signal: Arc<Signal>,
+}
+
+impl Default for Boards {
+    fn default() -> Self {
+        Boards {
+            live: Mutex::new(Vec::new()),
+            signal: Arc::new(Signal {
+                pending: CachePadded(AtomicUsize::new(0)),
+                drivers: CachePadded(AtomicUsize::new(0)),
+                unattended: CachePadded(AtomicBool::new(false)),
+                driver: std::sync::OnceLock::new(),
+            }),
+        }
+    }
+}
+
+/// A call queued on a board.
+struct Pending {
+    seq: u64,
+    call: BoardCall,
+    published: bool,
+    /// Where the result goes, with the call's span (`None` once the call finished).
+    waiting: Option<Waiting>,
+    deadline: Time,
+    /// Past its deadline, the group was asked which call each member is in (the desync
+    /// report); `deadline` is now the report's.
+    inquiring: bool,
+}
+
+/// What the queue's lock guards: the calls, and the slots read for the first one.
+struct Queue {
+    calls: VecDeque<Pending>,
+    slots: Vec<Option<Slot>>,
+}
+
+/// A group's board as one rank holds it: the board, the group, how to wake each other
+/// member, and this rank's calls on it.
+pub(crate) struct GroupBoard {
+    board: Board,
+    info: GroupInfo,
+    wake: Vec<Option<Arc<dyn Wake>>>,
+    queue: Mutex<Queue>,
+}
+
+/// How a call ended, for the engine's records.
+enum Record {
+    Finished(u64, collectix_runtime::Fingerprint),
+    Failed(u64, Error),
+}
+
+impl GroupBoard {
+    /// Member `info.rank`'s view of a board whose other members are woken through `wake`
+    /// (one per member, in group order; this member's is not used).
+    pub(crate) fn new(board: Board, info: GroupInfo, wake: Vec<Option<Arc<dyn Wake>>>) -> Self {
+        let n = board.size();
+        GroupBoard {
+            board,
+            info,
+            wake,
+            queue: Mutex::new(Queue {
+                calls: VecDeque::new(),
+                slots: vec![None; n],
+            }),
+        }
+    }
+
+    /// Publishes what it can and finishes what it can, each in order; whether anything
+    /// moved, and how many calls are done with (finished and published).
+    ///
+    /// A call may finish before it is published: a broadcast's root needs nobody's slot (it
+    /// finishes at once, as the engine's root does once its part is posted), and a call
+    /// whose slot is still taken by an earlier one has its result as soon as the others'
+    /// slots are there; it is published once its slot is free.
+    fn step(
+        &self,
+        q: &mut Queue,
+        out: &mut Vec<(Waiting, Result<Output>)>,
+        records: &mut Vec<Record>,
+    ) -> (bool, usize) {
+        let mut moved = false;
+        for p in q.calls.iter_mut().filter(|p| !p.published) {
+            if !self.board.can_publish(p.seq) {
+                break;
+            }
+            if let Err(e) = self
+                .board
+                .publish(p.seq, &p.call.fingerprint(), p.call.payload())
+            {
+                tracing::error!(error = %e, "board publish");
+            }
+            p.published = true;
+            moved = true;
+        }
+        let me = self.board.me();
+        let Queue { calls, slots } = q;
+        for p in calls.iter_mut().filter(|p| p.waiting.is_some()) {
+            let seq = p.seq;
+            let mut missing = false;
+            let mut broken = None;
+            for (m, s) in slots.iter_mut().enumerate() {
+                *s = None;
+                if missing || broken.is_some() || !p.call.needs(me, m) {
+                    continue;
+                }
+                match self.board.read(m, seq) {
+                    Ok(Some(slot)) => *s = Some(slot),
+                    Ok(None) => missing = true,
+                    Err(e) => {
+                        broken = Some(Error::Protocol {
+                            rank: self.info.global(m),
+                            detail: ProtocolError::Malformed(e.to_string()),
+                        })
+                    }
+                }
+            }
+            if missing && broken.is_none() {
+                break;
+            }
+            let result = match broken {
+                Some(e) => Err(e),
+                None => p.call.finish(&self.info, seq, slots),
+            };
+            self.board.finish(seq);
+            moved = true;
+            records.push(match &result {
+                Ok(_) => Record::Finished(seq, p.call.fingerprint()),
+                Err(e) => Record::Failed(seq, e.clone()),
+            });
+            if let Some(w) = p.waiting.take() {
+                out.push((w, result));
+            }
+        }
+        let mut done = 0;
+        while calls
+            .front()
+            .is_some_and(|p| p.published && p.waiting.is_none())
+        {
+            calls.pop_front();
+            done += 1;
+        }
+        (moved, done)
+    }
+
+    /// Wakes the other members that wait and are not driven.
+    fn wake_others(&self) {
+        fence(Ordering::SeqCst);
+        for w in self.wake.iter().flatten() {
+            w.wake();
+        }
+    }
+
+    /// An engine call `fp` at `seq` finds another member's slot of `seq` on the board: that
+    /// member is in a call on the board (which sends no messages), so the calls differ.
+    pub(crate) fn clash(&self, seq: u64, fp: collectix_runtime::Fingerprint) -> Option<Error> {
+        let me = self.board.me();
+        (0..self.board.size()).filter(|&m| m != me).find_map(|m| {
+            let slot = self.board.read(m, seq).ok().flatten()?;
+            Some(Error::Mismatch {
+                group: self.info.id,
+                seq: Some(seq),
+                ours: collectix_runtime::error::CallDesc {
+                    rank: self.info.global(me),
+                    call: fp,
+                },
+                theirs: collectix_runtime::error::CallDesc {
+                    rank: self.info.global(m),
+                    call: slot.fp,
+                },
+                report: Vec::new(),
+            })
+        })
+    }
+
+    /// The members whose slots call `seq` still needs (global ranks).
+    fn missing(&self, call: &BoardCall, seq: u64) -> Vec<usize> {
+        let me = self.board.me();
+        (0..self.board.size())
+            .filter(|&m| call.needs(me, m) && !matches!(self.board.read(m, seq), Ok(Some(_))))
+            .map(|m| self.info.global(m))
+            .collect()
+    }
+}
+
+impl Core {
+    /// Gives the engine and the flight recorder the record of a call that ended on a board.
+    fn board_record(&mut self, gid: collectix_runtime::GroupId, r: Record, now: Time) {
+        match r {
+            Record::Finished(seq, fp) => {
+                self.engine.board_finished(gid, seq, fp);
+                self.recorder.ended(Key::Board(gid, seq), now, None);
+            }
+            Record::Failed(seq, e) => {
+                self.recorder.ended(Key::Board(gid, seq), now, Some(&e));
+                self.engine.board_failed(gid, seq, e);
+            }
+        }
+    }
+}
+
+impl Driver {
+    /// Issues call `seq` of `gb`'s group on the board: the engine records it as made (or
+    /// says why it cannot be: the caller gets that), then it is queued and published at once
+    /// if its slot is free; `done` gets its result.
+    pub(crate) fn submit_board(
+        &self,
+        gb: &Arc<GroupBoard>,
+        seq: u64,
+        call: BoardCall,
+        timeout: Duration,
+        done: Done<Output>,
+    ) {
+        let gid = gb.info.id;
+        let fp = call.fingerprint();
+        let made = self.run(|core, now, _| {
+            if core.quiesced {
+                return Err(Error::Shutdown);
+            }
+            if let Some(e) = core.engine.board_refusal(gid, seq) {
+                return Err(e);
+            }
+            if let Some(e) = core.engine.board_made(gid, seq, fp) {
+                return Err(e);
+            }
+            let record = Recorder::record(gid, Some(seq), fp.kind, fp.dtype, fp.count, now);
+            core.recorder.started(Key::Board(gid, seq), record);
+            let span = tracing::debug_span!(
+                "call",
+                rank = core.engine.rank(),
+                group = %gid,
+                seq,
+                op = %fp.kind,
+                dtype = %fp.dtype,
+                count = fp.count,
+                algorithm = "board",
+                bytes = fp.count.map(|c| c.saturating_mul(fp.dtype.size() as u64)),
+            );
+            let start = (!span.is_disabled()).then(std::time::Instant::now);
+            Ok((now + timeout, span, start))
+        });
+        let (deadline, span, start) = match made {
+            Ok(d) => d,
+            Err(e) => return done(Err(e)),
+        };
+        let waiting = Waiting { done, span, start };
+        {
+            let mut live = lock(&self.boards.live);
+            lock(&gb.queue).calls.push_back(Pending {
+                seq,
+                call,
+                published: false,
+                waiting: Some(waiting),
+                deadline,
+                inquiring: false,
+            });
+            self.boards.signal.pending.fetch_add(1, Ordering::SeqCst);
+            if !live.iter().any(|b| Arc::ptr_eq(b, gb)) {
+                live.push(gb.clone());
+            }
+        }
+        self.board_progress();
+        self.check_timer(Some(deadline));
+    }
+
+    /// Publishes and finishes what it can on this rank's boards (in each group's order);
+    /// whether anything moved. Results are handed over outside every lock.
+    pub(crate) fn board_progress(&self) -> bool {
+        if self.boards.signal.pending.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let Ok(mut live) = self.boards.live.try_lock() else {
+            return false;
+        };
+        let mut out = Vec::new();
+        let mut records: Vec<(collectix_runtime::GroupId, Record)> = Vec::new();
+        let mut moved = Vec::new();
+        let mut done = 0;
+        for gb in live.iter() {
+            let Ok(mut q) = gb.queue.try_lock() else {
+                continue;
+            };
+            let mut recs = Vec::new();
+            let (m, d) = gb.step(&mut q, &mut out, &mut recs);
+            drop(q);
+            done += d;
+            records.extend(recs.into_iter().map(|r| (gb.info.id, r)));
+            if m {
+                moved.push(gb.clone());
+            }
+        }
+        if done > 0 {
+            live.retain(|gb| !lock(&gb.queue).calls.is_empty());
+            self.boards.signal.pending.fetch_sub(done, Ordering::SeqCst);
+        }
+        drop(live);
+        let moved = !moved.is_empty() && {
+            Driver::board_wake(moved);
+            true
+        };
+        if records.is_empty() {
+            return moved;
+        }
+        self.record_board(records);
+        for (w, r) in out {
+            w.finish(r);
+        }
+        self.completed();
+        true
+    }
+
+    /// Gives the engine the records of calls that ended on a board.
+    fn record_board(&self, records: Vec<(collectix_runtime::GroupId, Record)>) {
+        let mut core = lock(&self.core);
+        let now = self.now();
+        for (gid, r) in records {
+            core.board_record(gid, r, now);
+        }
+        let mut after = After::default();
+        core.progress(&self.inbox, now, &mut after);
+        drop(core);
+        after.complete();
+    }
+
+    /// In a run of the engine: publishes and finishes what it can on each board (as
+    /// [`board_progress`](Self::board_progress)), then fails the first waiting call of each
+    /// board that cannot go on (see the module doc). Returns the earliest deadline of the
+    /// calls left, and the boards that moved (whose other members to wake once the lock is
+    /// released).
+    pub(super) fn board_checks(
+        &self,
+        core: &mut Core,
+        now: Time,
+        after: &mut After,
+    ) -> (Option<Time>, Vec<Arc<GroupBoard>>) {
+        let mut moved = Vec::new();
+        if self.boards.signal.pending.load(Ordering::SeqCst) == 0 {
+            return (None, moved);
+        }
+        let mut live = lock(&self.boards.live);
+        let mut next: Option<Time> = None;
+        let mut done = 0;
+        for gb in live.iter() {
+            let gid = gb.info.id;
+            let mut q = lock(&gb.queue);
+            let mut records = Vec::new();
+            let (m, d) = gb.step(&mut q, &mut after.board, &mut records);
+            done += d;
+            if m {
+                moved.push(gb.clone());
+            }
+            for r in records {
+                core.board_record(gid, r, now);
+            }
+            // The first call not finished: can it go on?
+            while let Some(front) = q.calls.iter_mut().find(|p| p.waiting.is_some()) {
+                let why = if core.quiesced {
+                    Some(Error::Shutdown)
+                } else if let Some(e) = core.engine.board_refusal(gid, front.seq) {
+                    Some(e)
+                } else if now >= front.deadline && front.inquiring {
+                    core.engine.board_inquiry_over(gid, front.seq);
+                    core.engine.board_refusal(gid, front.seq)
+                } else if now >= front.deadline {
+                    let fp = front.call.fingerprint();
+                    let missing = gb.missing(&front.call, front.seq);
+                    match core
+                        .engine
+                        .board_timed_out(gid, front.seq, fp, missing.clone(), now)
+                    {
+                        Some(until) => {
+                            front.deadline = until;
+                            front.inquiring = true;
+                            None
+                        }
+                        None => {
+                            let e = Error::Timeout {
+                                group: gid,
+                                seq: Some(front.seq),
+                                op: fp.kind,
+                                rank: gb.info.global(gb.info.rank),
+                                waiting_for: missing,
+                                report: Vec::new(),
+                            };
+                            core.engine.board_failed(gid, front.seq, e.clone());
+                            Some(e)
+                        }
+                    }
+                } else {
+                    None
+                };
+                let Some(e) = why else {
+                    next = Some(next.map_or(front.deadline, |n| n.min(front.deadline)));
+                    break;
+                };
+                // It ends here; unpublished, it is not published any more (the group is
+                // aborted, or the call failed on every member before it started).
+                gb.board.finish(front.seq);
+                front.published = true;
+                moved.push(gb.clone());
+                core.recorder
+                    .ended(Key::Board(gid, front.seq), now, Some(&e));
+                if let Some(w) = front.waiting.take() {
+                    after.board.push((w, Err(e)));
+                }
+            }
+            if core.quiesced || core.engine.board_dead(gid) {
+                // Finished calls still to publish: nobody will read them.
+                for p in q.calls.iter_mut() {
+                    p.published = true;
+                }
+            }
+            while q
+                .calls
+                .front()
+                .is_some_and(|p| p.published && p.waiting.is_none())
+            {
+                q.calls.pop_front();
+                done += 1;
+            }
+        }
+        live.retain(|gb| !lock(&gb.queue).calls.is_empty());
+        drop(live);
+        // What the engine has to send now (an inquiry, an abort) leaves in this run.
+        core.progress(&self.inbox, now, after);
+        if done > 0 {
+            self.boards.signal.pending.fetch_sub(done, Ordering::SeqCst);
+        }
+        (next, moved)
+    }
+
+    /// Wakes the other members of boards that moved in a run.
+    pub(super) fn board_wake(moved: Vec<Arc<GroupBoard>>) {
+        for gb in moved {
+            gb.wake_others();
+        }
+    }
+
+    /// Engine call `seq` of group `gid` met a call on the board (`e`, from
+    /// [`GroupBoard::clash`]): the group is aborted and its members told.
+    pub(crate) fn board_clash(&self, gid: collectix_runtime::GroupId, seq: u64, e: &Error) {
+        self.run(|core, _, _| core.engine.board_failed(gid, seq, e.clone()));
+    }
+
+    /// A caller starts driving the rank.
+    pub(super) fn board_enter(&self) {
+        let s = &self.boards.signal;
+        s.drivers.fetch_add(1, Ordering::SeqCst);
+        if s.unattended.load(Ordering::Relaxed) {
+            s.unattended.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// A caller stops driving the rank: if it was the last and calls wait on a board, a
+    /// member that moved before it could see nobody driving is seen here.
+    pub(super) fn board_leave(&self) {
+        let s = &self.boards.signal;
+        if s.drivers.fetch_sub(1, Ordering::SeqCst) == 1 && s.pending.load(Ordering::SeqCst) > 0 {
+            s.unattended.store(true, Ordering::SeqCst);
+            // Pairs with the fence in `wake_others`: a member that moved before it saw this
+            // store is seen here.
+            fence(Ordering::SeqCst);
+            self.board_progress();
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! The board: small collective calls through shared memory, without the engine.
+//!
+//! A group whose members all share memory (the ranks of one process, or processes of one
+//! host over the shared-memory transport) runs its smallest calls — a barrier, an all_reduce
+//! or a broadcast of at most [`INLINE_MAX`] bytes — on a *board* instead of the engine: each
+//! member owns a *lane* of cache-line slots that only it writes and every other member reads.
+//! A call is one slot: its sequence number, written last, its fingerprint and its payload in
+//! the same 64-byte line (the technique of Open MPI's `coll/xhc`: the flag and a tiny
+//! payload in one line, single-writer flags). A member publishes its slot and reads the
+//! others' slots of the same sequence number; there is no message, no schedule, no
+//! second synchronisation and no final wait. Each lane has [`DEPTH`] slots, used in turn: a
+//! member reuses a slot once every other member has finished with the call that was in it
+//! (each lane's header says which call its owner finished last), so ranks that keep in step
+//! never wait for a slot.
+//!
+//! This module is sans-IO: [`Lane`] is the memory (a heap allocation shared by the ranks of
+//! one process, or a member's shared-memory segment), and nothing here waits. The rank's
+//! driver (`collectix-actors`) decides when to publish, reads, and completes the calls. Every
+//! word read from another member's lane is untrusted: a slot whose fingerprint does not
+//! decode or whose length is out of range is a [`BoardError`], never undefined behaviour.
+//!
+//! **Which calls.** [`BoardCall::of`] decides from the call alone (its kind, its size, no
+//! forced algorithm), so every member of a group takes the same path for the same call; a
+//! member whose call differs (another size, another op) still publishes its fingerprint, and
+//! the members that read it report an [`Error::Mismatch`]. A call whose ranks disagree on the
+//! path itself (a 4-byte all_reduce on one rank, a 1 MiB one on another) is a mismatch that
+//! the board cannot see: the calls time out (`Error::Timeout`), as a call that never came.
+
+#[cfg(test)]
+mod tests;
+
+use crate::collective::{Output, Request};
+use crate::error::{Error, Result};
+use crate::group::{CallOptions, GroupInfo};
+use crate::ids::{DataPath, Fingerprint, FINGERPRINT_BYTES};
+use crate::op::OpKind;
+use crate::tensor::dtype::DType;
+use crate::tensor::reduce::{reference, ReduceOp};
+use crate::tensor::Tensor;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Slots per lane: how many calls a member may have published that another member has not
+/// finished yet. A member further ahead of the slowest one finishes its calls as far as their
+/// results allow (a broadcast's root at once; others once the slots they read are there) and
+/// publishes the rest as the slowest one catches up: so one member cannot finish more than
+/// `DEPTH` calls that need a slot of a member whose own slot waits on another member that
+/// has not made its calls yet (the engine, whose senders hold messages for late peers, has
+/// no such bound; NCCL's FIFOs and MPI's eager buffers have one).
+pub const DEPTH: usize = 32;
+/// Words (u64) of a lane's header: `[finished, 0, ...]`, one cache line.
+const HEADER_WORDS: usize = 8;
+/// Words of a slot: one cache line.
+const SLOT_WORDS: usize = 8;
+/// Words of one member's lane.
+pub const LANE_WORDS: usize = HEADER_WORDS + DEPTH * SLOT_WORDS;
+/// Bytes of one member's lane.
+pub const LANE_BYTES: usize = LANE_WORDS * 8;
+/// The most payload bytes a call may have to run on the board: what fits in its slot's line
+/// beside the sequence number, the fingerprint and the length.
+pub const INLINE_MAX: usize = SLOT_WORDS * 8 - 8 - FINGERPRINT_BYTES - 1;
+
+/// A lane's memory: [`LANE_WORDS`] words, read with acquire and written with release
+/// ordering. Accesses out of range fail (`None`, `false`); a lane in memory another process
+/// writes returns whatever is there.
+pub trait Lane: Send + Sync {
+    /// Word `i`.
+    fn load(&self, i: usize) -> Option<u64>;
+    /// Writes word `i`; whether it is in range.
+    fn store(&self, i: usize, v: u64) -> bool;
+}
+
+/// A lane on the heap, for the ranks of one process.
+pub struct HeapLane(Box<[AtomicU64]>);
+
+impl Default for HeapLane {
+    fn default() -> Self {
+        HeapLane((0..LANE_WORDS).map(|_| AtomicU64::new(0)).collect())
+    }
+}
+
+impl Lane for HeapLane {
+    fn load(&self, i: usize) -> Option<u64> {
+        self.0.get(i).map(|w| w.load(Ordering::Acquire))
+    }
+    fn store(&self, i: usize, v: u64) -> bool {
+        self.0
+            .get(i)
+            .map(|w| w.store(v, Ordering::Release))
+            .is_some()
+    }
+}
+
+/// Another member's lane held something that is not a slot (a corrupted or hostile peer's
+/// memory): the group cannot go on with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("board lane of group rank {member}: {what}")]
+pub struct BoardError {
+    /// The member (group rank) whose lane it is.
+    pub member: usize,
+    /// What was wrong.
+    pub what: &'static str,
+}
+
+/// One slot read from a lane: the member's call and its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// The call the member made.
+    pub fp: Fingerprint,
+    len: u8,
+    payload: [u8; INLINE_MAX],
+}
+
+impl Slot {
+    /// The payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload[..usize::from(self.len)]
+    }
+}
+
+fn slot_base(seq: u64) -> usize {
+    // DEPTH is small: the remainder fits.
+    HEADER_WORDS + (seq % DEPTH as u64) as usize * SLOT_WORDS
+}
+
+/// A group's board as one member sees it: every member's lane, in group-rank order.
+pub struct Board {
+    lanes: Vec<std::sync::Arc<dyn Lane>>,
+    me: usize,
+}
+
+impl Board {
+    /// The board of a group of `lanes.len()` members, seen by member `me`.
+    pub fn new(lanes: Vec<std::sync::Arc<dyn Lane>>, me: usize) -> Result<Board> {
+        if me >= lanes.len() {
+            return Err(Error::internal("board member out of range"));
+        }
+        Ok(Board { lanes, me })
+    }
+
+    /// Members.
+    pub fn size(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// This member (group rank).
+    pub fn me(&self) -> usize {
+        self.me
+    }
+
+    fn mine(&self) -> &dyn Lane {
+        self.lanes[self.me].as_ref()
+    }
+
+    /// The last call member `m` finished (`None`: none yet, or out of range).
+    pub fn finished(&self, m: usize) -> Option<u64> {
+        let w = self.lanes.get(m)?.load(0)?;
+        w.checked_sub(1)
+    }
+
+    /// Records that this member finished call `seq` (it will not read slot `seq` again).
+    pub fn finish(&self, seq: u64) {
+        self.mine().store(0, seq.saturating_add(1));
+    }
+
+    /// Whether this member may publish call `seq` now: the call its slot last held is
+    /// finished by every other member.
+    pub fn can_publish(&self, seq: u64) -> bool {
+        let Some(held) = self
+            .mine()
+            .load(slot_base(seq))
+            .and_then(|w| w.checked_sub(1))
+        else {
+            return true;
+        };
+        (0..self.size())
+            .filter(|&m| m != self.me)
+            .all(|m| self.finished(m).is_some_and(|f| f >= held))
+    }
+
+    /// Publishes this member's call `seq` (check [`can_publish`](Self::can_publish) first):
+    /// the fingerprint and payload, then the sequence number.
+    pub fn publish(&self, seq: u64, fp: &Fingerprint, payload: &[u8]) -> Result<()> {
+        let len = u8::try_from(payload.len())
+            .ok()
+            .filter(|&l| usize::from(l) <= INLINE_MAX)
+            .ok_or_else(|| Error::internal("board payload too large"))?;
+        let mut line = [0u8; SLOT_WORDS * 8 - 8];
+        line[..FINGERPRINT_BYTES].copy_from_slice(&fp.to_bytes());
+        line[FINGERPRINT_BYTES] = len;
+        line[FINGERPRINT_BYTES + 1..FINGERPRINT_BYTES + 1 + payload.len()].copy_from_slice(payload);
+        let base = slot_base(seq);
+        for (i, w) in line.chunks_exact(8).enumerate() {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(w);
+            self.mine().store(base + 1 + i, u64::from_le_bytes(b));
+        }
+        self.mine().store(base, seq.saturating_add(1));
+        Ok(())
+    }
+
+    /// Member `m`'s slot of call `seq`, if it published it. Every word is checked: a slot
+    /// that changes while it is read (its owner may not reuse it before this member finished
+    /// the call) or does not decode is an error.
+    pub fn read(&self, m: usize, seq: u64) -> std::result::Result<Option<Slot>, BoardError> {
+        let bad = |what| BoardError { member: m, what };
+        let lane = self.lanes.get(m).ok_or(bad("no such member"))?;
+        let base = slot_base(seq);
+        let want = seq.saturating_add(1);
+        if lane.load(base) != Some(want) {
+            return Ok(None);
+        }
+        let mut line = [0u8; SLOT_WORDS * 8 - 8];
+        for (i, w) in line.chunks_exact_mut(8).enumerate() {
+            let v = lane.load(base + 1 + i).ok_or(bad("short lane"))?;
+            w.copy_from_slice(&v.to_le_bytes());
+        }
+        if lane.load(base) != Some(want) {
+            return Err(bad("slot rewritten while it was read"));
+        }
+        let mut fpb = [0u8; FINGERPRINT_BYTES];
+        fpb.copy_from_slice(&line[..FINGERPRINT_BYTES]);
+        let fp = Fingerprint::from_bytes(&fpb).map_err(|_| bad("fingerprint does not decode"))?;
+        let len = line[FINGERPRINT_BYTES];
+        if usize::from(len) > INLINE_MAX {
+            return Err(bad("payload length out of range"));
+        }
+        let mut payload = [0u8; INLINE_MAX];
+        payload.copy_from_slice(&line[FINGERPRINT_BYTES + 1..]);
+        Ok(Some(Slot { fp, len, payload }))
+    }
+}
+
+/// What a call on the board computes.
+#[derive(Clone, Debug)]
+enum Body {
+    Barrier,
+    AllReduce { op: ReduceOp, shape: Vec<usize> },
+    Broadcast { root: usize, shape: Vec<usize> },
+}
+
+/// A call that runs on the board: its fingerprint, this member's payload, and what to make
+/// of the slots.
+#[derive(Clone, Debug)]
+pub struct BoardCall {
+    fp: Fingerprint,
+    payload: Vec<u8>,
+    body: Body,
+}
+
+/// The payload of a call's tensor, if the call is small enough for the board.
+fn small(t: &Tensor) -> Option<&[u8]> {
+    (t.device().is_host() && t.bytes().len() <= INLINE_MAX).then(|| &t.bytes()[..])
+}
+
+impl BoardCall {
+    /// The call `req` as it runs on the board of `group`, or `None` if it does not (not one
+    /// of the three calls, too large, on a device, or with a forced algorithm): the same
+    /// answer on every member for the same call. `Some(Err)` is an argument error (an op the
+    /// dtype does not support, a root out of range), refused as the engine would.
+    pub fn of(req: &Request, group: &GroupInfo, opts: &CallOptions) -> Option<Result<BoardCall>> {
+        if opts.algorithm.is_some() {
+            return None;
+        }
+        let fp = |kind, dtype| Fingerprint {
+            path: DataPath::Board,
+            ..Fingerprint::new(kind, dtype)
+        };
+        Some(match req {
+            Request::Barrier => Ok(BoardCall {
+                fp: fp(OpKind::Barrier, DType::U8),
+                payload: Vec::new(),
+                body: Body::Barrier,
+            }),
+            Request::AllReduce { tensor, op } => {
+                let payload = small(tensor)?;
+                let dtype = tensor.dtype();
+                op.check(dtype).map(|()| BoardCall {
+                    fp: Fingerprint {
+                        count: Some(tensor.numel() as u64),
+                        op: Some(op.kind()),
+                        scalar: op.scalar_bits(),
+                        ..fp(OpKind::AllReduce, dtype)
+                    },
+                    payload: payload.to_vec(),
+                    body: Body::AllReduce {
+                        op: *op,
+                        shape: tensor.shape().to_vec(),
+                    },
+                })
+            }
+            Request::Broadcast { tensor, root } => {
+                let payload = small(tensor)?;
+                if let Err(e) = group.check_rank(*root, "root") {
+                    Err(e)
+                } else {
+                    let mine = group.rank == *root;
+                    Ok(BoardCall {
+                        fp: Fingerprint {
+                            count: Some(tensor.numel() as u64),
+                            root: u32::try_from(*root).ok(),
+                            ..fp(OpKind::Broadcast, tensor.dtype())
+                        },
+                        payload: if mine { payload.to_vec() } else { Vec::new() },
+                        body: Body::Broadcast {
+                            root: *root,
+                            shape: tensor.shape().to_vec(),
+                        },
+                    })
+                }
+            }
+            _ => return None,
+        })
+    }
+
+    /// The call's fingerprint.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fp
+    }
+
+    /// What this member publishes.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// Whether this member needs member `m`'s slot to finish the call: a broadcast needs
+    /// only its root's, and its root nobody's (it finishes at once, as the engine's root
+    /// does once its part is sent); the other calls every member's.
+    pub fn needs(&self, me: usize, m: usize) -> bool {
+        m != me
+            && match &self.body {
+                Body::Broadcast { root, .. } => m == *root,
+                _ => true,
+            }
+    }
+
+    /// The call's output, from every member's slot (`slots[me]` and those the call does not
+    /// [need](Self::needs) may be `None`). A slot of another call is an [`Error::Mismatch`]
+    /// naming both calls (`members` are the group's global ranks).
+    pub fn finish(&self, group: &GroupInfo, seq: u64, slots: &[Option<Slot>]) -> Result<Output> {
+        let me = group.rank;
+        for (m, s) in slots.iter().enumerate() {
+            if let Some(s) = s.filter(|_| m != me) {
+                if s.fp != self.fp {
+                    return Err(Error::Mismatch {
+                        group: group.id,
+                        seq: Some(seq),
+                        ours: crate::error::CallDesc {
+                            rank: group.global(me),
+                            call: self.fp,
+                        },
+                        theirs: crate::error::CallDesc {
+                            rank: group.global(m),
+                            call: s.fp,
+                        },
+                        report: Vec::new(),
+                    });
+                }
+            }
+        }
+        let tensor = |bytes: &[u8], shape: &[usize]| {
+            Tensor::from_bytes(bytes::Bytes::copy_from_slice(bytes), self.fp.dtype, shape)
+        };
+        match &self.body {
+            Body::Barrier => Ok(Output::None),
+            Body::Broadcast { root, shape } => {
+                if *root == me {
+                    return tensor(&self.payload, shape).map(Output::Tensor);
+                }
+                let s = slots
+                    .get(*root)
+                    .copied()
+                    .flatten()
+                    .ok_or_else(|| Error::internal("broadcast finished without its root"))?;
+                check_len(&s, self.payload_len(), group, *root)?;
+                tensor(s.payload(), shape).map(Output::Tensor)
+            }
+            Body::AllReduce { op, shape } => {
+                let mut inputs = Vec::with_capacity(slots.len());
+                for (m, s) in slots.iter().enumerate() {
+                    if m == me {
+                        inputs.push(tensor(&self.payload, shape)?);
+                    } else {
+                        let s = s.ok_or_else(|| Error::internal("all_reduce finished early"))?;
+                        check_len(&s, self.payload.len(), group, m)?;
+                        inputs.push(tensor(s.payload(), shape)?);
+                    }
+                }
+                reference(*op, &inputs).map(Output::Tensor)
+            }
+        }
+    }
+
+    /// The payload every member's slot of this call holds (a broadcast's non-roots publish
+    /// none: the root's length follows from the shared fingerprint).
+    fn payload_len(&self) -> usize {
+        self.fp.count.unwrap_or(0) as usize * self.fp.dtype.size()
+    }
+}
+
+/// A slot whose length is not the call's, although its fingerprint is: a broken peer.
+fn check_len(s: &Slot, want: usize, group: &GroupInfo, m: usize) -> Result<()> {
+    if s.payload().len() == want {
+        return Ok(());
+    }
+    Err(Error::Protocol {
+        rank: group.global(m),
+        detail: crate::error::ProtocolError::Length {
+            part: 0,
+            expected: want as u64,
+            got: s.payload().len() as u64,
+        },
+    })
+}

@@ -1,0 +1,248 @@
+use super::*;
+use crate::group::{GroupId, GroupOptions};
+use std::sync::Arc;
+
+fn lanes(n: usize) -> Vec<Arc<dyn Lane>> {
+    (0..n)
+        .map(|_| Arc::new(HeapLane::default()) as Arc<dyn Lane>)
+        .collect()
+}
+
+fn boards(n: usize) -> Vec<Board> {
+    let l = lanes(n);
+    (0..n)
+        .map(|m| Board::new(l.clone(), m).unwrap_or_else(|e| panic!("{e}")))
+        .collect()
+}
+
+fn info(n: usize, me: usize) -> GroupInfo {
+    GroupInfo::new(
+        GroupId::WORLD,
+        (0..n).collect(),
+        me,
+        GroupOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn call(req: &Request, n: usize, me: usize) -> BoardCall {
+    match BoardCall::of(req, &info(n, me), &CallOptions::default()) {
+        Some(Ok(c)) => c,
+        other => panic!("not a board call: {other:?}"),
+    }
+}
+
+/// Runs call `seq` on every member of `b`, each with its own request.
+fn run(b: &[Board], seq: u64, reqs: &[Request]) -> Vec<Result<Output>> {
+    let n = b.len();
+    let calls: Vec<BoardCall> = (0..n).map(|m| call(&reqs[m], n, m)).collect();
+    for (m, c) in calls.iter().enumerate() {
+        assert!(b[m].can_publish(seq), "member {m} may publish {seq}");
+        b[m].publish(seq, &c.fingerprint(), c.payload())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    (0..n)
+        .map(|m| {
+            let slots: Vec<Option<Slot>> = (0..n)
+                .map(|p| {
+                    if calls[m].needs(m, p) {
+                        b[m].read(p, seq).unwrap_or_else(|e| panic!("{e}"))
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            let r = calls[m].finish(&info(n, m), seq, &slots);
+            b[m].finish(seq);
+            r
+        })
+        .collect()
+}
+
+fn f32s(o: &Result<Output>) -> Vec<f32> {
+    match o {
+        Ok(Output::Tensor(t)) => t.to_vec::<f32>().unwrap_or_else(|e| panic!("{e}")),
+        other => panic!("not a tensor: {other:?}"),
+    }
+}
+
+#[test]
+fn a_slot_holds_a_small_call_in_one_line() {
+    assert_eq!(INLINE_MAX, 28);
+    assert_eq!(SLOT_WORDS * 8, 64);
+    assert_eq!(LANE_BYTES, 64 * (DEPTH + 1));
+}
+
+#[test]
+fn all_reduce_barrier_and_broadcast_agree_with_the_reference_on_every_member() {
+    for n in 1..=5 {
+        let b = boards(n);
+        for seq in 0..(3 * DEPTH as u64) {
+            let reqs: Vec<Request> = (0..n)
+                .map(|m| Request::AllReduce {
+                    tensor: Tensor::from_vec(vec![m as f32 + seq as f32, 1.5, -(m as f32)]),
+                    op: ReduceOp::Sum,
+                })
+                .collect();
+            let want: Vec<f32> = vec![
+                (0..n).map(|m| m as f32 + seq as f32).sum(),
+                1.5 * n as f32,
+                -((0..n).sum::<usize>() as f32),
+            ];
+            for o in run(&b, seq, &reqs) {
+                assert_eq!(f32s(&o), want, "n {n} seq {seq}");
+            }
+        }
+        let seq = 3 * DEPTH as u64;
+        for o in run(&b, seq, &vec![Request::Barrier; n]) {
+            assert!(matches!(o, Ok(Output::None)));
+        }
+        let root = n / 2;
+        let reqs: Vec<Request> = (0..n)
+            .map(|m| Request::Broadcast {
+                tensor: Tensor::from_vec(vec![if m == root { 7.0f32 } else { 0.0 }; 2]),
+                root,
+            })
+            .collect();
+        for o in run(&b, seq + 1, &reqs) {
+            assert_eq!(f32s(&o), vec![7.0, 7.0]);
+        }
+    }
+}
+
+#[test]
+fn avg_and_max_are_the_sequential_reference() {
+    let b = boards(3);
+    for (seq, op) in [ReduceOp::Avg, ReduceOp::Max, ReduceOp::Product]
+        .into_iter()
+        .enumerate()
+    {
+        let seq = seq as u64;
+        let inputs: Vec<Tensor> = (0..3)
+            .map(|m| Tensor::from_vec(vec![m as f32 + 0.25, 3.0 - m as f32]))
+            .collect();
+        let reqs: Vec<Request> = inputs
+            .iter()
+            .map(|t| Request::AllReduce {
+                tensor: t.clone(),
+                op,
+            })
+            .collect();
+        let want = reference(op, &inputs).unwrap_or_else(|e| panic!("{e}"));
+        for o in run(&b, seq, &reqs) {
+            match o {
+                Ok(Output::Tensor(t)) => assert_eq!(t.bytes(), want.bytes()),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_slot_is_reused_only_once_every_member_finished_its_call() {
+    let b = boards(3);
+    let c = call(&Request::Barrier, 3, 0);
+    for seq in 0..DEPTH as u64 {
+        assert!(b[0].can_publish(seq));
+        b[0].publish(seq, &c.fingerprint(), c.payload())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let next = DEPTH as u64;
+    assert!(!b[0].can_publish(next), "slot 0 still holds call 0");
+    b[1].finish(0);
+    assert!(!b[0].can_publish(next), "member 2 has not finished call 0");
+    b[2].finish(0);
+    assert!(b[0].can_publish(next));
+    assert_eq!(b[1].read(0, next), Ok(None), "not published yet");
+    assert!(b[1].read(0, 0).is_ok_and(|s| s.is_some()));
+}
+
+#[test]
+fn another_call_in_a_slot_is_a_mismatch_naming_both() {
+    let b = boards(2);
+    let reqs = vec![
+        Request::AllReduce {
+            tensor: Tensor::from_vec(vec![1.0f32]),
+            op: ReduceOp::Sum,
+        },
+        Request::AllReduce {
+            tensor: Tensor::from_vec(vec![1.0f32]),
+            op: ReduceOp::Max,
+        },
+    ];
+    for (m, o) in run(&b, 0, &reqs).into_iter().enumerate() {
+        match o {
+            Err(Error::Mismatch {
+                seq: Some(0),
+                ours,
+                theirs,
+                ..
+            }) => {
+                assert_eq!(ours.rank, m);
+                assert_eq!(theirs.rank, 1 - m);
+            }
+            other => panic!("member {m}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn garbage_in_a_lane_is_an_error_never_a_slot() {
+    let l = lanes(2);
+    let b = Board::new(l.clone(), 0).unwrap_or_else(|e| panic!("{e}"));
+    let base = slot_base(3);
+    // A sequence number and a fingerprint that does not decode.
+    l[1].store(base, 4);
+    l[1].store(base + 1, u64::MAX);
+    assert!(matches!(b.read(1, 3), Err(BoardError { member: 1, .. })));
+    // A good fingerprint, a length out of range.
+    let fp = call(&Request::Barrier, 2, 1).fingerprint();
+    let b1 = Board::new(l.clone(), 1).unwrap_or_else(|e| panic!("{e}"));
+    b1.publish(3, &fp, &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(b.read(1, 3).is_ok_and(|s| s.is_some()));
+    let w = base + 1 + FINGERPRINT_BYTES / 8;
+    let v = l[1].load(w).unwrap_or(0);
+    let shift = (FINGERPRINT_BYTES % 8) * 8;
+    l[1].store(w, v | (0xff << shift));
+    assert!(matches!(b.read(1, 3), Err(BoardError { member: 1, .. })));
+    // Out of range members and words.
+    assert!(b.read(2, 0).is_err());
+    assert!(l[0].load(LANE_WORDS).is_none());
+    assert!(!l[0].store(LANE_WORDS, 1));
+}
+
+#[test]
+fn only_small_calls_without_a_forced_algorithm_run_on_the_board() {
+    let g = info(2, 0);
+    let small = Request::AllReduce {
+        tensor: Tensor::from_vec(vec![0u8; INLINE_MAX]),
+        op: ReduceOp::Sum,
+    };
+    let large = Request::AllReduce {
+        tensor: Tensor::from_vec(vec![0u8; INLINE_MAX + 1]),
+        op: ReduceOp::Sum,
+    };
+    let none = CallOptions::default();
+    assert!(matches!(BoardCall::of(&small, &g, &none), Some(Ok(_))));
+    assert!(BoardCall::of(&large, &g, &none).is_none());
+    let forced = CallOptions {
+        algorithm: Some(crate::op::Algorithm::Ring),
+        ..CallOptions::default()
+    };
+    assert!(BoardCall::of(&small, &g, &forced).is_none());
+    let bad_op = Request::AllReduce {
+        tensor: Tensor::from_vec(vec![1.0f32]),
+        op: ReduceOp::BXor,
+    };
+    assert!(matches!(BoardCall::of(&bad_op, &g, &none), Some(Err(_))));
+    let bad_root = Request::Broadcast {
+        tensor: Tensor::from_vec(vec![1.0f32]),
+        root: 2,
+    };
+    assert!(matches!(BoardCall::of(&bad_root, &g, &none), Some(Err(_))));
+    let gather = Request::AllGatherIntoTensor {
+        input: Tensor::from_vec(vec![1.0f32]),
+        output: crate::TensorSpec::new(&[2], DType::F32),
+    };
+    assert!(BoardCall::of(&gather, &g, &none).is_none());
+}

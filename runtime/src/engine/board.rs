@@ -1,0 +1,229 @@
+//! Calls that run outside the engine, on the board of small calls ([`crate::board`]): they
+//! take their sequence numbers in the group's order like any call, and the engine keeps
+//! their records — made (flow control's credit), finished (the gapless prefix the survivors
+//! of a failure agree on), or failed (the group is aborted and its members told) — so that
+//! the calls around them, and recovery, cannot tell them apart from the engine's own.
+
+use super::Engine;
+use crate::error::{Error, RankCall};
+use crate::group::GroupId;
+use crate::ids::Fingerprint;
+use crate::time::Time;
+use crate::wire::message::{Header, Message, Transmit};
+use std::collections::BTreeMap;
+
+/// A desync report on a call on the board that passed its deadline (as an engine call's,
+/// `PendingCall::inquiry`): the call, the members whose slots it still needed, the answers.
+pub(super) struct BoardInquiry {
+    fp: Fingerprint,
+    missing: Vec<usize>,
+    replies: BTreeMap<usize, RankCall>,
+}
+
+impl Engine {
+    /// Why call `seq` of group `gid` cannot run (the error its caller gets), checked when it
+    /// is made and while it waits: this rank is shutting down, the group is not one of this
+    /// rank's or was aborted, a member left before the call, or a member's part of it failed
+    /// before it started. `None`: it may go on.
+    pub fn board_refusal(&mut self, gid: GroupId, seq: u64) -> Option<Error> {
+        let e = self.refusal(gid, seq)?;
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.board.remove(&seq);
+        }
+        Some(e)
+    }
+
+    fn refusal(&mut self, gid: GroupId, seq: u64) -> Option<Error> {
+        if let Some(g) = self.groups.get_mut(&gid) {
+            if let Some(e) = g.board_verdicts.remove(&seq) {
+                g.heard = true;
+                return Some(e);
+            }
+        }
+        if self.closing.is_some() {
+            return Some(Error::Shutdown);
+        }
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return Some(if self.destroyed.contains(&gid) {
+                Error::invalid(format!(
+                    "group {gid} was destroyed on this rank; make a new one for more calls"
+                ))
+            } else {
+                Error::NotAMember {
+                    group: gid,
+                    rank: self.rank,
+                }
+            });
+        };
+        if let Some(cause) = &g.aborted {
+            let e = Error::GroupAborted {
+                group: gid,
+                cause: Box::new(cause.root_cause().clone()),
+            };
+            g.heard = true;
+            return Some(e);
+        }
+        if g.failed.contains_key(&seq) {
+            return self.failed_elsewhere(gid, seq);
+        }
+        if !g.left.is_empty() {
+            return self.left_refusal(gid, Some(seq), None);
+        }
+        None
+    }
+
+    /// Whether group `gid` can run no more calls on this rank (shutting down, not a group of
+    /// this rank, or aborted): calls finished here but not yet published need not be.
+    pub fn board_dead(&self, gid: GroupId) -> bool {
+        self.closing.is_some() || self.groups.get(&gid).is_none_or(|g| g.aborted.is_some())
+    }
+
+    /// Call `seq` of group `gid` is made on the board (checked with
+    /// [`board_refusal`](Self::board_refusal) first): the members' flow control learns of it
+    /// as of an engine call, and a member that asks which call this rank is in (a desync
+    /// report) hears of it.
+    ///
+    /// A member's message for the call that came before it is a mismatch (a call on the
+    /// board sends none): the group is aborted, and the error is the call's.
+    pub fn board_made(&mut self, gid: GroupId, seq: u64, fp: Fingerprint) -> Option<Error> {
+        let g = self.groups.get_mut(&gid)?;
+        g.board.insert(seq, fp);
+        // A member's message for this call came early: it is in another call (one on the
+        // board sends none).
+        let early = g.unexpected.remove(&seq).and_then(|ms| {
+            ms.into_iter().find_map(|m| match m.header {
+                Header::Data { call, .. } => Some((m.src, call)),
+                _ => None,
+            })
+        });
+        let mut out = Vec::new();
+        g.flow.on_made(seq, &mut out);
+        self.emit(gid, out);
+        let (src, call) = early?;
+        let err = self.mismatch(gid, Some(seq), fp, src, call);
+        self.abort(gid, err.clone(), None, true);
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.board.remove(&seq);
+            g.heard = true;
+        }
+        Some(err)
+    }
+
+    /// Call `seq` of group `gid`, `fp`, finished on the board on this rank.
+    pub fn board_finished(&mut self, gid: GroupId, seq: u64, fp: Fingerprint) {
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.board.remove(&seq);
+            if let Some(s) = g.done.insert(seq, Some(fp)) {
+                g.forgotten_below = g.forgotten_below.max(s + 1);
+            }
+        }
+    }
+
+    /// Call `seq` of group `gid` failed on the board on this rank with `e` (a mismatch, a
+    /// timeout, a member's broken lane): the group is aborted and its members told, as when
+    /// an engine call fails so; this rank's caller hears `e` itself.
+    pub fn board_failed(&mut self, gid: GroupId, seq: u64, e: Error) {
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.board.remove(&seq);
+        }
+        self.abort(gid, e, None, true);
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.heard = true;
+        }
+    }
+
+    /// Call `seq` (`fp`) of group `gid` on the board passed its deadline, still needing the
+    /// slots of `missing` (global ranks): asks every other member which call it is in and
+    /// returns when the report is due (the group's `desync_grace` from `now`). The report's
+    /// verdict — a mismatch if a member is in another call, else a timeout naming the members
+    /// that have not made it — aborts the group, and is what
+    /// [`board_refusal`](Self::board_refusal) gives the call. `None`: no report (no grace,
+    /// nobody to ask, or one already asked for).
+    pub fn board_timed_out(
+        &mut self,
+        gid: GroupId,
+        seq: u64,
+        fp: Fingerprint,
+        missing: Vec<usize>,
+        now: Time,
+    ) -> Option<Time> {
+        let me = self.rank;
+        let g = self.groups.get_mut(&gid)?;
+        let grace = g.info.options.desync_grace;
+        if grace.is_zero() || g.info.size() < 2 || g.board_inquiries.contains_key(&seq) {
+            return None;
+        }
+        g.board_inquiries.insert(
+            seq,
+            BoardInquiry {
+                fp,
+                missing,
+                replies: BTreeMap::new(),
+            },
+        );
+        tracing::warn!(rank = me, group = %gid, seq, call = %fp, "call on the board timed out; asking the group which call each rank is in");
+        for &m in &g.info.members {
+            if m != me {
+                self.transmits.push_back(Transmit {
+                    dst: m,
+                    msg: Message {
+                        src: me,
+                        header: Header::Inquire { group: gid, seq },
+                        payload: Vec::new(),
+                    },
+                });
+            }
+        }
+        Some(now + grace)
+    }
+
+    /// A member answered the desync report on call `seq` of group `gid` (a call on the
+    /// board, if there is such a report): the report concludes once every member answered.
+    pub(super) fn board_status(
+        &mut self,
+        gid: GroupId,
+        seq: u64,
+        from: usize,
+        made: Option<Fingerprint>,
+        latest: Option<(u64, Fingerprint)>,
+    ) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        let size = g.info.size();
+        let Some(inq) = g.board_inquiries.get_mut(&seq) else {
+            return;
+        };
+        let line = match made {
+            Some(call) => RankCall::Made { rank: from, call },
+            None => RankCall::NotReached { rank: from, latest },
+        };
+        inq.replies.insert(from, line);
+        if inq.replies.len() + 1 >= size {
+            self.board_inquiry_over(gid, seq);
+        }
+    }
+
+    /// The desync report on call `seq` of group `gid` concludes with what came (its grace is
+    /// over, or every member answered): its verdict aborts the group and waits for the call
+    /// ([`board_refusal`](Self::board_refusal)).
+    pub fn board_inquiry_over(&mut self, gid: GroupId, seq: u64) {
+        let Some(inq) = self
+            .groups
+            .get_mut(&gid)
+            .and_then(|g| g.board_inquiries.remove(&seq))
+        else {
+            return;
+        };
+        let Some(err) = self.verdict(gid, Some(seq), inq.fp, &inq.replies, inq.missing) else {
+            return;
+        };
+        if let Some(g) = self.groups.get_mut(&gid) {
+            if g.aborted.is_some() {
+                return;
+            }
+            g.board_verdicts.insert(seq, err.clone());
+        }
+        self.abort(gid, err, None, true);
+    }
+}
