@@ -486,6 +486,7 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
                 listener,
                 security,
                 store: store.as_ref(),
+                world,
                 ring: shm::ring_from_env()?,
                 single_copy: shm::single_copy_from_env()?,
                 limits,
@@ -542,6 +543,11 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
             return Err(e);
         }
     }
+    // The world group's board, when the whole job shares this host's memory.
+    #[cfg(target_os = "linux")]
+    let boards = hub.as_ref().and_then(Hub::boards);
+    #[cfg(not(target_os = "linux"))]
+    let boards = None;
     let shared = Arc::new(RankShared {
         rank,
         world,
@@ -553,8 +559,7 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         // One rank per process: its device calls take NCCL.
         hub: None,
         incarnation,
-        // Not yet: the processes of one host will share boards in their segments.
-        boards: None,
+        boards,
     });
     Ok(Joined {
         comm: Communicator::new(shared, info),

@@ -27,7 +27,7 @@ pub(crate) mod recorder;
 mod state;
 mod wait;
 
-pub(crate) use board::{GroupBoard, Signal, Wake};
+pub(crate) use board::{needs_wake, GroupBoard, Signal, Wake};
 pub(crate) use handoff::Owed;
 pub(crate) use state::{After, Core};
 pub(crate) use wait::{spin_from_env, DEFAULT_SPIN, DEFAULT_SPIN_TCP};

@@ -47,8 +47,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// has not made its calls yet (the engine, whose senders hold messages for late peers, has
 /// no such bound; NCCL's FIFOs and MPI's eager buffers have one).
 pub const DEPTH: usize = 32;
-/// Words (u64) of a lane's header: `[finished, 0, ...]`, one cache line.
+/// Words (u64) of a lane's header: `[finished, pending, drivers, unattended, 0, ...]`, one
+/// cache line.
 const HEADER_WORDS: usize = 8;
+/// Header word where a lane's owner may say how many calls are pending on its boards (read
+/// by the members that wake it; the board itself does not use it).
+pub const PENDING_WORD: usize = 1;
+/// Header word: how many threads drive the owner's rank now.
+pub const DRIVERS_WORD: usize = 2;
+/// Header word: non-zero when the owner's last driver left with calls pending (it needs a
+/// wake-up to go on).
+pub const UNATTENDED_WORD: usize = 3;
 /// Words of a slot: one cache line.
 const SLOT_WORDS: usize = 8;
 /// Words of one member's lane.

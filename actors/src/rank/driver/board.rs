@@ -20,7 +20,9 @@ use super::recorder::{Key, Recorder};
 use super::state::Waiting;
 use super::{After, Core, Done, Driver};
 use crate::sync::lock;
-use collectix_runtime::board::{Board, BoardCall, Slot};
+use collectix_runtime::board::{
+    Board, BoardCall, Lane, Slot, DRIVERS_WORD, PENDING_WORD, UNATTENDED_WORD,
+};
 use collectix_runtime::error::ProtocolError;
 use collectix_runtime::progress::CachePadded;
 use collectix_runtime::{Error, GroupInfo, Output, Result, Time};
@@ -50,6 +52,10 @@ pub(crate) struct Signal {
     /// of the rank finishes it).
     unattended: CachePadded<AtomicBool>,
     driver: std::sync::OnceLock<Weak<Driver>>,
+    /// Where the other members read this state when they are other processes: the rank's
+    /// lane in its shared-memory segment (its header words `PENDING_WORD`, `DRIVERS_WORD`,
+    /// `UNATTENDED_WORD`).
+    mirror: std::sync::OnceLock<Arc<dyn Lane>>,
 }
 
 impl Signal {
@@ -57,23 +63,74 @@ impl Signal {
     pub(crate) fn attach(&self, d: &Arc<Driver>) {
         let _ = self.driver.set(Arc::downgrade(d));
     }
+
+    /// Mirrors this state into `lane`'s header from now on (once).
+    pub(crate) fn mirror_into(&self, lane: Arc<dyn Lane>) {
+        let _ = self.mirror.set(lane);
+    }
+
+    fn mirror(&self, word: usize, v: u64) {
+        if let Some(l) = self.mirror.get() {
+            l.store(word, v);
+        }
+    }
+
+    fn add_pending(&self, n: usize) {
+        let now = self.pending.fetch_add(n, Ordering::SeqCst) + n;
+        self.mirror(PENDING_WORD, now as u64);
+    }
+
+    fn sub_pending(&self, n: usize) {
+        let now = self
+            .pending
+            .fetch_sub(n, Ordering::SeqCst)
+            .saturating_sub(n);
+        self.mirror(PENDING_WORD, now as u64);
+    }
+
+    fn set_unattended(&self, on: bool) {
+        self.unattended.store(on, Ordering::SeqCst);
+        self.mirror(UNATTENDED_WORD, u64::from(on));
+    }
+}
+
+/// How long a member that moved looks again before it wakes a member whose calls were issued
+/// but not yet waited for: the gap between a call and its wait is well under a microsecond;
+/// a member that has not come by then is probably not running (more ranks than cores), and
+/// spinning longer would keep the core from it.
+const GRACE: std::time::Duration = std::time::Duration::from_micros(2);
+
+/// Whether a member whose state reads `pending` calls, `drivers` threads and `unattended`
+/// needs a wake-up now, waiting the grace first if it may be about to drive (see
+/// [`Wake`]); `read` reads the state again.
+pub(crate) fn needs_wake(read: impl Fn() -> (u64, u64, bool)) -> bool {
+    let attended = || {
+        let (pending, drivers, _) = read();
+        pending == 0 || drivers > 0
+    };
+    if attended() {
+        return false;
+    }
+    if !read().2 {
+        // Its calls were issued and nobody waited for them yet: a caller between its call
+        // and its wait drives a moment later (as `Driver::deliver_read` gives a peer between
+        // two calls).
+        super::handoff::wait_attended(attended, GRACE);
+    }
+    !attended()
 }
 
 impl Wake for Signal {
     fn wake(&self) {
-        let attended =
-            || self.pending.load(Ordering::SeqCst) == 0 || self.drivers.load(Ordering::SeqCst) > 0;
-        if attended() {
+        let read = || {
+            (
+                self.pending.load(Ordering::SeqCst) as u64,
+                self.drivers.load(Ordering::SeqCst) as u64,
+                self.unattended.load(Ordering::SeqCst),
+            )
+        };
+        if !needs_wake(read) {
             return;
-        }
-        if !self.unattended.load(Ordering::SeqCst) {
-            // Its calls were issued and nobody waited for them yet: a caller between its
-            // call and its wait drives a moment later (as `Driver::deliver_read` gives a
-            // peer between two calls).
-            super::handoff::wait_attended(attended, super::GRACE);
-            if attended() {
-                return;
-            }
         }
         if let Some(d) = self.driver.get().and_then(Weak::upgrade) {
             d.wake_background();
@@ -96,6 +153,7 @@ impl Default for Boards {
                 drivers: CachePadded(AtomicUsize::new(0)),
                 unattended: CachePadded(AtomicBool::new(false)),
                 driver: std::sync::OnceLock::new(),
+                mirror: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -339,7 +397,7 @@ impl Driver {
                 deadline,
                 inquiring: false,
             });
-            self.boards.signal.pending.fetch_add(1, Ordering::SeqCst);
+            self.boards.signal.add_pending(1);
             if !live.iter().any(|b| Arc::ptr_eq(b, gb)) {
                 live.push(gb.clone());
             }
@@ -376,7 +434,7 @@ impl Driver {
         }
         if done > 0 {
             live.retain(|gb| !lock(&gb.queue).calls.is_empty());
-            self.boards.signal.pending.fetch_sub(done, Ordering::SeqCst);
+            self.boards.signal.sub_pending(done);
         }
         drop(live);
         let moved = !moved.is_empty() && {
@@ -509,7 +567,7 @@ impl Driver {
         // What the engine has to send now (an inquiry, an abort) leaves in this run.
         core.progress(&self.inbox, now, after);
         if done > 0 {
-            self.boards.signal.pending.fetch_sub(done, Ordering::SeqCst);
+            self.boards.signal.sub_pending(done);
         }
         (next, moved)
     }
@@ -530,9 +588,10 @@ impl Driver {
     /// A caller starts driving the rank.
     pub(super) fn board_enter(&self) {
         let s = &self.boards.signal;
-        s.drivers.fetch_add(1, Ordering::SeqCst);
+        let d = s.drivers.fetch_add(1, Ordering::SeqCst) + 1;
+        s.mirror(DRIVERS_WORD, d as u64);
         if s.unattended.load(Ordering::Relaxed) {
-            s.unattended.store(false, Ordering::Relaxed);
+            s.set_unattended(false);
         }
     }
 
@@ -540,8 +599,10 @@ impl Driver {
     /// member that moved before it could see nobody driving is seen here.
     pub(super) fn board_leave(&self) {
         let s = &self.boards.signal;
-        if s.drivers.fetch_sub(1, Ordering::SeqCst) == 1 && s.pending.load(Ordering::SeqCst) > 0 {
-            s.unattended.store(true, Ordering::SeqCst);
+        let was = s.drivers.fetch_sub(1, Ordering::SeqCst);
+        s.mirror(DRIVERS_WORD, was.saturating_sub(1) as u64);
+        if was == 1 && s.pending.load(Ordering::SeqCst) > 0 {
+            s.set_unattended(true);
             // Pairs with the fence in `wake_others`: a member that moved before it saw this
             // store is seen here.
             fence(Ordering::SeqCst);

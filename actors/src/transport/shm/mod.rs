@@ -28,6 +28,13 @@
 //!
 //! **Restarts.** A restarted process (`COLLECTIX_INCARNATION` above 0) talks to its peers over
 //! TCP, and they to it: the rings were set up with its first process.
+//!
+//! **Board.** When every rank of the job is on this host and every pair agreed on shared
+//! memory, the world group's small calls run on a board ([`collectix_runtime::board`]): each
+//! process's lane is in its own segment, after the header. A member that moved wakes a peer
+//! whose lane says it has calls pending and nobody driving by ringing its doorbell; the
+//! progress thread then makes the board progress. Other groups, and jobs across hosts, use
+//! the engine for every call (for now).
 
 mod os;
 mod setup;
@@ -36,10 +43,12 @@ mod tests;
 
 pub(crate) use setup::Listener;
 
-use crate::rank::driver::{Driver, Poller};
+use crate::board::BoardSource;
+use crate::rank::driver::{needs_wake, Driver, GroupBoard, Poller, Wake};
 use crate::security::Security;
 use crate::store::Store;
 use crate::sync::lock;
+use collectix_runtime::board::{Board, Lane, DRIVERS_WORD, PENDING_WORD, UNATTENDED_WORD};
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::shm::{
@@ -47,6 +56,7 @@ use collectix_runtime::wire::shm::{
 };
 use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, Result};
+use collectix_runtime::{GroupId, GroupInfo};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -122,6 +132,8 @@ pub(crate) struct Setup<'a> {
     pub(crate) security: &'a Security,
     /// Where the ranks of this host agree on the pairs that use shared memory.
     pub(crate) store: &'a dyn Store,
+    /// Ranks in the job (the world group's board needs all of them on this host).
+    pub(crate) world: usize,
     pub(crate) ring: u64,
     /// Whether large payloads go as remote records (`COLLECTIX_SHM_SINGLE_COPY=1`: the
     /// receiver reads them from the sender's memory, one copy in all, where the kernel lets
@@ -141,6 +153,59 @@ const EXCHANGE: Duration = Duration::from_secs(30);
 pub(crate) struct Hub {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
+    /// The world group's board, when the whole job shares this host's memory.
+    boards: Option<Arc<ShmBoards>>,
+}
+
+/// The world group's board across the processes of one host: each rank's lane in its own
+/// segment.
+struct ShmBoards {
+    /// By world rank.
+    lanes: Vec<Arc<dyn Lane>>,
+    /// By world rank (`None` for this one).
+    wake: Vec<Option<Arc<dyn Wake>>>,
+}
+
+impl BoardSource for ShmBoards {
+    fn board(&self, info: &GroupInfo) -> Option<Arc<GroupBoard>> {
+        if info.id != GroupId::WORLD || info.members.len() != self.lanes.len() {
+            return None;
+        }
+        let lanes = info
+            .members
+            .iter()
+            .map(|&m| self.lanes.get(m).cloned())
+            .collect::<Option<Vec<_>>>()?;
+        let wake = info
+            .members
+            .iter()
+            .map(|&m| self.wake.get(m).cloned().flatten())
+            .collect();
+        let board = Board::new(lanes, info.rank).ok()?;
+        Some(Arc::new(GroupBoard::new(board, info.clone(), wake)))
+    }
+}
+
+/// How a member wakes a peer process for its board: the peer's lane says whether it needs it
+/// (untrusted words: they decide a wake-up, nothing else), its doorbell wakes its progress
+/// thread.
+struct ShmWake {
+    lane: Arc<dyn Lane>,
+    seg: Arc<Segment>,
+}
+
+impl Wake for ShmWake {
+    fn wake(&self) {
+        let read = || {
+            let w = |i| self.lane.load(i).unwrap_or(0);
+            (w(PENDING_WORD), w(DRIVERS_WORD), w(UNATTENDED_WORD) != 0)
+        };
+        // The wake-up goes to the peer's progress thread, if it is parked and no caller of
+        // the peer reads (as for a frame in a ring).
+        if needs_wake(read) {
+            nudge(&self.seg);
+        }
+    }
 }
 
 /// The ring this process reads from one peer.
@@ -305,6 +370,51 @@ impl Hub {
         if both.is_empty() {
             return Ok((None, Vec::new()));
         }
+        // The world's board: every rank on this host, and every pair agreed (each rank reads
+        // every list, so all come to the same answer).
+        let full = crate::board::enabled() && s.local.len() == s.world && {
+            let mut lists = BTreeMap::new();
+            for &r in s.local.keys() {
+                let said: BTreeSet<usize> = if r == s.rank {
+                    mapped.keys().copied().collect()
+                } else {
+                    let v = s.store.get(&format!("shm/{r}"), left())?;
+                    String::from_utf8_lossy(&v)
+                        .split(',')
+                        .filter_map(|x| x.parse().ok())
+                        .collect()
+                };
+                lists.insert(r, said);
+            }
+            lists.iter().all(|(a, l)| {
+                lists.keys().all(|b| {
+                    a == b || (l.contains(b) && lists.get(b).is_some_and(|m| m.contains(a)))
+                })
+            })
+        };
+        let boards = full.then(|| {
+            let mut lanes: Vec<Arc<dyn Lane>> = Vec::with_capacity(s.world);
+            let mut wake: Vec<Option<Arc<dyn Wake>>> = Vec::with_capacity(s.world);
+            for r in 0..s.world {
+                match mapped.get(&r) {
+                    Some((theirs, ..)) => {
+                        let lane: Arc<dyn Lane> = Arc::new(theirs.lane());
+                        wake.push(Some(Arc::new(ShmWake {
+                            lane: lane.clone(),
+                            seg: theirs.clone(),
+                        })));
+                        lanes.push(lane);
+                    }
+                    None => {
+                        lanes.push(Arc::new(own.lane()));
+                        wake.push(None);
+                    }
+                }
+            }
+            driver.boards.signal.attach(driver);
+            driver.boards.signal.mirror_into(Arc::new(own.lane()));
+            Arc::new(ShmBoards { lanes, wake })
+        });
         let mut readers = Vec::new();
         let mut senders = Vec::new();
         for (peer, (theirs, writer, reader, remote)) in mapped {
@@ -372,6 +482,7 @@ impl Hub {
             Some(Hub {
                 inner,
                 thread: Some(thread),
+                boards,
             }),
             peers,
         ))
@@ -380,6 +491,12 @@ impl Hub {
     /// How many peers this rank reaches through shared memory.
     pub(crate) fn peers(&self) -> usize {
         self.inner.senders.len()
+    }
+
+    /// Where the rank's groups get boards (the world group's, when the whole job is on this
+    /// host).
+    pub(crate) fn boards(&self) -> Option<Arc<dyn BoardSource>> {
+        self.boards.clone().map(|b| b as Arc<dyn BoardSource>)
     }
 }
 
@@ -572,9 +689,9 @@ impl Inner {
             let worked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let read = self.read(&driver, &|d, src, msg| d.deliver_read(src, msg));
                 let pumped = self.pump(&driver);
-                read != Some(false) || pumped != Some(false)
+                let board = driver.board_progress();
+                read != Some(false) || pumped != Some(false) || board
             }));
-            drop(driver);
             match worked {
                 Ok(true) => continue,
                 Ok(false) => {}
@@ -588,7 +705,12 @@ impl Inner {
             std::sync::atomic::fence(Ordering::SeqCst);
             // A caller reading the rings now takes what comes; else anything published before
             // `sleeping` was seen is found here, and anything after rings the bell.
-            if self.polling.load(Ordering::SeqCst) > 0 || !self.has_work() {
+            // The board too: a member that moved before it saw `sleeping` is seen here.
+            let board =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.board_progress()))
+                    .unwrap_or(true);
+            drop(driver);
+            if self.polling.load(Ordering::SeqCst) > 0 || (!self.has_work() && !board) {
                 os::wait(self.own.doorbell(), bell, PARK);
             }
             self.own.sleeping().store(0, Ordering::SeqCst);

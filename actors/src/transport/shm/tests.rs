@@ -49,6 +49,7 @@ fn two_hubs() -> Vec<(Arc<Driver>, Hub)> {
                             listener,
                             security,
                             store,
+                            world: 2,
                             ring: 4096,
                             single_copy: true,
                             limits: Limits::default(),
@@ -102,4 +103,36 @@ fn a_hub_and_its_driver_are_freed_when_dropped() {
         weak.iter().all(|w| w.upgrade().is_none()),
         "a driver outlived its hub"
     );
+}
+
+#[test]
+fn the_whole_job_on_one_host_shares_a_board_in_its_segments() {
+    use collectix_runtime::board::Lane;
+    let hubs = two_hubs();
+    for (d, hub) in &hubs {
+        let boards = hub.boards().unwrap_or_else(|| panic!("no board"));
+        let world = collectix_runtime::GroupInfo::world(2, d.rank(), Default::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            boards.board(&world).is_some(),
+            "the world group has a board"
+        );
+        let other = collectix_runtime::GroupInfo::new(
+            collectix_runtime::GroupId(7),
+            vec![0, 1],
+            d.rank(),
+            Default::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            boards.board(&other).is_none(),
+            "other groups use the engine"
+        );
+    }
+    // Rank 1's lane, as rank 0 maps it, is the one rank 1 writes in its own segment.
+    let mine = hubs[1].1.inner.own.lane();
+    let seen = hubs[0].1.inner.senders[0].theirs.lane();
+    assert!(mine.store(7, 0xfeed));
+    assert_eq!(seen.load(7), Some(0xfeed));
+    assert_eq!(seen.load(collectix_runtime::board::LANE_WORDS), None);
 }

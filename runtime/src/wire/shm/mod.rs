@@ -16,7 +16,7 @@ pub mod ring;
 
 pub use frames::{FrameReader, FrameWriter, RemoteRead, Sent, Sources, REMOTE_MIN};
 pub use region::Region;
-pub use ring::{Layout, RingReader, RingWriter, Segment};
+pub use ring::{Layout, RingReader, RingWriter, Segment, SegmentLane};
 
 use super::codec::DecodeError;
 

@@ -2,7 +2,7 @@
 //! memory, one per sender, in the segment of the process that receives.
 //!
 //! ```text
-//!  segment                               ring k (at HEADER_BYTES + k × (RING_HEAD + cap))
+//!  segment                               ring k (at RINGS_START + k × (RING_HEAD + cap))
 //!  0    magic "cx-shm01" (u64)           +0    tail (u64): bytes ever written; the sender's
 //!  8    version (u32)                    +64   waiting (u32): the sender waits for room
 //!  12   rings (u32)                      +128  head (u64): bytes ever read; the receiver's
@@ -14,6 +14,7 @@
 //!  64   doorbell (u32, a futex word)
 //!  128  sleeping (u32): the owner's progress thread is parked on the doorbell
 //!  192  polling (u32): callers of the owner that read its rings themselves now
+//!  256  the owner's board lane (`crate::board`, LANE_BYTES); the rings follow (RINGS_START)
 //! ```
 //!
 //! Every counter sits on a cache line of its own and has one writer: the tail and `waiting`
@@ -34,9 +35,14 @@ pub const LINE: usize = 64;
 /// A segment's magic.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"cx-shm01");
 /// The segment format's version.
-pub const SEGMENT_VERSION: u32 = 2;
+pub const SEGMENT_VERSION: u32 = 3;
 /// Bytes of a segment's header.
 pub const HEADER_BYTES: usize = 4 * LINE;
+/// Where the owner's board lane is ([`crate::board`]: the small calls of a group whose
+/// members all share memory), right after the header.
+pub const BOARD_AT: usize = HEADER_BYTES;
+/// Where the rings start, after the board lane.
+pub const RINGS_START: usize = BOARD_AT + crate::board::LANE_BYTES;
 /// Bytes in front of each ring's data.
 pub const RING_HEAD: usize = 4 * LINE;
 /// The smallest ring.
@@ -93,7 +99,7 @@ impl Layout {
     pub fn bytes(&self) -> Option<usize> {
         let per = usize::try_from(self.cap).ok()?.checked_add(RING_HEAD)?;
         per.checked_mul(self.rings as usize)?
-            .checked_add(HEADER_BYTES)
+            .checked_add(RINGS_START)
     }
 
     /// Where ring `k` starts.
@@ -102,7 +108,7 @@ impl Layout {
             return None;
         }
         let per = usize::try_from(self.cap).ok()?.checked_add(RING_HEAD)?;
-        per.checked_mul(k as usize)?.checked_add(HEADER_BYTES)
+        per.checked_mul(k as usize)?.checked_add(RINGS_START)
     }
 }
 
@@ -233,6 +239,12 @@ impl Segment {
     /// wake on [`Segment::doorbell`]).
     pub fn ring(&self) {
         self.doorbell().fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The owner's board lane in this segment: written by the owner only, read by the
+    /// members of its boards (every word checked against the region).
+    pub fn lane(self: &Arc<Self>) -> SegmentLane {
+        SegmentLane(self.clone())
     }
 
     /// The sending end of ring `k` (this process's ring in a peer's segment).
@@ -425,6 +437,30 @@ impl RingReader {
         region
             .u32(self.base + WAITING)
             .is_some_and(|w| w.load(Ordering::SeqCst) != 0 && w.swap(0, Ordering::SeqCst) != 0)
+    }
+}
+
+/// A process's board lane in its segment ([`Segment::lane`]).
+pub struct SegmentLane(Arc<Segment>);
+
+impl crate::board::Lane for SegmentLane {
+    fn load(&self, i: usize) -> Option<u64> {
+        if i >= crate::board::LANE_WORDS {
+            return None;
+        }
+        let w = self.0.region.u64(BOARD_AT + 8 * i)?;
+        Some(w.load(Ordering::Acquire))
+    }
+
+    fn store(&self, i: usize, v: u64) -> bool {
+        if i >= crate::board::LANE_WORDS {
+            return false;
+        }
+        self.0
+            .region
+            .u64(BOARD_AT + 8 * i)
+            .map(|w| w.store(v, Ordering::Release))
+            .is_some()
     }
 }
 
