@@ -24,7 +24,9 @@ use crate::comm::Communicator;
 use crate::job::{InitArgs, JobConfig, Rendezvous};
 use crate::member::RankShared;
 use crate::rank::actor::Leave;
-use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN_TCP};
+use crate::rank::driver::{
+    spin_from_env, Driver, DEFAULT_SPIN_TCP, YIELD_TURNS, YIELD_TURNS_SPARSE,
+};
 use crate::rank::system;
 use crate::security::Security;
 use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
@@ -440,12 +442,24 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         collectix_runtime::Locality::Network
     };
     let info = GroupInfo::world(world, rank, options.clone())?;
+    // A spinning caller yields its core at every turn if this host's ranks outnumber its
+    // cores, else now and then (a yield is a system call; with a core each, the peers are
+    // running already). A host identity given by hand may stand for part of a machine: then
+    // at every turn.
+    let local = hosts.iter().filter(|h| **h == host).count();
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let crowded =
+        host_id.is_some() || std::env::var_os("COLLECTIX_HOST_ID").is_some() || local > cores;
+    let yields = if crowded {
+        YIELD_TURNS
+    } else {
+        YIELD_TURNS_SPARSE
+    };
     let driver = Arc::new(Driver::new(
         collectix_runtime::Engine::new(rank),
         info.clone(),
         spin_from_env(DEFAULT_SPIN_TCP),
-        // The job's other processes may share this host's cores: yield now and then.
-        true,
+        yields,
     ));
     let system::Started {
         system,

@@ -4,7 +4,7 @@
 use crate::comm::Communicator;
 use crate::member::RankShared;
 use crate::rank::actor::Quiesce;
-use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN};
+use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN, YIELD_TURNS};
 use crate::rank::system;
 use crate::store::{MemoryStore, Store};
 use crate::sync::lock;
@@ -43,7 +43,7 @@ pub struct World {
 struct Parts {
     arenas: Arc<Arenas>,
     spin: std::time::Duration,
-    yields: bool,
+    yields: u32,
     store: Arc<dyn Store>,
     hub: Arc<crate::device::cuda::LocalHub>,
     /// The ranks' boards (`None`: turned off).
@@ -73,7 +73,7 @@ impl World {
         // Spinning callers yield their core now and then only if the ranks outnumber the
         // cores (a yield is a system call; with a core each, the peer is already running).
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let yields = n > cores;
+        let yields = if n > cores { YIELD_TURNS } else { 0 };
         let drivers: Vec<Arc<Driver>> = infos
             .iter()
             .enumerate()

@@ -27,10 +27,12 @@ pub(crate) mod recorder;
 mod state;
 mod wait;
 
-pub(crate) use board::{needs_wake, GroupBoard, Signal, Wake};
+pub(crate) use board::{state_of, GroupBoard, Signal, Wake};
 pub(crate) use handoff::Owed;
 pub(crate) use state::{After, Core};
-pub(crate) use wait::{spin_from_env, DEFAULT_SPIN, DEFAULT_SPIN_TCP};
+pub(crate) use wait::{
+    spin_from_env, DEFAULT_SPIN, DEFAULT_SPIN_TCP, YIELD_TURNS, YIELD_TURNS_SPARSE,
+};
 
 use crate::sync::lock;
 use actix::{Message as ActixMessage, Recipient};
@@ -73,9 +75,11 @@ pub(crate) struct Driver {
     timer_at: CachePadded<AtomicU64>,
     /// How long a waiting caller drives the rank before it parks.
     spin: Duration,
-    /// Whether a spinning caller yields its core now and then: when the process's ranks
-    /// outnumber the cores, the rank it waits for may need that core to run.
-    yields: bool,
+    /// Every how many turns a spinning caller yields its core (0: never): every turn when
+    /// the host's ranks outnumber its cores (the rank it waits for may need that core);
+    /// now and then for a process's rank (its own progress threads may need it); never for
+    /// the ranks of a world that have a core each.
+    yield_every: u32,
     /// The rank's actor has stopped: links to this rank are closed.
     closed: AtomicBool,
     /// Times the actor was woken (a statistic for the bench).
@@ -119,7 +123,7 @@ impl Driver {
         mut engine: Engine,
         world: GroupInfo,
         spin: Duration,
-        yields: bool,
+        yield_every: u32,
     ) -> Driver {
         engine.add_group(world, Time::ZERO);
         Driver {
@@ -139,7 +143,7 @@ impl Driver {
             origin: engine_clock(),
             timer_at: CachePadded(AtomicU64::new(u64::MAX)),
             spin,
-            yields,
+            yield_every,
             closed: AtomicBool::new(false),
             wakeups: CachePadded(AtomicU64::new(0)),
             owed: Arc::default(),
@@ -240,6 +244,8 @@ impl Driver {
     ) -> (R, Option<Time>) {
         let mut after = After::default();
         let now = self.now();
+        // Calls finished on a board since the last run are on the engine's record first.
+        self.take_board_records(&mut core);
         // What arrived before this run goes first (a peer's abort before a `destroy`, as a
         // mailbox would have ordered them).
         if !self.inbox.looks_empty() {
@@ -253,7 +259,7 @@ impl Driver {
             next = Some(next.map_or(b, |n| n.min(b)));
         }
         drop(core);
-        Driver::board_wake(moved);
+        self.board_wake(moved);
         let any =
             !after.finished.is_empty() || !after.refused.is_empty() || !after.board.is_empty();
         after.complete();
@@ -492,12 +498,16 @@ impl Driver {
     /// A run of the background driver: takes the arrivals (later ones ask again), drives the
     /// engine, and returns when the engine wants its next timer.
     pub(crate) fn background(&self) -> Option<Time> {
-        self.run_inner(lock(&self.core), |core, _, _| {
-            let mut arrivals = std::mem::take(&mut core.arrivals);
-            self.inbox.begin_background(&mut arrivals);
-            core.arrivals = arrivals;
-        })
-        .1
+        let next = self
+            .run_inner(lock(&self.core), |core, _, _| {
+                let mut arrivals = std::mem::take(&mut core.arrivals);
+                self.inbox.begin_background(&mut arrivals);
+                core.arrivals = arrivals;
+            })
+            .1;
+        self.board_progress();
+        self.board_flush();
+        next
     }
 
     /// The engine's timer fired: returns when it wants the next one.

@@ -384,17 +384,61 @@ impl BoardCall {
                 tensor(s.payload(), shape).map(Output::Tensor)
             }
             Body::AllReduce { op, shape } => {
-                let mut inputs = Vec::with_capacity(slots.len());
+                let mut operands: Vec<&[u8]> = Vec::new();
+                let n = self.payload.len();
                 for (m, s) in slots.iter().enumerate() {
-                    if m == me {
-                        inputs.push(tensor(&self.payload, shape)?);
-                    } else {
-                        let s = s.ok_or_else(|| Error::internal("all_reduce finished early"))?;
-                        check_len(&s, self.payload.len(), group, m)?;
-                        inputs.push(tensor(s.payload(), shape)?);
+                    if m != me {
+                        let s = s
+                            .as_ref()
+                            .ok_or_else(|| Error::internal("all_reduce finished early"))?;
+                        check_len(s, n, group, m)?;
                     }
                 }
-                reference(*op, &inputs).map(Output::Tensor)
+                let operand = |m: usize| -> &[u8] {
+                    if m == me {
+                        &self.payload
+                    } else {
+                        slots[m].as_ref().map_or(&[][..], |s| s.payload())
+                    }
+                };
+                if matches!(op, ReduceOp::PremulSum(_)) {
+                    // Its inputs are scaled first: the reference, which allocates.
+                    operands.extend((0..slots.len()).map(operand));
+                    let inputs = operands
+                        .iter()
+                        .map(|b| tensor(b, shape))
+                        .collect::<Result<Vec<_>>>()?;
+                    return reference(*op, &inputs).map(Output::Tensor);
+                }
+                // Folded in rank order (every member gets the same bits: the reference's
+                // order), in 8-aligned buffers on the stack.
+                let mut acc = [0u64; SLOT_WORDS / 2];
+                let mut next = [0u64; SLOT_WORDS / 2];
+                let mut x = [0u64; SLOT_WORDS / 2];
+                {
+                    let a: &mut [u8] = bytemuck::cast_slice_mut(&mut acc[..]);
+                    a[..n].copy_from_slice(operand(0));
+                }
+                for m in 1..slots.len() {
+                    {
+                        let xb: &mut [u8] = bytemuck::cast_slice_mut(&mut x[..]);
+                        xb[..n].copy_from_slice(operand(m));
+                    }
+                    let a: &[u8] = bytemuck::cast_slice(&acc[..]);
+                    let xb: &[u8] = bytemuck::cast_slice(&x[..]);
+                    let o: &mut [u8] = bytemuck::cast_slice_mut(&mut next[..]);
+                    crate::tensor::reduce::fold_into(
+                        self.fp.dtype,
+                        *op,
+                        &a[..n],
+                        &[(&xb[..n], false)],
+                        &mut o[..n],
+                    )?;
+                    std::mem::swap(&mut acc, &mut next);
+                }
+                let a: &mut [u8] = bytemuck::cast_slice_mut(&mut acc[..]);
+                crate::tensor::reduce::post_in_place(self.fp.dtype, *op, &mut a[..n], slots.len())?;
+                tensor(&a[..n], shape).map(Output::Tensor)
             }
         }
     }

@@ -34,9 +34,14 @@ use std::time::Duration;
 /// How another member learns that this rank moved the board (published a slot, finished a
 /// call): whether it has a call waiting that nobody drives, and how to wake it.
 pub(crate) trait Wake: Send + Sync {
-    /// Wakes the member if it has a call waiting on a board and nobody drives it (called
-    /// after a `SeqCst` fence that follows the move).
-    fn wake(&self);
+    /// Whether the member needs a wake-up now (read after a `SeqCst` fence that follows the
+    /// move): `None` if not (no call pending, or a thread drives it), `Some(true)` if its last
+    /// driver left with calls pending (a parked caller, a pending future), `Some(false)` if
+    /// its calls were issued and nobody waited for them yet (a caller between its call and
+    /// its wait drives a moment later: the mover looks again after a grace, see [`Owed`]).
+    fn state(&self) -> Option<bool>;
+    /// Wakes it.
+    fn wake_now(&self);
 }
 
 /// A rank's board activity, shared with the members that wake it (without keeping its
@@ -94,44 +99,84 @@ impl Signal {
     }
 }
 
-/// How long a member that moved looks again before it wakes a member whose calls were issued
-/// but not yet waited for: the gap between a call and its wait is well under a microsecond;
-/// a member that has not come by then is probably not running (more ranks than cores), and
-/// spinning longer would keep the core from it.
-const GRACE: std::time::Duration = std::time::Duration::from_micros(2);
+/// How long a member that moved lets a member whose calls were issued but not yet waited for
+/// come to drive them itself before it wakes it (the grace a message gets).
+const GRACE: Duration = Duration::from_micros(20);
 
-/// Whether a member whose state reads `pending` calls, `drivers` threads and `unattended`
-/// needs a wake-up now, waiting the grace first if it may be about to drive (see
-/// [`Wake`]); `read` reads the state again.
-pub(crate) fn needs_wake(read: impl Fn() -> (u64, u64, bool)) -> bool {
-    let attended = || {
-        let (pending, drivers, _) = read();
-        pending == 0 || drivers > 0
-    };
-    if attended() {
-        return false;
+/// [`Wake::state`] from a member's `pending` calls, `drivers` and `unattended` flag.
+pub(crate) fn state_of(pending: u64, drivers: u64, unattended: bool) -> Option<bool> {
+    (pending > 0 && drivers == 0).then_some(unattended)
+}
+
+/// Members this rank moved for that may need a wake-up: each is looked at again on the
+/// rank's next board progress (every turn of a waiting caller) and woken once its grace is
+/// over, instead of the mover spinning for it.
+#[derive(Default)]
+pub(crate) struct Owed {
+    n: AtomicUsize,
+    members: Mutex<Vec<(Arc<dyn Wake>, std::time::Instant)>>,
+}
+
+impl Owed {
+    fn add(&self, w: &Arc<dyn Wake>) {
+        let mut m = lock(&self.members);
+        if !m.iter().any(|(x, _)| Arc::ptr_eq(x, w)) {
+            m.push((w.clone(), std::time::Instant::now()));
+            self.n.store(m.len(), Ordering::Relaxed);
+        }
     }
-    if !read().2 {
-        // Its calls were issued and nobody waited for them yet: a caller between its call
-        // and its wait drives a moment later (as `Driver::deliver_read` gives a peer between
-        // two calls).
-        super::handoff::wait_attended(attended, GRACE);
+
+    /// Wakes those whose grace is over and still need it; forgets those that do not.
+    fn settle(&self) {
+        if self.n.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let Ok(mut m) = self.members.try_lock() else {
+            return;
+        };
+        fence(Ordering::SeqCst);
+        m.retain(|(w, since)| match w.state() {
+            None => false,
+            Some(true) => {
+                w.wake_now();
+                false
+            }
+            Some(false) if since.elapsed() >= GRACE => {
+                w.wake_now();
+                false
+            }
+            Some(false) => true,
+        });
+        self.n.store(m.len(), Ordering::Relaxed);
     }
-    !attended()
+
+    /// Wakes now those that still need it: the mover stops making progress (its last
+    /// driver leaves, a background run ends), so nobody would look at them again.
+    fn flush(&self) {
+        if self.n.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut m = lock(&self.members);
+        fence(Ordering::SeqCst);
+        for (w, _) in m.drain(..) {
+            if w.state().is_some() {
+                w.wake_now();
+            }
+        }
+        self.n.store(0, Ordering::Relaxed);
+    }
 }
 
 impl Wake for Signal {
-    fn wake(&self) {
-        let read = || {
-            (
-                self.pending.load(Ordering::SeqCst) as u64,
-                self.drivers.load(Ordering::SeqCst) as u64,
-                self.unattended.load(Ordering::SeqCst),
-            )
-        };
-        if !needs_wake(read) {
-            return;
-        }
+    fn state(&self) -> Option<bool> {
+        state_of(
+            self.pending.load(Ordering::SeqCst) as u64,
+            self.drivers.load(Ordering::SeqCst) as u64,
+            self.unattended.load(Ordering::SeqCst),
+        )
+    }
+
+    fn wake_now(&self) {
         if let Some(d) = self.driver.get().and_then(Weak::upgrade) {
             d.wake_background();
         }
@@ -142,12 +187,25 @@ impl Wake for Signal {
 pub(crate) struct Boards {
     live: Mutex<Vec<Arc<GroupBoard>>>,
     pub(crate) signal: Arc<Signal>,
+    owed: Owed,
+    /// Calls finished on a board whose records the engine has not taken yet: they go in
+    /// with the rank's next run of the engine (its next call, or whatever runs it first),
+    /// so that a call on the board takes the engine's lock once, not twice. Failures go in
+    /// at once (they abort the group).
+    finished: Mutex<Vec<(collectix_runtime::GroupId, Record)>>,
+    finished_n: AtomicUsize,
+    /// Where a progress collects the results it hands over (kept for its allocation).
+    scratch: Mutex<Vec<(Waiting, Result<Output>)>>,
 }
 
 impl Default for Boards {
     fn default() -> Self {
         Boards {
             live: Mutex::new(Vec::new()),
+            owed: Owed::default(),
+            finished: Mutex::new(Vec::new()),
+            finished_n: AtomicUsize::new(0),
+            scratch: Mutex::new(Vec::new()),
             signal: Arc::new(Signal {
                 pending: CachePadded(AtomicUsize::new(0)),
                 drivers: CachePadded(AtomicUsize::new(0)),
@@ -189,7 +247,8 @@ pub(crate) struct GroupBoard {
 
 /// How a call ended, for the engine's records.
 enum Record {
-    Finished(u64, collectix_runtime::Fingerprint),
+    /// Finished at the time given (the flight recorder's end).
+    Finished(u64, collectix_runtime::Fingerprint, Time),
     Failed(u64, Error),
 }
 
@@ -220,7 +279,8 @@ impl GroupBoard {
         &self,
         q: &mut Queue,
         out: &mut Vec<(Waiting, Result<Output>)>,
-        records: &mut Vec<Record>,
+        records: &mut Vec<(collectix_runtime::GroupId, Record)>,
+        clock: &dyn Fn() -> Time,
     ) -> (bool, usize) {
         let mut moved = false;
         for p in q.calls.iter_mut().filter(|p| !p.published) {
@@ -267,10 +327,13 @@ impl GroupBoard {
             };
             self.board.finish(seq);
             moved = true;
-            records.push(match &result {
-                Ok(_) => Record::Finished(seq, p.call.fingerprint()),
-                Err(e) => Record::Failed(seq, e.clone()),
-            });
+            records.push((
+                self.info.id,
+                match &result {
+                    Ok(_) => Record::Finished(seq, p.call.fingerprint(), clock()),
+                    Err(e) => Record::Failed(seq, e.clone()),
+                },
+            ));
             if let Some(w) = p.waiting.take() {
                 out.push((w, result));
             }
@@ -286,11 +349,16 @@ impl GroupBoard {
         (moved, done)
     }
 
-    /// Wakes the other members that wait and are not driven.
-    fn wake_others(&self) {
+    /// Wakes the other members that wait and are not driven (those that may be about to
+    /// drive go to `owed`).
+    fn wake_others(&self, owed: &Owed) {
         fence(Ordering::SeqCst);
         for w in self.wake.iter().flatten() {
-            w.wake();
+            match w.state() {
+                None => {}
+                Some(true) => w.wake_now(),
+                Some(false) => owed.add(w),
+            }
         }
     }
 
@@ -330,9 +398,9 @@ impl Core {
     /// Gives the engine and the flight recorder the record of a call that ended on a board.
     fn board_record(&mut self, gid: collectix_runtime::GroupId, r: Record, now: Time) {
         match r {
-            Record::Finished(seq, fp) => {
+            Record::Finished(seq, fp, at) => {
                 self.engine.board_finished(gid, seq, fp);
-                self.recorder.ended(Key::Board(gid, seq), now, None);
+                self.recorder.ended(Key::Board(gid, seq), at, None);
             }
             Record::Failed(seq, e) => {
                 self.recorder.ended(Key::Board(gid, seq), now, Some(&e));
@@ -356,7 +424,7 @@ impl Driver {
     ) {
         let gid = gb.info.id;
         let fp = call.fingerprint();
-        let made = self.run(|core, now, _| {
+        let made = self.board_run(|core, now| {
             if core.quiesced {
                 return Err(Error::Shutdown);
             }
@@ -409,27 +477,28 @@ impl Driver {
     /// Publishes and finishes what it can on this rank's boards (in each group's order);
     /// whether anything moved. Results are handed over outside every lock.
     pub(crate) fn board_progress(&self) -> bool {
+        self.boards.owed.settle();
         if self.boards.signal.pending.load(Ordering::Relaxed) == 0 {
             return false;
         }
         let Ok(mut live) = self.boards.live.try_lock() else {
             return false;
         };
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut *lock(&self.boards.scratch));
         let mut records: Vec<(collectix_runtime::GroupId, Record)> = Vec::new();
-        let mut moved = Vec::new();
+        let mut moved = false;
         let mut done = 0;
+        let clock = || self.now();
         for gb in live.iter() {
             let Ok(mut q) = gb.queue.try_lock() else {
                 continue;
             };
-            let mut recs = Vec::new();
-            let (m, d) = gb.step(&mut q, &mut out, &mut recs);
+            let (m, d) = gb.step(&mut q, &mut out, &mut records, &clock);
             drop(q);
             done += d;
-            records.extend(recs.into_iter().map(|r| (gb.info.id, r)));
             if m {
-                moved.push(gb.clone());
+                moved = true;
+                gb.wake_others(&self.boards.owed);
             }
         }
         if done > 0 {
@@ -437,32 +506,72 @@ impl Driver {
             self.boards.signal.sub_pending(done);
         }
         drop(live);
-        let moved = !moved.is_empty() && {
-            Driver::board_wake(moved);
-            true
-        };
         if records.is_empty() {
+            *lock(&self.boards.scratch) = out;
             return moved;
         }
-        self.record_board(records);
-        for (w, r) in out {
+        let (failed, finished): (Vec<_>, Vec<_>) = records
+            .into_iter()
+            .partition(|(_, r)| matches!(r, Record::Failed(..)));
+        if !finished.is_empty() {
+            let mut f = lock(&self.boards.finished);
+            f.extend(finished);
+            self.boards.finished_n.store(f.len(), Ordering::Release);
+        }
+        if !failed.is_empty() {
+            self.record_board(failed);
+        }
+        for (w, r) in out.drain(..) {
             w.finish(r);
         }
+        *lock(&self.boards.scratch) = out;
         self.completed();
         true
     }
 
+    /// Gives the engine the records of the calls finished on a board since its last run.
+    pub(super) fn take_board_records(&self, core: &mut Core) {
+        if self.boards.finished_n.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut f = lock(&self.boards.finished);
+        self.boards.finished_n.store(0, Ordering::Release);
+        for (gid, r) in f.drain(..) {
+            core.board_record(gid, r, Time::ZERO);
+        }
+    }
+
     /// Gives the engine the records of calls that ended on a board.
     fn record_board(&self, records: Vec<(collectix_runtime::GroupId, Record)>) {
+        self.board_run(|core, now| {
+            for (gid, r) in records {
+                core.board_record(gid, r, now);
+            }
+        });
+    }
+
+    /// A short run for the board's records: what arrived is taken first, then `f` on the
+    /// core, then what the engine has to send leaves and what it completed is handed over; no
+    /// board is looked at (the calls' own paths do that), so a call on the board takes the
+    /// lock for its bookkeeping only.
+    fn board_run<R>(&self, f: impl FnOnce(&mut Core, Time) -> R) -> R {
         let mut core = lock(&self.core);
         let now = self.now();
-        for (gid, r) in records {
-            core.board_record(gid, r, now);
-        }
+        self.take_board_records(&mut core);
         let mut after = After::default();
-        core.progress(&self.inbox, now, &mut after);
+        // What arrived first goes first (an abort before this call), as in any run.
+        if !self.inbox.looks_empty() {
+            core.progress(&self.inbox, now, &mut after);
+        }
+        let r = f(&mut core, now);
+        core.drain(now, &mut after);
         drop(core);
+        let any = !after.finished.is_empty() || !after.refused.is_empty();
         after.complete();
+        if any {
+            self.completed();
+        }
+        r
     }
 
     /// In a run of the engine: publishes and finishes what it can on each board (as
@@ -487,12 +596,12 @@ impl Driver {
             let gid = gb.info.id;
             let mut q = lock(&gb.queue);
             let mut records = Vec::new();
-            let (m, d) = gb.step(&mut q, &mut after.board, &mut records);
+            let (m, d) = gb.step(&mut q, &mut after.board, &mut records, &|| now);
             done += d;
             if m {
                 moved.push(gb.clone());
             }
-            for r in records {
+            for (gid, r) in records {
                 core.board_record(gid, r, now);
             }
             // The first call not finished: can it go on?
@@ -572,10 +681,16 @@ impl Driver {
         (next, moved)
     }
 
+    /// A background run (the actor's, a progress thread's) ends: the members it moved for
+    /// that still need a wake-up get it now.
+    pub(crate) fn board_flush(&self) {
+        self.boards.owed.flush();
+    }
+
     /// Wakes the other members of boards that moved in a run.
-    pub(super) fn board_wake(moved: Vec<Arc<GroupBoard>>) {
+    pub(super) fn board_wake(&self, moved: Vec<Arc<GroupBoard>>) {
         for gb in moved {
-            gb.wake_others();
+            gb.wake_others(&self.boards.owed);
         }
     }
 
@@ -607,6 +722,9 @@ impl Driver {
             // store is seen here.
             fence(Ordering::SeqCst);
             self.board_progress();
+        }
+        if was == 1 {
+            self.boards.owed.flush();
         }
     }
 }

@@ -7,8 +7,13 @@ use crate::sync::lock;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-/// Spin turns between two yields of a caller whose process has more ranks than cores.
-pub(super) const YIELD_TURNS: u32 = 1;
+/// Spin turns between two yields of a caller whose host has more ranks than cores.
+pub(crate) const YIELD_TURNS: u32 = 1;
+/// Spin turns between two yields of a process's caller whose host has a core per rank: often
+/// enough for the process's own threads (its shared-memory progress thread, its actor) to
+/// run soon when they are woken, rarely enough that the yields (system calls) stay off the
+/// path of a small call.
+pub(crate) const YIELD_TURNS_SPARSE: u32 = 32;
 /// How long a waiting caller drives its rank before it parks, unless `COLLECTIX_SPIN_US`
 /// says otherwise.
 pub(crate) const DEFAULT_SPIN: Duration = Duration::from_micros(50);
@@ -180,7 +185,7 @@ impl Driver {
     /// One turn of a spin: a pause, and every `YIELD_TURNS` turns, when the process's
     /// ranks outnumber the cores, the core itself (the rank we wait for may need it).
     pub(super) fn pause(&self, turns: u32) {
-        if self.yields && turns.is_multiple_of(YIELD_TURNS) {
+        if self.yield_every > 0 && turns.is_multiple_of(self.yield_every) {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();

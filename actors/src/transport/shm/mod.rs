@@ -44,7 +44,7 @@ mod tests;
 pub(crate) use setup::Listener;
 
 use crate::board::BoardSource;
-use crate::rank::driver::{needs_wake, Driver, GroupBoard, Poller, Wake};
+use crate::rank::driver::{state_of, Driver, GroupBoard, Poller, Wake};
 use crate::security::Security;
 use crate::store::Store;
 use crate::sync::lock;
@@ -195,16 +195,15 @@ struct ShmWake {
 }
 
 impl Wake for ShmWake {
-    fn wake(&self) {
-        let read = || {
-            let w = |i| self.lane.load(i).unwrap_or(0);
-            (w(PENDING_WORD), w(DRIVERS_WORD), w(UNATTENDED_WORD) != 0)
-        };
-        // The wake-up goes to the peer's progress thread, if it is parked and no caller of
-        // the peer reads (as for a frame in a ring).
-        if needs_wake(read) {
-            nudge(&self.seg);
-        }
+    fn state(&self) -> Option<bool> {
+        let w = |i| self.lane.load(i).unwrap_or(0);
+        state_of(w(PENDING_WORD), w(DRIVERS_WORD), w(UNATTENDED_WORD) != 0)
+    }
+
+    /// The peer's progress thread, if it is parked and no caller of the peer reads (as for a
+    /// frame in a ring).
+    fn wake_now(&self) {
+        nudge(&self.seg);
     }
 }
 
@@ -706,9 +705,13 @@ impl Inner {
             // A caller reading the rings now takes what comes; else anything published before
             // `sleeping` was seen is found here, and anything after rings the bell.
             // The board too: a member that moved before it saw `sleeping` is seen here.
-            let board =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.board_progress()))
-                    .unwrap_or(true);
+            let board = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let moved = driver.board_progress();
+                // This thread parks: whom it moved for and still need it are woken now.
+                driver.board_flush();
+                moved
+            }))
+            .unwrap_or(true);
             drop(driver);
             if self.polling.load(Ordering::SeqCst) > 0 || (!self.has_work() && !board) {
                 os::wait(self.own.doorbell(), bell, PARK);

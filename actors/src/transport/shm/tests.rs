@@ -11,7 +11,7 @@ use std::os::linux::net::SocketAddrExt;
 fn driver(rank: usize) -> Arc<Driver> {
     let world =
         GroupInfo::world(2, rank, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-    Arc::new(Driver::new(Engine::new(rank), world, DEFAULT_SPIN, false))
+    Arc::new(Driver::new(Engine::new(rank), world, DEFAULT_SPIN, 0))
 }
 
 /// Two ranks' hubs, set up together; an intruder first knocks on rank 0's socket with junk.
