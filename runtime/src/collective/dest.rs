@@ -188,27 +188,7 @@ impl Plan {
             Assembly::Return(t) => vec![t.numel()],
             Assembly::Nothing => Vec::new(),
         };
-        let runs = {
-            let held = dest.lock();
-            let bufs = held
-                .as_deref()
-                .ok_or_else(|| Error::internal("a destination without its buffers"))?;
-            for (i, b) in bufs.iter().enumerate() {
-                if b.dtype() != dtype {
-                    return Err(Error::invalid(format!(
-                        "output buffer {i} holds {}; this call's dtype is {dtype}",
-                        b.dtype()
-                    )));
-                }
-            }
-            match &dest.runs {
-                Some(runs) => {
-                    check_runs(runs, want.iter().sum(), bufs)?;
-                    runs.clone()
-                }
-                None => default_runs(&want, bufs, dtype)?,
-            }
-        };
+        let runs = dest.check_outputs(&want, dtype)?;
         *share = Share::Nothing;
         *slot = Some(Destination {
             slot: dest.slot.clone(),
