@@ -136,3 +136,49 @@ fn the_whole_job_on_one_host_shares_a_board_in_its_segments() {
     assert_eq!(seen.load(7), Some(0xfeed));
     assert_eq!(seen.load(collectix_runtime::board::LANE_WORDS), None);
 }
+
+#[test]
+fn a_peer_that_scribbles_on_its_board_lane_fails_the_call_not_the_process() {
+    use collectix_runtime::board::{BoardCall, Lane};
+    use collectix_runtime::{CallOptions, Request};
+    let hubs = two_hubs();
+    let (d0, hub0) = &hubs[0];
+    let world = GroupInfo::world(2, 0, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let gb = hub0
+        .boards()
+        .and_then(|b| b.board(&world))
+        .unwrap_or_else(|| panic!("no board"));
+    // Rank 1's lane, written as a broken rank 1 would: slot 0 (words 8–15, after the lane's
+    // header line) claims call 0 (its first word is the sequence number + 1) but holds no
+    // fingerprint that decodes.
+    let lane1 = hubs[1].1.inner.own.lane();
+    assert!(lane1.store(9, u64::MAX));
+    assert!(lane1.store(8, 1));
+    let call = match BoardCall::of(&Request::Barrier, &world, &CallOptions::default()) {
+        Some(Ok(c)) => c,
+        other => panic!("{other:?}"),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    d0.submit_board(
+        &gb,
+        0,
+        call,
+        Duration::from_secs(30),
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    );
+    let start = Instant::now();
+    let got = loop {
+        d0.board_progress();
+        if let Ok(r) = rx.try_recv() {
+            break r;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no result");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert!(
+        matches!(got, Err(Error::Protocol { rank: 1, .. })),
+        "{got:?}"
+    );
+}
