@@ -339,3 +339,28 @@ fn a_revoke_ends_a_call_waiting_on_the_board() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn threads_sharing_a_communicator_keep_the_board_in_order() {
+    // Two threads per rank call on the same communicator at once: each call's place in the
+    // group's order and in the board's queue is taken together, so calls finish in order.
+    let w = world(2);
+    let c = w.communicators();
+    std::thread::scope(|s| {
+        for c in c {
+            for t in 0..2 {
+                s.spawn(move || {
+                    for k in 0..300 {
+                        let got = c
+                            .all_reduce(Tensor::from_vec(vec![1.0f32]), ReduceOp::Sum)
+                            .wait_timeout(Duration::from_secs(30));
+                        match got {
+                            Some(Ok(x)) => assert_eq!(f32s(&x), vec![2.0], "thread {t} call {k}"),
+                            other => panic!("rank {} thread {t} call {k}: {other:?}", c.rank()),
+                        }
+                    }
+                });
+            }
+        }
+    });
+}

@@ -239,10 +239,20 @@ impl Member {
         opts: &CallOptions,
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
-        let seq = self.reserve(1);
         let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
         let timeout = opts.timeout.unwrap_or(self.group.info.options.timeout);
-        self.rank.driver.submit_board(gb, seq, call, timeout, done);
+        let (submitted, after) = {
+            // The sequence number and the queue's place together (see `GroupBoard::issue`);
+            // no user code runs under this lock.
+            let _issue = crate::sync::lock(&gb.issue);
+            let seq = self.reserve(1);
+            self.rank.driver.submit_board(gb, seq, call, timeout, done)
+        };
+        self.rank.driver.hand_over(after);
+        match submitted {
+            Ok(deadline) => self.rank.driver.submitted_board(deadline),
+            Err((done, e)) => done(Err(e)),
+        }
         work.driven_by(self.rank.driver.clone())
     }
 

@@ -113,6 +113,9 @@ impl Engine {
     pub fn board_finished(&mut self, gid: GroupId, seq: u64, fp: Fingerprint) {
         if let Some(g) = self.groups.get_mut(&gid) {
             g.board.remove(&seq);
+            // A report asked for at its deadline is moot: the call finished after all.
+            g.board_inquiries.remove(&seq);
+            g.board_verdicts.remove(&seq);
             if let Some(s) = g.done.insert(seq, Some(fp)) {
                 g.forgotten_below = g.forgotten_below.max(s + 1);
             }
@@ -125,6 +128,8 @@ impl Engine {
     pub fn board_failed(&mut self, gid: GroupId, seq: u64, e: Error) {
         if let Some(g) = self.groups.get_mut(&gid) {
             g.board.remove(&seq);
+            g.board_inquiries.remove(&seq);
+            g.board_verdicts.remove(&seq);
         }
         self.abort(gid, e, None, true);
         if let Some(g) = self.groups.get_mut(&gid) {

@@ -74,28 +74,44 @@ impl Signal {
         let _ = self.mirror.set(lane);
     }
 
-    fn mirror(&self, word: usize, v: u64) {
-        if let Some(l) = self.mirror.get() {
-            l.store(word, v);
+    /// Copies the state into the mirror after a change: the current values, again until
+    /// they did not change meanwhile (two threads' copies may land in either order; the last
+    /// to change the state copies last, with what it finds).
+    fn sync_mirror(&self) {
+        let Some(l) = self.mirror.get() else {
+            return;
+        };
+        let read = || {
+            (
+                self.pending.load(Ordering::SeqCst),
+                self.drivers.load(Ordering::SeqCst),
+                self.unattended.load(Ordering::SeqCst),
+            )
+        };
+        loop {
+            let state = read();
+            l.store(PENDING_WORD, state.0 as u64);
+            l.store(DRIVERS_WORD, state.1 as u64);
+            l.store(UNATTENDED_WORD, u64::from(state.2));
+            if read() == state {
+                return;
+            }
         }
     }
 
     fn add_pending(&self, n: usize) {
-        let now = self.pending.fetch_add(n, Ordering::SeqCst) + n;
-        self.mirror(PENDING_WORD, now as u64);
+        self.pending.fetch_add(n, Ordering::SeqCst);
+        self.sync_mirror();
     }
 
     fn sub_pending(&self, n: usize) {
-        let now = self
-            .pending
-            .fetch_sub(n, Ordering::SeqCst)
-            .saturating_sub(n);
-        self.mirror(PENDING_WORD, now as u64);
+        self.pending.fetch_sub(n, Ordering::SeqCst);
+        self.sync_mirror();
     }
 
     fn set_unattended(&self, on: bool) {
         self.unattended.store(on, Ordering::SeqCst);
-        self.mirror(UNATTENDED_WORD, u64::from(on));
+        self.sync_mirror();
     }
 }
 
@@ -243,6 +259,10 @@ pub(crate) struct GroupBoard {
     info: GroupInfo,
     wake: Vec<Option<Arc<dyn Wake>>>,
     queue: Mutex<Queue>,
+    /// Held from taking a call's sequence number to queueing it, so that the queue is in
+    /// sequence order when several threads call on the group at once (the calls finish in
+    /// that order; `Board::finish` only goes up).
+    pub(crate) issue: Mutex<()>,
 }
 
 /// How a call ended, for the engine's records.
@@ -265,6 +285,7 @@ impl GroupBoard {
                 calls: VecDeque::new(),
                 slots: vec![None; n],
             }),
+            issue: Mutex::new(()),
         }
     }
 
@@ -411,9 +432,11 @@ impl Core {
 }
 
 impl Driver {
-    /// Issues call `seq` of `gb`'s group on the board: the engine records it as made (or
-    /// says why it cannot be: the caller gets that), then it is queued and published at once
-    /// if its slot is free; `done` gets its result.
+    /// Queues call `seq` of `gb`'s group on the board (under the group's issue lock): the
+    /// engine records it as made, or says why it cannot be (handed back with `done`, for the
+    /// caller to complete once the lock is released); `done` gets its result. Its deadline
+    /// is for [`submitted_board`](Self::submitted_board); what the run completed meanwhile
+    /// (engine calls) is handed back too, for [`hand_over`](Self::hand_over).
     pub(crate) fn submit_board(
         &self,
         gb: &Arc<GroupBoard>,
@@ -421,10 +444,10 @@ impl Driver {
         call: BoardCall,
         timeout: Duration,
         done: Done<Output>,
-    ) {
+    ) -> (std::result::Result<Time, (Done<Output>, Error)>, After) {
         let gid = gb.info.id;
         let fp = call.fingerprint();
-        let made = self.board_run(|core, now| {
+        let (made, after) = self.board_run_deferred(|core, now| {
             if core.quiesced {
                 return Err(Error::Shutdown);
             }
@@ -452,7 +475,7 @@ impl Driver {
         });
         let (deadline, span, start) = match made {
             Ok(d) => d,
-            Err(e) => return done(Err(e)),
+            Err(e) => return (Err((done, e)), after),
         };
         let waiting = Waiting { done, span, start };
         {
@@ -470,6 +493,12 @@ impl Driver {
                 live.push(gb.clone());
             }
         }
+        (Ok(deadline), after)
+    }
+
+    /// After [`submit_board`](Self::submit_board), once the group's issue lock is released:
+    /// the call is published (if its slot is free) and the timer covers its deadline.
+    pub(crate) fn submitted_board(&self, deadline: Time) {
         self.board_progress();
         self.check_timer(Some(deadline));
     }
@@ -477,12 +506,30 @@ impl Driver {
     /// Publishes and finishes what it can on this rank's boards (in each group's order);
     /// whether anything moved. Results are handed over outside every lock.
     pub(crate) fn board_progress(&self) -> bool {
+        self.board_progress_with(false)
+    }
+
+    /// [`board_progress`](Self::board_progress) by a thread about to stop looking (the last
+    /// driver leaving, a progress thread about to park): it waits for the boards' lock
+    /// rather than trusting whoever holds it, who may have read a slot before it was
+    /// published and will not look again.
+    pub(crate) fn board_progress_last(&self) -> bool {
+        self.board_progress_with(true)
+    }
+
+    fn board_progress_with(&self, wait: bool) -> bool {
         self.boards.owed.settle();
         if self.boards.signal.pending.load(Ordering::Relaxed) == 0 {
             return false;
         }
-        let Ok(mut live) = self.boards.live.try_lock() else {
-            return false;
+        let mut live = if wait {
+            lock(&self.boards.live)
+        } else {
+            match self.boards.live.try_lock() {
+                Ok(l) => l,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return false,
+            }
         };
         let mut out = std::mem::take(&mut *lock(&self.boards.scratch));
         let mut records: Vec<(collectix_runtime::GroupId, Record)> = Vec::new();
@@ -490,9 +537,8 @@ impl Driver {
         let mut done = 0;
         let clock = || self.now();
         for gb in live.iter() {
-            let Ok(mut q) = gb.queue.try_lock() else {
-                continue;
-            };
+            // The queue's lock is taken under `live` only by the submit path's push, briefly.
+            let mut q = lock(&gb.queue);
             let (m, d) = gb.step(&mut q, &mut out, &mut records, &clock);
             drop(q);
             done += d;
@@ -555,6 +601,14 @@ impl Driver {
     /// board is looked at (the calls' own paths do that), so a call on the board takes the
     /// lock for its bookkeeping only.
     fn board_run<R>(&self, f: impl FnOnce(&mut Core, Time) -> R) -> R {
+        let (r, after) = self.board_run_deferred(f);
+        self.hand_over(after);
+        r
+    }
+
+    /// [`board_run`](Self::board_run), with what it completed handed back for the caller
+    /// to hand over ([`hand_over`](Self::hand_over)) once it holds no lock.
+    fn board_run_deferred<R>(&self, f: impl FnOnce(&mut Core, Time) -> R) -> (R, After) {
         let mut core = lock(&self.core);
         let now = self.now();
         self.take_board_records(&mut core);
@@ -565,13 +619,16 @@ impl Driver {
         }
         let r = f(&mut core, now);
         core.drain(now, &mut after);
-        drop(core);
+        (r, after)
+    }
+
+    /// Completes the calls a run finished (user code: under no lock).
+    pub(crate) fn hand_over(&self, after: After) {
         let any = !after.finished.is_empty() || !after.refused.is_empty();
         after.complete();
         if any {
             self.completed();
         }
-        r
     }
 
     /// In a run of the engine: publishes and finishes what it can on each board (as
@@ -672,12 +729,13 @@ impl Driver {
             }
         }
         live.retain(|gb| !lock(&gb.queue).calls.is_empty());
-        drop(live);
-        // What the engine has to send now (an inquiry, an abort) leaves in this run.
-        core.progress(&self.inbox, now, after);
+        // Under `live`, as every change of the count (the mirror stays in order).
         if done > 0 {
             self.boards.signal.sub_pending(done);
         }
+        drop(live);
+        // What the engine has to send now (an inquiry, an abort) leaves in this run.
+        core.progress(&self.inbox, now, after);
         (next, moved)
     }
 
@@ -703,8 +761,8 @@ impl Driver {
     /// A caller starts driving the rank.
     pub(super) fn board_enter(&self) {
         let s = &self.boards.signal;
-        let d = s.drivers.fetch_add(1, Ordering::SeqCst) + 1;
-        s.mirror(DRIVERS_WORD, d as u64);
+        s.drivers.fetch_add(1, Ordering::SeqCst);
+        s.sync_mirror();
         if s.unattended.load(Ordering::Relaxed) {
             s.set_unattended(false);
         }
@@ -715,13 +773,13 @@ impl Driver {
     pub(super) fn board_leave(&self) {
         let s = &self.boards.signal;
         let was = s.drivers.fetch_sub(1, Ordering::SeqCst);
-        s.mirror(DRIVERS_WORD, was.saturating_sub(1) as u64);
+        s.sync_mirror();
         if was == 1 && s.pending.load(Ordering::SeqCst) > 0 {
             s.set_unattended(true);
             // Pairs with the fence in `wake_others`: a member that moved before it saw this
             // store is seen here.
             fence(Ordering::SeqCst);
-            self.board_progress();
+            self.board_progress_last();
         }
         if was == 1 {
             self.boards.owed.flush();

@@ -706,7 +706,7 @@ impl Inner {
             // `sleeping` was seen is found here, and anything after rings the bell.
             // The board too: a member that moved before it saw `sleeping` is seen here.
             let board = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let moved = driver.board_progress();
+                let moved = driver.board_progress_last();
                 // This thread parks: whom it moved for and still need it are woken now.
                 driver.board_flush();
                 moved

@@ -159,7 +159,7 @@ fn a_peer_that_scribbles_on_its_board_lane_fails_the_call_not_the_process() {
         other => panic!("{other:?}"),
     };
     let (tx, rx) = std::sync::mpsc::channel();
-    d0.submit_board(
+    let (submitted, after) = d0.submit_board(
         &gb,
         0,
         call,
@@ -168,6 +168,11 @@ fn a_peer_that_scribbles_on_its_board_lane_fails_the_call_not_the_process() {
             let _ = tx.send(r);
         }),
     );
+    d0.hand_over(after);
+    match submitted {
+        Ok(deadline) => d0.submitted_board(deadline),
+        Err((done, e)) => done(Err(e)),
+    }
     let start = Instant::now();
     let got = loop {
         d0.board_progress();
