@@ -23,8 +23,10 @@
 //! forced algorithm), so every member of a group takes the same path for the same call; a
 //! member whose call differs (another size, another op) still publishes its fingerprint, and
 //! the members that read it report an [`Error::Mismatch`]. A call whose ranks disagree on the
-//! path itself (a 4-byte all_reduce on one rank, a 1 MiB one on another) is a mismatch that
-//! the board cannot see: the calls time out (`Error::Timeout`), as a call that never came.
+//! path itself (a 4-byte all_reduce on one rank, a 1 MiB one on another) is a mismatch the
+//! board alone cannot see; the engine finds it (`Engine::board_made`, its messages' arrival,
+//! an engine call that finds a slot of its sequence number, or the desync report at the
+//! deadline: `docs/architecture.md`, "Small calls on the board").
 
 #[cfg(test)]
 mod tests;

@@ -3,18 +3,21 @@
 //! A call on the board is queued on its group's [`GroupBoard`] and runs in the group's order:
 //! it is *published* (its slot written) as soon as its slot is free, and *finished* (the
 //! other members' slots read, the result made) once every slot it needs is there, one call
-//! after another. Whoever is at hand does it, as for the engine: the caller that issues it,
-//! a caller that waits (every turn of [`Driver::drive_until`]), and the rank's background
-//! driver (every run of the engine, so the actor's too). A member that publishes or
-//! finishes wakes the members that have calls waiting and nobody driving them ([`Signal`]):
-//! their parked caller, or their actor.
+//! after another (a call may finish before it is published). Whoever is at hand does it, as
+//! for the engine: the caller that issues it, a caller that waits (every turn of
+//! [`Driver::drive_until`]), the rank's background driver (every run of the engine, so the
+//! actor's too), the shared-memory progress thread. A member that publishes or finishes wakes
+//! the members whose last driver left with calls pending (their parked caller, or their
+//! actor: [`Signal`], or across processes the mirror in their lane and their doorbell), and
+//! owes a wake-up to those whose calls were issued but not yet waited for ([`Owed`]: settled
+//! after a grace on its next progress, or when it stops driving).
 //!
-//! The engine keeps the calls' records (made, finished, failed: `Engine::board_*`), and every
-//! run of the engine looks at the first waiting call of each board: if the group was aborted
-//! (a lost peer, a mismatch, a revoke), a member's part failed before it started, or the rank
-//! is shutting down, the call fails with the engine's error; past its deadline it fails with
-//! [`Error::Timeout`] naming the members whose slots are missing, and the group is aborted.
-//! The earliest deadline is part of the actor's timer.
+//! The engine keeps the calls' records (made, finished, failed: `Engine::board_*`; finishes
+//! go in with the next run), and every run of the engine looks at the first unfinished call
+//! of each board: if the group was aborted (a lost peer, a mismatch, a revoke), a member's
+//! part failed before it started, or the rank is shutting down, the call fails with the
+//! engine's error; past its deadline the group is asked which call each member is in (the
+//! desync report), whose verdict ends it. The earliest deadline is part of the actor's timer.
 
 use super::recorder::{Key, Recorder};
 use super::state::Waiting;
