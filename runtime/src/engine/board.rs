@@ -199,10 +199,7 @@ impl Engine {
         let Some(inq) = g.board_inquiries.get_mut(&seq) else {
             return;
         };
-        let line = match made {
-            Some(call) => RankCall::Made { rank: from, call },
-            None => RankCall::NotReached { rank: from, latest },
-        };
+        let line = super::failure::status_line(from, made, latest);
         inq.replies.insert(from, line);
         if inq.replies.len() + 1 >= size {
             self.board_inquiry_over(gid, seq);

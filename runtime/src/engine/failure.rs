@@ -298,10 +298,7 @@ impl Engine {
         let Some(replies) = &mut op.inquiry else {
             return;
         };
-        let line = match made {
-            Some(call) => RankCall::Made { rank: from, call },
-            None => RankCall::NotReached { rank: from, latest },
-        };
+        let line = status_line(from, made, latest);
         replies.insert(from, line);
         if replies.len() + 1 >= op.group_size {
             self.conclude_inquiry(id);
@@ -601,5 +598,18 @@ impl PendingCall {
             }
             State::Recv { src, .. } => src.is_none_or(|s| s == peer),
         }
+    }
+}
+
+/// A member's answer to a desync inquiry as a line of the report: in the call (with its
+/// fingerprint), or not there yet (with its latest call, if any).
+pub(super) fn status_line(
+    from: usize,
+    made: Option<Fingerprint>,
+    latest: Option<(u64, Fingerprint)>,
+) -> RankCall {
+    match made {
+        Some(call) => RankCall::Made { rank: from, call },
+        None => RankCall::NotReached { rank: from, latest },
     }
 }

@@ -9,7 +9,7 @@
 //! actor's too), the shared-memory progress thread. A member that publishes or finishes wakes
 //! the members whose last driver left with calls pending (their parked caller, or their
 //! actor: [`Signal`], or across processes the mirror in their lane and their doorbell), and
-//! owes a wake-up to those whose calls were issued but not yet waited for ([`Owed`]: settled
+//! owes a wake-up to those whose calls were issued but not yet waited for ([`OwedWakes`]: settled
 //! after a grace on its next progress, or when it stops driving).
 //!
 //! The engine keeps the calls' records (made, finished, failed: `Engine::board_*`; finishes
@@ -41,7 +41,7 @@ pub(crate) trait Wake: Send + Sync {
     /// move): `None` if not (no call pending, or a thread drives it), `Some(true)` if its last
     /// driver left with calls pending (a parked caller, a pending future), `Some(false)` if
     /// its calls were issued and nobody waited for them yet (a caller between its call and
-    /// its wait drives a moment later: the mover looks again after a grace, see [`Owed`]).
+    /// its wait drives a moment later: the mover looks again after a grace, see [`OwedWakes`]).
     fn state(&self) -> Option<bool>;
     /// Wakes it.
     fn wake_now(&self);
@@ -131,12 +131,12 @@ pub(crate) fn state_of(pending: u64, drivers: u64, unattended: bool) -> Option<b
 /// rank's next board progress (every turn of a waiting caller) and woken once its grace is
 /// over, instead of the mover spinning for it.
 #[derive(Default)]
-pub(crate) struct Owed {
+pub(crate) struct OwedWakes {
     n: AtomicUsize,
     members: Mutex<Vec<(Arc<dyn Wake>, std::time::Instant)>>,
 }
 
-impl Owed {
+impl OwedWakes {
     fn add(&self, w: &Arc<dyn Wake>) {
         let mut m = lock(&self.members);
         if !m.iter().any(|(x, _)| Arc::ptr_eq(x, w)) {
@@ -206,7 +206,7 @@ impl Wake for Signal {
 pub(crate) struct Boards {
     live: Mutex<Vec<Arc<GroupBoard>>>,
     pub(crate) signal: Arc<Signal>,
-    owed: Owed,
+    owed: OwedWakes,
     /// Calls finished on a board whose records the engine has not taken yet: they go in
     /// with the rank's next run of the engine (its next call, or whatever runs it first),
     /// so that a call on the board takes the engine's lock once, not twice. Failures go in
@@ -221,7 +221,7 @@ impl Default for Boards {
     fn default() -> Self {
         Boards {
             live: Mutex::new(Vec::new()),
-            owed: Owed::default(),
+            owed: OwedWakes::default(),
             finished: Mutex::new(Vec::new()),
             finished_n: AtomicUsize::new(0),
             scratch: Mutex::new(Vec::new()),
@@ -375,7 +375,7 @@ impl GroupBoard {
 
     /// Wakes the other members that wait and are not driven (those that may be about to
     /// drive go to `owed`).
-    fn wake_others(&self, owed: &Owed) {
+    fn wake_others(&self, owed: &OwedWakes) {
         fence(Ordering::SeqCst);
         for w in self.wake.iter().flatten() {
             match w.state() {
