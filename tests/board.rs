@@ -364,3 +364,86 @@ fn threads_sharing_a_communicator_keep_the_board_in_order() {
         }
     });
 }
+
+/// Every rank of `c` calls `f` on its own thread at once; their results in rank order.
+fn at_once<T: Send>(
+    c: &[collectix::Communicator],
+    f: impl Fn(&collectix::Communicator) -> collectix::Result<T> + Sync,
+) -> Vec<collectix::Result<T>> {
+    let go = std::sync::Barrier::new(c.len());
+    std::thread::scope(|s| {
+        let hs: Vec<_> = c
+            .iter()
+            .map(|c| {
+                let (f, go) = (&f, &go);
+                s.spawn(move || {
+                    go.wait();
+                    f(c)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| panic!("a rank's thread panicked")))
+            .collect()
+    })
+}
+
+#[test]
+fn ranks_that_call_at_once_in_an_aborted_group_all_fail() {
+    // Callers that find every slot there finish on their own thread, without the engine's
+    // lock: they must still see that the group was aborted (here by a mismatch every rank
+    // heard of), even when every rank publishes its slot at the same moment.
+    let w = world(2);
+    let c = w.communicators();
+    let mismatched = at_once(&c, |c| {
+        let n = if c.rank() == 1 { 3 } else { 2 };
+        c.all_reduce(Tensor::from_vec(vec![1i64; n]), ReduceOp::Sum)
+            .wait()
+            .map(|_| ())
+    });
+    assert!(mismatched.iter().all(Result::is_err), "{mismatched:?}");
+    for round in 0..50 {
+        let got = at_once(&c, |c| c.barrier().wait());
+        for (r, g) in got.into_iter().enumerate() {
+            assert!(
+                matches!(g, Err(Error::GroupAborted { .. })),
+                "round {round} rank {r}: {g:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn calls_that_finish_at_once_are_on_the_record() {
+    // Ranks in step finish their calls on their own threads, and the engine hears of them
+    // in batches: the flight record still lists each one, finished, in order, and an
+    // engine call after them (whose flow control counts them) runs.
+    let w = world(2);
+    let c = w.communicators();
+    let calls = 300;
+    for _ in 0..calls {
+        let got = at_once(&c, |c| c.barrier().wait());
+        assert!(got.iter().all(Result::is_ok), "{got:?}");
+    }
+    for (r, c) in c.iter().enumerate() {
+        let record = c.flight_record();
+        let last = record
+            .last()
+            .unwrap_or_else(|| panic!("rank {r}: an empty flight record"));
+        assert_eq!(last.seq, Some(calls - 1), "rank {r}: {last}");
+        let seqs: Vec<_> = record.iter().filter_map(|x| x.seq).collect();
+        assert!(seqs.windows(2).all(|p| p[1] == p[0] + 1), "rank {r}: {seqs:?}");
+        for x in &record {
+            assert_eq!(x.op, collectix::OpKind::Barrier, "rank {r}: {x}");
+            assert_eq!(x.state, collectix::CallState::Completed, "rank {r}: {x}");
+        }
+    }
+    let big = at_once(&c, |c| {
+        c.all_reduce(Tensor::from_vec(vec![1.0f32; 4096]), ReduceOp::Sum)
+            .wait()
+    });
+    for (r, t) in big.into_iter().enumerate() {
+        let t = t.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert!(f32s(&t).iter().all(|&x| x == 2.0), "rank {r}");
+    }
+}

@@ -9,7 +9,7 @@
 
 use crate::device::lanes::Lanes;
 use crate::rank::actor::RankActor;
-use crate::rank::driver::{Done, Driver, GroupBoard};
+use crate::rank::driver::{BoardSubmit, Done, Driver, GroupBoard, Quick};
 use crate::work::{guarded, RankThreads, Work};
 use actix::{Addr, ArbiterHandle};
 use collectix_runtime::board::BoardCall;
@@ -120,7 +120,7 @@ impl Member {
 
     /// A handle that is complete already, with `v`.
     pub(crate) fn ready<T: Send + 'static>(&self, v: Result<T>) -> Work<T> {
-        Work::ready(self.rank.rank_threads.clone(), v)
+        Work::ready(v)
     }
 
     /// A call that failed before it started, with `e`, on this rank: a collective (not
@@ -239,14 +239,36 @@ impl Member {
         opts: &CallOptions,
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
-        let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
         let timeout = opts.timeout.unwrap_or(self.group.info.options.timeout);
-        let (submitted, after) = {
+        let (submitted, after, work) = {
             // The sequence number and the queue's place together (see `GroupBoard::issue`);
             // no user code runs under this lock.
-            let _issue = crate::sync::lock(&gb.issue);
+            let issue = crate::sync::lock(&gb.issue);
             let seq = self.reserve(1);
-            self.rank.driver.submit_board(gb, seq, call, timeout, done)
+            let span = gb.span(seq, &call.fingerprint());
+            let published = match self.rank.driver.board_quick(gb, seq, &call) {
+                Quick::Done(out) => {
+                    drop(issue);
+                    let out = Ok(out);
+                    span.finished(&out);
+                    return self.ready(out.and_then(|o| guarded(|| map(o))));
+                }
+                Quick::NotTaken => false,
+                Quick::Published => true,
+            };
+            let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
+            let (submitted, after) = self.rank.driver.submit_board(
+                gb,
+                BoardSubmit {
+                    seq,
+                    call,
+                    timeout,
+                    published,
+                    span,
+                },
+                done,
+            );
+            (submitted, after, work)
         };
         self.rank.driver.hand_over(after);
         match submitted {

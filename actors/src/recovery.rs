@@ -214,7 +214,6 @@ fn run_agreement(
     setup: impl FnOnce(&RankShared) -> Result<(Old, Agreement)> + Send + 'static,
 ) -> Work<Recovered> {
     let (c, work) = Work::raw(rank.rank_threads.clone());
-    let threads = rank.rank_threads.clone();
     let spawned = std::thread::Builder::new()
         .name("collectix-agree".into())
         .spawn(move || {
@@ -226,12 +225,9 @@ fn run_agreement(
         });
     match spawned {
         Ok(_) => work,
-        Err(e) => Work::ready(
-            threads,
-            Err(Error::Resource(format!(
-                "cannot start the survivors' agreement: {e}"
-            ))),
-        ),
+        Err(e) => Work::ready(Err(Error::Resource(format!(
+            "cannot start the survivors' agreement: {e}"
+        )))),
     }
 }
 

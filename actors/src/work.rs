@@ -42,13 +42,30 @@ impl RankThreads {
 /// actor finishes it.
 #[must_use = "a dropped Work detaches the call; await or wait it to see its result"]
 pub struct Work<T> {
-    waiter: Waiter<T>,
-    /// Threads that run ranks of the world: blocking there would stop a rank.
-    rank_threads: Arc<RankThreads>,
-    /// The rank a waiting caller drives (none for a handle no engine call stands behind).
-    driver: Option<Arc<Driver>>,
+    state: State<T>,
     /// The future was polled before (later polls do not spin).
     polled: bool,
+}
+
+/// Where a [`Work`]'s result is.
+enum State<T> {
+    /// Known when the handle was made (a call refused by its checks, or one that finished on
+    /// its caller's quick path): held here until it is taken, with no completion slot.
+    Ready(std::sync::Mutex<Option<Result<T>>>),
+    /// To come through a completion slot.
+    InFlight {
+        waiter: Waiter<T>,
+        /// Threads that run ranks of the world: blocking there would stop a rank.
+        rank_threads: Arc<RankThreads>,
+        /// The rank a waiting caller drives (none for a handle no engine call stands
+        /// behind).
+        driver: Option<Arc<Driver>>,
+    },
+}
+
+/// What a second take of a result gets.
+fn taken<T>() -> Result<T> {
+    Err(Error::invalid("the result was already taken"))
 }
 
 impl<T: Send + 'static> Work<T> {
@@ -57,86 +74,113 @@ impl<T: Send + 'static> Work<T> {
         rank_threads: Arc<RankThreads>,
         map: impl FnOnce(I) -> Result<T> + Send + 'static,
     ) -> (Done<I>, Work<T>) {
-        let (c, w) = slot::<T>();
+        let (c, w) = Work::raw(rank_threads);
         // `map` is user code on the rank's thread (a `Deserialize` impl in the object
         // collectives): a panic in it fails this call with `Error::Panic`, and the rank
         // carries on.
         let done: Done<I> =
             Box::new(move |r: Result<I>| c.complete(r.and_then(|i| guarded(|| map(i)))));
-        (
-            done,
-            Work {
-                waiter: w,
-                rank_threads,
-                driver: None,
-                polled: false,
-            },
-        )
+        (done, w)
     }
 
     /// A new handle and its raw completer.
     pub(crate) fn raw(rank_threads: Arc<RankThreads>) -> (Completer<T>, Work<T>) {
-        let (c, w) = slot::<T>();
+        let (c, waiter) = slot::<T>();
         (
             c,
             Work {
-                waiter: w,
-                rank_threads,
-                driver: None,
+                state: State::InFlight {
+                    waiter,
+                    rank_threads,
+                    driver: None,
+                },
                 polled: false,
             },
         )
     }
 
-    /// A handle that is already complete.
-    pub(crate) fn ready(rank_threads: Arc<RankThreads>, v: Result<T>) -> Work<T> {
-        let (c, w) = Work::raw(rank_threads);
-        c.complete(v);
-        w
+    /// A handle that is already complete, with `v`.
+    pub(crate) fn ready(v: Result<T>) -> Work<T> {
+        Work {
+            state: State::Ready(std::sync::Mutex::new(Some(v))),
+            polled: false,
+        }
     }
 }
 
 impl<T> Work<T> {
     fn on_rank_thread(&self) -> bool {
-        self.rank_threads.0.contains(&std::thread::current().id())
+        match &self.state {
+            State::InFlight { rank_threads, .. } => {
+                rank_threads.0.contains(&std::thread::current().id())
+            }
+            // Nothing to block on.
+            State::Ready(_) => false,
+        }
     }
 
     /// This handle, waited for by driving `driver`'s rank (the rank its call runs on).
-    pub(crate) fn driven_by(mut self, driver: Arc<Driver>) -> Work<T> {
-        self.driver = Some(driver);
+    pub(crate) fn driven_by(mut self, d: Arc<Driver>) -> Work<T> {
+        if let State::InFlight { driver, .. } = &mut self.state {
+            *driver = Some(d);
+        }
         self
     }
 
     /// Drives the rank until the call completes, for at most `limit`, parking once nothing
     /// arrived for the rank's spin budget.
     fn drive(&self, limit: Duration) {
-        if let Some(d) = &self.driver {
-            let waiter = &self.waiter;
+        if let State::InFlight {
+            waiter,
+            driver: Some(d),
+            ..
+        } = &self.state
+        {
             d.drive_until(&|| waiter.is_completed(), d.spin(), limit);
         }
     }
 
     /// Whether the call has finished (successfully or not).
     pub fn is_completed(&self) -> bool {
-        if let Some(d) = &self.driver {
-            // A call on a board is finished by whoever looks (see `rank::driver::board`).
-            d.board_progress();
+        match &self.state {
+            State::Ready(_) => true,
+            State::InFlight { waiter, driver, .. } => {
+                if let Some(d) = driver {
+                    // A call on a board is finished by whoever looks (see
+                    // `rank::driver::board`).
+                    d.board_progress();
+                }
+                waiter.is_completed()
+            }
         }
-        self.waiter.is_completed()
+    }
+
+    /// Takes a ready handle's result.
+    fn take_ready(r: &std::sync::Mutex<Option<Result<T>>>) -> Result<T> {
+        crate::sync::lock(r).take().unwrap_or_else(taken)
     }
 
     /// Blocks until the call finishes. On a thread that runs a rank of the same world this
-    /// would deadlock, so it returns [`Error::WouldDeadlock`] there instead.
+    /// would deadlock, so it returns [`Error::WouldDeadlock`] there instead (unless the call
+    /// has finished already).
     pub fn wait(self) -> Result<T> {
         if self.on_rank_thread() {
             return Err(Error::WouldDeadlock);
         }
         self.drive(Duration::MAX);
-        if let Some(d) = &self.driver {
-            let waiter = &self.waiter;
-            d.sleep_until(&|| waiter.is_completed());
+        match self.state {
+            // Owned: no lock to take.
+            State::Ready(r) => r
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .unwrap_or_else(taken),
+            State::InFlight { waiter, driver, .. } => {
+                if let Some(d) = &driver {
+                    d.sleep_until(&|| waiter.is_completed());
+                }
+                waiter.wait()
+            }
         }
-        self.waiter.wait()
     }
 
     /// Blocks for at most `d`: `Some(result)` if the call finished, `None` if it is still
@@ -147,30 +191,45 @@ impl<T> Work<T> {
         }
         let start = std::time::Instant::now();
         self.drive(d);
-        self.waiter.wait_timeout(
-            d.saturating_sub(start.elapsed())
-                .max(Duration::from_nanos(1)),
-        )
+        match &self.state {
+            State::Ready(r) => Some(Self::take_ready(r)),
+            State::InFlight { waiter, .. } => waiter.wait_timeout(
+                d.saturating_sub(start.elapsed())
+                    .max(Duration::from_nanos(1)),
+            ),
+        }
     }
 }
+
+// The result is never pinned: a poll only moves it out.
+impl<T> Unpin for Work<T> {}
 
 impl<T> Future for Work<T> {
     type Output = Result<T>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let this = self.get_mut();
-        if let Some(d) = &this.driver {
+        let on_rank_thread = this.on_rank_thread();
+        let (waiter, driver) = match &mut this.state {
+            State::Ready(r) => {
+                let r = r
+                    .get_mut()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                return Poll::Ready(r.take().unwrap_or_else(taken));
+            }
+            State::InFlight { waiter, driver, .. } => (&*waiter, &*driver),
+        };
+        if let Some(d) = driver {
             // The first poll drives the rank for up to its spin budget (as `wait` does); a
             // later one (after a wake-up) takes what arrived, if nobody else is at it. On a
             // rank's own thread, never spin: that thread is a rank's background driver.
-            if !this.polled && !this.on_rank_thread() {
-                let waiter = &this.waiter;
+            if !this.polled && !on_rank_thread {
                 d.drive_until(&|| waiter.is_completed(), d.spin(), d.spin());
             } else {
                 d.poke();
             }
-            this.polled = true;
         }
-        this.waiter.poll(cx)
+        this.polled = true;
+        waiter.poll(cx)
     }
 }
 

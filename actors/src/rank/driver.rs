@@ -27,7 +27,7 @@ pub(crate) mod recorder;
 mod state;
 mod wait;
 
-pub(crate) use board::{state_of, GroupBoard, Signal, Wake};
+pub(crate) use board::{state_of, BoardSubmit, GroupBoard, Quick, Signal, Wake};
 pub(crate) use handoff::Owed;
 pub(crate) use state::{After, Core};
 pub(crate) use wait::{
@@ -99,6 +99,9 @@ pub(crate) struct Driver {
     poller: OnceLock<Arc<dyn Poller>>,
     /// The rank's calls on boards (small calls in shared memory: `board.rs`).
     pub(crate) boards: board::Boards,
+    /// The engine's [`board_epoch`](Engine::board_epoch), read without its lock; this
+    /// driver counts its own quiescing there too.
+    board_epoch: Arc<AtomicU64>,
 }
 
 /// A transport that a waiting caller drives itself: instead of a reader thread handing each
@@ -126,7 +129,9 @@ impl Driver {
         yield_every: u32,
     ) -> Driver {
         engine.add_group(world, Time::ZERO);
+        let board_epoch = engine.board_epoch();
         Driver {
+            board_epoch,
             core: CachePadded(Mutex::new(Core {
                 engine,
                 links: None,
@@ -531,6 +536,7 @@ impl Driver {
         self.run_inner(lock(&self.core), |core, _, after| {
             let pending = core.engine.pending_errors();
             core.quiesced = true;
+            self.board_epoch.fetch_add(1, Ordering::Release);
             for (_, w) in core.waiting.drain() {
                 after.finished.push((w, Err(Error::Shutdown)));
             }
@@ -560,6 +566,7 @@ impl Driver {
         let (links, waiting) = {
             let mut core = lock(&self.core);
             core.quiesced = true;
+            self.board_epoch.fetch_add(1, Ordering::Release);
             (core.links.take(), std::mem::take(&mut core.waiting))
         };
         drop(links);

@@ -44,11 +44,12 @@ pub(crate) struct Args {
     /// Where ranks run.
     #[arg(long, value_enum, default_value = "local")]
     pub(super) transport: Transport,
-    /// Binding of the in-process ranks' threads to cores: auto binds rank r to the r-th
-    /// core this process may use when there are enough cores for every rank (Open MPI's
-    /// default, `--bind-to core`, for 2 ranks; with more ranks than cores it binds to the
-    /// socket, which on one socket is no binding); none leaves placement to the scheduler,
-    /// which may put two ranks on one core for a whole run.
+    /// Binding of the ranks' calling threads to cores: auto binds rank r (in one process),
+    /// or the process of host-local rank r (`LOCAL_RANK`), to the r-th core it may use when
+    /// the host has a core for every rank (Open MPI's default, `--bind-to core`, for 2
+    /// ranks; with more ranks than cores it binds to the socket, which on one socket is no
+    /// binding); none leaves placement to the scheduler, which may put two ranks on one core
+    /// for a whole run.
     #[arg(long, value_enum, default_value = "auto")]
     pub(super) bind: Bind,
     /// Algorithm: auto, or a name (ring, halving_doubling, recursive_doubling, binomial_tree,
@@ -147,7 +148,7 @@ impl Transport {
     }
 }
 
-/// `--bind`: the in-process ranks' threads' placement.
+/// `--bind`: the ranks' calling threads' placement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(super) enum Bind {
     /// Each rank's thread on a core of its own when the cores suffice, else unbound.

@@ -58,6 +58,13 @@ impl Calls {
         keep: bool,
     ) -> Result<Vec<Output>> {
         let Some(outputs) = &mut self.outputs else {
+            if let [q] = &self.reqs[..] {
+                if !keep {
+                    // One call, its output dropped: nothing of the bench's own on its path.
+                    c.submit(q.clone(), opts).wait()?;
+                    return Ok(Vec::new());
+                }
+            }
             let works: Vec<_> = self
                 .reqs
                 .iter()

@@ -77,7 +77,17 @@ impl Ranks {
     ) -> Result<T> {
         let mut got = match self {
             Ranks::Local(_, comms) => on_every_rank(comms, bind, f)?,
-            Ranks::Tcp(_, c) => vec![f(c.rank(), c)?],
+            Ranks::Tcp(_, c) => {
+                // A process's rank on the core of its host-local rank (as mpirun binds).
+                let local = local_env("LOCAL_RANK").unwrap_or(c.rank());
+                if bind && !bind_to_core(local) {
+                    eprintln!(
+                        "collectix: bench rank {}: could not bind its thread to a core",
+                        c.rank()
+                    );
+                }
+                vec![f(c.rank(), c)?]
+            }
         };
         if got.is_empty() {
             return Err(collectix::Error::internal("no rank ran"));
@@ -102,11 +112,21 @@ pub(super) fn device_backend(b: Backend) -> DeviceBackend {
     }
 }
 
-/// Whether the in-process ranks' threads are bound to cores: `--bind auto`, in-process ranks,
-/// and a core for each of the `w` ranks.
+/// Whether the ranks' calling threads are bound to cores: `--bind auto` and a core for each
+/// rank of this host (the `w` ranks of this process, or for a rank of a multi-process job
+/// the host's ranks, `LOCAL_WORLD_SIZE` as `collectix launch` and torchrun set it).
 pub(super) fn binds(a: &Args, w: usize) -> bool {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    a.bind == Bind::Auto && a.transport == Transport::Local && w <= cores
+    let here = match a.transport {
+        Transport::Local => w,
+        _ => local_env("LOCAL_WORLD_SIZE").unwrap_or(w),
+    };
+    a.bind == Bind::Auto && here <= cores
+}
+
+/// A launcher's variable, as a number.
+fn local_env(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.trim().parse().ok()
 }
 
 /// Every rank, on a thread of its own, runs `f(rank, comm)`; the results in rank order.

@@ -49,17 +49,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// has not made its calls yet (the engine, whose senders hold messages for late peers, has
 /// no such bound; NCCL's FIFOs and MPI's eager buffers have one).
 pub const DEPTH: usize = 32;
-/// Words (u64) of a lane's header: `[finished, pending, drivers, unattended, 0, ...]`, one
-/// cache line.
-const HEADER_WORDS: usize = 8;
+/// Words (u64) of a lane's header, two cache lines: `[finished, 0, ...]` and `[pending,
+/// drivers, unattended, 0, ...]`. The owner writes the first on every call it finishes and
+/// the others read it rarely (only to reuse a slot); the others read the second on every
+/// call they move (may they need a wake-up?) and the owner writes it rarely (when calls of
+/// its wait with nobody driving them): on one line, every call would move it between
+/// the cores twice.
+const HEADER_WORDS: usize = 16;
 /// Header word where a lane's owner may say how many calls are pending on its boards (read
 /// by the members that wake it; the board itself does not use it).
-pub const PENDING_WORD: usize = 1;
+pub const PENDING_WORD: usize = 8;
 /// Header word: how many threads drive the owner's rank now.
-pub const DRIVERS_WORD: usize = 2;
+pub const DRIVERS_WORD: usize = 9;
 /// Header word: non-zero when the owner's last driver left with calls pending (it needs a
 /// wake-up to go on).
-pub const UNATTENDED_WORD: usize = 3;
+pub const UNATTENDED_WORD: usize = 10;
 /// Words of a slot: one cache line.
 const SLOT_WORDS: usize = 8;
 /// Words of one member's lane.
@@ -78,24 +82,54 @@ pub trait Lane: Send + Sync {
     fn load(&self, i: usize) -> Option<u64>;
     /// Writes word `i`; whether it is in range.
     fn store(&self, i: usize, v: u64) -> bool;
+    /// Words `i..i + out.len()` into `out`, one after another; whether they are in range.
+    /// (One call for a slot's words: a call through `dyn Lane` per word is a measurable
+    /// part of a small call.)
+    fn load_run(&self, i: usize, out: &mut [u64]) -> bool {
+        for (k, w) in out.iter_mut().enumerate() {
+            match self.load(i + k) {
+                Some(v) => *w = v,
+                None => return false,
+            }
+        }
+        true
+    }
+    /// Writes `words` at `i..`, one after another; whether they are in range.
+    fn store_run(&self, i: usize, words: &[u64]) -> bool {
+        words.iter().enumerate().all(|(k, &v)| self.store(i + k, v))
+    }
 }
 
-/// A lane on the heap, for the ranks of one process.
-pub struct HeapLane(Box<[AtomicU64]>);
+/// A lane on the heap, for the ranks of one process: whole cache lines, so that each slot
+/// is one line and no other data shares a line with the lane.
+pub struct HeapLane(Box<[Line]>);
+
+/// One cache line of a [`HeapLane`].
+#[repr(align(64))]
+struct Line([AtomicU64; SLOT_WORDS]);
 
 impl Default for HeapLane {
     fn default() -> Self {
-        HeapLane((0..LANE_WORDS).map(|_| AtomicU64::new(0)).collect())
+        HeapLane(
+            (0..LANE_WORDS / SLOT_WORDS)
+                .map(|_| Line(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
+        )
+    }
+}
+
+impl HeapLane {
+    fn word(&self, i: usize) -> Option<&AtomicU64> {
+        self.0.get(i / SLOT_WORDS).map(|l| &l.0[i % SLOT_WORDS])
     }
 }
 
 impl Lane for HeapLane {
     fn load(&self, i: usize) -> Option<u64> {
-        self.0.get(i).map(|w| w.load(Ordering::Acquire))
+        self.word(i).map(|w| w.load(Ordering::Acquire))
     }
     fn store(&self, i: usize, v: u64) -> bool {
-        self.0
-            .get(i)
+        self.word(i)
             .map(|w| w.store(v, Ordering::Release))
             .is_some()
     }
@@ -137,6 +171,10 @@ fn slot_base(seq: u64) -> usize {
 pub struct Board {
     lanes: Vec<std::sync::Arc<dyn Lane>>,
     me: usize,
+    /// The lowest `finished` word this member saw on the other members' lanes (a call they
+    /// all finished, + 1): a slot whose last call is below it is free without reading their
+    /// lanes again (they only go up).
+    seen_finished: AtomicU64,
 }
 
 impl Board {
@@ -145,7 +183,11 @@ impl Board {
         if me >= lanes.len() {
             return Err(Error::internal("board member out of range"));
         }
-        Ok(Board { lanes, me })
+        Ok(Board {
+            lanes,
+            me,
+            seen_finished: AtomicU64::new(0),
+        })
     }
 
     /// Members.
@@ -176,6 +218,13 @@ impl Board {
     /// Whether this member may publish call `seq` now: the call its slot last held is
     /// finished by every other member.
     pub fn can_publish(&self, seq: u64) -> bool {
+        // The slot last held a call at most `seq - DEPTH`: if every other member finished
+        // that far, the slot is free without a look at it (a load of a line another member
+        // may be spinning on, about to be written).
+        let seen = self.seen_finished.load(Ordering::Relaxed);
+        if seq < DEPTH as u64 || seen > seq - DEPTH as u64 {
+            return true;
+        }
         let Some(held) = self
             .mine()
             .load(slot_base(seq))
@@ -183,9 +232,18 @@ impl Board {
         else {
             return true;
         };
-        (0..self.size())
-            .filter(|&m| m != self.me)
-            .all(|m| self.finished(m).is_some_and(|f| f >= held))
+        if seen > held {
+            return true;
+        }
+        let mut lowest = u64::MAX;
+        for m in (0..self.size()).filter(|&m| m != self.me) {
+            // `finished` + 1, as the lane holds it (0: none yet).
+            let f = self.lanes.get(m).and_then(|l| l.load(0)).unwrap_or(0);
+            lowest = lowest.min(f);
+        }
+        // Another thread of this member may have seen more meanwhile; the mark only goes up.
+        self.seen_finished.fetch_max(lowest, Ordering::Relaxed);
+        lowest > held
     }
 
     /// Publishes this member's call `seq` (check [`can_publish`](Self::can_publish) first):
@@ -200,12 +258,16 @@ impl Board {
         line[FINGERPRINT_BYTES] = len;
         line[FINGERPRINT_BYTES + 1..FINGERPRINT_BYTES + 1 + payload.len()].copy_from_slice(payload);
         let base = slot_base(seq);
-        for (i, w) in line.chunks_exact(8).enumerate() {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(w);
-            self.mine().store(base + 1 + i, u64::from_le_bytes(b));
+        let mut words = [0u64; SLOT_WORDS - 1];
+        for (w, b) in words.iter_mut().zip(line.chunks_exact(8)) {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(b);
+            *w = u64::from_le_bytes(x);
         }
-        self.mine().store(base, seq.saturating_add(1));
+        let lane = self.mine();
+        if !lane.store_run(base + 1, &words) || !lane.store(base, seq.saturating_add(1)) {
+            return Err(Error::internal("board lane too short"));
+        }
         Ok(())
     }
 
@@ -220,10 +282,13 @@ impl Board {
         if lane.load(base) != Some(want) {
             return Ok(None);
         }
+        let mut words = [0u64; SLOT_WORDS - 1];
+        if !lane.load_run(base + 1, &mut words) {
+            return Err(bad("short lane"));
+        }
         let mut line = [0u8; SLOT_WORDS * 8 - 8];
-        for (i, w) in line.chunks_exact_mut(8).enumerate() {
-            let v = lane.load(base + 1 + i).ok_or(bad("short lane"))?;
-            w.copy_from_slice(&v.to_le_bytes());
+        for (b, w) in line.chunks_exact_mut(8).zip(words) {
+            b.copy_from_slice(&w.to_le_bytes());
         }
         if lane.load(base) != Some(want) {
             return Err(bad("slot rewritten while it was read"));

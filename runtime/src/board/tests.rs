@@ -70,7 +70,7 @@ fn f32s(o: &Result<Output>) -> Vec<f32> {
 fn a_slot_holds_a_small_call_in_one_line() {
     assert_eq!(INLINE_MAX, 28);
     assert_eq!(SLOT_WORDS * 8, 64);
-    assert_eq!(LANE_BYTES, 64 * (DEPTH + 1));
+    assert_eq!(LANE_BYTES, 64 * (DEPTH + 2));
 }
 
 #[test]

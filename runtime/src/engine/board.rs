@@ -12,6 +12,12 @@ use crate::time::Time;
 use crate::wire::message::{Header, Message, Transmit};
 use std::collections::BTreeMap;
 
+/// Counts a change in an engine's [`board_epoch`](Engine::board_epoch) (a free function, for
+/// the places that hold one of the engine's groups mutably).
+pub(super) fn bump(epoch: &std::sync::atomic::AtomicU64) {
+    epoch.fetch_add(1, std::sync::atomic::Ordering::Release);
+}
+
 /// A desync report on a call on the board that passed its deadline (as an engine call's,
 /// `PendingCall::inquiry`): the call, the members whose slots it still needed, the answers.
 pub(super) struct BoardInquiry {
@@ -70,6 +76,89 @@ impl Engine {
             return self.left_refusal(gid, Some(seq), None);
         }
         None
+    }
+
+    /// Whether call `seq` of group `gid` may run on the board with no record made first (a
+    /// caller's quick path): [`board_refusal`](Self::board_refusal) would say nothing, and
+    /// there is nothing for it to consume (no verdict, no member's failed part). `Some(n)`:
+    /// it may, and so may the group's calls after it up to `n` (excluded), as long as the
+    /// [`board_epoch`](Self::board_epoch) stays the same. Changes nothing.
+    pub fn board_clear(&self, gid: GroupId, seq: u64) -> Option<u64> {
+        if self.closing.is_some() {
+            return None;
+        }
+        let g = self.groups.get(&gid)?;
+        if g.aborted.is_some() || !g.left.is_empty() {
+            return None;
+        }
+        let failed = g.failed.range(seq..).next().map_or(u64::MAX, |(s, _)| *s);
+        let verdict = g
+            .board_verdicts
+            .keys()
+            .copied()
+            .filter(|s| *s >= seq)
+            .min()
+            .unwrap_or(u64::MAX);
+        let until = failed.min(verdict);
+        (until > seq).then_some(until)
+    }
+
+    /// A counter that goes up with every change of this engine's state that may make
+    /// [`board_clear`](Self::board_clear) say no where it said yes: the engine is closing, a
+    /// group is aborted or released, a member left one, a member's part of a call failed
+    /// before it started, a desync report gave a verdict. A caller that checked a group
+    /// with `board_clear` may skip the check (and the engine's lock) while it reads the
+    /// same count.
+    pub fn board_epoch(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.board_epoch.clone()
+    }
+
+    /// A change that [`board_epoch`](Self::board_epoch) counts.
+    pub(super) fn board_changed(&self) {
+        bump(&self.board_epoch);
+    }
+
+    /// Calls of group `gid` (sequence numbers and fingerprints, in order) ran on the board
+    /// from start to finish before the engine heard of them (a caller's quick path, checked
+    /// with [`board_clear`](Self::board_clear)): each is recorded as finished, and the
+    /// members' flow control learns of them once, as of their last.
+    ///
+    /// A member's message for one of them is a mismatch (a call on the board sends none):
+    /// the group is aborted. Its caller had its result already, from slots that all named
+    /// its call; the member that sent the message hears of the mismatch.
+    pub fn board_ran(&mut self, gid: GroupId, calls: impl IntoIterator<Item = (u64, Fingerprint)>) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        let mut last = None;
+        let mut early = None;
+        for (seq, fp) in calls {
+            if early.is_none() && !g.unexpected.is_empty() {
+                early = g
+                    .unexpected
+                    .remove(&seq)
+                    .and_then(|ms| {
+                        ms.into_iter().find_map(|m| match m.header {
+                            Header::Data { call, .. } => Some((m.src, call)),
+                            _ => None,
+                        })
+                    })
+                    .map(|(src, call)| (seq, fp, src, call));
+            }
+            if let Some(s) = g.done.insert(seq, Some(fp)) {
+                g.forgotten_below = g.forgotten_below.max(s + 1);
+            }
+            last = last.max(Some(seq));
+        }
+        if let Some(seq) = last {
+            let mut out = Vec::new();
+            g.flow.on_made(seq, &mut out);
+            self.emit(gid, out);
+        }
+        if let Some((seq, fp, src, call)) = early {
+            let err = self.mismatch(gid, Some(seq), fp, src, call);
+            self.abort(gid, err, None, true);
+        }
     }
 
     /// Whether group `gid` can run no more calls on this rank (shutting down, not a group of
@@ -225,6 +314,7 @@ impl Engine {
                 return;
             }
             g.board_verdicts.insert(seq, err.clone());
+            bump(&self.board_epoch);
         }
         self.abort(gid, err, None, true);
     }

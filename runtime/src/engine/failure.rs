@@ -25,6 +25,7 @@ impl Engine {
             return;
         }
         self.closing = Some(Some(now + linger));
+        self.board_changed();
         let cut: BTreeSet<GroupId> = self.ops.values().map(|op| op.group).collect();
         let ids: Vec<OpId> = self.ops.keys().copied().collect();
         for id in ids {
@@ -101,6 +102,7 @@ impl Engine {
         g.flow.clear();
         g.p2p_flow.clear();
         g.aborted = Some(Error::Shutdown);
+        super::board::bump(&self.board_epoch);
         let me = self.rank;
         let members: Vec<usize> = g
             .info
@@ -537,6 +539,7 @@ impl Engine {
         let root = cause.root_cause().clone();
         tracing::warn!(rank = self.rank, group = %gid, cause = %root, told = tell, "group aborted");
         g.aborted = Some(root.clone());
+        super::board::bump(&self.board_epoch);
         g.unexpected.clear();
         g.p2p_arrived.clear();
         g.flow.clear();

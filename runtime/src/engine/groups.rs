@@ -245,6 +245,7 @@ impl Engine {
             self.tell_left(id);
         }
         self.groups.remove(&id);
+        self.board_changed();
         // (No orphans to drop: a registered group adopted its orphans when it was added.)
         self.destroyed.insert(id);
         match pending {

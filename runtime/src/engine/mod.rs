@@ -200,6 +200,9 @@ pub struct Engine {
     /// Peers this rank saw lost ([`Engine::handle_peer_lost`]): a group registered later
     /// with one of them as a member is aborted at once.
     lost: BTreeSet<usize>,
+    /// Counts the changes that may stop a call on a board from running without a record
+    /// made first (see [`Engine::board_epoch`]).
+    board_epoch: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Free buffers (reduction results, joined outputs) an engine keeps for reuse: room for a
@@ -239,6 +242,7 @@ impl Engine {
             hold_reductions: true,
             plane,
             closing: None,
+            board_epoch: Default::default(),
             destroyed: HashSet::new(),
             lost: BTreeSet::new(),
         }

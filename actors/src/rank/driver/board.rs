@@ -30,7 +30,7 @@ use collectix_runtime::error::ProtocolError;
 use collectix_runtime::progress::CachePadded;
 use collectix_runtime::{Error, GroupInfo, Output, Result, Time};
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -211,7 +211,8 @@ pub(crate) struct Boards {
     /// with the rank's next run of the engine (its next call, or whatever runs it first),
     /// so that a call on the board takes the engine's lock once, not twice. Failures go in
     /// at once (they abort the group).
-    finished: Mutex<Vec<(collectix_runtime::GroupId, Record)>>,
+    /// On a line of its own: every quick call writes it.
+    finished: CachePadded<Mutex<Vec<(collectix_runtime::GroupId, Record)>>>,
     finished_n: AtomicUsize,
     /// Where a progress collects the results it hands over (kept for its allocation).
     scratch: Mutex<Vec<(Waiting, Result<Output>)>>,
@@ -222,7 +223,7 @@ impl Default for Boards {
         Boards {
             live: Mutex::new(Vec::new()),
             owed: OwedWakes::default(),
-            finished: Mutex::new(Vec::new()),
+            finished: CachePadded(Mutex::new(Vec::new())),
             finished_n: AtomicUsize::new(0),
             scratch: Mutex::new(Vec::new()),
             signal: Arc::new(Signal {
@@ -256,7 +257,10 @@ struct Queue {
 }
 
 /// A group's board as one rank holds it: the board, the group, how to wake each other
-/// member, and this rank's calls on it.
+/// member, and this rank's calls on it. On cache lines of its own: each call takes its locks,
+/// and the members' copies in one process are allocated one after another (a line shared
+/// with another member's copy would move between their cores on every call).
+#[repr(align(128))]
 pub(crate) struct GroupBoard {
     board: Board,
     info: GroupInfo,
@@ -266,14 +270,72 @@ pub(crate) struct GroupBoard {
     /// sequence order when several threads call on the group at once (the calls finish in
     /// that order; `Board::finish` only goes up).
     pub(crate) issue: Mutex<()>,
+    /// Calls in `queue` (read by the quick path without its lock; written under it).
+    queued: AtomicUsize,
+    /// The engine's [`board_epoch`](collectix_runtime::Engine::board_epoch) when the quick
+    /// path last found the group clear, and up to which call it is (see
+    /// [`Driver::board_quick`]; `u64::MAX`: never checked). Written under the issue lock.
+    clear_epoch: AtomicU64,
+    clear_until: AtomicU64,
 }
 
 /// How a call ended, for the engine's records.
 enum Record {
     /// Finished at the time given (the flight recorder's end).
     Finished(u64, collectix_runtime::Fingerprint, Time),
-    Failed(u64, Error),
+    /// Failed (boxed: every quick call's record is moved into the list, and an error is
+    /// large).
+    Failed(u64, Box<Error>),
+    /// Ran on a caller's quick path, ending at the time given (within the engine clock's
+    /// grain of its start): the engine never had it queued.
+    Ran(u64, collectix_runtime::Fingerprint, Time),
 }
+
+/// A call's `tracing` span, and when it started (`None` when nobody records the span: a
+/// clock read per call is a measurable part of a small call).
+pub(crate) struct BoardSpan(tracing::Span, Option<std::time::Instant>);
+
+impl BoardSpan {
+    /// Closes the span of a call that finished on its quick path.
+    pub(crate) fn finished(self, result: &Result<Output>) {
+        Waiting::log(&self.0, self.1, result);
+    }
+}
+
+/// A call to queue on a board ([`Driver::submit_board`]).
+pub(crate) struct BoardSubmit {
+    /// Its sequence number in the group.
+    pub(crate) seq: u64,
+    pub(crate) call: BoardCall,
+    /// How long it may wait for the other members.
+    pub(crate) timeout: Duration,
+    /// Its slot is published already (its quick path did not finish it).
+    pub(crate) published: bool,
+    pub(crate) span: BoardSpan,
+}
+
+/// How a call's quick path ended ([`Driver::board_quick`]).
+pub(crate) enum Quick {
+    /// The call finished: its output.
+    Done(Output),
+    /// It did not start (nothing published): it is queued as any call.
+    NotTaken,
+    /// Its slot is published but it did not finish (a member is late, or its slot is wrong):
+    /// it is queued as a published call, and ends as any call.
+    Published,
+}
+
+/// The longest a caller's quick path waits for the other members' slots before its call is
+/// queued (and the caller drives the rank as for any call): members that keep in step
+/// arrive within a few microseconds of each other.
+const QUICK_SPIN: Duration = Duration::from_micros(20);
+
+/// Records of calls finished on a board above which the next quick call gives them to the
+/// engine first (a rank whose calls all run on its boards runs no engine otherwise).
+const RECORDS_BATCH: usize = 256;
+
+/// Groups up to this size find their slots on the stack in the quick path.
+const STACK_MEMBERS: usize = 8;
 
 impl GroupBoard {
     /// Member `info.rank`'s view of a board whose other members are woken through `wake`
@@ -289,6 +351,9 @@ impl GroupBoard {
                 slots: vec![None; n],
             }),
             issue: Mutex::new(()),
+            queued: AtomicUsize::new(0),
+            clear_epoch: AtomicU64::new(u64::MAX),
+            clear_until: AtomicU64::new(0),
         }
     }
 
@@ -355,7 +420,7 @@ impl GroupBoard {
                 self.info.id,
                 match &result {
                     Ok(_) => Record::Finished(seq, p.call.fingerprint(), clock()),
-                    Err(e) => Record::Failed(seq, e.clone()),
+                    Err(e) => Record::Failed(seq, Box::new(e.clone())),
                 },
             ));
             if let Some(w) = p.waiting.take() {
@@ -370,6 +435,7 @@ impl GroupBoard {
             calls.pop_front();
             done += 1;
         }
+        self.queued.store(calls.len(), Ordering::Release);
         (moved, done)
     }
 
@@ -377,6 +443,13 @@ impl GroupBoard {
     /// drive go to `owed`).
     fn wake_others(&self, owed: &OwedWakes) {
         fence(Ordering::SeqCst);
+        self.look_at_others(owed);
+    }
+
+    /// [`wake_others`](Self::wake_others) without its fence: it may miss a member that just
+    /// began to wait (the quick path looks so while it spins, to wake a waiting member soon,
+    /// and with the fence once at its end: see [`Driver::board_quick`]).
+    fn look_at_others(&self, owed: &OwedWakes) {
         for w in self.wake.iter().flatten() {
             match w.state() {
                 None => {}
@@ -408,6 +481,24 @@ impl GroupBoard {
         })
     }
 
+    /// The `tracing` span of call `seq` (`fp`) on this board, made when it takes its
+    /// sequence number.
+    pub(crate) fn span(&self, seq: u64, fp: &collectix_runtime::Fingerprint) -> BoardSpan {
+        let span = tracing::debug_span!(
+            "call",
+            rank = self.info.global(self.info.rank),
+            group = %self.info.id,
+            seq,
+            op = %fp.kind,
+            dtype = %fp.dtype,
+            count = fp.count,
+            algorithm = "board",
+            bytes = fp.count.map(|c| c.saturating_mul(fp.dtype.size() as u64)),
+        );
+        let start = (!span.is_disabled()).then(std::time::Instant::now);
+        BoardSpan(span, start)
+    }
+
     /// The members whose slots call `seq` still needs (global ranks).
     fn missing(&self, call: &BoardCall, seq: u64) -> Vec<usize> {
         let me = self.board.me();
@@ -419,6 +510,57 @@ impl GroupBoard {
 }
 
 impl Core {
+    /// The flight recorder's record of a call that ran on a quick path.
+    fn record_ran(
+        &mut self,
+        gid: collectix_runtime::GroupId,
+        seq: u64,
+        fp: collectix_runtime::Fingerprint,
+        at: Time,
+    ) {
+        let mut record = Recorder::record(gid, Some(seq), fp.kind, fp.dtype, fp.count, at);
+        record.ended_ms = Some(record.started_ms);
+        record.state = super::recorder::CallState::Completed;
+        self.recorder.started(Key::Board(gid, seq), record);
+    }
+
+    /// Gives the engine and the flight recorder the records of calls that ended on a board,
+    /// in order: the calls of one group that ran on quick paths one after another go to the
+    /// engine together, and only the last [`CALLS_KEPT`](super::recorder::CALLS_KEPT) to the
+    /// flight recorder (which keeps no more).
+    fn board_records(&mut self, records: &mut Vec<(collectix_runtime::GroupId, Record)>) {
+        let kept_from = records.len().saturating_sub(super::recorder::CALLS_KEPT);
+        let mut i = 0;
+        let mut rest = records.drain(..);
+        let mut next = rest.next();
+        while let Some((gid, r)) = next.take() {
+            let Record::Ran(seq, fp, at) = r else {
+                self.board_record(gid, r, Time::ZERO);
+                i += 1;
+                next = rest.next();
+                continue;
+            };
+            // This call and the quick ones of the same group right after it.
+            let mut run = vec![(seq, fp, at)];
+            next = rest.next();
+            while let Some((g, Record::Ran(s, f, t))) = &next {
+                if *g != gid {
+                    break;
+                }
+                run.push((*s, *f, *t));
+                next = rest.next();
+            }
+            self.engine
+                .board_ran(gid, run.iter().map(|&(s, f, _)| (s, f)));
+            for &(s, f, t) in &run {
+                if i >= kept_from {
+                    self.record_ran(gid, s, f, t);
+                }
+                i += 1;
+            }
+        }
+    }
+
     /// Gives the engine and the flight recorder the record of a call that ended on a board.
     fn board_record(&mut self, gid: collectix_runtime::GroupId, r: Record, now: Time) {
         match r {
@@ -428,26 +570,148 @@ impl Core {
             }
             Record::Failed(seq, e) => {
                 self.recorder.ended(Key::Board(gid, seq), now, Some(&e));
-                self.engine.board_failed(gid, seq, e);
+                self.engine.board_failed(gid, seq, *e);
+            }
+            Record::Ran(seq, fp, at) => {
+                self.engine.board_ran(gid, [(seq, fp)]);
+                self.record_ran(gid, seq, fp, at);
             }
         }
     }
 }
 
 impl Driver {
-    /// Queues call `seq` of `gb`'s group on the board (under the group's issue lock): the
-    /// engine records it as made, or says why it cannot be (handed back with `done`, for the
-    /// caller to complete once the lock is released); `done` gets its result. Its deadline
-    /// is for [`submitted_board`](Self::submitted_board); what the run completed meanwhile
-    /// (engine calls) is handed back too, for [`hand_over`](Self::hand_over).
+    /// The quick path of call `seq` of `gb`'s group (under the group's issue lock): when no
+    /// call of the group is queued on this rank, nothing waits in the rank's inbox, the call's
+    /// slot is free and the engine has nothing against the group
+    /// ([`Engine::board_clear`](collectix_runtime::Engine::board_clear)), the caller
+    /// publishes the slot and reads the other members' slots itself, for a short spin
+    /// ([`QUICK_SPIN`], at most the rank's spin budget). A call that finishes so takes no
+    /// engine lock after that check, no queue, no completion slot; its record goes to the
+    /// engine with a later run. Any other outcome (a late member, a slot that names another
+    /// call or does not decode) is left to the queued path, which ends it as it ends any call.
+    pub(crate) fn board_quick(&self, gb: &GroupBoard, seq: u64, call: &BoardCall) -> Quick {
+        if self.boards.finished_n.load(Ordering::Relaxed) >= RECORDS_BATCH {
+            self.board_run(|_, _| ());
+        }
+        let board = &gb.board;
+        if !self.inbox.looks_empty()
+            || gb.queued.load(Ordering::Acquire) != 0
+            || !board.can_publish(seq)
+        {
+            return Quick::NotTaken;
+        }
+        // The engine's word on the group, asked under its lock only when something changed
+        // since it last said yes (or the calls it said yes to are used up).
+        let epoch = self.board_epoch.load(Ordering::Acquire);
+        if gb.clear_epoch.load(Ordering::Relaxed) != epoch
+            || seq >= gb.clear_until.load(Ordering::Relaxed)
+        {
+            let core = match self.core.try_lock() {
+                Ok(c) => c,
+                Err(_) => return Quick::NotTaken,
+            };
+            let until = if core.quiesced {
+                None
+            } else {
+                core.engine.board_clear(gb.info.id, seq)
+            };
+            let Some(until) = until else {
+                return Quick::NotTaken;
+            };
+            gb.clear_until.store(until, Ordering::Relaxed);
+            gb.clear_epoch.store(epoch, Ordering::Relaxed);
+        }
+        let at = self.now();
+        let fp = call.fingerprint();
+        if board.publish(seq, &fp, call.payload()).is_err() {
+            return Quick::NotTaken;
+        }
+        // No fence after the publish: its store may still be on its way to the other cores
+        // (a fence would wait for it, the length of a cache line's trip, on every call). A
+        // member that waits for this slot with nobody driving it is seen here if its state
+        // is visible already, on the spin's looks, or at the latest by the fenced look that
+        // ends this path either way (finished, or queued): with the waiting member's own
+        // fence between its state and its last look at this slot, one of the two sees the
+        // other (`board_leave`).
+        gb.look_at_others(&self.boards.owed);
+        let (me, n) = (board.me(), board.size());
+        let mut stack = [None; STACK_MEMBERS];
+        let mut heap = Vec::new();
+        let slots: &mut [Option<Slot>] = if n <= STACK_MEMBERS {
+            &mut stack[..n]
+        } else {
+            heap.resize(n, None);
+            &mut heap
+        };
+        let budget = self.spin.min(QUICK_SPIN);
+        let mut since: Option<std::time::Instant> = None;
+        let mut turns: u32 = 0;
+        loop {
+            let mut missing = false;
+            for (m, s) in slots.iter_mut().enumerate() {
+                if s.is_some() || !call.needs(me, m) {
+                    continue;
+                }
+                match board.read(m, seq) {
+                    Ok(Some(slot)) => *s = Some(slot),
+                    Ok(None) => missing = true,
+                    Err(_) => return self.quick_queued(gb),
+                }
+            }
+            if !missing {
+                break;
+            }
+            turns = turns.wrapping_add(1);
+            if budget.is_zero() {
+                return self.quick_queued(gb);
+            }
+            if turns.is_multiple_of(64) {
+                gb.look_at_others(&self.boards.owed);
+                let t0 = *since.get_or_insert_with(std::time::Instant::now);
+                if t0.elapsed() >= budget {
+                    return self.quick_queued(gb);
+                }
+            }
+            self.pause_quick(turns);
+        }
+        let Ok(out) = call.finish(&gb.info, seq, slots) else {
+            return self.quick_queued(gb);
+        };
+        board.finish(seq);
+        gb.wake_others(&self.boards.owed);
+        self.boards.owed.flush();
+        let mut f = lock(&self.boards.finished);
+        f.push((gb.info.id, Record::Ran(seq, fp, at)));
+        self.boards.finished_n.store(f.len(), Ordering::Release);
+        Quick::Done(out)
+    }
+
+    /// A quick path that published its slot ends without the call: the fenced look at the
+    /// other members that its publish owes them (see [`board_quick`](Self::board_quick)).
+    fn quick_queued(&self, gb: &GroupBoard) -> Quick {
+        gb.wake_others(&self.boards.owed);
+        Quick::Published
+    }
+
+    /// Queues call `c` on `gb`'s board (under the group's issue lock): the engine records it
+    /// as made, or says why it cannot be (handed back with `done`, for the caller to
+    /// complete once the lock is released); `done` gets its result. Its deadline is for
+    /// [`submitted_board`](Self::submitted_board); what the run completed meanwhile (engine
+    /// calls) is handed back too, for [`hand_over`](Self::hand_over).
     pub(crate) fn submit_board(
         &self,
         gb: &Arc<GroupBoard>,
-        seq: u64,
-        call: BoardCall,
-        timeout: Duration,
+        c: BoardSubmit,
         done: Done<Output>,
     ) -> (std::result::Result<Time, (Done<Output>, Error)>, After) {
+        let BoardSubmit {
+            seq,
+            call,
+            timeout,
+            published,
+            span,
+        } = c;
         let gid = gb.info.id;
         let fp = call.fingerprint();
         let (made, after) = self.board_run_deferred(|core, now| {
@@ -462,35 +726,27 @@ impl Driver {
             }
             let record = Recorder::record(gid, Some(seq), fp.kind, fp.dtype, fp.count, now);
             core.recorder.started(Key::Board(gid, seq), record);
-            let span = tracing::debug_span!(
-                "call",
-                rank = core.engine.rank(),
-                group = %gid,
-                seq,
-                op = %fp.kind,
-                dtype = %fp.dtype,
-                count = fp.count,
-                algorithm = "board",
-                bytes = fp.count.map(|c| c.saturating_mul(fp.dtype.size() as u64)),
-            );
-            let start = (!span.is_disabled()).then(std::time::Instant::now);
-            Ok((now + timeout, span, start))
+            Ok(now + timeout)
         });
-        let (deadline, span, start) = match made {
+        let deadline = match made {
             Ok(d) => d,
             Err(e) => return (Err((done, e)), after),
         };
+        let BoardSpan(span, start) = span;
         let waiting = Waiting { done, span, start };
         {
             let mut live = lock(&self.boards.live);
-            lock(&gb.queue).calls.push_back(Pending {
+            let mut q = lock(&gb.queue);
+            q.calls.push_back(Pending {
                 seq,
                 call,
-                published: false,
+                published,
                 waiting: Some(waiting),
                 deadline,
                 inquiring: false,
             });
+            gb.queued.store(q.calls.len(), Ordering::Release);
+            drop(q);
             self.boards.signal.add_pending(1);
             if !live.iter().any(|b| Arc::ptr_eq(b, gb)) {
                 live.push(gb.clone());
@@ -585,9 +841,7 @@ impl Driver {
         }
         let mut f = lock(&self.boards.finished);
         self.boards.finished_n.store(0, Ordering::Release);
-        for (gid, r) in f.drain(..) {
-            core.board_record(gid, r, Time::ZERO);
-        }
+        core.board_records(&mut f);
     }
 
     /// Gives the engine the records of calls that ended on a board.
@@ -730,6 +984,7 @@ impl Driver {
                 q.calls.pop_front();
                 done += 1;
             }
+            gb.queued.store(q.calls.len(), Ordering::Release);
         }
         live.retain(|gb| !lock(&gb.queue).calls.is_empty());
         // Under `live`, as every change of the count (the mirror stays in order).

@@ -23,16 +23,21 @@ pub(super) struct Waiting {
 impl Waiting {
     /// Hands the result over and closes the span with the outcome and duration.
     pub(super) fn finish(self, result: Result<Output>) {
-        if let Some(start) = self.start {
+        Self::log(&self.span, self.start, &result);
+        (self.done)(result);
+    }
+
+    /// Closes a call's `span` (started at `start`) with its outcome and duration.
+    pub(super) fn log(span: &tracing::Span, start: Option<Instant>, result: &Result<Output>) {
+        if let Some(start) = start {
             let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
-            match &result {
-                Ok(_) => tracing::debug!(parent: &self.span, micros, "call completed"),
-                Err(e) => tracing::warn!(parent: &self.span, micros, error = %e, "call failed"),
+            match result {
+                Ok(_) => tracing::debug!(parent: span, micros, "call completed"),
+                Err(e) => tracing::warn!(parent: span, micros, error = %e, "call failed"),
             }
-        } else if let Err(e) = &result {
+        } else if let Err(e) = result {
             tracing::warn!(error = %e, "call failed");
         }
-        (self.done)(result);
     }
 }
 /// What a run of the engine leaves to do once the lock is released.

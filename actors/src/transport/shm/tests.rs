@@ -148,22 +148,27 @@ fn a_peer_that_scribbles_on_its_board_lane_fails_the_call_not_the_process() {
         .boards()
         .and_then(|b| b.board(&world))
         .unwrap_or_else(|| panic!("no board"));
-    // Rank 1's lane, written as a broken rank 1 would: slot 0 (words 8–15, after the lane's
-    // header line) claims call 0 (its first word is the sequence number + 1) but holds no
+    // Rank 1's lane, written as a broken rank 1 would: slot 0 (words 16–23, after the lane's
+    // two header lines) claims call 0 (its first word is the sequence number + 1) but holds no
     // fingerprint that decodes.
     let lane1 = hubs[1].1.inner.own.lane();
-    assert!(lane1.store(9, u64::MAX));
-    assert!(lane1.store(8, 1));
+    assert!(lane1.store(17, u64::MAX));
+    assert!(lane1.store(16, 1));
     let call = match BoardCall::of(&Request::Barrier, &world, &CallOptions::default()) {
         Some(Ok(c)) => c,
         other => panic!("{other:?}"),
     };
+    let fp = call.fingerprint();
     let (tx, rx) = std::sync::mpsc::channel();
     let (submitted, after) = d0.submit_board(
         &gb,
-        0,
-        call,
-        Duration::from_secs(30),
+        crate::rank::driver::BoardSubmit {
+            seq: 0,
+            call,
+            timeout: Duration::from_secs(30),
+            published: false,
+            span: gb.span(0, &fp),
+        },
         Box::new(move |r| {
             let _ = tx.send(r);
         }),

@@ -35,7 +35,7 @@ pub const LINE: usize = 64;
 /// A segment's magic.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"cx-shm01");
 /// The segment format's version.
-pub const SEGMENT_VERSION: u32 = 3;
+pub const SEGMENT_VERSION: u32 = 4;
 /// Bytes of a segment's header.
 pub const HEADER_BYTES: usize = 4 * LINE;
 /// Where the owner's board lane is ([`crate::board`]: the small calls of a group whose
