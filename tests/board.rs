@@ -29,15 +29,16 @@ fn f32s(t: &Tensor) -> Vec<f32> {
 
 #[test]
 fn batches_far_ahead_of_the_peers_complete_in_order() {
-    // Every rank issues 100 calls of each kind before it waits for any: many times the
-    // board's depth, so ranks publish as their peers finish, whoever drives.
+    // Every rank issues DEPTH + 50 calls of each kind before it waits for any: more than
+    // twice the board's depth, so ranks publish as their peers finish, whoever drives.
+    let calls = collectix::runtime::board::DEPTH + 50;
     for n in [2, 3, 5] {
         let w = world(n);
         let c = w.communicators();
         let mut works = Vec::new();
         for (r, c) in c.iter().enumerate() {
             let mut mine = Vec::new();
-            for k in 0..100 {
+            for k in 0..calls {
                 let x = Tensor::from_vec(vec![(r * k) as f32, 1.0]);
                 mine.push(c.all_reduce(x, ReduceOp::Sum));
                 let root = k % n;
@@ -66,14 +67,14 @@ fn batches_far_ahead_of_the_peers_complete_in_order() {
 
 #[test]
 fn a_root_far_ahead_waits_for_nobody_and_the_late_ranks_catch_up() {
-    // The root issues and waits for 100 broadcasts before the others make any (a root
+    // The root issues and waits for 2 DEPTH + 50 broadcasts before the others make any (a root
     // finishes at once on the board, as on the engine). Then the other two leapfrog, one
     // thread driving both: each finishes up to `DEPTH` calls beyond the other's last (the
     // root publishes a slot once both finished the call that was in it: `board::DEPTH`).
     let w = world(3);
     let c = w.communicators();
-    let n = 100;
     let depth = collectix::runtime::board::DEPTH;
+    let n = 2 * depth + 50;
     for k in 0..n {
         let t = c[0]
             .broadcast(Tensor::from_vec(vec![k as f32]), 0)
@@ -383,7 +384,10 @@ fn at_once<T: Send>(
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| panic!("a rank's thread panicked")))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| panic!("a rank's thread panicked"))
+            })
             .collect()
     })
 }
@@ -432,7 +436,10 @@ fn calls_that_finish_at_once_are_on_the_record() {
             .unwrap_or_else(|| panic!("rank {r}: an empty flight record"));
         assert_eq!(last.seq, Some(calls - 1), "rank {r}: {last}");
         let seqs: Vec<_> = record.iter().filter_map(|x| x.seq).collect();
-        assert!(seqs.windows(2).all(|p| p[1] == p[0] + 1), "rank {r}: {seqs:?}");
+        assert!(
+            seqs.windows(2).all(|p| p[1] == p[0] + 1),
+            "rank {r}: {seqs:?}"
+        );
         for x in &record {
             assert_eq!(x.op, collectix::OpKind::Barrier, "rank {r}: {x}");
             assert_eq!(x.state, collectix::CallState::Completed, "rank {r}: {x}");

@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// `DEPTH` calls that need a slot of a member whose own slot waits on another member that
 /// has not made its calls yet (the engine, whose senders hold messages for late peers, has
 /// no such bound; NCCL's FIFOs and MPI's eager buffers have one).
-pub const DEPTH: usize = 32;
+pub const DEPTH: usize = 512;
 /// Words (u64) of a lane's header, two cache lines: `[finished, 0, ...]` and `[pending,
 /// drivers, unattended, 0, ...]`. The owner writes the first on every call it finishes and
 /// the others read it rarely (only to reuse a slot); the others read the second on every
