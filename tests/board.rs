@@ -399,7 +399,7 @@ fn ranks_that_call_at_once_in_an_aborted_group_all_fail() {
     // heard of), even when every rank publishes its slot at the same moment.
     let w = world(2);
     let c = w.communicators();
-    let mismatched = at_once(&c, |c| {
+    let mismatched = at_once(c, |c| {
         let n = if c.rank() == 1 { 3 } else { 2 };
         c.all_reduce(Tensor::from_vec(vec![1i64; n]), ReduceOp::Sum)
             .wait()
@@ -407,7 +407,7 @@ fn ranks_that_call_at_once_in_an_aborted_group_all_fail() {
     });
     assert!(mismatched.iter().all(Result::is_err), "{mismatched:?}");
     for round in 0..50 {
-        let got = at_once(&c, |c| c.barrier().wait());
+        let got = at_once(c, |c| c.barrier().wait());
         for (r, g) in got.into_iter().enumerate() {
             assert!(
                 matches!(g, Err(Error::GroupAborted { .. })),
@@ -426,7 +426,7 @@ fn calls_that_finish_at_once_are_on_the_record() {
     let c = w.communicators();
     let calls = 300;
     for _ in 0..calls {
-        let got = at_once(&c, |c| c.barrier().wait());
+        let got = at_once(c, |c| c.barrier().wait());
         assert!(got.iter().all(Result::is_ok), "{got:?}");
     }
     for (r, c) in c.iter().enumerate() {
@@ -445,7 +445,7 @@ fn calls_that_finish_at_once_are_on_the_record() {
             assert_eq!(x.state, collectix::CallState::Completed, "rank {r}: {x}");
         }
     }
-    let big = at_once(&c, |c| {
+    let big = at_once(c, |c| {
         c.all_reduce(Tensor::from_vec(vec![1.0f32; 4096]), ReduceOp::Sum)
             .wait()
     });

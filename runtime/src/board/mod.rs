@@ -146,11 +146,12 @@ pub struct BoardError {
     pub what: &'static str,
 }
 
-/// One slot read from a lane: the member's call and its payload.
+/// One slot read from a lane: the member's call (its fingerprint as the lane holds it, not
+/// decoded: a member compares it with its own call's bytes, and decodes it only when they
+/// differ) and its payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
-    /// The call the member made.
-    pub fp: Fingerprint,
+    fp: [u8; FINGERPRINT_BYTES],
     len: u8,
     payload: [u8; INLINE_MAX],
 }
@@ -159,6 +160,17 @@ impl Slot {
     /// The payload.
     pub fn payload(&self) -> &[u8] {
         &self.payload[..usize::from(self.len)]
+    }
+
+    /// The call the member made, as its fingerprint's bytes.
+    pub fn fingerprint_bytes(&self) -> &[u8; FINGERPRINT_BYTES] {
+        &self.fp
+    }
+
+    /// The call the member made, decoded; `None` if its bytes are not a fingerprint (a
+    /// broken or hostile member's lane).
+    pub fn fingerprint(&self) -> Option<Fingerprint> {
+        Fingerprint::from_bytes(&self.fp).ok()
     }
 }
 
@@ -247,14 +259,15 @@ impl Board {
     }
 
     /// Publishes this member's call `seq` (check [`can_publish`](Self::can_publish) first):
-    /// the fingerprint and payload, then the sequence number.
-    pub fn publish(&self, seq: u64, fp: &Fingerprint, payload: &[u8]) -> Result<()> {
+    /// the fingerprint (its bytes, [`Fingerprint::to_bytes`]) and payload, then the sequence
+    /// number.
+    pub fn publish(&self, seq: u64, fp: &[u8; FINGERPRINT_BYTES], payload: &[u8]) -> Result<()> {
         let len = u8::try_from(payload.len())
             .ok()
             .filter(|&l| usize::from(l) <= INLINE_MAX)
             .ok_or_else(|| Error::internal("board payload too large"))?;
         let mut line = [0u8; SLOT_WORDS * 8 - 8];
-        line[..FINGERPRINT_BYTES].copy_from_slice(&fp.to_bytes());
+        line[..FINGERPRINT_BYTES].copy_from_slice(fp);
         line[FINGERPRINT_BYTES] = len;
         line[FINGERPRINT_BYTES + 1..FINGERPRINT_BYTES + 1 + payload.len()].copy_from_slice(payload);
         let base = slot_base(seq);
@@ -273,7 +286,8 @@ impl Board {
 
     /// Member `m`'s slot of call `seq`, if it published it. Every word is checked: a slot
     /// that changes while it is read (its owner may not reuse it before this member finished
-    /// the call) or does not decode is an error.
+    /// the call) or whose length is out of range is an error (its fingerprint is checked by
+    /// whoever reads it: [`Slot::fingerprint`]).
     pub fn read(&self, m: usize, seq: u64) -> std::result::Result<Option<Slot>, BoardError> {
         let bad = |what| BoardError { member: m, what };
         let lane = self.lanes.get(m).ok_or(bad("no such member"))?;
@@ -293,9 +307,8 @@ impl Board {
         if lane.load(base) != Some(want) {
             return Err(bad("slot rewritten while it was read"));
         }
-        let mut fpb = [0u8; FINGERPRINT_BYTES];
-        fpb.copy_from_slice(&line[..FINGERPRINT_BYTES]);
-        let fp = Fingerprint::from_bytes(&fpb).map_err(|_| bad("fingerprint does not decode"))?;
+        let mut fp = [0u8; FINGERPRINT_BYTES];
+        fp.copy_from_slice(&line[..FINGERPRINT_BYTES]);
         let len = line[FINGERPRINT_BYTES];
         if usize::from(len) > INLINE_MAX {
             return Err(bad("payload length out of range"));
@@ -319,6 +332,9 @@ enum Body {
 #[derive(Clone, Debug)]
 pub struct BoardCall {
     fp: Fingerprint,
+    /// `fp` as its bytes: what this member publishes, and what it compares the others'
+    /// slots with.
+    fp_bytes: [u8; FINGERPRINT_BYTES],
     payload: Vec<u8>,
     body: Body,
 }
@@ -342,26 +358,28 @@ impl BoardCall {
             ..Fingerprint::new(kind, dtype)
         };
         Some(match req {
-            Request::Barrier => Ok(BoardCall {
-                fp: fp(OpKind::Barrier, DType::U8),
-                payload: Vec::new(),
-                body: Body::Barrier,
-            }),
+            Request::Barrier => Ok(BoardCall::new(
+                fp(OpKind::Barrier, DType::U8),
+                Vec::new(),
+                Body::Barrier,
+            )),
             Request::AllReduce { tensor, op } => {
                 let payload = small(tensor)?;
                 let dtype = tensor.dtype();
-                op.check(dtype).map(|()| BoardCall {
-                    fp: Fingerprint {
-                        count: Some(tensor.numel() as u64),
-                        op: Some(op.kind()),
-                        scalar: op.scalar_bits(),
-                        ..fp(OpKind::AllReduce, dtype)
-                    },
-                    payload: payload.to_vec(),
-                    body: Body::AllReduce {
-                        op: *op,
-                        shape: tensor.shape().to_vec(),
-                    },
+                op.check(dtype).map(|()| {
+                    BoardCall::new(
+                        Fingerprint {
+                            count: Some(tensor.numel() as u64),
+                            op: Some(op.kind()),
+                            scalar: op.scalar_bits(),
+                            ..fp(OpKind::AllReduce, dtype)
+                        },
+                        payload.to_vec(),
+                        Body::AllReduce {
+                            op: *op,
+                            shape: tensor.shape().to_vec(),
+                        },
+                    )
                 })
             }
             Request::Broadcast { tensor, root } => {
@@ -370,27 +388,41 @@ impl BoardCall {
                     Err(e)
                 } else {
                     let mine = group.rank == *root;
-                    Ok(BoardCall {
-                        fp: Fingerprint {
+                    Ok(BoardCall::new(
+                        Fingerprint {
                             count: Some(tensor.numel() as u64),
                             root: u32::try_from(*root).ok(),
                             ..fp(OpKind::Broadcast, tensor.dtype())
                         },
-                        payload: if mine { payload.to_vec() } else { Vec::new() },
-                        body: Body::Broadcast {
+                        if mine { payload.to_vec() } else { Vec::new() },
+                        Body::Broadcast {
                             root: *root,
                             shape: tensor.shape().to_vec(),
                         },
-                    })
+                    ))
                 }
             }
             _ => return None,
         })
     }
 
+    fn new(fp: Fingerprint, payload: Vec<u8>, body: Body) -> BoardCall {
+        BoardCall {
+            fp_bytes: fp.to_bytes(),
+            fp,
+            payload,
+            body,
+        }
+    }
+
     /// The call's fingerprint.
     pub fn fingerprint(&self) -> Fingerprint {
         self.fp
+    }
+
+    /// The call's fingerprint as its bytes: what this member publishes.
+    pub fn fingerprint_bytes(&self) -> &[u8; FINGERPRINT_BYTES] {
+        &self.fp_bytes
     }
 
     /// What this member publishes.
@@ -415,21 +447,9 @@ impl BoardCall {
     pub fn finish(&self, group: &GroupInfo, seq: u64, slots: &[Option<Slot>]) -> Result<Output> {
         let me = group.rank;
         for (m, s) in slots.iter().enumerate() {
-            if let Some(s) = s.filter(|_| m != me) {
-                if s.fp != self.fp {
-                    return Err(Error::Mismatch {
-                        group: group.id,
-                        seq: Some(seq),
-                        ours: crate::error::CallDesc {
-                            rank: group.global(me),
-                            call: self.fp,
-                        },
-                        theirs: crate::error::CallDesc {
-                            rank: group.global(m),
-                            call: s.fp,
-                        },
-                        report: Vec::new(),
-                    });
+            if let Some(s) = s.as_ref().filter(|_| m != me) {
+                if s.fp != self.fp_bytes {
+                    return Err(self.mismatch(group, seq, m, s));
                 }
             }
         }
@@ -507,6 +527,36 @@ impl BoardCall {
                 crate::tensor::reduce::post_in_place(self.fp.dtype, *op, &mut a[..n], slots.len())?;
                 tensor(&a[..n], shape).map(Output::Tensor)
             }
+        }
+    }
+
+    /// Member `m`'s slot `s` of call `seq` names another call: the mismatch, or a protocol
+    /// error if it names none.
+    pub fn mismatch(&self, group: &GroupInfo, seq: u64, m: usize, s: &Slot) -> Error {
+        let Some(theirs) = s.fingerprint() else {
+            return Error::Protocol {
+                rank: group.global(m),
+                detail: crate::error::ProtocolError::Malformed(
+                    BoardError {
+                        member: m,
+                        what: "fingerprint does not decode",
+                    }
+                    .to_string(),
+                ),
+            };
+        };
+        Error::Mismatch {
+            group: group.id,
+            seq: Some(seq),
+            ours: crate::error::CallDesc {
+                rank: group.global(group.rank),
+                call: self.fp,
+            },
+            theirs: crate::error::CallDesc {
+                rank: group.global(m),
+                call: theirs,
+            },
+            report: Vec::new(),
         }
     }
 

@@ -38,7 +38,7 @@ fn run(b: &[Board], seq: u64, reqs: &[Request]) -> Vec<Result<Output>> {
     let calls: Vec<BoardCall> = (0..n).map(|m| call(&reqs[m], n, m)).collect();
     for (m, c) in calls.iter().enumerate() {
         assert!(b[m].can_publish(seq), "member {m} may publish {seq}");
-        b[m].publish(seq, &c.fingerprint(), c.payload())
+        b[m].publish(seq, c.fingerprint_bytes(), c.payload())
             .unwrap_or_else(|e| panic!("{e}"));
     }
     (0..n)
@@ -144,7 +144,7 @@ fn a_slot_is_reused_only_once_every_member_finished_its_call() {
     let c = call(&Request::Barrier, 3, 0);
     for seq in 0..DEPTH as u64 {
         assert!(b[0].can_publish(seq));
-        b[0].publish(seq, &c.fingerprint(), c.payload())
+        b[0].publish(seq, c.fingerprint_bytes(), c.payload())
             .unwrap_or_else(|e| panic!("{e}"));
     }
     let next = DEPTH as u64;
@@ -187,18 +187,27 @@ fn another_call_in_a_slot_is_a_mismatch_naming_both() {
 }
 
 #[test]
-fn garbage_in_a_lane_is_an_error_never_a_slot() {
+fn garbage_in_a_lane_is_an_error_never_a_result() {
     let l = lanes(2);
     let b = Board::new(l.clone(), 0).unwrap_or_else(|e| panic!("{e}"));
     let base = slot_base(3);
-    // A sequence number and a fingerprint that does not decode.
+    // A sequence number and a fingerprint that does not decode: the call that reads it
+    // fails with a protocol error naming the member.
     l[1].store(base, 4);
     l[1].store(base + 1, u64::MAX);
-    assert!(matches!(b.read(1, 3), Err(BoardError { member: 1, .. })));
+    let slot = b.read(1, 3).unwrap_or_else(|e| panic!("{e}"));
+    assert!(slot.is_some_and(|s| s.fingerprint().is_none()));
+    let mine = call(&Request::Barrier, 2, 0);
+    let g = GroupInfo::world(2, 0, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(
+        mine.finish(&g, 3, &[None, slot]),
+        Err(Error::Protocol { rank: 1, .. })
+    ));
     // A good fingerprint, a length out of range.
-    let fp = call(&Request::Barrier, 2, 1).fingerprint();
+    let c = call(&Request::Barrier, 2, 1);
     let b1 = Board::new(l.clone(), 1).unwrap_or_else(|e| panic!("{e}"));
-    b1.publish(3, &fp, &[]).unwrap_or_else(|e| panic!("{e}"));
+    b1.publish(3, c.fingerprint_bytes(), &[])
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(b.read(1, 3).is_ok_and(|s| s.is_some()));
     let w = base + 1 + FINGERPRINT_BYTES / 8;
     let v = l[1].load(w).unwrap_or(0);

@@ -332,7 +332,7 @@ const QUICK_SPIN: Duration = Duration::from_micros(20);
 
 /// Records of calls finished on a board above which the next quick call gives them to the
 /// engine first (a rank whose calls all run on its boards runs no engine otherwise).
-const RECORDS_BATCH: usize = 256;
+const RECORDS_BATCH: usize = 1024;
 
 /// Groups up to this size find their slots on the stack in the quick path.
 const STACK_MEMBERS: usize = 8;
@@ -378,7 +378,7 @@ impl GroupBoard {
             }
             if let Err(e) = self
                 .board
-                .publish(p.seq, &p.call.fingerprint(), p.call.payload())
+                .publish(p.seq, p.call.fingerprint_bytes(), p.call.payload())
             {
                 tracing::error!(error = %e, "board publish");
             }
@@ -465,6 +465,14 @@ impl GroupBoard {
         let me = self.board.me();
         (0..self.board.size()).filter(|&m| m != me).find_map(|m| {
             let slot = self.board.read(m, seq).ok().flatten()?;
+            let Some(theirs) = slot.fingerprint() else {
+                return Some(Error::Protocol {
+                    rank: self.info.global(m),
+                    detail: ProtocolError::Malformed(format!(
+                        "board lane of group rank {m}: fingerprint does not decode"
+                    )),
+                });
+            };
             Some(Error::Mismatch {
                 group: self.info.id,
                 seq: Some(seq),
@@ -474,7 +482,7 @@ impl GroupBoard {
                 },
                 theirs: collectix_runtime::error::CallDesc {
                     rank: self.info.global(m),
-                    call: slot.fp,
+                    call: theirs,
                 },
                 report: Vec::new(),
             })
@@ -623,8 +631,10 @@ impl Driver {
             gb.clear_epoch.store(epoch, Ordering::Relaxed);
         }
         let at = self.now();
-        let fp = call.fingerprint();
-        if board.publish(seq, &fp, call.payload()).is_err() {
+        if board
+            .publish(seq, call.fingerprint_bytes(), call.payload())
+            .is_err()
+        {
             return Quick::NotTaken;
         }
         // No fence after the publish: its store may still be on its way to the other cores
@@ -682,7 +692,7 @@ impl Driver {
         gb.wake_others(&self.boards.owed);
         self.boards.owed.flush();
         let mut f = lock(&self.boards.finished);
-        f.push((gb.info.id, Record::Ran(seq, fp, at)));
+        f.push((gb.info.id, Record::Ran(seq, call.fingerprint(), at)));
         self.boards.finished_n.store(f.len(), Ordering::Release);
         Quick::Done(out)
     }
