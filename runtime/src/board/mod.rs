@@ -1,9 +1,10 @@
 //! The board: small collective calls through shared memory, without the engine.
 //!
 //! A group whose members all share memory (the ranks of one process, or processes of one
-//! host over the shared-memory transport) runs its smallest calls — a barrier, an all_reduce
-//! or a broadcast of at most [`INLINE_MAX`] bytes — on a *board* instead of the engine: each
-//! member owns a *lane* of cache-line slots that only it writes and every other member reads.
+//! host over the shared-memory transport) runs its smallest calls — a barrier, an all_reduce,
+//! a broadcast or a reduce of at most [`INLINE_MAX`] bytes — on a *board* instead of the
+//! engine: each member owns a *lane* of cache-line slots that only it writes and every other
+//! member reads.
 //! A call is one slot: its sequence number, written last, its fingerprint and its payload in
 //! the same 64-byte line (the technique of Open MPI's `coll/xhc`: the flag and a tiny
 //! payload in one line, single-writer flags). A member publishes its slot and reads the
@@ -323,8 +324,20 @@ impl Board {
 #[derive(Clone, Debug)]
 enum Body {
     Barrier,
-    AllReduce { op: ReduceOp, shape: Vec<usize> },
-    Broadcast { root: usize, shape: Vec<usize> },
+    AllReduce {
+        op: ReduceOp,
+        shape: Vec<usize>,
+    },
+    Broadcast {
+        root: usize,
+        shape: Vec<usize>,
+    },
+    /// The root reduces every member's slot; the others get their input back.
+    Reduce {
+        op: ReduceOp,
+        root: usize,
+        shape: Vec<usize>,
+    },
 }
 
 /// A call that runs on the board: its fingerprint, this member's payload, and what to make
@@ -346,7 +359,7 @@ fn small(t: &Tensor) -> Option<&[u8]> {
 
 impl BoardCall {
     /// The call `req` as it runs on the board of `group`, or `None` if it does not (not one
-    /// of the three calls, too large, on a device, or with a forced algorithm): the same
+    /// of the four calls, too large, on a device, or with a forced algorithm): the same
     /// answer on every member for the same call. `Some(Err)` is an argument error (an op the
     /// dtype does not support, a root out of range), refused as the engine would.
     pub fn of(req: &Request, group: &GroupInfo, opts: &CallOptions) -> Option<Result<BoardCall>> {
@@ -402,6 +415,30 @@ impl BoardCall {
                     ))
                 }
             }
+            Request::Reduce { tensor, root, op } => {
+                let payload = small(tensor)?;
+                let dtype = tensor.dtype();
+                group
+                    .check_rank(*root, "root")
+                    .and_then(|()| op.check(dtype))
+                    .map(|()| {
+                        BoardCall::new(
+                            Fingerprint {
+                                count: Some(tensor.numel() as u64),
+                                root: u32::try_from(*root).ok(),
+                                op: Some(op.kind()),
+                                scalar: op.scalar_bits(),
+                                ..fp(OpKind::Reduce, dtype)
+                            },
+                            payload.to_vec(),
+                            Body::Reduce {
+                                op: *op,
+                                root: *root,
+                                shape: tensor.shape().to_vec(),
+                            },
+                        )
+                    })
+            }
             _ => return None,
         })
     }
@@ -432,11 +469,14 @@ impl BoardCall {
 
     /// Whether this member needs member `m`'s slot to finish the call: a broadcast needs
     /// only its root's, and its root nobody's (it finishes at once, as the engine's root
-    /// does once its part is sent); the other calls every member's.
+    /// does once its part is sent); a reduce's root needs every member's, and the others
+    /// nobody's (they get their input back, as from the engine, once their part is
+    /// published); the other calls every member's.
     pub fn needs(&self, me: usize, m: usize) -> bool {
         m != me
             && match &self.body {
                 Body::Broadcast { root, .. } => m == *root,
+                Body::Reduce { root, .. } => me == *root,
                 _ => true,
             }
     }
@@ -470,7 +510,10 @@ impl BoardCall {
                 check_len(&s, self.payload_len(), group, *root)?;
                 tensor(s.payload(), shape).map(Output::Tensor)
             }
-            Body::AllReduce { op, shape } => {
+            Body::Reduce { root, .. } if *root != me => {
+                tensor(&self.payload, self.shape()).map(Output::Tensor)
+            }
+            Body::AllReduce { op, shape } | Body::Reduce { op, shape, .. } => {
                 let mut operands: Vec<&[u8]> = Vec::new();
                 let n = self.payload.len();
                 for (m, s) in slots.iter().enumerate() {
@@ -557,6 +600,16 @@ impl BoardCall {
                 call: theirs,
             },
             report: Vec::new(),
+        }
+    }
+
+    /// The shape of the call's tensor (none for a barrier).
+    fn shape(&self) -> &[usize] {
+        match &self.body {
+            Body::Barrier => &[],
+            Body::AllReduce { shape, .. }
+            | Body::Broadcast { shape, .. }
+            | Body::Reduce { shape, .. } => shape,
         }
     }
 

@@ -107,6 +107,22 @@ fn all_reduce_barrier_and_broadcast_agree_with_the_reference_on_every_member() {
         for o in run(&b, seq + 1, &reqs) {
             assert_eq!(f32s(&o), vec![7.0, 7.0]);
         }
+        // A reduce: the root gets the sum, the others their input back.
+        let reqs: Vec<Request> = (0..n)
+            .map(|m| Request::Reduce {
+                tensor: Tensor::from_vec(vec![m as f32, 2.0]),
+                root,
+                op: ReduceOp::Sum,
+            })
+            .collect();
+        for (m, o) in run(&b, seq + 2, &reqs).into_iter().enumerate() {
+            let want = if m == root {
+                vec![(0..n).sum::<usize>() as f32, 2.0 * n as f32]
+            } else {
+                vec![m as f32, 2.0]
+            };
+            assert_eq!(f32s(&o), want, "n {n} member {m}");
+        }
     }
 }
 
@@ -249,6 +265,20 @@ fn only_small_calls_without_a_forced_algorithm_run_on_the_board() {
         root: 2,
     };
     assert!(matches!(BoardCall::of(&bad_root, &g, &none), Some(Err(_))));
+    let reduce = |tensor: Tensor, root, op| Request::Reduce { tensor, root, op };
+    let one = || Tensor::from_vec(vec![1.0f32]);
+    assert!(matches!(
+        BoardCall::of(&reduce(one(), 1, ReduceOp::Max), &g, &none),
+        Some(Ok(_))
+    ));
+    assert!(matches!(
+        BoardCall::of(&reduce(one(), 2, ReduceOp::Sum), &g, &none),
+        Some(Err(_))
+    ));
+    assert!(matches!(
+        BoardCall::of(&reduce(one(), 0, ReduceOp::BXor), &g, &none),
+        Some(Err(_))
+    ));
     let gather = Request::AllGatherIntoTensor {
         input: Tensor::from_vec(vec![1.0f32]),
         output: crate::TensorSpec::new(&[2], DType::F32),
