@@ -370,6 +370,15 @@ impl BoardCall {
             path: DataPath::Board,
             ..Fingerprint::new(kind, dtype)
         };
+        // A reduction's fingerprint: its count, op and op's scalar, and its root if it has
+        // one.
+        let reduction = |kind, t: &Tensor, op: &ReduceOp, root: Option<usize>| Fingerprint {
+            count: Some(t.numel() as u64),
+            root: root.and_then(|r| u32::try_from(r).ok()),
+            op: Some(op.kind()),
+            scalar: op.scalar_bits(),
+            ..fp(kind, t.dtype())
+        };
         Some(match req {
             Request::Barrier => Ok(BoardCall::new(
                 fp(OpKind::Barrier, DType::U8),
@@ -381,12 +390,7 @@ impl BoardCall {
                 let dtype = tensor.dtype();
                 op.check(dtype).map(|()| {
                     BoardCall::new(
-                        Fingerprint {
-                            count: Some(tensor.numel() as u64),
-                            op: Some(op.kind()),
-                            scalar: op.scalar_bits(),
-                            ..fp(OpKind::AllReduce, dtype)
-                        },
+                        reduction(OpKind::AllReduce, tensor, op, None),
                         payload.to_vec(),
                         Body::AllReduce {
                             op: *op,
@@ -423,13 +427,7 @@ impl BoardCall {
                     .and_then(|()| op.check(dtype))
                     .map(|()| {
                         BoardCall::new(
-                            Fingerprint {
-                                count: Some(tensor.numel() as u64),
-                                root: u32::try_from(*root).ok(),
-                                op: Some(op.kind()),
-                                scalar: op.scalar_bits(),
-                                ..fp(OpKind::Reduce, dtype)
-                            },
+                            reduction(OpKind::Reduce, tensor, op, Some(*root)),
                             payload.to_vec(),
                             Body::Reduce {
                                 op: *op,
