@@ -12,12 +12,6 @@ use crate::time::Time;
 use crate::wire::message::{Header, Message, Transmit};
 use std::collections::BTreeMap;
 
-/// Counts a change in an engine's [`board_epoch`](Engine::board_epoch) (a free function, for
-/// the places that hold one of the engine's groups mutably).
-pub(super) fn bump(epoch: &std::sync::atomic::AtomicU64) {
-    epoch.fetch_add(1, std::sync::atomic::Ordering::Release);
-}
-
 /// A desync report on a call on the board that passed its deadline (as an engine call's,
 /// `PendingCall::inquiry`): the call, the members whose slots it still needed, the answers.
 pub(super) struct BoardInquiry {
@@ -115,7 +109,7 @@ impl Engine {
 
     /// A change that [`board_epoch`](Self::board_epoch) counts.
     pub(super) fn board_changed(&self) {
-        bump(&self.board_epoch);
+        super::bump(&self.board_epoch);
     }
 
     /// Calls of group `gid` (sequence numbers and fingerprints, in order) ran on the board
@@ -314,7 +308,7 @@ impl Engine {
                 return;
             }
             g.board_verdicts.insert(seq, err.clone());
-            bump(&self.board_epoch);
+            super::bump(&self.board_epoch);
         }
         self.abort(gid, err, None, true);
     }

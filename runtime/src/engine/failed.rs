@@ -112,7 +112,7 @@ impl Engine {
                 .unwrap_or(usize::MAX)
                 .saturating_mul(2);
             g.failed.entry(seq).or_insert((from, reason));
-            super::board::bump(&self.board_epoch);
+            super::bump(&self.board_epoch);
             while g.failed.len() > keep {
                 g.failed.pop_first();
             }

@@ -102,7 +102,7 @@ impl Engine {
         g.flow.clear();
         g.p2p_flow.clear();
         g.aborted = Some(Error::Shutdown);
-        super::board::bump(&self.board_epoch);
+        super::bump(&self.board_epoch);
         let me = self.rank;
         let members: Vec<usize> = g
             .info
@@ -539,7 +539,7 @@ impl Engine {
         let root = cause.root_cause().clone();
         tracing::warn!(rank = self.rank, group = %gid, cause = %root, told = tell, "group aborted");
         g.aborted = Some(root.clone());
-        super::board::bump(&self.board_epoch);
+        super::bump(&self.board_epoch);
         g.unexpected.clear();
         g.p2p_arrived.clear();
         g.flow.clear();

@@ -97,7 +97,7 @@ impl Engine {
         let made = |s: Option<u64>| s.map_or(0, |s| s + 1);
         let calls = made(g.done.latest()).max(made(g.active.keys().max().copied()));
         g.aborted = Some(Error::Shutdown);
-        super::board::bump(&self.board_epoch);
+        super::bump(&self.board_epoch);
         g.heard = true;
         let me = self.rank;
         for &dst in g.info.members.iter().filter(|&&m| m != me) {
@@ -122,7 +122,7 @@ impl Engine {
         tracing::debug!(rank = self.rank, group = %gid, peer = from, calls, "a member left the group");
         if !g.left.iter().any(|&(r, _)| r == from) {
             g.left.push((from, calls));
-            super::board::bump(&self.board_epoch);
+            super::bump(&self.board_epoch);
         }
         self.fail_needing_left(gid);
     }

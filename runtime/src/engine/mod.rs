@@ -205,6 +205,12 @@ pub struct Engine {
     board_epoch: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
+/// Counts a change in an engine's [`board_epoch`](Engine::board_epoch) (a free function, for
+/// the places that hold one of the engine's groups mutably).
+fn bump(epoch: &std::sync::atomic::AtomicU64) {
+    epoch.fetch_add(1, std::sync::atomic::Ordering::Release);
+}
+
 /// Free buffers (reduction results, joined outputs) an engine keeps for reuse: room for a
 /// 64 MiB output and its chunks (larger limits measured no faster; each engine keeps at
 /// most this much, so a process of W in-process ranks up to W times it).
