@@ -15,6 +15,7 @@ use actix::{Addr, ArbiterHandle};
 use collectix_runtime::board::BoardCall;
 use collectix_runtime::schedule::ScheduleCache;
 use collectix_runtime::{CallOptions, GroupInfo, Output, Plan, Request, Result};
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -154,8 +155,12 @@ impl Member {
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
         if let Some(gb) = &self.group.board {
+            // A barrier's call on the board is always the same: made once per board.
+            if let (Request::Barrier, None) = (&req, opts.algorithm) {
+                return self.issue_board(gb, Cow::Borrowed(gb.barrier()), opts, map);
+            }
             match BoardCall::of(&req, &self.group.info, opts) {
-                Some(Ok(call)) => return self.issue_board(gb, call, opts, map),
+                Some(Ok(call)) => return self.issue_board(gb, Cow::Owned(call), opts, map),
                 Some(Err(e)) => return self.refuse(false, e),
                 None => {}
             }
@@ -206,7 +211,7 @@ impl Member {
                         Err(e) => return self.refuse(false, e),
                     };
                     let dest = dest.clone();
-                    return self.issue_board(gb, call, opts, move |o| match o {
+                    return self.issue_board(gb, Cow::Owned(call), opts, move |o| match o {
                         Output::Tensor(t) => map(dest.write_one(&runs, &t)?),
                         // A barrier writes nothing: its (no) buffers come back.
                         _ => map(Output::Buffers(dest.take().unwrap_or_default())),
@@ -235,7 +240,7 @@ impl Member {
     fn issue_board<T: Send + 'static>(
         &self,
         gb: &Arc<GroupBoard>,
-        call: BoardCall,
+        call: Cow<'_, BoardCall>,
         opts: &CallOptions,
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
@@ -243,10 +248,11 @@ impl Member {
         let (submitted, after, work) = {
             // The sequence number and the queue's place together (see `GroupBoard::issue`);
             // no user code runs under this lock.
-            let issue = crate::sync::lock(&gb.issue);
+            let mut issue = crate::sync::lock(&gb.issue);
             let seq = self.reserve(1);
             let span = gb.span(seq, &call.fingerprint());
-            let published = match self.rank.driver.board_quick(gb, seq, &call) {
+            let quick = self.rank.driver.board_quick(gb, &mut issue, seq, &call);
+            let published = match quick {
                 Quick::Done(out) => {
                     drop(issue);
                     let out = Ok(out);
@@ -259,9 +265,10 @@ impl Member {
             let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
             let (submitted, after) = self.rank.driver.submit_board(
                 gb,
+                &mut issue,
                 BoardSubmit {
                     seq,
-                    call,
+                    call: call.into_owned(),
                     timeout,
                     published,
                     span,

@@ -380,11 +380,7 @@ impl BoardCall {
             ..fp(kind, t.dtype())
         };
         Some(match req {
-            Request::Barrier => Ok(BoardCall::new(
-                fp(OpKind::Barrier, DType::U8),
-                Vec::new(),
-                Body::Barrier,
-            )),
+            Request::Barrier => Ok(BoardCall::barrier()),
             Request::AllReduce { tensor, op } => {
                 let payload = small(tensor)?;
                 let dtype = tensor.dtype();
@@ -439,6 +435,19 @@ impl BoardCall {
             }
             _ => return None,
         })
+    }
+
+    /// A barrier, as it runs on any group's board (what [`of`](Self::of) makes of
+    /// `Request::Barrier` without a forced algorithm).
+    pub fn barrier() -> BoardCall {
+        BoardCall::new(
+            Fingerprint {
+                path: DataPath::Board,
+                ..Fingerprint::new(OpKind::Barrier, DType::U8)
+            },
+            Vec::new(),
+            Body::Barrier,
+        )
     }
 
     fn new(fp: Fingerprint, payload: Vec<u8>, body: Body) -> BoardCall {

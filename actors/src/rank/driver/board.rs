@@ -207,13 +207,16 @@ pub(crate) struct Boards {
     live: Mutex<Vec<Arc<GroupBoard>>>,
     pub(crate) signal: Arc<Signal>,
     owed: OwedWakes,
-    /// Calls finished on a board whose records the engine has not taken yet: they go in
-    /// with the rank's next run of the engine (its next call, or whatever runs it first),
+    /// Queued calls finished on a board whose records the engine has not taken yet: they go
+    /// in with the rank's next run of the engine (its next call, or whatever runs it first),
     /// so that a call on the board takes the engine's lock once, not twice. Failures go in
     /// at once (they abort the group).
-    /// On a line of its own: every quick call writes it.
-    finished: CachePadded<Mutex<Vec<(collectix_runtime::GroupId, Record)>>>,
+    finished: Mutex<Vec<(collectix_runtime::GroupId, Record)>>,
     finished_n: AtomicUsize,
+    /// The boards whose quick calls' records ([`Ran`], under each board's issue lock) the
+    /// engine has not taken yet, and whether there are any.
+    ran: Mutex<Vec<Arc<GroupBoard>>>,
+    ran_any: AtomicBool,
     /// Where a progress collects the results it hands over (kept for its allocation).
     scratch: Mutex<Vec<(Waiting, Result<Output>)>>,
 }
@@ -223,8 +226,10 @@ impl Default for Boards {
         Boards {
             live: Mutex::new(Vec::new()),
             owed: OwedWakes::default(),
-            finished: CachePadded(Mutex::new(Vec::new())),
+            finished: Mutex::new(Vec::new()),
             finished_n: AtomicUsize::new(0),
+            ran: Mutex::new(Vec::new()),
+            ran_any: AtomicBool::new(false),
             scratch: Mutex::new(Vec::new()),
             signal: Arc::new(Signal {
                 pending: CachePadded(AtomicUsize::new(0)),
@@ -269,7 +274,14 @@ pub(crate) struct GroupBoard {
     /// Held from taking a call's sequence number to queueing it, so that the queue is in
     /// sequence order when several threads call on the group at once (the calls finish in
     /// that order; `Board::finish` only goes up).
-    pub(crate) issue: Mutex<()>,
+    /// It also guards the records of the calls that ran on this board's quick path and the
+    /// engine has not taken yet ([`Ran`]).
+    pub(crate) issue: Mutex<Ran>,
+    /// This board is in the rank's list of boards with such records (`Boards::ran`; read
+    /// and written under the issue lock).
+    listed: AtomicBool,
+    /// The group's barrier as it runs on this board (the same for every barrier).
+    barrier: BoardCall,
     /// Calls in `queue` (read by the quick path without its lock; written under it).
     queued: AtomicUsize,
     /// The engine's [`board_epoch`](collectix_runtime::Engine::board_epoch) when the quick
@@ -286,9 +298,42 @@ enum Record {
     /// Failed (boxed: every quick call's record is moved into the list, and an error is
     /// large).
     Failed(u64, Box<Error>),
-    /// Ran on a caller's quick path, ending at the time given (within the engine clock's
-    /// grain of its start): the engine never had it queued.
-    Ran(u64, collectix_runtime::Fingerprint, Time),
+}
+
+/// The calls of a group that ran on its quick path and the engine has not heard of yet, as
+/// runs of consecutive calls of one kind within one tick of the engine's clock (a loop of
+/// barriers is one run per tick): kept under the group's issue lock, which the quick path
+/// holds anyway, and taken by the engine's next run (or every [`RECORDS_BATCH`] calls).
+#[derive(Default)]
+pub(crate) struct Ran {
+    runs: Vec<Run>,
+    calls: usize,
+}
+
+/// Calls `first..=last` of a group, each `fp`, all finished at `at`.
+struct Run {
+    first: u64,
+    last: u64,
+    fp: collectix_runtime::Fingerprint,
+    at: Time,
+}
+
+impl Ran {
+    /// Call `seq` (`fp`) finished at `at`.
+    fn push(&mut self, seq: u64, fp: collectix_runtime::Fingerprint, at: Time) {
+        match self.runs.last_mut() {
+            Some(r) if r.fp == fp && r.at == at && r.last.checked_add(1) == Some(seq) => {
+                r.last = seq;
+            }
+            _ => self.runs.push(Run {
+                first: seq,
+                last: seq,
+                fp,
+                at,
+            }),
+        }
+        self.calls += 1;
+    }
 }
 
 /// A call's `tracing` span, and when it started (`None` when nobody records the span: a
@@ -330,8 +375,8 @@ pub(crate) enum Quick {
 /// arrive within a few microseconds of each other.
 const QUICK_SPIN: Duration = Duration::from_micros(20);
 
-/// Records of calls finished on a board above which the next quick call gives them to the
-/// engine first (a rank whose calls all run on its boards runs no engine otherwise).
+/// Quick calls of a board above which the next one gives their records to the engine first
+/// (a rank whose calls all run on its boards runs no engine otherwise).
 const RECORDS_BATCH: usize = 1024;
 
 /// Groups up to this size find their slots on the stack in the quick path.
@@ -350,7 +395,9 @@ impl GroupBoard {
                 calls: VecDeque::new(),
                 slots: vec![None; n],
             }),
-            issue: Mutex::new(()),
+            issue: Mutex::new(Ran::default()),
+            listed: AtomicBool::new(false),
+            barrier: BoardCall::barrier(),
             queued: AtomicUsize::new(0),
             clear_epoch: AtomicU64::new(u64::MAX),
             clear_until: AtomicU64::new(0),
@@ -489,6 +536,11 @@ impl GroupBoard {
         })
     }
 
+    /// The group's barrier as it runs on this board.
+    pub(crate) fn barrier(&self) -> &BoardCall {
+        &self.barrier
+    }
+
     /// The `tracing` span of call `seq` (`fp`) on this board, made when it takes its
     /// sequence number.
     pub(crate) fn span(&self, seq: u64, fp: &collectix_runtime::Fingerprint) -> BoardSpan {
@@ -518,55 +570,35 @@ impl GroupBoard {
 }
 
 impl Core {
-    /// The flight recorder's record of a call that ran on a quick path.
-    fn record_ran(
-        &mut self,
-        gid: collectix_runtime::GroupId,
-        seq: u64,
-        fp: collectix_runtime::Fingerprint,
-        at: Time,
-    ) {
-        let mut record = Recorder::record(gid, Some(seq), fp.kind, fp.dtype, fp.count, at);
-        record.ended_ms = Some(record.started_ms);
-        record.state = super::recorder::CallState::Completed;
-        self.recorder.started(Key::Board(gid, seq), record);
-    }
-
-    /// Gives the engine and the flight recorder the records of calls that ended on a board,
-    /// in order: the calls of one group that ran on quick paths one after another go to the
-    /// engine together, and only the last [`CALLS_KEPT`](super::recorder::CALLS_KEPT) to the
-    /// flight recorder (which keeps no more).
-    fn board_records(&mut self, records: &mut Vec<(collectix_runtime::GroupId, Record)>) {
-        let kept_from = records.len().saturating_sub(super::recorder::CALLS_KEPT);
-        let mut i = 0;
-        let mut rest = records.drain(..);
-        let mut next = rest.next();
-        while let Some((gid, r)) = next.take() {
-            let Record::Ran(seq, fp, at) = r else {
-                self.board_record(gid, r, Time::ZERO);
-                i += 1;
-                next = rest.next();
-                continue;
-            };
-            // This call and the quick ones of the same group right after it.
-            let mut run = vec![(seq, fp, at)];
-            next = rest.next();
-            while let Some((g, Record::Ran(s, f, t))) = &next {
-                if *g != gid {
-                    break;
-                }
-                run.push((*s, *f, *t));
-                next = rest.next();
-            }
-            self.engine
-                .board_ran(gid, run.iter().map(|&(s, f, _)| (s, f)));
-            for &(s, f, t) in &run {
-                if i >= kept_from {
-                    self.record_ran(gid, s, f, t);
-                }
-                i += 1;
-            }
+    /// Gives the engine and the flight recorder the records of group `gid`'s calls that ran
+    /// on its quick path (and empties `ran`): the engine each call, the flight recorder the
+    /// last [`CALLS_KEPT`](super::recorder::CALLS_KEPT) (it keeps no more).
+    pub(super) fn take_ran(&mut self, gid: collectix_runtime::GroupId, ran: &mut Ran) {
+        if ran.calls == 0 {
+            return;
         }
+        self.engine.board_ran(
+            gid,
+            ran.runs
+                .iter()
+                .flat_map(|r| (r.first..=r.last).map(move |s| (s, r.fp))),
+        );
+        let skip = ran.calls.saturating_sub(super::recorder::CALLS_KEPT);
+        let mut i = 0;
+        for r in &ran.runs {
+            let n = usize::try_from(r.last - r.first + 1).unwrap_or(usize::MAX);
+            for seq in (r.first..=r.last).skip(skip.saturating_sub(i).min(n)) {
+                let fp = r.fp;
+                let mut record =
+                    Recorder::record(gid, Some(seq), fp.kind, fp.dtype, fp.count, r.at);
+                record.ended_ms = Some(record.started_ms);
+                record.state = super::recorder::CallState::Completed;
+                self.recorder.started(Key::Board(gid, seq), record);
+            }
+            i = i.saturating_add(n);
+        }
+        ran.runs.clear();
+        ran.calls = 0;
     }
 
     /// Gives the engine and the flight recorder the record of a call that ended on a board.
@@ -579,10 +611,6 @@ impl Core {
             Record::Failed(seq, e) => {
                 self.recorder.ended(Key::Board(gid, seq), now, Some(&e));
                 self.engine.board_failed(gid, seq, *e);
-            }
-            Record::Ran(seq, fp, at) => {
-                self.engine.board_ran(gid, [(seq, fp)]);
-                self.record_ran(gid, seq, fp, at);
             }
         }
     }
@@ -598,9 +626,15 @@ impl Driver {
     /// engine lock after that check, no queue, no completion slot; its record goes to the
     /// engine with a later run. Any other outcome (a late member, a slot that names another
     /// call or does not decode) is left to the queued path, which ends it as it ends any call.
-    pub(crate) fn board_quick(&self, gb: &GroupBoard, seq: u64, call: &BoardCall) -> Quick {
-        if self.boards.finished_n.load(Ordering::Relaxed) >= RECORDS_BATCH {
-            self.board_run(|_, _| ());
+    pub(crate) fn board_quick(
+        &self,
+        gb: &Arc<GroupBoard>,
+        ran: &mut Ran,
+        seq: u64,
+        call: &BoardCall,
+    ) -> Quick {
+        if ran.calls >= RECORDS_BATCH {
+            self.board_run(|core, _| core.take_ran(gb.info.id, ran));
         }
         let board = &gb.board;
         if !self.inbox.looks_empty()
@@ -691,9 +725,14 @@ impl Driver {
         board.finish(seq);
         gb.wake_others(&self.boards.owed);
         self.boards.owed.flush();
-        let mut f = lock(&self.boards.finished);
-        f.push((gb.info.id, Record::Ran(seq, call.fingerprint(), at)));
-        self.boards.finished_n.store(f.len(), Ordering::Release);
+        ran.push(seq, call.fingerprint(), at);
+        // The issue lock is held: nobody else writes `listed`.
+        if !gb.listed.load(Ordering::Relaxed) {
+            gb.listed.store(true, Ordering::Relaxed);
+            let mut list = lock(&self.boards.ran);
+            list.push(gb.clone());
+            self.boards.ran_any.store(true, Ordering::Release);
+        }
         Quick::Done(out)
     }
 
@@ -712,6 +751,7 @@ impl Driver {
     pub(crate) fn submit_board(
         &self,
         gb: &Arc<GroupBoard>,
+        ran: &mut Ran,
         c: BoardSubmit,
         done: Done<Output>,
     ) -> (std::result::Result<Time, (Done<Output>, Error)>, After) {
@@ -725,6 +765,9 @@ impl Driver {
         let gid = gb.info.id;
         let fp = call.fingerprint();
         let (made, after) = self.board_run_deferred(|core, now| {
+            // This group's quick calls first (the run could not take them: this caller
+            // holds the issue lock).
+            core.take_ran(gid, ran);
             if core.quiesced {
                 return Err(Error::Shutdown);
             }
@@ -844,14 +887,38 @@ impl Driver {
         true
     }
 
-    /// Gives the engine the records of the calls finished on a board since its last run.
+    /// Gives the engine the records of the calls finished on a board since its last run:
+    /// the queued calls', and the quick paths' of each board whose issue lock is free (a
+    /// board in a call now keeps them for the next run, or hands them over itself).
     pub(super) fn take_board_records(&self, core: &mut Core) {
-        if self.boards.finished_n.load(Ordering::Acquire) == 0 {
-            return;
+        if self.boards.finished_n.load(Ordering::Acquire) != 0 {
+            let mut f = lock(&self.boards.finished);
+            self.boards.finished_n.store(0, Ordering::Release);
+            for (gid, r) in f.drain(..) {
+                core.board_record(gid, r, Time::ZERO);
+            }
         }
-        let mut f = lock(&self.boards.finished);
-        self.boards.finished_n.store(0, Ordering::Release);
-        core.board_records(&mut f);
+        if self.boards.ran_any.load(Ordering::Acquire) {
+            let mut list = lock(&self.boards.ran);
+            // Only tried: a caller holds its issue lock while it takes the engine's.
+            list.retain(|gb| match gb.issue.try_lock() {
+                Ok(mut ran) => {
+                    core.take_ran(gb.info.id, &mut ran);
+                    gb.listed.store(false, Ordering::Relaxed);
+                    false
+                }
+                Err(std::sync::TryLockError::Poisoned(e)) => {
+                    let mut ran = e.into_inner();
+                    core.take_ran(gb.info.id, &mut ran);
+                    gb.listed.store(false, Ordering::Relaxed);
+                    false
+                }
+                Err(std::sync::TryLockError::WouldBlock) => true,
+            });
+            self.boards
+                .ran_any
+                .store(!list.is_empty(), Ordering::Release);
+        }
     }
 
     /// Gives the engine the records of calls that ended on a board.

@@ -162,6 +162,7 @@ fn a_peer_that_scribbles_on_its_board_lane_fails_the_call_not_the_process() {
     let (tx, rx) = std::sync::mpsc::channel();
     let (submitted, after) = d0.submit_board(
         &gb,
+        &mut crate::sync::lock(&gb.issue),
         crate::rank::driver::BoardSubmit {
             seq: 0,
             call,
