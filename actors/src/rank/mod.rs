@@ -8,3 +8,19 @@
 pub(crate) mod actor;
 pub(crate) mod driver;
 pub(crate) mod system;
+
+thread_local! {
+    /// Whether this thread runs rank actors (an arbiter of a rank system).
+    static RANK_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as one that runs rank actors (`system::start`).
+pub(crate) fn mark_rank_thread() {
+    RANK_THREAD.with(|f| f.set(true));
+}
+
+/// Whether the calling thread runs rank actors: a caller there must not spin for its peers
+/// (the thread is a rank's background driver), as a `Work` polled there does not.
+pub(crate) fn on_rank_thread() -> bool {
+    RANK_THREAD.with(std::cell::Cell::get)
+}

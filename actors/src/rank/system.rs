@@ -54,6 +54,7 @@ pub(crate) fn start(name: &str, ranks: Vec<Arc<Driver>>) -> Result<Started> {
                     let (ttx, trx) = mpsc::channel();
                     let d = driver.clone();
                     let addr = RankActor::start_in_arbiter(&arb.handle(), move |_| {
+                        super::mark_rank_thread();
                         let _ = ttx.send(std::thread::current().id());
                         RankActor::new(d)
                     });

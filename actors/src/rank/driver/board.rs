@@ -622,7 +622,8 @@ impl Driver {
     /// slot is free and the engine has nothing against the group
     /// ([`Engine::board_clear`](collectix_runtime::Engine::board_clear)), the caller
     /// publishes the slot and reads the other members' slots itself, for a short spin
-    /// ([`QUICK_SPIN`], at most the rank's spin budget). A call that finishes so takes no
+    /// ([`QUICK_SPIN`], at most the rank's spin budget; none on a thread that runs rank
+    /// actors). A call that finishes so takes no
     /// engine lock after that check, no queue, no completion slot; its record goes to the
     /// engine with a later run. Any other outcome (a late member, a slot that names another
     /// call or does not decode) is left to the queued path, which ends it as it ends any call.
@@ -688,7 +689,13 @@ impl Driver {
             heap.resize(n, None);
             &mut heap
         };
-        let budget = self.spin.min(QUICK_SPIN);
+        // On a thread that runs rank actors, one look and no spin (a `Work` polled there
+        // does not spin either: the thread is a rank's background driver).
+        let budget = if crate::rank::on_rank_thread() {
+            Duration::ZERO
+        } else {
+            self.spin.min(QUICK_SPIN)
+        };
         let mut since: Option<std::time::Instant> = None;
         let mut turns: u32 = 0;
         loop {
