@@ -163,11 +163,6 @@ impl Slot {
         &self.payload[..usize::from(self.len)]
     }
 
-    /// The call the member made, as its fingerprint's bytes.
-    pub fn fingerprint_bytes(&self) -> &[u8; FINGERPRINT_BYTES] {
-        &self.fp
-    }
-
     /// The call the member made, decoded; `None` if its bytes are not a fingerprint (a
     /// broken or hostile member's lane).
     pub fn fingerprint(&self) -> Option<Fingerprint> {
@@ -215,12 +210,6 @@ impl Board {
 
     fn mine(&self) -> &dyn Lane {
         self.lanes[self.me].as_ref()
-    }
-
-    /// The last call member `m` finished (`None`: none yet, or out of range).
-    pub fn finished(&self, m: usize) -> Option<u64> {
-        let w = self.lanes.get(m)?.load(0)?;
-        w.checked_sub(1)
     }
 
     /// Records that this member finished call `seq` (it will not read slot `seq` again).

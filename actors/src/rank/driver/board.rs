@@ -908,19 +908,15 @@ impl Driver {
         if self.boards.ran_any.load(Ordering::Acquire) {
             let mut list = lock(&self.boards.ran);
             // Only tried: a caller holds its issue lock while it takes the engine's.
-            list.retain(|gb| match gb.issue.try_lock() {
-                Ok(mut ran) => {
-                    core.take_ran(gb.info.id, &mut ran);
-                    gb.listed.store(false, Ordering::Relaxed);
-                    false
-                }
-                Err(std::sync::TryLockError::Poisoned(e)) => {
-                    let mut ran = e.into_inner();
-                    core.take_ran(gb.info.id, &mut ran);
-                    gb.listed.store(false, Ordering::Relaxed);
-                    false
-                }
-                Err(std::sync::TryLockError::WouldBlock) => true,
+            list.retain(|gb| {
+                let mut ran = match gb.issue.try_lock() {
+                    Ok(r) => r,
+                    Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                    Err(std::sync::TryLockError::WouldBlock) => return true,
+                };
+                core.take_ran(gb.info.id, &mut ran);
+                gb.listed.store(false, Ordering::Relaxed);
+                false
             });
             self.boards
                 .ran_any
