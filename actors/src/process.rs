@@ -25,7 +25,7 @@ use crate::job::{InitArgs, JobConfig, Rendezvous};
 use crate::member::RankShared;
 use crate::rank::actor::Leave;
 use crate::rank::driver::{
-    spin_from_env, Driver, DEFAULT_SPIN_TCP, YIELD_TURNS, YIELD_TURNS_SPARSE,
+    spin_from_env, Driver, PollerKind, DEFAULT_SPIN_TCP, YIELD_TURNS, YIELD_TURNS_SPARSE,
 };
 use crate::rank::system;
 use crate::security::Security;
@@ -81,6 +81,9 @@ struct ToRank(Arc<Driver>);
 impl Inbound for ToRank {
     fn deliver(&self, src: usize, msg: Message) {
         self.0.deliver_read(src, msg);
+    }
+    fn deliver_driving(&self, src: usize, msg: Message) {
+        self.0.deliver(src, msg);
     }
     fn flush(&self, peer: usize) {
         self.0.flush(peer);
@@ -436,7 +439,14 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         })
         .collect();
     options.hosts = Some(Arc::from(index));
-    options.locality = if one_host(&hosts) {
+    // Over TCP only (asked for, or no rank offered shared memory: every rank reads the same
+    // offers, so every rank decides alike), a host's ranks take the rows for sockets.
+    let sockets_only = transport == Transport::Tcp
+        || !cfg!(target_os = "linux")
+        || sockets.iter().all(|s| s == "-");
+    options.locality = if one_host(&hosts) && sockets_only {
+        collectix_runtime::Locality::HostTcp
+    } else if one_host(&hosts) {
         collectix_runtime::Locality::Host
     } else {
         collectix_runtime::Locality::Network
@@ -526,6 +536,12 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
                         if !missing.is_empty() {
                             tracing::warn!(rank, ?missing, "TCP to these ranks of this host");
                         }
+                        // Their messages come through the rings: callers need not read their
+                        // connections.
+                        let readers = mesh.readers();
+                        for &p in &peers {
+                            readers.elsewhere(p);
+                        }
                         // A lazy job still connects the pairs that share memory at once: their
                         // connections tell when one of them is lost.
                         if connect == Connect::Lazy && !peers.is_empty() {
@@ -546,6 +562,11 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         }
     };
     driver.set_links(links);
+    // Waiting callers read the connections that carry messages (see `transport::tcp`).
+    let readers = mesh.readers();
+    if readers.carries_any(rank) {
+        driver.set_poller(PollerKind::Tcp, readers);
+    }
     if incarnation > 0 {
         // A restarted process: the others are running already, and learn from this one's
         // hellos that it replaces its rank's previous process.

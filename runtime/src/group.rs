@@ -20,6 +20,12 @@ pub enum Locality {
     /// TCP with `COLLECTIX_TRANSPORT=tcp`, on cores the ranks share. Calls with no row of
     /// their own use the `Network` rows (`collective::select`).
     Host,
+    /// Ranks in separate processes of one host whose messages go over TCP loopback
+    /// (`COLLECTIX_TRANSPORT=tcp`; set by a multi-process job on one host, and kept by its
+    /// sub-groups): a message costs system calls on both sides, not a copy through shared
+    /// memory, so the exchanges of the `Network` rows win (measured: `docs/performance.md`).
+    /// Calls with no row of their own use the `Network` rows.
+    HostTcp,
     /// Every rank in this process (an in-process world, set by `World`): a message's payload
     /// is shared, not copied, so the direct algorithms (whole blocks, few steps) win.
     Process,
@@ -110,13 +116,15 @@ pub struct CallOptions {
 
 /// The locality of a group of `members` (global ranks) whose hosts `hosts` gives (see
 /// [`GroupOptions::hosts`]); a member the map does not cover counts as a host of its own.
-fn locality_of(members: &[usize], hosts: &[u32]) -> Locality {
+/// Members on one host are `HostTcp` if the group they come from (`base`) is.
+fn locality_of(members: &[usize], hosts: &[u32], base: Locality) -> Locality {
     let host = |m: usize| hosts.get(m).copied().map_or(u64::MAX - m as u64, u64::from);
     let mut seen: Vec<u64> = members.iter().map(|&m| host(m)).collect();
     let n = seen.len();
     seen.sort_unstable();
     seen.dedup();
     match seen.len() {
+        1 if base == Locality::HostTcp => Locality::HostTcp,
         1 => Locality::Host,
         k if k == n => Locality::Network,
         _ => Locality::Hosts,
@@ -153,7 +161,7 @@ impl GroupInfo {
             })?;
         let mut options = options;
         if let (Some(hosts), false) = (&options.hosts, options.locality == Locality::Process) {
-            options.locality = locality_of(&members, hosts);
+            options.locality = locality_of(&members, hosts, options.locality);
         }
         Ok(GroupInfo {
             id,

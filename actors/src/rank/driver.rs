@@ -94,9 +94,9 @@ pub(crate) struct Driver {
     /// `bell.sleepers`, readable without the lock (see [`Driver::completed`]).
     sleeping: AtomicUsize,
     bell_rung: Condvar,
-    /// A transport whose arrivals a waiting caller reads itself (shared memory): polled on
-    /// every turn of a caller's drive (see [`Poller`]).
-    poller: OnceLock<Arc<dyn Poller>>,
+    /// The transports whose arrivals a waiting caller reads itself (shared memory, TCP), by
+    /// [`PollerKind`]: polled on every turn of a caller's drive (see [`Poller`]).
+    pollers: [OnceLock<Arc<dyn Poller>>; 2],
     /// The rank's calls on boards (small calls in shared memory: `board.rs`).
     pub(crate) boards: board::Boards,
     /// The engine's [`board_epoch`](Engine::board_epoch), read without its lock; this
@@ -107,6 +107,15 @@ pub(crate) struct Driver {
 /// A transport that a waiting caller drives itself: instead of a reader thread handing each
 /// arrival over (a cross-thread wake-up), the caller that waits for its call reads the
 /// transport's arrivals on every turn of its spin ([`Driver::drive_until`]).
+/// Which transport a [`Poller`] reads (a rank has at most one of each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PollerKind {
+    /// The rings of the shared-memory transport.
+    Shm = 0,
+    /// The TCP connections.
+    Tcp = 1,
+}
+
 pub(crate) trait Poller: Send + Sync {
     /// A caller starts driving the rank (the transport's senders need not wake anyone).
     fn enter(&self);
@@ -115,6 +124,10 @@ pub(crate) trait Poller: Send + Sync {
     fn poll(&self) -> bool;
     /// The caller stops driving (what arrives from now on is the transport's to hand over).
     fn leave(&self);
+    /// The caller stops driving with its call not done (it parks): a transport that let its
+    /// own threads sleep through arrivals while callers read them wakes them up for every
+    /// arrival again. By default nothing.
+    fn parking(&self) {}
     /// Takes what arrived before a peer's loss is handled (a peer's last messages before it
     /// closed its connection, which another transport reports).
     fn drain(&self);
@@ -155,14 +168,19 @@ impl Driver {
             bell: CachePadded(Mutex::new(Bell::default())),
             sleeping: AtomicUsize::new(0),
             bell_rung: Condvar::new(),
-            poller: OnceLock::new(),
+            pollers: [OnceLock::new(), OnceLock::new()],
             boards: board::Boards::default(),
         }
     }
 
-    /// Sets the transport that waiting callers poll (once).
-    pub(crate) fn set_poller(&self, p: Arc<dyn Poller>) {
-        let _ = self.poller.set(p);
+    /// Sets a transport that waiting callers poll (once per kind).
+    pub(crate) fn set_poller(&self, kind: PollerKind, p: Arc<dyn Poller>) {
+        let _ = self.pollers[kind as usize].set(p);
+    }
+
+    /// The transports that waiting callers poll.
+    fn pollers(&self) -> impl Iterator<Item = &Arc<dyn Poller>> {
+        self.pollers.iter().filter_map(OnceLock::get)
     }
 
     /// Names the rank's actor, which drives the rank when no caller does.
@@ -484,7 +502,7 @@ impl Driver {
     /// What waited in front of `peer`'s link goes, and the engine hears (`tell`) unless the
     /// rank is stopping.
     fn peer_gone(&self, peer: usize, tell: fn(&mut Engine, usize, Time)) {
-        if let Some(p) = self.poller.get() {
+        for p in self.pollers() {
             p.drain();
         }
         self.run(|core, now, _| {

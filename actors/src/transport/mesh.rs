@@ -101,6 +101,8 @@ struct Shared {
     liveness: Liveness,
     /// Received payloads' buffers, shared by every connection's reader.
     pool: Pool,
+    /// Every connection's receiving side, for the rank's waiting callers to read.
+    readers: Arc<tcp::Readers>,
     closing: AtomicBool,
 }
 
@@ -137,6 +139,7 @@ impl Shared {
             inbound,
             self.liveness,
             self.pool.clone(),
+            Some(&self.readers),
         )?;
         lock(&self.connections).push(conn);
         if self.closing.load(Ordering::SeqCst) {
@@ -235,6 +238,9 @@ impl Inbound for Current {
     fn deliver(&self, src: usize, msg: Message) {
         self.inner.deliver(src, msg);
     }
+    fn deliver_driving(&self, src: usize, msg: Message) {
+        self.inner.deliver_driving(src, msg);
+    }
     fn flush(&self, peer: usize) {
         self.inner.flush(peer);
     }
@@ -315,6 +321,7 @@ impl Mesh {
             security,
             liveness,
             pool: Pool::new(tcp::RECV_POOL_BYTES),
+            readers: Arc::new(tcp::Readers::new(world)),
             closing: AtomicBool::new(false),
         });
         let acceptor = {
@@ -334,6 +341,12 @@ impl Mesh {
     /// The incarnation of each peer that this rank's connection to it is with (a restarted
     /// peer's is higher): another transport that set up a path to a peer's first process
     /// stops using it once this moves.
+    /// The connections' receiving sides, as the rank's waiting callers read them (the
+    /// driver's poller for TCP).
+    pub(crate) fn readers(&self) -> Arc<tcp::Readers> {
+        self.shared.readers.clone()
+    }
+
     pub(crate) fn incarnations(&self) -> Arc<Vec<AtomicU32>> {
         self.shared.known.clone()
     }

@@ -164,10 +164,14 @@ fn bind_to_core(i: usize) -> bool {
     let Ok(allowed) = sched_getaffinity(me) else {
         return false;
     };
-    let Some(cpu) = (0..CpuSet::count())
+    let cpus: Vec<usize> = (0..CpuSet::count())
         .filter(|&c| allowed.is_set(c).unwrap_or(false))
-        .nth(i)
-    else {
+        .collect();
+    if cpus.len() == 1 {
+        // Bound already: by the run of an earlier size, or by a launcher.
+        return true;
+    }
+    let Some(&cpu) = cpus.get(i) else {
         return false;
     };
     let mut one = CpuSet::new();

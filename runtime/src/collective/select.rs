@@ -11,16 +11,22 @@
 //! does not write them) does not replace them: over loopback a root sending a whole tensor to
 //! every rank costs memory copies, across hosts it costs the root's link W − 1 times.
 //!
-//! The [`Locality::Host`] rows (processes of one host, over TCP) come from `bench/tune.py
-//! --transport tcp`, which measures exactly that, copied by hand where a sweep showed a clear
-//! winner (raw tables in `bench/results/2026-11-24-tune-tcp-session11`, figures in
-//! `docs/performance.md`): there, on a 2-core VM, with the link's direct writes, the
-//! schedules in which one rank sends at a time won by a wide margin at small sizes (the
-//! barrier's `direct` over `dissemination`, the 4-byte all_reduce's `reduce_broadcast` over
-//! `recursive_doubling`), most likely because an exchange in which every rank sends at once
-//! wakes every reader thread at once while the callers spin on the same cores. Across
-//! hosts the exchange costs one link latency and the sequence two, so the `Network` rows keep
-//! the exchange. A call with no `Host` row uses the `Network` rows.
+//! The [`Locality::Host`] rows (processes of one host) were measured over TCP loopback by
+//! `bench/tune.py --transport tcp` in session 11 (raw tables in
+//! `bench/results/2026-11-24-tune-tcp-session11`): the schedules in which one rank sends at a
+//! time won at small sizes (the barrier's `direct`, the all_reduce's `reduce_broadcast` at
+//! W = 2), because an exchange in which every rank sends at once woke every reader thread at
+//! once. They hold for shared memory too (W = 2 all_reduce of 32 B to 16 KiB, session 21:
+//! 3.2–6.3 µs with `reduce_broadcast`, 8.6–9.9 with `recursive_doubling`; not isolated, most
+//! likely a frame that arrives while its receiver is between calls rings the receiving
+//! process's doorbell). Over TCP a waiting
+//! caller now reads its sockets itself and the reader threads sleep through what it takes
+//! (`transport::tcp`), so processes of one host over TCP ([`Locality::HostTcp`]) take the
+//! `Network` rows: at W = 2, all_reduce 4 B to 1 MiB with `recursive_doubling` 9.7–13 µs
+//! against 13–16 with `reduce_broadcast`, barrier `dissemination` 9.7 against `direct` 13.5
+//! (`docs/performance.md`). Across hosts the exchange costs one link latency and the sequence
+//! two, so the `Network` rows keep the exchange. A call with no `Host` or `HostTcp` row uses
+//! the `Network` rows.
 //!
 //! Every rank of a group looks up the same row: the locality, kind, size and W are the same
 //! on all of them. The size is one every rank computes alike: for the list-form all_gather,
@@ -66,7 +72,7 @@ use Algorithm::{
     BinomialTree, Direct, Dissemination, HalvingDoubling, Hierarchical, RecursiveDoubling,
     ReduceBroadcast, ReduceScatterGather, Ring,
 };
-use Locality::{Host, Hosts, Network, Process};
+use Locality::{Host, HostTcp, Hosts, Network, Process};
 const ALL_REDUCE: &[OpKind] = &[OpKind::AllReduce];
 const BROADCAST: &[OpKind] = &[OpKind::Broadcast];
 const REDUCE: &[OpKind] = &[OpKind::Reduce];
@@ -144,7 +150,7 @@ pub fn select(kind: OpKind, bytes: usize, w: usize, locality: Locality) -> Algor
     };
     find(locality)
         .or_else(|| {
-            matches!(locality, Host | Hosts)
+            matches!(locality, Host | HostTcp | Hosts)
                 .then(|| find(Network))
                 .flatten()
         })
@@ -207,5 +213,37 @@ mod tests {
         assert_eq!(select(OpKind::AllReduce, 4, 4, Host), RecursiveDoubling);
         assert_eq!(select(OpKind::AllReduce, 64 * M, 2, Host), Ring);
         assert_eq!(select(OpKind::Broadcast, 64 * M, 8, Host), BinomialTree);
+    }
+
+    #[test]
+    fn processes_of_one_host_over_tcp_take_the_network_rows() {
+        // The exchanges: a caller reads its sockets itself, so every rank sending at once
+        // wakes no thread (unlike shared memory's rings, where the sequence wins).
+        assert_eq!(select(OpKind::Barrier, 0, 2, HostTcp), Dissemination);
+        assert_eq!(select(OpKind::AllReduce, 4, 2, HostTcp), RecursiveDoubling);
+        assert_eq!(
+            select(OpKind::AllReduce, 256 * K, 2, HostTcp),
+            RecursiveDoubling
+        );
+        assert_eq!(select(OpKind::AllReduce, 64 * M, 4, HostTcp), Ring);
+    }
+
+    #[test]
+    fn a_sub_group_of_a_tcp_host_stays_on_its_rows() {
+        let hosts: std::sync::Arc<[u32]> = std::sync::Arc::from(vec![0u32, 0, 0, 0]);
+        let options = crate::GroupOptions {
+            locality: HostTcp,
+            hosts: Some(hosts.clone()),
+            ..Default::default()
+        };
+        let sub = crate::GroupInfo::new(crate::GroupId(5), vec![1, 3], 1, options);
+        assert_eq!(sub.map(|g| g.options.locality).ok(), Some(HostTcp));
+        let options = crate::GroupOptions {
+            locality: Host,
+            hosts: Some(hosts),
+            ..Default::default()
+        };
+        let sub = crate::GroupInfo::new(crate::GroupId(5), vec![1, 3], 1, options);
+        assert_eq!(sub.map(|g| g.options.locality).ok(), Some(Host));
     }
 }

@@ -2,7 +2,7 @@
 //! rank's bell, which a completion rings (and which hands a parked caller the background
 //! run before the actor gets it).
 
-use super::Driver;
+use super::{Driver, PollerKind};
 use crate::sync::lock;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
@@ -138,19 +138,24 @@ impl Driver {
             return;
         }
         let driving = self.inbox.enter();
-        let poller = self.poller.get();
+        let (shm, tcp) = (
+            self.pollers[PollerKind::Shm as usize].get(),
+            self.pollers[PollerKind::Tcp as usize].get(),
+        );
         // Leaves on every way out, a panic in a completion included (a reader count left
         // behind would keep the transport's senders from waking its thread).
-        let _reading = poller.map(|p| {
-            p.enter();
-            Reading(p.as_ref())
+        let _reading = [shm, tcp].map(|p| {
+            p.map(|p| {
+                p.enter();
+                Reading(p.as_ref())
+            })
         });
         self.board_enter();
         let start = Instant::now();
         let mut active = start;
         let mut turns: u32 = 0;
         loop {
-            if poller.is_some_and(|p| p.poll()) {
+            if shm.is_some_and(|p| p.poll()) | tcp.is_some_and(|p| p.poll()) {
                 active = Instant::now();
             }
             if self.board_progress() {
@@ -172,6 +177,11 @@ impl Driver {
                 }
             }
             self.pause(turns);
+        }
+        if !done() {
+            for p in [shm, tcp].into_iter().flatten() {
+                p.parking();
+            }
         }
         // Reads once more after it stops counting as a reader: what a sender published before
         // it saw this caller gone is taken here, what came after it wakes the transport's

@@ -44,7 +44,7 @@ mod tests;
 pub(crate) use setup::Listener;
 
 use crate::board::BoardSource;
-use crate::rank::driver::{state_of, Driver, GroupBoard, Poller, Wake};
+use crate::rank::driver::{state_of, Driver, GroupBoard, Poller, PollerKind, Wake};
 use crate::security::Security;
 use crate::store::Store;
 use crate::sync::lock;
@@ -474,7 +474,7 @@ impl Hub {
                 at,
             });
         }
-        driver.set_poller(inner.clone());
+        driver.set_poller(PollerKind::Shm, inner.clone());
         let peers: Vec<usize> = both.into_iter().collect();
         tracing::debug!(rank = s.rank, ?peers, ring = s.ring, "shared memory up");
         Ok((

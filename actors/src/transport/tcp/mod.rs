@@ -26,12 +26,18 @@
 //! setting `SO_SNDBUF`/`SO_RCVBUF` would switch it off for that socket and cap the window at
 //! the size set.
 //!
-//! **Receiving.** A reader thread decodes each frame's head ([`codec::decode_head`]; its
-//! limits are checked before anything is allocated for the frame), then reads each payload
-//! part straight from the socket into an 8-aligned buffer of its own, recycled through a pool
-//! once the rank has dropped it: the kernel's copy is the only one, and a part can be viewed
-//! as any dtype without realigning. The message goes to the rank with the link's rank as its
-//! source ([`Inbound::deliver`]).
+//! **Receiving.** Whoever reads a connection decodes each frame's head
+//! ([`codec::decode_head`]; its limits are checked before anything is allocated for the
+//! frame), then reads each payload part straight from the socket into an 8-aligned buffer of
+//! its own, recycled through a pool once the rank has dropped it: the kernel's copy is the
+//! only one, and a part can be viewed as any dtype without realigning. The message goes to
+//! the rank with the link's rank as its source. Two threads read: a caller of the rank that
+//! waits for its call reads the rank's connections on every turn of its spin ([`Readers`],
+//! the driver's poller), so the answer to a small call crosses no thread; the connection's
+//! reader thread waits for the socket to be readable and takes what no caller took
+//! ([`Inbound::deliver`], which wakes the rank if nobody drives it). Both read without
+//! waiting, under the connection's lock, and hand each message over before they let it go:
+//! one connection's messages reach the rank in order, whoever read them.
 //!
 //! **Silence.** A writer with nothing to send for [`Liveness::heartbeat`] (1 s) sends a
 //! heartbeat frame ([`codec::HEARTBEAT`], 12 bytes; the decoder skips it). A reader that gets
@@ -44,15 +50,18 @@
 //! a frame (logged with the reason) is reported once as a lost peer ([`Inbound::lost`]).
 //!
 //! Files: `handshake.rs` (the secret, the hello and its answer), `send.rs` (the link and its
-//! writer thread), `recv.rs` (the reader thread), `tests.rs`.
+//! writer thread), `recv.rs` (a connection's receiving state and its reader thread),
+//! `poll.rs` (the callers' reads), `tests.rs`.
 
 mod handshake;
+mod poll;
 mod recv;
 mod send;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use handshake::{accept, connect, Hello, Refused, HELLO_TIMEOUT};
+pub(crate) use poll::Readers;
 pub(crate) use send::TcpLink;
 
 use collectix_runtime::tensor::pool::Pool;
@@ -128,8 +137,14 @@ impl Liveness {
 
 /// Where a link's arrivals and events go (the rank actor, or a test).
 pub(crate) trait Inbound: Send + Sync + 'static {
-    /// A message from global rank `src` (stamped by the link).
+    /// A message from global rank `src` (stamped by the link), read by the connection's reader
+    /// thread.
     fn deliver(&self, src: usize, msg: Message);
+    /// A message from global rank `src` read by a caller of the rank that drives it now (see
+    /// [`Readers`]): nobody need be woken. By default, [`deliver`](Inbound::deliver).
+    fn deliver_driving(&self, src: usize, msg: Message) {
+        self.deliver(src, msg);
+    }
     /// The link to `peer` can take messages again.
     fn flush(&self, peer: usize);
     /// The link to `peer` is gone.
@@ -149,12 +164,13 @@ pub(crate) struct Connection {
     pub(crate) writer: JoinHandle<()>,
 }
 
-/// Starts the reader and writer of an accepted or connected `stream` to global rank `peer`;
-/// what arrives goes to `inbound`, its payload parts in buffers from `pool` (shared by a
-/// process's connections, [`RECV_POOL_BYTES`]).
 /// Why a link ended when its peer closed the connection between two frames.
 pub(crate) const CLOSED_BY_PEER: &str = "the peer closed the connection";
 
+/// Starts the reader and writer of an accepted or connected `stream` to global rank `peer`;
+/// what arrives goes to `inbound`, its payload parts in buffers from `pool` (shared by a
+/// process's connections, [`RECV_POOL_BYTES`]). With `readers`, the rank's waiting callers
+/// read the connection too ([`Readers`]).
 pub(crate) fn start(
     stream: TcpStream,
     peer: usize,
@@ -162,10 +178,18 @@ pub(crate) fn start(
     inbound: Arc<dyn Inbound>,
     liveness: Liveness,
     pool: Pool,
+    readers: Option<&Readers>,
 ) -> std::io::Result<(TcpLink, Connection)> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(liveness.silence)?;
-    let reading = stream.try_clone()?;
+    let receiving = Arc::new(recv::Receiving::new(
+        stream.try_clone()?,
+        stream.try_clone()?,
+        peer,
+        limits,
+        pool,
+        inbound.clone(),
+    )?);
     let shared = Arc::new(send::Sending::new(stream.try_clone()?));
     let lost_once = Arc::new(AtomicBool::new(false));
     let lose = {
@@ -198,18 +222,14 @@ pub(crate) fn start(
                 )
             })?
     };
-    let _reader = std::thread::Builder::new()
-        .name(format!("collectix-rx-{peer}"))
-        .spawn(move || {
-            recv::read_loop(
-                reading,
-                peer,
-                limits,
-                liveness,
-                &pool,
-                inbound.as_ref(),
-                &lose,
-            )
-        })?;
+    let _reader = {
+        let receiving = receiving.clone();
+        std::thread::Builder::new()
+            .name(format!("collectix-rx-{peer}"))
+            .spawn(move || recv::read_loop(&receiving, liveness, &lose))?
+    };
+    if let Some(r) = readers {
+        r.add(receiving);
+    }
     Ok((TcpLink::new(shared), Connection { writer }))
 }

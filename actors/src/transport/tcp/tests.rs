@@ -17,6 +17,8 @@ use std::time::Duration;
 #[derive(Debug)]
 enum Event {
     Msg(usize, Message),
+    /// A message read by a caller polling the connection ([`Readers`]).
+    Driven(usize, Message),
     Flush(usize),
     Lost(usize),
 }
@@ -26,6 +28,9 @@ struct Chan(Mutex<Sender<Event>>);
 impl Inbound for Chan {
     fn deliver(&self, src: usize, msg: Message) {
         let _ = self.0.lock().map(|t| t.send(Event::Msg(src, msg)));
+    }
+    fn deliver_driving(&self, src: usize, msg: Message) {
+        let _ = self.0.lock().map(|t| t.send(Event::Driven(src, msg)));
     }
     fn flush(&self, peer: usize) {
         let _ = self.0.lock().map(|t| t.send(Event::Flush(peer)));
@@ -49,6 +54,7 @@ fn started(
         inb,
         live,
         Pool::new(RECV_POOL_BYTES),
+        None,
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -360,6 +366,99 @@ fn messages_arrive_whole_and_in_order_with_the_links_rank_as_source() {
 }
 
 #[test]
+fn a_polling_caller_and_the_reader_thread_hand_over_every_message_once_in_order() {
+    // Rank 1's caller reads the connection in bursts, with pauses in which the reader thread
+    // takes over (its watch disarmed while the caller looks, armed again after); frames of
+    // every size, some split across many reads, must reach the rank once each, in order,
+    // whoever read them. Then the close is reported once, though the caller may read it first.
+    let (a, b) = pair(11);
+    let (in_a, _rx_a) = inbound();
+    let (mut link, conn_a) = started(a, 1, in_a, Liveness::default());
+    let (in_b, rx_b) = inbound();
+    let readers = Arc::new(Readers::new(2));
+    let _b_side = start(
+        b,
+        0,
+        Limits::default(),
+        in_b,
+        Liveness::default(),
+        Pool::new(RECV_POOL_BYTES),
+        Some(&readers),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let caller = {
+        let (readers, stop) = (readers.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut turns = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                readers.read();
+                turns += 1;
+                if turns.is_multiple_of(2_000) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        })
+    };
+    let mut sent = Vec::new();
+    let mut outbox = Outbox::default();
+    for seq in 0..3_000u64 {
+        let len = match seq % 500 {
+            0 => 0,
+            250 => 3 << 20,
+            s if s % 7 == 0 => 100 << 10,
+            _ => 8 + (seq % 40) as usize,
+        };
+        let part = Bytes::from((0..len).map(|i| (i as u64 ^ seq) as u8).collect::<Vec<_>>());
+        let payload = if seq % 13 == 0 {
+            vec![part.clone(), part]
+        } else {
+            vec![part]
+        };
+        sent.push(payload.clone());
+        assert!(outbox.send(&mut link, data(seq, payload)).is_ok());
+        while !outbox.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+            assert!(outbox.flush(&mut link).is_ok());
+        }
+        if seq % 300 == 0 {
+            // A pause longer than the reader's linger: the reader thread watches again.
+            std::thread::sleep(Duration::from_millis(8));
+        }
+    }
+    let mut driven = 0;
+    for (seq, want) in sent.iter().enumerate() {
+        let m = match rx_b.recv_timeout(Duration::from_secs(30)) {
+            Ok(Event::Msg(0, m)) => m,
+            Ok(Event::Driven(0, m)) => {
+                driven += 1;
+                m
+            }
+            other => panic!("message {seq}: {other:?}"),
+        };
+        assert!(
+            matches!(m.header, Header::P2p { seq: s, .. } if s == seq as u64),
+            "message {seq} out of order: {:?}",
+            m.header
+        );
+        assert!(&m.payload == want, "message {seq} changed");
+    }
+    assert!(driven > 0, "the polling caller read no message itself");
+    drop(link);
+    let _ = conn_a.writer.join();
+    assert!(matches!(
+        rx_b.recv_timeout(Duration::from_secs(30)),
+        Ok(Event::Lost(0))
+    ));
+    stop.store(true, Ordering::SeqCst);
+    let _ = caller.join();
+    assert!(
+        rx_b.recv_timeout(Duration::from_millis(200)).is_err(),
+        "nothing after the loss, and the loss once"
+    );
+}
+
+#[test]
 fn direct_writes_cut_short_by_a_full_socket_finish_in_order_through_the_writer() {
     // Rank 1 reads nothing at first: the socket's buffers fill, a direct write is cut
     // short, its rest and what follows go through the writer, in order.
@@ -480,6 +579,7 @@ fn a_peer_that_dies_or_sends_garbage_is_lost_once() {
         in_a,
         Liveness::default(),
         Pool::new(RECV_POOL_BYTES),
+        None,
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let frame = codec::encode(&data(0, vec![Bytes::from(vec![1u8; 1000])]));
