@@ -31,6 +31,11 @@ const BIG_PART: usize = 64 << 20;
 /// wakes the reader again. A call left to the background is so delayed by at most about
 /// twice this much (a caller that parks wakes the reader itself).
 const LINGER: Duration = Duration::from_millis(2);
+/// Frames of at least this many payload bytes are read by the reader thread, not by a
+/// polling caller: the caller goes on with its call (sends, reductions) while the kernel
+/// copies the frame on another thread, and the reader thread's wake-up is small beside the
+/// frame's time on the wire.
+const HANDOFF: usize = 256 << 10;
 
 /// A connection's receiving side, shared by its reader thread and the rank's polling callers.
 pub(crate) struct Receiving {
@@ -68,6 +73,8 @@ struct Rx {
     ended: Option<String>,
     /// An arrival wakes the reader thread (its watch is armed).
     armed: bool,
+    /// The step in progress is a polling caller's (which leaves big frames alone).
+    caller: bool,
 }
 
 /// A frame whose head is decoded: its parts fill one after the other.
@@ -76,6 +83,8 @@ struct Frame {
     parts: Vec<usize>,
     done: Vec<Bytes>,
     filling: Option<Filling>,
+    /// Its payload is at least [`HANDOFF`] bytes: the reader thread reads it.
+    big: bool,
 }
 
 /// The part being read, straight from the socket into its own buffer: one copy, the
@@ -125,6 +134,7 @@ impl Receiving {
                 frame: None,
                 ended: None,
                 armed: true,
+                caller: false,
             }),
             inbound,
             heard: AtomicU64::new(0),
@@ -148,14 +158,26 @@ impl Receiving {
 
     /// A caller's step, unless another thread is reading the connection now: reads what is
     /// there without waiting and hands each whole message to the rank as its driver
-    /// ([`Inbound::deliver_driving`]). Whether anything came.
+    /// ([`Inbound::deliver_driving`]), up to a big frame, which it leaves to the reader
+    /// thread ([`HANDOFF`]). Whether anything came.
     pub(super) fn poll(&self) -> bool {
-        self.looks.fetch_add(1, Ordering::Relaxed);
         let Ok(mut rx) = self.state.try_lock() else {
             return false;
         };
-        let got = rx.step(&mut |m| self.inbound.deliver_driving(self.peer, m));
-        self.note(got)
+        let mut came = false;
+        if !rx.big_pending() {
+            self.looks.fetch_add(1, Ordering::Relaxed);
+            rx.caller = true;
+            let got = rx.step(&mut |m| self.inbound.deliver_driving(self.peer, m));
+            rx.caller = false;
+            came = self.note(got);
+            if !rx.big_pending() {
+                return came;
+            }
+        }
+        // A big frame is the reader thread's: its watch must be armed.
+        self.arm_locked(&mut rx);
+        came
     }
 
     /// Arms the reader thread's watch if it is not (every arrival wakes it again): for a
@@ -170,11 +192,15 @@ impl Receiving {
             self.state.try_lock().ok()
         };
         if let Some(mut rx) = rx {
-            if !rx.armed {
-                match self.watch.arm(&self.wait) {
-                    Ok(()) => rx.armed = true,
-                    Err(e) => tracing::warn!(peer = self.peer, error = %e, "cannot watch a socket"),
-                }
+            self.arm_locked(&mut rx);
+        }
+    }
+
+    fn arm_locked(&self, rx: &mut Rx) {
+        if !rx.armed {
+            match self.watch.arm(&self.wait) {
+                Ok(()) => rx.armed = true,
+                Err(e) => tracing::warn!(peer = self.peer, error = %e, "cannot watch a socket"),
             }
         }
     }
@@ -216,6 +242,11 @@ impl Receiving {
 }
 
 impl Rx {
+    /// Whether a big frame is being read (the reader thread's: see [`HANDOFF`]).
+    fn big_pending(&self) -> bool {
+        self.frame.as_ref().is_some_and(|f| f.big)
+    }
+
     /// Reads what the socket has, without waiting, and hands every whole message to
     /// `deliver`, in order. `Ok(true)` if bytes came; `Err(why)` once the connection ended
     /// (closed, broken, or carrying something that is not a frame).
@@ -244,12 +275,18 @@ impl Rx {
             }
             match codec::decode_head(&mut self.buf, &self.limits) {
                 Ok(Some(h)) => {
+                    let big = h.parts.iter().fold(0usize, |a, &p| a.saturating_add(p)) >= HANDOFF;
                     self.frame = Some(Frame {
                         header: h.header,
                         done: Vec::with_capacity(h.parts.len()),
                         parts: h.parts,
                         filling: None,
+                        big,
                     });
+                    if big && self.caller {
+                        // Left to the reader thread (see `HANDOFF`).
+                        return Ok(came);
+                    }
                     continue;
                 }
                 Ok(None) => {}
@@ -398,8 +435,9 @@ pub(super) fn read_loop(rx: &Receiving, liveness: Liveness, lose: &dyn Fn(&str))
             return lose(&why);
         }
         let now = rx.looks.load(Ordering::Relaxed);
-        if now == looks {
-            // No caller looked since the last turn: every arrival wakes this thread again.
+        if now == looks || lock(&rx.state).big_pending() {
+            // No caller looked since the last turn, or a big frame is on its way: every
+            // arrival wakes this thread again.
             rx.arm(true);
         }
         looks = now;
