@@ -14,7 +14,7 @@ use std::sync::{Arc, RwLock};
 
 /// Connections a caller reads with one `poll` system call rather than one read each.
 #[cfg(unix)]
-const POLL_ABOVE: usize = 0;
+const POLL_ABOVE: usize = 2;
 
 /// The receiving sides of a process's connections, for its callers to read (see the module
 /// doc). Connections to peers reached another way (shared memory) are left to their reader
