@@ -175,6 +175,11 @@ fn header() -> impl Strategy<Value = Header> {
             tag,
             upto
         }),
+        (g(), any::<u32>(), any::<u64>()).prop_map(|(group, tag, seq)| Header::P2pAsk {
+            group,
+            tag,
+            seq
+        }),
         (g(), any::<u64>()).prop_map(|(group, eager)| Header::P2pConsumed { group, eager }),
         (g(), reason()).prop_map(|(group, reason)| Header::Abort {
             group,
@@ -292,12 +297,12 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_after_a_valid_prefix_never_panic(
-        kind in 1u8..=12,
+        kind in 1u8..=13,
         header_len in 0u32..200,
         parts in 0u32..4,
         rest in proptest::collection::vec(any::<u8>(), 0..300),
     ) {
-        let mut b = Vec::from(*b"CX\x04");
+        let mut b = Vec::from(*b"CX\x05");
         b.push(kind);
         b.extend_from_slice(&header_len.to_le_bytes());
         b.extend_from_slice(&parts.to_le_bytes());
@@ -347,7 +352,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         max_payload_bytes: 1 << 10,
     };
     // 2^32 - 1 parts.
-    let mut b = BytesMut::from(&b"CX\x04\x01\x00\x00\x00\x00\xff\xff\xff\xff"[..]);
+    let mut b = BytesMut::from(&b"CX\x05\x01\x00\x00\x00\x00\xff\xff\xff\xff"[..]);
     assert!(matches!(
         decode(&mut b, &limits),
         Err(DecodeError::TooLarge {
@@ -356,7 +361,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         })
     ));
     // One part of 2^62 bytes.
-    let mut b = BytesMut::from(&b"CX\x04\x01\x00\x00\x00\x00\x01\x00\x00\x00"[..]);
+    let mut b = BytesMut::from(&b"CX\x05\x01\x00\x00\x00\x00\x01\x00\x00\x00"[..]);
     b.extend_from_slice(&(1u64 << 62).to_le_bytes());
     assert!(matches!(
         decode(&mut b, &limits),
@@ -366,7 +371,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         })
     ));
     // A header of 4 GiB.
-    let mut b = BytesMut::from(&b"CX\x04\x01\xff\xff\xff\xff\x00\x00\x00\x00"[..]);
+    let mut b = BytesMut::from(&b"CX\x05\x01\xff\xff\xff\xff\x00\x00\x00\x00"[..]);
     assert!(matches!(
         decode(&mut b, &limits),
         Err(DecodeError::TooLarge {
@@ -381,7 +386,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
             &b"CX\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00"[..],
             "version",
         ),
-        (&b"CX\x04\x0d\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
+        (&b"CX\x05\x0e\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
     ] {
         let mut b = BytesMut::from(bytes);
         let e = decode(&mut b, &limits).err();

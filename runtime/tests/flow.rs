@@ -704,3 +704,87 @@ fn tickets_match_only_receives_on_their_path() {
         }
     }
 }
+
+/// Receives posted before their small messages come send no grant (the messages go eager):
+/// one frame per message, not two.
+#[test]
+fn receives_that_wait_for_small_messages_send_no_grant() {
+    use collectix_runtime::collective::TensorSpec;
+    use collectix_runtime::DType;
+    let mut sim = Sim::new(2, 5);
+    let mut recvs = Vec::new();
+    for _ in 0..5 {
+        let req = Request::Recv {
+            spec: TensorSpec::new(&[2], DType::I32),
+            src: Some(0),
+            tag: 4,
+        };
+        recvs.push(
+            sim.submit(1, GroupId::WORLD, req, &CallOptions::default())
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+    }
+    sim.settle(100_000)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    for k in 0..5 {
+        let req = Request::Send {
+            tensor: Tensor::from_vec(vec![k, k]),
+            dst: 1,
+            tag: 4,
+        };
+        sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    sim.run_no_timeouts(100_000)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    for (k, id) in recvs.into_iter().enumerate() {
+        let want = Output::Received {
+            tensor: Tensor::from_vec(vec![k as i32, k as i32]),
+            src: 0,
+        };
+        assert_eq!(sim.take(1, id), Some(Ok(want)), "message {k}");
+    }
+    let trace = sim.trace_text();
+    assert_eq!(trace.matches("p2p-grant").count(), 0, "{trace}");
+    assert_eq!(trace.matches("p2p-ask").count(), 0, "{trace}");
+}
+
+/// A send too large to go eager, met by a receive whose spec is small enough to go eager:
+/// the sender asks for it, the receive grants it, and the receive fails at once with a typed
+/// error (it would otherwise wait for its timeout).
+#[test]
+fn a_large_send_to_a_small_receive_is_asked_for_and_fails_the_receive_at_once() {
+    use collectix_runtime::collective::TensorSpec;
+    use collectix_runtime::DType;
+    // Budget 4 KiB over a window of 16: messages above 256 bytes wait for their receive.
+    let mut sim = Sim::with_options(
+        2,
+        3,
+        GroupOptions {
+            peer_budget_bytes: 4096,
+            ..GroupOptions::default()
+        },
+    );
+    let req = Request::Recv {
+        spec: TensorSpec::new(&[2], DType::I32),
+        src: Some(0),
+        tag: 1,
+    };
+    let id = sim
+        .submit(1, GroupId::WORLD, req, &CallOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let req = Request::Send {
+        tensor: Tensor::from_vec(vec![7i32; 100]),
+        dst: 1,
+        tag: 1,
+    };
+    sim.submit(0, GroupId::WORLD, req, &CallOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    sim.run_no_timeouts(100_000)
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", sim.trace_text()));
+    let got = sim.take(1, id);
+    assert!(matches!(got, Some(Err(_))), "{got:?}");
+    let trace = sim.trace_text();
+    assert_eq!(trace.matches("p2p-ask").count(), 1, "{trace}");
+    assert_eq!(trace.matches("p2p-grant").count(), 1, "{trace}");
+}

@@ -519,6 +519,7 @@ impl Engine {
                 self.on_status(gid, seq, msg.src, made, latest);
             }
             Header::P2pGrant { tag, upto, .. } => self.on_p2p_grant(gid, src, *tag, *upto),
+            Header::P2pAsk { tag, seq, .. } => self.on_p2p_ask(gid, src, *tag, *seq),
             Header::P2pConsumed { eager, .. } => self.on_p2p_consumed(gid, src, *eager),
             Header::Data { seq, call, .. } => self.on_data(gid, src, *seq, *call, msg),
         }

@@ -52,7 +52,8 @@ impl Engine {
                 payload: vec![data],
             },
         };
-        let out = g.p2p_flow.send(dst, tag, q, t).into_iter().collect();
+        let mut out = Vec::new();
+        g.p2p_flow.send(dst, tag, q, t, &mut out);
         self.emit_p2p(group, out);
         self.events.push_back(Event {
             op: id,
@@ -70,8 +71,9 @@ impl Engine {
         self.ops.insert(id, Box::new(op));
         self.match_p2p(group);
         // What is still posted waits for messages not here yet: ask for them. Only a new
-        // receive can raise a grant (a consumed message moves one from "waiting" to
-        // "consumed", which leaves every lane's sum as it was), so arrivals skip this.
+        // receive or a sender's ask can raise a grant (a consumed message moves one from
+        // "waiting" to "consumed", which leaves every lane's sum as it was), so other
+        // arrivals skip this.
         self.solicit(group);
     }
 
@@ -92,6 +94,14 @@ impl Engine {
                         group: gid,
                         tag,
                         upto,
+                    },
+                ),
+                P2pOut::Ask { peer, tag, seq } => (
+                    g.info.global(peer),
+                    Header::P2pAsk {
+                        group: gid,
+                        tag,
+                        seq,
                     },
                 ),
                 P2pOut::Consumed { peer, eager } => (
@@ -118,6 +128,16 @@ impl Engine {
         self.emit_p2p(gid, out);
     }
 
+    /// Group-local `src` holds its message `seq` on `tag` for this rank and asks for a grant:
+    /// a receive posted for it now grants it.
+    pub(super) fn on_p2p_ask(&mut self, gid: GroupId, src: usize, tag: u32, seq: u64) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        g.p2p_flow.on_ask(src, tag, seq);
+        self.solicit(gid);
+    }
+
     /// Group-local `src` reported that it has consumed `eager` of this rank's eager messages
     /// (point-to-point flow control).
     pub(super) fn on_p2p_consumed(&mut self, gid: GroupId, src: usize, eager: u64) {
@@ -136,32 +156,43 @@ impl Engine {
         let Some(g) = self.groups.get_mut(&gid) else {
             return;
         };
-        let mut named: HashMap<(usize, u32), u64> = HashMap::new();
-        let mut any: HashMap<u32, u64> = HashMap::new();
+        // Per lane: receives waiting, and whether one of them is above the eager limit.
+        let limit = g.p2p_flow.eager_limit();
+        let mut named: HashMap<(usize, u32), (u64, bool)> = HashMap::new();
+        let mut any: HashMap<u32, (u64, bool)> = HashMap::new();
         for rid in &g.p2p_posted {
             if let Some(PendingCall {
-                state: State::Recv { src, tag, .. },
+                state: State::Recv { src, tag, spec },
                 ..
             }) = self.ops.get(rid).map(|b| &**b)
             {
-                match src {
-                    Some(s) => *named.entry((*s, *tag)).or_insert(0) += 1,
-                    None => *any.entry(*tag).or_insert(0) += 1,
-                }
+                let big = spec
+                    .numel()
+                    .ok()
+                    .and_then(|n| n.checked_mul(spec.dtype.size()))
+                    .is_none_or(|b| b as u64 > limit);
+                let e = match src {
+                    Some(s) => named.entry((*s, *tag)).or_insert((0, false)),
+                    None => any.entry(*tag).or_insert((0, false)),
+                };
+                e.0 += 1;
+                e.1 |= big;
             }
         }
         let me = g.info.rank;
-        let mut lanes: HashMap<(usize, u32), u64> = named;
-        for (&tag, &n) in &any {
+        let mut lanes = named;
+        for (&tag, &(n, big)) in &any {
             for peer in (0..g.info.size()).filter(|&p| p != me) {
-                *lanes.entry((peer, tag)).or_insert(0) += n;
+                let e = lanes.entry((peer, tag)).or_insert((0, false));
+                e.0 += n;
+                e.1 |= big;
             }
         }
         let mut out = Vec::new();
-        for ((peer, tag), waiting) in lanes {
+        for ((peer, tag), (waiting, big)) in lanes {
             let consumed = g.p2p_recv_seq.get(&(peer, tag)).copied().unwrap_or(0);
             g.p2p_flow
-                .solicit(peer, tag, consumed.saturating_add(waiting), &mut out);
+                .solicit(peer, tag, consumed.saturating_add(waiting), big, &mut out);
         }
         self.emit_p2p(gid, out);
     }

@@ -2,11 +2,17 @@
 //! per sending peer, whatever tags it uses, and a valid program never stalls.
 //!
 //! Two ways for a message to travel, as in MPI's eager and rendezvous protocols:
-//! - **Solicited.** A receive posted for a peer and tag that finds no message waiting tells
-//!   that peer (every member, for a receive from any source) a *grant*: its messages on the
-//!   tag with a per-(peer, tag) sequence number below `upto` may come. A grant is cumulative
-//!   and only grows: `upto` = messages of the lane consumed here + receives posted here that
-//!   could match the lane. A solicited message is flagged as such.
+//! - **Solicited.** A sender that holds a message (below) *asks* its receiver for it
+//!   ([`P2pOut::Ask`], once per held message). A receive posted for a peer and tag that finds
+//!   no message waiting tells that peer (every member, for a receive from any source) a
+//!   *grant* — its messages on the tag with a per-(peer, tag) sequence number below `upto` may
+//!   come — if the peer asked for a message of the lane that its last grant did not cover, or
+//!   if the receive is larger than the eager limit (a large message is held for sure); an ask
+//!   that comes after the receive was posted is answered at once. A grant is cumulative and
+//!   only grows: `upto` = messages of the lane consumed here + receives posted here that could
+//!   match the lane. A solicited message is flagged as such. (Grants used to be sent for every
+//!   receive that waited: over TCP that was a second frame per message, 5 µs of `sendmsg` on
+//!   this project's VM, for messages that went eager anyway.)
 //! - **Eager.** Without a grant, a sender may still have at most `window` messages in flight
 //!   toward a peer (over all tags of the group) that the peer has not consumed yet. The
 //!   receiver counts the eager messages it consumes and reports the count (cumulative) once
@@ -22,11 +28,13 @@
 //! asked for and another peer's message then satisfied, which are bounded by the receives the
 //! receiver itself posted.
 //!
-//! Liveness rests on grants alone: when a receive waits, every earlier message of its lane
+//! Liveness rests on asks and grants: when a receive waits, every earlier message of its lane
 //! has been consumed (receives match in order per lane), so the message it needs is the
-//! lane's next, below the grant the receive sent. The sender sends it at once, or, if it is
-//! held, as soon as the grant arrives; no eager budget is involved. The eager reports only
-//! let senders run ahead without a round trip.
+//! lane's next. The sender sends it at once, or holds it and asks for it; the ask reaches the
+//! receiver before or after the receive is posted, and either way the receiver grants it
+//! (the lane's next message is below `consumed + waiting`), and the sender sends it as soon as
+//! the grant arrives; no eager budget is involved. The eager reports only let senders run
+//! ahead without a round trip.
 
 use crate::wire::message::{Header, Transmit};
 use std::collections::{HashMap, VecDeque};
@@ -40,6 +48,8 @@ pub(crate) enum P2pOut {
     Grant { peer: usize, tag: u32, upto: u64 },
     /// Tell `peer` how many of its eager messages this rank has consumed.
     Consumed { peer: usize, eager: u64 },
+    /// Ask `peer` for a grant of this rank's message `seq` on `tag`, which waits here.
+    Ask { peer: usize, tag: u32, seq: u64 },
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +72,8 @@ struct Peer {
     eager_reported: u64,
     /// Per tag: the grant this rank sent the peer.
     grants: HashMap<u32, u64>,
+    /// Per tag: the peer holds its lane's messages below this for this rank (it asked).
+    asked: HashMap<u32, u64>,
 }
 
 /// The point-to-point flow state of one group on one rank; peers are group-local ranks.
@@ -91,13 +103,22 @@ impl P2pFlow {
         }
     }
 
-    /// Message `seq` of lane (`peer`, `tag`), sent by this rank.
-    pub(crate) fn send(&mut self, peer: usize, tag: u32, seq: u64, t: Transmit) -> Option<P2pOut> {
+    /// Message `seq` of lane (`peer`, `tag`), sent by this rank: it goes out (into `out`)
+    /// or waits here, asking the peer for a grant.
+    pub(crate) fn send(
+        &mut self,
+        peer: usize,
+        tag: u32,
+        seq: u64,
+        t: Transmit,
+        out: &mut Vec<P2pOut>,
+    ) {
         let (w, limit) = (self.window, self.eager_limit);
         let bytes = t.msg.payload.iter().map(|b| b.len() as u64).sum();
         let p = self.peers.entry(peer).or_default();
         if p.granted.get(&tag).is_some_and(|&g| seq < g) {
-            return Some(P2pOut::Send(flag(t, false)));
+            out.push(P2pOut::Send(flag(t, false)));
+            return;
         }
         // Held messages that may go eager go first (oldest first), so a new one waits behind
         // them; large ones wait for their grants and hold nothing up.
@@ -106,10 +127,11 @@ impl P2pFlow {
             && p.eager_sent.saturating_sub(p.eager_done) < w
         {
             p.eager_sent += 1;
-            return Some(P2pOut::Send(flag(t, true)));
+            out.push(P2pOut::Send(flag(t, true)));
+            return;
         }
         p.held.push_back((tag, seq, bytes, t));
-        None
+        out.push(P2pOut::Ask { peer, tag, seq });
     }
 
     /// The largest message that may go eager.
@@ -196,14 +218,32 @@ impl P2pFlow {
     }
 
     /// Receives wait here for `peer`'s messages on `tag` up to (not including) lane sequence
-    /// `upto`: solicit them, unless already solicited.
-    pub(crate) fn solicit(&mut self, peer: usize, tag: u32, upto: u64, out: &mut Vec<P2pOut>) {
+    /// `upto` (`big`: one of them is larger than the eager limit): solicit them, unless
+    /// already solicited, if the peer asked for one the last grant did not cover or a
+    /// receive is big.
+    pub(crate) fn solicit(
+        &mut self,
+        peer: usize,
+        tag: u32,
+        upto: u64,
+        big: bool,
+        out: &mut Vec<P2pOut>,
+    ) {
         let p = self.peers.entry(peer).or_default();
+        let asked = p.asked.get(&tag).copied().unwrap_or(0);
         let g = p.grants.entry(tag).or_insert(0);
-        if upto > *g {
+        if upto > *g && (big || asked > *g) {
             *g = upto;
             out.push(P2pOut::Grant { peer, tag, upto });
         }
+    }
+
+    /// `peer` holds its message `seq` on `tag` for this rank and asks for it (the engine
+    /// solicits again).
+    pub(crate) fn on_ask(&mut self, peer: usize, tag: u32, seq: u64) {
+        let p = self.peers.entry(peer).or_default();
+        let a = p.asked.entry(tag).or_insert(0);
+        *a = (*a).max(seq.saturating_add(1));
     }
 
     /// Messages held, over all peers.
@@ -272,6 +312,13 @@ mod tests {
             .collect()
     }
 
+    /// `f.send` of message `seq` on `tag` to rank 1: what it put out.
+    fn send(f: &mut P2pFlow, tag: u32, seq: u64, t: Transmit) -> Vec<P2pOut> {
+        let mut out = Vec::new();
+        f.send(1, tag, seq, t, &mut out);
+        out
+    }
+
     fn big(tag: u32, seq: u64, bytes: usize) -> Transmit {
         let mut t = msg(tag, seq);
         t.msg.payload = vec![bytes::Bytes::from(vec![0u8; bytes])];
@@ -283,9 +330,20 @@ mod tests {
         // Window 2, budget 200: messages above 100 bytes never go eager.
         let mut f = P2pFlow::new(2, 200);
         assert_eq!(f.eager_limit(), 100);
-        assert!(f.send(1, 5, 0, big(5, 0, 101)).is_none(), "large: held");
+        let o = send(&mut f, 5, 0, big(5, 0, 101));
+        assert!(
+            matches!(
+                o.as_slice(),
+                [P2pOut::Ask {
+                    peer: 1,
+                    tag: 5,
+                    seq: 0
+                }]
+            ),
+            "large: held, and asked for: {o:?}"
+        );
         // A small one passes it, eager.
-        let o: Vec<P2pOut> = f.send(1, 6, 0, big(6, 0, 100)).into_iter().collect();
+        let o = send(&mut f, 6, 0, big(6, 0, 100));
         assert_eq!(sent(&o), vec![(6, 0, true)]);
         // Consumed reports release small ones only.
         let mut out = Vec::new();
@@ -301,8 +359,13 @@ mod tests {
     #[test]
     fn the_eager_budget_spans_every_tag_and_grants_go_around_it() {
         let mut f = P2pFlow::new(2, u64::MAX);
-        let mut out: Vec<P2pOut> = (0..5).filter_map(|t| f.send(1, t, 0, msg(t, 0))).collect();
+        let mut out: Vec<P2pOut> = (0..5).flat_map(|t| send(&mut f, t, 0, msg(t, 0))).collect();
         assert_eq!(sent(&out), vec![(0, 0, true), (1, 0, true)]);
+        let asks = out
+            .iter()
+            .filter(|o| matches!(o, P2pOut::Ask { .. }))
+            .count();
+        assert_eq!(asks, 3, "each held message asks once");
         assert_eq!(f.held(), 3);
         out.clear();
         // The peer posts a receive for tag 4: that message goes, solicited, out of turn.
@@ -322,18 +385,18 @@ mod tests {
         assert_eq!(f.held(), 0);
         // A granted lane sends at once even with the budget spent.
         let mut g = P2pFlow::new(1, u64::MAX);
-        assert!(g.send(1, 7, 0, msg(7, 0)).is_some());
-        assert!(g.send(1, 7, 1, msg(7, 1)).is_none());
+        assert_eq!(sent(&send(&mut g, 7, 0, msg(7, 0))).len(), 1);
+        assert!(sent(&send(&mut g, 7, 1, msg(7, 1))).is_empty());
         g.on_grant(1, 7, 3, &mut out);
         out.clear();
-        let o: Vec<P2pOut> = g.send(1, 7, 2, msg(7, 2)).into_iter().collect();
+        let o = send(&mut g, 7, 2, msg(7, 2));
         assert_eq!(sent(&o), vec![(7, 2, false)]);
     }
 
     #[test]
     fn a_grant_releases_exactly_the_messages_below_it() {
         let mut f = P2pFlow::new(1, u64::MAX);
-        let mut out: Vec<P2pOut> = (0..4).filter_map(|q| f.send(1, 3, q, msg(3, q))).collect();
+        let mut out: Vec<P2pOut> = (0..4).flat_map(|q| send(&mut f, 3, q, msg(3, q))).collect();
         assert_eq!(sent(&out), vec![(3, 0, true)]);
         out.clear();
         // One receive waits after message 0 was consumed: messages below 2 are solicited.
@@ -364,8 +427,8 @@ mod tests {
             .collect();
         assert_eq!(reports, vec![2, 4], "a report every half window of 4");
         out.clear();
-        f.solicit(1, 9, 3, &mut out);
-        f.solicit(1, 9, 3, &mut out);
+        f.solicit(1, 9, 3, true, &mut out);
+        f.solicit(1, 9, 3, true, &mut out);
         assert_eq!(out.len(), 1, "an equal grant is not sent again");
     }
 
@@ -380,7 +443,7 @@ mod tests {
             "a third eager message is beyond the window"
         );
         assert!(!f.admit(1, 3, 0, false), "not solicited");
-        f.solicit(1, 3, 2, &mut out);
+        f.solicit(1, 3, 2, true, &mut out);
         assert!(matches!(
             out.as_slice(),
             [P2pOut::Grant {
@@ -390,7 +453,7 @@ mod tests {
             }]
         ));
         out.clear();
-        f.solicit(1, 3, 1, &mut out);
+        f.solicit(1, 3, 1, true, &mut out);
         assert!(out.is_empty(), "grants only grow");
         assert!(f.admit(1, 3, 1, false) && !f.admit(1, 3, 2, false));
         // Consuming eager messages frees the window and is reported every half window.
@@ -403,5 +466,44 @@ mod tests {
         out.clear();
         f.on_consume(1, false, &mut out);
         assert!(out.is_empty(), "solicited messages are not eager budget");
+    }
+
+    #[test]
+    fn a_small_receive_grants_only_what_its_sender_asked_for() {
+        let mut f = P2pFlow::new(4, u64::MAX);
+        let mut out = Vec::new();
+        // Two small receives wait, nobody asked: no grant (the messages will come eager).
+        f.solicit(1, 2, 2, false, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        // The sender holds message 0 and asks: both waiting receives are granted.
+        f.on_ask(1, 2, 0);
+        f.solicit(1, 2, 2, false, &mut out);
+        assert!(matches!(
+            out.as_slice(),
+            [P2pOut::Grant {
+                peer: 1,
+                tag: 2,
+                upto: 2
+            }]
+        ));
+        out.clear();
+        // A third receive: the sender's ask is covered by the last grant, so none.
+        f.solicit(1, 2, 3, false, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        // It asks for message 2 (held too): granted.
+        f.on_ask(1, 2, 2);
+        f.solicit(1, 2, 3, false, &mut out);
+        assert!(matches!(out.as_slice(), [P2pOut::Grant { upto: 3, .. }]));
+        out.clear();
+        // Another lane, big receive: granted without an ask.
+        f.solicit(1, 8, 1, true, &mut out);
+        assert!(matches!(
+            out.as_slice(),
+            [P2pOut::Grant {
+                tag: 8,
+                upto: 1,
+                ..
+            }]
+        ));
     }
 }

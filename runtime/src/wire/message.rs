@@ -74,6 +74,17 @@ pub enum Header {
         /// Messages of the lane below this sequence number are solicited.
         upto: u64,
     },
+    /// Point-to-point flow control: the sender holds its message `seq` on `tag` for the
+    /// addressee (beyond its eager budget, or too large to go eager) and asks for a grant
+    /// of it (see `p2p_flow`).
+    P2pAsk {
+        /// The group.
+        group: GroupId,
+        /// The user's tag.
+        tag: u32,
+        /// The held message's sequence number in its lane.
+        seq: u64,
+    },
     /// Point-to-point flow control: the sender of this message (a receiver of point-to-point
     /// messages) has consumed `eager` of the addressee's eager messages in the group
     /// (cumulative).
@@ -146,6 +157,7 @@ impl Header {
             | Header::Credit { group, .. }
             | Header::WantCredit { group, .. }
             | Header::P2pGrant { group, .. }
+            | Header::P2pAsk { group, .. }
             | Header::P2pConsumed { group, .. }
             | Header::Inquire { group, .. }
             | Header::Status { group, .. } => *group,

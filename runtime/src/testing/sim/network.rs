@@ -24,6 +24,7 @@ fn transmit_key(t: &Transmit) -> (usize, u64, u8, u64, u32) {
         Header::WantCredit { group, seq } => (group.0, 4, *seq, 0),
         Header::P2pGrant { group, tag, upto } => (group.0, 5, *upto, *tag),
         Header::P2pConsumed { group, eager } => (group.0, 6, *eager, 0),
+        Header::P2pAsk { group, tag, seq } => (group.0, 11, *seq, *tag),
         Header::Inquire { group, seq } => (group.0, 7, *seq, 0),
         Header::Status { group, seq, .. } => (group.0, 8, *seq, 0),
         Header::Left { group, calls } => (group.0, 9, *calls, 0),

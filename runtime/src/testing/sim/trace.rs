@@ -112,6 +112,7 @@ fn header_text(h: &Header, src: usize, with_call: bool) -> String {
         Header::WantCredit { group, seq } => format!("want-credit g={group} #{seq}"),
         Header::P2pGrant { group, tag, upto } => format!("p2p-grant g={group} tag={tag} <{upto}"),
         Header::P2pConsumed { group, eager } => format!("p2p-consumed g={group} eager={eager}"),
+        Header::P2pAsk { group, tag, seq } => format!("p2p-ask g={group} tag={tag} #{seq}"),
         Header::Inquire { group, seq } => format!("inquire g={group} #{seq}"),
         Header::Left { group, calls } => format!("left g={group} after {calls} calls"),
         Header::Status {

@@ -1,7 +1,7 @@
 //! Encoding: a [`Message`] into a [`Frame`], or only its head into a buffer the caller reuses.
 
 use super::{
-    Frame, ABORT, CREDIT, DATA, FAILED, INQUIRE, LEFT, MAGIC, MAX_REPORT, MAX_TEXT, P2P,
+    Frame, ABORT, CREDIT, DATA, FAILED, INQUIRE, LEFT, MAGIC, MAX_REPORT, MAX_TEXT, P2P, P2P_ASK,
     P2P_CONSUMED, P2P_GRANT, PREFIX_BYTES, STATUS, VERSION, WANT_CREDIT,
 };
 use crate::error::{CallDesc, ProtocolError, RankCall};
@@ -88,6 +88,12 @@ fn put_header(h: &mut BytesMut, header: &Header) -> u8 {
             h.put_u32_le(*tag);
             h.put_u64_le(*upto);
             P2P_GRANT
+        }
+        Header::P2pAsk { group, tag, seq } => {
+            h.put_u64_le(group.0);
+            h.put_u32_le(*tag);
+            h.put_u64_le(*seq);
+            P2P_ASK
         }
         Header::P2pConsumed { group, eager } => {
             h.put_u64_le(group.0);

@@ -50,7 +50,7 @@ use bytes::{Bytes, BytesMut};
 /// The frame format's magic bytes.
 pub const MAGIC: [u8; 2] = *b"CX";
 /// The frame format's version; a frame of another version is refused.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 /// Bytes of the fixed prefix.
 pub const PREFIX_BYTES: usize = 12;
 /// The largest header (every header is far smaller; abort reasons with long texts are cut).
@@ -174,6 +174,7 @@ const STATUS: u8 = 9;
 const HEARTBEAT_KIND: u8 = 10;
 const LEFT: u8 = 11;
 const FAILED: u8 = 12;
+const P2P_ASK: u8 = 13;
 
 /// The heartbeat frame: a link's "still here" when it has nothing else to send. [`decode`]
 /// skips it.

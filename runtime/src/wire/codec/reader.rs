@@ -2,8 +2,8 @@
 //! a code names nothing.
 
 use super::{
-    DecodeError, ABORT, CREDIT, DATA, FAILED, INQUIRE, LEFT, MAX_REPORT, P2P, P2P_CONSUMED,
-    P2P_GRANT, STATUS, WANT_CREDIT,
+    DecodeError, ABORT, CREDIT, DATA, FAILED, INQUIRE, LEFT, MAX_REPORT, P2P, P2P_ASK,
+    P2P_CONSUMED, P2P_GRANT, STATUS, WANT_CREDIT,
 };
 use crate::error::{CallDesc, ProtocolError, RankCall};
 use crate::ids::{DataPath, Fingerprint, GroupId, FINGERPRINT_BYTES};
@@ -171,6 +171,11 @@ pub(super) fn read_header(kind: u8, b: Bytes) -> Result<Header, DecodeError> {
             group: r.group()?,
             tag: r.u32("tag")?,
             upto: r.u64("upto")?,
+        },
+        P2P_ASK => Header::P2pAsk {
+            group: r.group()?,
+            tag: r.u32("tag")?,
+            seq: r.u64("seq")?,
         },
         P2P_CONSUMED => Header::P2pConsumed {
             group: r.group()?,
