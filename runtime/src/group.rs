@@ -16,8 +16,8 @@ pub enum Locality {
     #[default]
     Network,
     /// Ranks in separate processes of one host (every rank published the same host
-    /// identity; set by a multi-process job): their messages go through shared memory, or
-    /// TCP with `COLLECTIX_TRANSPORT=tcp`, on cores the ranks share. Calls with no row of
+    /// identity; set by a multi-process job) whose messages go through shared memory, on
+    /// cores the ranks share (over TCP only: [`Locality::HostTcp`]). Calls with no row of
     /// their own use the `Network` rows (`collective::select`).
     Host,
     /// Ranks in separate processes of one host whose messages go over TCP loopback

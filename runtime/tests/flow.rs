@@ -724,8 +724,7 @@ fn receives_that_wait_for_small_messages_send_no_grant() {
                 .unwrap_or_else(|e| panic!("{e}")),
         );
     }
-    sim.settle(100_000)
-        .unwrap_or_else(|e| panic!("{e:?}"));
+    sim.settle(100_000).unwrap_or_else(|e| panic!("{e:?}"));
     for k in 0..5 {
         let req = Request::Send {
             tensor: Tensor::from_vec(vec![k, k]),

@@ -11,22 +11,23 @@
 //! does not write them) does not replace them: over loopback a root sending a whole tensor to
 //! every rank costs memory copies, across hosts it costs the root's link W − 1 times.
 //!
-//! The [`Locality::Host`] rows (processes of one host) were measured over TCP loopback by
-//! `bench/tune.py --transport tcp` in session 11 (raw tables in
-//! `bench/results/2026-11-24-tune-tcp-session11`): the schedules in which one rank sends at a
-//! time won at small sizes (the barrier's `direct`, the all_reduce's `reduce_broadcast` at
-//! W = 2), because an exchange in which every rank sends at once woke every reader thread at
-//! once. They hold for shared memory too (W = 2 all_reduce of 32 B to 16 KiB, session 21:
-//! 3.2–6.3 µs with `reduce_broadcast`, 8.6–9.9 with `recursive_doubling`; not isolated, most
-//! likely a frame that arrives while its receiver is between calls rings the receiving
-//! process's doorbell). Over TCP a waiting
-//! caller now reads its sockets itself and the reader threads sleep through what it takes
-//! (`transport::tcp`), so processes of one host over TCP ([`Locality::HostTcp`]) take the
-//! `Network` rows (but the barrier at W > 2, below): at W = 2, all_reduce 4 B to 1 MiB with `recursive_doubling` 9.7–13 µs
-//! against 13–16 with `reduce_broadcast`, barrier `dissemination` 9.7 against `direct` 13.5
-//! (`docs/performance.md`). Across hosts the exchange costs one link latency and the sequence
-//! two, so the `Network` rows keep the exchange. A call with no `Host` or `HostTcp` row uses
-//! the `Network` rows.
+//! The [`Locality::Host`] rows (processes of one host over shared memory) and the
+//! [`Locality::HostTcp`] rows (over TCP loopback) were measured by hand in session 21
+//! (`docs/performance.md`). Session 11's sweep over TCP (`bench/tune.py --transport tcp`, raw
+//! tables in `bench/results/2026-11-24-tune-tcp-session11`) had the sequences winning at small
+//! sizes (the barrier's `direct`, the all_reduce's `reduce_broadcast` at W = 2) because an
+//! exchange, in which every rank sends at once, woke every reader thread (over shared memory:
+//! rang every progress thread's doorbell) at once. Now a waiting caller reads its sockets and
+//! rings itself, the reader threads sleep through what it takes, and a process's doorbell
+//! stays quiet for 2 ms after its last caller left (`transport::tcp`, `transport::shm`): the
+//! exchanges win at W = 2 on both transports (all_reduce 4 B over TCP: `recursive_doubling`
+//! 9.7–9.8 µs, `reduce_broadcast` 13.2–14.2; over shared memory, 32 B to 128 KiB:
+//! `recursive_doubling` 2.4–14 µs, `reduce_broadcast` 4.3–21; the barrier: `dissemination`
+//! 9.7 / 1.7 µs, `direct` 13.5 / 2.5), so only the barrier keeps a row of its own: the
+//! exchange at W = 2, `direct` beyond (four processes on two cores: `direct` ahead in 5 of 6
+//! alternating runs over TCP, medians 52 and 83 µs). Across hosts the exchange costs one link
+//! latency and the sequence two, so the `Network` rows keep the exchange. A call with no
+//! `Host` or `HostTcp` row uses the `Network` rows.
 //!
 //! Every rank of a group looks up the same row: the locality, kind, size and W are the same
 //! on all of them. The size is one every rank computes alike: for the list-form all_gather,
@@ -123,12 +124,12 @@ const TABLE: &[Row] = &[
     row(Network, BROADCAST, ANY, ANY, BinomialTree),
     row(Network, REDUCE, ANY, ANY, BinomialTree),
     row(Network, BARRIER, ANY, ANY, Dissemination),
-    // Measured over loopback by `bench/tune.py --transport tcp` (see the module doc).
+    // Measured in session 21 over shared memory (see the module doc): the exchange at
+    // W = 2, the sequence beyond.
+    row(Host, BARRIER, 2, ANY, Dissemination),
     row(Host, BARRIER, ANY, ANY, Direct),
-    row(Host, ALL_REDUCE, 2, 256 * K, ReduceBroadcast),
-    // Measured over loopback with callers reading their sockets (session 21): the exchange
-    // at W = 2; at W = 4 on two cores the barrier's `direct` still beat `dissemination` in 5
-    // of 6 alternating runs (median 52 against 83 µs).
+    // Measured over loopback with callers reading their sockets (session 21, the module
+    // doc).
     row(HostTcp, BARRIER, 2, ANY, Dissemination),
     row(HostTcp, BARRIER, ANY, ANY, Direct),
     // Groups on several hosts, several ranks on one: only one leader per host talks across.
@@ -211,9 +212,9 @@ mod tests {
 
     #[test]
     fn processes_of_one_host_take_their_measured_rows_and_the_network_rows_for_the_rest() {
-        assert_eq!(select(OpKind::Barrier, 0, 2, Host), Direct);
+        assert_eq!(select(OpKind::Barrier, 0, 2, Host), Dissemination);
         assert_eq!(select(OpKind::Barrier, 0, 8, Host), Direct);
-        assert_eq!(select(OpKind::AllReduce, 4, 2, Host), ReduceBroadcast);
+        assert_eq!(select(OpKind::AllReduce, 4, 2, Host), RecursiveDoubling);
         // No Host row: the Network row.
         assert_eq!(select(OpKind::AllReduce, 4, 4, Host), RecursiveDoubling);
         assert_eq!(select(OpKind::AllReduce, 64 * M, 2, Host), Ring);

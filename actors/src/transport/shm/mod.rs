@@ -19,7 +19,12 @@
 //! reads the rings on every turn of its spin ([`Poller`]), so a small call crosses no thread;
 //! otherwise the process's progress thread, which parks on a futex in its segment (the
 //! doorbell) and uses no CPU while the job is idle. A sender rings the doorbell only when
-//! the receiving process has no caller reading and its thread is parked.
+//! the receiving process has no caller reading and its thread is parked. The segment's
+//! "a caller reads" word stays raised for up to 2 ms ([`LINGER`]) after the last caller left,
+//! so a frame that comes between two calls of a caller (an exchange, in which both sides send
+//! at once) rings nothing: the caller takes it a moment later. The progress thread looks at
+//! least that often while the word is raised and lowers it once no caller came for a whole
+//! wait; a caller that parks with its call not done lowers it as it leaves.
 //!
 //! **Loss.** The TCP connection of each pair stays open beside the rings, carrying heartbeats:
 //! a process that dies, or stops, is lost as over TCP (at once for a `kill -9`, which closes
@@ -59,7 +64,7 @@ use collectix_runtime::{Error, Result};
 use collectix_runtime::{GroupId, GroupInfo};
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -246,8 +251,14 @@ struct Inner {
     /// the pumping lets go of those the receivers have read.
     lending: AtomicBool,
     /// Callers of this rank reading the rings now (this process's own count; the segment's
-    /// `polling`, which peers read, mirrors it, and a peer may scribble on that one).
+    /// `polling`, which peers read, stays raised for up to [`LINGER`] after the last one
+    /// left, and a peer may scribble on that one).
     polling: AtomicU32,
+    /// Counts callers' entries (the progress thread lowers the segment's `polling` once it
+    /// stopped moving).
+    looks: AtomicU64,
+    /// A caller that is about to park asked for `polling` to be lowered as it leaves.
+    parking: AtomicBool,
     /// The rank (weak: the driver holds this as its poller).
     driver: Weak<Driver>,
     pool: Pool,
@@ -445,6 +456,8 @@ impl Hub {
             in_progress: AtomicUsize::new(0),
             lending: AtomicBool::new(false),
             polling: AtomicU32::new(0),
+            looks: AtomicU64::new(0),
+            parking: AtomicBool::new(false),
             driver: Arc::downgrade(driver),
             pool: Pool::new(crate::transport::tcp::RECV_POOL_BYTES),
             closing: AtomicBool::new(false),
@@ -541,6 +554,13 @@ impl Link<Message> for Closed {
 
 /// How long the progress thread parks at most before it looks whether the hub is closing.
 const PARK: Duration = Duration::from_millis(500);
+/// How long the segment's `polling` stays raised after the last caller left, at most: a
+/// frame sent meanwhile rings no doorbell (a caller that comes back a moment later takes it,
+/// as it does between two calls), and the progress thread looks at least this often while it
+/// is raised, lowering it once no caller came for a whole wait. A call left to the
+/// background is so delayed by at most about twice this; a caller that parks lowers it as it
+/// leaves.
+const LINGER: Duration = Duration::from_millis(2);
 
 impl Inner {
     /// Reads the rings and hands what came to the rank with `deliver` (at most [`BURST`]
@@ -713,10 +733,33 @@ impl Inner {
             }))
             .unwrap_or(true);
             drop(driver);
-            if self.polling.load(Ordering::SeqCst) > 0 || (!self.has_work() && !board) {
+            if self.polling.load(Ordering::SeqCst) > 0
+                || self.own.polling().load(Ordering::SeqCst) != 0
+            {
+                // Callers read (or did a moment ago, and `polling` still says so): look again
+                // within the linger, and lower `polling` once no caller came for a whole wait
+                // (senders ring from then on; what came before is read by the next turn).
+                let before = self.looks.load(Ordering::SeqCst);
+                os::wait(self.own.doorbell(), bell, LINGER);
+                if self.polling.load(Ordering::SeqCst) == 0
+                    && self.looks.load(Ordering::SeqCst) == before
+                {
+                    self.lower();
+                }
+            } else if !self.has_work() && !board {
                 os::wait(self.own.doorbell(), bell, PARK);
             }
             self.own.sleeping().store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Lowers the segment's `polling` (senders ring the doorbell from now on), unless a
+    /// caller came in meanwhile.
+    fn lower(&self) {
+        self.own.polling().store(0, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.polling.load(Ordering::SeqCst) > 0 {
+            self.own.polling().store(1, Ordering::SeqCst);
         }
     }
 
@@ -733,6 +776,7 @@ impl Inner {
 
 impl Poller for Inner {
     fn enter(&self) {
+        self.looks.fetch_add(1, Ordering::SeqCst);
         self.polling.fetch_add(1, Ordering::SeqCst);
         self.own.polling().store(1, Ordering::SeqCst);
     }
@@ -741,13 +785,19 @@ impl Poller for Inner {
         self.poll_now()
     }
 
+    /// The last caller out leaves `polling` raised (the progress thread lowers it within
+    /// [`LINGER`]), unless it parks: then it lowers it, and takes what a sender published
+    /// before it saw no reader (after that, the sender rings).
     fn leave(&self) {
-        if self.polling.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.own.polling().store(0, Ordering::SeqCst);
+        let last = self.polling.fetch_sub(1, Ordering::SeqCst) == 1;
+        if last && self.parking.swap(false, Ordering::SeqCst) {
+            self.lower();
+            self.poll_now();
         }
-        std::sync::atomic::fence(Ordering::SeqCst);
-        // What a sender published before it saw no reader is taken here; after, it rings.
-        self.poll_now();
+    }
+
+    fn parking(&self) {
+        self.parking.store(true, Ordering::SeqCst);
     }
 
     fn drain(&self) {
