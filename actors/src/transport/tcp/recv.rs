@@ -31,6 +31,8 @@ const BIG_PART: usize = 64 << 20;
 /// wakes the reader again. A call left to the background is so delayed by at most about
 /// twice this much (a caller that parks wakes the reader itself).
 const LINGER: Duration = Duration::from_millis(2);
+/// Most messages a caller's step hands over before it goes back to its call.
+const BURST: usize = 64;
 /// Frames of at least this many payload bytes are read by the reader thread, not by a
 /// polling caller: the caller goes on with its call (sends, reductions) while the kernel
 /// copies the frame on another thread, and the reader thread's wake-up is small beside the
@@ -263,6 +265,7 @@ impl Rx {
 
     fn step_inner(&mut self, deliver: &mut dyn FnMut(Message)) -> Result<bool, String> {
         let mut came = false;
+        let mut handed = 0;
         loop {
             if self.frame.is_some() {
                 match self.fill()? {
@@ -271,6 +274,12 @@ impl Rx {
                 }
                 // Parts read straight from the socket count as bytes that came.
                 came = true;
+                handed += 1;
+                if self.caller && handed >= BURST {
+                    // A caller goes back to its call (its rank runs what came) before it
+                    // reads more: a peer that keeps sending cannot keep it here.
+                    return Ok(true);
+                }
                 continue;
             }
             match codec::decode_head(&mut self.buf, &self.limits) {
@@ -581,4 +590,84 @@ fn recv_now(s: &TcpStream, dst: &mut [u8]) -> std::io::Result<usize> {
 #[cfg(not(unix))]
 fn recv_now(mut s: &TcpStream, dst: &mut [u8]) -> std::io::Result<usize> {
     std::io::Read::read(&mut s, dst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use collectix_runtime::wire::Header;
+    use collectix_runtime::{DType, GroupId};
+    use std::io::Write;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    /// Counts what reaches the rank, by the way it came.
+    #[derive(Default)]
+    struct Count {
+        read: AtomicUsize,
+        driven: AtomicUsize,
+    }
+
+    impl Inbound for Count {
+        fn deliver(&self, _: usize, _: Message) {
+            self.read.fetch_add(1, Ordering::SeqCst);
+        }
+        fn deliver_driving(&self, _: usize, _: Message) {
+            self.driven.fetch_add(1, Ordering::SeqCst);
+        }
+        fn flush(&self, _: usize) {}
+        fn lost(&self, _: usize) {}
+    }
+
+    #[test]
+    fn a_callers_step_hands_over_at_most_a_burst_and_then_the_rest() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let mut a = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+        let (b, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
+        let n = 3 * BURST + 5;
+        let mut bytes = Vec::new();
+        for seq in 0..n as u64 {
+            let msg = Message {
+                src: 0,
+                header: Header::P2p {
+                    group: GroupId::WORLD,
+                    tag: 0,
+                    seq,
+                    dtype: DType::U8,
+                    count: 1,
+                    eager: true,
+                    path: collectix_runtime::DataPath::Engine,
+                },
+                payload: vec![bytes::Bytes::from(vec![seq as u8])],
+            };
+            bytes.extend_from_slice(&codec::encode(&msg).to_contiguous());
+        }
+        a.write_all(&bytes).unwrap_or_else(|e| panic!("{e}"));
+        let count = Arc::new(Count::default());
+        let rx = Receiving::new(
+            b.try_clone().unwrap_or_else(|e| panic!("{e}")),
+            b,
+            1,
+            Limits::default(),
+            Pool::new(1 << 20),
+            count.clone(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        // Every byte is in the socket before the first step (a peer that keeps sending).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut steps = Vec::new();
+        while count.driven.load(Ordering::SeqCst) < n && Instant::now() < deadline {
+            let before = count.driven.load(Ordering::SeqCst);
+            rx.poll();
+            let got = count.driven.load(Ordering::SeqCst) - before;
+            assert!(got <= BURST, "one step handed over {got}");
+            if got > 0 {
+                steps.push(got);
+            }
+        }
+        assert_eq!(count.driven.load(Ordering::SeqCst), n, "steps: {steps:?}");
+        assert_eq!(count.read.load(Ordering::SeqCst), 0);
+        assert!(steps.len() >= 4, "steps: {steps:?}");
+    }
 }
