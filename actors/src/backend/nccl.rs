@@ -100,12 +100,21 @@ fn group_worker(member: &Member) -> Result<crossbeam_channel::Sender<Job>> {
 /// A call on CUDA tensors that failed on this rank before its agreement step: it takes its
 /// NCCL ordinal and its sequence number, as it would have (so the group's next call is the
 /// next on every member), and the other members hear at once (`Member::refuse`): their
-/// agreement steps fail with `Error::CallFailed`.
+/// agreement steps fail with `Error::CallFailed`. The group's worker is told that the
+/// ordinal never runs, or it would wait for it before every later call.
 pub(super) fn refuse<T: Send + 'static>(member: &Member, e: Error) -> Work<T> {
     let mut n = lock(&member.group.nccl_calls);
+    let k = *n;
     *n += 1;
     let w = member.refuse(false, e);
     drop(n);
+    // Without a worker (libnccl cannot be loaded) no NCCL call of the group ever runs.
+    if let Ok(tx) = group_worker(member) {
+        let _ = tx.send(Job::Skip {
+            group: member.group.info.id,
+            k,
+        });
+    }
     w
 }
 
@@ -172,8 +181,10 @@ pub(crate) fn call<T: Send + 'static>(
     let plan = match Plan::new(req, info, opts) {
         Ok(p) => p.with_path(DataPath::Nccl),
         Err(e) => {
-            // The numbers are taken: the members hear, as from `refuse`.
+            // The numbers are taken: the members hear, as from `refuse`, and the worker
+            // skips the ordinal.
             member.rank.driver.fail_call(info.id, seq, &e);
+            let _ = tx.send(Job::Skip { group: info.id, k });
             return member.ready(Err(e));
         }
     };
