@@ -270,6 +270,78 @@ fn results_never_write_over_a_tensor_the_caller_kept() {
     assert_eq!(host(parts[0].clone()), Some(vec![1.0, 2.0, 3.0]));
 }
 
+/// The device address of `t`'s first byte.
+fn address(t: &Tensor) -> Option<u64> {
+    use collectix::device::cuda::cudarc::driver::DevicePtr;
+    let (buf, range) = t
+        .device_storage()?
+        .as_any()
+        .downcast_ref::<collectix::device::cuda::CudaStorage>()?
+        .slice()?;
+    let (p, _record) = buf.device_ptr(buf.stream());
+    Some(p + range.start as u64)
+}
+
+#[test]
+fn an_output_dropped_is_reused_and_one_still_held_is_not() {
+    if !gpu() {
+        return;
+    }
+    let world = World::local(1).unwrap_or_else(|e| panic!("{e}"));
+    let c = &world.communicators()[0];
+    let n = 1 << 16;
+    let values = |k: f32| (0..n).map(|i| (i % 1000) as f32 * k).collect::<Vec<f32>>();
+    let x = to_gpu(Tensor::from_vec(values(1.0)));
+    let host = |t: &Tensor| t.to_host().and_then(|t| t.to_vec::<f32>()).ok();
+    let call = |k: f32| {
+        c.all_reduce(x.clone(), ReduceOp::PremulSum(f64::from(k)))
+            .wait()
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    // An output dropped goes back to the group's bin; the next output of its size takes it.
+    let a = call(1.0);
+    let a_at = address(&a);
+    assert!(a_at.is_some());
+    drop(a);
+    let b = call(2.0);
+    assert_eq!(
+        address(&b),
+        a_at,
+        "the dropped output's buffer was not reused"
+    );
+    assert_eq!(host(&b), Some(values(2.0)));
+    // A buffer still held through `slice()` is never handed out again.
+    let held = b
+        .device_storage()
+        .and_then(|s| {
+            s.as_any()
+                .downcast_ref::<collectix::device::cuda::CudaStorage>()
+        })
+        .and_then(|s| s.slice())
+        .map(|(buf, _)| buf.clone())
+        .unwrap_or_else(|| panic!("no device buffer"));
+    drop(b);
+    let d = call(3.0);
+    assert_ne!(address(&d), a_at, "a held buffer was reused");
+    assert_eq!(host(&d), Some(values(3.0)));
+    let bytes = held
+        .stream()
+        .clone_dtoh(&*held)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let kept: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(kept, values(2.0), "a held buffer was written over");
+    // Many outputs alive at once, dropped, then as many again: right values each time.
+    for round in 0..3 {
+        let outs: Vec<Tensor> = (0..8).map(|i| call((round * 8 + i) as f32)).collect();
+        for (i, o) in outs.iter().enumerate() {
+            assert_eq!(host(o), Some(values((round * 8 + i) as f32)));
+        }
+    }
+}
+
 #[test]
 fn an_nccl_operation_past_its_timeout_aborts_the_communicator() {
     if !gpu() {

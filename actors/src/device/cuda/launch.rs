@@ -3,9 +3,9 @@
 //! (valid once the stream reaches the event the worker records next) and the inputs, which
 //! the worker keeps until then.
 
-use super::ffi::driver::OwnedPool;
 use super::nccl::{Comm, DevMem, Enqueue, RedOp};
 use super::plan::{red_op, Exchange, NcclOp, OutputLayout};
+use super::pool::{Bin, Pool};
 use super::{cuda_err, storage_of, CudaStorage};
 use collectix_runtime::{DType, Output, Result, Tensor, TensorSpec};
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -22,7 +22,7 @@ impl NcclOp {
         self,
         comm: &Comm,
         stream: &Arc<CudaStream>,
-        pool: &OwnedPool,
+        pool: &Pool,
         ordinal: u32,
         dtype: DType,
         rank: usize,
@@ -65,7 +65,7 @@ struct Launch<'c> {
     q: Enqueue<'c>,
     stream: &'c Arc<CudaStream>,
     /// Where outputs (and staging buffers) come from.
-    pool: &'c OwnedPool,
+    pool: &'c Pool,
     ordinal: u32,
 }
 
@@ -85,7 +85,7 @@ impl Launch<'_> {
 
     /// `buf` as the call's output, laid out as `layout`.
     fn output(&self, buf: Option<CudaSlice<u8>>, layout: OutputLayout) -> Result<Output> {
-        as_output(buf, self.ordinal, self.q.dtype, layout)
+        as_output(buf, self.ordinal, self.q.dtype, layout, self.pool.bin())
     }
 
     /// all_reduce written over its input, which nobody else holds (`sole_owner`): the result
@@ -305,12 +305,14 @@ impl Launch<'_> {
     }
 }
 
-/// The output of a call: `buf` viewed as `layout` says.
+/// The output of a call: `buf` viewed as `layout` says, going back to `home` when its last
+/// handle goes.
 pub(crate) fn as_output(
     buf: Option<CudaSlice<u8>>,
     ordinal: u32,
     dtype: DType,
     layout: OutputLayout,
+    home: &Arc<Bin>,
 ) -> Result<Output> {
     let buf = buf.map(Arc::new);
     let tensor = |offset: usize, shape: &[usize]| -> Result<Tensor> {
@@ -318,7 +320,7 @@ pub(crate) fn as_output(
             .numel()?
             .saturating_mul(dtype.size());
         let storage = match &buf {
-            Some(b) if bytes > 0 => CudaStorage::view(b, offset, bytes)?,
+            Some(b) if bytes > 0 => CudaStorage::view(b, offset, bytes, Some(home))?,
             _ => CudaStorage::empty(ordinal),
         };
         Tensor::from_device_storage(Arc::new(storage), dtype, shape)

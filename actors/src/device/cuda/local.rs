@@ -28,9 +28,9 @@
 
 mod exec;
 
-use super::ffi::driver::OwnedPool;
 use super::ffi::fold::FoldKernels;
 use super::plan::NcclOp;
+use super::pool::Pool;
 use super::{context, cuda_err};
 use crate::sync::lock;
 use collectix_runtime::{DType, Error, GroupId, Output, Result, Tensor};
@@ -67,7 +67,7 @@ struct HubState {
 struct DeviceKit {
     ctx: Arc<CudaContext>,
     kernels: FoldKernels,
-    pool: OwnedPool,
+    pool: Pool,
 }
 
 /// One rank's part of a call.
@@ -228,7 +228,7 @@ impl LocalHub {
             None => {
                 let ctx = context(ordinal)?;
                 let kernels = FoldKernels::load(&ctx)?;
-                let pool = OwnedPool::new(&ctx)?;
+                let pool = Pool::new(&ctx)?;
                 let k = Arc::new(DeviceKit { ctx, kernels, pool });
                 hub.devices.insert(ordinal, k.clone());
                 k

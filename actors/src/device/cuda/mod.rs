@@ -5,9 +5,10 @@
 //! - `plan.rs`: each collective as NCCL runs it (checks, fingerprint, `NcclOp`);
 //!   `local.rs`: the same operations run by the ranks of one process on one GPU, with device
 //!   copies and a reduction kernel (`kernels/fold.cu`), without NCCL;
-//!   `launch.rs`: enqueueing an operation, one function per kind; `worker`: the device
-//!   worker thread, which owns a group's (or a lane's) NCCL communicator and completes a call
-//!   when its CUDA event fires. The NCCL backend (`backend/nccl.rs`) drives them.
+//!   `launch.rs`: enqueueing an operation, one function per kind; `pool.rs`: where outputs
+//!   come from (collectix's own memory pool, and a bin of outputs given back for reuse);
+//!   `worker`: the device worker thread, which owns a group's (or a lane's) NCCL
+//!   communicator and completes a call when its CUDA event fires. The NCCL backend (`backend/nccl.rs`) drives them.
 //! - `ffi/`: the audited FFI (libnccl, and the CUDA driver calls cudarc marks unsafe): the
 //!   only code of the crate allowed `unsafe`.
 //! - [`nccl`]: the library, loaded with a search of our own (see `docs/gpu.md`).
@@ -19,6 +20,7 @@ mod ffi;
 mod launch;
 pub(crate) mod local;
 mod plan;
+mod pool;
 pub(crate) mod worker;
 
 pub use ffi::nccl;
@@ -84,6 +86,9 @@ pub struct CudaStorage {
     offset: usize,
     len: usize,
     ordinal: u32,
+    /// For a call's output: the bin of the pool it came from, where the buffer goes back when
+    /// its last handle goes (see `pool.rs`).
+    home: Option<Arc<pool::Bin>>,
 }
 
 impl CudaStorage {
@@ -95,11 +100,18 @@ impl CudaStorage {
             offset: 0,
             len,
             ordinal,
+            home: None,
         }
     }
 
-    /// `len` bytes at `offset` of `buf` (checked).
-    pub(crate) fn view(buf: &Arc<CudaSlice<u8>>, offset: usize, len: usize) -> Result<CudaStorage> {
+    /// `len` bytes at `offset` of `buf` (checked), an output whose buffer goes back to `home`
+    /// when its last handle goes.
+    pub(crate) fn view(
+        buf: &Arc<CudaSlice<u8>>,
+        offset: usize,
+        len: usize,
+        home: Option<&Arc<pool::Bin>>,
+    ) -> Result<CudaStorage> {
         if offset.checked_add(len).is_none_or(|end| end > buf.len()) {
             return Err(Error::internal("device view out of bounds"));
         }
@@ -108,6 +120,7 @@ impl CudaStorage {
             offset,
             len,
             ordinal: buf.ordinal() as u32,
+            home: home.cloned(),
         })
     }
 
@@ -118,6 +131,7 @@ impl CudaStorage {
             offset: 0,
             len: 0,
             ordinal,
+            home: None,
         }
     }
 
@@ -142,6 +156,18 @@ impl CudaStorage {
             .synchronize()
             .map_err(cuda_err("cuStreamSynchronize"))?;
         Ok(bytes::Bytes::from(v))
+    }
+}
+
+impl Drop for CudaStorage {
+    fn drop(&mut self) {
+        // The last handle on an output's buffer puts it back in its pool's bin (whoever
+        // holds a clone of the `Arc` from `slice()` keeps it, and the driver frees it then).
+        if let (Some(home), Some(buf)) = (self.home.take(), self.buf.take()) {
+            if let Some(buf) = Arc::into_inner(buf) {
+                home.give(buf);
+            }
+        }
     }
 }
 

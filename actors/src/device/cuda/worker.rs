@@ -16,10 +16,10 @@
 //! asynchronous error, or a call still running past its timeout, aborts the communicator
 //! (never a hang) and fails that call and every later one on the group.
 
-use super::ffi::driver::OwnedPool;
 use super::local::Slot;
 use super::nccl::{Comm, Nccl};
 use super::plan::NcclOp;
+use super::pool::Pool;
 use super::{context, cuda_err};
 use crate::rank::driver::Done;
 use collectix_runtime::{DeviceError, Error, GroupId, OpKind, Output, Result, Tensor};
@@ -164,7 +164,7 @@ enum CommState {
         comm: Comm,
         stream: Arc<CudaStream>,
         /// The group's outputs come from here (memory kept for reuse).
-        pool: OwnedPool,
+        pool: Pool,
         ctx: Arc<CudaContext>,
         device: u32,
     },
@@ -543,7 +543,7 @@ fn launch(
             }
         };
         let stream = ctx.new_stream().map_err(cuda_err("cuStreamCreate"))?;
-        let pool = OwnedPool::new(&ctx)?;
+        let pool = Pool::new(&ctx)?;
         *state = CommState::Ready {
             comm,
             stream,

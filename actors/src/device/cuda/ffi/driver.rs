@@ -38,7 +38,8 @@ pub(crate) fn retain_pool_memory(ctx: &CudaContext) -> Result<()> {
     Ok(())
 }
 
-/// A memory pool of collectix's own on one device, from which call outputs are allocated:
+/// A memory pool of collectix's own on one device, from which call outputs are allocated
+/// (through `pool::Pool`, which reuses outputs given back before it asks this pool):
 /// it keeps the memory its allocations free (release threshold: the maximum), as a caching
 /// allocator does, so a loop of out-of-place calls reuses the same memory instead of mapping
 /// fresh memory at every synchronisation (what the device's default pool does with its

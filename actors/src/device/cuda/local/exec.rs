@@ -1,10 +1,10 @@
 //! The executor of a device-local call: what each operation becomes on the GPU, enqueued
 //! on the group's stream by the rank whose part completed the call's slot (`local.rs`).
 
-use super::super::ffi::driver::OwnedPool;
 use super::super::ffi::fold::{Fold, FoldKernels, Span, MAX_PTRS};
 use super::super::launch::{as_output, sole_owner};
 use super::super::plan::{Exchange, NcclOp, OutputLayout};
+use super::super::pool::Pool;
 use super::super::{cuda_err, storage_of};
 use collectix_runtime::{DType, Error, OpKind, Output, ReduceOp, Result, Tensor, TensorSpec};
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -15,7 +15,7 @@ use std::sync::Arc;
 pub(super) struct Executor<'a> {
     pub(super) stream: &'a Arc<CudaStream>,
     pub(super) kernels: &'a FoldKernels,
-    pub(super) pool: &'a OwnedPool,
+    pub(super) pool: &'a Pool,
     pub(super) ordinal: u32,
     pub(super) dtype: DType,
     pub(super) size: usize,
@@ -80,7 +80,7 @@ impl Executor<'_> {
     }
 
     fn output(&self, buf: Option<CudaSlice<u8>>, layout: OutputLayout) -> Result<Output> {
-        as_output(buf, self.ordinal, self.dtype, layout)
+        as_output(buf, self.ordinal, self.dtype, layout, self.pool.bin())
     }
 
     /// Copies bytes `from` of `src` to bytes `at..` of `dst`.
