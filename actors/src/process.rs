@@ -173,7 +173,7 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         None => Transport::from_env()?,
     };
     let (rank, world) = (config.rank, config.world_size);
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::sync::deadline_after(timeout);
     let left = || deadline.saturating_duration_since(Instant::now());
     // 1. The store.
     let (store, server, store_host): (Arc<dyn Store>, _, Option<String>) = match &config.rendezvous

@@ -115,7 +115,7 @@ pub struct JobStatus {
 pub fn job_status(store: &dyn Store, world: usize, within: Duration) -> Result<JobStatus> {
     let n = store.add(REQUESTS, 1)?;
     store.set(&request_key(n), Vec::new())?;
-    let deadline = Instant::now() + within;
+    let deadline = crate::sync::deadline_after(within);
     let mut answers: BTreeMap<usize, String> = BTreeMap::new();
     while answers.len() < world && Instant::now() < deadline {
         let missing: Vec<usize> = (0..world).filter(|r| !answers.contains_key(r)).collect();

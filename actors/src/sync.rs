@@ -15,6 +15,18 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `d` from now; when `d` is longer than the clock can count (`Duration::MAX` for "no end"),
+/// as far ahead as it can (more than thirty years), instead of the panic of `Instant + d`.
+pub(crate) fn deadline_after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d).unwrap_or_else(|| {
+        [1_000_000_000u64, 1_000_000, 1_000]
+            .into_iter()
+            .find_map(|s| now.checked_add(Duration::from_secs(s)))
+            .unwrap_or(now)
+    })
+}
+
 /// How long [`wake_acceptor`] tries.
 pub(crate) const WAKE_TIMEOUT: Duration = Duration::from_secs(2);
 

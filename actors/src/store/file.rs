@@ -131,7 +131,7 @@ impl FileStore {
         what: impl Fn(&Map) -> String,
         f: impl Fn(&Map) -> Option<T>,
     ) -> Result<T> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::sync::deadline_after(timeout);
         let mut pause = Duration::from_millis(1);
         loop {
             let (found, missing) = self.locked(false, |m| Ok(((f(m), what(m)), false)))?;

@@ -32,7 +32,8 @@ pub trait Store: Send + Sync {
     /// ([`Error::StoreTimeout`] naming the key after that).
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>>;
     /// Adds `delta` to the integer at `key` (0 if unset; the value is its decimal text, as in
-    /// torch) and returns the new value.
+    /// torch) and returns the new value; a sum outside `i64` is [`Error::InvalidArgument`] and
+    /// leaves the value as it was (torch wraps).
     fn add(&self, key: &str, delta: i64) -> Result<i64>;
     /// torch's `compare_set`: sets `key` to `desired` if its value is `expected`, or if it is
     /// unset and `expected` is empty, and returns `desired`; otherwise changes nothing and
@@ -57,7 +58,13 @@ pub(crate) fn add_in(map: &mut HashMap<String, Vec<u8>>, key: &str, delta: i64) 
             .and_then(|s| s.parse::<i64>().ok())
             .ok_or_else(|| Error::invalid(format!("store: value of {key} is not an integer")))?,
     };
-    let new = cur.wrapping_add(delta);
+    // torch's TCPStore wraps (C++ signed overflow); a counter that wraps silently would
+    // hand out a value already given, so the call fails and the value stays.
+    let new = cur.checked_add(delta).ok_or_else(|| {
+        Error::invalid(format!(
+            "store: adding {delta} to {key} ({cur}) overflows a 64-bit integer"
+        ))
+    })?;
     map.insert(key.to_owned(), new.to_string().into_bytes());
     Ok(new)
 }
@@ -100,7 +107,7 @@ impl Table {
         what: &str,
         mut f: impl FnMut(&HashMap<String, Vec<u8>>) -> Option<T>,
     ) -> Result<T> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::sync::deadline_after(timeout);
         let mut map = self.lock();
         loop {
             if let Some(v) = f(&map) {

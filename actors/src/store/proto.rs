@@ -58,6 +58,29 @@ pub(crate) enum Request {
 }
 
 impl Request {
+    /// The bytes of keys and values it carries: a lower bound on its frame's size, known
+    /// without encoding it.
+    pub(crate) fn carried_bytes(&self) -> usize {
+        match self {
+            Request::Set { key, value } => key.len().saturating_add(value.len()),
+            Request::CompareSet {
+                key,
+                expected,
+                desired,
+            } => key
+                .len()
+                .saturating_add(expected.len())
+                .saturating_add(desired.len()),
+            Request::Get { key, .. } | Request::Add { key, .. } | Request::Delete { key } => {
+                key.len()
+            }
+            Request::Wait { keys, .. } | Request::Check { keys } => {
+                keys.iter().fold(0usize, |n, k| n.saturating_add(k.len()))
+            }
+            Request::Hello { .. } | Request::NumKeys => 0,
+        }
+    }
+
     /// Whether sending it twice does what sending it once does (a client retries these on a
     /// fresh connection when the old one broke mid-request).
     pub(crate) fn idempotent(&self) -> bool {

@@ -125,7 +125,7 @@ impl TcpStoreServer {
     /// that serves the store and is about to stop gives the others the time to finish
     /// with it.)
     pub fn wait_idle(&self, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
+        let deadline = crate::sync::deadline_after(within);
         while self.clients() > 0 {
             if Instant::now() >= deadline {
                 return false;
@@ -311,7 +311,7 @@ impl TcpStore {
 
     /// A new connection, hello exchanged.
     fn open(&self) -> Result<TcpStream> {
-        let deadline = Instant::now() + self.connect_timeout;
+        let deadline = crate::sync::deadline_after(self.connect_timeout);
         let mut last = String::from("no address");
         loop {
             let addrs: Vec<SocketAddr> = match self.addr.to_socket_addrs() {
@@ -377,6 +377,15 @@ impl TcpStore {
 
     /// Sends `req`, which the server may hold for up to `wait`, and returns the answer.
     fn call(&self, req: Request, wait: Duration) -> Result<Response> {
+        // Refused here, before anything is sent: the server would refuse the frame (and a
+        // failed write would look like a broken connection).
+        let carried = req.carried_bytes();
+        if carried > proto::MAX_FRAME {
+            return Err(Error::invalid(format!(
+                "store: a request carrying {carried} bytes of keys and values; a store message carries at most {} bytes",
+                proto::MAX_FRAME
+            )));
+        }
         let mut conn = lock(&self.conn);
         for attempt in 0..2 {
             let s = match conn.as_mut() {
@@ -385,6 +394,12 @@ impl TcpStore {
             };
             let _ = s.set_read_timeout(Some(wait.saturating_add(ANSWER_SLACK)));
             let written = proto::write(s, &req);
+            if let Err(e) = &written {
+                if e.kind() == std::io::ErrorKind::InvalidInput {
+                    // Nothing was sent: the message cannot be encoded within the limit.
+                    return Err(Error::invalid(format!("store: {e}")));
+                }
+            }
             let sent = written.is_ok();
             let answer = match written {
                 Ok(()) => proto::read::<Response>(s),

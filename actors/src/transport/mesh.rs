@@ -192,7 +192,7 @@ impl Shared {
             Err(Refused::Duplicate) => {
                 // The peer (a lower rank) is connecting to this one: its connection comes.
                 drop(s);
-                let deadline = Instant::now() + within;
+                let deadline = crate::sync::deadline_after(within);
                 while Instant::now() < deadline {
                     if matches!(*lock(&self.slots[peer]), Slot::Up(_)) {
                         return Ok(());
@@ -566,7 +566,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 
 /// Connects to `addr`, retrying while nobody listens there yet, for at most `within`.
 pub(crate) fn connect_retrying(addr: &str, within: Duration) -> std::io::Result<TcpStream> {
-    let deadline = Instant::now() + within;
+    let deadline = crate::sync::deadline_after(within);
     loop {
         let attempt = addr
             .to_socket_addrs()
@@ -627,7 +627,7 @@ mod tests {
         drop(gone);
         let mut m = mesh(l0, 0, vec![a0, a1.clone()], 7);
         let within = Duration::from_millis(200);
-        match m.connect_all(Instant::now() + within, within) {
+        match m.connect_all(crate::sync::deadline_after(within), within) {
             Err(Error::Link {
                 rank: 1,
                 addr,
@@ -646,7 +646,7 @@ mod tests {
         let mut other = mesh(l1, 1, vec![a0.clone(), a1.clone()], 8);
         let mut m = mesh(l0, 0, vec![a0, a1], 7);
         let within = Duration::from_secs(5);
-        match m.connect_all(Instant::now() + within, within) {
+        match m.connect_all(crate::sync::deadline_after(within), within) {
             Err(Error::Link {
                 rank: 1,
                 failure: LinkFailure::Refused { reason },

@@ -32,11 +32,20 @@ impl Planner<'_> {
     /// Plans `recv`.
     pub(super) fn recv(&self, spec: TensorSpec, src: Option<usize>, tag: u32) -> Result<Plan> {
         let (w, me) = (self.w(), self.g.rank);
-        if let Some(s) = src {
-            self.g.check_rank(s, "source")?;
-            if s == me {
-                return Err(Error::invalid("a rank cannot receive from itself"));
+        match src {
+            Some(s) => {
+                self.g.check_rank(s, "source")?;
+                if s == me {
+                    return Err(Error::invalid("a rank cannot receive from itself"));
+                }
             }
+            // Nobody could ever send it anything: refused now, not at its timeout.
+            None if w < 2 => {
+                return Err(Error::invalid(
+                    "a receive from any source in a group of one: no other member can send",
+                ))
+            }
+            None => {}
         }
         let fp = p2p_fp(OpKind::Recv, spec.dtype, spec.numel()? as u64);
         Ok(Plan {

@@ -365,7 +365,7 @@ impl Worker {
                                 _keep: keep,
                             },
                             done,
-                            deadline: Instant::now() + timeout,
+                            deadline: crate::sync::deadline_after(timeout),
                             kind,
                             timeout,
                         }),
@@ -505,7 +505,7 @@ fn watch(c: LocalCall) -> InFlight {
             timeout_error,
         },
         done,
-        deadline: Instant::now() + timeout,
+        deadline: crate::sync::deadline_after(timeout),
         kind,
         timeout,
     }

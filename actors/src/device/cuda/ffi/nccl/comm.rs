@@ -34,7 +34,7 @@ impl Comm {
     /// Waits (polling, at most `limit`) until the communicator is no longer in progress, and
     /// reports its state.
     pub(super) fn settle(&self, call: &str) -> Result<()> {
-        let deadline = std::time::Instant::now() + self.limit;
+        let deadline = crate::sync::deadline_after(self.limit);
         loop {
             let mut e: c_int = SUCCESS;
             // SAFETY: `raw` is a live communicator; `e` a valid out-pointer.
