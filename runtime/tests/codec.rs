@@ -446,3 +446,35 @@ fn a_header_with_trailing_bytes_or_a_bad_code_is_an_error() {
         Err(DecodeError::Code(_))
     ));
 }
+
+#[test]
+fn a_bad_header_is_refused_before_its_payload_arrives() {
+    // A p2p frame declaring 1 MiB of payload whose header names no dtype: `decode` refuses it
+    // once the head is there, as `decode_head` does, instead of waiting for the payload.
+    let p2p = Message {
+        src: 0,
+        header: Header::P2p {
+            group: GroupId(1),
+            tag: 0,
+            seq: 0,
+            dtype: DType::U8,
+            count: 1 << 20,
+            eager: true,
+            path: collectix_runtime::DataPath::Engine,
+        },
+        payload: vec![Bytes::from(vec![0u8; 1 << 20])],
+    };
+    let full = encode(&p2p).to_contiguous();
+    let head_len = full.len() - (1 << 20);
+    let dtype_at = 12 + 8 + 8 + 4 + 8;
+    let mut b = BytesMut::from(&full[..head_len]);
+    assert!(b[dtype_at] != 0, "the dtype byte is not where this test expects it");
+    b[dtype_at] = 0;
+    assert!(
+        matches!(decode(&mut b, &Limits::default()), Err(DecodeError::Code(_))),
+        "a bad header waited for its payload"
+    );
+    // With the header intact, the same bytes are a frame still arriving.
+    let mut ok = BytesMut::from(&full[..head_len]);
+    assert_eq!(decode(&mut ok, &Limits::default()), Ok(None));
+}

@@ -123,6 +123,12 @@ pub fn decode(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Decoded>, De
         return Ok(None);
     };
     if buf.len() < p.total {
+        // A header that arrived whole is checked now, not once its payload (up to the
+        // limits: gigabytes) is there, as `decode_head` checks it.
+        let head = PREFIX_BYTES + 8 * p.parts.len();
+        if let Some(h) = buf.get(head..head + p.header) {
+            read_header(p.kind, Bytes::copy_from_slice(h))?;
+        }
         return Ok(None);
     }
     let mut frame = buf.split_to(p.total);
