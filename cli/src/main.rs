@@ -69,7 +69,19 @@ struct ExecArgs {
     program: Vec<String>,
 }
 
+/// collectix's warnings on stderr (a client the store dropped, a handshake refused, a lost
+/// peer), or what `RUST_LOG` asks for.
+fn logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("collectix=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 fn main() -> ExitCode {
+    logging();
     match Cli::parse().command {
         Command::Bench(a) => bench::main(&a),
         Command::Launch(a) => ExitCode::from(launch::run(&a)),
