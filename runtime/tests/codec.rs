@@ -468,10 +468,16 @@ fn a_bad_header_is_refused_before_its_payload_arrives() {
     let head_len = full.len() - (1 << 20);
     let dtype_at = 12 + 8 + 8 + 4 + 8;
     let mut b = BytesMut::from(&full[..head_len]);
-    assert!(b[dtype_at] != 0, "the dtype byte is not where this test expects it");
+    assert!(
+        b[dtype_at] != 0,
+        "the dtype byte is not where this test expects it"
+    );
     b[dtype_at] = 0;
     assert!(
-        matches!(decode(&mut b, &Limits::default()), Err(DecodeError::Code(_))),
+        matches!(
+            decode(&mut b, &Limits::default()),
+            Err(DecodeError::Code(_))
+        ),
         "a bad header waited for its payload"
     );
     // With the header intact, the same bytes are a frame still arriving.

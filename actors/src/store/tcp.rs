@@ -179,18 +179,48 @@ fn accept_loop(
             }
         };
         let id = next.fetch_add(1, Ordering::Relaxed);
-        if let Ok(c) = stream.try_clone() {
-            lock(&conns).insert(id, c);
-        }
-        let (table, conns, security) = (table.clone(), conns.clone(), security.clone());
-        let spawned = std::thread::Builder::new()
-            .name("collectix-store-conn".into())
-            .spawn(move || {
-                serve(stream, &table, &security);
-                lock(&conns).remove(&id);
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "store: cannot start a connection's thread; dropping it");
+        let (table, security) = (table.clone(), security.clone());
+        start_conn(
+            stream,
+            id,
+            &conns,
+            move |s| serve(s, &table, &security),
+            |job| {
+                std::thread::Builder::new()
+                    .name("collectix-store-conn".into())
+                    .spawn(job)
+                    .map(drop)
+            },
+        );
+    }
+}
+
+/// A connection's job on its thread.
+type ConnJob = Box<dyn FnOnce() + Send>;
+
+/// Registers `stream` as connection `id` (so that stopping the server closes it) and starts
+/// `serve_it` on it with `spawn`. When no thread can be started, the connection is closed at
+/// once and forgotten: its client sees the close instead of waiting out its timeout, and no
+/// socket is left in CLOSE_WAIT.
+fn start_conn(
+    stream: TcpStream,
+    id: u64,
+    conns: &Arc<Mutex<HashMap<u64, TcpStream>>>,
+    serve_it: impl FnOnce(TcpStream) + Send + 'static,
+    spawn: impl FnOnce(ConnJob) -> std::io::Result<()>,
+) {
+    if let Ok(c) = stream.try_clone() {
+        lock(conns).insert(id, c);
+    }
+    let mine = conns.clone();
+    let job: ConnJob = Box::new(move || {
+        serve_it(stream);
+        lock(&mine).remove(&id);
+    });
+    if let Err(e) = spawn(job) {
+        tracing::warn!(error = %e, "store: cannot start a connection's thread; closing it");
+        if let Some(c) = lock(conns).remove(&id) {
+            let _ = c.shutdown(Shutdown::Both);
         }
     }
 }

@@ -210,3 +210,33 @@ fn a_dual_stack_server_takes_ipv4_and_ipv6_clients() {
         ),
     }
 }
+
+#[test]
+fn a_connection_whose_thread_cannot_start_is_closed_at_once() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let mut client = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+    let (server_side, _) = listener.accept().unwrap_or_else(|e| panic!("{e}"));
+    let conns = Arc::new(Mutex::new(HashMap::new()));
+    start_conn(
+        server_side,
+        7,
+        &conns,
+        |_| panic!("served without a thread"),
+        |_job| Err(std::io::Error::other("no thread for you")),
+    );
+    assert!(
+        lock(&conns).is_empty(),
+        "the connection is still registered"
+    );
+    // The client hears the close at once (it waited out its timeout before).
+    let _ = client.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut b = [0u8; 1];
+    let t0 = Instant::now();
+    let got = std::io::Read::read(&mut client, &mut b);
+    assert!(
+        matches!(got, Ok(0)) || got.is_err() && t0.elapsed() < Duration::from_secs(1),
+        "read gave {got:?} after {:?}",
+        t0.elapsed()
+    );
+}
