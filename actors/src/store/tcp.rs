@@ -15,7 +15,7 @@
 use super::proto::{self, Failure, FrameError, Request, Response, MAGIC, VERSION};
 use super::{Store, Table};
 use crate::security::{Denied, Security};
-use crate::sync::lock;
+use crate::sync::{lock, ReadUntil};
 use collectix_runtime::{Error, Result};
 use std::collections::HashMap;
 use std::net::{
@@ -234,13 +234,23 @@ fn serve(mut s: TcpStream, table: &Table, security: &Security) {
     let drop_client = |why: String| {
         tracing::warn!(client = %peer, reason = %why, "store: client dropped");
     };
-    // The handshake and the hello in bounded time: a silent client holds nothing for long.
-    let _ = s.set_read_timeout(Some(HELLO_TIMEOUT));
-    if let Err(d) = security.server(&mut s, b"store") {
-        let _ = s.shutdown(Shutdown::Both);
-        return drop_client(format!("authentication failed: {d}"));
-    }
-    match proto::read::<Request>(&mut s) {
+    // The handshake and the hello within HELLO_TIMEOUT in all: a silent or trickling client
+    // holds nothing for long.
+    let deadline = crate::sync::deadline_after(HELLO_TIMEOUT);
+    let greeted = {
+        let mut until = ReadUntil::new(&mut s, deadline);
+        security
+            .server(&mut until, b"store")
+            .map(|()| proto::read::<Request>(&mut until))
+    };
+    let hello = match greeted {
+        Ok(h) => h,
+        Err(d) => {
+            let _ = s.shutdown(Shutdown::Both);
+            return drop_client(format!("authentication failed: {d}"));
+        }
+    };
+    match hello {
         Ok(Some(Request::Hello { magic, version })) if magic == MAGIC && version == VERSION => {
             let _ = s.set_read_timeout(None);
             if proto::write(&mut s, &Response::Done).is_err() {

@@ -240,3 +240,18 @@ fn a_connection_whose_thread_cannot_start_is_closed_at_once() {
         t0.elapsed()
     );
 }
+
+#[test]
+fn a_client_that_trickles_its_handshake_is_dropped_within_the_hello_timeout() {
+    // One byte every 500 ms of a well-formed start: each read is quick, the whole is not.
+    // (A timeout per read kept such a client for as long as it kept sending: 20 s here.)
+    let s = server();
+    let mut bytes = b"cx-auth1".to_vec();
+    bytes.resize(40, 0);
+    let took = crate::sync::trickle(s.connect_addr(), &bytes, Duration::from_millis(500));
+    assert!(
+        took.is_some_and(|t| t >= HELLO_TIMEOUT - Duration::from_secs(1)
+            && t < HELLO_TIMEOUT + Duration::from_secs(2)),
+        "closed after {took:?}"
+    );
+}

@@ -3,6 +3,7 @@
 //! rank's one-byte answer (accepted, refused with its reason, or "duplicate").
 
 use crate::security::{Denied, Security};
+use crate::sync::ReadUntil;
 use collectix_runtime::{LinkFailure, LinkStep};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -179,16 +180,24 @@ pub(crate) fn accept(
     connecting: &dyn Fn(u32) -> bool,
     security: &Security,
 ) -> Result<(u32, u32), Refused> {
-    // A connection that does not say its hello in time (a port scanner, a stuck client) is
-    // dropped rather than left holding the accepting rank.
-    s.set_read_timeout(Some(HELLO_TIMEOUT))
-        .map_err(io(LinkStep::ReadHello))?;
-    if let Err(d) = security.server(s, b"link") {
-        let _ = s.shutdown(Shutdown::Both);
-        return Err(Refused::Auth(d));
-    }
+    // A connection that does not say its hello within HELLO_TIMEOUT in all (a port scanner,
+    // a stuck or trickling client) is dropped rather than left holding the accepting rank.
+    let deadline = crate::sync::deadline_after(HELLO_TIMEOUT);
     let mut b = [0u8; HELLO_BYTES];
-    let read = s.read_exact(&mut b);
+    let read = {
+        let mut until = ReadUntil::new(s, deadline);
+        match security.server(&mut until, b"link") {
+            Err(d) => Err(d),
+            Ok(()) => Ok(until.read_exact(&mut b)),
+        }
+    };
+    let read = match read {
+        Ok(r) => r,
+        Err(d) => {
+            let _ = s.shutdown(Shutdown::Both);
+            return Err(Refused::Auth(d));
+        }
+    };
     let _ = s.set_read_timeout(None);
     read.map_err(io(LinkStep::ReadHello))?;
     let verdict =

@@ -655,3 +655,24 @@ fn a_peer_that_falls_silent_is_lost_and_a_quiet_one_is_not() {
     assert!(rx_a.recv_timeout(Duration::from_secs(2)).is_err());
     drop(b);
 }
+
+#[test]
+fn a_rank_drops_a_connection_that_trickles_its_handshake_within_the_hello_timeout() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let acceptor = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
+        let r = accept(&mut s, 7, 0, 2, &|_| false, &secured());
+        drop(s);
+        r.is_err()
+    });
+    let mut bytes = b"cx-auth1".to_vec();
+    bytes.resize(40, 0);
+    let took = crate::sync::trickle(addr, &bytes, Duration::from_millis(500));
+    assert!(
+        took.is_some_and(|t| t >= HELLO_TIMEOUT - Duration::from_secs(1)
+            && t < HELLO_TIMEOUT + Duration::from_secs(2)),
+        "closed after {took:?}"
+    );
+    assert_eq!(acceptor.join().ok(), Some(true));
+}
