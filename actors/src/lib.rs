@@ -47,6 +47,8 @@ mod board;
 mod buffers;
 mod comm;
 pub mod device;
+#[cfg(test)]
+mod fuzz;
 mod job;
 mod member;
 mod mesh2d;

@@ -220,6 +220,15 @@ fn message() -> impl Strategy<Value = Message> {
 }
 
 /// Decodes every frame in `bytes`; stops at the first error or when more bytes are needed.
+/// Inputs per property: `COLLECTIX_FUZZ_CASES` (default 2 000; long runs in
+/// `docs/testing.md`).
+fn cases() -> u32 {
+    std::env::var("COLLECTIX_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(2_000)
+}
+
 fn decode_all(bytes: &[u8]) -> Result<usize, DecodeError> {
     let mut buf = BytesMut::from(bytes);
     let limits = Limits {
@@ -234,7 +243,7 @@ fn decode_all(bytes: &[u8]) -> Result<usize, DecodeError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn every_message_round_trips(msg in message(), src in 0usize..64) {

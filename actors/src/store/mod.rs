@@ -12,8 +12,8 @@
 //! server share one implementation of them (a private table), so the two cannot drift apart.
 
 mod file;
-mod proto;
-mod tcp;
+pub(crate) mod proto;
+pub(crate) mod tcp;
 
 pub use file::FileStore;
 pub use tcp::{TcpStore, TcpStoreServer};

@@ -282,7 +282,7 @@ fn serve(mut s: TcpStream, table: &Table, security: &Security) {
     }
 }
 
-fn handle(t: &Table, req: Request) -> Response {
+pub(crate) fn handle(t: &Table, req: Request) -> Response {
     let ms = Duration::from_millis;
     let failed = |e: Error| Response::Failed(Failure::from(e));
     match req {
