@@ -384,35 +384,145 @@ impl Security {
 
     /// The server's side of the handshake (see the module doc): `Ok` once the client has
     /// proved it holds the secret (or at once, without a secret). Nothing else is read
-    /// from a connection before this returns `Ok`.
+    /// from a connection before this returns `Ok`. ([`ServerHandshake`] over a blocking
+    /// stream; the gate drives the same steps over many connections at once.)
     pub(crate) fn server<S: Read + Write>(&self, s: &mut S, ctx: &[u8]) -> Result<(), Denied> {
-        let mut hello = [0u8; MAGIC.len() + NONCE];
-        s.read_exact(&mut hello)
-            .map_err(io(AuthStep::ReadChallenge))?;
-        if hello[..MAGIC.len()] != MAGIC {
-            return Err(Denied::NotCollectix);
+        let mut hs = ServerHandshake::new(self, ctx);
+        let mut buf = [0u8; MAGIC.len() + NONCE];
+        loop {
+            let (want, read_step, write_step) = hs.step();
+            s.read_exact(&mut buf[..want]).map_err(io(read_step))?;
+            let fed = hs.feed(&buf[..want]);
+            match fed.end {
+                // A refusal's verdict byte goes if it can.
+                Some(Err(d)) => {
+                    let _ = s.write_all(&fed.write);
+                    return Err(d);
+                }
+                end => {
+                    if !fed.write.is_empty() {
+                        s.write_all(&fed.write).map_err(io(write_step))?;
+                    }
+                    if let Some(end) = end {
+                        return end;
+                    }
+                }
+            }
         }
-        let mut nc = [0u8; NONCE];
-        nc.copy_from_slice(&hello[MAGIC.len()..]);
-        let Some(secret) = &self.secret else {
-            s.write_all(&[0]).map_err(io(AuthStep::AnswerChallenge))?;
-            return Ok(());
-        };
-        let ns = nonce()?;
-        let mut answer = [0u8; 1 + 2 * NONCE];
-        answer[0] = 1;
-        answer[1..=NONCE].copy_from_slice(&ns);
-        answer[1 + NONCE..].copy_from_slice(&secret.proof(b"server", ctx, &nc, &ns)?);
-        s.write_all(&answer)
-            .map_err(io(AuthStep::AnswerChallenge))?;
-        let mut proof = [0u8; NONCE];
-        s.read_exact(&mut proof).map_err(io(AuthStep::ReadProof))?;
-        if secret.verify(b"client", ctx, &nc, &ns, &proof) {
-            s.write_all(&[0]).map_err(io(AuthStep::AnswerProof))?;
-            Ok(())
+    }
+}
+
+/// The server's side of the handshake as steps without IO: bytes from the client in, bytes
+/// to send back out, until the client is accepted or refused. [`Security::server`] drives it
+/// over one blocking stream; `gate.rs` drives many over non-blocking ones, without a thread
+/// each.
+pub(crate) struct ServerHandshake {
+    secret: Option<Secret>,
+    ctx: Vec<u8>,
+    /// Waiting for the proof (else for the hello).
+    proof: bool,
+    got: Vec<u8>,
+    nc: [u8; NONCE],
+    ns: [u8; NONCE],
+}
+
+/// What [`ServerHandshake::feed`] gives: bytes to send the client, and the outcome once there
+/// is one (on a refusal, the bytes are its verdict, sent if they can be).
+pub(crate) struct Fed {
+    pub(crate) write: Vec<u8>,
+    pub(crate) end: Option<Result<(), Denied>>,
+}
+
+impl ServerHandshake {
+    /// A handshake for a fresh connection, under `sec`'s secret (if any), for protocol `ctx`.
+    pub(crate) fn new(sec: &Security, ctx: &[u8]) -> ServerHandshake {
+        ServerHandshake {
+            secret: sec.secret.clone(),
+            ctx: ctx.to_vec(),
+            proof: false,
+            got: Vec::with_capacity(MAGIC.len() + NONCE),
+            nc: [0; NONCE],
+            ns: [0; NONCE],
+        }
+    }
+
+    /// The bytes still to read for this step, and the steps a failed read or write is.
+    pub(crate) fn step(&self) -> (usize, AuthStep, AuthStep) {
+        if self.proof {
+            (
+                NONCE - self.got.len(),
+                AuthStep::ReadProof,
+                AuthStep::AnswerProof,
+            )
         } else {
-            let _ = s.write_all(&[1]);
-            Err(Denied::Secret(SecretMismatch::ClientProofWrong))
+            (
+                MAGIC.len() + NONCE - self.got.len(),
+                AuthStep::ReadChallenge,
+                AuthStep::AnswerChallenge,
+            )
+        }
+    }
+
+    /// Takes bytes the client sent (at most what [`step`](Self::step) asks for; more is an
+    /// error of the caller's, refused as not collectix).
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Fed {
+        let (want, _, _) = self.step();
+        let nothing = |end| Fed {
+            write: Vec::new(),
+            end,
+        };
+        if bytes.len() > want {
+            return nothing(Some(Err(Denied::NotCollectix)));
+        }
+        self.got.extend_from_slice(bytes);
+        if bytes.len() < want {
+            return nothing(None);
+        }
+        if !self.proof {
+            if self.got[..MAGIC.len()] != MAGIC {
+                return nothing(Some(Err(Denied::NotCollectix)));
+            }
+            self.nc.copy_from_slice(&self.got[MAGIC.len()..]);
+            self.got.clear();
+            let Some(secret) = &self.secret else {
+                return Fed {
+                    write: vec![0],
+                    end: Some(Ok(())),
+                };
+            };
+            let ns = match nonce() {
+                Ok(n) => n,
+                Err(d) => return nothing(Some(Err(d))),
+            };
+            let proof = match secret.proof(b"server", &self.ctx, &self.nc, &ns) {
+                Ok(p) => p,
+                Err(d) => return nothing(Some(Err(d))),
+            };
+            self.ns = ns;
+            self.proof = true;
+            let mut answer = Vec::with_capacity(1 + 2 * NONCE);
+            answer.push(1);
+            answer.extend_from_slice(&ns);
+            answer.extend_from_slice(&proof);
+            return Fed {
+                write: answer,
+                end: None,
+            };
+        }
+        let ok = self
+            .secret
+            .as_ref()
+            .is_some_and(|k| k.verify(b"client", &self.ctx, &self.nc, &self.ns, &self.got));
+        if ok {
+            Fed {
+                write: vec![0],
+                end: Some(Ok(())),
+            }
+        } else {
+            Fed {
+                write: vec![1],
+                end: Some(Err(Denied::Secret(SecretMismatch::ClientProofWrong))),
+            }
         }
     }
 }
