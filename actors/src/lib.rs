@@ -49,6 +49,7 @@ mod comm;
 pub mod device;
 #[cfg(test)]
 mod fuzz;
+mod gate;
 mod job;
 mod member;
 mod mesh2d;

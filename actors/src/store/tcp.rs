@@ -14,6 +14,7 @@
 
 use super::proto::{self, Failure, FrameError, Request, Response, MAGIC, VERSION};
 use super::{Store, Table};
+use crate::gate::{Gate, Pass};
 use crate::security::{Denied, Security};
 use crate::sync::{lock, ReadUntil};
 use collectix_runtime::{Error, Result};
@@ -21,7 +22,7 @@ use std::collections::HashMap;
 use std::net::{
     IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
 };
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,7 +31,8 @@ use std::time::{Duration, Instant};
 /// calls the connection broken.
 const ANSWER_SLACK: Duration = Duration::from_secs(30);
 /// How long a new connection has for the handshake and its hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+#[cfg(test)]
+const HELLO_TIMEOUT: Duration = crate::gate::HELLO_TIMEOUT;
 
 /// A TCP store server (torch's `TCPStore` with `is_master=True`). It stops when dropped or
 /// [`shutdown`](TcpStoreServer::shutdown).
@@ -83,10 +85,12 @@ impl TcpStoreServer {
         let stop = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<HashMap<u64, TcpStream>>> = Arc::default();
         let table = Arc::new(Table::default());
-        let (s, c) = (stop.clone(), conns.clone());
+        let gate = gate_for(table, conns.clone(), security)
+            .map_err(|e| Error::Resource(format!("cannot start the store's gate: {e}")))?;
+        let s = stop.clone();
         let accept = std::thread::Builder::new()
             .name("collectix-store".into())
-            .spawn(move || accept_loop(listener, table, s, c, security))
+            .spawn(move || accept_loop(listener, s, gate))
             .map_err(|e| Error::Resource(format!("cannot start the store's thread: {e}")))?;
         tracing::debug!(addr = %local, "store serving");
         Ok(TcpStoreServer {
@@ -159,32 +163,23 @@ impl Drop for TcpStoreServer {
     }
 }
 
-fn accept_loop(
-    listener: TcpListener,
+/// The store's gate: a client that passes the handshake gets a thread that reads its hello
+/// (by the deadline the gate gives) and serves it.
+fn gate_for(
     table: Arc<Table>,
-    stop: Arc<AtomicBool>,
     conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     security: Security,
-) {
-    let next = AtomicU64::new(0);
-    for stream in listener.incoming() {
-        if stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "store: accept failed");
-                continue;
-            }
-        };
-        let id = next.fetch_add(1, Ordering::Relaxed);
-        let (table, security) = (table.clone(), security.clone());
+) -> std::io::Result<Gate> {
+    let mut next = 0u64;
+    let pass: Pass = Box::new(move |stream, deadline| {
+        let id = next;
+        next += 1;
+        let table = table.clone();
         start_conn(
             stream,
             id,
             &conns,
-            move |s| serve(s, &table, &security),
+            move |s| serve(s, &table, deadline),
             |job| {
                 std::thread::Builder::new()
                     .name("collectix-store-conn".into())
@@ -192,6 +187,31 @@ fn accept_loop(
                     .map(drop)
             },
         );
+    });
+    Gate::start(
+        "collectix-store-gate",
+        "the store",
+        security,
+        b"store",
+        pass,
+    )
+}
+
+/// Accepts connections and hands them to the gate, until `stop`; the gate (and the
+/// connections still in it) goes with it.
+fn accept_loop(listener: TcpListener, stop: Arc<AtomicBool>, gate: Gate) {
+    for stream in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match stream {
+            Ok(s) => gate.admit(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "store: accept failed");
+                // Out of descriptors, say: not a busy loop.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
     }
 }
 
@@ -225,8 +245,9 @@ fn start_conn(
     }
 }
 
-/// Serves one client until it closes or breaks the protocol.
-fn serve(mut s: TcpStream, table: &Table, security: &Security) {
+/// Serves one client that passed the handshake, until it closes or breaks the protocol; its
+/// hello must come by `deadline`.
+fn serve(mut s: TcpStream, table: &Table, deadline: Instant) {
     let peer = s
         .peer_addr()
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
@@ -234,22 +255,8 @@ fn serve(mut s: TcpStream, table: &Table, security: &Security) {
     let drop_client = |why: String| {
         tracing::warn!(client = %peer, reason = %why, "store: client dropped");
     };
-    // The handshake and the hello within HELLO_TIMEOUT in all: a silent or trickling client
-    // holds nothing for long.
-    let deadline = crate::sync::deadline_after(HELLO_TIMEOUT);
-    let greeted = {
-        let mut until = ReadUntil::new(&mut s, deadline);
-        security
-            .server(&mut until, b"store")
-            .map(|()| proto::read::<Request>(&mut until))
-    };
-    let hello = match greeted {
-        Ok(h) => h,
-        Err(d) => {
-            let _ = s.shutdown(Shutdown::Both);
-            return drop_client(format!("authentication failed: {d}"));
-        }
-    };
+    // The hello by the gate's deadline: a silent or trickling client holds nothing for long.
+    let hello = proto::read::<Request>(&mut ReadUntil::new(&mut s, deadline));
     match hello {
         Ok(Some(Request::Hello { magic, version })) if magic == MAGIC && version == VERSION => {
             let _ = s.set_read_timeout(None);

@@ -25,6 +25,7 @@
 
 use super::tcp::{self, Connection, Hello, Inbound, Liveness, Refused, TcpLink};
 use super::Link;
+use crate::gate::{Gate, Pass};
 use crate::security::Security;
 use crate::sync::lock;
 use collectix_runtime::tensor::pool::Pool;
@@ -526,41 +527,66 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    // Connections prove the secret in the gate, without a thread each; one that passes
+    // reads its hello on a thread of its own, so that a slow one holds up nobody else.
+    let gate = {
+        let security = shared.security.clone();
+        let shared = shared.clone();
+        let pass: Pass = Box::new(move |s, deadline| {
+            let shared = shared.clone();
+            let _ = std::thread::Builder::new()
+                .name("collectix-hello".into())
+                .spawn(move || hello(s, &shared, deadline));
+        });
+        Gate::start(
+            "collectix-link-gate",
+            "a rank's listener",
+            security,
+            b"link",
+            pass,
+        )
+    };
+    let gate = match gate {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the listener's gate: no peer can connect");
+            return;
+        }
+    };
     loop {
         let accepted = listener.accept();
         if shared.closing.load(Ordering::SeqCst) {
             return;
         }
-        let (mut s, from_addr) = match accepted {
-            Ok(a) => a,
+        match accepted {
+            Ok((s, _)) => gate.admit(s),
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
                 std::thread::sleep(Duration::from_millis(10));
-                continue;
             }
-        };
-        // The hello is read on a thread of its own, so that a slow or silent client holds
-        // up nobody else.
-        let shared = shared.clone();
-        let _ = std::thread::Builder::new()
-            .name("collectix-hello".into())
-            .spawn(move || {
-                let (job, me, world) = (shared.job, shared.rank as u32, shared.world as u32);
-                let connecting = |from: u32| {
-                    shared
-                        .slots
-                        .get(from as usize)
-                        .is_some_and(|slot| matches!(*lock(slot), Slot::Connecting))
-                };
-                match tcp::accept(&mut s, job, me, world, &connecting, &shared.security) {
-                    Ok((from, incarnation)) => {
-                        if let Err(e) = shared.install(s, from as usize, incarnation) {
-                            tracing::warn!(from, error = %e, "cannot start a link");
-                        }
-                    }
-                    Err(why) => tracing::warn!(%from_addr, reason = %why, "connection refused"),
-                }
-            });
+        }
+    }
+}
+
+/// A connection that passed the gate: its hello, by `deadline`, then its link.
+fn hello(mut s: TcpStream, shared: &Arc<Shared>, deadline: Instant) {
+    let from_addr = s
+        .peer_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let (job, me, world) = (shared.job, shared.rank as u32, shared.world as u32);
+    let connecting = |from: u32| {
+        shared
+            .slots
+            .get(from as usize)
+            .is_some_and(|slot| matches!(*lock(slot), Slot::Connecting))
+    };
+    match tcp::accept_hello(&mut s, job, me, world, &connecting, deadline) {
+        Ok((from, incarnation)) => {
+            if let Err(e) = shared.install(s, from as usize, incarnation) {
+                tracing::warn!(from, error = %e, "cannot start a link");
+            }
+        }
+        Err(why) => tracing::warn!(%from_addr, reason = %why, "connection refused"),
     }
 }
 

@@ -172,6 +172,9 @@ pub(crate) fn connect(s: &mut TcpStream, hello: Hello, security: &Security) -> R
 /// hello from a higher rank
 /// that this rank is connecting to at the moment (`connecting(from)`) is answered
 /// "duplicate" ([`Refused::Duplicate`]): this rank's own connection is the one both keep.
+/// (A rank's listener runs the secret's part in its gate, `gate.rs`, then [`accept_hello`];
+/// this whole form is the tests'.)
+#[cfg(test)]
 pub(crate) fn accept(
     s: &mut TcpStream,
     job: u64,
@@ -183,21 +186,25 @@ pub(crate) fn accept(
     // A connection that does not say its hello within HELLO_TIMEOUT in all (a port scanner,
     // a stuck or trickling client) is dropped rather than left holding the accepting rank.
     let deadline = crate::sync::deadline_after(HELLO_TIMEOUT);
+    let passed = security.server(&mut ReadUntil::new(s, deadline), b"link");
+    if let Err(d) = passed {
+        let _ = s.shutdown(Shutdown::Both);
+        return Err(Refused::Auth(d));
+    }
+    accept_hello(s, job, me, world, connecting, deadline)
+}
+
+/// [`accept`]'s part after the secret: the hello, read by `deadline`, checked and answered.
+pub(crate) fn accept_hello(
+    s: &mut TcpStream,
+    job: u64,
+    me: u32,
+    world: u32,
+    connecting: &dyn Fn(u32) -> bool,
+    deadline: std::time::Instant,
+) -> Result<(u32, u32), Refused> {
     let mut b = [0u8; HELLO_BYTES];
-    let read = {
-        let mut until = ReadUntil::new(s, deadline);
-        match security.server(&mut until, b"link") {
-            Err(d) => Err(d),
-            Ok(()) => Ok(until.read_exact(&mut b)),
-        }
-    };
-    let read = match read {
-        Ok(r) => r,
-        Err(d) => {
-            let _ = s.shutdown(Shutdown::Both);
-            return Err(Refused::Auth(d));
-        }
-    };
+    let read = ReadUntil::new(s, deadline).read_exact(&mut b);
     let _ = s.set_read_timeout(None);
     read.map_err(io(LinkStep::ReadHello))?;
     let verdict =

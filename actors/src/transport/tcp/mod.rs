@@ -60,7 +60,9 @@ mod send;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use handshake::{accept, connect, Hello, Refused, HELLO_TIMEOUT};
+#[cfg(test)]
+pub(crate) use handshake::accept;
+pub(crate) use handshake::{accept_hello, connect, Hello, Refused, HELLO_TIMEOUT};
 pub(crate) use poll::Readers;
 pub(crate) use send::TcpLink;
 

@@ -1,0 +1,254 @@
+//! The gate: accepted connections wait here, without a thread each, until they have proved
+//! they hold the job's secret (the server's side of the handshake, [`ServerHandshake`]).
+//!
+//! One thread per listener polls every connection still in its handshake (non-blocking
+//! sockets, one `poll` over all of them and a wake-up socket). A connection that passes is
+//! handed, blocking again, to the listener's `pass` (which starts what serves it); one that
+//! fails, closes, or has not passed [`HELLO_TIMEOUT`] after it was accepted is closed. At most
+//! [`MAX_WAITING`] wait at once; a newcomer beyond that pushes out the one that has waited
+//! longest, so a flood of idle or trickling connections cannot keep a client that answers
+//! at once from getting in, and costs a socket each, not a thread.
+
+use crate::security::{Security, ServerHandshake};
+use crate::sync::{deadline_after, lock};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a connection has, from its accept, to pass the handshake.
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections that may wait in the handshake at once.
+pub(crate) const MAX_WAITING: usize = 4096;
+
+/// What a listener does with a connection that passed, and by when it must have said the
+/// rest of its hello.
+pub(crate) type Pass = Box<dyn FnMut(TcpStream, Instant) + Send>;
+
+/// A listener's gate (see the module doc). Dropping it closes the connections still waiting
+/// and ends its thread.
+pub(crate) struct Gate {
+    inbox: Arc<Mutex<Vec<TcpStream>>>,
+    wake: UnixStream,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Gate {
+    /// Starts the gate's thread (named `name`) for connections of protocol `ctx` under
+    /// `security`; `what` names the listener in its log lines.
+    pub(crate) fn start(
+        name: &str,
+        what: &'static str,
+        security: Security,
+        ctx: &'static [u8],
+        pass: Pass,
+    ) -> std::io::Result<Gate> {
+        let (wake, woken) = UnixStream::pair()?;
+        woken.set_nonblocking(true)?;
+        let inbox = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let keeper = Keeper {
+            inbox: inbox.clone(),
+            woken,
+            stop: stop.clone(),
+            what,
+            security,
+            ctx,
+            pass,
+            waiting: Vec::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || keeper.run())?;
+        Ok(Gate {
+            inbox,
+            wake,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands a connection just accepted to the gate.
+    pub(crate) fn admit(&self, s: TcpStream) {
+        lock(&self.inbox).push(s);
+        let _ = (&self.wake).write(&[1]);
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = (&self.wake).write(&[1]);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A connection in its handshake.
+struct Waiting {
+    s: TcpStream,
+    hs: ServerHandshake,
+    deadline: Instant,
+}
+
+/// The gate's thread.
+struct Keeper {
+    inbox: Arc<Mutex<Vec<TcpStream>>>,
+    woken: UnixStream,
+    stop: Arc<AtomicBool>,
+    what: &'static str,
+    security: Security,
+    ctx: &'static [u8],
+    pass: Pass,
+    waiting: Vec<Waiting>,
+}
+
+/// What a turn made of one waiting connection.
+enum Turn {
+    Wait,
+    Passed,
+    Closed(String),
+}
+
+impl Keeper {
+    fn run(mut self) {
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            self.take_new();
+            let ready = self.poll_once();
+            if self.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let now = Instant::now();
+            // From the last: `swap_remove` moves an entry already seen into the place freed.
+            for i in (0..self.waiting.len()).rev() {
+                let turn = if ready.get(i).copied().unwrap_or(false) {
+                    self.turn(i)
+                } else if now >= self.waiting[i].deadline {
+                    Turn::Closed(format!("no handshake within {} s", HELLO_TIMEOUT.as_secs()))
+                } else {
+                    Turn::Wait
+                };
+                match turn {
+                    Turn::Wait => {}
+                    Turn::Passed => {
+                        let w = self.waiting.swap_remove(i);
+                        let _ = w.s.set_nonblocking(false);
+                        (self.pass)(w.s, w.deadline);
+                    }
+                    Turn::Closed(why) => {
+                        let w = self.waiting.swap_remove(i);
+                        let peer =
+                            w.s.peer_addr()
+                                .map_or_else(|_| "?".into(), |a| a.to_string());
+                        let _ = w.s.shutdown(std::net::Shutdown::Both);
+                        tracing::warn!(
+                            listener = self.what,
+                            client = %peer,
+                            reason = %why,
+                            "client dropped in its handshake"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the connections admitted since the last turn; beyond [`MAX_WAITING`], the
+    /// longest waiting go.
+    fn take_new(&mut self) {
+        let new = std::mem::take(&mut *lock(&self.inbox));
+        for s in new {
+            if s.set_nonblocking(true).is_err() {
+                continue;
+            }
+            if self.waiting.len() >= MAX_WAITING {
+                if let Some(oldest) =
+                    (0..self.waiting.len()).min_by_key(|&i| self.waiting[i].deadline)
+                {
+                    let w = self.waiting.swap_remove(oldest);
+                    let _ = w.s.shutdown(std::net::Shutdown::Both);
+                    tracing::warn!(
+                        listener = self.what,
+                        waiting = MAX_WAITING,
+                        "too many connections in their handshake: the longest waiting closed"
+                    );
+                }
+            }
+            self.waiting.push(Waiting {
+                s,
+                hs: ServerHandshake::new(&self.security, self.ctx),
+                deadline: deadline_after(HELLO_TIMEOUT),
+            });
+        }
+    }
+
+    /// Waits until a connection has bytes, a newcomer or a stop wakes the gate, or the
+    /// nearest deadline; which connections have bytes (or closed).
+    fn poll_once(&mut self) -> Vec<bool> {
+        let now = Instant::now();
+        let next = self
+            .waiting
+            .iter()
+            .map(|w| w.deadline)
+            .min()
+            .map_or(Duration::from_secs(1), |d| d.saturating_duration_since(now))
+            .min(Duration::from_secs(1));
+        let timeout =
+            PollTimeout::try_from(next.as_millis().max(1) as i32).unwrap_or(PollTimeout::MAX);
+        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(self.waiting.len() + 1);
+        fds.push(PollFd::new(self.woken.as_fd(), PollFlags::POLLIN));
+        for w in &self.waiting {
+            fds.push(PollFd::new(w.s.as_fd(), PollFlags::POLLIN));
+        }
+        let n = poll(&mut fds, timeout).unwrap_or(0);
+        let ready: Vec<bool> = if n > 0 {
+            fds[1..]
+                .iter()
+                .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        drop(fds);
+        // Empty the wake-up socket.
+        let mut sink = [0u8; 64];
+        while matches!((&self.woken).read(&mut sink), Ok(n) if n > 0) {}
+        ready
+    }
+
+    /// Reads what connection `i` sent and takes the handshake's next step.
+    fn turn(&mut self, i: usize) -> Turn {
+        let w = &mut self.waiting[i];
+        let (want, _, _) = w.hs.step();
+        let mut buf = [0u8; 64];
+        let n = match w.s.read(&mut buf[..want.min(64)]) {
+            Ok(0) => return Turn::Closed("closed in its handshake".into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                return Turn::Wait
+            }
+            Err(e) => return Turn::Closed(e.to_string()),
+        };
+        let fed = w.hs.feed(&buf[..n]);
+        // Answers are at most 65 bytes on a fresh connection: they fit its send buffer.
+        if !fed.write.is_empty() && w.s.write_all(&fed.write).is_err() && fed.end.is_none() {
+            return Turn::Closed("cannot answer its challenge".into());
+        }
+        match fed.end {
+            None => Turn::Wait,
+            Some(Ok(())) => Turn::Passed,
+            Some(Err(d)) => Turn::Closed(format!("authentication failed: {d}")),
+        }
+    }
+}
