@@ -27,6 +27,25 @@ pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections that may wait in the handshake at once.
 pub(crate) const MAX_WAITING: usize = 4096;
 
+/// Connections from one address that may wait in the handshake at once.
+pub(crate) const MAX_PER_SOURCE: usize = 1024;
+
+/// How many connections may wait: in all, and from one address.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub(crate) waiting: usize,
+    pub(crate) per_source: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            waiting: MAX_WAITING,
+            per_source: MAX_PER_SOURCE,
+        }
+    }
+}
+
 /// What a listener does with a connection that passed, and by when it must have said the
 /// rest of its hello.
 pub(crate) type Pass = Box<dyn FnMut(TcpStream, Instant) + Send>;
@@ -50,8 +69,22 @@ impl Gate {
         ctx: &'static [u8],
         pass: Pass,
     ) -> std::io::Result<Gate> {
+        Gate::start_with(name, what, security, ctx, pass, Limits::default())
+    }
+
+    /// [`start`](Gate::start) with other limits (for tests).
+    pub(crate) fn start_with(
+        name: &str,
+        what: &'static str,
+        security: Security,
+        ctx: &'static [u8],
+        pass: Pass,
+        limits: Limits,
+    ) -> std::io::Result<Gate> {
         let (wake, woken) = UnixStream::pair()?;
         woken.set_nonblocking(true)?;
+        // A full wake-up socket already wakes the gate: admitting never blocks on it.
+        wake.set_nonblocking(true)?;
         let inbox = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let keeper = Keeper {
@@ -62,6 +95,7 @@ impl Gate {
             security,
             ctx,
             pass,
+            limits,
             waiting: Vec::new(),
         };
         let thread = std::thread::Builder::new()
@@ -78,6 +112,7 @@ impl Gate {
     /// Hands a connection just accepted to the gate.
     pub(crate) fn admit(&self, s: TcpStream) {
         lock(&self.inbox).push(s);
+        // Would block only when full of wake-ups not read yet: the gate wakes either way.
         let _ = (&self.wake).write(&[1]);
     }
 }
@@ -95,6 +130,8 @@ impl Drop for Gate {
 /// A connection in its handshake.
 struct Waiting {
     s: TcpStream,
+    /// The address it came from.
+    from: Option<std::net::IpAddr>,
     hs: ServerHandshake,
     deadline: Instant,
 }
@@ -108,6 +145,7 @@ struct Keeper {
     security: Security,
     ctx: &'static [u8],
     pass: Pass,
+    limits: Limits,
     waiting: Vec<Waiting>,
 }
 
@@ -164,33 +202,46 @@ impl Keeper {
         }
     }
 
-    /// Takes the connections admitted since the last turn; beyond [`MAX_WAITING`], the
-    /// longest waiting go.
+    /// Takes the connections admitted since the last turn; beyond the limits, the longest
+    /// waiting go (of the newcomer's address, past the limit per address).
     fn take_new(&mut self) {
         let new = std::mem::take(&mut *lock(&self.inbox));
         for s in new {
             if s.set_nonblocking(true).is_err() {
                 continue;
             }
-            if self.waiting.len() >= MAX_WAITING {
-                if let Some(oldest) =
-                    (0..self.waiting.len()).min_by_key(|&i| self.waiting[i].deadline)
-                {
-                    let w = self.waiting.swap_remove(oldest);
-                    let _ = w.s.shutdown(std::net::Shutdown::Both);
-                    tracing::warn!(
-                        listener = self.what,
-                        waiting = MAX_WAITING,
-                        "too many connections in their handshake: the longest waiting closed"
-                    );
-                }
+            let from = s.peer_addr().ok().map(|a| a.ip());
+            let same = self.waiting.iter().filter(|w| w.from == from).count();
+            let evict = if same >= self.limits.per_source {
+                self.oldest(|w| w.from == from)
+            } else if self.waiting.len() >= self.limits.waiting {
+                self.oldest(|_| true)
+            } else {
+                None
+            };
+            if let Some(i) = evict {
+                let w = self.waiting.swap_remove(i);
+                let _ = w.s.shutdown(std::net::Shutdown::Both);
+                tracing::warn!(
+                    listener = self.what,
+                    waiting = self.waiting.len() + 1,
+                    "too many connections in their handshake: the longest waiting closed"
+                );
             }
             self.waiting.push(Waiting {
                 s,
+                from,
                 hs: ServerHandshake::new(&self.security, self.ctx),
                 deadline: deadline_after(HELLO_TIMEOUT),
             });
         }
+    }
+
+    /// The waiting connection of `which` that has waited longest.
+    fn oldest(&self, which: impl Fn(&Waiting) -> bool) -> Option<usize> {
+        (0..self.waiting.len())
+            .filter(|&i| which(&self.waiting[i]))
+            .min_by_key(|&i| self.waiting[i].deadline)
     }
 
     /// Waits until a connection has bytes, a newcomer or a stop wakes the gate, or the
@@ -249,6 +300,58 @@ impl Keeper {
             None => Turn::Wait,
             Some(Ok(())) => Turn::Passed,
             Some(Err(d)) => Turn::Closed(format!("authentication failed: {d}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// Whether `s`'s other end closed within `within` (it sends nothing).
+    fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+        let _ = s.set_read_timeout(Some(within));
+        let mut b = [0u8; 1];
+        matches!(s.read(&mut b), Ok(0))
+            || matches!(s.read(&mut b), Err(ref e) if e.kind() == ErrorKind::ConnectionReset)
+    }
+
+    #[test]
+    fn past_the_limit_per_address_the_longest_waiting_goes() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let limits = Limits {
+            waiting: 8,
+            per_source: 4,
+        };
+        let gate = Gate::start_with(
+            "test-gate",
+            "a test",
+            Security::loopback_only(),
+            b"link",
+            Box::new(|_, _| {}),
+            limits,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut clients = Vec::new();
+        for _ in 0..5 {
+            clients.push(TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}")));
+            let (s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
+            gate.admit(s);
+            // In order, so that "longest waiting" is well defined.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The fifth from 127.0.0.1 pushed the first out; the others still wait.
+        assert!(
+            closed_within(&mut clients[0], Duration::from_secs(2)),
+            "the oldest still waits"
+        );
+        for (i, c) in clients.iter_mut().enumerate().skip(1) {
+            assert!(
+                !closed_within(c, Duration::from_millis(100)),
+                "client {i} was closed"
+            );
         }
     }
 }
