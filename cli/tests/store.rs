@@ -62,3 +62,75 @@ fn the_standalone_store_logs_the_clients_it_drops() {
     let _ = child.wait();
     assert!(err.contains("client dropped"), "stderr: {err:?}");
 }
+
+/// Whether this process can run a program as `nobody` under a thread limit (root, with
+/// util-linux's `prlimit` and `setpriv`): `RLIMIT_NPROC` does not bind root itself.
+fn can_limit_threads() -> bool {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    let have = |p: &str| {
+        Command::new(p)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    root && have("prlimit") && have("setpriv")
+}
+
+#[test]
+fn a_store_limited_to_200_threads_serves_a_client_past_300_idle_connections() {
+    if !can_limit_threads() {
+        eprintln!("SKIPPED: needs root, prlimit and setpriv (to run the store as nobody under a thread limit)");
+        return;
+    }
+    // The store as `nobody`, at most 200 threads (RLIMIT_NPROC counts a user's threads).
+    let mut child = Command::new("prlimit")
+        .args(["--nproc=200:200", "--nofile=4096:4096", "--"])
+        .args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(env!("CARGO_BIN_EXE_collectix"))
+        .args(["store", "--host", "127.0.0.1", "--port", "0"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start the store: {e}"));
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    let addr = line.trim().rsplit(' ').next().unwrap_or("").to_string();
+    // 300 connections that say nothing (a thread each once cost more than the limit).
+    let idle: Vec<_> = (0..300)
+        .filter_map(|_| std::net::TcpStream::connect(&addr).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = std::time::Instant::now();
+    let served = (|| -> collectix::Result<Vec<u8>> {
+        let c = TcpStore::connect(addr.clone(), Duration::from_secs(5))?;
+        c.set("k", b"v".to_vec())?;
+        c.get("k", Duration::from_secs(5))
+    })();
+    let took = t0.elapsed();
+    drop(idle);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        served,
+        Ok(b"v".to_vec()),
+        "store at {addr:?}, after {took:?}"
+    );
+}
