@@ -133,6 +133,8 @@ struct Waiting {
     /// The address it came from.
     from: Option<std::net::IpAddr>,
     hs: ServerHandshake,
+    /// Passed the handshake; waits for the first byte of its hello.
+    passed: bool,
     deadline: Instant,
 }
 
@@ -232,6 +234,7 @@ impl Keeper {
                 s,
                 from,
                 hs: ServerHandshake::new(&self.security, self.ctx),
+                passed: false,
                 deadline: deadline_after(HELLO_TIMEOUT),
             });
         }
@@ -278,9 +281,24 @@ impl Keeper {
         ready
     }
 
-    /// Reads what connection `i` sent and takes the handshake's next step.
+    /// Reads what connection `i` sent and takes the handshake's next step; a connection that
+    /// passed goes on once it has sent the first byte of what follows (its hello), so that
+    /// one that passes and then says nothing costs no thread either.
     fn turn(&mut self, i: usize) -> Turn {
         let w = &mut self.waiting[i];
+        if w.passed {
+            let mut b = [0u8; 1];
+            return match w.s.peek(&mut b) {
+                Ok(0) => Turn::Closed("closed before its hello".into()),
+                Ok(_) => Turn::Passed,
+                Err(e)
+                    if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted =>
+                {
+                    Turn::Wait
+                }
+                Err(e) => Turn::Closed(e.to_string()),
+            };
+        }
         let (want, _, _) = w.hs.step();
         let mut buf = [0u8; 64];
         let n = match w.s.read(&mut buf[..want.min(64)]) {
@@ -298,7 +316,10 @@ impl Keeper {
         }
         match fed.end {
             None => Turn::Wait,
-            Some(Ok(())) => Turn::Passed,
+            Some(Ok(())) => {
+                w.passed = true;
+                Turn::Wait
+            }
             Some(Err(d)) => Turn::Closed(format!("authentication failed: {d}")),
         }
     }
@@ -353,5 +374,43 @@ mod tests {
                 "client {i} was closed"
             );
         }
+    }
+
+    #[test]
+    fn a_connection_that_passes_and_then_says_nothing_gets_no_thread() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let passed = Arc::new(AtomicBool::new(false));
+        let p = passed.clone();
+        let gate = Gate::start(
+            "test-gate",
+            "a test",
+            Security::loopback_only(),
+            b"link",
+            Box::new(move |_, _| p.store(true, Ordering::SeqCst)),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut c = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+        let (s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
+        gate.admit(s);
+        // The whole handshake (no secret: the hello, and the answer 0).
+        let mut hello = b"cx-auth1".to_vec();
+        hello.resize(40, 7);
+        c.write_all(&hello).unwrap_or_else(|e| panic!("{e}"));
+        let mut answer = [9u8; 1];
+        c.read_exact(&mut answer).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(answer, [0]);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!passed.load(Ordering::SeqCst), "handed on before its hello");
+        // Its hello starts: now it goes on.
+        c.write_all(&[1]).unwrap_or_else(|e| panic!("{e}"));
+        let t0 = Instant::now();
+        while !passed.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            passed.load(Ordering::SeqCst),
+            "not handed on after its hello began"
+        );
     }
 }
