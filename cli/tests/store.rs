@@ -2,13 +2,14 @@
 
 use collectix::{Store, TcpStore};
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-#[test]
-fn the_standalone_store_serves_clients() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_collectix"))
-        .args(["store", "--host", "127.0.0.1", "--port", "0"])
+/// Starts `cmd` (a `collectix store` on port 0, perhaps behind other programs) with its
+/// stdout piped; the child and the address it serves on, from its first line
+/// ("collectix store: serving on 127.0.0.1:PORT").
+fn serving(cmd: &mut Command) -> (Child, String) {
+    let mut child = cmd
         .stdout(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start collectix store: {e}"));
@@ -16,8 +17,20 @@ fn the_standalone_store_serves_clients() {
     if let Some(out) = child.stdout.take() {
         let _ = BufReader::new(out).read_line(&mut line);
     }
-    // "collectix store: serving on 127.0.0.1:PORT"
     let addr = line.trim().rsplit(' ').next().unwrap_or("").to_string();
+    (child, addr)
+}
+
+/// `collectix store` on a free port of 127.0.0.1.
+fn store_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_collectix"));
+    c.args(["store", "--host", "127.0.0.1", "--port", "0"]);
+    c
+}
+
+#[test]
+fn the_standalone_store_serves_clients() {
+    let (mut child, addr) = serving(&mut store_command());
     let result = (|| -> collectix::Result<Vec<u8>> {
         let a = TcpStore::connect(addr.clone(), Duration::from_secs(10))?;
         let b = TcpStore::connect(addr.clone(), Duration::from_secs(10))?;
@@ -32,18 +45,11 @@ fn the_standalone_store_serves_clients() {
 
 #[test]
 fn the_standalone_store_logs_the_clients_it_drops() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_collectix"))
-        .args(["store", "--host", "127.0.0.1", "--port", "0"])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start collectix store: {e}"));
-    let mut line = String::new();
-    if let Some(out) = child.stdout.take() {
-        let _ = BufReader::new(out).read_line(&mut line);
-    }
-    let addr = line.trim().rsplit(' ').next().unwrap_or("").to_string();
+    let (mut child, addr) = serving(
+        store_command()
+            .env_remove("RUST_LOG")
+            .stderr(Stdio::piped()),
+    );
     // Not the protocol: the server drops the client, and says so (warn is on by default).
     if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
         use std::io::{Read, Write};
@@ -92,27 +98,21 @@ fn a_store_limited_to_200_threads_serves_a_client_past_300_idle_connections() {
         return;
     }
     // The store as `nobody`, at most 200 threads (RLIMIT_NPROC counts a user's threads).
-    let mut child = Command::new("prlimit")
-        .args(["--nproc=200:200", "--nofile=4096:4096", "--"])
-        .args([
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--",
-        ])
-        .arg(env!("CARGO_BIN_EXE_collectix"))
-        .args(["store", "--host", "127.0.0.1", "--port", "0"])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start the store: {e}"));
-    let mut line = String::new();
-    if let Some(out) = child.stdout.take() {
-        let _ = BufReader::new(out).read_line(&mut line);
-    }
-    let addr = line.trim().rsplit(' ').next().unwrap_or("").to_string();
+    let (mut child, addr) = serving(
+        Command::new("prlimit")
+            .args(["--nproc=200:200", "--nofile=4096:4096", "--"])
+            .args([
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--",
+            ])
+            .arg(env!("CARGO_BIN_EXE_collectix"))
+            .args(["store", "--host", "127.0.0.1", "--port", "0"])
+            .env_remove("RUST_LOG")
+            .stderr(Stdio::null()),
+    );
     // 300 connections that say nothing (a thread each once cost more than the limit).
     let idle: Vec<_> = (0..300)
         .filter_map(|_| std::net::TcpStream::connect(&addr).ok())
