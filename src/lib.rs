@@ -85,9 +85,9 @@ pub use collectix_actors::device::TensorDeviceExt;
 pub use collectix_actors::{
     init, job_status, BufferCalls, BufferWork, CallRecord, CallState, Communicator, Connect,
     DeviceBackend, Failed, FileStore, InitArgs, JobConfig, JobStatus, Launcher, Liveness,
-    MemoryStore, Mesh2d, P2POp, Policy, PrefixStore, Process, RankStatus, Recovered, Rendezvous,
-    Secret, Security, Store, TcpStore, TcpStoreServer, Transport, Work, World, CALLS_KEPT,
-    FIRST_RESERVED_TAG,
+    MemoryStore, Mesh2d, P2POp, Policy, PrefixStore, Process, ProcessBuilder, RankStatus,
+    Recovered, Rendezvous, Secret, Security, Store, TcpStore, TcpStoreServer, Transport, Work,
+    World, CALLS_KEPT, DEFAULT_JOIN_TIMEOUT, FIRST_RESERVED_TAG,
 };
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{

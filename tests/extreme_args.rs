@@ -63,6 +63,8 @@ fn duration_max_as_a_timeout_waits_without_end_instead_of_panicking() {
         launcher_store: None,
         transport: Some(Transport::Tcp),
         host_id: None,
+        address: None,
+        interface: None,
     };
     let p = ok(
         init(&args, collectix::GroupOptions::default(), Duration::MAX),

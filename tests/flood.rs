@@ -68,6 +68,8 @@ fn a_flood_of_unauthenticated_connections_costs_no_threads_and_keeps_nobody_out(
                         launcher_store: None,
                         transport: Some(Transport::Tcp),
                         host_id: None,
+                        address: None,
+                        interface: None,
                     };
                     let p = init(&args, GroupOptions::default(), Duration::from_secs(60))
                         .map_err(|e| format!("rank {r}: {e}"))?;

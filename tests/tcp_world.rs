@@ -46,6 +46,8 @@ fn args_over(
         launcher_store: None,
         transport: Some(transport),
         host_id: None,
+        address: None,
+        interface: None,
     }
 }
 
@@ -143,6 +145,8 @@ fn two_hosts_of_two_ranks_share_memory_inside_and_go_hierarchical_across() {
                 sc.spawn(move || -> Result<(), String> {
                     let args = InitArgs {
                         host_id: Some(if r < 2 { "host-a" } else { "host-b" }.to_owned()),
+                        address: None,
+                        interface: None,
                         ..args_over(port, r, w, Some(Connect::Eager), Transport::Auto)
                     };
                     let p = init(&args, check_job::options(), Duration::from_secs(60))

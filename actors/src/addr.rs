@@ -58,7 +58,7 @@ pub(crate) fn interface_ip(name: &str) -> Result<IpAddr> {
         .copied();
     pick.ok_or_else(|| {
         Error::invalid(format!(
-            "COLLECTIX_SOCKET_IFNAME={name}: no such interface with an address on this host{}",
+            "interface {name:?} (COLLECTIX_SOCKET_IFNAME, or the builder's `interface`): no such interface with an address on this host{}",
             interface_names()
                 .map(|n| format!(" (it has {})", n.join(", ")))
                 .unwrap_or_default()
@@ -97,7 +97,7 @@ fn interface_names() -> Option<Vec<String>> {
 #[cfg(not(unix))]
 fn interface_addrs(name: &str) -> Result<Vec<IpAddr>> {
     Err(Error::invalid(format!(
-        "COLLECTIX_SOCKET_IFNAME={name}: interface names are read on Unix only; give an address (COLLECTIX_ADDR)"
+        "interface {name:?} (COLLECTIX_SOCKET_IFNAME, or the builder's `interface`): interface names are read on Unix only; give an address (COLLECTIX_ADDR)"
     )))
 }
 

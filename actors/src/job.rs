@@ -2,23 +2,33 @@
 //! its host, and where the job's rendezvous store is, read the way `init_process_group` reads
 //! them. [`JobConfig::resolve`] takes, in order:
 //!
-//! 1. explicit arguments ([`InitArgs`]);
+//! 1. explicit arguments ([`InitArgs`], or the builder [`Process::builder`](crate::Process::builder));
 //! 2. the `init_method`: `env://` (the default), `tcp://host:port` or `file:///path`;
-//! 3. torchrun's variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
-//!    `MASTER_ADDR`, `MASTER_PORT`), which Kubernetes training operators set too;
-//! 4. Open MPI's (`OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`,
-//!    `OMPI_COMM_WORLD_LOCAL_SIZE`);
-//! 5. Slurm's (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_JOB_NODELIST`,
-//!    `SLURM_JOB_ID`).
+//! 3. the variables of the launcher that started this process. When several launchers'
+//!    variables are set, the innermost launcher's count (torchrun started by `srun` or in a
+//!    Kubernetes pod: torchrun's), in this order:
 //!
-//! Where the store is, when no `MASTER_ADDR` says so:
-//! - Under Open MPI, on one host: `127.0.0.1`. On several hosts: the host `mpirun` runs on (from
-//!   `OMPI_MCA_orte_hnp_uri`), where Open MPI's default mapping places rank 0.
-//! - Under Slurm: the first host of `SLURM_JOB_NODELIST`, whose compressed form
-//!   (`node[01-04,07]`) [`parse_nodelist`] expands.
+//! | launcher | rank, size | on its host | store |
+//! |---|---|---|---|
+//! | torchrun, `collectix launch` | `RANK`, `WORLD_SIZE` | `LOCAL_RANK`, `LOCAL_WORLD_SIZE` | `MASTER_ADDR`, `MASTER_PORT` |
+//! | Open MPI's `mpirun` | `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_SIZE` | one host: 127.0.0.1; else mpirun's host (`OMPI_MCA_orte_hnp_uri`); port from the job id |
+//! | MPICH's and Intel MPI's `mpiexec` (Hydra) | `PMI_RANK`, `PMI_SIZE` | `MPI_LOCALRANKID`, `MPI_LOCALNRANKS` | one host: 127.0.0.1; `MASTER_PORT` needed |
+//! | PMIx (`prterun`, `srun --mpi=pmix`) | `PMIX_RANK`, size from `WORLD_SIZE` or `SLURM_NTASKS` | `SLURM_LOCALID` | as Slurm; else `MASTER_ADDR`, port from `PMIX_NAMESPACE` |
+//! | Slurm's `srun` | `SLURM_PROCID`, `SLURM_NTASKS` | `SLURM_LOCALID`, `SLURM_NTASKS_PER_NODE` | first host of `SLURM_JOB_NODELIST`; port from `SLURM_JOB_ID` |
+//! | Kubeflow's trainer (one process per pod) | `PET_NODE_RANK`, `PET_NNODES` (with `PET_NPROC_PER_NODE` 1) | | `PET_MASTER_ADDR`, `PET_MASTER_PORT` |
+//! | LeaderWorkerSet | `LWS_WORKER_INDEX`, `LWS_GROUP_SIZE` | | `LWS_LEADER_ADDRESS`; port 29500 |
+//! | Kubernetes indexed Job, JobSet | `JOB_COMPLETION_INDEX`, `WORLD_SIZE` | | `MASTER_ADDR`; port 29500 |
 //!
-//! The port, when no `MASTER_PORT` says so, is derived from the job's id (Open MPI's jobid,
-//! Slurm's `SLURM_JOB_ID`), so that every rank derives the same one.
+//! `MASTER_ADDR` and `MASTER_PORT`, where set, win over what a row derives. The rank
+//! variables of torchrun and the MPI launchers must agree where several are set (a stale
+//! `RANK` in a shell that runs `mpirun` is an error, not rank 0 four times); Slurm's and the
+//! pods' count only when none of those is set, since an inner launcher's ranks differ from
+//! them by design. A pod that runs several processes starts them with `collectix launch`,
+//! which reads `PET_NNODES`, `PET_NODE_RANK`, `PET_NPROC_PER_NODE`, `PET_MASTER_ADDR` and
+//! `PET_MASTER_PORT` as its defaults, as torchrun does.
+//!
+//! Slurm's compressed host list (`node[01-04,07]`) is expanded by [`parse_nodelist`]. A port
+//! derived from a job's id falls in 20000–39999, the same on every rank.
 //!
 //! A setting that is missing, unparsable or contradicts another is an
 //! [`Error::InvalidArgument`] that names the variable to set.
@@ -47,6 +57,12 @@ pub struct InitArgs {
     pub host_id: Option<String>,
     /// The job's secret and where it may listen (else [`Security::from_env`](crate::Security::from_env)).
     pub security: Option<crate::security::Security>,
+    /// The address (or host name) this process is reached at by its peers (else
+    /// `COLLECTIX_ADDR`, else the interface below).
+    pub address: Option<String>,
+    /// The network interface whose address this process is reached at, e.g. `eth0` (else
+    /// `COLLECTIX_SOCKET_IFNAME`, else the local end of the route to the store's host).
+    pub interface: Option<String>,
     /// How long a silent peer is given before it is lost (else `COLLECTIX_LINK_TIMEOUT`,
     /// else 10 s; see [`Liveness`](crate::transport::tcp::Liveness)).
     pub liveness: Option<crate::transport::tcp::Liveness>,
@@ -74,8 +90,9 @@ pub enum Rendezvous {
     },
 }
 
-/// Who started the job, as far as the environment tells.
+/// Who started the job, as far as the environment tells (the module doc's table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Launcher {
     /// Every setting came from the program's own arguments.
     Explicit,
@@ -83,8 +100,119 @@ pub enum Launcher {
     Torchrun,
     /// Open MPI's `mpirun`.
     OpenMpi,
+    /// MPICH's or Intel MPI's `mpiexec` (the Hydra process manager: `PMI_RANK`).
+    Hydra,
+    /// A PMIx launcher (`prterun`, `srun --mpi=pmix`: `PMIX_RANK`).
+    Pmix,
     /// Slurm's `srun`.
     Slurm,
+    /// Kubeflow's trainer, one process per pod (`PET_NODE_RANK`).
+    Kubeflow,
+    /// A LeaderWorkerSet group (`LWS_WORKER_INDEX`).
+    LeaderWorkerSet,
+    /// A Kubernetes indexed Job or JobSet (`JOB_COMPLETION_INDEX`).
+    IndexedJob,
+}
+
+/// Where one launcher keeps a process's place: the module doc's table, a row each.
+struct Row {
+    launcher: Launcher,
+    rank: &'static str,
+    /// The size's variables, the first set counts.
+    size: &'static [&'static str],
+    local_rank: &'static [&'static str],
+    /// Processes on this host; a variable whose value is not a plain number is skipped
+    /// (Slurm's `SLURM_NTASKS_PER_NODE` can be `2(x3)`).
+    local_size: &'static [&'static str],
+    /// Whether the rank must agree with the other rows of this kind (the launchers that start
+    /// processes themselves).
+    process: bool,
+}
+
+/// The rows, innermost launcher first.
+const ROWS: [Row; 8] = [
+    Row {
+        launcher: Launcher::Torchrun,
+        rank: "RANK",
+        size: &["WORLD_SIZE"],
+        local_rank: &["LOCAL_RANK"],
+        local_size: &["LOCAL_WORLD_SIZE"],
+        process: true,
+    },
+    Row {
+        launcher: Launcher::OpenMpi,
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: &["OMPI_COMM_WORLD_SIZE"],
+        local_rank: &["OMPI_COMM_WORLD_LOCAL_RANK"],
+        local_size: &["OMPI_COMM_WORLD_LOCAL_SIZE"],
+        process: true,
+    },
+    Row {
+        launcher: Launcher::Hydra,
+        rank: "PMI_RANK",
+        size: &["PMI_SIZE"],
+        local_rank: &["MPI_LOCALRANKID"],
+        local_size: &["MPI_LOCALNRANKS"],
+        process: true,
+    },
+    Row {
+        launcher: Launcher::Pmix,
+        rank: "PMIX_RANK",
+        size: &["WORLD_SIZE", "SLURM_NTASKS"],
+        local_rank: &["SLURM_LOCALID"],
+        local_size: &["SLURM_NTASKS_PER_NODE"],
+        process: true,
+    },
+    Row {
+        launcher: Launcher::Slurm,
+        rank: "SLURM_PROCID",
+        size: &["SLURM_NTASKS"],
+        local_rank: &["SLURM_LOCALID"],
+        local_size: &["SLURM_NTASKS_PER_NODE"],
+        process: false,
+    },
+    Row {
+        launcher: Launcher::Kubeflow,
+        rank: "PET_NODE_RANK",
+        size: &["PET_NNODES"],
+        local_rank: &[],
+        local_size: &[],
+        process: false,
+    },
+    Row {
+        launcher: Launcher::LeaderWorkerSet,
+        rank: "LWS_WORKER_INDEX",
+        size: &["LWS_GROUP_SIZE"],
+        local_rank: &[],
+        local_size: &[],
+        process: false,
+    },
+    Row {
+        launcher: Launcher::IndexedJob,
+        rank: "JOB_COMPLETION_INDEX",
+        size: &["WORLD_SIZE"],
+        local_rank: &[],
+        local_size: &[],
+        process: false,
+    },
+];
+
+/// The store's port where a launcher gives none and no job id names one (torchrun's default).
+const DEFAULT_PORT: u16 = 29500;
+
+impl Launcher {
+    /// The launcher whose variables are in this process's environment (`None`: none is, so
+    /// the program was started by hand). Examples use it to tell whether to join a job.
+    pub fn detect() -> Option<Launcher> {
+        Launcher::detect_in(&|k| std::env::var(k).ok())
+    }
+
+    /// [`detect`](Launcher::detect) over any source of variables.
+    pub fn detect_in(env: &dyn Fn(&str) -> Option<String>) -> Option<Launcher> {
+        ROWS.iter()
+            .find(|r| var(env, r.rank).is_some())
+            .map(|r| r.launcher)
+    }
 }
 
 /// This process's place in the job.
@@ -153,30 +281,22 @@ impl JobConfig {
     /// Resolves `args` against the environment `env` (a lookup, so that tests can pass
     /// theirs). See the module doc for the order.
     pub fn resolve(args: &InitArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<JobConfig> {
-        // Rank and size: each from the first source that has it; two launchers' variables
-        // that disagree are an error naming both.
-        let launcher = if var(env, "RANK").is_some() || var(env, "WORLD_SIZE").is_some() {
-            Launcher::Torchrun
-        } else if var(env, "OMPI_COMM_WORLD_RANK").is_some() {
-            Launcher::OpenMpi
-        } else if var(env, "SLURM_PROCID").is_some() {
-            Launcher::Slurm
-        } else {
-            Launcher::Explicit
-        };
-        let rank_vars = ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"];
-        let size_vars = ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"];
-        let local_vars = ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"];
-        let local_size_vars = [
-            "LOCAL_WORLD_SIZE",
-            "OMPI_COMM_WORLD_LOCAL_SIZE",
-            "SLURM_NTASKS_PER_NODE",
-        ];
-        for vars in [rank_vars, size_vars] {
-            let set: Vec<(&str, usize)> = vars
-                .iter()
-                .filter_map(|n| number(env, n).transpose().map(|v| v.map(|v| (*n, v))))
-                .collect::<Result<_>>()?;
+        // The innermost launcher's row: the first whose rank variable is set.
+        let row = ROWS.iter().find(|r| var(env, r.rank).is_some());
+        // The launchers that start processes must agree, on the rank and on the size.
+        let process_rows = || ROWS.iter().filter(|r| r.process);
+        let ranks: Vec<(&str, usize)> = process_rows()
+            .filter_map(|r| {
+                number(env, r.rank)
+                    .transpose()
+                    .map(|v| v.map(|v| (r.rank, v)))
+            })
+            .collect::<Result<_>>()?;
+        let sizes: Vec<(&str, usize)> = ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+            .iter()
+            .filter_map(|n| number(env, n).transpose().map(|v| v.map(|v| (*n, v))))
+            .collect::<Result<_>>()?;
+        for set in [&ranks, &sizes] {
             if let Some(((a, x), (b, y))) = set
                 .iter()
                 .zip(set.iter().skip(1))
@@ -187,22 +307,42 @@ impl JobConfig {
                 )));
             }
         }
-        let (rank_from, rank) = match (args.rank, first(env, &rank_vars)?) {
+        let from_row = match row {
+            Some(r) => {
+                let rank = number(env, r.rank)?.unwrap_or(0);
+                (r.launcher, Some((r.rank, rank)), first(env, r.size)?)
+            }
+            // No rank variable: the size alone may still come from torchrun's.
+            None => (Launcher::Explicit, None, first(env, &["WORLD_SIZE"])?),
+        };
+        let (launcher, env_rank, env_size) = from_row;
+        if launcher == Launcher::Kubeflow && args.rank.is_none() {
+            if let Some(n) = var(env, "PET_NPROC_PER_NODE").filter(|n| n != "1") {
+                return Err(Error::invalid(format!(
+                    "PET_NPROC_PER_NODE={n}: this pod runs several processes; start them with `collectix launch` (it reads PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR and PET_MASTER_PORT) or torchrun"
+                )));
+            }
+        }
+        let (rank_from, rank) = match (args.rank, env_rank) {
             (Some(r), _) => ("the rank argument", r),
-            (None, Some((n, r))) => (n, r),
+            (None, Some(found)) => found,
             (None, None) => {
                 return Err(Error::invalid(
-                    "no rank: pass one, or set RANK (torchrun's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or start the job with mpirun or srun",
+                    "no rank: pass one, or set RANK (torchrun's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or start the job with a launcher (docs/deployment.md lists them)",
                 ))
             }
         };
-        let (size_from, world_size) = match (args.world_size, first(env, &size_vars)?) {
+        let (size_from, world_size) = match (args.world_size, env_size) {
             (Some(w), _) => ("the world_size argument", w),
-            (None, Some((n, w))) => (n, w),
+            (None, Some(found)) => found,
             (None, None) => {
-                return Err(Error::invalid(
-                    "no world size: pass one, or set WORLD_SIZE (torchrun's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)",
-                ))
+                let want = row
+                    .and_then(|r| r.size.first())
+                    .copied()
+                    .unwrap_or("WORLD_SIZE");
+                return Err(Error::invalid(format!(
+                    "no world size: pass one, or set {want} (torchrun's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
+                )));
             }
         };
         if world_size == 0 {
@@ -215,11 +355,15 @@ impl JobConfig {
                 "rank {rank} (from {rank_from}) is not below the world size {world_size} (from {size_from})"
             )));
         }
-        let local_rank = first(env, &local_vars)?.map_or(0, |(_, v)| v);
-        // Slurm's SLURM_NTASKS_PER_NODE can be "2(x3)": only a plain number counts.
-        let local_world_size = local_size_vars
-            .iter()
-            .find_map(|n| var(env, n).and_then(|v| v.parse::<usize>().ok()));
+        let local_rank = match row {
+            Some(r) => first(env, r.local_rank)?.map_or(0, |(_, v)| v),
+            None => 0,
+        };
+        let local_world_size = row.and_then(|r| {
+            r.local_size
+                .iter()
+                .find_map(|n| var(env, n).and_then(|v| v.parse::<usize>().ok()))
+        });
         let launcher = if args.rank.is_some() && args.world_size.is_some() {
             Launcher::Explicit
         } else {
@@ -277,57 +421,88 @@ fn rendezvous(
             "init_method {method:?}: expected env://, tcp://HOST:PORT or file:///PATH"
         )));
     }
+    let one_host = local_world_size == Some(world_size);
+    let needed = |what: &str| {
+        Error::invalid(format!(
+            "MASTER_ADDR is not set{what}: set MASTER_ADDR (rank 0's host) and MASTER_PORT, or pass init_method tcp://HOST:PORT"
+        ))
+    };
+    let slurm_host = || -> Result<Option<String>> {
+        let Some(list) = var(env, "SLURM_JOB_NODELIST").or_else(|| var(env, "SLURM_NODELIST"))
+        else {
+            return Ok(None);
+        };
+        parse_nodelist(&list)?
+            .into_iter()
+            .next()
+            .map(Some)
+            .ok_or_else(|| Error::invalid(format!("SLURM_JOB_NODELIST={list:?} names no host")))
+    };
     let host = match var(env, "MASTER_ADDR") {
         Some(h) => h,
         None => match launcher {
-            Launcher::OpenMpi if local_world_size == Some(world_size) => "127.0.0.1".into(),
+            Launcher::OpenMpi | Launcher::Hydra | Launcher::Pmix if one_host => "127.0.0.1".into(),
             Launcher::OpenMpi => var(env, "OMPI_MCA_orte_hnp_uri")
                 .and_then(|u| hnp_host(&u))
-                .ok_or_else(|| {
-                    Error::invalid(
-                        "MASTER_ADDR is not set, and mpirun's host is not in OMPI_MCA_orte_hnp_uri: set MASTER_ADDR to rank 0's host",
-                    )
-                })?,
-            Launcher::Slurm => {
-                let list = var(env, "SLURM_JOB_NODELIST")
-                    .or_else(|| var(env, "SLURM_NODELIST"))
-                    .ok_or_else(|| {
-                        Error::invalid(
-                            "neither MASTER_ADDR nor SLURM_JOB_NODELIST is set: set MASTER_ADDR to rank 0's host",
-                        )
-                    })?;
-                parse_nodelist(&list)?
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| Error::invalid(format!("SLURM_JOB_NODELIST={list:?} names no host")))?
+                .ok_or_else(|| needed(", and mpirun's host is not in OMPI_MCA_orte_hnp_uri"))?,
+            Launcher::Slurm | Launcher::Pmix => {
+                slurm_host()?.ok_or_else(|| needed(" (nor SLURM_JOB_NODELIST)"))?
             }
-            Launcher::Torchrun | Launcher::Explicit => {
-                return Err(Error::invalid(
-                    "MASTER_ADDR is not set: set MASTER_ADDR (rank 0's host) and MASTER_PORT, or pass init_method tcp://HOST:PORT",
-                ))
+            Launcher::Hydra => return Err(needed(
+                " and the job spans hosts (mpiexec -genv MASTER_ADDR HOST -genv MASTER_PORT PORT)",
+            )),
+            Launcher::Kubeflow => {
+                var(env, "PET_MASTER_ADDR").ok_or_else(|| needed(" (nor PET_MASTER_ADDR)"))?
+            }
+            Launcher::LeaderWorkerSet => {
+                var(env, "LWS_LEADER_ADDRESS").ok_or_else(|| needed(" (nor LWS_LEADER_ADDRESS)"))?
+            }
+            Launcher::Torchrun | Launcher::Explicit | Launcher::IndexedJob => {
+                return Err(needed(""))
             }
         },
     };
-    let port =
-        match var(env, "MASTER_PORT") {
-            Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(|| {
-                Error::invalid(format!("MASTER_PORT={p:?} is not a port (1-65535)"))
-            })?,
-            None => {
-                let job = match launcher {
-                    Launcher::OpenMpi => var(env, "OMPI_MCA_ess_base_jobid"),
-                    Launcher::Slurm => var(env, "SLURM_JOB_ID"),
-                    _ => None,
-                };
-                let id = job.and_then(|j| j.parse::<u64>().ok()).ok_or_else(|| {
-                    Error::invalid(
+    let port_var = |name: &str| -> Result<Option<u16>> {
+        var(env, name)
+            .map(|p| {
+                p.parse::<u16>()
+                    .ok()
+                    .filter(|&p| p != 0)
+                    .ok_or_else(|| Error::invalid(format!("{name}={p:?} is not a port (1-65535)")))
+            })
+            .transpose()
+    };
+    let from_id = |id: Option<u64>| id.map(|id| (PORT_BASE + id % PORT_SPAN) as u16);
+    let numeric = |name: &str| var(env, name).and_then(|j| j.parse::<u64>().ok());
+    let port = match port_var("MASTER_PORT")? {
+        Some(p) => p,
+        None => {
+            let derived = match launcher {
+                Launcher::OpenMpi => from_id(numeric("OMPI_MCA_ess_base_jobid")),
+                Launcher::Slurm => from_id(numeric("SLURM_JOB_ID")),
+                Launcher::Pmix => from_id(
+                    numeric("SLURM_JOB_ID")
+                        .or_else(|| var(env, "PMIX_NAMESPACE").map(|n| fnv1a(&n))),
+                ),
+                Launcher::Kubeflow => Some(port_var("PET_MASTER_PORT")?.unwrap_or(DEFAULT_PORT)),
+                Launcher::LeaderWorkerSet | Launcher::IndexedJob => Some(DEFAULT_PORT),
+                Launcher::Hydra | Launcher::Torchrun | Launcher::Explicit => None,
+            };
+            derived.ok_or_else(|| {
+                Error::invalid(
                     "MASTER_PORT is not set (and no job id to derive a port from): set MASTER_PORT",
                 )
-                })?;
-                (PORT_BASE + id % PORT_SPAN) as u16
-            }
-        };
+            })?
+        }
+    };
     Ok(Rendezvous::Tcp { host, port })
+}
+
+/// FNV-1a of a text: a port derived from a name is the same in every process and build.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// "host:port", "[v6]:port".

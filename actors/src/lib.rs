@@ -45,6 +45,7 @@ mod addr;
 mod backend;
 mod board;
 mod buffers;
+mod builder;
 mod comm;
 pub mod device;
 #[cfg(test)]
@@ -71,6 +72,7 @@ mod world;
 pub use backend::p2p::FIRST_RESERVED_TAG;
 pub use backend::DeviceBackend;
 pub use buffers::{BufferCalls, BufferWork, Failed};
+pub use builder::{ProcessBuilder, DEFAULT_JOIN_TIMEOUT};
 pub use comm::{Communicator, P2POp};
 pub use job::{parse_nodelist, InitArgs, JobConfig, Launcher, Rendezvous};
 pub use mesh2d::Mesh2d;

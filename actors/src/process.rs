@@ -153,24 +153,42 @@ fn listen(ip: &str, security: &Security) -> Result<TcpListener> {
 }
 
 /// Joins the job: see the module doc. `options` are the world group's; `timeout` bounds the
-/// whole join (the store, the other ranks' arrival, the connections).
+/// whole join (the store, the other ranks' arrival, the connections). What `args` leaves out
+/// comes from the environment; [`Process::builder`] gives the same in code.
 pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result<Process> {
-    let config = JobConfig::from_env(args)?;
+    init_with(args, options, timeout, true)
+}
+
+/// [`init`]; with `environment` false, the job's variables (rank, size, store, secret,
+/// address, transport, connection, liveness) are not read, and what `args` leaves out has
+/// its default.
+pub(crate) fn init_with(
+    args: &InitArgs,
+    options: GroupOptions,
+    timeout: Duration,
+    environment: bool,
+) -> Result<Process> {
+    let own = environment;
+    let env = |k: &str| if own { std::env::var(k).ok() } else { None };
+    let config = JobConfig::resolve(args, &env)?;
     let security = match &args.security {
         Some(s) => s.clone(),
-        None => Security::from_env()?,
+        None => Security::resolve(&env)?,
     };
     let liveness = match args.liveness {
         Some(l) => l,
-        None => Liveness::from_env()?,
+        None if own => Liveness::from_env()?,
+        None => Liveness::default(),
     };
     let connect = match args.connect {
         Some(c) => c,
-        None => Connect::from_env()?,
+        None if own => Connect::from_env()?,
+        None => Connect::Eager,
     };
     let transport = match args.transport {
         Some(t) => t,
-        None => Transport::from_env()?,
+        None if own => Transport::from_env()?,
+        None => Transport::Auto,
     };
     let (rank, world) = (config.rank, config.world_size);
     let deadline = crate::sync::deadline_after(timeout);
@@ -201,6 +219,9 @@ pub fn init(args: &InitArgs, options: GroupOptions, timeout: Duration) -> Result
         connect,
         transport,
         host_id: args.host_id.clone(),
+        address: args.address.as_deref(),
+        interface: args.interface.as_deref(),
+        environment,
         incarnation: config.incarnation,
         deadline,
         timeout,
@@ -304,6 +325,12 @@ struct Joining<'a> {
     transport: Transport,
     /// This process's host identity, if the program gave one.
     host_id: Option<String>,
+    /// The address this rank is reached at, given in code ([`InitArgs::address`]).
+    address: Option<&'a str>,
+    /// The interface whose address that is, given in code ([`InitArgs::interface`]).
+    interface: Option<&'a str>,
+    /// Whether `COLLECTIX_ADDR` and `COLLECTIX_SOCKET_IFNAME` may say it instead.
+    environment: bool,
     /// Which process of its rank this is (0, one more for each restart).
     incarnation: u32,
     /// When the whole join must be done.
@@ -346,13 +373,21 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         connect,
         transport,
         host_id,
+        address,
+        interface,
+        environment,
         incarnation,
         deadline,
         timeout,
     } = joining;
     let left = || deadline.saturating_duration_since(Instant::now());
     // 2. Listen, publish.
-    let ip = addr::own_ip(store_host)?;
+    let ip = match (address, interface) {
+        (Some(a), _) => a.trim().to_owned(),
+        (None, Some(i)) => addr::interface_ip(i.trim())?.to_string(),
+        (None, None) if environment => addr::own_ip(store_host)?,
+        (None, None) => addr::own_ip_from(store_host, &|_| None)?,
+    };
     let tcp_listener = listen(&ip, security)?;
     let port = tcp_listener
         .local_addr()

@@ -4,22 +4,10 @@
 //! --workspace`, which builds them). Elapsed-time bounds are hang guards, not timings.
 
 mod common;
-use common::{example, free_port};
+use common::{example, free_port, ALL_REDUCE_LINES};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The example's lines, as one process per rank prints them.
-const ALL_REDUCE_LINES: [&str; 8] = [
-    "rank 0: sum [10, 20]",
-    "rank 1: sum [10, 20]",
-    "rank 2: sum [10, 20]",
-    "rank 3: sum [10, 20]",
-    "rank 1: group_min [2, 4]",
-    "rank 1: group_max [4, 8]",
-    "rank 3: group_min [2, 4]",
-    "rank 3: group_max [4, 8]",
-];
 
 #[test]
 fn the_readme_example_runs_as_four_processes_under_collectix_launch() {

@@ -39,12 +39,11 @@ pub(crate) fn per_rank<T: Send + 'static>(
 }
 
 /// Whether this process was started as one rank of a multi-process job (by
-/// `collectix launch`, torchrun, `mpirun` or `srun`): then it joins the job with
-/// `collectix::init` instead of starting its own world.
+/// `collectix launch`, torchrun, `mpirun`, `mpiexec`, `srun` or a Kubernetes job: any
+/// launcher of `docs/deployment.md`'s table): then it joins the job with `collectix::init`
+/// instead of starting its own world.
 pub(crate) fn launched() -> bool {
-    ["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
+    collectix::Launcher::detect().is_some()
 }
 
 /// Joins the job this process was launched into (its environment says how), waiting up to

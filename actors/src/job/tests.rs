@@ -232,3 +232,190 @@ fn slurm_node_lists() {
         );
     }
 }
+
+/// `resolve`'s rank, size, launcher and store for `pairs`.
+fn placed(pairs: &[(&str, &str)]) -> (usize, usize, usize, Launcher, String, u16) {
+    match resolve(&InitArgs::default(), pairs) {
+        Ok(JobConfig {
+            rank,
+            world_size,
+            local_rank,
+            launcher,
+            rendezvous: Rendezvous::Tcp { host, port },
+            ..
+        }) => (rank, world_size, local_rank, launcher, host, port),
+        other => panic!("{pairs:?}: {other:?}"),
+    }
+}
+
+#[test]
+fn torchrun_started_by_srun_takes_torchruns_rank() {
+    // `srun torchrun --nproc-per-node 4 ...` on 2 nodes: SLURM_PROCID is the node's torchrun,
+    // RANK the process's. This was an error ("SLURM_PROCID=1 and RANK=5 disagree").
+    let c = placed(&[
+        ("RANK", "5"),
+        ("WORLD_SIZE", "8"),
+        ("LOCAL_RANK", "1"),
+        ("MASTER_ADDR", "gpu07"),
+        ("MASTER_PORT", "29500"),
+        ("SLURM_PROCID", "1"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_LOCALID", "0"),
+        ("SLURM_JOB_NODELIST", "gpu[07-08]"),
+    ]);
+    assert_eq!(c, (5, 8, 1, Launcher::Torchrun, "gpu07".into(), 29500));
+    // Intel MPI's mpiexec inside an allocation: its ranks, not Slurm's.
+    let c = placed(&[
+        ("PMI_RANK", "3"),
+        ("PMI_SIZE", "4"),
+        ("MPI_LOCALRANKID", "3"),
+        ("MPI_LOCALNRANKS", "4"),
+        ("MASTER_PORT", "29600"),
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "1"),
+    ]);
+    assert_eq!(c, (3, 4, 3, Launcher::Hydra, "127.0.0.1".into(), 29600));
+}
+
+#[test]
+fn hydra_variables() {
+    // What `mpiexec.hydra -n 4` sets (MPICH 4.0, checked), with MASTER_PORT given.
+    let one_host = [
+        ("PMI_RANK", "2"),
+        ("PMI_SIZE", "4"),
+        ("PMI_FD", "6"),
+        ("MPI_LOCALRANKID", "2"),
+        ("MPI_LOCALNRANKS", "4"),
+    ];
+    let mut with_port = one_host.to_vec();
+    with_port.push(("MASTER_PORT", "29600"));
+    assert_eq!(
+        placed(&with_port),
+        (2, 4, 2, Launcher::Hydra, "127.0.0.1".into(), 29600)
+    );
+    // Hydra names no job: the port must be given.
+    err_names(resolve(&InitArgs::default(), &one_host), "MASTER_PORT");
+    // Across hosts the store's host must be given too.
+    with_port[4] = ("MPI_LOCALNRANKS", "2");
+    err_names(resolve(&InitArgs::default(), &with_port), "MASTER_ADDR");
+    // A stale RANK that disagrees is an error.
+    with_port.push(("RANK", "0"));
+    err_names(resolve(&InitArgs::default(), &with_port), "PMI_RANK");
+}
+
+#[test]
+fn pmix_variables() {
+    // srun --mpi=pmix: Slurm's host list and job id; PMIx's rank.
+    let c = placed(&[
+        ("PMIX_RANK", "3"),
+        ("PMIX_NAMESPACE", "slurm.pmix.77.0"),
+        ("SLURM_PROCID", "3"),
+        ("SLURM_NTASKS", "4"),
+        ("SLURM_LOCALID", "1"),
+        ("SLURM_JOB_NODELIST", "n[1-2]"),
+        ("SLURM_JOB_ID", "77"),
+    ]);
+    assert_eq!(c, (3, 4, 1, Launcher::Pmix, "n1".into(), 20_077));
+    // prterun with the size and host given: the port comes from the namespace, alike in
+    // every process.
+    let prte = [
+        ("PMIX_RANK", "1"),
+        ("PMIX_NAMESPACE", "prterun-node1-4242@1"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "node1"),
+    ];
+    let (rank, world, _, launcher, host, port) = placed(&prte);
+    assert_eq!(
+        (rank, world, launcher, host.as_str()),
+        (1, 2, Launcher::Pmix, "node1")
+    );
+    assert!((20_000..40_000).contains(&port), "{port}");
+    assert_eq!(placed(&prte).5, port);
+    err_names(
+        resolve(
+            &InitArgs::default(),
+            &[("PMIX_RANK", "1"), ("MASTER_ADDR", "h")],
+        ),
+        "WORLD_SIZE",
+    );
+}
+
+#[test]
+fn kubeflow_leader_worker_set_and_indexed_job_variables() {
+    let kubeflow = [
+        ("PET_NODE_RANK", "1"),
+        ("PET_NNODES", "4"),
+        ("PET_NPROC_PER_NODE", "1"),
+        ("PET_MASTER_ADDR", "train-node-0-0.train"),
+        ("PET_MASTER_PORT", "23456"),
+    ];
+    assert_eq!(
+        placed(&kubeflow),
+        (
+            1,
+            4,
+            0,
+            Launcher::Kubeflow,
+            "train-node-0-0.train".into(),
+            23456
+        )
+    );
+    let mut several = kubeflow.to_vec();
+    several[2] = ("PET_NPROC_PER_NODE", "4");
+    err_names(resolve(&InitArgs::default(), &several), "collectix launch");
+    assert_eq!(
+        placed(&[
+            ("LWS_WORKER_INDEX", "2"),
+            ("LWS_GROUP_SIZE", "4"),
+            ("LWS_LEADER_ADDRESS", "lws-0.lws.default"),
+            ("LWS_NAME", "lws"),
+        ]),
+        (
+            2,
+            4,
+            0,
+            Launcher::LeaderWorkerSet,
+            "lws-0.lws.default".into(),
+            29500
+        )
+    );
+    let indexed = [
+        ("JOB_COMPLETION_INDEX", "3"),
+        ("WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "check-0.check"),
+    ];
+    assert_eq!(
+        placed(&indexed),
+        (3, 4, 0, Launcher::IndexedJob, "check-0.check".into(), 29500)
+    );
+    err_names(resolve(&InitArgs::default(), &indexed[..2]), "MASTER_ADDR");
+    err_names(
+        resolve(&InitArgs::default(), &[indexed[0], indexed[2]]),
+        "WORLD_SIZE",
+    );
+    // torchrun inside a pod: torchrun's rank, not the pod's index.
+    let c = placed(&[
+        ("RANK", "6"),
+        ("WORLD_SIZE", "8"),
+        ("MASTER_ADDR", "check-0.check"),
+        ("MASTER_PORT", "29500"),
+        ("JOB_COMPLETION_INDEX", "1"),
+    ]);
+    assert_eq!(c.0, 6);
+}
+
+#[test]
+fn the_launcher_is_detected_from_its_rank_variable() {
+    let d = |pairs: &[(&str, &str)]| Launcher::detect_in(&env(pairs));
+    assert_eq!(d(&[]), None);
+    assert_eq!(d(&[("WORLD_SIZE", "4")]), None);
+    assert_eq!(d(&[("PMI_RANK", "0")]), Some(Launcher::Hydra));
+    assert_eq!(
+        d(&[("SLURM_PROCID", "0"), ("RANK", "3")]),
+        Some(Launcher::Torchrun)
+    );
+    assert_eq!(
+        d(&[("JOB_COMPLETION_INDEX", "0")]),
+        Some(Launcher::IndexedJob)
+    );
+}

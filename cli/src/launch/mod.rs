@@ -47,20 +47,24 @@ use supervise::{supervise, Job, Stop};
 /// `collectix launch`'s arguments.
 #[derive(clap::Args, Debug)]
 pub(crate) struct LaunchArgs {
-    /// Processes on this node.
-    #[arg(long = "nproc-per-node")]
+    /// Processes on this node (else `PET_NPROC_PER_NODE`, as Kubeflow's trainer sets it).
+    #[arg(long = "nproc-per-node", env = "PET_NPROC_PER_NODE")]
     nproc_per_node: usize,
-    /// Nodes in the job.
-    #[arg(long, default_value_t = 1)]
+    /// Nodes in the job (else `PET_NNODES`).
+    #[arg(long, env = "PET_NNODES", default_value_t = 1)]
     nnodes: usize,
-    /// This node's rank among the nodes.
-    #[arg(long = "node-rank", default_value_t = 0)]
+    /// This node's rank among the nodes (else `PET_NODE_RANK`).
+    #[arg(long = "node-rank", env = "PET_NODE_RANK", default_value_t = 0)]
     node_rank: usize,
-    /// Rank 0's host (where the store runs).
-    #[arg(long = "master-addr", default_value = "127.0.0.1")]
+    /// Rank 0's host, where the store runs (else `PET_MASTER_ADDR`).
+    #[arg(
+        long = "master-addr",
+        env = "PET_MASTER_ADDR",
+        default_value = "127.0.0.1"
+    )]
     master_addr: String,
-    /// The store's port (0: any free one, for a job of one node).
-    #[arg(long = "master-port", default_value_t = 29500)]
+    /// The store's port, 0 for any free one in a job of one node (else `PET_MASTER_PORT`).
+    #[arg(long = "master-port", env = "PET_MASTER_PORT", default_value_t = 29500)]
     master_port: u16,
     /// Seconds the other processes get, after a failure or a forwarded signal, before they
     /// are killed.

@@ -31,6 +31,18 @@ pub(crate) fn example(name: &str) -> PathBuf {
     profile_dir.join("examples").join(name)
 }
 
+/// The example's lines, as one process per rank prints them.
+pub(crate) const ALL_REDUCE_LINES: [&str; 8] = [
+    "rank 0: sum [10, 20]",
+    "rank 1: sum [10, 20]",
+    "rank 2: sum [10, 20]",
+    "rank 3: sum [10, 20]",
+    "rank 1: group_min [2, 4]",
+    "rank 1: group_max [4, 8]",
+    "rank 3: group_min [2, 4]",
+    "rank 3: group_max [4, 8]",
+];
+
 /// A port that is free on loopback at the moment.
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -1,0 +1,279 @@
+//! Every launcher of `docs/deployment.md`'s table: four processes of the README's example,
+//! each started with the variables that launcher gives its processes, set by hand (as a pod,
+//! `srun` or `mpiexec` would set them), join one job and print the example's lines. Where
+//! the launcher itself is installed (`mpiexec.hydra`, MPICH's), it starts them for real.
+//! Elapsed-time bounds are hang guards, not timings.
+
+mod common;
+use common::{example, free_port, ALL_REDUCE_LINES};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Every variable a launcher row reads: cleared in each process, so that only the row's
+/// own are set.
+const ROW_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "OMPI_MCA_ess_base_jobid",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "PMIX_RANK",
+    "PMIX_NAMESPACE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+    "SLURM_JOB_ID",
+    "PET_NODE_RANK",
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "LWS_WORKER_INDEX",
+    "LWS_GROUP_SIZE",
+    "LWS_LEADER_ADDRESS",
+    "JOB_COMPLETION_INDEX",
+    "TORCHELASTIC_USE_AGENT_STORE",
+];
+
+/// A loopback port, free now, in the range a job id maps to (20000–39999): the job id that
+/// gives it is `port - 20000`.
+fn free_derived_port() -> u16 {
+    (20_000..40_000)
+        .step_by(97)
+        .map(|p: u16| p + (std::process::id() % 97) as u16)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .unwrap_or_else(|| panic!("no free port in 20000-39999"))
+}
+
+/// Starts four processes of the README's example, rank `r`'s with `vars(r)`; asserts each
+/// exits 0 within a minute and that together they print every line of the example.
+fn four_processes(vars: impl Fn(usize) -> Vec<(&'static str, String)>) {
+    let exe = example("all_reduce");
+    let children: Vec<Child> = (0..4)
+        .map(|r| {
+            let mut c = Command::new(&exe);
+            for v in ROW_VARS {
+                c.env_remove(v);
+            }
+            c.envs(vars(r))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    let start = Instant::now();
+    let mut out = String::new();
+    for (r, mut child) in children.into_iter().enumerate() {
+        loop {
+            if child.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+        let (so, se) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert!(o.status.success(), "rank {r}: {:?}\n{so}\n{se}", o.status);
+        out.push_str(&so);
+    }
+    for line in ALL_REDUCE_LINES {
+        assert!(out.lines().any(|l| l == line), "no {line:?} in:\n{out}");
+    }
+}
+
+fn s(v: impl ToString) -> String {
+    v.to_string()
+}
+
+#[test]
+fn torchrun_variables() {
+    let port = free_port();
+    four_processes(|r| {
+        vec![
+            ("RANK", s(r)),
+            ("WORLD_SIZE", s(4)),
+            ("LOCAL_RANK", s(r)),
+            ("LOCAL_WORLD_SIZE", s(4)),
+            ("MASTER_ADDR", s("127.0.0.1")),
+            ("MASTER_PORT", s(port)),
+        ]
+    });
+}
+
+#[test]
+fn open_mpi_variables_with_the_port_from_the_job_id() {
+    let port = free_derived_port();
+    four_processes(|r| {
+        vec![
+            ("OMPI_COMM_WORLD_RANK", s(r)),
+            ("OMPI_COMM_WORLD_SIZE", s(4)),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", s(r)),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", s(4)),
+            ("OMPI_MCA_ess_base_jobid", s(port - 20_000)),
+        ]
+    });
+}
+
+#[test]
+fn hydra_variables_mpich_and_intel_mpi() {
+    let port = free_port();
+    four_processes(|r| {
+        vec![
+            ("PMI_RANK", s(r)),
+            ("PMI_SIZE", s(4)),
+            ("MPI_LOCALRANKID", s(r)),
+            ("MPI_LOCALNRANKS", s(4)),
+            ("MASTER_PORT", s(port)),
+        ]
+    });
+}
+
+#[test]
+fn pmix_variables_under_srun() {
+    let port = free_derived_port();
+    four_processes(|r| {
+        vec![
+            ("PMIX_RANK", s(r)),
+            ("PMIX_NAMESPACE", s("slurm.pmix.1.0")),
+            ("SLURM_PROCID", s(r)),
+            ("SLURM_NTASKS", s(4)),
+            ("SLURM_LOCALID", s(r)),
+            ("SLURM_NTASKS_PER_NODE", s(4)),
+            ("SLURM_JOB_ID", s(port - 20_000)),
+        ]
+    });
+}
+
+#[test]
+fn slurm_variables_with_the_host_from_the_node_list() {
+    let port = free_derived_port();
+    four_processes(|r| {
+        vec![
+            ("SLURM_PROCID", s(r)),
+            ("SLURM_NTASKS", s(4)),
+            ("SLURM_LOCALID", s(r)),
+            ("SLURM_NTASKS_PER_NODE", s(4)),
+            ("SLURM_JOB_NODELIST", s("localhost")),
+            ("SLURM_JOB_ID", s(port - 20_000)),
+        ]
+    });
+}
+
+#[test]
+fn kubeflow_trainer_variables_one_process_per_pod() {
+    let port = free_port();
+    four_processes(|r| {
+        vec![
+            ("PET_NODE_RANK", s(r)),
+            ("PET_NNODES", s(4)),
+            ("PET_NPROC_PER_NODE", s(1)),
+            ("PET_MASTER_ADDR", s("127.0.0.1")),
+            ("PET_MASTER_PORT", s(port)),
+        ]
+    });
+}
+
+#[test]
+fn kubeflow_trainer_variables_read_by_collectix_launch() {
+    // One pod of four processes: `collectix launch -- PROGRAM` with no argument but the
+    // program takes its numbers from PET_*, as torchrun does.
+    let exe = example("all_reduce");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_collectix"));
+    for v in ROW_VARS {
+        c.env_remove(v);
+    }
+    let out = c
+        .envs([
+            ("PET_NNODES", s(1)),
+            ("PET_NODE_RANK", s(0)),
+            ("PET_NPROC_PER_NODE", s(4)),
+            ("PET_MASTER_ADDR", s("127.0.0.1")),
+            ("PET_MASTER_PORT", s(free_port())),
+        ])
+        .args(["launch", "--"])
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{so}\n{se}");
+    for line in ALL_REDUCE_LINES {
+        let want = format!("[rank {}] {line}", &line[5..6]);
+        assert!(so.lines().any(|l| l == want), "no {want:?} in:\n{so}\n{se}");
+    }
+}
+
+#[test]
+fn leader_worker_set_variables() {
+    let port = free_port();
+    four_processes(|r| {
+        vec![
+            ("LWS_WORKER_INDEX", s(r)),
+            ("LWS_GROUP_SIZE", s(4)),
+            ("LWS_LEADER_ADDRESS", s("127.0.0.1")),
+            ("MASTER_PORT", s(port)),
+        ]
+    });
+}
+
+#[test]
+fn indexed_job_and_jobset_variables() {
+    let port = free_port();
+    four_processes(|r| {
+        vec![
+            ("JOB_COMPLETION_INDEX", s(r)),
+            ("WORLD_SIZE", s(4)),
+            ("MASTER_ADDR", s("127.0.0.1")),
+            ("MASTER_PORT", s(port)),
+        ]
+    });
+}
+
+#[test]
+fn the_example_runs_under_mpich_mpiexec_hydra() {
+    if Command::new("mpiexec.hydra")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "mpiexec.hydra is missing in CI: .ci/run installs mpich"
+        );
+        eprintln!("SKIPPED: no mpiexec.hydra here (Debian: apt-get install mpich)");
+        return;
+    }
+    let exe = example("all_reduce");
+    let out = Command::new("mpiexec.hydra")
+        .args(["-n", "4", "-genv", "MASTER_PORT"])
+        .arg(free_port().to_string())
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{so}\n{se}");
+    for line in ALL_REDUCE_LINES {
+        assert!(so.lines().any(|l| l == line), "no {line:?} in:\n{so}\n{se}");
+    }
+}
