@@ -29,7 +29,7 @@ pub(crate) fn lines() -> Result<Vec<String>> {
 }
 
 #[allow(dead_code)]
-fn main() -> Result<()> {
+fn main() -> common::Main {
     common::print(&lines()?);
     Ok(())
 }

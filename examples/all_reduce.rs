@@ -1,10 +1,11 @@
 //! The all_reduce tutorial example on 4 in-process ranks: rank r holds `[r+1, 2(r+1)]`; the sum
-//! over the world is `[10, 20]` on every rank. Then the subgroup of ranks 1 and 3 reduces the
-//! original inputs with min and max.
+//! over the world is `[10, 20]` on every rank. Then the subgroup of the odd ranks (1 and 3)
+//! reduces the original inputs with min and max.
 //!
-//! The same program runs as 4 processes over TCP: `collectix launch --nproc-per-node 4 --
-//! target/debug/examples/all_reduce` (or under `mpirun -np 4`); each process then prints its
-//! own rank's lines.
+//! The same program runs as processes over TCP: `collectix launch --nproc-per-node 4 --
+//! target/debug/examples/all_reduce` (or under any launcher of `docs/deployment.md`); each
+//! process then prints its own rank's lines. Any number of processes works: with W of them
+//! the sum is `[W(W+1)/2, W(W+1)]` and the subgroup holds the odd ranks below W.
 //!
 //! Prints, in rank order:
 //! ```text
@@ -32,7 +33,11 @@ fn run(c: Communicator) -> Result<Vec<String>> {
     let sum = c.all_reduce(input(&c), ReduceOp::Sum).wait()?;
     lines.push(format!("rank {}: sum {sum}", c.rank()));
     // new_group is collective: every rank calls it; members get Some.
-    if let Some(g) = c.new_group(&[1, 3]).wait()? {
+    let odd: Vec<usize> = (1..c.size()).step_by(2).collect();
+    if odd.is_empty() {
+        return Ok(lines); // a world of one has no odd rank
+    }
+    if let Some(g) = c.new_group(&odd).wait()? {
         let min = g.all_reduce(input(&c), ReduceOp::Min).wait()?;
         let max = g.all_reduce(input(&c), ReduceOp::Max).wait()?;
         lines.push(format!("rank {}: group_min {min}", c.rank()));
@@ -50,11 +55,11 @@ pub(crate) fn lines() -> Result<Vec<String>> {
 }
 
 #[allow(dead_code)]
-fn main() -> Result<()> {
+fn main() -> common::Main {
     // Started by `collectix launch --nproc-per-node 4` (or mpirun, srun): this process is one
     // rank and prints its own lines.
     if common::launched() {
-        return common::run_launched(run);
+        return Ok(common::run_launched(run)?);
     }
     common::print(&lines()?);
     Ok(())

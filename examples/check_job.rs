@@ -13,7 +13,7 @@
 
 mod common;
 use collectix::runtime::testing::matrix;
-use collectix::{CallOptions, Communicator, GroupOptions, Result, World};
+use collectix::{CallOptions, Communicator, GroupOptions, World};
 use std::time::Duration;
 
 /// Small segments: many messages per call, so that queues and flow control are exercised.
@@ -60,7 +60,7 @@ fn report(r: usize, res: std::result::Result<usize, String>) -> bool {
 }
 
 #[allow(dead_code)]
-fn main() -> Result<()> {
+fn main() -> common::Main {
     common::init_tracing();
     let ok = if common::launched() {
         let p = collectix::init(

@@ -268,7 +268,7 @@ fn print(losses: &[f32]) {
 }
 
 #[allow(dead_code)]
-fn main() -> Result<()> {
+fn main() -> common::Main {
     common::init_tracing();
     if std::env::args().any(|a| a == "--single") {
         print(&train(None)?);

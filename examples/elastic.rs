@@ -239,7 +239,7 @@ fn recover(t: &mut Training, me: usize, restart: bool) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
+fn main() -> common::Main {
     common::init_tracing();
     let f = flags().map_err(Error::invalid)?;
     let p = collectix::init(
@@ -326,5 +326,5 @@ fn main() -> Result<()> {
         loss(&t.w),
         digest(&t.w)
     );
-    p.shutdown()
+    Ok(p.shutdown()?)
 }

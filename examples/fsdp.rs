@@ -560,7 +560,7 @@ fn parse() -> Result<(Config, bool, bool)> {
 }
 
 #[allow(dead_code)]
-fn main() -> Result<()> {
+fn main() -> common::Main {
     common::init_tracing();
     let (cfg, single_, overlap) = parse()?;
     if single_ {

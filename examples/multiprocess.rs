@@ -14,9 +14,9 @@
 //! ```
 
 mod common;
-use collectix::{DType, ReduceOp, Result, Tensor, TensorSpec};
+use collectix::{DType, ReduceOp, Tensor, TensorSpec};
 
-fn main() -> Result<()> {
+fn main() -> common::Main {
     common::init_tracing();
     let start = std::time::Instant::now();
     let p = collectix::init(
@@ -104,5 +104,5 @@ fn main() -> Result<()> {
         println!("rank {r}: idle for {idle} ms");
         std::thread::sleep(std::time::Duration::from_millis(idle));
     }
-    p.shutdown()
+    Ok(p.shutdown()?)
 }

@@ -131,7 +131,7 @@ async fn stop_signal() {
     }
 }
 
-fn main() -> collectix::Result<()> {
+fn main() -> common::Main {
     common::init_tracing();
     let process = collectix::init(
         &collectix::InitArgs::default(),

@@ -277,3 +277,81 @@ fn the_example_runs_under_mpich_mpiexec_hydra() {
         assert!(so.lines().any(|l| l == line), "no {line:?} in:\n{so}\n{se}");
     }
 }
+
+#[test]
+fn the_readme_example_runs_on_any_number_of_processes() {
+    // It used to build the group [1, 3] whatever the size: "rank 3 is outside the parent
+    // group of 2" at two processes.
+    let exe = example("all_reduce");
+    for (w, sum, min) in [
+        (1, "[1, 2]", None),
+        (2, "[3, 6]", Some("[2, 4]")),
+        (3, "[6, 12]", Some("[2, 4]")),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+            .args([
+                "launch",
+                "--nproc-per-node",
+                &w.to_string(),
+                "--master-port",
+            ])
+            .arg(free_port().to_string())
+            .arg("--")
+            .arg(&exe)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let so = String::from_utf8_lossy(&out.stdout);
+        let se = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "W={w}: {so}\n{se}");
+        for r in 0..w {
+            let want = format!("[rank {r}] rank {r}: sum {sum}");
+            assert!(
+                so.lines().any(|l| l == want),
+                "W={w}: no {want:?} in:\n{so}\n{se}"
+            );
+        }
+        if let Some(min) = min {
+            let want = format!("[rank 1] rank 1: group_min {min}");
+            assert!(
+                so.lines().any(|l| l == want),
+                "W={w}: no {want:?} in:\n{so}\n{se}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_examples_error_is_printed_as_its_text() {
+    // Rust prints a `main`'s error in its Debug form: it was
+    // `Error: InvalidArgument("rank 5 (from RANK) ...")`.
+    let mut c = Command::new(example("all_reduce"));
+    for v in ROW_VARS {
+        c.env_remove(v);
+    }
+    let out = c
+        .envs([("RANK", "5"), ("WORLD_SIZE", "2")])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(
+        se.trim(),
+        "Error: invalid argument: rank 5 (from RANK) is not below the world size 2 (from WORLD_SIZE)"
+    );
+}
+
+#[test]
+fn logs_through_the_launcher_have_no_colour_codes() {
+    let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .env("RUST_LOG", "collectix=debug")
+        .args(["launch", "--nproc-per-node", "2", "--master-port"])
+        .arg(free_port().to_string())
+        .arg("--")
+        .arg(example("all_reduce"))
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{se}");
+    assert!(se.contains("DEBUG"), "no debug log in:\n{se}");
+    assert!(!se.contains('\u{1b}'), "colour codes in:\n{se}");
+}

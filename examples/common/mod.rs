@@ -10,6 +10,9 @@ pub(crate) fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log written to a file or through a launcher's pipe
+        // stays plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 
@@ -85,5 +88,25 @@ pub(crate) fn run_launched(f: fn(Communicator) -> Result<Vec<String>>) -> Result
 pub(crate) fn print(lines: &[String]) {
     for l in lines {
         println!("{l}");
+    }
+}
+
+/// What the examples' `main` returns. On an error Rust prints `Error: ` and the value's
+/// `Debug` form; here that is the error's text, as `docs/errors.md` shows it ("no store at
+/// 127.0.0.1:29500 after 120 s: …"), not its structure (`StoreTimeout { what: … }`).
+pub(crate) type Main = std::result::Result<(), Shown>;
+
+/// An error shown by its text: see [`Main`].
+pub(crate) struct Shown(pub(crate) Error);
+
+impl std::fmt::Debug for Shown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl From<Error> for Shown {
+    fn from(e: Error) -> Shown {
+        Shown(e)
     }
 }
