@@ -46,6 +46,8 @@ pub(crate) struct Point {
     pub(crate) size: f64,
     /// Bus bandwidth, GB/s.
     pub(crate) busbw: f64,
+    /// Where the ranks ran (`local`, `tcp`, `shm`), where the row says.
+    pub(crate) transport: Option<String>,
 }
 
 /// The rows of a `--json` file (`collectix bench`'s own, or a peer's converted to that
@@ -83,6 +85,10 @@ pub(crate) fn load(path: &Path) -> Result<Vec<Point>, String> {
                 ranks: num("ranks")? as u64,
                 size: num("size")?,
                 busbw: num("busbw_gbs")?,
+                transport: r
+                    .get("transport")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string),
             })
         })
         .collect()
@@ -92,7 +98,10 @@ pub(crate) fn load(path: &Path) -> Result<Vec<Point>, String> {
 fn lines(points: &[Point]) -> BTreeMap<String, Vec<(f64, f64)>> {
     let mut out: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for p in points.iter().filter(|p| p.size > 0.0 && p.busbw > 0.0) {
-        let label = format!("{}: {} W={}", p.source, p.collective, p.ranks);
+        let mut label = format!("{}: {} W={}", p.source, p.collective, p.ranks);
+        if let Some(t) = &p.transport {
+            label.push_str(&format!(" ({t})"));
+        }
         out.entry(label).or_default().push((p.size, p.busbw));
     }
     for v in out.values_mut() {
@@ -134,10 +143,11 @@ pub(crate) fn draw(path: &Path, title: &str, points: &[Point]) -> Result<(), Str
         return Err("nothing to plot: no row has a size and a bandwidth".into());
     }
     let all = lines.values().flatten();
-    let (mut xmin, mut xmax, mut ymax) = (f64::MAX, 0f64, 0f64);
+    let (mut xmin, mut xmax, mut ymin, mut ymax) = (f64::MAX, 0f64, f64::MAX, 0f64);
     for &(x, y) in all {
         xmin = xmin.min(x);
         xmax = xmax.max(x);
+        ymin = ymin.min(y);
         ymax = ymax.max(y);
     }
     if xmax <= xmin {
@@ -156,7 +166,9 @@ pub(crate) fn draw(path: &Path, title: &str, points: &[Point]) -> Result<(), Str
             (xmin..xmax)
                 .log_scale()
                 .with_key_points(key_sizes(xmin, xmax)),
-            0f64..ymax * 1.1,
+            // Bandwidths over sizes that span 10^7 span decades too: a log scale, so that
+            // the small sizes' lines are not flat on the axis.
+            (ymin * 0.8..ymax * 1.25).log_scale(),
         )
         .map_err(|e| err(&e))?;
     chart
@@ -200,6 +212,7 @@ mod tests {
             ranks: 2,
             size,
             busbw,
+            transport: None,
         }
     }
 
@@ -219,10 +232,18 @@ mod tests {
         assert_eq!(points[0].source, "earlier");
         points.push(point("this run", 4.0, 0.01));
         points.push(point("this run", 1048576.0, 6.0));
+        points.push(Point {
+            transport: Some("shm".into()),
+            ..point("shm run", 4.0, 0.02)
+        });
         let l = lines(&points);
         assert_eq!(
             l.keys().cloned().collect::<Vec<_>>(),
-            ["earlier: all_reduce W=2", "this run: all_reduce W=2"]
+            [
+                "earlier: all_reduce W=2",
+                "shm run: all_reduce W=2 (shm)",
+                "this run: all_reduce W=2"
+            ]
         );
         let svg = dir.join("plot.svg");
         assert_eq!(draw(&svg, "test", &points), Ok(()));

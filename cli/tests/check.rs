@@ -149,10 +149,37 @@ fn sizes_that_do_not_divide_are_skipped_with_a_note_and_json_is_written() {
     assert!(text.contains("4 B skipped"), "{text}");
     let rows = std::fs::read_to_string(&json).unwrap_or_default();
     assert!(
-        rows.contains("\"collective\": \"all_gather\"") && rows.contains("\"busbw_gbs\""),
+        rows.contains("\"collective\": \"all_gather\"")
+            && rows.contains("\"busbw_gbs\"")
+            && rows.contains("\"transport\": \"local\""),
         "{rows}"
     );
+    // Piped, the progress line is not written (it was one long line of `\r`s in a file).
+    assert!(!text.contains('\r'), "{text:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_run_in_which_every_size_is_skipped_fails_and_check_may_be_given_bare() {
+    // reduce_scatter of 4 B on 3 ranks cannot divide: nothing is measured. It exited 0 with
+    // an empty table.
+    let (ok, text) = bench(&[
+        "--collective",
+        "reduce_scatter",
+        "--ranks",
+        "3",
+        "-b",
+        "4",
+        "-e",
+        "4",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--check",
+    ]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("every size was skipped"), "{text}");
 }
 
 /// `--transport tcp`: the bench starts its ranks as processes of their own; every collective

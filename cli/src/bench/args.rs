@@ -35,8 +35,8 @@ pub(crate) struct Args {
     /// Warm-up calls per size (also used to calibrate a sample).
     #[arg(short = 'w', long = "warmup", default_value_t = 5)]
     pub(super) warmup: usize,
-    /// Check every output element (1) or not (0).
-    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    /// Check every output element (1, the default; `--check` alone is 1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1, num_args = 0..=1, default_missing_value = "1")]
     pub(super) check: u8,
     /// Root of rooted collectives.
     #[arg(short = 'r', long = "root", default_value_t = 0)]

@@ -7,13 +7,15 @@ use super::cell::{Cell, Collective};
 use super::measure::{peak_rss_mib, Measured};
 use crate::plot;
 use collectix::DeviceBackend;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 /// One row of the table (and of `--json`).
 #[derive(serde::Serialize)]
 pub(super) struct Row {
     pub(super) collective: Collective,
     pub(super) ranks: usize,
+    /// Where the ranks ran: `local` (one process), `tcp` or `shm` (processes).
+    pub(super) transport: String,
     pub(super) device: String,
     pub(super) size: usize,
     pub(super) count: usize,
@@ -60,6 +62,7 @@ impl Row {
         Row {
             collective: a.collective,
             ranks: w,
+            transport: format!("{:?}", a.transport).to_lowercase(),
             device: format!("{:?}", a.device).to_lowercase(),
             size: bytes,
             count: cell.count,
@@ -158,7 +161,7 @@ impl Table {
 
     /// The progress line on stderr: the `k`-th size (from 0) of `n`.
     pub(super) fn progress(&self, k: usize, n: usize, bytes: usize) {
-        if self.prints {
+        if self.prints && std::io::stderr().is_terminal() {
             eprint!("\rbench: size {} of {n} ({bytes} B)   ", k + 1);
             let _ = std::io::stderr().flush();
         }
@@ -166,7 +169,7 @@ impl Table {
 
     /// Clears the progress line.
     pub(super) fn progress_done(&self) {
-        if self.prints {
+        if self.prints && std::io::stderr().is_terminal() {
             eprint!("\r{:60}\r", "");
         }
     }
@@ -225,6 +228,7 @@ fn points(rows: &[Row]) -> Vec<plot::Point> {
             ranks: r.ranks as u64,
             size: r.size as f64,
             busbw: r.busbw_gbs,
+            transport: Some(r.transport.clone()),
         })
         .collect()
 }

@@ -45,6 +45,13 @@ pub(super) fn run(a: &Args) -> Result<Option<Vec<Row>>> {
     table.progress_done();
     table.summary(&rows, &woken, &peaks, ranks.is_processes());
     ranks.shutdown()?;
+    if rows.is_empty() {
+        // Every rank skips alike: each fails, so the job's exit says so.
+        return Err(collectix::Error::invalid(format!(
+            "every size was skipped ({} of them): nothing was measured",
+            sizes.len()
+        )));
+    }
     Ok(table.prints.then_some(rows))
 }
 
