@@ -7,6 +7,10 @@
 //!   ranks then all-reduce their counters. Requests that come at once take turns (the calls
 //!   of one group are made in one order on every rank).
 //! - `GET /` says which rank this is.
+//! - `GET /metrics` answers this rank's metrics in Prometheus's text format: collectix's calls,
+//!   bytes, latencies, errors by kind, peers lost, connections refused
+//!   (`collectix::actors::metrics`), through the `metrics` facade and its Prometheus recorder,
+//!   installed before `collectix::init`.
 //!
 //! Rank `r` listens on `127.0.0.1:(SERVICE_PORT + r)` (`SERVICE_PORT` defaults to 8000) and
 //! prints `rank R: serving on ADDR` when it is ready. SIGTERM (or Ctrl-C) stops it gracefully:
@@ -29,6 +33,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +44,8 @@ const STOP: i64 = 2;
 
 struct App {
     comm: Communicator,
+    /// Renders what the Prometheus recorder holds.
+    metrics: PrometheusHandle,
     counter: AtomicI64,
     /// Rank 0: one command (broadcast + all_reduce) at a time.
     turn: tokio::sync::Mutex<()>,
@@ -107,9 +114,10 @@ impl App {
                 Err(e) => reply(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
             },
             (&Method::GET, "/sum") => reply(StatusCode::MISDIRECTED_REQUEST, "ask rank 0".into()),
+            (&Method::GET, "/metrics") => reply(StatusCode::OK, self.metrics.render()),
             _ => reply(
                 StatusCode::NOT_FOUND,
-                "GET /, POST /add?n=N, GET /sum".into(),
+                "GET /, POST /add?n=N, GET /sum, GET /metrics".into(),
             ),
         }
     }
@@ -133,6 +141,11 @@ async fn stop_signal() {
 
 fn main() -> common::Main {
     common::init_tracing();
+    // The application's choice of recorder, installed before collectix is: every call from
+    // here on is counted.
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| collectix::Error::Resource(format!("no metrics recorder: {e}")))?;
     let process = collectix::init(
         &collectix::InitArgs::default(),
         collectix::GroupOptions::default(),
@@ -141,6 +154,7 @@ fn main() -> common::Main {
     let rank = process.communicator().rank();
     let app = Arc::new(App {
         comm: process.communicator().clone(),
+        metrics,
         counter: AtomicI64::new(0),
         turn: tokio::sync::Mutex::new(()),
     });

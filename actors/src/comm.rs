@@ -171,7 +171,9 @@ impl Communicator {
         match req.device() {
             Err(e) => return self.member.refuse(req.is_p2p(), e),
             Ok(d) if !d.is_host() => {
+                let probe = crate::metrics::Probe::start(&req, self.member.group.info.id);
                 return backend::call(&self.member, self.device_backend, d, req, opts, map)
+                    .measured(probe);
             }
             Ok(_) => {}
         }

@@ -192,6 +192,7 @@ impl Keeper {
                             w.s.peer_addr()
                                 .map_or_else(|_| "?".into(), |a| a.to_string());
                         let _ = w.s.shutdown(std::net::Shutdown::Both);
+                        crate::metrics::refused(self.ctx, "handshake");
                         tracing::warn!(
                             listener = self.what,
                             client = %peer,
@@ -224,6 +225,7 @@ impl Keeper {
             if let Some(i) = evict {
                 let w = self.waiting.swap_remove(i);
                 let _ = w.s.shutdown(std::net::Shutdown::Both);
+                crate::metrics::refused(self.ctx, "limit");
                 tracing::warn!(
                     listener = self.what,
                     waiting = self.waiting.len() + 1,

@@ -54,6 +54,7 @@ mod gate;
 mod job;
 mod member;
 mod mesh2d;
+pub mod metrics;
 mod object;
 mod process;
 mod rank;

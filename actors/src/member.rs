@@ -8,6 +8,7 @@
 //! its schedule cache, and the device resources the group owns on this rank).
 
 use crate::device::lanes::Lanes;
+use crate::metrics::Probe;
 use crate::rank::actor::RankActor;
 use crate::rank::driver::{BoardSubmit, Done, Driver, GroupBoard, Quick};
 use crate::work::{guarded, RankThreads, Work};
@@ -147,8 +148,21 @@ impl Member {
 
     /// Plans `req`, a request on host memory, and issues it, mapping its output with `map`.
     /// Argument errors come back at once; a collective's still takes its sequence number
-    /// and tells the other members ([`refuse`](Self::refuse)).
+    /// and tells the other members ([`refuse`](Self::refuse)). Measured (`metrics.rs`).
     pub(crate) fn call_host<T: Send + 'static>(
+        &self,
+        req: Request,
+        opts: &CallOptions,
+        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
+    ) -> Work<T> {
+        match Probe::start(&req, self.group.info.id) {
+            None => self.call_host_unmeasured(req, opts, map),
+            probe => self.call_host_unmeasured(req, opts, map).measured(probe),
+        }
+    }
+
+    /// [`call_host`](Self::call_host), without the metrics.
+    fn call_host_unmeasured<T: Send + 'static>(
         &self,
         req: Request,
         opts: &CallOptions,
@@ -191,6 +205,22 @@ impl Member {
     /// buffers in `dest` (checked against the call first: a mismatch is refused like any
     /// argument error).
     pub(crate) fn call_host_into<T: Send + 'static>(
+        &self,
+        req: Request,
+        opts: &CallOptions,
+        dest: &collectix_runtime::Destination,
+        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
+    ) -> Work<T> {
+        match Probe::start(&req, self.group.info.id) {
+            None => self.call_host_into_unmeasured(req, opts, dest, map),
+            probe => self
+                .call_host_into_unmeasured(req, opts, dest, map)
+                .measured(probe),
+        }
+    }
+
+    /// [`call_host_into`](Self::call_host_into), without the metrics.
+    fn call_host_into_unmeasured<T: Send + 'static>(
         &self,
         req: Request,
         opts: &CallOptions,

@@ -1,5 +1,6 @@
 //! [`Work`]: the handle of a call in flight (torch's `Work`, from `async_op=True`).
 
+use crate::metrics::Probe;
 use crate::rank::driver::{Done, Driver};
 use collectix_runtime::completion::{slot, Completer, Waiter};
 use collectix_runtime::{Error, Result};
@@ -45,6 +46,9 @@ pub struct Work<T> {
     state: State<T>,
     /// The future was polled before (later polls do not spin).
     polled: bool,
+    /// The call's metrics, reported when its result is taken (`None` when no recorder is
+    /// installed: see `metrics.rs`).
+    probe: std::sync::Mutex<Option<Box<Probe>>>,
 }
 
 /// Where a [`Work`]'s result is.
@@ -95,6 +99,7 @@ impl<T: Send + 'static> Work<T> {
                     driver: None,
                 },
                 polled: false,
+                probe: std::sync::Mutex::new(None),
             },
         )
     }
@@ -104,11 +109,27 @@ impl<T: Send + 'static> Work<T> {
         Work {
             state: State::Ready(std::sync::Mutex::new(Some(v))),
             polled: false,
+            probe: std::sync::Mutex::new(None),
         }
     }
 }
 
 impl<T> Work<T> {
+    /// This handle, reporting its call's metrics through `probe` when its result is taken.
+    pub(crate) fn measured(self, probe: Option<Box<Probe>>) -> Work<T> {
+        Work {
+            probe: std::sync::Mutex::new(probe),
+            ..self
+        }
+    }
+
+    /// Reports the call's metrics, once, with its `result`.
+    fn report(&self, result: &Result<T>) {
+        if let Some(p) = crate::sync::lock(&self.probe).take() {
+            p.finish(result);
+        }
+    }
+
     fn on_rank_thread(&self) -> bool {
         match &self.state {
             State::InFlight { rank_threads, .. } => {
@@ -163,12 +184,30 @@ impl<T> Work<T> {
     /// Blocks until the call finishes. On a thread that runs a rank of the same world this
     /// would deadlock, so it returns [`Error::WouldDeadlock`] there instead (unless the call
     /// has finished already).
-    pub fn wait(self) -> Result<T> {
+    pub fn wait(mut self) -> Result<T> {
         if self.on_rank_thread() {
             return Err(Error::WouldDeadlock);
         }
         self.drive(Duration::MAX);
-        match self.state {
+        match std::mem::take(
+            self.probe
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        ) {
+            // The result goes straight out (no copy of it kept for the report).
+            None => Self::wait_state(self.state),
+            Some(p) => {
+                let result = Self::wait_state(self.state);
+                p.finish(&result);
+                result
+            }
+        }
+    }
+
+    /// The result `state` holds or will hold, waited for.
+    #[inline(always)]
+    fn wait_state(state: State<T>) -> Result<T> {
+        match state {
             // Owned: no lock to take.
             State::Ready(r) => r
                 .into_inner()
@@ -191,13 +230,17 @@ impl<T> Work<T> {
         }
         let start = std::time::Instant::now();
         self.drive(d);
-        match &self.state {
+        let result = match &self.state {
             State::Ready(r) => Some(Self::take_ready(r)),
             State::InFlight { waiter, .. } => waiter.wait_timeout(
                 d.saturating_sub(start.elapsed())
                     .max(Duration::from_nanos(1)),
             ),
+        };
+        if let Some(r) = &result {
+            self.report(r);
         }
+        result
     }
 }
 
@@ -214,7 +257,9 @@ impl<T> Future for Work<T> {
                 let r = r
                     .get_mut()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                return Poll::Ready(r.take().unwrap_or_else(taken));
+                let r = r.take().unwrap_or_else(taken);
+                this.report(&r);
+                return Poll::Ready(r);
             }
             State::InFlight { waiter, driver, .. } => (&*waiter, &*driver),
         };
@@ -229,7 +274,11 @@ impl<T> Future for Work<T> {
             }
         }
         this.polled = true;
-        waiter.poll(cx)
+        let polled = waiter.poll(cx);
+        if let Poll::Ready(r) = &polled {
+            this.report(r);
+        }
+        polled
     }
 }
 

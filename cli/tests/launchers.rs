@@ -48,14 +48,15 @@ const ROW_VARS: &[&str] = &[
     "TORCHELASTIC_USE_AGENT_STORE",
 ];
 
-/// A loopback port, free now, in the range a job id maps to (20000–39999): the job id that
-/// gives it is `port - 20000`.
-fn free_derived_port() -> u16 {
-    (20_000..40_000)
-        .step_by(97)
-        .map(|p: u16| p + (std::process::id() % 97) as u16)
+/// A loopback port, free now, in the range a job id maps to (20000–39999), below the
+/// kernel's ephemeral ports: the job id that gives it is `port - 20000`. Each test passes its
+/// own `salt`, so that tests running at once do not pick the same port.
+fn free_derived_port(salt: u16) -> u16 {
+    let start = 20_000 + (std::process::id() % 1000) as u16 * 11 + salt * 3;
+    (start..32_000)
+        .step_by(37)
         .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        .unwrap_or_else(|| panic!("no free port in 20000-39999"))
+        .unwrap_or_else(|| panic!("no free port in 20000-31999"))
 }
 
 /// Starts four processes of the README's example, rank `r`'s with `vars(r)`; asserts each
@@ -122,7 +123,7 @@ fn torchrun_variables() {
 
 #[test]
 fn open_mpi_variables_with_the_port_from_the_job_id() {
-    let port = free_derived_port();
+    let port = free_derived_port(1);
     four_processes(|r| {
         vec![
             ("OMPI_COMM_WORLD_RANK", s(r)),
@@ -150,7 +151,7 @@ fn hydra_variables_mpich_and_intel_mpi() {
 
 #[test]
 fn pmix_variables_under_srun() {
-    let port = free_derived_port();
+    let port = free_derived_port(2);
     four_processes(|r| {
         vec![
             ("PMIX_RANK", s(r)),
@@ -166,7 +167,7 @@ fn pmix_variables_under_srun() {
 
 #[test]
 fn slurm_variables_with_the_host_from_the_node_list() {
-    let port = free_derived_port();
+    let port = free_derived_port(3);
     four_processes(|r| {
         vec![
             ("SLURM_PROCID", s(r)),

@@ -106,6 +106,25 @@ fn the_service_answers_http_with_sums_over_the_ranks_and_stops_gracefully_on_sig
     );
     assert_eq!(http(port(2), "POST", "/add?n=-5"), (200, "25".into()));
     assert_eq!(http(port(0), "GET", "/sum"), (200, "55".into()));
+    // Rank 0 made 10 sums: 10 broadcasts and 10 all_reduces, each of 8 bytes, all counted.
+    let (status, text) = http(port(0), "GET", "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let value = |name: &str, op: &str| -> f64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with(&format!("{name}{{"))
+                    && l.contains(&format!("op=\"{op}\""))
+                    && l.contains("group=\"world\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} for {op} in:\n{text}"))
+    };
+    assert_eq!(value("collectix_calls_total", "all_reduce"), 10.0);
+    assert_eq!(value("collectix_calls_total", "broadcast"), 10.0);
+    assert_eq!(value("collectix_call_bytes_total", "all_reduce"), 80.0);
+    assert_eq!(value("collectix_call_seconds_count", "all_reduce"), 10.0);
+    assert!(!text.contains("collectix_call_errors_total"), "{text}");
     assert_eq!(http(port(1), "GET", "/sum").0, 421);
     assert_eq!(http(port(1), "POST", "/add?n=x").0, 400);
     // SIGTERM to the launcher, which forwards it to every rank.

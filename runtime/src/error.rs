@@ -617,6 +617,38 @@ impl Error {
         Error::Panic(format!("{what} panicked: {msg}"))
     }
 
+    /// The variant's name in snake case (`invalid_argument`, `timeout`, `peer_lost`, …): a
+    /// short, fixed label for counting errors by kind (metrics, logs).
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Error::InvalidArgument(_) => "invalid_argument",
+            Error::Mismatch { .. } => "mismatch",
+            Error::SizeMismatch { .. } => "size_mismatch",
+            Error::Timeout { .. } => "timeout",
+            Error::PeerLost { .. } => "peer_lost",
+            Error::Link { .. } => "link",
+            Error::GroupAborted { .. } => "group_aborted",
+            Error::Revoked { .. } => "revoked",
+            Error::DeclaredLost { .. } => "declared_lost",
+            Error::LeftOut { .. } => "left_out",
+            Error::Protocol { .. } => "protocol",
+            Error::NotAMember { .. } => "not_a_member",
+            Error::WouldDeadlock => "would_deadlock",
+            Error::Shutdown => "shutdown",
+            Error::PeerShutdown { .. } => "peer_shutdown",
+            Error::CallFailed { .. } => "call_failed",
+            Error::Device(_) => "device",
+            Error::Serialization(_) => "serialization",
+            Error::Panic(_) => "panic",
+            Error::Resource(_) => "resource",
+            Error::StoreTimeout { .. } => "store_timeout",
+            Error::Store(_) => "store",
+            Error::Unauthenticated { .. } => "unauthenticated",
+            Error::Remote { .. } => "remote",
+            Error::Internal(_) => "internal",
+        }
+    }
+
     /// The failure at the root of a chain of [`GroupAborted`](Error::GroupAborted).
     pub fn root_cause(&self) -> &Error {
         match self {

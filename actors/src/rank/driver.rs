@@ -446,6 +446,7 @@ impl Driver {
     /// replaced by `link` (one that takes nothing), what waited for it is dropped, and the
     /// engine hears `peer` lost, as from a broken connection.
     pub(crate) fn cut(&self, peer: usize, link: Box<dyn Link<Message> + Send>) {
+        crate::metrics::peer_lost();
         self.replace_link(peer, link, Engine::handle_peer_lost);
     }
 
@@ -489,6 +490,7 @@ impl Driver {
 
     /// Global rank `peer` is gone: the calls that need it fail and its groups abort.
     pub(crate) fn peer_lost(&self, peer: usize) {
+        crate::metrics::peer_lost();
         self.peer_gone(peer, Engine::handle_peer_lost);
     }
 

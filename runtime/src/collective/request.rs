@@ -132,6 +132,29 @@ pub enum Request {
 }
 
 impl Request {
+    /// What kind of call this is (its [`OpKind::name`](crate::OpKind::name) is torch's name).
+    pub fn kind(&self) -> crate::OpKind {
+        use crate::OpKind as K;
+        match self {
+            Request::AllReduce { .. } => K::AllReduce,
+            Request::Reduce { .. } => K::Reduce,
+            Request::Broadcast { .. } => K::Broadcast,
+            Request::AllGather { .. } => K::AllGather,
+            Request::AllGatherIntoTensor { .. } => K::AllGatherIntoTensor,
+            Request::Gather { .. } => K::Gather,
+            Request::Scatter { .. } => K::Scatter,
+            Request::ReduceScatter { .. } => K::ReduceScatter,
+            Request::ReduceScatterTensor { .. } => K::ReduceScatterTensor,
+            Request::AllToAll { .. } => K::AllToAll,
+            Request::AllToAllSingle { .. } => K::AllToAllSingle,
+            Request::Barrier => K::Barrier,
+            Request::MonitoredBarrier => K::MonitoredBarrier,
+            Request::Send { .. } => K::Send,
+            Request::Recv { .. } => K::Recv,
+            Request::NewGroup { .. } => K::NewGroup,
+        }
+    }
+
     /// Whether this is a point-to-point call (matched by tag, outside the group's sequence
     /// of calls).
     pub fn is_p2p(&self) -> bool {

@@ -1,0 +1,174 @@
+//! Metrics through the `metrics` facade (`collectix::actors::metrics`), read back from a
+//! Prometheus recorder as an application would export them: calls, bytes and latencies per
+//! collective and group, errors by kind, peers lost, connections refused. The calls are
+//! issued and waited for on the test's thread, under a recorder local to it; the store's gate
+//! runs on a thread of its own, so its test installs the binary's global recorder (the only
+//! test here that reads it).
+
+use collectix::{Error, GroupOptions, ReduceOp, Secret, Security, TcpStoreServer, Tensor, World};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+fn recorder() -> (PrometheusRecorder, PrometheusHandle) {
+    let r = PrometheusBuilder::new().build_recorder();
+    let h = r.handle();
+    (r, h)
+}
+
+/// The value of the series `name` whose labels include every one of `labels`.
+fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn calls_bytes_and_latencies_are_counted_per_collective_and_group() {
+    let (rec, handle) = recorder();
+    metrics::with_local_recorder(&rec, || -> Result<(), Error> {
+        let world = World::local(2)?;
+        let c = world.communicators();
+        for _ in 0..3 {
+            let w: Vec<_> = c
+                .iter()
+                .map(|c| c.all_reduce(Tensor::from_vec(vec![1.0f32; 256]), ReduceOp::Sum))
+                .collect();
+            for w in w {
+                w.wait()?;
+            }
+        }
+        let b: Vec<_> = c.iter().map(|c| c.barrier()).collect();
+        for b in b {
+            b.wait()?;
+        }
+        // A group of its own: counted under its id.
+        let g: Vec<_> = c.iter().map(|c| c.new_group(&[0, 1])).collect();
+        let groups: Vec<_> = g
+            .into_iter()
+            .map(|g| g.wait())
+            .collect::<Result<Vec<_>, _>>()?;
+        let w: Vec<_> = groups
+            .iter()
+            .flatten()
+            .map(|g| g.all_reduce(Tensor::from_vec(vec![1i32; 2]), ReduceOp::Sum))
+            .collect();
+        for w in w {
+            w.wait()?;
+        }
+        world.shutdown()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let text = handle.render();
+    let world = [("op", "all_reduce"), ("group", "world")];
+    assert_eq!(
+        value(&text, "collectix_calls_total", &world),
+        Some(6.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, "collectix_call_bytes_total", &world),
+        Some(6.0 * 1024.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, "collectix_call_seconds_count", &world),
+        Some(6.0),
+        "{text}"
+    );
+    let barrier = [("op", "barrier"), ("group", "world")];
+    assert_eq!(
+        value(&text, "collectix_calls_total", &barrier),
+        Some(2.0),
+        "{text}"
+    );
+    // The subgroup's all_reduces: 2 calls of 8 bytes under another group id.
+    let sub: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("collectix_call_bytes_total{")
+                && l.contains("op=\"all_reduce\"")
+                && !l.contains("group=\"world\"")
+        })
+        .collect();
+    assert_eq!(sub.len(), 1, "{text}");
+    assert!(sub[0].ends_with(" 16"), "{text}");
+    assert!(!text.contains("collectix_call_errors_total"), "{text}");
+}
+
+#[test]
+fn errors_are_counted_by_kind_and_a_cut_link_as_peers_lost() {
+    let (rec, handle) = recorder();
+    metrics::with_local_recorder(&rec, || -> Result<(), Error> {
+        let world = World::local_with(
+            2,
+            GroupOptions::default().with_timeout(Duration::from_secs(20)),
+        )?;
+        let c = world.communicators();
+        // Refused at once on both ranks: a root outside the group.
+        for c in c {
+            assert!(c.broadcast(Tensor::from_vec(vec![1u8]), 7).wait().is_err());
+        }
+        // The ranks disagree on the dtype: a mismatch on both.
+        let a = c[0].all_reduce(Tensor::from_vec(vec![1.0f32; 4]), ReduceOp::Sum);
+        let b = c[1].all_reduce(Tensor::from_vec(vec![1i32; 4]), ReduceOp::Sum);
+        assert!(a.wait().is_err() && b.wait().is_err());
+        world.cut(0, 1)?;
+        let _ = world.shutdown();
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let text = handle.render();
+    let errors = |kind: &str| {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("collectix_call_errors_total{")
+                    && l.contains(&format!("kind=\"{kind}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert_eq!(errors("invalid_argument"), 2.0, "{text}");
+    assert!(
+        errors("mismatch") + errors("size_mismatch") >= 2.0,
+        "{text}"
+    );
+    // Each side of the cut lost the other.
+    assert!(
+        value(&text, "collectix_peers_lost_total", &[]).is_some_and(|n| n >= 2.0),
+        "{text}"
+    );
+}
+
+#[test]
+fn connections_refused_by_the_stores_gate_are_counted() {
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let secret = Secret::new("the metrics test's secret").unwrap_or_else(|e| panic!("{e}"));
+    let server = TcpStoreServer::bind_secured("127.0.0.1:0", Security::with_secret(secret))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = server.local_addr();
+    for _ in 0..3 {
+        let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+        let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
+    let start = Instant::now();
+    let refused = || {
+        value(
+            &handle.render(),
+            "collectix_connections_refused_total",
+            &[("listener", "store"), ("reason", "handshake")],
+        )
+    };
+    while refused() != Some(3.0) && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(refused(), Some(3.0), "{}", handle.render());
+}
