@@ -22,7 +22,7 @@ pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(300);
 /// This process's place in a job, given in code: see the module doc.
 ///
 /// ```no_run
-/// use collectix::{Process, Secret};
+/// use collectix_actors::{Process, Secret};
 /// use std::time::Duration;
 ///
 /// let process = Process::builder()
@@ -34,7 +34,7 @@ pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(300);
 ///     .timeout(Duration::from_secs(60))
 ///     .init()?;
 /// let c = process.communicator();
-/// # Ok::<(), collectix::Error>(())
+/// # Ok::<(), collectix_runtime::Error>(())
 /// ```
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until `init`"]

@@ -5,7 +5,7 @@
 //! Elapsed-time bounds are hang guards, not timings.
 
 mod common;
-use common::{example, free_port, ALL_REDUCE_LINES};
+use common::{assert_example_lines, assert_runs_the_example, example, free_port};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -97,9 +97,7 @@ fn four_processes(vars: impl Fn(usize) -> Vec<(&'static str, String)>) {
         assert!(o.status.success(), "rank {r}: {:?}\n{so}\n{se}", o.status);
         out.push_str(&so);
     }
-    for line in ALL_REDUCE_LINES {
-        assert!(out.lines().any(|l| l == line), "no {line:?} in:\n{out}");
-    }
+    assert_example_lines(&out, false, "");
 }
 
 fn s(v: impl ToString) -> String {
@@ -198,30 +196,20 @@ fn kubeflow_trainer_variables_one_process_per_pod() {
 fn kubeflow_trainer_variables_read_by_collectix_launch() {
     // One pod of four processes: `collectix launch -- PROGRAM` with no argument but the
     // program takes its numbers from PET_*, as torchrun does.
-    let exe = example("all_reduce");
     let mut c = Command::new(env!("CARGO_BIN_EXE_collectix"));
     for v in ROW_VARS {
         c.env_remove(v);
     }
-    let out = c
-        .envs([
-            ("PET_NNODES", s(1)),
-            ("PET_NODE_RANK", s(0)),
-            ("PET_NPROC_PER_NODE", s(4)),
-            ("PET_MASTER_ADDR", s("127.0.0.1")),
-            ("PET_MASTER_PORT", s(free_port())),
-        ])
-        .args(["launch", "--"])
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let so = String::from_utf8_lossy(&out.stdout);
-    let se = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{so}\n{se}");
-    for line in ALL_REDUCE_LINES {
-        let want = format!("[rank {}] {line}", &line[5..6]);
-        assert!(so.lines().any(|l| l == want), "no {want:?} in:\n{so}\n{se}");
-    }
+    c.envs([
+        ("PET_NNODES", s(1)),
+        ("PET_NODE_RANK", s(0)),
+        ("PET_NPROC_PER_NODE", s(4)),
+        ("PET_MASTER_ADDR", s("127.0.0.1")),
+        ("PET_MASTER_PORT", s(free_port())),
+    ])
+    .args(["launch", "--"])
+    .arg(example("all_reduce"));
+    assert_runs_the_example(&mut c, true);
 }
 
 #[test]
@@ -264,19 +252,13 @@ fn the_example_runs_under_mpich_mpiexec_hydra() {
         eprintln!("SKIPPED: no mpiexec.hydra here (Debian: apt-get install mpich)");
         return;
     }
-    let exe = example("all_reduce");
-    let out = Command::new("mpiexec.hydra")
-        .args(["-n", "4", "-genv", "MASTER_PORT"])
-        .arg(free_port().to_string())
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let so = String::from_utf8_lossy(&out.stdout);
-    let se = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{so}\n{se}");
-    for line in ALL_REDUCE_LINES {
-        assert!(so.lines().any(|l| l == line), "no {line:?} in:\n{so}\n{se}");
-    }
+    assert_runs_the_example(
+        Command::new("mpiexec.hydra")
+            .args(["-n", "4", "-genv", "MASTER_PORT"])
+            .arg(free_port().to_string())
+            .arg(example("all_reduce")),
+        false,
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! --workspace`, which builds them). Elapsed-time bounds are hang guards, not timings.
 
 mod common;
-use common::{example, free_port, ALL_REDUCE_LINES};
+use common::{assert_example_lines, assert_runs_the_example, example, free_port};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,11 +13,7 @@ use std::time::{Duration, Instant};
 fn the_readme_example_runs_as_four_processes_under_collectix_launch() {
     let (ok, so, se) = launch(4, &example("all_reduce"));
     assert!(ok, "{so}\n{se}");
-    for line in ALL_REDUCE_LINES {
-        let rank = &line[5..6];
-        let want = format!("[rank {rank}] {line}");
-        assert!(so.lines().any(|l| l == want), "no {want:?} in:\n{so}\n{se}");
-    }
+    assert_example_lines(&so, true, &se);
 }
 
 #[test]
@@ -30,18 +26,12 @@ fn the_readme_example_runs_under_mpirun() {
         eprintln!("SKIPPED: no mpirun here (Debian: apt-get install openmpi-bin)");
         return;
     }
-    let exe = example("all_reduce");
-    let out = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let so = String::from_utf8_lossy(&out.stdout);
-    let se = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{so}\n{se}");
-    for line in ALL_REDUCE_LINES {
-        assert!(so.lines().any(|l| l == line), "no {line:?} in:\n{so}\n{se}");
-    }
+    assert_runs_the_example(
+        Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+            .arg(example("all_reduce")),
+        false,
+    );
 }
 
 /// What `/dev/shm` holds whose name says collectix (nothing, ever: the segments are memfds).

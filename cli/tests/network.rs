@@ -377,7 +377,11 @@ fn delay_and_loss_raise_no_false_alarm() {
                     std::env::var_os("CI").is_none(),
                     "CI needs nftables (.ci/run installs it): {e}"
                 );
-                how.push(format!("no loss: {e}"));
+                // Delay alone is not what this test is for: say so, rather than pass.
+                eprintln!(
+                    "SKIPPED: no loss can be applied here (no netem in this kernel, and nftables: {e}); Debian: apt-get install nftables"
+                );
+                return;
             }
         }
     }
@@ -405,6 +409,10 @@ fn delay_and_loss_raise_no_false_alarm() {
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
         assert!(dropped > 0 || std::env::var_os("CI").is_none(), "{counted}");
+        if dropped == 0 {
+            eprintln!("SKIPPED: nftables dropped no frame, so no loss was tested:\n{counted}");
+            return;
+        }
     }
     evidence("impaired", &report);
 }

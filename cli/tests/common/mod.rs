@@ -43,6 +43,32 @@ pub(crate) const ALL_REDUCE_LINES: [&str; 8] = [
     "rank 3: group_max [4, 8]",
 ];
 
+/// Asserts that `out` holds every line of the README example, each after `[rank R] ` when
+/// `prefixed` (as `collectix launch` prints a rank's lines); `context` goes with a failure.
+pub(crate) fn assert_example_lines(out: &str, prefixed: bool, context: &str) {
+    for line in ALL_REDUCE_LINES {
+        let want = if prefixed {
+            format!("[rank {}] {line}", &line[5..6])
+        } else {
+            line.to_string()
+        };
+        assert!(
+            out.lines().any(|l| l == want),
+            "no {want:?} in:\n{out}\n{context}"
+        );
+    }
+}
+
+/// Runs `cmd` (a launcher starting the README's example) and asserts that it succeeds and
+/// prints the example's lines ([`assert_example_lines`]).
+pub(crate) fn assert_runs_the_example(cmd: &mut std::process::Command, prefixed: bool) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{e}"));
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{so}\n{se}");
+    assert_example_lines(&so, prefixed, &se);
+}
+
 /// A port that is free on loopback at the moment.
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
