@@ -610,7 +610,9 @@ fn chaos_with_processes() {
         .filter(|f| nft || !f.needs_nft())
         .filter(|f| only.is_empty() || only.split(',').any(|o| o == format!("{f:?}")))
         .collect();
-    let n = count("CHAOS_PROCESSES", 2 * faults.len());
+    // One trial per fault by default; two with `COLLECTIX_LONG_TESTS=1` (as `.ci/run` runs).
+    let long = std::env::var_os("COLLECTIX_LONG_TESTS").is_some_and(|v| v == "1");
+    let n = count("CHAOS_PROCESSES", (1 + usize::from(long)) * faults.len());
     let mut rng = Rng(count("CHAOS_SEED", 11) as u64);
     let (mut hangs, mut wrong, mut unbounded) = (0, Vec::new(), Vec::new());
     let mut blame = Vec::new();
