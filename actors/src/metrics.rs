@@ -13,7 +13,9 @@
 //!
 //! `op` is torch's name of the call (`all_reduce`, `send`, …); `group` is the group's id
 //! (`world` for the world). A call is counted when its result is taken, on the thread that
-//! takes it: a `Work` dropped unawaited is not counted.
+//! takes it: a `Work` dropped unawaited is not counted. Counted: every `Communicator`
+//! collective and point-to-point call (host or device) and the buffers API; not (yet): the
+//! object collectives, `new_group`'s and `split`'s agreement steps, the recovery protocol.
 //!
 //! Whether a recorder is installed is asked of the facade when a call is issued: a recorder
 //! of zero size (the facade's no-op one) counts as none.
