@@ -123,7 +123,18 @@ impl<T> Work<T> {
         }
     }
 
-    /// Reports the call's metrics, once, with its `result`.
+    /// [`report`](Self::report) through a handle held exclusively: no lock.
+    fn report_owned(probe: &mut std::sync::Mutex<Option<Box<Probe>>>, result: &Result<T>) {
+        let probe = probe
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(p) = probe.take() {
+            p.finish(result);
+        }
+    }
+
+    /// Reports the call's metrics, once, with its `result` (through a shared handle:
+    /// `wait_timeout`).
     fn report(&self, result: &Result<T>) {
         if let Some(p) = crate::sync::lock(&self.probe).take() {
             p.finish(result);
@@ -258,7 +269,7 @@ impl<T> Future for Work<T> {
                     .get_mut()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let r = r.take().unwrap_or_else(taken);
-                this.report(&r);
+                Self::report_owned(&mut this.probe, &r);
                 return Poll::Ready(r);
             }
             State::InFlight { waiter, driver, .. } => (&*waiter, &*driver),
@@ -276,7 +287,7 @@ impl<T> Future for Work<T> {
         this.polled = true;
         let polled = waiter.poll(cx);
         if let Poll::Ready(r) = &polled {
-            this.report(r);
+            Self::report_owned(&mut this.probe, r);
         }
         polled
     }
