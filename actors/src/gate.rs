@@ -30,11 +30,13 @@ pub(crate) const MAX_WAITING: usize = 4096;
 /// Connections from one address that may wait in the handshake at once.
 pub(crate) const MAX_PER_SOURCE: usize = 1024;
 
-/// How many connections may wait: in all, and from one address.
+/// How many connections may wait (in all, and from one address), and for how long each.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
     pub(crate) waiting: usize,
     pub(crate) per_source: usize,
+    /// From the accept, to pass the handshake ([`HELLO_TIMEOUT`]; tests shorten it).
+    pub(crate) hello: Duration,
 }
 
 impl Default for Limits {
@@ -42,6 +44,7 @@ impl Default for Limits {
         Limits {
             waiting: MAX_WAITING,
             per_source: MAX_PER_SOURCE,
+            hello: HELLO_TIMEOUT,
         }
     }
 }
@@ -175,7 +178,7 @@ impl Keeper {
                 let turn = if ready.get(i).copied().unwrap_or(false) {
                     self.turn(i)
                 } else if now >= self.waiting[i].deadline {
-                    Turn::Closed(format!("no handshake within {} s", HELLO_TIMEOUT.as_secs()))
+                    Turn::Closed(format!("no handshake within {:?}", self.limits.hello))
                 } else {
                     Turn::Wait
                 };
@@ -237,7 +240,7 @@ impl Keeper {
                 from,
                 hs: ServerHandshake::new(&self.security, self.ctx),
                 passed: false,
-                deadline: deadline_after(HELLO_TIMEOUT),
+                deadline: deadline_after(self.limits.hello),
             });
         }
     }
@@ -347,6 +350,7 @@ mod tests {
         let limits = Limits {
             waiting: 8,
             per_source: 4,
+            ..Limits::default()
         };
         let gate = Gate::start_with(
             "test-gate",

@@ -14,7 +14,7 @@
 
 use super::proto::{self, Failure, FrameError, Request, Response, MAGIC, VERSION};
 use super::{Store, Table};
-use crate::gate::{Gate, Pass};
+use crate::gate::{Gate, Limits, Pass};
 use crate::security::{Denied, Security};
 use crate::sync::{lock, ReadUntil};
 use collectix_runtime::{Error, Result};
@@ -30,9 +30,6 @@ use std::time::{Duration, Instant};
 /// How much longer than a request's own wait a client waits for the answer before it
 /// calls the connection broken.
 const ANSWER_SLACK: Duration = Duration::from_secs(30);
-/// How long a new connection has for the handshake and its hello.
-#[cfg(test)]
-const HELLO_TIMEOUT: Duration = crate::gate::HELLO_TIMEOUT;
 
 /// A TCP store server (torch's `TCPStore` with `is_master=True`). It stops when dropped or
 /// [`shutdown`](TcpStoreServer::shutdown).
@@ -71,6 +68,16 @@ impl TcpStoreServer {
         addr: impl ToSocketAddrs + std::fmt::Debug,
         security: Security,
     ) -> Result<TcpStoreServer> {
+        TcpStoreServer::bind_with(addr, security, Limits::default())
+    }
+
+    /// [`bind_secured`](Self::bind_secured) with the gate's `limits` (tests shorten the
+    /// handshake's deadline).
+    fn bind_with(
+        addr: impl ToSocketAddrs + std::fmt::Debug,
+        security: Security,
+        limits: Limits,
+    ) -> Result<TcpStoreServer> {
         for a in addr
             .to_socket_addrs()
             .map_err(|e| Error::Store(format!("cannot resolve {addr:?}: {e}")))?
@@ -85,7 +92,7 @@ impl TcpStoreServer {
         let stop = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<HashMap<u64, TcpStream>>> = Arc::default();
         let table = Arc::new(Table::default());
-        let gate = gate_for(table, conns.clone(), security)
+        let gate = gate_for(table, conns.clone(), security, limits)
             .map_err(|e| Error::Resource(format!("cannot start the store's gate: {e}")))?;
         let s = stop.clone();
         let accept = std::thread::Builder::new()
@@ -169,6 +176,7 @@ fn gate_for(
     table: Arc<Table>,
     conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     security: Security,
+    limits: Limits,
 ) -> std::io::Result<Gate> {
     let mut next = 0u64;
     let pass: Pass = Box::new(move |stream, deadline| {
@@ -188,12 +196,13 @@ fn gate_for(
             },
         );
     });
-    Gate::start(
+    Gate::start_with(
         "collectix-store-gate",
         "the store",
         security,
         b"store",
         pass,
+        limits,
     )
 }
 

@@ -7,13 +7,14 @@ use std::process::Command;
 /// The example's binary, built if needed (same profile and target directory as this test).
 pub(crate) fn example(name: &str) -> PathBuf {
     let status = Command::new(env!("CARGO"))
-        // The test profile: what `cargo test` built already (the dev profile would rebuild
-        // every dependency unoptimized).
+        // The test profile and the whole workspace: what `cargo test --workspace` built
+        // already. (The dev profile would rebuild every dependency unoptimized; `-p
+        // collectix` alone resolves nix's and proptest's features otherwise, and rebuilt
+        // them and both collectix crates: 23 s, cold.)
         .args([
             "build",
             "-q",
-            "-p",
-            "collectix",
+            "--workspace",
             "--profile",
             "test",
             "--example",

@@ -245,13 +245,22 @@ fn a_connection_whose_thread_cannot_start_is_closed_at_once() {
 fn a_client_that_trickles_its_handshake_is_dropped_within_the_hello_timeout() {
     // One byte every 500 ms of a well-formed start: each read is quick, the whole is not.
     // (A timeout per read kept such a client for as long as it kept sending: 20 s here.)
-    let s = server();
+    // The server's deadline is 2 s here (10 s in use, `gate::HELLO_TIMEOUT`); the client's
+    // 40 bytes would take 8 s.
+    let hello = Duration::from_secs(2);
+    let limits = Limits {
+        hello,
+        ..Limits::default()
+    };
+    let s = TcpStoreServer::bind_with("127.0.0.1:0", Security::loopback_only(), limits)
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut bytes = b"cx-auth1".to_vec();
     bytes.resize(40, 0);
-    let took = crate::sync::trickle(s.connect_addr(), &bytes, Duration::from_millis(500));
+    let took = crate::sync::trickle(s.connect_addr(), &bytes, Duration::from_millis(200));
     assert!(
-        took.is_some_and(|t| t >= HELLO_TIMEOUT - Duration::from_secs(1)
-            && t < HELLO_TIMEOUT + Duration::from_secs(2)),
+        took.is_some_and(
+            |t| t >= hello - Duration::from_millis(500) && t < hello + Duration::from_secs(2)
+        ),
         "closed after {took:?}"
     );
 }

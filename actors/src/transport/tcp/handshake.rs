@@ -147,7 +147,11 @@ fn io(step: LinkStep) -> impl Fn(std::io::Error) -> Refused {
 /// Connects: proves the secret (as `security` has it), writes `hello` on `s` and reads the
 /// answer. `Err` with the accepting rank's reason (or the connection's failure).
 pub(crate) fn connect(s: &mut TcpStream, hello: Hello, security: &Security) -> Result<(), Refused> {
-    security.client(s, b"link").map_err(Refused::Auth)?;
+    if let Err(d) = security.client(s, b"link") {
+        // Closed at once, so that the accepting side hears of it now, not at its deadline.
+        let _ = s.shutdown(Shutdown::Both);
+        return Err(Refused::Auth(d));
+    }
     s.write_all(&hello.to_bytes())
         .map_err(io(LinkStep::Hello))?;
     let mut status = [0u8; 1];
@@ -183,9 +187,23 @@ pub(crate) fn accept(
     connecting: &dyn Fn(u32) -> bool,
     security: &Security,
 ) -> Result<(u32, u32), Refused> {
-    // A connection that does not say its hello within HELLO_TIMEOUT in all (a port scanner,
+    accept_within(s, job, me, world, connecting, security, HELLO_TIMEOUT)
+}
+
+/// [`accept`] with `hello` in place of [`HELLO_TIMEOUT`] (tests shorten it).
+#[cfg(test)]
+pub(crate) fn accept_within(
+    s: &mut TcpStream,
+    job: u64,
+    me: u32,
+    world: u32,
+    connecting: &dyn Fn(u32) -> bool,
+    security: &Security,
+    hello: Duration,
+) -> Result<(u32, u32), Refused> {
+    // A connection that does not say its hello within `hello` in all (a port scanner,
     // a stuck or trickling client) is dropped rather than left holding the accepting rank.
-    let deadline = crate::sync::deadline_after(HELLO_TIMEOUT);
+    let deadline = crate::sync::deadline_after(hello);
     let passed = security.server(&mut ReadUntil::new(s, deadline), b"link");
     if let Err(d) = passed {
         let _ = s.shutdown(Shutdown::Both);

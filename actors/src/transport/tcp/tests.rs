@@ -1,4 +1,4 @@
-use super::handshake::VERSION;
+use super::handshake::{accept_within, VERSION};
 use super::*;
 use crate::security::{Denied, Security};
 use crate::sync::lock;
@@ -254,7 +254,10 @@ fn the_handshake_refuses_another_job_version_or_rank_on_both_sides() {
         };
         assert_eq!(saw, Err(want));
     }
-    // The wrong secret, or none: refused before the hello is read, on both sides.
+    // The wrong secret, or none: refused before the hello is read, on both sides, and at
+    // once on the accepting side too, though the connecting side keeps its socket (it
+    // closes the connection on a refusal: the accepting side waited out its hello
+    // deadline, 10 s, before).
     let wrong = match crate::security::Secret::new("another job's secret") {
         Ok(k) => Security::with_secret(k),
         Err(e) => panic!("{e}"),
@@ -270,9 +273,16 @@ fn the_handshake_refuses_another_job_version_or_rank_on_both_sides() {
             incarnation: 0,
         };
         let told = connect(&mut c, hello, &security);
+        let t0 = std::time::Instant::now();
         let saw = t.join().unwrap_or_else(|_| panic!("accept panicked"));
         assert!(matches!(&told, Err(Refused::Auth(_))), "{told:?}");
         assert!(matches!(&saw, Err(Refused::Auth(_))), "{saw:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the accepting side saw its refusal after {:?}",
+            t0.elapsed()
+        );
+        drop(c);
     }
 }
 
@@ -662,16 +672,20 @@ fn a_rank_drops_a_connection_that_trickles_its_handshake_within_the_hello_timeou
     let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
     let acceptor = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-        let r = accept(&mut s, 7, 0, 2, &|_| false, &secured());
+        let r = accept_within(&mut s, 7, 0, 2, &|_| false, &secured(), HELLO);
         drop(s);
         r.is_err()
     });
+    // 40 bytes, one each 200 ms: 8 s in all, against a deadline of 2 s (10 s in use,
+    // HELLO_TIMEOUT).
+    const HELLO: Duration = Duration::from_secs(2);
     let mut bytes = b"cx-auth1".to_vec();
     bytes.resize(40, 0);
-    let took = crate::sync::trickle(addr, &bytes, Duration::from_millis(500));
+    let took = crate::sync::trickle(addr, &bytes, Duration::from_millis(200));
     assert!(
-        took.is_some_and(|t| t >= HELLO_TIMEOUT - Duration::from_secs(1)
-            && t < HELLO_TIMEOUT + Duration::from_secs(2)),
+        took.is_some_and(
+            |t| t >= HELLO - Duration::from_millis(500) && t < HELLO + Duration::from_secs(2)
+        ),
         "closed after {took:?}"
     );
     assert_eq!(acceptor.join().ok(), Some(true));
