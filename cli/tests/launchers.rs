@@ -1,7 +1,8 @@
 //! Every launcher of `docs/deployment.md`'s table: four processes of the README's example,
 //! each started with the variables that launcher gives its processes, set by hand (as a pod,
 //! `srun` or `mpiexec` would set them), join one job and print the example's lines. Where
-//! the launcher itself is installed (`mpiexec.hydra`, MPICH's), it starts them for real.
+//! the launcher itself is installed (`mpiexec.hydra`, MPICH's; Slurm's `srun`, with and
+//! without PMIx), it starts them for real.
 //! Elapsed-time bounds are hang guards, not timings.
 
 mod common;
@@ -259,6 +260,46 @@ fn the_example_runs_under_mpich_mpiexec_hydra() {
             .arg(example("all_reduce")),
         false,
     );
+}
+
+/// Whether a Slurm controller answers here (`deploy/slurm/single-node.sh` starts one on
+/// this machine; `.ci/run` does).
+fn slurm_answers() -> bool {
+    let answers = Command::new("sinfo")
+        .arg("-h")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !answers {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no Slurm controller in CI: .ci/run starts one (deploy/slurm/single-node.sh)"
+        );
+        eprintln!(
+            "SKIPPED: no Slurm controller here (Debian: apt-get install slurm-wlm munge, then \
+             deploy/slurm/single-node.sh as root)"
+        );
+    }
+    answers
+}
+
+#[test]
+fn the_example_runs_under_slurm_srun_and_with_pmix() {
+    if !slurm_answers() {
+        return;
+    }
+    // As docs/deployment.md writes it: `srun -n 4`, nothing else set (the port comes from
+    // the job's id, the host from its node list). `--overcommit`: four tasks on a machine
+    // that may have two CPUs. The Slurm row, then the PMIx one (`--mpi=pmix` adds
+    // PMIX_RANK and PMIX_NAMESPACE), one after the other: each job's port is its own.
+    for mpi in ["--mpi=none", "--mpi=pmix"] {
+        let mut srun = Command::new("srun");
+        for v in ROW_VARS {
+            srun.env_remove(v);
+        }
+        srun.args(["-n", "4", "--overcommit", "--time=2", mpi])
+            .arg(example("all_reduce"));
+        assert_runs_the_example(&mut srun, false);
+    }
 }
 
 #[test]
