@@ -57,14 +57,8 @@ fn duration_max_as_a_timeout_waits_without_end_instead_of_panicking() {
         init_method: Some(format!("tcp://127.0.0.1:{port}")),
         rank: Some(0),
         world_size: Some(1),
-        connect: None,
-        security: None,
-        liveness: None,
-        launcher_store: None,
         transport: Some(Transport::Tcp),
-        host_id: None,
-        address: None,
-        interface: None,
+        ..InitArgs::default()
     };
     let p = ok(
         init(&args, collectix::GroupOptions::default(), Duration::MAX),

@@ -62,14 +62,9 @@ fn a_flood_of_unauthenticated_connections_costs_no_threads_and_keeps_nobody_out(
                         init_method: Some(format!("tcp://127.0.0.1:{port}")),
                         rank: Some(r),
                         world_size: Some(2),
-                        connect: None,
                         security: Some(secured()),
-                        liveness: None,
-                        launcher_store: None,
                         transport: Some(Transport::Tcp),
-                        host_id: None,
-                        address: None,
-                        interface: None,
+                        ..InitArgs::default()
                     };
                     let p = init(&args, GroupOptions::default(), Duration::from_secs(60))
                         .map_err(|e| format!("rank {r}: {e}"))?;

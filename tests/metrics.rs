@@ -1,9 +1,10 @@
 //! Metrics through the `metrics` facade (`collectix::actors::metrics`), read back from a
 //! Prometheus recorder as an application would export them: calls, bytes and latencies per
 //! collective and group, errors by kind, peers lost, connections refused. The calls are
-//! issued and waited for on the test's thread, under a recorder local to it; the store's gate
-//! runs on a thread of its own, so its test installs the binary's global recorder (the only
-//! test here that reads it).
+//! issued and waited for on the test's thread, under a recorder local to it. Two tests read
+//! the binary's global recorder instead, each its own series: the store's gate's (it runs on
+//! a thread of its own), and the calls made of others (object collectives, `split`,
+//! `shrink`), whose parts must not be counted on the ranks' threads.
 
 use collectix::{Error, GroupOptions, ReduceOp, Secret, Security, TcpStoreServer, Tensor, World};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
@@ -99,6 +100,16 @@ fn calls_bytes_and_latencies_are_counted_per_collective_and_group() {
         .collect();
     assert_eq!(sub.len(), 1, "{text}");
     assert!(sub[0].ends_with(" 16"), "{text}");
+    // new_group: one call on each rank, under the parent group.
+    assert_eq!(
+        value(
+            &text,
+            "collectix_calls_total",
+            &[("op", "new_group"), ("group", "world")]
+        ),
+        Some(2.0),
+        "{text}"
+    );
     assert!(!text.contains("collectix_call_errors_total"), "{text}");
 }
 
@@ -146,11 +157,77 @@ fn errors_are_counted_by_kind_and_a_cut_link_as_peers_lost() {
     );
 }
 
+/// The binary's global recorder, installed by the first test that needs it: for what is
+/// reported on threads other than the test's (the store's gate; the parts of a call that is
+/// made of others, if they were counted on their own, would be too).
+fn global() -> &'static PrometheusHandle {
+    static GLOBAL: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    GLOBAL.get_or_init(|| {
+        PrometheusBuilder::new()
+            .install_recorder()
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+#[test]
+fn object_collectives_group_making_and_recovery_count_once_each_as_themselves() {
+    // Under the global recorder: a part issued inside (the sizes' broadcast or all_gather,
+    // split's gather) is taken on a rank's thread; were it measured on its own, it would be
+    // counted there as a call (`broadcast`, `all_gather_into_tensor`). Only this test makes
+    // object calls, splits or shrinks, and the other tests' calls go to their local
+    // recorders.
+    let handle = global();
+    let run = || -> Result<(), Error> {
+        let world = World::local(2)?;
+        let c = world.communicators();
+        let w: Vec<_> = c
+            .iter()
+            .map(|c| c.all_gather_object(&format!("rank {}", c.rank())))
+            .collect();
+        for w in w {
+            assert_eq!(w.wait()?, ["rank 0", "rank 1"]);
+        }
+        let w: Vec<_> = c
+            .iter()
+            .map(|c| c.broadcast_object((c.rank() == 0).then(|| vec![1u32, 2, 3]), 0))
+            .collect();
+        for w in w {
+            assert_eq!(w.wait()?, [1, 2, 3]);
+        }
+        let w: Vec<_> = c
+            .iter()
+            .map(|c| c.split(Some(0), c.rank() as i64))
+            .collect();
+        for w in w {
+            assert!(w.wait()?.is_some());
+        }
+        let w: Vec<_> = c.iter().map(|c| c.shrink()).collect();
+        for w in w {
+            w.wait()?;
+        }
+        let _ = world.shutdown();
+        Ok(())
+    };
+    run().unwrap_or_else(|e| panic!("{e}"));
+    let text = handle.render();
+    let count = |op: &str| value(&text, "collectix_calls_total", &[("op", op)]);
+    let bytes = |op: &str| value(&text, "collectix_call_bytes_total", &[("op", op)]);
+    assert_eq!(count("all_gather_object"), Some(2.0), "{text}");
+    // bincode: a length byte and 6 bytes, from each rank.
+    assert_eq!(bytes("all_gather_object"), Some(14.0), "{text}");
+    assert_eq!(count("broadcast_object_list"), Some(2.0), "{text}");
+    // A length byte and three one-byte integers, from the source.
+    assert_eq!(bytes("broadcast_object_list"), Some(4.0), "{text}");
+    assert_eq!(count("split"), Some(2.0), "{text}");
+    assert_eq!(count("shrink"), Some(2.0), "{text}");
+    for part in ["broadcast", "all_gather_into_tensor"] {
+        assert_eq!(count(part), None, "{part} counted on its own:\n{text}");
+    }
+}
+
 #[test]
 fn connections_refused_by_the_stores_gate_are_counted() {
-    let handle = PrometheusBuilder::new()
-        .install_recorder()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let handle = global();
     let secret = Secret::new("the metrics test's secret").unwrap_or_else(|e| panic!("{e}"));
     let server = TcpStoreServer::bind_secured("127.0.0.1:0", Security::with_secret(secret))
         .unwrap_or_else(|e| panic!("{e}"));

@@ -42,12 +42,8 @@ fn args_over(
         world_size: Some(w),
         connect,
         security: Some(secured("the tcp_world tests' secret")),
-        liveness: None,
-        launcher_store: None,
         transport: Some(transport),
-        host_id: None,
-        address: None,
-        interface: None,
+        ..InitArgs::default()
     }
 }
 
@@ -145,8 +141,6 @@ fn two_hosts_of_two_ranks_share_memory_inside_and_go_hierarchical_across() {
                 sc.spawn(move || -> Result<(), String> {
                     let args = InitArgs {
                         host_id: Some(if r < 2 { "host-a" } else { "host-b" }.to_owned()),
-                        address: None,
-                        interface: None,
                         ..args_over(port, r, w, Some(Connect::Eager), Transport::Auto)
                     };
                     let p = init(&args, check_job::options(), Duration::from_secs(60))

@@ -180,6 +180,33 @@ impl Communicator {
         self.member.call_host(req, opts, map)
     }
 
+    /// A host call that is a part of another (an object collective's sizes, `split`'s
+    /// gather): not measured on its own; the call it is part of is ([`measure`](Self::measure)).
+    pub(crate) fn part<T: Send + 'static>(
+        &self,
+        req: Request,
+        map: fn(Output) -> Result<T>,
+    ) -> Work<T> {
+        self.member
+            .call_host_unmeasured(req, &CallOptions::default(), map)
+    }
+
+    /// `work()`'s call, measured as one call named `op` on this group, of `bytes`
+    /// (`metrics.rs`): for the calls that are not one request.
+    pub(crate) fn measure<T>(
+        &self,
+        op: &'static str,
+        bytes: u64,
+        work: impl FnOnce() -> Work<T>,
+    ) -> Work<T> {
+        let probe = crate::metrics::Probe::named(op, self.member.group.info.id, bytes);
+        let w = work();
+        match probe {
+            None => w,
+            probe => w.measured(probe),
+        }
+    }
+
     /// Issues any [`Request`] and hands back the raw [`Output`] (the typed methods below are
     /// thin wrappers of this; benchmarks and test matrices use it directly).
     pub fn submit(&self, req: Request, opts: &CallOptions) -> Work<Output> {
@@ -503,6 +530,10 @@ impl Communicator {
     /// list). `ranks` are ranks of this group. Members get `Some(communicator)`, the others
     /// `None`. The ranks agree first (a mismatched list is an [`Error::Mismatch`]).
     pub fn new_group(&self, ranks: &[usize]) -> Work<Option<Communicator>> {
+        self.measure("new_group", 0, || self.new_group_unmeasured(ranks))
+    }
+
+    fn new_group_unmeasured(&self, ranks: &[usize]) -> Work<Option<Communicator>> {
         // Taken first: a call that fails its checks here still counts on every member.
         let index = self.member.group.children.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = check_members(ranks, self.size()) {
@@ -549,6 +580,12 @@ impl Communicator {
     /// `group_size` ranks and returns this rank's (collective; the size must divide the
     /// group's).
     pub fn new_subgroups(&self, group_size: usize) -> Work<Communicator> {
+        self.measure("new_subgroups", 0, || {
+            self.new_subgroups_unmeasured(group_size)
+        })
+    }
+
+    fn new_subgroups_unmeasured(&self, group_size: usize) -> Work<Communicator> {
         let w = self.size();
         // Taken first: a call that fails its checks here still counts on every member.
         let index = self.member.group.children.fetch_add(1, Ordering::Relaxed);
@@ -589,10 +626,20 @@ impl Communicator {
     /// `split(color, key)` (torch's `split_group`/MPI's `Comm_split`): collective; ranks that
     /// pass the same `Some(color)` form a group, ordered by `(key, rank)`; `None` joins none.
     pub fn split(&self, color: Option<u32>, key: i64) -> Work<Option<Communicator>> {
+        self.measure("split", 0, || self.split_unmeasured(color, key))
+    }
+
+    fn split_unmeasured(&self, color: Option<u32>, key: i64) -> Work<Option<Communicator>> {
         let index = self.member.group.children.fetch_add(1, Ordering::Relaxed);
         let mine = Tensor::from_vec(vec![color.map_or(-1, i64::from), key]);
         let w = self.size();
-        let gathered = self.all_gather_into_tensor(TensorSpec::new(&[w, 2], DType::I64), mine);
+        let gathered = self.part(
+            Request::AllGatherIntoTensor {
+                input: mine,
+                output: TensorSpec::new(&[w, 2], DType::I64),
+            },
+            one,
+        );
         let (c, work) = Work::raw(self.member.rank.rank_threads.clone());
         let (rank, group) = (self.member.rank.clone(), self.member.group.clone());
         self.member.rank.arbiter.spawn(async move {

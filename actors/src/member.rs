@@ -161,8 +161,9 @@ impl Member {
         }
     }
 
-    /// [`call_host`](Self::call_host), without the metrics.
-    fn call_host_unmeasured<T: Send + 'static>(
+    /// [`call_host`](Self::call_host), without the metrics (also for a call that is a part
+    /// of another, which counts as itself: `Communicator::part`).
+    pub(crate) fn call_host_unmeasured<T: Send + 'static>(
         &self,
         req: Request,
         opts: &CallOptions,

@@ -14,8 +14,14 @@
 //! `op` is torch's name of the call (`all_reduce`, `send`, …); `group` is the group's id
 //! (`world` for the world). A call is counted when its result is taken, on the thread that
 //! takes it: a `Work` dropped unawaited is not counted. Counted: every `Communicator`
-//! collective and point-to-point call (host or device) and the buffers API; not (yet): the
-//! object collectives, `new_group`'s and `split`'s agreement steps, the recovery protocol.
+//! collective and point-to-point call (host or device), the buffers API, the object
+//! collectives (as `broadcast_object_list`, `all_gather_object`, `gather_object`,
+//! `scatter_object_list`: one call each, its bytes this rank's encoded objects), the calls
+//! that make groups (`new_group`, `new_subgroups`, `split`: no bytes, counted under the
+//! parent group) and the recovery calls (`shrink`, `regrow`, `rejoin`, under the group they
+//! leave). A call made of others counts once, as itself: the object collectives' sizes and
+//! `split`'s gather are not counted on their own. Not counted: `revoke` (a message, not a
+//! call with a result).
 //!
 //! Whether a recorder is installed is asked of the facade when a call is issued: a recorder
 //! of zero size (the facade's no-op one) counts as none.
@@ -43,12 +49,26 @@ impl Probe {
         if !recording() {
             return None;
         }
-        Some(Box::new(Probe {
-            op: req.kind().name(),
+        Some(Probe::boxed(
+            req.kind().name(),
             group,
-            bytes: req.declared_bytes().unwrap_or(0),
+            req.declared_bytes().unwrap_or(0),
+        ))
+    }
+
+    /// A probe for a call that is not one request (an object collective, `new_group`,
+    /// `split`, a recovery call), counted as `op` with `bytes`; `None` when nothing records.
+    pub(crate) fn named(op: &'static str, group: GroupId, bytes: u64) -> Option<Box<Probe>> {
+        recording().then(|| Probe::boxed(op, group, bytes))
+    }
+
+    fn boxed(op: &'static str, group: GroupId, bytes: u64) -> Box<Probe> {
+        Box::new(Probe {
+            op,
+            group,
+            bytes,
             start: Instant::now(),
-        }))
+        })
     }
 
     /// Reports the call, with its `result`.

@@ -64,7 +64,25 @@ impl Communicator {
         } else {
             Ok(Vec::new())
         };
-        let first = self.broadcast(Tensor::from_vec(vec![len_of(&bytes)]), src);
+        let sent = len_of(&bytes).max(0) as u64;
+        self.measure("broadcast_object_list", sent, || {
+            self.broadcast_object_parts(bytes, src)
+        })
+    }
+
+    /// [`broadcast_object`](Self::broadcast_object)'s two collectives, on `bytes` (the
+    /// source's encoded object).
+    fn broadcast_object_parts<T>(&self, bytes: Result<Vec<u8>>, src: usize) -> Work<T>
+    where
+        T: DeserializeOwned + Send + 'static,
+    {
+        let first = self.part(
+            Request::Broadcast {
+                tensor: Tensor::from_vec(vec![len_of(&bytes)]),
+                root: src,
+            },
+            one,
+        );
         self.member.chain(
             first,
             move |lens, me, seq| {
@@ -92,25 +110,29 @@ impl Communicator {
     where
         T: Serialize + DeserializeOwned + Send + 'static,
     {
-        let (bytes, first) = self.encode_and_gather_sizes(obj);
-        self.member.chain(
-            first,
-            move |lens, me, seq| {
-                let specs = sizes(&lens)?
-                    .into_iter()
-                    .map(|n| TensorSpec::new(&[n], DType::U8))
-                    .collect();
-                me.issue_at(
-                    seq,
-                    Request::AllGather {
-                        input: Tensor::from_vec(bytes?),
-                        outputs: specs,
-                    },
-                    many,
-                )
-            },
-            |ts| ts.iter().map(|t| decode(t.as_slice::<u8>()?)).collect(),
-        )
+        let bytes = encode(obj);
+        let sent = len_of(&bytes).max(0) as u64;
+        self.measure("all_gather_object", sent, || {
+            let first = self.gather_sizes(&bytes);
+            self.member.chain(
+                first,
+                move |lens, me, seq| {
+                    let specs = sizes(&lens)?
+                        .into_iter()
+                        .map(|n| TensorSpec::new(&[n], DType::U8))
+                        .collect();
+                    me.issue_at(
+                        seq,
+                        Request::AllGather {
+                            input: Tensor::from_vec(bytes?),
+                            outputs: specs,
+                        },
+                        many,
+                    )
+                },
+                |ts| ts.iter().map(|t| decode(t.as_slice::<u8>()?)).collect(),
+            )
+        })
     }
 
     /// `gather_object`: rank `dst` gets every rank's object (`Some`), the others `None`.
@@ -118,26 +140,30 @@ impl Communicator {
     where
         T: Serialize + DeserializeOwned + Send + 'static,
     {
-        let (bytes, first) = self.encode_and_gather_sizes(obj);
-        self.member.chain(
-            first,
-            move |lens, me, seq| {
-                let lens = sizes(&lens)?;
-                let max = lens.iter().copied().max().unwrap_or(0);
-                let input = padded(bytes?, max);
-                let w = me.issue_at(seq, Request::Gather { input, root: dst }, gathered)?;
-                Ok(me.map_work(w, move |list| Ok(list.map(|l| (l, lens)))))
-            },
-            |got: Option<(Vec<Tensor>, Vec<usize>)>| match got {
-                None => Ok(None),
-                Some((list, lens)) => list
-                    .iter()
-                    .zip(lens)
-                    .map(|(t, n)| decode(t.as_slice::<u8>()?.get(..n).unwrap_or(&[])))
-                    .collect::<Result<Vec<T>>>()
-                    .map(Some),
-            },
-        )
+        let bytes = encode(obj);
+        let sent = len_of(&bytes).max(0) as u64;
+        self.measure("gather_object", sent, || {
+            let first = self.gather_sizes(&bytes);
+            self.member.chain(
+                first,
+                move |lens, me, seq| {
+                    let lens = sizes(&lens)?;
+                    let max = lens.iter().copied().max().unwrap_or(0);
+                    let input = padded(bytes?, max);
+                    let w = me.issue_at(seq, Request::Gather { input, root: dst }, gathered)?;
+                    Ok(me.map_work(w, move |list| Ok(list.map(|l| (l, lens)))))
+                },
+                |got: Option<(Vec<Tensor>, Vec<usize>)>| match got {
+                    None => Ok(None),
+                    Some((list, lens)) => list
+                        .iter()
+                        .zip(lens)
+                        .map(|(t, n)| decode(t.as_slice::<u8>()?.get(..n).unwrap_or(&[])))
+                        .collect::<Result<Vec<T>>>()
+                        .map(Some),
+                },
+            )
+        })
     }
 
     /// `scatter_object_list` for one object per rank: rank `src` passes one object per rank,
@@ -164,7 +190,30 @@ impl Communicator {
             Ok(_) => vec![0; w],
             Err(_) => vec![-1; w],
         };
-        let first = self.broadcast(Tensor::from_vec(lens), src);
+        let sent = lens.iter().map(|&n| n.max(0) as u64).sum();
+        self.measure("scatter_object_list", sent, || {
+            self.scatter_object_parts(encoded, lens, src)
+        })
+    }
+
+    /// [`scatter_object`](Self::scatter_object)'s two collectives, on `encoded` (the
+    /// source's encoded objects) of sizes `lens` (−1 each for a failure).
+    fn scatter_object_parts<T>(
+        &self,
+        encoded: Result<Vec<Vec<u8>>>,
+        lens: Vec<i64>,
+        src: usize,
+    ) -> Work<T>
+    where
+        T: DeserializeOwned + Send + 'static,
+    {
+        let first = self.part(
+            Request::Broadcast {
+                tensor: Tensor::from_vec(lens),
+                root: src,
+            },
+            one,
+        );
         self.member.chain(
             first,
             move |lens, me, seq| {
@@ -188,11 +237,14 @@ impl Communicator {
         )
     }
 
-    /// Encodes `obj` and all-gathers every rank's encoded size (−1 for a failure).
-    fn encode_and_gather_sizes<T: Serialize>(&self, obj: &T) -> (Result<Vec<u8>>, Work<Tensor>) {
-        let bytes = encode(obj);
-        let spec = TensorSpec::new(&[self.size()], DType::I64);
-        let first = self.all_gather_into_tensor(spec, Tensor::from_vec(vec![len_of(&bytes)]));
-        (bytes, first)
+    /// All-gathers every rank's encoded size (−1 for a failure to encode).
+    fn gather_sizes(&self, bytes: &Result<Vec<u8>>) -> Work<Tensor> {
+        self.part(
+            Request::AllGatherIntoTensor {
+                input: Tensor::from_vec(vec![len_of(bytes)]),
+                output: TensorSpec::new(&[self.size()], DType::I64),
+            },
+            one,
+        )
     }
 }

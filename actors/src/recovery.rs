@@ -95,7 +95,7 @@ impl Communicator {
     /// loss of any rank is survived there.
     pub fn shrink(&self) -> Work<Recovered> {
         let timeout = self.member.group.info.options.timeout;
-        self.recover(timeout, false)
+        self.measure("shrink", 0, || self.recover(timeout, false))
     }
 
     /// Like [`shrink`](Self::shrink), but the survivors wait up to `wait` for every lost
@@ -104,7 +104,7 @@ impl Communicator {
     /// again, the restarted ones named in [`Recovered::joined`] (send them the state). A
     /// member that has not come within `wait` is left out, as in a shrink.
     pub fn regrow(&self, wait: Duration) -> Work<Recovered> {
-        self.recover(wait, true)
+        self.measure("regrow", 0, || self.recover(wait, true))
     }
 
     fn recover(&self, wait: Duration, everyone: bool) -> Work<Recovered> {
@@ -174,6 +174,10 @@ impl Communicator {
     ///
     /// [`World::run`]: crate::World::run
     pub fn rejoin(&self, wait: Duration) -> Work<Recovered> {
+        self.measure("rejoin", 0, || self.rejoin_unmeasured(wait))
+    }
+
+    fn rejoin_unmeasured(&self, wait: Duration) -> Work<Recovered> {
         let rank = self.member.rank.clone();
         let options = self.member.group.info.options.clone();
         let world = self.world_size();
