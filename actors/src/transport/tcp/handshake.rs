@@ -177,22 +177,10 @@ pub(crate) fn connect(s: &mut TcpStream, hello: Hello, security: &Security) -> R
 /// that this rank is connecting to at the moment (`connecting(from)`) is answered
 /// "duplicate" ([`Refused::Duplicate`]): this rank's own connection is the one both keep.
 /// (A rank's listener runs the secret's part in its gate, `gate.rs`, then [`accept_hello`];
-/// this whole form is the tests'.)
+/// this whole form is the tests'.) The whole must have come within `hello` of now
+/// ([`HELLO_TIMEOUT`] in use; tests shorten it).
 #[cfg(test)]
 pub(crate) fn accept(
-    s: &mut TcpStream,
-    job: u64,
-    me: u32,
-    world: u32,
-    connecting: &dyn Fn(u32) -> bool,
-    security: &Security,
-) -> Result<(u32, u32), Refused> {
-    accept_within(s, job, me, world, connecting, security, HELLO_TIMEOUT)
-}
-
-/// [`accept`] with `hello` in place of [`HELLO_TIMEOUT`] (tests shorten it).
-#[cfg(test)]
-pub(crate) fn accept_within(
     s: &mut TcpStream,
     job: u64,
     me: u32,

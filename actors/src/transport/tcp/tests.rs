@@ -1,4 +1,4 @@
-use super::handshake::{accept_within, VERSION};
+use super::handshake::VERSION;
 use super::*;
 use crate::security::{Denied, Security};
 use crate::sync::lock;
@@ -109,7 +109,7 @@ fn pair_via(job: u64, delay: Option<Duration>) -> (TcpStream, TcpStream) {
     let mut addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
     let t = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-        let from = accept(&mut s, job, 1, 2, &|_| false, &secured());
+        let from = accept(&mut s, job, 1, 2, &|_| false, &secured(), HELLO_TIMEOUT);
         (s, from)
     });
     if let Some(delay) = delay {
@@ -169,7 +169,7 @@ fn accepting(
     let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
     let t = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-        accept(&mut s, 7, me, 2, &|_| connecting, &secured()).map(|(from, _)| from)
+        accept(&mut s, 7, me, 2, &|_| connecting, &secured(), HELLO_TIMEOUT).map(|(from, _)| from)
     });
     (addr, t)
 }
@@ -672,7 +672,7 @@ fn a_rank_drops_a_connection_that_trickles_its_handshake_within_the_hello_timeou
     let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
     let acceptor = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap_or_else(|e| panic!("{e}"));
-        let r = accept_within(&mut s, 7, 0, 2, &|_| false, &secured(), HELLO);
+        let r = accept(&mut s, 7, 0, 2, &|_| false, &secured(), HELLO);
         drop(s);
         r.is_err()
     });
