@@ -275,7 +275,7 @@ fn slurm_answers() -> bool {
             "no Slurm controller in CI: .ci/run starts one (deploy/slurm/single-node.sh)"
         );
         eprintln!(
-            "SKIPPED: no Slurm controller here (Debian: apt-get install slurm-wlm munge, then \
+            "SKIPPED: no Slurm controller here (Debian: apt-get install slurm-wlm libpmix-dev, then \
              deploy/slurm/single-node.sh as root)"
         );
     }

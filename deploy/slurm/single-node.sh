@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A one-machine Slurm cluster, to run a job's Slurm and PMIx rows for real (docs/deployment.md,
 # cli/tests/launchers.rs): munge, slurmctld and slurmd on this host, one partition, as root.
-# Debian: apt-get install slurm-wlm munge. Idempotent: a controller that answers already is left
+# Debian: apt-get install slurm-wlm libpmix-dev (munge comes with it; libpmix-dev for
+# `srun --mpi=pmix`). Idempotent: a controller that answers already is left
 # as it is. Stop it with: pkill slurmd; pkill slurmctld; pkill munged.
 set -euo pipefail
 
@@ -11,11 +12,15 @@ if timeout 5 sinfo -h >/dev/null 2>&1; then
 fi
 for c in munged slurmctld slurmd srun sinfo; do
     command -v "$c" >/dev/null 2>&1 || {
-        echo "slurm: no $c here (Debian: apt-get install slurm-wlm munge)" >&2
+        echo "slurm: no $c here (Debian: apt-get install slurm-wlm libpmix-dev)" >&2
         exit 1
     }
 done
 [ "$(id -u)" = 0 ] || { echo "slurm: this script configures the daemons as root" >&2; exit 1; }
+
+# Whether a daemon runs (a zombie left by an earlier one, not reaped where init does not,
+# does not count).
+running() { ps -C "$1" -o stat= 2>/dev/null | grep -qv '^Z'; }
 
 host="$(hostname -s)"
 # The node as slurmd sees it (CPUs, sockets, cores, memory).
@@ -45,7 +50,7 @@ CONF
 # No cgroups: linuxproc tracks the processes (no cgroup.conf).
 rm -f /etc/slurm/cgroup.conf
 
-if ! pgrep -x munged >/dev/null; then
+if ! running munged; then
     [ -s /etc/munge/munge.key ] || {
         dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null
         chmod 400 /etc/munge/munge.key
@@ -53,8 +58,8 @@ if ! pgrep -x munged >/dev/null; then
     chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
     su -s /bin/sh munge -c munged 2>/dev/null || munged --force
 fi
-pgrep -x slurmctld >/dev/null || slurmctld
-pgrep -x slurmd >/dev/null || slurmd
+running slurmctld || slurmctld
+running slurmd || slurmd
 for _ in $(seq 1 30); do
     if timeout 2 sinfo -h -o '%t' 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then
         echo "slurm: $(sinfo -h -o '%P %D %t %c')"
