@@ -4,12 +4,12 @@
 //! plain `bytes::Bytes` and stay outside the model.
 
 #[cfg(collectix_loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(collectix_loom)]
 pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 #[cfg(not(collectix_loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(collectix_loom))]
 pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 

@@ -37,10 +37,10 @@ use crate::error::{Error, Result};
 use crate::group::{CallOptions, GroupInfo};
 use crate::ids::{DataPath, Fingerprint, FINGERPRINT_BYTES};
 use crate::op::OpKind;
+use crate::sync::{fence, AtomicU64, Ordering};
 use crate::tensor::dtype::DType;
 use crate::tensor::reduce::{reference, ReduceOp};
 use crate::tensor::Tensor;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Slots per lane: how many calls a member may have published that another member has not
 /// finished yet. A member further ahead of the slowest one finishes its calls as far as their
@@ -309,6 +309,86 @@ impl Board {
     }
 }
 
+impl Board {
+    /// Member `me`'s look at call `seq` (`call`) of `group`: `None` while a slot the call
+    /// [needs](BoardCall::needs) is not there, else the call's end, from every slot that is
+    /// there (`slots` keeps what was read: a look that comes back `None` is taken up again
+    /// where it stopped; start with every entry `None`).
+    ///
+    /// With `published` (this member's slot of the call is on its lane), the look ends with
+    /// every other member's slot that is there, needed or not, each compared with the call:
+    /// another call is an [`Error::Mismatch`]. A call that does not need every slot
+    /// ([`partial`](BoardCall::partial)) takes them after a `SeqCst` fence: of two members
+    /// that each publish, fence and look, one sees the other's slot, so whatever their calls
+    /// need, a disagreement is seen at the call by at least one member of every pair that
+    /// published (the last of a group to publish sees every slot). Without `published` (a
+    /// member further than [`DEPTH`] calls ahead, whose slot is still taken) the call may
+    /// end from its needed slots alone: the look is then taken again once it is published
+    /// ([`check`](Self::check)).
+    ///
+    /// A slot that is not one ([`BoardError`]) ends the call with an
+    /// [`Error::Protocol`] naming its member.
+    pub fn look(
+        &self,
+        call: &BoardCall,
+        group: &GroupInfo,
+        seq: u64,
+        published: bool,
+        slots: &mut [Option<Slot>],
+    ) -> Option<Result<Output>> {
+        let me = self.me;
+        let broken = |e: BoardError| Error::Protocol {
+            rank: group.global(e.member),
+            detail: crate::error::ProtocolError::Malformed(e.to_string()),
+        };
+        for (m, s) in slots.iter_mut().enumerate() {
+            if s.is_some() || !call.needs(me, m) {
+                continue;
+            }
+            match self.read(m, seq) {
+                Ok(Some(slot)) => *s = Some(slot),
+                Ok(None) => return None,
+                Err(e) => return Some(Err(broken(e))),
+            }
+        }
+        if published {
+            if call.partial(me, slots.len()) {
+                fence(Ordering::SeqCst);
+            }
+            for (m, s) in slots.iter_mut().enumerate() {
+                if m == me || s.is_some() {
+                    continue;
+                }
+                match self.read(m, seq) {
+                    Ok(slot) => *s = slot,
+                    Err(e) => return Some(Err(broken(e))),
+                }
+            }
+        }
+        Some(call.finish(group, seq, slots))
+    }
+
+    /// The look a call that ended before its slot was published owes once it is: every
+    /// other member's slot that is there compared with the call (see [`look`](Self::look)).
+    /// The call's own result was given already; this says whether the group must be
+    /// aborted.
+    pub fn check(
+        &self,
+        call: &BoardCall,
+        group: &GroupInfo,
+        seq: u64,
+        slots: &mut [Option<Slot>],
+    ) -> Result<()> {
+        slots.fill(None);
+        match self.look(call, group, seq, true, slots) {
+            // Every needed slot was there when the call ended, and stays until this member
+            // finishes the call.
+            None => Ok(()),
+            Some(r) => r.map(drop),
+        }
+    }
+}
+
 /// What a call on the board computes.
 #[derive(Clone, Debug)]
 enum Body {
@@ -468,6 +548,11 @@ impl BoardCall {
     /// does once its part is sent); a reduce's root needs every member's, and the others
     /// nobody's (they get their input back, as from the engine, once their part is
     /// published); the other calls every member's.
+    ///
+    /// Needed or not, every slot that is there when the call finishes is compared with the
+    /// call ([`Board::look`]): the slots a call does not need are how a disagreement that
+    /// no needed slot shows (two ranks that each name themselves a broadcast's root) is
+    /// seen.
     pub fn needs(&self, me: usize, m: usize) -> bool {
         m != me
             && match &self.body {
@@ -475,6 +560,13 @@ impl BoardCall {
                 Body::Reduce { root, .. } => me == *root,
                 _ => true,
             }
+    }
+
+    /// Whether member `me` finishes the call without every other member's slot (a
+    /// broadcast, a reduce): it then looks at the slots it does not need after a `SeqCst`
+    /// fence that follows its publish ([`Board::look`]).
+    pub fn partial(&self, me: usize, members: usize) -> bool {
+        (0..members).any(|m| m != me && !self.needs(me, m))
     }
 
     /// The call's output, from every member's slot (`slots[me]` and those the call does not

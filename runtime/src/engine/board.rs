@@ -220,6 +220,20 @@ impl Engine {
         }
     }
 
+    /// Call `seq` of group `gid` gave its caller its result on the board, and was then found
+    /// to disagree with a member's call (`e`: the look a call that ended before its slot
+    /// was published owes once it is, [`Board::check`](crate::board::Board::check)): the
+    /// group is aborted and its members told; `e` is this rank's pending error, which its
+    /// next call, `destroy` or `shutdown` returns.
+    pub fn board_disagreed(&mut self, gid: GroupId, seq: u64, e: Error) {
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.board.remove(&seq);
+            g.board_inquiries.remove(&seq);
+            g.board_verdicts.remove(&seq);
+        }
+        self.abort(gid, e, None, true);
+    }
+
     /// Call `seq` (`fp`) of group `gid` on the board passed its deadline, still needing the
     /// slots of `missing` (global ranks): asks every other member which call it is in and
     /// returns when the report is due (the group's `desync_grace` from `now`). The report's

@@ -247,6 +247,10 @@ struct Pending {
     seq: u64,
     call: BoardCall,
     published: bool,
+    /// Every other member's slot that was there after the publish was compared with the
+    /// call (`Board::look`): until then the call is not finished on the board (its slot
+    /// stays theirs to read, and theirs for it to read).
+    checked: bool,
     /// Where the result goes, with the call's span (`None` once the call finished).
     waiting: Option<Waiting>,
     deadline: Time,
@@ -298,6 +302,10 @@ enum Record {
     /// Failed (boxed: every quick call's record is moved into the list, and an error is
     /// large).
     Failed(u64, Box<Error>),
+    /// Gave its caller its result, and was then found to disagree with a member's call
+    /// (the look a call owes once published: `Board::check`): the group is aborted, and the
+    /// error is this rank's pending error.
+    Disagreed(u64, Box<Error>),
 }
 
 /// The calls of a group that ran on its quick path and the engine has not heard of yet, as
@@ -419,65 +427,81 @@ impl GroupBoard {
         clock: &dyn Fn() -> Time,
     ) -> (bool, usize) {
         let mut moved = false;
+        let id = self.info.id;
         for p in q.calls.iter_mut().filter(|p| !p.published) {
             if !self.board.can_publish(p.seq) {
                 break;
             }
+            moved = true;
+            p.published = true;
             if let Err(e) = self
                 .board
                 .publish(p.seq, p.call.fingerprint_bytes(), p.call.payload())
             {
-                tracing::error!(error = %e, "board publish");
-            }
-            p.published = true;
-            moved = true;
-        }
-        let me = self.board.me();
-        let Queue { calls, slots } = q;
-        for p in calls.iter_mut().filter(|p| p.waiting.is_some()) {
-            let seq = p.seq;
-            let mut missing = false;
-            let mut broken = None;
-            for (m, s) in slots.iter_mut().enumerate() {
-                *s = None;
-                if missing || broken.is_some() || !p.call.needs(me, m) {
-                    continue;
+                // Nobody will see this call: it fails with the reason, and the group with
+                // it (the members hear of it as of any failed call, not at their deadline).
+                p.checked = true;
+                records.push((id, Record::Failed(p.seq, Box::new(e.clone()))));
+                if let Some(w) = p.waiting.take() {
+                    out.push((w, Err(e)));
                 }
-                match self.board.read(m, seq) {
-                    Ok(Some(slot)) => *s = Some(slot),
-                    Ok(None) => missing = true,
-                    Err(e) => {
-                        broken = Some(Error::Protocol {
-                            rank: self.info.global(m),
-                            detail: ProtocolError::Malformed(e.to_string()),
-                        })
+                break;
+            }
+        }
+        let Queue { calls, slots } = q;
+        // Every call before this one is finished on the board: this member's `finished`
+        // mark may go up to here.
+        let mut in_order = true;
+        for p in calls.iter_mut() {
+            if p.waiting.is_none() && (p.checked || !p.published) {
+                in_order &= p.checked;
+                continue;
+            }
+            slots.fill(None);
+            let result = if p.waiting.is_some() {
+                match self
+                    .board
+                    .look(&p.call, &self.info, p.seq, p.published, slots)
+                {
+                    Some(r) => r,
+                    // A slot it needs is not there: the calls after it wait (they end in
+                    // order).
+                    None => break,
+                }
+            } else {
+                // Ended before its slot was published: the look it owes now that it is.
+                self.board
+                    .check(&p.call, &self.info, p.seq, slots)
+                    .map(|()| Output::None)
+            };
+            moved = true;
+            p.checked = p.published;
+            match p.waiting.take() {
+                Some(w) => {
+                    records.push((
+                        id,
+                        match &result {
+                            Ok(_) => Record::Finished(p.seq, p.call.fingerprint(), clock()),
+                            Err(e) => Record::Failed(p.seq, Box::new(e.clone())),
+                        },
+                    ));
+                    out.push((w, result));
+                }
+                None => {
+                    if let Err(e) = result {
+                        records.push((id, Record::Disagreed(p.seq, Box::new(e))));
                     }
                 }
             }
-            if missing && broken.is_none() {
-                break;
-            }
-            let result = match broken {
-                Some(e) => Err(e),
-                None => p.call.finish(&self.info, seq, slots),
-            };
-            self.board.finish(seq);
-            moved = true;
-            records.push((
-                self.info.id,
-                match &result {
-                    Ok(_) => Record::Finished(seq, p.call.fingerprint(), clock()),
-                    Err(e) => Record::Failed(seq, Box::new(e.clone())),
-                },
-            ));
-            if let Some(w) = p.waiting.take() {
-                out.push((w, result));
+            in_order &= p.checked;
+            if in_order {
+                self.board.finish(p.seq);
             }
         }
         let mut done = 0;
         while calls
             .front()
-            .is_some_and(|p| p.published && p.waiting.is_none())
+            .is_some_and(|p| p.published && p.checked && p.waiting.is_none())
         {
             calls.pop_front();
             done += 1;
@@ -612,6 +636,7 @@ impl Core {
                 self.recorder.ended(Key::Board(gid, seq), now, Some(&e));
                 self.engine.board_failed(gid, seq, *e);
             }
+            Record::Disagreed(seq, e) => self.engine.board_disagreed(gid, seq, *e),
         }
     }
 }
@@ -680,7 +705,7 @@ impl Driver {
         // fence between its state and its last look at this slot, one of the two sees the
         // other (`board_leave`).
         gb.look_at_others(&self.boards.owed);
-        let (me, n) = (board.me(), board.size());
+        let n = board.size();
         let mut stack = [None; STACK_MEMBERS];
         let mut heap = Vec::new();
         let slots: &mut [Option<Slot>] = if n <= STACK_MEMBERS {
@@ -698,20 +723,9 @@ impl Driver {
         };
         let mut since: Option<std::time::Instant> = None;
         let mut turns: u32 = 0;
-        loop {
-            let mut missing = false;
-            for (m, s) in slots.iter_mut().enumerate() {
-                if s.is_some() || !call.needs(me, m) {
-                    continue;
-                }
-                match board.read(m, seq) {
-                    Ok(Some(slot)) => *s = Some(slot),
-                    Ok(None) => missing = true,
-                    Err(_) => return self.quick_queued(gb),
-                }
-            }
-            if !missing {
-                break;
+        let out = loop {
+            if let Some(r) = board.look(call, &gb.info, seq, true, slots) {
+                break r;
             }
             turns = turns.wrapping_add(1);
             if budget.is_zero() {
@@ -725,8 +739,10 @@ impl Driver {
                 }
             }
             self.pause_quick(turns);
-        }
-        let Ok(out) = call.finish(&gb.info, seq, slots) else {
+        };
+        // Another call in a slot, or a slot that is not one: ended by the queued path, as
+        // any call that fails.
+        let Ok(out) = out else {
             return self.quick_queued(gb);
         };
         board.finish(seq);
@@ -771,37 +787,36 @@ impl Driver {
         } = c;
         let gid = gb.info.id;
         let fp = call.fingerprint();
-        let (made, after) = self.board_run_deferred(|core, now| {
+        self.board_run_deferred(move |core, now| {
             // This group's quick calls first (the run could not take them: this caller
             // holds the issue lock).
             core.take_ran(gid, ran);
             if core.quiesced {
-                return Err(Error::Shutdown);
+                return Err((done, Error::Shutdown));
             }
             if let Some(e) = core.engine.board_refusal(gid, seq) {
-                return Err(e);
+                return Err((done, e));
             }
             if let Some(e) = core.engine.board_made(gid, seq, fp) {
-                return Err(e);
+                return Err((done, e));
             }
             let record = Recorder::record(gid, Some(seq), fp.kind, fp.dtype, fp.count, now);
             core.recorder.started(Key::Board(gid, seq), record);
-            Ok(now + timeout)
-        });
-        let deadline = match made {
-            Ok(d) => d,
-            Err(e) => return (Err((done, e)), after),
-        };
-        let BoardSpan(span, start) = span;
-        let waiting = Waiting { done, span, start };
-        {
+            let deadline = now + timeout;
+            let BoardSpan(span, start) = span;
+            // Queued under the engine's lock (core, then boards, then queue: the order of
+            // `board_checks`): a run that aborts the group, or quiesces the rank, either came
+            // before the checks above or finds the call in the queue and ends it. Queued
+            // after the lock is released, a call could miss the abort a run just took and
+            // wait for its deadline.
             let mut live = lock(&self.boards.live);
             let mut q = lock(&gb.queue);
             q.calls.push_back(Pending {
                 seq,
                 call,
                 published,
-                waiting: Some(waiting),
+                checked: false,
+                waiting: Some(Waiting { done, span, start }),
                 deadline,
                 inquiring: false,
             });
@@ -811,8 +826,8 @@ impl Driver {
             if !live.iter().any(|b| Arc::ptr_eq(b, gb)) {
                 live.push(gb.clone());
             }
-        }
-        (Ok(deadline), after)
+            Ok(deadline)
+        })
     }
 
     /// After [`submit_board`](Self::submit_board), once the group's issue lock is released:
@@ -877,7 +892,7 @@ impl Driver {
         }
         let (failed, finished): (Vec<_>, Vec<_>) = records
             .into_iter()
-            .partition(|(_, r)| matches!(r, Record::Failed(..)));
+            .partition(|(_, r)| matches!(r, Record::Failed(..) | Record::Disagreed(..)));
         if !finished.is_empty() {
             let mut f = lock(&self.boards.finished);
             f.extend(finished);
@@ -948,6 +963,7 @@ impl Driver {
     fn board_run_deferred<R>(&self, f: impl FnOnce(&mut Core, Time) -> R) -> (R, After) {
         let mut core = lock(&self.core);
         let now = self.now();
+        let epoch = self.board_epoch.load(Ordering::Acquire);
         self.take_board_records(&mut core);
         let mut after = After::default();
         // What arrived first goes first (an abort before this call), as in any run.
@@ -956,16 +972,29 @@ impl Driver {
         }
         let r = f(&mut core, now);
         core.drain(now, &mut after);
+        if self.board_epoch.load(Ordering::Acquire) != epoch {
+            // The run took an abort (or another change that may end a call on a board): the
+            // calls queued on the boards are looked at in it, as in any run, else a call
+            // waiting for a member that will never come would wait for its deadline.
+            let (next, moved) = self.board_checks(&mut core, now, &mut after);
+            drop(core);
+            self.board_wake(moved);
+            self.check_timer(next);
+        }
         (r, after)
     }
 
-    /// Completes the calls a run finished (user code: under no lock).
+    /// Completes the calls a run finished (user code: under no lock), and settles what the
+    /// run owes the peers it handed messages to while nobody drove them (a group's abort
+    /// after a mismatch seen here, above all: without it a peer parked on the board would
+    /// hear of the abort only at its call's deadline).
     pub(crate) fn hand_over(&self, after: After) {
         let any = !after.finished.is_empty() || !after.refused.is_empty();
         after.complete();
         if any {
             self.completed();
         }
+        self.settle(super::handoff::GRACE.min(self.spin));
     }
 
     /// In a run of the engine: publishes and finishes what it can on each board (as
@@ -1043,6 +1072,7 @@ impl Driver {
                 // aborted, or the call failed on every member before it started).
                 gb.board.finish(front.seq);
                 front.published = true;
+                front.checked = true;
                 moved.push(gb.clone());
                 core.recorder
                     .ended(Key::Board(gid, front.seq), now, Some(&e));
@@ -1054,12 +1084,13 @@ impl Driver {
                 // Finished calls still to publish: nobody will read them.
                 for p in q.calls.iter_mut() {
                     p.published = true;
+                    p.checked = true;
                 }
             }
             while q
                 .calls
                 .front()
-                .is_some_and(|p| p.published && p.waiting.is_none())
+                .is_some_and(|p| p.published && p.checked && p.waiting.is_none())
             {
                 q.calls.pop_front();
                 done += 1;
@@ -1072,8 +1103,11 @@ impl Driver {
             self.boards.signal.sub_pending(done);
         }
         drop(live);
-        // What the engine has to send now (an inquiry, an abort) leaves in this run.
-        core.progress(&self.inbox, now, after);
+        // What the engine has to send now (an inquiry, an abort) leaves in this run. Only
+        // sent: an arrival taken here (a member's abort) would come after the looks above,
+        // and a call waiting on a board would hear of it at its deadline; it waits in the
+        // inbox for the next run, which its push asked for.
+        core.drain(now, after);
         (next, moved)
     }
 
