@@ -11,9 +11,11 @@
 //! publish). The default run takes every program of 2 ranks and a sample of 3 and 4 (one
 //! subset per pair); `COLLECTIX_LONG_TESTS=1` takes them all (docs/testing.md).
 //!
-//! Between processes of one host (the shared-memory board of a job's world group), each
-//! program needs a job of its own: `the_same_disagreements_between_shm_ranks_...` runs a
-//! sample, and every program of 2 ranks with `COLLECTIX_LONG_TESTS=1`.
+//! Between processes of one host (the shared-memory board of a job's world group: each rank
+//! here a thread that joins a job of its own, as a process would), each program needs a job
+//! of its own: `the_same_disagreements_between_shm_ranks_are_errors` runs every program of
+//! 2 ranks and a sample of 3, and with `COLLECTIX_LONG_TESTS=1` every program of 2 and 3 and
+//! a sample of 4.
 
 mod common;
 
@@ -366,4 +368,76 @@ fn a_mismatch_one_rank_sees_reaches_a_rank_waiting_on_the_board_at_once() {
     }
     assert!(slow.is_empty(), "runs that waited for a timeout: {slow:?}");
     assert_eq!(world.shutdown(), Ok(()));
+}
+
+/// `program` on the world group of a job of ranks that share memory (each rank a process
+/// of its own to collectix: its own segment, its lane of the board in it), rank `r` making
+/// its call `skew * r` after the job started: each rank's call's result and its next
+/// call's.
+fn over_shared_memory(program: &[Call], skew: Duration) -> Vec<(Result<()>, Result<()>)> {
+    let w = program.len();
+    let got = std::sync::Mutex::new(vec![None; w]);
+    let ends = common::job(
+        collectix::Transport::Shm,
+        w,
+        "the board mismatch tests' secret",
+        TIMEOUT,
+        |r, p| {
+            let c = p.communicator();
+            std::thread::sleep(skew * r as u32);
+            let first = issue(c, program[r]).wait("the call");
+            let next = Issued::Unit(c.barrier()).wait("the next call");
+            if let Ok(mut g) = got.lock() {
+                g[r] = Some((first, next));
+            }
+            let _ = p.shutdown();
+            Ok(())
+        },
+    );
+    for (r, e) in ends.into_iter().enumerate() {
+        if let Err(e) = e {
+            panic!("rank {r} of {program:?}: {e}");
+        }
+    }
+    got.into_inner()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .enumerate()
+        .map(|(r, g)| g.unwrap_or_else(|| panic!("rank {r} of {program:?} reported nothing")))
+        .collect()
+}
+
+#[test]
+fn the_same_disagreements_between_shm_ranks_are_errors() {
+    // A job per program, its ranks at once and 2 ms apart: every program of 2 ranks and a
+    // quarter of those of 3 (one subset per pair); with COLLECTIX_LONG_TESTS=1 every
+    // program of 2 and 3 ranks, and of 4 one subset per pair.
+    let mut wrong = Vec::new();
+    let mut n = 0;
+    let sizes: &[(usize, bool, usize)] = if long() {
+        &[(2, true, 1), (3, true, 1), (4, false, 1)]
+    } else {
+        &[(2, true, 1), (3, false, 4)]
+    };
+    for &(w, all, step) in sizes {
+        for program in programs(w, all).into_iter().step_by(step) {
+            for skew in [Duration::ZERO, Duration::from_millis(2)] {
+                let t0 = Instant::now();
+                let got = over_shared_memory(&program, skew);
+                n += 1;
+                let how = Issue::Together;
+                wrong.extend(judge(&program, how, &got).map(|e| format!("skew {skew:?}: {e}")));
+                if t0.elapsed() > TIMEOUT / 2 {
+                    wrong.push(format!("{program:?}: took {:?}", t0.elapsed()));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {n} programs:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    eprintln!("{n} programs over shared memory: a typed error in each");
 }
