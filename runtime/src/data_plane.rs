@@ -10,13 +10,14 @@
 
 use crate::error::Result;
 use crate::ids::GroupId;
+use crate::sync::unmodelled::Mutex;
 use crate::tensor::arena::{Arena, ArenaPart};
 use crate::tensor::dtype::DType;
 use crate::tensor::pool::Pool;
 use crate::tensor::reduce::{self, ReduceOp};
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 /// Where chunks live and how they are combined; one per engine (rank).
 pub trait DataPlane: Send {

@@ -12,7 +12,8 @@ use crate::fast_hash::FastMap;
 use crate::op::{Algorithm, OpKind};
 use std::ops::Range;
 // Plain std locks: the cache is a planning aid outside the protocol the loom models check.
-use std::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::unmodelled::{Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// How a call's elements are cut into chunks, and how chunks group into blocks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -24,3 +24,23 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
         m.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// What stays outside the loom model, always `std`'s, each for a reason:
+/// - the words of memory shared with other processes (`wire::shm`'s region and rings, the
+///   board's lanes in a segment): loom has no memory that another process writes;
+/// - the payload buffers' pool and arena, and the caller-owned destinations of a call
+///   (`tensor::pool`, `tensor::arena`, `collective::dest`): payloads stay outside the
+///   model, as `bytes::Bytes` does;
+/// - caches whose locks guard no protocol decision (`schedule`'s built schedules,
+///   `data_plane`'s arenas by call);
+/// - the engine's board epoch: the runtime only counts it up (under the engine's lock), and
+///   its reader, a caller's quick path deciding whether to ask the engine again, lives in
+///   the actors crate, which is not built under loom. (An engine dropped while a deadlock
+///   model unwinds would also take a loom atomic out of its execution, which aborts.)
+///
+/// Everything else (the engine, the board, the inbox, the completion slot) takes the
+/// modelled types above.
+pub(crate) mod unmodelled {
+    pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    pub(crate) use std::sync::{Mutex, MutexGuard};
+}

@@ -66,7 +66,7 @@ pub const DRIVERS_WORD: usize = 9;
 /// wake-up to go on).
 pub const UNATTENDED_WORD: usize = 10;
 /// Words of a slot: one cache line.
-const SLOT_WORDS: usize = 8;
+pub(crate) const SLOT_WORDS: usize = 8;
 /// Words of one member's lane.
 pub const LANE_WORDS: usize = HEADER_WORDS + DEPTH * SLOT_WORDS;
 /// Bytes of one member's lane.
@@ -170,7 +170,8 @@ impl Slot {
     }
 }
 
-fn slot_base(seq: u64) -> usize {
+/// The index of call `seq`'s slot's first word (its sequence number) in a lane.
+pub(crate) fn slot_base(seq: u64) -> usize {
     // DEPTH is small: the remainder fits.
     HEADER_WORDS + (seq % DEPTH as u64) as usize * SLOT_WORDS
 }
@@ -183,6 +184,20 @@ pub struct Board {
     /// all finished, + 1): a slot whose last call is below it is free without reading their
     /// lanes again (they only go up).
     seen_finished: AtomicU64,
+    /// A deliberate bug, for the loom models that must catch it.
+    #[cfg(collectix_loom)]
+    flaw: Option<Flaw>,
+}
+
+/// A deliberate bug a loom model plants in a [`Board`] (`loom_models/board.rs`); none
+/// outside the models.
+#[cfg_attr(not(collectix_loom), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Flaw {
+    /// [`Board::look`] takes the slots a call does not need without its fence.
+    NoCheckFence,
+    /// [`Board::can_publish`] reuses a slot without looking at the other members' marks.
+    ReuseUnchecked,
 }
 
 impl Board {
@@ -195,7 +210,27 @@ impl Board {
             lanes,
             me,
             seen_finished: AtomicU64::new(0),
+            #[cfg(collectix_loom)]
+            flaw: None,
         })
+    }
+
+    /// This board with a deliberate bug (loom models only).
+    #[cfg(all(collectix_loom, test))]
+    pub(crate) fn with_flaw(mut self, flaw: Flaw) -> Board {
+        self.flaw = Some(flaw);
+        self
+    }
+
+    #[cfg(collectix_loom)]
+    fn flawed(&self, f: Flaw) -> bool {
+        self.flaw == Some(f)
+    }
+
+    #[cfg(not(collectix_loom))]
+    #[inline(always)]
+    fn flawed(&self, _: Flaw) -> bool {
+        false
     }
 
     /// Members.
@@ -224,7 +259,7 @@ impl Board {
         // that far, the slot is free without a look at it (a load of a line another member
         // may be spinning on, about to be written).
         let seen = self.seen_finished.load(Ordering::Relaxed);
-        if seq < DEPTH as u64 || seen > seq - DEPTH as u64 {
+        if seq < DEPTH as u64 || seen > seq - DEPTH as u64 || self.flawed(Flaw::ReuseUnchecked) {
             return true;
         }
         let Some(held) = self
@@ -352,7 +387,7 @@ impl Board {
             }
         }
         if published {
-            if call.partial(me, slots.len()) {
+            if call.partial(me, slots.len()) && !self.flawed(Flaw::NoCheckFence) {
                 fence(Ordering::SeqCst);
             }
             for (m, s) in slots.iter_mut().enumerate() {

@@ -17,7 +17,8 @@ use crate::tensor::buffer::Buffer;
 use crate::tensor::numel_of;
 use std::fmt;
 // Plain std locks: like the payload pools, caller buffers stay outside the loom model.
-use std::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::unmodelled::{Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// Where a span of a call's output goes: `len` elements from element `at` of the output (its
 /// tensors one after another, for a call that returns a list) into buffer `buffer`, from its

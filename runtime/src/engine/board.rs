@@ -103,7 +103,7 @@ impl Engine {
     /// before it started, a desync report gave a verdict. A caller that checked a group
     /// with `board_clear` may skip the check (and the engine's lock) while it reads the
     /// same count.
-    pub fn board_epoch(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+    pub fn board_epoch(&self) -> std::sync::Arc<crate::sync::unmodelled::AtomicU64> {
         self.board_epoch.clone()
     }
 

@@ -202,13 +202,13 @@ pub struct Engine {
     lost: BTreeSet<usize>,
     /// Counts the changes that may stop a call on a board from running without a record
     /// made first (see [`Engine::board_epoch`]).
-    board_epoch: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    board_epoch: std::sync::Arc<crate::sync::unmodelled::AtomicU64>,
 }
 
 /// Counts a change in an engine's [`board_epoch`](Engine::board_epoch) (a free function, for
 /// the places that hold one of the engine's groups mutably).
-fn bump(epoch: &std::sync::atomic::AtomicU64) {
-    epoch.fetch_add(1, std::sync::atomic::Ordering::Release);
+fn bump(epoch: &crate::sync::unmodelled::AtomicU64) {
+    epoch.fetch_add(1, crate::sync::unmodelled::Ordering::Release);
 }
 
 /// Free buffers (reduction results, joined outputs) an engine keeps for reuse: room for a
@@ -248,7 +248,7 @@ impl Engine {
             hold_reductions: true,
             plane,
             closing: None,
-            board_epoch: Default::default(),
+            board_epoch: std::sync::Arc::new(crate::sync::unmodelled::AtomicU64::new(0)),
             destroyed: HashSet::new(),
             lost: BTreeSet::new(),
         }

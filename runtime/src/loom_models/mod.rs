@@ -22,9 +22,11 @@
 //! (the slot: wait/poll/drop/timeout racing completion), [`bugs`] (deliberate bugs the
 //! models must catch) and [`progress`] (who takes a rank's arrivals: a driving caller, a
 //! leaving one, or the background driver); [`agreement`] (the survivors' agreement on a
-//! failed group, with one and two failures at each step).
+//! failed group, with one and two failures at each step); [`board`] (the board of small
+//! calls: a disagreement seen at the call, a slot reused only once every member is done).
 
 mod agreement;
+mod board;
 mod bugs;
 mod collectives;
 mod completion;

@@ -15,16 +15,18 @@
 //! a mismatched call) falls back to an ordinary buffer, and an output is taken from the arena
 //! only when every chunk of it is the frozen part at its own offset ([`Arena::frozen`]).
 //!
-//! This module holds the crate's only `unsafe` code outside the zero-copy casts of
-//! `bytemuck`; CI (`.ci/run`) runs its tests under Miri:
+//! This module is one of the crate's two that hold `unsafe` code (with
+//! `wire::shm::region`), outside the zero-copy casts of `bytemuck`; CI (`.ci/run`) runs its
+//! tests under Miri:
 //! `cargo +nightly miri test -p collectix-runtime --lib tensor::arena`.
 
 #![allow(unsafe_code)]
 
+use crate::sync::unmodelled::{Mutex, MutexGuard};
 use crate::tensor::pool::{Pool, PoolBuf};
 use bytes::Bytes;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// Who holds each claimed range of an arena.
 #[derive(Default)]

@@ -8,10 +8,11 @@
 //! pool it came from, as long as the pool holds less than its limit.
 //!
 //! Like the payload buffers it recycles, the pool stays outside the loom model: it uses
-//! `std::sync` directly, not the `crate::sync` facade.
+//! `std::sync` (`crate::sync::unmodelled`), not the modelled types of the facade.
 
+use crate::sync::unmodelled::{Mutex, MutexGuard};
 use bytes::Bytes;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 struct Free {
     bufs: Vec<Vec<u64>>,

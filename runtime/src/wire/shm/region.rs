@@ -28,8 +28,8 @@
 
 #![allow(unsafe_code)]
 
+use crate::sync::unmodelled::{AtomicU32, AtomicU64};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// The alignment of a region's start (a cache line).
 pub const REGION_ALIGN: usize = 64;
@@ -177,7 +177,7 @@ impl Region {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
+    use crate::sync::unmodelled::Ordering;
 
     #[test]
     fn every_access_outside_the_region_or_misaligned_is_refused() {

@@ -27,7 +27,7 @@
 
 use super::region::Region;
 use super::ShmError;
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use crate::sync::unmodelled::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// Bytes of a cache line (each counter has one to itself).
