@@ -13,15 +13,18 @@
 
 use super::os;
 use crate::security::Security;
+use crate::sync::lock;
 use collectix_runtime::{Error, Result};
 use nix::sys::socket::{
     getsockopt, recvmsg, sendmsg, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::{IoSlice, IoSliceMut};
+use std::net::Shutdown;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The exchange's magic.
@@ -168,8 +171,41 @@ fn connect_one(x: &Exchange<'_>, peer: usize, name: &str, own: Option<&OwnedFd>)
     Ok(Peer { fd, pid, probe })
 }
 
+/// Connections that may be in their handshake on the accepting side at once: a newcomer
+/// beyond that closes the one that has waited longest (as the TCP listeners' gate does).
+const MAX_HANDSHAKES: usize = 64;
+
+/// A connection accepted and still in its handshake (on a thread of its own).
+struct Handshaking {
+    id: u64,
+    /// A handle on its socket, to close it (which ends its thread's read).
+    socket: UnixStream,
+    /// Its process, as the kernel says (`SO_PEERCRED`; 0 if it would not say).
+    pid: i32,
+}
+
+/// What the accepting side needs of the job, for the threads that run each handshake.
+#[derive(Clone)]
+struct Accepting {
+    job: u64,
+    rank: usize,
+    local: Arc<[usize]>,
+    security: Security,
+    /// Higher ranks whose hello was taken (each once: a second connection claiming one is
+    /// refused before it gets this rank's segment).
+    claimed: Arc<Mutex<BTreeSet<usize>>>,
+}
+
 /// The accepting side: `n` connections from higher local ranks (those that did not come by
 /// the deadline are left out, with a warning).
+///
+/// Anyone of this host can connect to the abstract socket (its name is listed in
+/// `/proc/net/unix`), so each accepted connection runs its handshake on a thread of its
+/// own, within [`HELLO_TIMEOUT`](crate::gate::HELLO_TIMEOUT) of its accept (and the
+/// exchange's deadline): a silent or slow client costs its own thread that long and delays
+/// nobody; at most [`MAX_HANDSHAKES`] run at once, a newcomer beyond that closing the
+/// oldest. What a connection that failed was is logged with its pid, and so are those still
+/// in their handshake when the exchange gives up.
 #[allow(clippy::too_many_arguments)]
 fn accept_all(
     l: &Listener,
@@ -186,8 +222,32 @@ fn accept_all(
         tracing::warn!(error = %e, "a Unix socket cannot be made non-blocking");
         return got;
     }
+    let ctx = Accepting {
+        job,
+        rank,
+        local: local.into(),
+        security: security.clone(),
+        claimed: Arc::new(Mutex::new(BTreeSet::new())),
+    };
+    let (tx, rx) = mpsc::channel::<(u64, i32, std::result::Result<(usize, Peer), String>)>();
+    let mut waiting: VecDeque<Handshaking> = VecDeque::new();
+    let mut next_id: u64 = 0;
     while got.len() < n {
-        let mut s = match l.socket.accept() {
+        while let Ok((id, pid, r)) = rx.try_recv() {
+            waiting.retain(|h| h.id != id);
+            match r {
+                Ok((from, peer)) => {
+                    got.insert(from, peer);
+                }
+                Err(why) => {
+                    tracing::warn!(pid, reason = %why, "a shared-memory connection refused")
+                }
+            }
+        }
+        if got.len() >= n {
+            break;
+        }
+        let s = match l.socket.accept() {
             Ok((s, _)) => s,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
@@ -196,11 +256,13 @@ fn accept_all(
                         .copied()
                         .filter(|r| *r > rank && !got.contains_key(r))
                         .collect();
+                    let stalled: Vec<i32> = waiting.iter().map(|h| h.pid).collect();
                     tracing::warn!(
                         ?missing,
-                        "ranks of this host never connected for shared memory"
+                        stalled_pids = ?stalled,
+                        "ranks of this host never connected for shared memory (stalled_pids: connections still in their handshake, by process)"
                     );
-                    return got;
+                    break;
                 }
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
@@ -211,32 +273,74 @@ fn accept_all(
                 continue;
             }
         };
-        // A connection that fails its checks is dropped, and the wait goes on: it was not
-        // one of the job's ranks (or it gave up), and the real one may still come.
-        let r = (|| -> std::result::Result<(usize, Peer), String> {
-            s.set_nonblocking(false).map_err(|e| e.to_string())?;
-            prepare(&s, deadline)?;
-            let pid = same_user(&s)?;
-            security
-                .server(&mut s, CONTEXT)
-                .map_err(|e| e.to_string())?;
-            let (from, fd, probe) = recv_hello(&s, job, rank)?;
-            if from <= rank || !local.contains(&from) || got.contains_key(&from) {
-                return Err(format!(
-                    "a hello from rank {from}, not a higher rank of this host still expected"
-                ));
+        let pid = getsockopt(&s, sockopt::PeerCredentials).map_or(0, |c| c.pid());
+        let (handle, own) = match (s.try_clone(), own.map(OwnedFd::try_clone).transpose()) {
+            (Ok(h), Ok(o)) => (h, o),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(pid, error = %e, "a shared-memory connection dropped: no descriptor for it");
+                continue;
             }
-            send_hello(&s, job, rank, from, own)?;
-            Ok((from, Peer { fd, pid, probe }))
-        })();
-        match r {
-            Ok((from, peer)) => {
-                got.insert(from, peer);
+        };
+        if waiting.len() >= MAX_HANDSHAKES {
+            if let Some(old) = waiting.pop_front() {
+                tracing::warn!(
+                    pid = old.pid,
+                    "a shared-memory connection closed in its handshake: too many at once"
+                );
+                let _ = old.socket.shutdown(Shutdown::Both);
             }
-            Err(why) => tracing::warn!(reason = %why, "a shared-memory connection refused"),
+        }
+        let until = deadline.min(Instant::now() + crate::gate::HELLO_TIMEOUT);
+        let (id, ctx, tx) = (next_id, ctx.clone(), tx.clone());
+        next_id += 1;
+        let spawned = std::thread::Builder::new()
+            .name("collectix-shm-hello".into())
+            .spawn(move || {
+                let r = handshake(s, &ctx, own.as_ref(), until);
+                let _ = tx.send((id, pid, r));
+            });
+        match spawned {
+            Ok(_) => waiting.push_back(Handshaking {
+                id,
+                socket: handle,
+                pid,
+            }),
+            Err(e) => {
+                tracing::warn!(pid, error = %e, "a shared-memory connection dropped: no thread for it")
+            }
         }
     }
+    // Whatever is still in its handshake is no rank this one waits for: closed, which ends
+    // its thread.
+    for h in waiting {
+        let _ = h.socket.shutdown(Shutdown::Both);
+    }
     got
+}
+
+/// The accepting side's handshake on one connection, by `until`: the peer's user, the
+/// secret, its hello (a higher rank of this host not yet taken), then this rank's hello.
+fn handshake(
+    mut s: UnixStream,
+    x: &Accepting,
+    own: Option<&OwnedFd>,
+    until: Instant,
+) -> std::result::Result<(usize, Peer), String> {
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    prepare(&s, until)?;
+    let pid = same_user(&s)?;
+    x.security
+        .server(&mut s, CONTEXT)
+        .map_err(|e| e.to_string())?;
+    let (from, fd, probe) = recv_hello(&s, x.job, x.rank)?;
+    let fresh = from > x.rank && x.local.contains(&from) && lock(&x.claimed).insert(from);
+    if !fresh {
+        return Err(format!(
+            "a hello from rank {from}, not a higher rank of this host still expected"
+        ));
+    }
+    send_hello(&s, x.job, x.rank, from, own)?;
+    Ok((from, Peer { fd, pid, probe }))
 }
 
 fn prepare(s: &UnixStream, deadline: Instant) -> std::result::Result<(), String> {
@@ -339,4 +443,95 @@ fn recv_hello(
     }
     let probe = u64::from_le_bytes([b[25], b[26], b[27], b[28], b[29], b[30], b[31], b[32]]);
     Ok((from, fds.pop(), probe))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::security::Secret;
+
+    /// Ranks `0..w` of one host exchanging with no segments, each on a thread, with `secret`;
+    /// `before` runs with rank 0's socket name once it listens, before the others start.
+    /// What each rank got (its peers' ranks) and how long its exchange took.
+    fn exchange_with(
+        w: usize,
+        secret: Option<&str>,
+        before: impl FnOnce(&str),
+    ) -> Vec<(Vec<usize>, Duration)> {
+        let security = match secret {
+            Some(s) => Security::with_secret(Secret::new(s).unwrap_or_else(|e| panic!("{e}"))),
+            None => Security::loopback_only(),
+        };
+        let listeners: Vec<Listener> = (0..w)
+            .map(|r| Listener::bind(0x5e7, r).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let local: BTreeMap<usize, String> = listeners
+            .iter()
+            .enumerate()
+            .map(|(r, l)| (r, l.name.clone()))
+            .collect();
+        before(&local[&0]);
+        let deadline = Instant::now() + Duration::from_secs(25);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = listeners
+                .into_iter()
+                .enumerate()
+                .map(|(rank, l)| {
+                    let (local, security) = (&local, &security);
+                    s.spawn(move || {
+                        let t0 = Instant::now();
+                        let x = Exchange {
+                            job: 7,
+                            rank,
+                            local,
+                            security,
+                            deadline,
+                        };
+                        let got = exchange(&x, l, None).unwrap_or_else(|e| panic!("{e}"));
+                        (got.keys().copied().collect::<Vec<_>>(), t0.elapsed())
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| panic!("a rank panicked")))
+                .collect()
+        })
+    }
+
+    #[test]
+    fn a_silent_client_on_a_setup_socket_delays_nobody() {
+        // Anyone of the host may connect to rank 0's abstract socket and say nothing: the
+        // ranks still get each other at once (the handshakes run side by side, each within
+        // its own deadline), with or without a secret. On the code before, rank 0 read the
+        // silent client's handshake until the exchange's deadline (25 s here), and the
+        // others' connections waited behind it.
+        for secret in [Some("the setup tests' secret"), None] {
+            let mut intruders = Vec::new();
+            let got = exchange_with(3, secret, |name| {
+                let addr = SocketAddr::from_abstract_name(name.as_bytes())
+                    .unwrap_or_else(|e| panic!("{e}"));
+                for _ in 0..2 {
+                    intruders
+                        .push(UnixStream::connect_addr(&addr).unwrap_or_else(|e| panic!("{e}")));
+                }
+            });
+            for (rank, (peers, took)) in got.iter().enumerate() {
+                let want: Vec<usize> = (0..3).filter(|&r| r != rank).collect();
+                assert_eq!(peers, &want, "rank {rank} (secret: {secret:?})");
+                assert!(
+                    *took < crate::gate::HELLO_TIMEOUT,
+                    "rank {rank} took {took:?} (secret: {secret:?})"
+                );
+            }
+            // Closed by rank 0 once its exchange was done: the silent clients read the end.
+            for mut s in intruders {
+                use std::io::Read;
+                s.set_read_timeout(Some(Duration::from_secs(5)))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let mut rest = Vec::new();
+                let r = s.read_to_end(&mut rest);
+                assert!(r.is_ok(), "the silent client was not closed: {r:?}");
+            }
+        }
+    }
 }
