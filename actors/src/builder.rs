@@ -3,8 +3,9 @@
 //! its own configuration rather than from a launcher's environment.
 //!
 //! What the builder is not told still comes from the environment, as [`init`](crate::init)
-//! reads it (`docs/deployment.md`); [`ProcessBuilder::ignore_environment`] turns that off, so
-//! that nothing a launcher or a shell left behind changes where the process goes.
+//! reads it (`docs/deployment.md`); [`ProcessBuilder::ignore_environment`] turns that off for
+//! the job's identity (rank, world size, store, secret, interface, transport: no launcher's
+//! variable is read), and leaves the tuning knobs it names.
 
 use crate::job::{InitArgs, JobConfig};
 use crate::process::{init_with, Process};
@@ -164,9 +165,17 @@ impl ProcessBuilder {
         self
     }
 
-    /// Reads nothing from the environment: what the builder was not told has its default,
-    /// and a rank, world size or store left out is an error. Without it, what is left out
-    /// comes from the launcher's variables, as with [`init`](crate::init).
+    /// Reads no launcher's variable: what the builder was not told of the job has its
+    /// default, and a rank, world size or store left out is an error. Without it, what is
+    /// left out comes from the launcher's variables, as with [`init`](crate::init).
+    ///
+    /// The tuning knobs are still read, as documented in `docs/deployment.md`:
+    /// `COLLECTIX_SPIN_US`, `COLLECTIX_HOST_ID` (unless [`host_id`](Self::host_id) is
+    /// given), `COLLECTIX_SHM_RING` and `COLLECTIX_SHM_SINGLE_COPY` (when the shared-memory
+    /// listener is bound), `COLLECTIX_BOARD` (when another rank of the host takes shared
+    /// memory), `COLLECTIX_FLIGHT_RECORDER` (after a failed call), and with the `cuda`
+    /// feature `COLLECTIX_NCCL_LIBRARY` with `VIRTUAL_ENV`, `CONDA_PREFIX`, `PATH` and `HOME`
+    /// (where libnccl is looked for).
     pub fn ignore_environment(mut self) -> Self {
         self.environment = false;
         self

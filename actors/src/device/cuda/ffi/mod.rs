@@ -1,5 +1,5 @@
-//! The audited FFI of collectix-actors: the only code of the crate allowed `unsafe`
-//! (`#![deny(unsafe_code)]` everywhere else). Every block has a `// SAFETY:` line.
+//! The audited FFI of collectix-actors: one of the crate's two modules allowed `unsafe`
+//! (with `transport::shm::os`; `#![deny(unsafe_code)]` everywhere else). Every block has a `// SAFETY:` line.
 //!
 //! - [`nccl`]: libnccl, loaded at run time, and safe calls over checked spans of device
 //!   memory ([`nccl::Enqueue`], [`nccl::DevMem`]): the code that plans and launches NCCL
