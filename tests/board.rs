@@ -454,3 +454,37 @@ fn calls_that_finish_at_once_are_on_the_record() {
         assert!(f32s(&t).iter().all(|&x| x == 2.0), "rank {r}");
     }
 }
+
+#[test]
+fn destroy_fails_the_ranks_own_calls_in_flight_on_the_board_with_shutdown() {
+    // Rank 0's barrier and small all_reduce wait on the board for rank 1, which never
+    // calls; rank 0 destroys the group: its calls in flight end with `Shutdown`, as its
+    // engine calls do (`docs/errors.md`), and a call made after it is refused.
+    let w = world(2);
+    let c = w.communicators();
+    let barrier = c[0].barrier();
+    let small = c[0].all_reduce(Tensor::from_vec(vec![1.0f32]), ReduceOp::Sum);
+    let large = c[0].all_reduce(Tensor::from_vec(vec![1.0f32; 10_000]), ReduceOp::Sum);
+    assert_eq!(c[0].destroy().wait(), Ok(()));
+    let d = Duration::from_secs(10);
+    assert_eq!(
+        barrier.wait_timeout(d),
+        Some(Err(Error::Shutdown)),
+        "the barrier"
+    );
+    assert_eq!(
+        small.wait_timeout(d).map(|r| r.map(|t| f32s(&t))),
+        Some(Err(Error::Shutdown)),
+        "the small all_reduce"
+    );
+    assert_eq!(
+        large.wait_timeout(d).map(|r| r.map(|t| f32s(&t))),
+        Some(Err(Error::Shutdown)),
+        "the engine's all_reduce"
+    );
+    let after = c[0].barrier().wait_timeout(d);
+    assert!(
+        matches!(after, Some(Err(Error::InvalidArgument(_)))),
+        "a call after destroy: {after:?}"
+    );
+}

@@ -33,6 +33,17 @@ impl Engine {
         Some(e)
     }
 
+    /// [`board_refusal`](Self::board_refusal) for call `seq` of group `gid` made on the
+    /// board and still waiting: a group destroyed on this rank since ends it with
+    /// `Shutdown`, as `destroy` ends the engine's calls in flight (a call made after the
+    /// destroy is refused with `InvalidArgument`).
+    pub fn board_waiting_refusal(&mut self, gid: GroupId, seq: u64) -> Option<Error> {
+        if !self.groups.contains_key(&gid) && self.destroyed.contains(&gid) {
+            return Some(Error::Shutdown);
+        }
+        self.board_refusal(gid, seq)
+    }
+
     fn refusal(&mut self, gid: GroupId, seq: u64) -> Option<Error> {
         if let Some(g) = self.groups.get_mut(&gid) {
             if let Some(e) = g.board_verdicts.remove(&seq) {

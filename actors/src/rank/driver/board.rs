@@ -1031,7 +1031,7 @@ impl Driver {
             while let Some(front) = q.calls.iter_mut().find(|p| p.waiting.is_some()) {
                 let why = if core.quiesced {
                     Some(Error::Shutdown)
-                } else if let Some(e) = core.engine.board_refusal(gid, front.seq) {
+                } else if let Some(e) = core.engine.board_waiting_refusal(gid, front.seq) {
                     Some(e)
                 } else if now >= front.deadline && front.inquiring {
                     core.engine.board_inquiry_over(gid, front.seq);
