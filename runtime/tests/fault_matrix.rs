@@ -159,16 +159,16 @@ fn matrix(w: usize) {
 }
 
 #[test]
-fn fault_matrix_w2() {
+fn fault_matrix_on_the_engine_in_the_simulator_w2() {
     matrix(2);
 }
 
 #[test]
-fn fault_matrix_w3() {
+fn fault_matrix_on_the_engine_in_the_simulator_w3() {
     matrix(3);
 }
 
 #[test]
-fn fault_matrix_w5() {
+fn fault_matrix_on_the_engine_in_the_simulator_w5() {
     matrix(5);
 }

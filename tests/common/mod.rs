@@ -86,8 +86,20 @@ pub fn job(
     timeout: Duration,
     body: impl Fn(usize, collectix::Process) -> std::result::Result<(), String> + Sync,
 ) -> Vec<std::result::Result<(), String>> {
+    let options = collectix::GroupOptions::default().with_timeout(timeout);
+    job_with(transport, w, secret, options, body)
+}
+
+/// [`job`] with the groups' `options`.
+pub fn job_with(
+    transport: collectix::Transport,
+    w: usize,
+    secret: &str,
+    options: collectix::GroupOptions,
+    body: impl Fn(usize, collectix::Process) -> std::result::Result<(), String> + Sync,
+) -> Vec<std::result::Result<(), String>> {
     let port = free_port();
-    let body = &body;
+    let (body, options) = (&body, &options);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..w)
             .map(|r| {
@@ -96,8 +108,7 @@ pub fn job(
                         transport: Some(transport),
                         ..tcp_args(port, r, w, secret, false)
                     };
-                    let options = collectix::GroupOptions::default().with_timeout(timeout);
-                    let p = collectix::init(&args, options, Duration::from_secs(20))
+                    let p = collectix::init(&args, options.clone(), Duration::from_secs(20))
                         .map_err(|e| e.to_string())?;
                     body(r, p)
                 })

@@ -373,6 +373,12 @@ impl Driver {
 
     /// Releases a group on the rank; its pending error, if it has one.
     pub(crate) fn destroy(&self, group: GroupId) -> Result<()> {
+        // What a transport holds for this rank already (a peer's abort in a shared-memory
+        // ring, read by nobody yet) came before this destroy: it goes in first, so that the
+        // pending error it brings is returned, as an arrival in the inbox would be.
+        for p in self.pollers() {
+            p.drain();
+        }
         self.run(|core, _, _| {
             if core.quiesced {
                 return Err(Error::Shutdown);

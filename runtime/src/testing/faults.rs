@@ -142,8 +142,18 @@ fn differences(case: &Case) -> Vec<Case> {
     out
 }
 
+/// The kinds that run on the board of small calls (`crate::board`), at most 28 bytes with no
+/// algorithm forced, in a group that has a board.
+const ON_THE_BOARD: [OpKind; 4] = [
+    OpKind::Barrier,
+    OpKind::AllReduce,
+    OpKind::Broadcast,
+    OpKind::Reduce,
+];
+
 impl Scenario {
-    /// Every scenario for `w` ranks; `m` rotates over the ranks.
+    /// Every scenario for `w` ranks on the engine: each base case forces its kind's first
+    /// algorithm (which keeps it off the board); `m` rotates over the ranks.
     pub fn all(w: usize) -> Vec<Scenario> {
         let mut out = Vec::new();
         for (i, kind) in COLLECTIVES.into_iter().enumerate() {
@@ -172,6 +182,41 @@ impl Scenario {
                 case: base(kind, w),
                 fault: Fault::Opposite,
             });
+        }
+        out
+    }
+
+    /// The matrix on the board of small calls: each base case is one `i32` (4 bytes) with
+    /// no algorithm forced, so that it runs on the board of a group that has one (every
+    /// group of an in-process world, the world group of a job on one host over shared
+    /// memory); the odd rank's call differs in kind (another small call, or a collective
+    /// that goes to the engine), dtype, count (2: still small), root, op or algorithm (a
+    /// forced one: the engine), or it never calls, or calls twice. Over TCP the same
+    /// programs run on the engine.
+    pub fn board(w: usize) -> Vec<Scenario> {
+        let mut out = Vec::new();
+        for (i, kind) in ON_THE_BOARD.into_iter().enumerate() {
+            let case = Case {
+                count: 1,
+                algorithm: None,
+                ..base(kind, w)
+            };
+            for (j, theirs) in differences(&case).into_iter().enumerate() {
+                out.push(Scenario {
+                    w,
+                    m: (i + j) % w,
+                    case: case.clone(),
+                    fault: Fault::Differ(Box::new(theirs)),
+                });
+            }
+            for (k, fault) in [Fault::Missing, Fault::Twice].into_iter().enumerate() {
+                out.push(Scenario {
+                    w,
+                    m: (i + k) % w,
+                    case: case.clone(),
+                    fault,
+                });
+            }
         }
         out
     }
