@@ -29,6 +29,7 @@
 //! an engine call that finds a slot of its sequence number, or the desync report at the
 //! deadline: `docs/architecture.md`, "Small calls on the board").
 
+pub mod queue;
 #[cfg(test)]
 mod tests;
 

@@ -23,13 +23,13 @@ use super::recorder::{Key, Recorder};
 use super::state::Waiting;
 use super::{After, Core, Done, Driver};
 use crate::sync::lock;
+use collectix_runtime::board::queue::{Queue, Record};
 use collectix_runtime::board::{
     Board, BoardCall, Lane, Slot, DRIVERS_WORD, PENDING_WORD, UNATTENDED_WORD,
 };
 use collectix_runtime::error::ProtocolError;
 use collectix_runtime::progress::CachePadded;
 use collectix_runtime::{Error, GroupInfo, Output, Result, Time};
-use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -242,29 +242,6 @@ impl Default for Boards {
     }
 }
 
-/// A call queued on a board.
-struct Pending {
-    seq: u64,
-    call: BoardCall,
-    published: bool,
-    /// Every other member's slot that was there after the publish was compared with the
-    /// call (`Board::look`): until then the call is not finished on the board (its slot
-    /// stays theirs to read, and theirs for it to read).
-    checked: bool,
-    /// Where the result goes, with the call's span (`None` once the call finished).
-    waiting: Option<Waiting>,
-    deadline: Time,
-    /// Past its deadline, the group was asked which call each member is in (the desync
-    /// report); `deadline` is now the report's.
-    inquiring: bool,
-}
-
-/// What the queue's lock guards: the calls, and the slots read for the first one.
-struct Queue {
-    calls: VecDeque<Pending>,
-    slots: Vec<Option<Slot>>,
-}
-
 /// A group's board as one rank holds it: the board, the group, how to wake each other
 /// member, and this rank's calls on it. On cache lines of its own: each call takes its locks,
 /// and the members' copies in one process are allocated one after another (a line shared
@@ -274,7 +251,7 @@ pub(crate) struct GroupBoard {
     board: Board,
     info: GroupInfo,
     wake: Vec<Option<Arc<dyn Wake>>>,
-    queue: Mutex<Queue>,
+    queue: Mutex<Queue<Waiting>>,
     /// Held from taking a call's sequence number to queueing it, so that the queue is in
     /// sequence order when several threads call on the group at once (the calls finish in
     /// that order; `Board::finish` only goes up).
@@ -293,19 +270,6 @@ pub(crate) struct GroupBoard {
     /// [`Driver::board_quick`]; `u64::MAX`: never checked). Written under the issue lock.
     clear_epoch: AtomicU64,
     clear_until: AtomicU64,
-}
-
-/// How a call ended, for the engine's records.
-enum Record {
-    /// Finished at the time given (the flight recorder's end).
-    Finished(u64, collectix_runtime::Fingerprint, Time),
-    /// Failed (boxed: every quick call's record is moved into the list, and an error is
-    /// large).
-    Failed(u64, Box<Error>),
-    /// Gave its caller its result, and was then found to disagree with a member's call
-    /// (the look a call owes once published: `Board::check`): the group is aborted, and the
-    /// error is this rank's pending error.
-    Disagreed(u64, Box<Error>),
 }
 
 /// The calls of a group that ran on its quick path and the engine has not heard of yet, as
@@ -399,10 +363,7 @@ impl GroupBoard {
             board,
             info,
             wake,
-            queue: Mutex::new(Queue {
-                calls: VecDeque::new(),
-                slots: vec![None; n],
-            }),
+            queue: Mutex::new(Queue::new(n)),
             issue: Mutex::new(Ran::default()),
             listed: AtomicBool::new(false),
             barrier: BoardCall::barrier(),
@@ -412,102 +373,20 @@ impl GroupBoard {
         }
     }
 
-    /// Publishes what it can and finishes what it can, each in order; whether anything
-    /// moved, and how many calls are done with (finished and published).
-    ///
-    /// A call may finish before it is published: a broadcast's root needs nobody's slot (it
-    /// finishes at once, as the engine's root does once its part is posted), and a call
-    /// whose slot is still taken by an earlier one has its result as soon as the others'
-    /// slots are there; it is published once its slot is free.
+    /// Publishes what it can and ends what it can, each in order ([`Queue::step`]):
+    /// whether anything moved, and how many calls are done with.
     fn step(
         &self,
-        q: &mut Queue,
+        q: &mut Queue<Waiting>,
         out: &mut Vec<(Waiting, Result<Output>)>,
         records: &mut Vec<(collectix_runtime::GroupId, Record)>,
         clock: &dyn Fn() -> Time,
     ) -> (bool, usize) {
-        let mut moved = false;
-        let id = self.info.id;
-        for p in q.calls.iter_mut().filter(|p| !p.published) {
-            if !self.board.can_publish(p.seq) {
-                break;
-            }
-            moved = true;
-            p.published = true;
-            if let Err(e) = self
-                .board
-                .publish(p.seq, p.call.fingerprint_bytes(), p.call.payload())
-            {
-                // Nobody will see this call: it fails with the reason, and the group with
-                // it (the members hear of it as of any failed call, not at their deadline).
-                p.checked = true;
-                records.push((id, Record::Failed(p.seq, Box::new(e.clone()))));
-                if let Some(w) = p.waiting.take() {
-                    out.push((w, Err(e)));
-                }
-                break;
-            }
-        }
-        let Queue { calls, slots } = q;
-        // Every call before this one is finished on the board: this member's `finished`
-        // mark may go up to here.
-        let mut in_order = true;
-        for p in calls.iter_mut() {
-            if p.waiting.is_none() && (p.checked || !p.published) {
-                in_order &= p.checked;
-                continue;
-            }
-            slots.fill(None);
-            let result = if p.waiting.is_some() {
-                match self
-                    .board
-                    .look(&p.call, &self.info, p.seq, p.published, slots)
-                {
-                    Some(r) => r,
-                    // A slot it needs is not there: the calls after it wait (they end in
-                    // order).
-                    None => break,
-                }
-            } else {
-                // Ended before its slot was published: the look it owes now that it is.
-                self.board
-                    .check(&p.call, &self.info, p.seq, slots)
-                    .map(|()| Output::None)
-            };
-            moved = true;
-            p.checked = p.published;
-            match p.waiting.take() {
-                Some(w) => {
-                    records.push((
-                        id,
-                        match &result {
-                            Ok(_) => Record::Finished(p.seq, p.call.fingerprint(), clock()),
-                            Err(e) => Record::Failed(p.seq, Box::new(e.clone())),
-                        },
-                    ));
-                    out.push((w, result));
-                }
-                None => {
-                    if let Err(e) = result {
-                        records.push((id, Record::Disagreed(p.seq, Box::new(e))));
-                    }
-                }
-            }
-            in_order &= p.checked;
-            if in_order {
-                self.board.finish(p.seq);
-            }
-        }
-        let mut done = 0;
-        while calls
-            .front()
-            .is_some_and(|p| p.published && p.checked && p.waiting.is_none())
-        {
-            calls.pop_front();
-            done += 1;
-        }
-        self.queued.store(calls.len(), Ordering::Release);
-        (moved, done)
+        let mut mine = Vec::new();
+        let r = q.step(&self.board, &self.info, clock, out, &mut mine);
+        records.extend(mine.into_iter().map(|r| (self.info.id, r)));
+        self.queued.store(q.len(), Ordering::Release);
+        r
     }
 
     /// Wakes the other members that wait and are not driven (those that may be about to
@@ -811,16 +690,14 @@ impl Driver {
             // wait for its deadline.
             let mut live = lock(&self.boards.live);
             let mut q = lock(&gb.queue);
-            q.calls.push_back(Pending {
+            q.push(
                 seq,
                 call,
                 published,
-                checked: false,
-                waiting: Some(Waiting { done, span, start }),
+                Waiting { done, span, start },
                 deadline,
-                inquiring: false,
-            });
-            gb.queued.store(q.calls.len(), Ordering::Release);
+            );
+            gb.queued.store(q.len(), Ordering::Release);
             drop(q);
             self.boards.signal.add_pending(1);
             if !live.iter().any(|b| Arc::ptr_eq(b, gb)) {
@@ -882,7 +759,7 @@ impl Driver {
             }
         }
         if done > 0 {
-            live.retain(|gb| !lock(&gb.queue).calls.is_empty());
+            live.retain(|gb| !lock(&gb.queue).is_empty());
             self.boards.signal.sub_pending(done);
         }
         drop(live);
@@ -890,9 +767,8 @@ impl Driver {
             *lock(&self.boards.scratch) = out;
             return moved;
         }
-        let (failed, finished): (Vec<_>, Vec<_>) = records
-            .into_iter()
-            .partition(|(_, r)| matches!(r, Record::Failed(..) | Record::Disagreed(..)));
+        let (failed, finished): (Vec<_>, Vec<_>) =
+            records.into_iter().partition(|(_, r)| r.failed());
         if !finished.is_empty() {
             let mut f = lock(&self.boards.finished);
             f.extend(finished);
@@ -1028,7 +904,7 @@ impl Driver {
                 core.board_record(gid, r, now);
             }
             // The first call not finished: can it go on?
-            while let Some(front) = q.calls.iter_mut().find(|p| p.waiting.is_some()) {
+            while let Some(front) = q.first_waiting() {
                 let why = if core.quiesced {
                     Some(Error::Shutdown)
                 } else if let Some(e) = core.engine.board_waiting_refusal(gid, front.seq) {
@@ -1070,34 +946,21 @@ impl Driver {
                 };
                 // It ends here; unpublished, it is not published any more (the group is
                 // aborted, or the call failed on every member before it started).
-                gb.board.finish(front.seq);
-                front.published = true;
-                front.checked = true;
-                moved.push(gb.clone());
                 core.recorder
                     .ended(Key::Board(gid, front.seq), now, Some(&e));
-                if let Some(w) = front.waiting.take() {
+                moved.push(gb.clone());
+                if let Some(w) = q.end_first_waiting(&gb.board) {
                     after.board.push((w, Err(e)));
                 }
             }
             if core.quiesced || core.engine.board_dead(gid) {
-                // Finished calls still to publish: nobody will read them.
-                for p in q.calls.iter_mut() {
-                    p.published = true;
-                    p.checked = true;
-                }
+                // Calls ended and still to publish: nobody will read them.
+                q.abandon_slots();
             }
-            while q
-                .calls
-                .front()
-                .is_some_and(|p| p.published && p.checked && p.waiting.is_none())
-            {
-                q.calls.pop_front();
-                done += 1;
-            }
-            gb.queued.store(q.calls.len(), Ordering::Release);
+            done += q.pop_done();
+            gb.queued.store(q.len(), Ordering::Release);
         }
-        live.retain(|gb| !lock(&gb.queue).calls.is_empty());
+        live.retain(|gb| !lock(&gb.queue).is_empty());
         // Under `live`, as every change of the count (the mirror stays in order).
         if done > 0 {
             self.boards.signal.sub_pending(done);

@@ -1,0 +1,336 @@
+//! A member's calls on one board, in the group's order ([`Queue`]): which to publish, which
+//! to look at, what each call's end is, when its slot may be reused, and when it is done
+//! with. Sans-IO, like [`Board`]: the rank's driver holds a queue under a lock, hands it the
+//! board and the clock, and completes the waiters and hands the engine the records that
+//! come out.
+//!
+//! The rules, in [`Queue::step`]:
+//! - calls are published in order, each once its slot is free ([`Board::can_publish`]); a
+//!   publish that fails ends its call with the error (and the group with it: a
+//!   [`Record::Failed`]), and the calls after it are left to the group's abort;
+//! - calls end in order: the first whose needed slots are not all there stops the calls
+//!   after it; a call ends from every slot there ([`Board::look`]), and a call that ended
+//!   before its slot was published owes the look once it is ([`Board::check`]; a
+//!   disagreement found then is a [`Record::Disagreed`], the rank's pending error);
+//! - this member's `finished` mark goes up to a call only once the call and every call before
+//!   it looked at the slots after their publish (the others keep their slots for that look);
+//! - a call is done with (popped) once published, looked at, and its waiter given its result.
+
+use super::{Board, BoardCall, Slot};
+use crate::collective::Output;
+use crate::error::{Error, Result};
+use crate::group::GroupInfo;
+use crate::ids::Fingerprint;
+use crate::time::Time;
+use std::collections::VecDeque;
+
+/// How a call ended, for the engine's records.
+#[derive(Debug)]
+pub enum Record {
+    /// Finished at the time given (the flight recorder's end).
+    Finished(u64, Fingerprint, Time),
+    /// Failed (boxed: an error is large, and records are moved about).
+    Failed(u64, Box<Error>),
+    /// Gave its caller its result, and was then found to disagree with a member's call (the
+    /// look a call owes once published): the group is aborted, and the error is the rank's
+    /// pending error.
+    Disagreed(u64, Box<Error>),
+}
+
+impl Record {
+    /// Whether the call failed (the group must be aborted at once).
+    pub fn failed(&self) -> bool {
+        matches!(self, Record::Failed(..) | Record::Disagreed(..))
+    }
+}
+
+/// A call queued on a board; `W` is what waits for its result.
+#[derive(Debug)]
+pub struct Pending<W> {
+    /// Its sequence number in the group.
+    pub seq: u64,
+    /// The call.
+    pub call: BoardCall,
+    published: bool,
+    /// Every other member's slot that was there after the publish was compared with the
+    /// call: until then the call is not finished on the board.
+    checked: bool,
+    waiting: Option<W>,
+    /// When it gives up on the other members.
+    pub deadline: Time,
+    /// Past its deadline the group was asked which call each member is in (the desync
+    /// report); `deadline` is then the report's.
+    pub inquiring: bool,
+}
+
+impl<W> Pending<W> {
+    fn done(&self) -> bool {
+        self.published && self.checked && self.waiting.is_none()
+    }
+}
+
+/// A member's calls on one board, and the slots read for the one being looked at.
+#[derive(Debug)]
+pub struct Queue<W> {
+    calls: VecDeque<Pending<W>>,
+    slots: Vec<Option<Slot>>,
+}
+
+impl<W> Queue<W> {
+    /// An empty queue for a board of `members`.
+    pub fn new(members: usize) -> Queue<W> {
+        Queue {
+            calls: VecDeque::new(),
+            slots: vec![None; members],
+        }
+    }
+
+    /// Calls queued and not done with.
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Whether no call is queued.
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Queues call `seq` (after every call queued before: sequence order), whose slot is
+    /// `published` already or not, `waiting` for its result until `deadline`.
+    pub fn push(&mut self, seq: u64, call: BoardCall, published: bool, waiting: W, deadline: Time) {
+        self.calls.push_back(Pending {
+            seq,
+            call,
+            published,
+            checked: false,
+            waiting: Some(waiting),
+            deadline,
+            inquiring: false,
+        });
+    }
+
+    /// Publishes what it can and ends what it can, each in order (the module doc's rules):
+    /// the ended calls' waiters with their results go to `out`, their records to `records`
+    /// (`now` stamps a finished one). Returns whether anything moved (a slot published, a
+    /// call ended or looked at: the other members may want a wake-up), and how many calls
+    /// are done with.
+    pub fn step(
+        &mut self,
+        board: &Board,
+        group: &GroupInfo,
+        now: &dyn Fn() -> Time,
+        out: &mut Vec<(W, Result<Output>)>,
+        records: &mut Vec<Record>,
+    ) -> (bool, usize) {
+        let mut moved = false;
+        for p in self.calls.iter_mut().filter(|p| !p.published) {
+            if !board.can_publish(p.seq) {
+                break;
+            }
+            moved = true;
+            p.published = true;
+            if let Err(e) = board.publish(p.seq, p.call.fingerprint_bytes(), p.call.payload()) {
+                // Nobody will see this call: it fails with the reason, and the group with
+                // it (the members hear of it as of any failed call, not at their deadline).
+                // The calls after it end with the group's abort, not here.
+                p.checked = true;
+                records.push(Record::Failed(p.seq, Box::new(e.clone())));
+                if let Some(w) = p.waiting.take() {
+                    out.push((w, Err(e)));
+                }
+                return (true, self.pop_done());
+            }
+        }
+        let Queue { calls, slots } = self;
+        // Every call before this one is finished on the board: the `finished` mark may go
+        // up to here.
+        let mut in_order = true;
+        for p in calls.iter_mut() {
+            if p.waiting.is_none() && (p.checked || !p.published) {
+                in_order &= p.checked;
+                continue;
+            }
+            slots.fill(None);
+            let result = if p.waiting.is_some() {
+                match board.look(&p.call, group, p.seq, p.published, slots) {
+                    Some(r) => r,
+                    // A slot it needs is not there: the calls after it wait (they end in
+                    // order).
+                    None => break,
+                }
+            } else {
+                // Ended before its slot was published: the look it owes now that it is.
+                board
+                    .check(&p.call, group, p.seq, slots)
+                    .map(|()| Output::None)
+            };
+            moved = true;
+            p.checked = p.published;
+            match p.waiting.take() {
+                Some(w) => {
+                    records.push(match &result {
+                        Ok(_) => Record::Finished(p.seq, p.call.fingerprint(), now()),
+                        Err(e) => Record::Failed(p.seq, Box::new(e.clone())),
+                    });
+                    out.push((w, result));
+                }
+                None => {
+                    if let Err(e) = result {
+                        records.push(Record::Disagreed(p.seq, Box::new(e)));
+                    }
+                }
+            }
+            in_order &= p.checked;
+            if in_order {
+                board.finish(p.seq);
+            }
+        }
+        (moved, self.pop_done())
+    }
+
+    /// The first call still waiting for its result (the one a deadline, an abort or a
+    /// shutdown ends first).
+    pub fn first_waiting(&mut self) -> Option<&mut Pending<W>> {
+        self.calls.iter_mut().find(|p| p.waiting.is_some())
+    }
+
+    /// Ends the first call still waiting (it failed: an abort, a refusal, its deadline): it
+    /// is not published any more and this member is done with its slot (the group is
+    /// aborted, or the call failed on every member before it started). Its waiter, if any.
+    pub fn end_first_waiting(&mut self, board: &Board) -> Option<W> {
+        let p = self.first_waiting()?;
+        board.finish(p.seq);
+        p.published = true;
+        p.checked = true;
+        p.waiting.take()
+    }
+
+    /// The group can run no more calls here: calls ended but not yet published or looked
+    /// at need not be (nobody will read their slots).
+    pub fn abandon_slots(&mut self) {
+        for p in self.calls.iter_mut() {
+            p.published = true;
+            p.checked = true;
+        }
+    }
+
+    /// Drops the calls at the front that are done with; how many.
+    pub fn pop_done(&mut self) -> usize {
+        let mut n = 0;
+        while self.calls.front().is_some_and(Pending::done) {
+            self.calls.pop_front();
+            n += 1;
+        }
+        n
+    }
+
+    /// The members (group ranks) whose slots call `p` still needs (for a timeout's report).
+    pub fn missing(board: &Board, p: &Pending<W>) -> Vec<usize> {
+        let me = board.me();
+        (0..board.size())
+            .filter(|&m| p.call.needs(me, m) && !matches!(board.read(m, p.seq), Ok(Some(_))))
+            .collect()
+    }
+}
+
+#[cfg(all(test, not(collectix_loom)))]
+mod tests {
+    use super::*;
+    use crate::board::{HeapLane, Lane, DEPTH};
+    use crate::collective::Request;
+    use crate::group::{CallOptions, GroupOptions};
+    use crate::tensor::Tensor;
+    use std::sync::Arc;
+
+    fn info(n: usize, me: usize) -> GroupInfo {
+        GroupInfo::world(n, me, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn broadcast(n: usize, me: usize, root: usize) -> BoardCall {
+        let req = Request::Broadcast {
+            tensor: Tensor::from_vec(vec![me as f32]),
+            root,
+        };
+        match BoardCall::of(&req, &info(n, me), &CallOptions::default()) {
+            Some(Ok(c)) => c,
+            other => panic!("not a board call: {other:?}"),
+        }
+    }
+
+    type Out = Vec<(u64, Result<Output>)>;
+
+    fn step(q: &mut Queue<u64>, b: &Board, me: usize) -> (Out, Vec<Record>) {
+        let (mut out, mut records) = (Vec::new(), Vec::new());
+        q.step(b, &info(2, me), &|| Time::ZERO, &mut out, &mut records);
+        (out, records)
+    }
+
+    #[test]
+    fn a_call_that_ended_before_its_publish_looks_once_published() {
+        // Member 0, a broadcast's root, runs DEPTH + 1 calls ahead of member 1: the last
+        // ends at once (it needs nobody) but its slot is still taken. Member 1 then makes
+        // the first DEPTH calls, and at DEPTH names itself the root. Member 0's look, once
+        // its slot frees and it publishes, finds that: its pending error.
+        let lanes: Vec<Arc<dyn Lane>> =
+            vec![Arc::new(HeapLane::default()), Arc::new(HeapLane::default())];
+        let b0 = Board::new(lanes.clone(), 0).unwrap_or_else(|e| panic!("{e}"));
+        let b1 = Board::new(lanes, 1).unwrap_or_else(|e| panic!("{e}"));
+        let last = DEPTH as u64;
+        let (mut q0, mut q1) = (Queue::new(2), Queue::new(2));
+        for seq in 0..=last {
+            q0.push(seq, broadcast(2, 0, 0), false, seq, Time::ZERO);
+        }
+        let (out, records) = step(&mut q0, &b0, 0);
+        assert_eq!(out.len(), DEPTH + 1, "every call of the root ended");
+        assert!(out.iter().all(|(_, r)| r.is_ok()));
+        assert!(records.iter().all(|r| !r.failed()));
+        assert_eq!(q0.len(), 1, "the last call waits for its slot");
+        assert!(!b0.can_publish(last), "member 1 has not finished call 0");
+        for seq in 0..=last {
+            let root = if seq == last { 1 } else { 0 };
+            q1.push(seq, broadcast(2, 1, root), false, seq, Time::ZERO);
+        }
+        let (out, _) = step(&mut q1, &b1, 1);
+        // Member 1's call DEPTH names itself the root and needs nobody: it saw no slot of
+        // member 0's (not published yet), so it ended Ok.
+        assert_eq!(out.len(), DEPTH + 1);
+        assert!(out.iter().all(|(_, r)| r.is_ok()), "{out:?}");
+        let (out, records) = step(&mut q0, &b0, 0);
+        assert!(out.is_empty(), "no waiter left: {out:?}");
+        assert!(
+            matches!(records.as_slice(), [Record::Disagreed(s, e)] if *s == last && matches!(**e, Error::Mismatch { .. })),
+            "{records:?}"
+        );
+        assert!(q0.is_empty(), "the call is done with");
+    }
+
+    /// A lane no word of which can be written.
+    struct Unwritable;
+
+    impl Lane for Unwritable {
+        fn load(&self, _: usize) -> Option<u64> {
+            Some(0)
+        }
+        fn store(&self, _: usize, _: u64) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_publish_that_fails_fails_its_call_and_the_group() {
+        let lanes: Vec<Arc<dyn Lane>> = vec![Arc::new(Unwritable), Arc::new(HeapLane::default())];
+        let b = Board::new(lanes, 0).unwrap_or_else(|e| panic!("{e}"));
+        let mut q = Queue::new(2);
+        q.push(0, broadcast(2, 0, 0), false, 7, Time::ZERO);
+        q.push(1, broadcast(2, 0, 0), false, 8, Time::ZERO);
+        let (out, records) = step(&mut q, &b, 0);
+        assert!(
+            matches!(out.as_slice(), [(7, Err(Error::Internal(_)))]),
+            "{out:?}"
+        );
+        assert!(
+            matches!(records.as_slice(), [Record::Failed(0, _)]),
+            "{records:?}"
+        );
+    }
+}
