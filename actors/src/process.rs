@@ -36,6 +36,7 @@ use crate::transport::shm::{self, Hub};
 use crate::transport::tcp::{Inbound, Liveness};
 use crate::transport::Transport;
 use actix::System;
+use collectix_runtime::join::{world_locality, Offer, Setting};
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
@@ -107,13 +108,6 @@ impl Link<Message> for SelfLink {
     }
 }
 
-/// Whether every rank published the same host identity (`host/RANK`, see
-/// [`shm::host_id`](crate::transport::shm)): then the job runs on one host.
-fn one_host(hosts: &[String]) -> bool {
-    hosts.first().is_some_and(|h| hosts.iter().all(|x| x == h))
-}
-
-/// "host:port", with an IPv6 address in brackets.
 /// This host's identity (see `transport::shm::host_id`; elsewhere than Linux, its name or
 /// `COLLECTIX_HOST_ID`).
 fn host_identity() -> String {
@@ -127,6 +121,7 @@ fn host_identity() -> String {
     }
 }
 
+/// "host:port", with an IPv6 address in brackets.
 fn host_port(host: &str, port: u16) -> String {
     if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
@@ -425,7 +420,12 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
     let socket = listener.as_ref().map_or("-".to_owned(), |l| l.name.clone());
     #[cfg(not(target_os = "linux"))]
     let socket = "-".to_owned();
-    let published = format!("{host} {socket}").into_bytes();
+    let setting = match transport {
+        Transport::Auto => Setting::Auto,
+        Transport::Shm => Setting::Shm,
+        Transport::Tcp => Setting::Tcp,
+    };
+    let published = format!("{host} {socket} {}", setting.word()).into_bytes();
     if incarnation == 0 {
         store.set(&format!("host/{rank}"), published)?;
     } else {
@@ -450,12 +450,28 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
     }
     let mut hosts = Vec::with_capacity(world);
     let mut sockets = Vec::with_capacity(world);
+    let mut offers = Vec::with_capacity(world);
     for r in 0..world {
         let said = String::from_utf8_lossy(&store.get(&format!("host/{r}"), left())?).into_owned();
-        let (h, sock) = said.split_once(' ').unwrap_or((said.as_str(), "-"));
-        hosts.push(h.to_owned());
-        sockets.push(sock.to_owned());
+        // "HOST SOCKET SETTING"; a rank that says less says "-" and "auto".
+        let mut words = said.splitn(3, ' ');
+        let h = words.next().unwrap_or_default().to_owned();
+        let sock = words.next().unwrap_or("-").to_owned();
+        let setting = words
+            .next()
+            .and_then(Setting::from_word)
+            .unwrap_or(Setting::Auto);
+        offers.push(Offer {
+            host: h.clone(),
+            shm: sock != "-",
+            setting,
+        });
+        hosts.push(h);
+        sockets.push(sock);
     }
+    // Decided from what every rank published, so alike on every rank: the world's locality
+    // (its algorithm table), or that the settings cannot work together.
+    let locality = world_locality(&offers)?;
     // 4. The actor, the links, the connections.
     let mut options = options;
     // Every rank reads the same identities, so every rank picks the same locality (and so
@@ -474,18 +490,9 @@ fn join(joining: Joining<'_>) -> Result<Joined> {
         })
         .collect();
     options.hosts = Some(Arc::from(index));
-    // Over TCP only (asked for, or no rank offered shared memory: every rank reads the same
-    // offers, so every rank decides alike), a host's ranks take the rows for sockets.
-    let sockets_only = transport == Transport::Tcp
-        || !cfg!(target_os = "linux")
-        || sockets.iter().all(|s| s == "-");
-    options.locality = if one_host(&hosts) && sockets_only {
-        collectix_runtime::Locality::HostTcp
-    } else if one_host(&hosts) {
-        collectix_runtime::Locality::Host
-    } else {
-        collectix_runtime::Locality::Network
-    };
+    // On one host with no rank offering shared memory, a host's ranks take the rows for
+    // sockets (`collectix_runtime::join::world_locality`).
+    options.locality = locality;
     let info = GroupInfo::world(world, rank, options.clone())?;
     // A spinning caller yields its core at every turn if this host's ranks outnumber its
     // cores, else now and then (a yield is a system call; with a core each, the peers are
@@ -789,23 +796,5 @@ impl Drop for Process {
         for e in self.leave() {
             tracing::error!(error = %e, "a process dropped without shutdown() swallowed this failure");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::one_host;
-
-    #[test]
-    fn a_job_is_on_one_host_when_every_rank_published_the_same_identity() {
-        let ids = |hosts: &[&str]| -> Vec<String> { hosts.iter().map(|h| h.to_string()).collect() };
-        assert!(one_host(&ids(&[
-            "a/boot/net:[1]",
-            "a/boot/net:[1]",
-            "a/boot/net:[1]"
-        ])));
-        assert!(one_host(&ids(&["x"])));
-        assert!(!one_host(&ids(&["a/boot/net:[1]", "a/boot/net:[2]"])));
-        assert!(!one_host(&[]));
     }
 }

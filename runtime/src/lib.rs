@@ -69,6 +69,7 @@ pub mod error;
 pub mod fast_hash;
 pub mod group;
 pub mod ids;
+pub mod join;
 #[cfg(all(test, collectix_loom))]
 mod loom_models;
 mod op;

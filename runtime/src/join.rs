@@ -1,0 +1,145 @@
+//! What a job's ranks decide together when they join, from what each published in the
+//! store (its host, whether it listens for shared memory, the transport it was told to use),
+//! so that every rank decides alike: the locality of the world group (which algorithm table
+//! its calls use), and whether the ranks' settings can work together at all.
+//!
+//! The actors crate publishes and reads (`actors/src/process.rs`); nothing here does IO.
+
+use crate::error::{Error, Result};
+use crate::group::Locality;
+
+/// The transport a rank was told to use (`COLLECTIX_TRANSPORT`, `InitArgs::transport`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    /// Shared memory with the ranks of its host where it can be set up, else TCP.
+    Auto,
+    /// Shared memory with every rank of its host, or `init` fails.
+    Shm,
+    /// TCP with every rank.
+    Tcp,
+}
+
+impl Setting {
+    /// As published (and as `COLLECTIX_TRANSPORT` spells it).
+    pub fn word(self) -> &'static str {
+        match self {
+            Setting::Auto => "auto",
+            Setting::Shm => "shm",
+            Setting::Tcp => "tcp",
+        }
+    }
+
+    /// From its published word; `None` if it is none.
+    pub fn from_word(w: &str) -> Option<Setting> {
+        match w {
+            "auto" => Some(Setting::Auto),
+            "shm" => Some(Setting::Shm),
+            "tcp" => Some(Setting::Tcp),
+            _ => None,
+        }
+    }
+}
+
+/// What one rank published.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Offer {
+    /// Its host's identity.
+    pub host: String,
+    /// It listens for shared memory (its setting is not `tcp`, and it could bind).
+    pub shm: bool,
+    /// Its setting.
+    pub setting: Setting,
+}
+
+/// The world group's locality, the same on every rank (it depends on the offers alone):
+/// `Network` across hosts; on one host `Host` if any rank offers shared memory, else
+/// `HostTcp`. A rank that asks for shared memory only and a rank of its host that asks for
+/// TCP only cannot work together: an error naming both ranks and both settings, which every
+/// rank returns (each reads the same offers).
+pub fn world_locality(offers: &[Offer]) -> Result<Locality> {
+    for (a, x) in offers.iter().enumerate() {
+        if x.setting != Setting::Shm {
+            continue;
+        }
+        if let Some(b) = offers
+            .iter()
+            .position(|y| y.host == x.host && y.setting == Setting::Tcp)
+        {
+            return Err(Error::invalid(format!(
+                "rank {a} asks for shared memory with every rank of its host \
+                 (COLLECTIX_TRANSPORT=shm), but rank {b} of that host for TCP with every rank \
+                 (COLLECTIX_TRANSPORT=tcp): give the ranks of a host the same setting"
+            )));
+        }
+    }
+    let one_host = offers
+        .first()
+        .is_some_and(|f| offers.iter().all(|o| o.host == f.host));
+    Ok(if !one_host {
+        Locality::Network
+    } else if offers.iter().any(|o| o.shm) {
+        Locality::Host
+    } else {
+        Locality::HostTcp
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(host: &str, setting: Setting) -> Offer {
+        Offer {
+            host: host.into(),
+            shm: setting != Setting::Tcp,
+            setting,
+        }
+    }
+
+    #[test]
+    fn a_job_is_on_one_host_when_every_rank_published_the_same_identity() {
+        let on = |hosts: &[&str]| {
+            let offers: Vec<Offer> = hosts.iter().map(|h| offer(h, Setting::Auto)).collect();
+            world_locality(&offers)
+        };
+        let same = ["a/boot/net:[1]", "a/boot/net:[1]", "a/boot/net:[1]"];
+        assert_eq!(on(&same), Ok(Locality::Host));
+        assert_eq!(on(&["x"]), Ok(Locality::Host));
+        assert_eq!(
+            on(&["a/boot/net:[1]", "a/boot/net:[2]"]),
+            Ok(Locality::Network)
+        );
+        assert_eq!(on(&[]), Ok(Locality::Network));
+    }
+
+    #[test]
+    fn one_rank_on_tcp_among_ranks_on_auto_decides_as_they_do() {
+        let offers = vec![
+            offer("h", Setting::Auto),
+            offer("h", Setting::Tcp),
+            offer("h", Setting::Auto),
+        ];
+        assert_eq!(world_locality(&offers), Ok(Locality::Host));
+        let tcp = vec![offer("h", Setting::Tcp), offer("h", Setting::Tcp)];
+        assert_eq!(world_locality(&tcp), Ok(Locality::HostTcp));
+        let apart = vec![offer("h", Setting::Auto), offer("g", Setting::Tcp)];
+        assert_eq!(world_locality(&apart), Ok(Locality::Network));
+    }
+
+    #[test]
+    fn shared_memory_only_against_tcp_only_on_one_host_names_both_ranks() {
+        let offers = vec![
+            offer("h", Setting::Auto),
+            offer("h", Setting::Shm),
+            offer("h", Setting::Tcp),
+        ];
+        let e = world_locality(&offers).map_err(|e| e.to_string());
+        assert!(
+            matches!(&e, Err(t) if t.contains("rank 1") && t.contains("rank 2") && t.contains("COLLECTIX_TRANSPORT=shm") && t.contains("COLLECTIX_TRANSPORT=tcp")),
+            "{e:?}"
+        );
+        // On different hosts they do not meet.
+        let apart = vec![offer("h", Setting::Shm), offer("g", Setting::Tcp)];
+        assert_eq!(world_locality(&apart), Ok(Locality::Network));
+    }
+}
