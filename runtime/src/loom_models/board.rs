@@ -252,3 +252,99 @@ fn reusing_a_slot_without_the_marks_is_caught() {
         "unexpected failure: {msg}"
     );
 }
+
+/// Two members' queues (`board::queue::Queue`, what each rank's driver steps), each on its
+/// own thread stepping twice: member 0 the root of two broadcasts, member 1 the receiver of
+/// the first and, in `disagree`, the root of its own second one. Every result member 1 gets
+/// for call 0 is member 0's value; with `disagree`, whatever each member's steps saw, the
+/// second call is never `Ok` on both with no record of the disagreement on either.
+fn two_queues(disagree: bool, flaw: Option<Flaw>) {
+    use crate::board::queue::{Queue, Record};
+    use crate::time::Time;
+    let n = 2;
+    let mut bs = boards(n, &[0, 1], flaw).into_iter();
+    let (b0, b1) = match (bs.next(), bs.next()) {
+        (Some(a), Some(b)) => (a, b),
+        _ => panic!("two members"),
+    };
+    let bcast = |me: usize, root: usize, x: f32| {
+        call(
+            &Request::Broadcast {
+                tensor: Tensor::from_vec(vec![x]),
+                root,
+            },
+            n,
+            me,
+        )
+    };
+    let run = |b: Board, calls: Vec<BoardCall>, me: usize| {
+        move || {
+            let mut q = Queue::new(n);
+            for (seq, c) in calls.into_iter().enumerate() {
+                q.push(seq as u64, c, false, seq, Time::ZERO);
+            }
+            let (mut out, mut records) = (Vec::new(), Vec::new());
+            for _ in 0..2 {
+                q.step(&b, &info(n, me), &|| Time::ZERO, &mut out, &mut records);
+            }
+            (out, records)
+        }
+    };
+    let second_root = if disagree { 1 } else { 0 };
+    let other = loom::thread::spawn(run(
+        b1,
+        vec![bcast(1, 0, -1.0), bcast(1, second_root, -1.0)],
+        1,
+    ));
+    let (out0, rec0) = run(b0, vec![bcast(0, 0, 5.0), bcast(0, 0, 6.0)], 0)();
+    let (out1, rec1) = other.join().unwrap_or_else(|_| panic!("member 1 panicked"));
+    for (seq, r) in &out1 {
+        if *seq == 0 {
+            assert!(
+                matches!(r, Ok(Output::Tensor(t)) if t.to_vec::<f32>().ok() == Some(vec![5.0])),
+                "member 1's call 0: {r:?}"
+            );
+        }
+    }
+    if disagree {
+        let ok = |out: &Vec<(usize, Result<Output>)>| out.iter().any(|(s, r)| *s == 1 && r.is_ok());
+        let told = |recs: &Vec<Record>| {
+            recs.iter()
+                .any(|r| matches!(r, Record::Failed(1, _) | Record::Disagreed(1, _)))
+        };
+        assert!(
+            !(ok(&out0) && ok(&out1)) || told(&rec0) || told(&rec1),
+            "call 1 Ok on both members and no record of the disagreement: {out0:?} {out1:?}"
+        );
+    } else {
+        assert!(
+            rec0.iter().chain(&rec1).all(|r| !r.failed()),
+            "a failure where the members agree: {rec0:?} {rec1:?}"
+        );
+    }
+}
+
+#[test]
+fn two_queues_that_agree_end_their_calls_with_the_root_s_values() {
+    check("board: two members' queues, two broadcasts", || {
+        two_queues(false, None)
+    });
+}
+
+#[test]
+fn two_queues_that_disagree_on_the_second_root_never_both_end_it_unheard() {
+    check(
+        "board: two members' queues, the second call's roots differ",
+        || two_queues(true, None),
+    );
+}
+
+/// The bug of the fence, through the queues: loom finds both members ending the second call
+/// `Ok` with no record of it.
+#[test]
+fn two_queues_without_the_fence_may_end_the_disagreement_unheard() {
+    let (msg, _) = must_fail("bug: board queues without the look's fence", || {
+        two_queues(true, Some(Flaw::NoCheckFence))
+    });
+    assert!(msg.contains("no record"), "unexpected failure: {msg}");
+}
