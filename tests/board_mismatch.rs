@@ -183,6 +183,22 @@ fn programs(w: usize, all: bool) -> Vec<Vec<Call>> {
     out
 }
 
+/// A new group of `members` (every rank of `comms`), made by all of them at once.
+fn fresh_group(comms: &[Communicator], members: &[usize]) -> Vec<Communicator> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| s.spawn(|| c.new_group(members).wait()))
+            .collect();
+        hs.into_iter()
+            .map(|h| match h.join() {
+                Ok(Ok(Some(g))) => g,
+                other => panic!("new_group: {other:?}"),
+            })
+            .collect()
+    })
+}
+
 fn long() -> bool {
     std::env::var("COLLECTIX_LONG_TESTS").is_ok_and(|v| v == "1")
 }
@@ -219,18 +235,7 @@ fn in_one_process(w: usize) {
     let mut n = 0;
     for program in programs(w, w == 2 || long()) {
         for how in [Issue::Together, Issue::InTurn] {
-            let groups: Vec<Communicator> = std::thread::scope(|s| {
-                let hs: Vec<_> = comms
-                    .iter()
-                    .map(|c| s.spawn(|| c.new_group(&everyone).wait()))
-                    .collect();
-                hs.into_iter()
-                    .map(|h| match h.join() {
-                        Ok(Ok(Some(g))) => g,
-                        other => panic!("new_group: {other:?}"),
-                    })
-                    .collect()
-            });
+            let groups = fresh_group(comms, &everyone);
             let t0 = Instant::now();
             let got = run(&groups, &program, how);
             n += 1;
@@ -342,18 +347,7 @@ fn a_mismatch_one_rank_sees_reaches_a_rank_waiting_on_the_board_at_once() {
     ];
     let mut slow = Vec::new();
     for k in 0..runs {
-        let groups: Vec<Communicator> = std::thread::scope(|s| {
-            let hs: Vec<_> = comms
-                .iter()
-                .map(|c| s.spawn(|| c.new_group(&[0, 1]).wait()))
-                .collect();
-            hs.into_iter()
-                .map(|h| match h.join() {
-                    Ok(Ok(Some(g))) => g,
-                    other => panic!("new_group: {other:?}"),
-                })
-                .collect()
-        });
+        let groups = fresh_group(comms, &[0, 1]);
         let t0 = Instant::now();
         let got = run(&groups, &program, Issue::Together);
         if let Some(w) = judge(&program, Issue::Together, &got) {

@@ -220,12 +220,7 @@ impl Engine {
     /// timeout, a member's broken lane): the group is aborted and its members told, as when
     /// an engine call fails so; this rank's caller hears `e` itself.
     pub fn board_failed(&mut self, gid: GroupId, seq: u64, e: Error) {
-        if let Some(g) = self.groups.get_mut(&gid) {
-            g.board.remove(&seq);
-            g.board_inquiries.remove(&seq);
-            g.board_verdicts.remove(&seq);
-        }
-        self.abort(gid, e, None, true);
+        self.board_disagreed(gid, seq, e);
         if let Some(g) = self.groups.get_mut(&gid) {
             g.heard = true;
         }

@@ -157,23 +157,7 @@ impl Scenario {
     pub fn all(w: usize) -> Vec<Scenario> {
         let mut out = Vec::new();
         for (i, kind) in COLLECTIVES.into_iter().enumerate() {
-            let case = base(kind, w);
-            for (j, theirs) in differences(&case).into_iter().enumerate() {
-                out.push(Scenario {
-                    w,
-                    m: (i + j) % w,
-                    case: case.clone(),
-                    fault: Fault::Differ(Box::new(theirs)),
-                });
-            }
-            for (k, fault) in [Fault::Missing, Fault::Twice].into_iter().enumerate() {
-                out.push(Scenario {
-                    w,
-                    m: (i + k) % w,
-                    case: case.clone(),
-                    fault,
-                });
-            }
+            Scenario::departures(&mut out, i, base(kind, w));
         }
         for kind in [OpKind::AllReduce, OpKind::Barrier, OpKind::AllGather] {
             out.push(Scenario {
@@ -201,24 +185,31 @@ impl Scenario {
                 algorithm: None,
                 ..base(kind, w)
             };
-            for (j, theirs) in differences(&case).into_iter().enumerate() {
-                out.push(Scenario {
-                    w,
-                    m: (i + j) % w,
-                    case: case.clone(),
-                    fault: Fault::Differ(Box::new(theirs)),
-                });
-            }
-            for (k, fault) in [Fault::Missing, Fault::Twice].into_iter().enumerate() {
-                out.push(Scenario {
-                    w,
-                    m: (i + k) % w,
-                    case: case.clone(),
-                    fault,
-                });
-            }
+            Scenario::departures(&mut out, i, case);
         }
         out
+    }
+
+    /// Every way one rank departs from `case` but the opposite order (each difference, never
+    /// calling, calling twice), the departing rank rotating with `i` and the departure.
+    fn departures(out: &mut Vec<Scenario>, i: usize, case: Case) {
+        let w = case.size;
+        for (j, theirs) in differences(&case).into_iter().enumerate() {
+            out.push(Scenario {
+                w,
+                m: (i + j) % w,
+                case: case.clone(),
+                fault: Fault::Differ(Box::new(theirs)),
+            });
+        }
+        for (k, fault) in [Fault::Missing, Fault::Twice].into_iter().enumerate() {
+            out.push(Scenario {
+                w,
+                m: (i + k) % w,
+                case: case.clone(),
+                fault,
+            });
+        }
     }
 
     /// Whether the program uses group B.
