@@ -1,0 +1,451 @@
+//! Steps 2–4 of joining a job (see `process`'s module doc), once the store is there: listen,
+//! publish, read what every rank published, decide from it (`collectix_runtime::join`),
+//! start the actor, the links and the shared memory.
+
+use super::*;
+
+/// Checks that every rank of the job was started with the same world size: the first rank to
+/// get here records its size (and its rank) in the store, and a rank started with another
+/// size is refused at once, naming the rank that recorded the job's (instead of waiting for
+/// peers that will never connect).
+fn agree_on_world(store: &dyn Store, rank: usize, world: usize) -> Result<()> {
+    let mine = format!("{world} {rank}");
+    let said = store.compare_set("world_size", b"", mine.into_bytes())?;
+    let said = String::from_utf8_lossy(&said);
+    let mut words = said.split(' ').map(str::parse::<usize>);
+    match (words.next(), words.next()) {
+        (Some(Ok(w)), Some(Ok(_))) if w == world => Ok(()),
+        (Some(Ok(w)), Some(Ok(by))) => Err(Error::invalid(format!(
+            "the job's ranks disagree on WORLD_SIZE: rank {by} says {w}, but this rank ({rank}) \
+             was started with {world}; start every rank with the same WORLD_SIZE"
+        ))),
+        _ => Err(Error::Store(format!(
+            "the job's world size in the store is not one: {said:?}"
+        ))),
+    }
+}
+
+/// What a rank learns from the store at join: its own host identity and shared-memory
+/// listener, and what every rank published.
+struct Published {
+    /// This rank's host identity.
+    host: String,
+    /// Where this rank takes shared-memory peers, if it offers shared memory.
+    #[cfg(target_os = "linux")]
+    listener: Option<shm::Listener>,
+    /// The job's id.
+    job: u64,
+    /// Each rank's address, host identity and shared-memory socket ("-": none).
+    addrs: Vec<String>,
+    hosts: Vec<String>,
+    sockets: Vec<String>,
+    /// Each rank's host as an index, in order of first appearance.
+    host_index: Vec<u32>,
+    /// The world group's locality (`collectix_runtime::join::world_locality`).
+    locality: collectix_runtime::Locality,
+}
+
+/// Step 2's second half and step 3 of joining: publishes this rank's host, shared-memory
+/// socket, transport setting (`host/RANK`) and address (`addr/RANK`), waits for every
+/// rank's, and reads them.
+#[allow(clippy::too_many_arguments)]
+fn publish_and_read(
+    store: &Arc<dyn Store>,
+    rank: usize,
+    world: usize,
+    transport: Transport,
+    host_id: &Option<String>,
+    incarnation: u32,
+    me: &str,
+    left: &dyn Fn() -> Duration,
+) -> Result<Published> {
+    // This host's identity, and where this rank takes shared-memory peers (published before
+    // the address: a rank that sees `addr/r` finds `host/r` there too).
+    let host = match &host_id {
+        Some(h) => h.trim().replace(' ', "_"),
+        None => host_identity(),
+    };
+    #[cfg(target_os = "linux")]
+    let listener = if transport != Transport::Tcp && incarnation == 0 {
+        match shm::Listener::bind(u64::from(std::process::id()), rank) {
+            Ok(l) => Some(l),
+            Err(e) if transport == Transport::Auto => {
+                tracing::warn!(rank, error = %e, "no shared memory: TCP to every peer");
+                None
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        None
+    };
+    #[cfg(target_os = "linux")]
+    let socket = listener.as_ref().map_or("-".to_owned(), |l| l.name.clone());
+    #[cfg(not(target_os = "linux"))]
+    let socket = "-".to_owned();
+    let setting = match transport {
+        Transport::Auto => Setting::Auto,
+        Transport::Shm => Setting::Shm,
+        Transport::Tcp => Setting::Tcp,
+    };
+    let published = format!("{host} {socket} {}", setting.word()).into_bytes();
+    if incarnation == 0 {
+        store.set(&format!("host/{rank}"), published)?;
+    } else {
+        // A restarted process keeps its rank's first identity in the map (set only if none
+        // is): every rank's map of hosts, and so the hierarchical schedules of the groups the
+        // survivors make with it, stay the same on every rank even if it came back in another
+        // namespace or on another host. (It talks TCP to everyone.)
+        store.compare_set(&format!("host/{rank}"), b"", published)?;
+    }
+    store.set(&format!("addr/{rank}"), me.as_bytes().to_vec())?;
+    // Everyone's.
+    let keys: Vec<String> = (0..world).map(|r| format!("addr/{r}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    store.wait(&refs, left())?;
+    let job_text = store.get("job", left())?;
+    let job = String::from_utf8_lossy(&job_text)
+        .parse::<u64>()
+        .map_err(|_| Error::Store("the job id in the store is not a number".into()))?;
+    let mut addrs = Vec::with_capacity(world);
+    for key in &keys {
+        addrs.push(String::from_utf8_lossy(&store.get(key, left())?).into_owned());
+    }
+    let mut hosts = Vec::with_capacity(world);
+    let mut sockets = Vec::with_capacity(world);
+    let mut offers = Vec::with_capacity(world);
+    for r in 0..world {
+        let said = String::from_utf8_lossy(&store.get(&format!("host/{r}"), left())?).into_owned();
+        // "HOST SOCKET SETTING"; a rank that says less says "-" and "auto".
+        let mut words = said.splitn(3, ' ');
+        let h = words.next().unwrap_or_default().to_owned();
+        let sock = words.next().unwrap_or("-").to_owned();
+        let setting = words
+            .next()
+            .and_then(Setting::from_word)
+            .unwrap_or(Setting::Auto);
+        offers.push(Offer {
+            host: h.clone(),
+            shm: sock != "-",
+            setting,
+        });
+        hosts.push(h);
+        sockets.push(sock);
+    }
+    // Decided from what every rank published, so alike on every rank: the world's locality
+    // (its algorithm table), or that the settings cannot work together.
+    let locality = world_locality(&offers)?;
+    // Each rank's host as an index (in order of first appearance): a group's locality, and
+    // its hierarchical algorithms, follow from its members' (`GroupInfo::new`).
+    let mut ids: Vec<&str> = Vec::new();
+    let host_index: Vec<u32> = hosts
+        .iter()
+        .map(|h| match ids.iter().position(|x| x == h) {
+            Some(i) => i as u32,
+            None => {
+                ids.push(h);
+                (ids.len() - 1) as u32
+            }
+        })
+        .collect();
+    Ok(Published {
+        host,
+        #[cfg(target_os = "linux")]
+        listener,
+        job,
+        addrs,
+        hosts,
+        sockets,
+        host_index,
+        locality,
+    })
+}
+
+/// What the shared-memory setup of a joining rank needs ([`start_shm`]).
+#[cfg(target_os = "linux")]
+struct ShmJoin<'a> {
+    job: u64,
+    rank: usize,
+    world: usize,
+    host: &'a str,
+    hosts: &'a [String],
+    sockets: &'a [String],
+    listener: shm::Listener,
+    security: &'a Security,
+    store: &'a Arc<dyn Store>,
+    limits: Limits,
+    deadline: Instant,
+    timeout: Duration,
+    transport: Transport,
+    connect: Connect,
+}
+
+/// Step 4's shared memory: the rings and the board with the ranks of this host that offered
+/// shared memory, and their links in place of TCP's; `None` if no other rank of the host
+/// offered it. With `COLLECTIX_TRANSPORT=shm`, a rank of the host that could not be reached
+/// so is an error.
+#[cfg(target_os = "linux")]
+fn start_shm(
+    x: ShmJoin<'_>,
+    driver: &Arc<Driver>,
+    links: &mut crate::transport::Links,
+    mesh: &Mesh,
+) -> Result<Option<Hub>> {
+    let ShmJoin {
+        job,
+        rank,
+        world,
+        host,
+        hosts,
+        sockets,
+        listener,
+        security,
+        store,
+        limits,
+        deadline,
+        timeout,
+        transport,
+        connect,
+    } = x;
+    // The ranks of this host that take shared memory (those that published a socket).
+    let local: std::collections::BTreeMap<usize, String> = (0..world)
+        .filter(|&r| hosts[r] == host && sockets[r] != "-")
+        .map(|r| (r, sockets[r].clone()))
+        .collect();
+    let setup = shm::Setup {
+        job,
+        rank,
+        local,
+        listener,
+        security,
+        store: store.as_ref(),
+        world,
+        ring: shm::ring_from_env()?,
+        single_copy: shm::single_copy_from_env()?,
+        limits,
+        deadline,
+    };
+    let want: Vec<usize> = setup.local.keys().copied().filter(|&r| r != rank).collect();
+    if want.is_empty() {
+        return Ok(None);
+    }
+    Hub::start(setup, driver, links, mesh.incarnations()).and_then(|(hub, peers)| {
+        let missing: Vec<usize> = want
+            .iter()
+            .copied()
+            .filter(|r| !peers.contains(r))
+            .collect();
+        if transport == Transport::Shm && !missing.is_empty() {
+            return Err(Error::Resource(format!(
+                "COLLECTIX_TRANSPORT=shm, but shared memory could not be set \
+                         up with ranks {missing:?} of this host (see the log)"
+            )));
+        }
+        if !missing.is_empty() {
+            tracing::warn!(rank, ?missing, "TCP to these ranks of this host");
+        }
+        // Their messages come through the rings: callers need not read their
+        // connections.
+        let readers = mesh.readers();
+        for &p in &peers {
+            readers.elsewhere(p);
+        }
+        // A lazy job still connects the pairs that share memory at once: their
+        // connections tell when one of them is lost.
+        if connect == Connect::Lazy && !peers.is_empty() {
+            mesh.connect_among(&peers, deadline, timeout)?;
+        }
+        Ok(hub)
+    })
+}
+
+/// Steps 2–4 of joining (see the module doc), once the store is there.
+pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
+    let Joining {
+        rank,
+        world,
+        options,
+        store,
+        store_host,
+        security,
+        liveness,
+        connect,
+        transport,
+        host_id,
+        address,
+        interface,
+        environment,
+        incarnation,
+        deadline,
+        timeout,
+    } = joining;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    // 2. Listen, publish.
+    let ip = match (address, interface) {
+        (Some(a), _) => a.trim().to_owned(),
+        (None, Some(i)) => addr::interface_ip(i.trim())?.to_string(),
+        (None, None) if environment => addr::own_ip(store_host)?,
+        (None, None) => addr::own_ip_from(store_host, &|_| None)?,
+    };
+    let tcp_listener = listen(&ip, security)?;
+    let port = tcp_listener
+        .local_addr()
+        .map_err(|e| Error::Resource(format!("no local address: {e}")))?
+        .port();
+    let me = host_port(&ip, port);
+    if rank == 0 {
+        let id = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32);
+        store.compare_set("job", b"", id.to_string().into_bytes())?;
+    }
+    agree_on_world(store.as_ref(), rank, world)?;
+    // 3. What every rank published, and what follows from it alike on every rank.
+    let Published {
+        host,
+        #[cfg(target_os = "linux")]
+        listener,
+        job,
+        addrs,
+        hosts,
+        sockets,
+        host_index,
+        locality,
+    } = publish_and_read(
+        store,
+        rank,
+        world,
+        transport,
+        &host_id,
+        incarnation,
+        &me,
+        &left,
+    )?;
+    // 4. The actor, the links, the connections.
+    let mut options = options;
+    // Every rank reads the same identities, so every rank picks the same locality (and so
+    // the same default algorithms).
+    // Each rank's host as an index: a group's locality, and its hierarchical algorithms,
+    // follow from its members' (`GroupInfo::new`).
+    options.hosts = Some(Arc::from(host_index));
+    // On one host with no rank offering shared memory, a host's ranks take the rows for
+    // sockets (`collectix_runtime::join::world_locality`).
+    options.locality = locality;
+    let info = GroupInfo::world(world, rank, options.clone())?;
+    // A spinning caller yields its core at every turn if this host's ranks outnumber its
+    // cores, else now and then (a yield is a system call; with a core each, the peers are
+    // running already). A host identity given by hand may stand for part of a machine: then
+    // at every turn.
+    let local = hosts.iter().filter(|h| **h == host).count();
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let crowded =
+        host_id.is_some() || std::env::var_os("COLLECTIX_HOST_ID").is_some() || local > cores;
+    let yields = if crowded {
+        YIELD_TURNS
+    } else {
+        YIELD_TURNS_SPARSE
+    };
+    let driver = Arc::new(Driver::new(
+        collectix_runtime::Engine::new(rank),
+        info.clone(),
+        spin_from_env(DEFAULT_SPIN_TCP),
+        yields,
+    ));
+    let system::Started {
+        system,
+        thread,
+        mut ranks,
+    } = system::start(&format!("collectix-system-{rank}"), vec![driver.clone()])?;
+    let (addr, arbiter, thread_id) = ranks
+        .pop()
+        .ok_or_else(|| Error::internal("the actor system started no rank"))?;
+    let limits = Limits {
+        max_payload_bytes: options.max_call_bytes,
+        ..Limits::default()
+    };
+    let inbound: Arc<dyn Inbound> = Arc::new(ToRank(driver.clone()));
+    let settings = Settings {
+        job,
+        limits,
+        incarnation,
+        security: security.clone(),
+        liveness,
+    };
+    let mesh = Mesh::start(tcp_listener, rank, addrs, settings, inbound)?;
+    #[allow(unused_mut)]
+    let mut links = mesh.links(Box::new(SelfLink(rank, driver.clone())));
+    #[cfg(target_os = "linux")]
+    let hub = match listener {
+        None => None,
+        Some(listener) => {
+            let x = ShmJoin {
+                job,
+                rank,
+                world,
+                host: &host,
+                hosts: &hosts,
+                sockets: &sockets,
+                listener,
+                security,
+                store,
+                limits,
+                deadline,
+                timeout,
+                transport,
+                connect,
+            };
+            match start_shm(x, &driver, &mut links, &mesh) {
+                Ok(h) => h,
+                Err(e) => {
+                    system.stop();
+                    let _ = thread.join();
+                    return Err(e);
+                }
+            }
+        }
+    };
+    driver.set_links(links);
+    // Waiting callers read the connections that carry messages (see `transport::tcp`).
+    let readers = mesh.readers();
+    if readers.carries_any(rank) {
+        driver.set_poller(PollerKind::Tcp, readers);
+    }
+    if incarnation > 0 {
+        // A restarted process: the others are running already, and learn from this one's
+        // hellos that it replaces its rank's previous process.
+        mesh.rejoin_all(REJOIN_CONNECT.min(left()));
+    } else if connect == Connect::Eager {
+        if let Err(e) = mesh.connect_all(deadline, timeout) {
+            system.stop();
+            let _ = thread.join();
+            return Err(e);
+        }
+    }
+    // The world group's board, when the whole job shares this host's memory.
+    #[cfg(target_os = "linux")]
+    let boards = hub.as_ref().and_then(Hub::boards);
+    #[cfg(not(target_os = "linux"))]
+    let boards = None;
+    let shared = Arc::new(RankShared {
+        rank,
+        world,
+        addr,
+        driver,
+        arbiter,
+        rank_threads: crate::work::RankThreads::shared(&[thread_id]),
+        store: store.clone(),
+        // One rank per process: its device calls take NCCL.
+        hub: None,
+        incarnation,
+        boards,
+    });
+    Ok(Joined {
+        comm: Communicator::new(shared, info),
+        system,
+        thread,
+        mesh,
+        address: me,
+        #[cfg(target_os = "linux")]
+        shm: hub,
+    })
+}
