@@ -7,6 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::group::Locality;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The transport a rank was told to use (`COLLECTIX_TRANSPORT`, `InitArgs::transport`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +85,32 @@ pub fn world_locality(offers: &[Offer]) -> Result<Locality> {
     })
 }
 
+/// The peers of rank `me` of a host with which it uses shared memory: those whose segment
+/// it mapped (`mine`) and that mapped its own (each rank published the peers whose segments
+/// it mapped: `lists`). A pair uses shared memory only if both sides say so.
+pub fn shared_pairs(
+    me: usize,
+    mine: &BTreeSet<usize>,
+    lists: &BTreeMap<usize, BTreeSet<usize>>,
+) -> BTreeSet<usize> {
+    mine.iter()
+        .copied()
+        .filter(|p| lists.get(p).is_some_and(|l| l.contains(&me)))
+        .collect()
+}
+
+/// Whether the world group of a job of `world` ranks gets a board: every rank is on this
+/// host (`lists` has one per rank of the host) and every pair of them uses shared memory.
+/// Every rank reads every list, so every rank decides alike.
+pub fn world_board(world: usize, lists: &BTreeMap<usize, BTreeSet<usize>>) -> bool {
+    lists.len() == world
+        && lists.iter().all(|(a, l)| {
+            lists
+                .keys()
+                .all(|b| a == b || (l.contains(b) && lists.get(b).is_some_and(|m| m.contains(a))))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +168,24 @@ mod tests {
         // On different hosts they do not meet.
         let apart = vec![offer("h", Setting::Shm), offer("g", Setting::Tcp)];
         assert_eq!(world_locality(&apart), Ok(Locality::Network));
+    }
+
+    #[test]
+    fn shared_memory_is_used_by_the_pairs_that_both_mapped_each_other() {
+        let set = |v: &[usize]| v.iter().copied().collect::<BTreeSet<usize>>();
+        // Rank 2 could not map rank 0's segment.
+        let lists: BTreeMap<usize, BTreeSet<usize>> =
+            [(0, set(&[1, 2])), (1, set(&[0, 2])), (2, set(&[1]))]
+                .into_iter()
+                .collect();
+        assert_eq!(shared_pairs(0, &lists[&0], &lists), set(&[1]));
+        assert_eq!(shared_pairs(2, &lists[&2], &lists), set(&[1]));
+        assert!(!world_board(3, &lists), "a pair without shared memory");
+        let all: BTreeMap<usize, BTreeSet<usize>> =
+            [(0, set(&[1, 2])), (1, set(&[0, 2])), (2, set(&[0, 1]))]
+                .into_iter()
+                .collect();
+        assert!(world_board(3, &all));
+        assert!(!world_board(4, &all), "a rank on another host");
     }
 }
