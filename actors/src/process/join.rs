@@ -258,6 +258,75 @@ fn start_shm(
     })
 }
 
+/// Where this rank listens for its peers (the address given, the interface's, or the local
+/// end of the route to the store), and that address as it publishes it.
+fn listen_where(
+    address: Option<&str>,
+    interface: Option<&str>,
+    environment: bool,
+    store_host: Option<&str>,
+    security: &Security,
+) -> Result<(TcpListener, String)> {
+    let ip = match (address, interface) {
+        (Some(a), _) => a.trim().to_owned(),
+        (None, Some(i)) => addr::interface_ip(i.trim())?.to_string(),
+        (None, None) if environment => addr::own_ip(store_host)?,
+        (None, None) => addr::own_ip_from(store_host, &|_| None)?,
+    };
+    let tcp_listener = listen(&ip, security)?;
+    let port = tcp_listener
+        .local_addr()
+        .map_err(|e| Error::Resource(format!("no local address: {e}")))?
+        .port();
+    Ok((tcp_listener, host_port(&ip, port)))
+}
+
+/// The rank's driver, for a host with `local` ranks of the job: a spinning caller yields its
+/// core at every turn if they outnumber its cores, else now and then (a yield is a system
+/// call; with a core each, the peers are running already). A host identity given by hand
+/// (`by_hand`, or `COLLECTIX_HOST_ID`) may stand for part of a machine: then at every turn.
+fn rank_driver(rank: usize, info: &GroupInfo, local: usize, by_hand: bool) -> Arc<Driver> {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let crowded = by_hand || std::env::var_os("COLLECTIX_HOST_ID").is_some() || local > cores;
+    let yields = if crowded {
+        YIELD_TURNS
+    } else {
+        YIELD_TURNS_SPARSE
+    };
+    Arc::new(Driver::new(
+        collectix_runtime::Engine::new(rank),
+        info.clone(),
+        spin_from_env(DEFAULT_SPIN_TCP),
+        yields,
+    ))
+}
+
+/// Step 4's connections: waiting callers read those that carry messages (see
+/// `transport::tcp`); a restarted process says hello to every peer (they are running
+/// already, and learn from it that it replaces its rank's previous process); an eager job
+/// connects every pair before the join returns.
+fn connect_peers(
+    mesh: &Mesh,
+    driver: &Arc<Driver>,
+    rank: usize,
+    incarnation: u32,
+    connect: Connect,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    let readers = mesh.readers();
+    if readers.carries_any(rank) {
+        driver.set_poller(PollerKind::Tcp, readers);
+    }
+    if incarnation > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        mesh.rejoin_all(REJOIN_CONNECT.min(left));
+    } else if connect == Connect::Eager {
+        mesh.connect_all(deadline, timeout)?;
+    }
+    Ok(())
+}
+
 /// Steps 2–4 of joining (see the module doc), once the store is there.
 pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
     let Joining {
@@ -280,18 +349,7 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
     } = joining;
     let left = || deadline.saturating_duration_since(Instant::now());
     // 2. Listen, publish.
-    let ip = match (address, interface) {
-        (Some(a), _) => a.trim().to_owned(),
-        (None, Some(i)) => addr::interface_ip(i.trim())?.to_string(),
-        (None, None) if environment => addr::own_ip(store_host)?,
-        (None, None) => addr::own_ip_from(store_host, &|_| None)?,
-    };
-    let tcp_listener = listen(&ip, security)?;
-    let port = tcp_listener
-        .local_addr()
-        .map_err(|e| Error::Resource(format!("no local address: {e}")))?
-        .port();
-    let me = host_port(&ip, port);
+    let (tcp_listener, me) = listen_where(address, interface, environment, store_host, security)?;
     if rank == 0 {
         let id = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -301,17 +359,7 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
     }
     agree_on_world(store.as_ref(), rank, world)?;
     // 3. What every rank published, and what follows from it alike on every rank.
-    let Published {
-        host,
-        #[cfg(target_os = "linux")]
-        listener,
-        job,
-        addrs,
-        hosts,
-        sockets,
-        host_index,
-        locality,
-    } = publish_and_read(
+    let p = publish_and_read(
         store,
         rank,
         world,
@@ -321,36 +369,15 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
         &me,
         &left,
     )?;
-    // 4. The actor, the links, the connections.
+    // 4. The actor, the links, the connections. The world's options carry each rank's host
+    // (a group's locality and hierarchical algorithms follow from its members') and the
+    // locality every rank decided alike.
     let mut options = options;
-    // Every rank reads the same identities, so every rank picks the same locality (and so
-    // the same default algorithms).
-    // Each rank's host as an index: a group's locality, and its hierarchical algorithms,
-    // follow from its members' (`GroupInfo::new`).
-    options.hosts = Some(Arc::from(host_index));
-    // On one host with no rank offering shared memory, a host's ranks take the rows for
-    // sockets (`collectix_runtime::join::world_locality`).
-    options.locality = locality;
+    options.hosts = Some(Arc::from(p.host_index));
+    options.locality = p.locality;
     let info = GroupInfo::world(world, rank, options.clone())?;
-    // A spinning caller yields its core at every turn if this host's ranks outnumber its
-    // cores, else now and then (a yield is a system call; with a core each, the peers are
-    // running already). A host identity given by hand may stand for part of a machine: then
-    // at every turn.
-    let local = hosts.iter().filter(|h| **h == host).count();
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let crowded =
-        host_id.is_some() || std::env::var_os("COLLECTIX_HOST_ID").is_some() || local > cores;
-    let yields = if crowded {
-        YIELD_TURNS
-    } else {
-        YIELD_TURNS_SPARSE
-    };
-    let driver = Arc::new(Driver::new(
-        collectix_runtime::Engine::new(rank),
-        info.clone(),
-        spin_from_env(DEFAULT_SPIN_TCP),
-        yields,
-    ));
+    let local = p.hosts.iter().filter(|h| **h == p.host).count();
+    let driver = rank_driver(rank, &info, local, host_id.is_some());
     let system::Started {
         system,
         thread,
@@ -365,26 +392,26 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
     };
     let inbound: Arc<dyn Inbound> = Arc::new(ToRank(driver.clone()));
     let settings = Settings {
-        job,
+        job: p.job,
         limits,
         incarnation,
         security: security.clone(),
         liveness,
     };
-    let mesh = Mesh::start(tcp_listener, rank, addrs, settings, inbound)?;
+    let mesh = Mesh::start(tcp_listener, rank, p.addrs, settings, inbound)?;
     #[allow(unused_mut)]
     let mut links = mesh.links(Box::new(SelfLink(rank, driver.clone())));
     #[cfg(target_os = "linux")]
-    let hub = match listener {
+    let hub = match p.listener {
         None => None,
         Some(listener) => {
             let x = ShmJoin {
-                job,
+                job: p.job,
                 rank,
                 world,
-                host: &host,
-                hosts: &hosts,
-                sockets: &sockets,
+                host: &p.host,
+                hosts: &p.hosts,
+                sockets: &p.sockets,
                 listener,
                 security,
                 store,
@@ -405,21 +432,18 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
         }
     };
     driver.set_links(links);
-    // Waiting callers read the connections that carry messages (see `transport::tcp`).
-    let readers = mesh.readers();
-    if readers.carries_any(rank) {
-        driver.set_poller(PollerKind::Tcp, readers);
-    }
-    if incarnation > 0 {
-        // A restarted process: the others are running already, and learn from this one's
-        // hellos that it replaces its rank's previous process.
-        mesh.rejoin_all(REJOIN_CONNECT.min(left()));
-    } else if connect == Connect::Eager {
-        if let Err(e) = mesh.connect_all(deadline, timeout) {
-            system.stop();
-            let _ = thread.join();
-            return Err(e);
-        }
+    if let Err(e) = connect_peers(
+        &mesh,
+        &driver,
+        rank,
+        incarnation,
+        connect,
+        deadline,
+        timeout,
+    ) {
+        system.stop();
+        let _ = thread.join();
+        return Err(e);
     }
     // The world group's board, when the whole job shares this host's memory.
     #[cfg(target_os = "linux")]
