@@ -64,6 +64,7 @@ pub mod collective;
 #[doc(hidden)]
 pub mod completion;
 pub mod data_plane;
+pub mod device_agreement;
 pub mod engine;
 pub mod error;
 pub mod fast_hash;

@@ -5,8 +5,9 @@
 //!
 //! The agreement step is a small all_gather marked [`DataPath::Nccl`]: every rank's call
 //! fingerprint, the call's NCCL ordinal, a status, its device, and (on the group's first
-//! NCCL call) rank 0's NCCL id. Mismatched calls fail on every rank there, before NCCL is
-//! called; the worker then creates the group's communicator if it has none, runs the
+//! NCCL call) rank 0's NCCL id, checked alike on every rank by the runtime
+//! (`collectix_runtime::device_agreement`). Mismatched calls fail on every rank there, before
+//! NCCL is called; the worker then creates the group's communicator if it has none, runs the
 //! operation, and completes the call's `Work` when its CUDA event fires (or aborts the
 //! communicator when it does not within the group's timeout).
 //!
@@ -25,55 +26,13 @@ use crate::member::Member;
 use crate::rank::driver::Done;
 use crate::sync::lock;
 use crate::work::Work;
-use collectix_runtime::error::CallDesc;
-use collectix_runtime::ids::FINGERPRINT_BYTES;
+use collectix_runtime::device_agreement::{takes_local_path, Agreed, Ours, BLOCK_BYTES};
 use collectix_runtime::{
-    CallOptions, DType, DataPath, Device, DeviceError, Error, Fingerprint, GroupInfo, OpKind,
-    Output, Plan, Request, Result, Tensor, TensorSpec,
+    CallOptions, DType, DataPath, Device, Error, OpKind, Output, Plan, Request, Result, Tensor,
+    TensorSpec,
 };
 use crossbeam_channel::SendError;
 use std::sync::Arc;
-
-/// Words of the agreement step per rank: the fingerprint (its wire encoding, zero-padded),
-/// the call's NCCL ordinal, a status, the rank's device, and rank 0's NCCL id on the group's
-/// first NCCL call.
-const FP_BYTES: usize = 64;
-const HANDSHAKE_BYTES: usize = FP_BYTES + 8 + 8 + 8 + 128;
-
-fn encode_fp(fp: &Fingerprint) -> Result<[u8; FP_BYTES]> {
-    let mut out = [0u8; FP_BYTES];
-    out[..FINGERPRINT_BYTES].copy_from_slice(&fp.to_bytes());
-    Ok(out)
-}
-
-fn decode_fp(b: &[u8]) -> Option<Fingerprint> {
-    let bytes: &[u8; FINGERPRINT_BYTES] = b.get(..FINGERPRINT_BYTES)?.try_into().ok()?;
-    Fingerprint::from_bytes(bytes).ok()
-}
-
-/// One rank's part of the agreement step, as it arrived.
-struct Agreement {
-    fp_bytes: Vec<u8>,
-    k: u64,
-    status: u64,
-    device: u64,
-    id: [u8; 128],
-}
-
-fn parse(block: &[u8]) -> Option<Agreement> {
-    let word = |at: usize| -> Option<u64> {
-        Some(u64::from_le_bytes(block.get(at..at + 8)?.try_into().ok()?))
-    };
-    let fp_bytes = block.get(..FP_BYTES)?.to_vec();
-    let id: [u8; 128] = block.get(FP_BYTES + 24..HANDSHAKE_BYTES)?.try_into().ok()?;
-    Some(Agreement {
-        fp_bytes,
-        k: word(FP_BYTES)?,
-        status: word(FP_BYTES + 8)?,
-        device: word(FP_BYTES + 16)?,
-        id,
-    })
-}
 
 /// The group's worker on this rank, started on first use; with a hub (the ranks of one
 /// process) it loads libnccl only if an NCCL call comes.
@@ -145,10 +104,6 @@ pub(crate) fn call<T: Send + 'static>(
         Ok(t) => t,
         Err(e) => return refuse(member, e),
     };
-    let fp_bytes = match encode_fp(&fp) {
-        Ok(b) => b,
-        Err(e) => return refuse(member, e),
-    };
     // The sequence number and the NCCL ordinal are taken together, so both orders agree.
     let (seq, k) = {
         let mut n = lock(&member.group.nccl_calls);
@@ -167,16 +122,11 @@ pub(crate) fn call<T: Send + 'static>(
             Err(_) => status = 1,
         }
     }
-    let mut block = Vec::with_capacity(HANDSHAKE_BYTES);
-    block.extend_from_slice(&fp_bytes);
-    block.extend_from_slice(&k.to_le_bytes());
-    block.extend_from_slice(&status.to_le_bytes());
-    block.extend_from_slice(&u64::from(ordinal).to_le_bytes());
-    block.extend_from_slice(&id);
+    let ours = Ours::new(fp, seq, k, info.clone());
     let size = info.size();
     let req = Request::AllGatherIntoTensor {
-        input: Tensor::from_vec(block),
-        output: TensorSpec::new(&[size * HANDSHAKE_BYTES], DType::U8),
+        input: Tensor::from_vec(ours.block(status, ordinal, &id)),
+        output: TensorSpec::new(&[size * BLOCK_BYTES], DType::U8),
     };
     let plan = match Plan::new(req, info, opts) {
         Ok(p) => p.with_path(DataPath::Nccl),
@@ -189,13 +139,6 @@ pub(crate) fn call<T: Send + 'static>(
         }
     };
     let (done, work) = Work::pair(member.rank.rank_threads.clone(), map);
-    let ours = Ours {
-        fp,
-        fp_bytes,
-        seq,
-        k,
-        info: info.clone(),
-    };
     let timeout = opts.timeout.unwrap_or(info.options.timeout);
     member.issue_raw(
         seq,
@@ -203,7 +146,8 @@ pub(crate) fn call<T: Send + 'static>(
         Box::new(move |agreed: Result<Output>| {
             let (group, k) = (ours.info.id, ours.k);
             let job = match agreed.and_then(|out| ours.check(out)) {
-                Ok(agreed) => ours.job(
+                Ok(agreed) => job(
+                    &ours,
                     agreed,
                     hub,
                     Next {
@@ -230,20 +174,6 @@ pub(crate) fn call<T: Send + 'static>(
     work
 }
 
-/// Whether a call of a group whose ranks share a hub takes the device-local path: two or
-/// more members, every one on this rank's device (`ordinal`), as the agreement step showed
-/// them all. Every rank sees the same devices, so every rank decides alike.
-fn takes_local_path(size: usize, devices: &[u64], ordinal: u32) -> bool {
-    size > 1 && devices.len() == size && devices.iter().all(|&d| d == u64::from(ordinal))
-}
-
-/// What the agreement step showed: every member's device, and rank 0's NCCL id on the
-/// group's first NCCL call (without a hub).
-struct Agreed {
-    devices: Vec<u64>,
-    init_id: Option<[u8; 128]>,
-}
-
 /// The rest of a call, for its job.
 struct Next {
     ordinal: u32,
@@ -252,130 +182,68 @@ struct Next {
     done: Done<Output>,
 }
 
-/// This rank's part of a call's agreement step, to check the others' against.
-struct Ours {
-    fp: Fingerprint,
-    fp_bytes: [u8; FP_BYTES],
-    seq: u64,
-    /// The call's NCCL ordinal in the group.
-    k: u64,
-    info: GroupInfo,
-}
-
-impl Ours {
-    /// Checks the agreement step's output (every rank's block, in group-rank order): the
-    /// same call at the same NCCL ordinal everywhere, and rank 0's NCCL id made.
-    fn check(&self, out: Output) -> Result<Agreed> {
-        let all = match out {
-            Output::Tensor(t) => t.to_vec::<u8>()?,
-            other => return Err(Error::internal(format!("agreement step gave {other:?}"))),
-        };
-        let members = &self.info.members;
-        let mut init_id = None;
-        let mut devices = Vec::with_capacity(members.len());
-        for (r, block) in all.chunks(HANDSHAKE_BYTES).enumerate() {
-            let theirs = parse(block).ok_or_else(|| Error::internal("short agreement block"))?;
-            let rank = members.get(r).copied().unwrap_or(r);
-            if theirs.fp_bytes != self.fp_bytes || theirs.k != self.k {
-                return Err(self.mismatch(rank, &theirs));
-            }
-            if theirs.status != 0 {
-                return Err(DeviceError::Nccl {
-                    call: format!("ncclGetUniqueId on rank {rank}"),
-                    code: 0,
-                    detail: "rank 0 could not make the group's NCCL id".into(),
-                }
-                .into());
-            }
-            if r == 0 && self.k == 0 {
-                init_id = Some(theirs.id);
-            }
-            devices.push(theirs.device);
-        }
-        Ok(Agreed { devices, init_id })
-    }
-
-    /// The job a call whose agreement step succeeded becomes: the device-local path when
-    /// two or more ranks share a hub and a device, else NCCL.
-    fn job(&self, agreed: Agreed, hub: Option<Arc<LocalHub>>, next: Next) -> Job {
-        let Next {
-            ordinal,
-            op,
-            timeout,
-            done,
-        } = next;
-        let (group, k, rank, size) = (self.info.id, self.k, self.info.rank, self.info.size());
-        let init = match &hub {
-            Some(hub) if takes_local_path(size, &agreed.devices, ordinal) => {
-                // Deposited here, on the thread that completed the agreement (the last
-                // rank to deposit enqueues the call on it); the worker only watches it.
-                let deposit = Deposit {
-                    group,
-                    lane: None,
-                    k,
-                    size,
-                    rank,
-                };
-                let part = Part {
-                    op,
-                    dtype: self.fp.dtype,
-                    ordinal,
-                };
-                return Job::Local(Box::new(LocalCall {
-                    slot: hub.deposit(&deposit, part),
-                    group,
-                    k,
-                    rank,
-                    seq: Some(self.seq),
-                    global_rank: self.info.members.get(rank).copied().unwrap_or(rank),
-                    members: self.info.members.clone(),
-                    kind: self.fp.kind,
-                    timeout,
-                    done,
-                }));
-            }
-            // Ranks of one process on different devices: NCCL, with the hub's id (used when
-            // this rank's communicator is created).
-            Some(hub) => match hub.nccl_id(group) {
-                Ok(id) => Some(Init { id, rank, size }),
-                Err(e) => {
-                    done(Err(e));
-                    return Job::Skip { group, k };
-                }
-            },
-            None => agreed.init_id.map(|id| Init { id, rank, size }),
-        };
-        Job::Call(Box::new(Call {
-            group,
-            k,
-            init,
-            device: ordinal,
-            kind: self.fp.kind,
-            dtype: self.fp.dtype,
-            rank,
-            op,
-            timeout,
-            done,
-        }))
-    }
-
-    /// The mismatch between this rank's call and world rank `rank`'s.
-    fn mismatch(&self, rank: usize, theirs: &Agreement) -> Error {
-        let me = self.info.rank;
-        Error::Mismatch {
-            group: self.info.id,
-            seq: Some(self.seq),
-            ours: CallDesc {
-                rank: self.info.members.get(me).copied().unwrap_or(me),
-                call: self.fp,
-            },
-            theirs: CallDesc {
+/// The job a call whose agreement step succeeded becomes: the device-local path when two or
+/// more ranks share a hub and a device, else NCCL.
+fn job(ours: &Ours, agreed: Agreed, hub: Option<Arc<LocalHub>>, next: Next) -> Job {
+    let Next {
+        ordinal,
+        op,
+        timeout,
+        done,
+    } = next;
+    let (group, k, rank, size) = (ours.info.id, ours.k, ours.info.rank, ours.info.size());
+    let init = match &hub {
+        Some(hub) if takes_local_path(size, &agreed.devices, ordinal) => {
+            // Deposited here, on the thread that completed the agreement (the last
+            // rank to deposit enqueues the call on it); the worker only watches it.
+            let deposit = Deposit {
+                group,
+                lane: None,
+                k,
+                size,
                 rank,
-                call: decode_fp(&theirs.fp_bytes).unwrap_or(self.fp),
-            },
-            report: Vec::new(),
+            };
+            let part = Part {
+                op,
+                dtype: ours.fp.dtype,
+                ordinal,
+            };
+            return Job::Local(Box::new(LocalCall {
+                slot: hub.deposit(&deposit, part),
+                group,
+                k,
+                rank,
+                seq: Some(ours.seq),
+                global_rank: ours.info.members.get(rank).copied().unwrap_or(rank),
+                members: ours.info.members.clone(),
+                kind: ours.fp.kind,
+                timeout,
+                done,
+            }));
         }
-    }
+        // Ranks of one process on different devices: NCCL, with the hub's id (used when
+        // this rank's communicator is created).
+        Some(hub) => match hub.nccl_id(group) {
+            Ok(id) => Some(Init { id, rank, size }),
+            Err(e) => {
+                done(Err(e));
+                return Job::Skip { group, k };
+            }
+        },
+        None => agreed.init_id.map(|id| Init { id, rank, size }),
+    };
+    Job::Call(Box::new(Call {
+        group,
+        k,
+        init,
+        device: ordinal,
+        kind: ours.fp.kind,
+        dtype: ours.fp.dtype,
+        rank,
+        op,
+        timeout,
+        done,
+    }))
 }
 
 /// Starts an NCCL lane's worker on its first send, so that a sender without libnccl fails
@@ -716,27 +584,4 @@ pub(super) fn local_recv(
             done: finished,
         },
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::takes_local_path;
-
-    /// The path a hub's group takes: local only with two or more members all on one device;
-    /// a group of one keeps NCCL, and so do members on different devices.
-    #[test]
-    fn the_local_path_needs_two_members_on_one_device() {
-        assert!(takes_local_path(2, &[0, 0], 0));
-        assert!(takes_local_path(4, &[3, 3, 3, 3], 3));
-        assert!(!takes_local_path(1, &[0], 0), "a group of one keeps NCCL");
-        assert!(
-            !takes_local_path(2, &[0, 1], 0),
-            "different devices take NCCL"
-        );
-        assert!(!takes_local_path(2, &[1, 1], 0), "not this rank's device");
-        assert!(
-            !takes_local_path(3, &[0, 0], 0),
-            "a member missing from the agreement"
-        );
-    }
 }

@@ -1,5 +1,10 @@
 use super::*;
+use crate::collective::Request;
+use crate::group::CallOptions;
 use crate::group::{GroupId, GroupOptions};
+use crate::tensor::dtype::DType;
+use crate::tensor::reduce::{reference, ReduceOp};
+use crate::tensor::Tensor;
 use std::sync::Arc;
 
 fn lanes(n: usize) -> Vec<Arc<dyn Lane>> {
