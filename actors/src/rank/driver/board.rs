@@ -239,15 +239,6 @@ impl GroupBoard {
         let start = (!span.is_disabled()).then(std::time::Instant::now);
         BoardSpan(span, start)
     }
-
-    /// The members whose slots call `seq` still needs (global ranks).
-    fn missing(&self, call: &BoardCall, seq: u64) -> Vec<usize> {
-        let me = self.board.me();
-        (0..self.board.size())
-            .filter(|&m| call.needs(me, m) && !matches!(self.board.read(m, seq), Ok(Some(_))))
-            .map(|m| self.info.global(m))
-            .collect()
-    }
 }
 
 impl Driver {
@@ -520,7 +511,10 @@ impl Driver {
                     core.engine.board_refusal(gid, front.seq)
                 } else if now >= front.deadline {
                     let fp = front.call.fingerprint();
-                    let missing = gb.missing(&front.call, front.seq);
+                    let missing: Vec<usize> = Queue::missing(&gb.board, front)
+                        .into_iter()
+                        .map(|m| gb.info.global(m))
+                        .collect();
                     match core
                         .engine
                         .board_timed_out(gid, front.seq, fp, missing.clone(), now)
