@@ -40,6 +40,17 @@ pub enum RankCall {
         /// Its latest call on the group.
         latest: Option<(u64, Fingerprint)>,
     },
+    /// The rank has made this call, but it made it at least `after` later than the rank
+    /// whose call timed out (it had been in the call for less than half that rank's
+    /// timeout when it answered): it came late, and the call's timeout names it.
+    Late {
+        /// The rank.
+        rank: usize,
+        /// Its call.
+        call: Fingerprint,
+        /// How much later than the asking rank it made the call, at least.
+        after: std::time::Duration,
+    },
     /// The rank did not answer within the group's `desync_grace`.
     NoAnswer {
         /// The rank.
@@ -51,6 +62,11 @@ impl fmt::Display for RankCall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RankCall::Made { rank, call } => write!(f, "rank {rank} is in {call}"),
+            RankCall::Late { rank, call, after } => write!(
+                f,
+                "rank {rank} is in {call}, which it made at least {} ms later",
+                after.as_millis()
+            ),
             RankCall::NotReached {
                 rank,
                 latest: Some((seq, call)),
@@ -398,8 +414,9 @@ pub enum Error {
         rank: usize,
         /// Ranks (global) the call waits for: with a desync report, exactly the ranks that
         /// said they have not made the call, and those that did not answer whose messages
-        /// the call waits for; without a report (or when every rank is in the call), those
-        /// whose messages had not arrived.
+        /// the call waits for; when every rank is in the call, those that made it late
+        /// ([`RankCall::Late`]); without a report (or when every rank made the call in
+        /// time), those whose messages had not arrived.
         waiting_for: Vec<usize>,
         /// The desync report: what every other member said it was doing (empty for
         /// point-to-point calls, or with a zero `desync_grace`).

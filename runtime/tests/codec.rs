@@ -11,6 +11,14 @@ use collectix_runtime::wire::{
 use collectix_runtime::{Algorithm, DType, DataPath, Fingerprint, GroupId, OpKind, ReduceKind};
 use proptest::prelude::*;
 
+/// The frame format's magic and version, then `rest`.
+fn this_version(rest: &[u8]) -> Vec<u8> {
+    let mut b = collectix_runtime::wire::codec::MAGIC.to_vec();
+    b.push(collectix_runtime::wire::codec::VERSION);
+    b.extend_from_slice(rest);
+    b
+}
+
 fn fingerprint() -> impl Strategy<Value = Fingerprint> {
     (
         0usize..15,
@@ -70,6 +78,13 @@ fn report() -> impl Strategy<Value = Vec<RankCall>> {
         (any::<u32>(), fingerprint()).prop_map(|(r, call)| RankCall::Made {
             rank: r as usize,
             call
+        }),
+        (any::<u32>(), fingerprint(), any::<u64>()).prop_map(|(r, call, nanos)| {
+            RankCall::Late {
+                rank: r as usize,
+                call,
+                after: std::time::Duration::from_nanos(nanos),
+            }
         }),
         (
             any::<u32>(),
@@ -196,13 +211,15 @@ fn header() -> impl Strategy<Value = Header> {
             g(),
             any::<u64>(),
             proptest::option::of(fingerprint()),
-            proptest::option::of((any::<u64>(), fingerprint()))
+            proptest::option::of((any::<u64>(), fingerprint())),
+            proptest::option::of(any::<u64>())
         )
-            .prop_map(|(group, seq, made, latest)| Header::Status {
+            .prop_map(|(group, seq, made, latest, in_call_for)| Header::Status {
                 group,
                 seq,
                 made: made.map(Box::new),
-                latest: latest.map(Box::new)
+                latest: latest.map(Box::new),
+                in_call_for,
             }),
     ]
 }
@@ -311,7 +328,7 @@ proptest! {
         parts in 0u32..4,
         rest in proptest::collection::vec(any::<u8>(), 0..300),
     ) {
-        let mut b = Vec::from(*b"CX\x05");
+        let mut b = this_version(b"");
         b.push(kind);
         b.extend_from_slice(&header_len.to_le_bytes());
         b.extend_from_slice(&parts.to_le_bytes());
@@ -361,7 +378,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         max_payload_bytes: 1 << 10,
     };
     // 2^32 - 1 parts.
-    let mut b = BytesMut::from(&b"CX\x05\x01\x00\x00\x00\x00\xff\xff\xff\xff"[..]);
+    let mut b = BytesMut::from(&this_version(b"\x01\x00\x00\x00\x00\xff\xff\xff\xff")[..]);
     assert!(matches!(
         decode(&mut b, &limits),
         Err(DecodeError::TooLarge {
@@ -370,7 +387,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         })
     ));
     // One part of 2^62 bytes.
-    let mut b = BytesMut::from(&b"CX\x05\x01\x00\x00\x00\x00\x01\x00\x00\x00"[..]);
+    let mut b = BytesMut::from(&this_version(b"\x01\x00\x00\x00\x00\x01\x00\x00\x00")[..]);
     b.extend_from_slice(&(1u64 << 62).to_le_bytes());
     assert!(matches!(
         decode(&mut b, &limits),
@@ -380,7 +397,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
         })
     ));
     // A header of 4 GiB.
-    let mut b = BytesMut::from(&b"CX\x05\x01\xff\xff\xff\xff\x00\x00\x00\x00"[..]);
+    let mut b = BytesMut::from(&this_version(b"\x01\xff\xff\xff\xff\x00\x00\x00\x00")[..]);
     assert!(matches!(
         decode(&mut b, &limits),
         Err(DecodeError::TooLarge {
@@ -395,7 +412,10 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
             &b"CX\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00"[..],
             "version",
         ),
-        (&b"CX\x05\x0e\x00\x00\x00\x00\x00\x00\x00\x00"[..], "kind"),
+        (
+            &this_version(b"\x0e\x00\x00\x00\x00\x00\x00\x00\x00")[..],
+            "kind",
+        ),
     ] {
         let mut b = BytesMut::from(bytes);
         let e = decode(&mut b, &limits).err();

@@ -417,6 +417,7 @@ fn a_timeout_names_exactly_the_ranks_that_have_not_made_the_call() {
                 seq: 0,
                 made: None,
                 latest: None,
+                in_call_for: None,
             },
             payload: Vec::new(),
         },
@@ -446,6 +447,7 @@ fn a_timeout_where_a_peer_is_in_another_call_is_a_mismatch_naming_both() {
                 seq: 0,
                 made: Some(Box::new(theirs)),
                 latest: Some(Box::new((0, theirs))),
+                in_call_for: None,
             },
             payload: Vec::new(),
         },
@@ -474,7 +476,8 @@ fn a_rank_answers_an_inquiry_with_its_call() {
     let fp = p.fingerprint();
     let _ = e.submit(GroupId::WORLD, 0, p, Time::ZERO);
     while e.poll_transmit().is_some() {}
-    for (seq, made) in [(0, Some(fp)), (5, None)] {
+    // Asked 3 ms after it made call 0, it says so; of call 5 it has not made, nothing.
+    for (seq, made, in_call_for) in [(0, Some(fp), Some(3_000_000)), (5, None, None)] {
         e.handle_message(
             Message {
                 src: 1,
@@ -484,11 +487,11 @@ fn a_rank_answers_an_inquiry_with_its_call() {
                 },
                 payload: Vec::new(),
             },
-            Time::ZERO,
+            Time::from_nanos(3_000_000),
         );
         let out: Vec<_> = std::iter::from_fn(|| e.poll_transmit()).collect();
         assert!(
-            matches!(&out[..], [t] if t.dst == 1 && t.msg.header == Header::Status { group: GroupId::WORLD, seq, made: made.map(Box::new), latest: Some(Box::new((0, fp))) }),
+            matches!(&out[..], [t] if t.dst == 1 && t.msg.header == Header::Status { group: GroupId::WORLD, seq, made: made.map(Box::new), latest: Some(Box::new((0, fp))), in_call_for }),
             "{out:?}"
         );
     }
@@ -715,12 +718,19 @@ fn a_replayed_point_to_point_message_is_a_protocol_error() {
     ));
 }
 
-#[test]
-fn a_rank_past_the_call_is_never_named_as_behind_even_if_it_forgot_the_call() {
-    // Three ranks, a ring all_reduce: rank 0's first step waits for rank 2. At the timeout,
-    // rank 2 says it is in the call; rank 1's fingerprint of call 0 is forgotten (it finished
-    // long ago) but its latest call is #5, so it has made call 0 too. Nobody is behind: the
-    // timeout names whose messages the step waits for (rank 2), never rank 1.
+/// Rank 0 of three makes a ring all_reduce (its first step waits for rank 2) with a 1 s
+/// timeout, and at the deadline asks the others which call they are in; ranks 1 and 2 answer
+/// with `answers` (made, latest, time in the call). Returns rank 0's verdict.
+#[allow(clippy::type_complexity)]
+fn ring_of_three_verdict(
+    answers: impl Fn(
+        Fingerprint,
+    ) -> [(
+        Option<Fingerprint>,
+        Option<(u64, Fingerprint)>,
+        Option<Duration>,
+    ); 2],
+) -> Error {
     let info = GroupInfo::world(3, 0, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
     let mut e = Engine::new(0);
     e.add_group(info.clone(), Time::ZERO);
@@ -739,21 +749,17 @@ fn a_rank_past_the_call_is_never_named_as_behind_even_if_it_forgot_the_call() {
     let at = Time::ZERO + Duration::from_secs(1);
     e.handle_timeout(at);
     while e.poll_transmit().is_some() {}
-    let status = |made: Option<Fingerprint>, latest: Option<(u64, Fingerprint)>| Header::Status {
-        group: GroupId::WORLD,
-        seq: 0,
-        made: made.map(Box::new),
-        latest: latest.map(Box::new),
-    };
-    let later = Fingerprint::new(collectix_runtime::OpKind::Barrier, DType::U8);
-    for (src, header) in [
-        (1, status(None, Some((5, later)))),
-        (2, status(Some(fp), Some((0, fp)))),
-    ] {
+    for (src, (made, latest, in_call_for)) in [1, 2].into_iter().zip(answers(fp)) {
         e.handle_message(
             Message {
                 src,
-                header,
+                header: Header::Status {
+                    group: GroupId::WORLD,
+                    seq: 0,
+                    made: made.map(Box::new),
+                    latest: latest.map(Box::new),
+                    in_call_for: in_call_for.map(|d| d.as_nanos() as u64),
+                },
                 payload: Vec::new(),
             },
             at,
@@ -761,10 +767,79 @@ fn a_rank_past_the_call_is_never_named_as_behind_even_if_it_forgot_the_call() {
     }
     let ev = events(&mut e);
     assert_eq!(ev[0].op, id);
+    match &ev[0].result {
+        Err(err) => err.clone(),
+        Ok(_) => panic!("the call cannot succeed"),
+    }
+}
+
+#[test]
+fn a_rank_past_the_call_is_never_named_as_behind_even_if_it_forgot_the_call() {
+    // At the timeout, rank 2 says it is in the call; rank 1's fingerprint of call 0 is
+    // forgotten (it finished long ago) but its latest call is #5, so it has made call 0 too.
+    // Nobody is behind: the timeout names whose messages the step waits for (rank 2), never
+    // rank 1.
+    let later = Fingerprint::new(collectix_runtime::OpKind::Barrier, DType::U8);
+    let err = ring_of_three_verdict(|fp| {
+        [
+            (None, Some((5, later)), None),
+            (Some(fp), Some((0, fp)), Some(Duration::from_secs(1))),
+        ]
+    });
     assert!(
-        matches!(&ev[0].result, Err(Error::Timeout { waiting_for, .. }) if waiting_for == &vec![2]),
-        "{:?}",
-        ev[0].result
+        matches!(&err, Error::Timeout { waiting_for, .. } if waiting_for == &vec![2]),
+        "{err:?}"
+    );
+}
+
+/// Every rank is in the call, but rank 1 made it only 10 ms before it answered, at the end
+/// of rank 0's 1 s wait: it came late, and the timeout names it, not rank 2, whose messages
+/// the ring's step waits for. (Seen in the fault matrix: a rank whose call on another group
+/// had timed out made this one just before the inquiry reached it, and the report named a
+/// ring neighbour that was waiting too.)
+#[test]
+fn a_timeout_names_a_rank_that_made_the_call_late() {
+    let err = ring_of_three_verdict(|fp| {
+        [
+            (Some(fp), Some((0, fp)), Some(Duration::from_millis(10))),
+            (Some(fp), Some((0, fp)), Some(Duration::from_secs(1))),
+        ]
+    });
+    match &err {
+        Error::Timeout {
+            rank: 0,
+            waiting_for,
+            report,
+            ..
+        } => {
+            assert_eq!(waiting_for, &vec![1]);
+            assert!(
+                matches!(&report[..], [collectix_runtime::RankCall::Late { rank: 1, after, .. }, collectix_runtime::RankCall::Made { rank: 2, .. }] if *after == Duration::from_millis(990)),
+                "{report:?}"
+            );
+            assert!(err.to_string().contains("rank 1 is in all_reduce"), "{err}");
+            assert!(
+                err.to_string()
+                    .contains("which it made at least 990 ms later"),
+                "{err}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A rank that had been in the call for half of the asker's wait or more is not late.
+#[test]
+fn a_rank_in_the_call_for_half_the_wait_is_not_late() {
+    let err = ring_of_three_verdict(|fp| {
+        [
+            (Some(fp), Some((0, fp)), Some(Duration::from_millis(500))),
+            (Some(fp), Some((0, fp)), Some(Duration::from_secs(1))),
+        ]
+    });
+    assert!(
+        matches!(&err, Error::Timeout { waiting_for, report, .. } if waiting_for == &vec![2] && matches!(&report[..], [collectix_runtime::RankCall::Made { rank: 1, .. }, _])),
+        "{err:?}"
     );
 }
 

@@ -302,7 +302,8 @@ fn check_wait_graph(errors: &BTreeMap<usize, Error>, culprit: usize) -> Result<(
                 .iter()
                 .filter_map(|r| match r {
                     collectix_runtime::RankCall::NotReached { rank, .. }
-                    | collectix_runtime::RankCall::NoAnswer { rank } => Some(*rank),
+                    | collectix_runtime::RankCall::NoAnswer { rank }
+                    | collectix_runtime::RankCall::Late { rank, .. } => Some(*rank),
                     collectix_runtime::RankCall::Made { .. } => None,
                 })
                 .collect(),

@@ -302,7 +302,7 @@ impl Engine {
         let Some(inq) = g.board_inquiries.get_mut(&seq) else {
             return;
         };
-        let line = super::failure::status_line(from, made, latest);
+        let line = super::failure::status_line(from, made, latest, None);
         inq.replies.insert(from, line);
         if inq.replies.len() + 1 >= size {
             self.board_inquiry_over(gid, seq);

@@ -8,6 +8,14 @@ use crate::ids::{Fingerprint, GroupId};
 use crate::time::Time;
 use crate::wire::message::{AbortReason, Header, Message, Transmit};
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// A desync inquiry in progress: the answers so far, by global rank, and how long this rank
+/// had been in the call when it asked.
+pub(super) struct Inquiry {
+    replies: BTreeMap<usize, RankCall>,
+    waited: Duration,
+}
 
 impl Engine {
     /// Starts shutting this rank down at `now`: calls still pending fail with
@@ -223,7 +231,10 @@ impl Engine {
         if grace.is_zero() || g.info.size() < 2 {
             return false;
         }
-        op.inquiry = Some(BTreeMap::new());
+        op.inquiry = Some(Inquiry {
+            replies: BTreeMap::new(),
+            waited: now.saturating_since(op.started),
+        });
         op.deadline = now + grace;
         let gid = op.group;
         tracing::warn!(rank = self.rank, group = %gid, seq, call = %op.fp, "call timed out; asking the group which call each rank is in");
@@ -244,8 +255,8 @@ impl Engine {
 
     /// `from` (global) asked about call `seq` of group `gid`: this rank answers with its
     /// status.
-    pub(super) fn on_inquire(&mut self, gid: GroupId, from: usize, seq: u64) {
-        let reply = self.status_of(gid, seq);
+    pub(super) fn on_inquire(&mut self, gid: GroupId, from: usize, seq: u64, now: Time) {
+        let reply = self.status_of(gid, seq, now);
         self.transmits.push_back(Transmit {
             dst: from,
             msg: Message {
@@ -256,8 +267,8 @@ impl Engine {
         });
     }
 
-    /// This rank's answer to an inquiry about call `seq` of group `gid`.
-    pub(super) fn status_of(&self, gid: GroupId, seq: u64) -> Header {
+    /// This rank's answer to an inquiry about call `seq` of group `gid`, at `now`.
+    pub(super) fn status_of(&self, gid: GroupId, seq: u64, now: Time) -> Header {
         let fp_of = |s: u64| -> Option<Fingerprint> {
             let g = self.groups.get(&gid)?;
             match g.active.get(&s) {
@@ -273,11 +284,20 @@ impl Engine {
         // A call finished so long ago that its fingerprint is forgotten has `made` empty, but
         // `latest` beyond it shows the asker that this rank passed it.
         let made = fp_of(seq);
+        let in_call_for = self
+            .groups
+            .get(&gid)
+            .and_then(|g| g.active.get(&seq))
+            .and_then(|id| self.ops.get(id))
+            .map(|op| {
+                u64::try_from(now.saturating_since(op.started).as_nanos()).unwrap_or(u64::MAX)
+            });
         Header::Status {
             group: gid,
             seq,
             made: made.map(Box::new),
             latest: latest.map(Box::new),
+            in_call_for,
         }
     }
 
@@ -289,6 +309,7 @@ impl Engine {
         from: usize,
         made: Option<Fingerprint>,
         latest: Option<(u64, Fingerprint)>,
+        in_call_for: Option<Duration>,
     ) {
         let Some(&id) = self.groups.get(&gid).and_then(|g| g.active.get(&seq)) else {
             self.board_status(gid, seq, from, made, latest);
@@ -297,12 +318,18 @@ impl Engine {
         let Some(op) = self.ops.get_mut(&id) else {
             return;
         };
-        let Some(replies) = &mut op.inquiry else {
+        let Some(inq) = &mut op.inquiry else {
             return;
         };
-        let line = status_line(from, made, latest);
-        replies.insert(from, line);
-        if replies.len() + 1 >= op.group_size {
+        // A member that had been in the call for less than half of what this rank had
+        // waited when it asked made it at least `waited - in_call_for` later (the asking came
+        // after this rank's wait, the answer after the asking): it came late.
+        let late = in_call_for
+            .filter(|&d| d < inq.waited / 2)
+            .map(|d| inq.waited.saturating_sub(d));
+        inq.replies
+            .insert(from, status_line(from, made, latest, late));
+        if inq.replies.len() + 1 >= op.group_size {
             self.conclude_inquiry(id);
         }
     }
@@ -310,7 +337,8 @@ impl Engine {
     /// Ends call `id` with its desync report: a mismatch if some rank is in a different
     /// call, else a timeout naming exactly the ranks that said they have not made it.
     fn conclude_inquiry(&mut self, id: OpId) {
-        let Some(replies) = self.ops.get_mut(&id).and_then(|op| op.inquiry.take()) else {
+        let Some(Inquiry { replies, .. }) = self.ops.get_mut(&id).and_then(|op| op.inquiry.take())
+        else {
             return;
         };
         let Some(op) = self.ops.get(&id) else {
@@ -350,7 +378,9 @@ impl Engine {
             })
             .collect();
         let different = report.iter().find_map(|r| match r {
-            RankCall::Made { rank, call } if *call != fp => Some((seq, fp, *rank, *call)),
+            RankCall::Made { rank, call } | RankCall::Late { rank, call, .. } if *call != fp => {
+                Some((seq, fp, *rank, *call))
+            }
             _ => None,
         });
         // A rank still in an earlier call that this rank made differently (and finished
@@ -391,21 +421,33 @@ impl Engine {
                             latest.is_none_or(|(l, _)| l < s).then_some(*rank)
                         }
                         RankCall::NoAnswer { rank } => awaited.contains(rank).then_some(*rank),
-                        RankCall::Made { .. } => None,
+                        RankCall::Made { .. } | RankCall::Late { .. } => None,
                     })
                     .collect();
                 let everyone_in = behind.is_empty()
                     && !report
                         .iter()
                         .any(|r| matches!(r, RankCall::NoAnswer { .. }));
+                let late: Vec<usize> = report
+                    .iter()
+                    .filter_map(|r| match r {
+                        RankCall::Late { rank, .. } => Some(*rank),
+                        _ => None,
+                    })
+                    .collect();
                 Error::Timeout {
                     group: gid,
                     seq,
                     op: fp.kind,
                     rank: self.rank,
-                    // Every rank is in the call (a lost message, a schedule bug): name whose
-                    // messages the current step still waits for.
-                    waiting_for: if everyone_in { awaited } else { behind },
+                    // Every rank is in the call: name those that came late, or else (a lost
+                    // message, a schedule bug) whose messages the current step still waits
+                    // for.
+                    waiting_for: match (everyone_in, late.is_empty()) {
+                        (false, _) => behind,
+                        (true, false) => late,
+                        (true, true) => awaited,
+                    },
                     report,
                 }
             }
@@ -610,9 +652,15 @@ pub(super) fn status_line(
     from: usize,
     made: Option<Fingerprint>,
     latest: Option<(u64, Fingerprint)>,
+    late: Option<Duration>,
 ) -> RankCall {
-    match made {
-        Some(call) => RankCall::Made { rank: from, call },
-        None => RankCall::NotReached { rank: from, latest },
+    match (made, late) {
+        (Some(call), Some(after)) => RankCall::Late {
+            rank: from,
+            call,
+            after,
+        },
+        (Some(call), None) => RankCall::Made { rank: from, call },
+        (None, _) => RankCall::NotReached { rank: from, latest },
     }
 }

@@ -33,7 +33,7 @@ mod sink;
 
 use crate::collective::{Assembly, Body, Output, Plan, Share, TensorSpec};
 use crate::data_plane::{DataPlane, HostPlane};
-use crate::error::{Error, RankCall, Result};
+use crate::error::{Error, Result};
 use crate::fast_hash::FastMap;
 use crate::group::GroupId;
 use crate::ids::Fingerprint;
@@ -49,6 +49,7 @@ use output::build_output;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Identifies a submitted call within one engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -158,10 +159,12 @@ struct PendingCall {
     reduce: Option<ReduceOp>,
     group_size: usize,
     deadline: Time,
+    /// When the call was made here.
+    started: Time,
     state: State,
     /// Set when the call timed out and this rank asked the group which call each member is
-    /// in (the desync report): the answers so far, by global rank.
-    inquiry: Option<BTreeMap<usize, RankCall>>,
+    /// in (the desync report).
+    inquiry: Option<failure::Inquiry>,
 }
 
 /// The protocol engine of one rank.
@@ -397,6 +400,7 @@ impl Engine {
             reduce,
             group_size,
             deadline,
+            started: now,
             state,
             inquiry: None,
         };
@@ -482,7 +486,7 @@ impl Engine {
     }
 
     /// Handles a message from a peer.
-    pub fn handle_message(&mut self, msg: Message, _now: Time) {
+    pub fn handle_message(&mut self, msg: Message, now: Time) {
         let gid = msg.header.group();
         if self.destroyed.contains(&gid) {
             return;
@@ -510,13 +514,18 @@ impl Engine {
             } => self.on_p2p(gid, src, *tag, *seq, *eager, msg),
             Header::Credit { calls, .. } => self.on_credit(gid, src, *calls),
             Header::WantCredit { seq, .. } => self.on_want_credit(gid, src, *seq),
-            Header::Inquire { seq, .. } => self.on_inquire(gid, msg.src, *seq),
+            Header::Inquire { seq, .. } => self.on_inquire(gid, msg.src, *seq, now),
             Header::Status {
-                seq, made, latest, ..
+                seq,
+                made,
+                latest,
+                in_call_for,
+                ..
             } => {
                 let (seq, made, latest) =
                     (*seq, made.as_deref().copied(), latest.as_deref().copied());
-                self.on_status(gid, seq, msg.src, made, latest);
+                let in_call_for = in_call_for.map(Duration::from_nanos);
+                self.on_status(gid, seq, msg.src, made, latest, in_call_for);
             }
             Header::P2pGrant { tag, upto, .. } => self.on_p2p_grant(gid, src, *tag, *upto),
             Header::P2pAsk { tag, seq, .. } => self.on_p2p_ask(gid, src, *tag, *seq),

@@ -113,6 +113,9 @@ pub enum Header {
         made: Option<Box<Fingerprint>>,
         /// The sender's latest call on the group (sequence number and fingerprint), if any.
         latest: Option<Box<(u64, Fingerprint)>>,
+        /// How long the sender had been in the call when it answered, in nanoseconds, if it
+        /// is in it now (durations agree across hosts where clocks do not).
+        in_call_for: Option<u64>,
     },
     /// The sender left the group cleanly (it was destroyed there, or the sender shut
     /// down) with no call of it in flight and nothing held for anyone: it made `calls`

@@ -126,11 +126,13 @@ fn put_header(h: &mut BytesMut, header: &Header) -> u8 {
             seq,
             made,
             latest,
+            in_call_for,
         } => {
             h.put_u64_le(group.0);
             h.put_u64_le(*seq);
             put_opt_fp(h, made.as_deref());
             put_latest(h, latest.as_deref());
+            put_opt_u64(h, *in_call_for);
             STATUS
         }
     }
@@ -185,6 +187,12 @@ fn put_report(h: &mut BytesMut, report: &[RankCall]) {
             RankCall::NoAnswer { rank } => {
                 h.put_u8(3);
                 h.put_u64_le(*rank as u64);
+            }
+            RankCall::Late { rank, call, after } => {
+                h.put_u8(4);
+                h.put_u64_le(*rank as u64);
+                h.put_slice(&call.to_bytes());
+                h.put_u64_le(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX));
             }
         }
     }

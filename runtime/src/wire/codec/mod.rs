@@ -8,7 +8,7 @@
 //! ```text
 //!  offset  size        field
 //!  0       2           magic "CX"
-//!  2       1           version (4)
+//!  2       1           version (6)
 //!  3       1           kind: 1 data, 2 p2p, 3 credit, 4 want-credit, 5 p2p-grant,
 //!                      6 p2p-consumed, 7 abort, 8 inquire, 9 status, 10 heartbeat,
 //!                      11 left, 12 failed
@@ -50,7 +50,7 @@ use bytes::{Bytes, BytesMut};
 /// The frame format's magic bytes.
 pub const MAGIC: [u8; 2] = *b"CX";
 /// The frame format's version; a frame of another version is refused.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 /// Bytes of the fixed prefix.
 pub const PREFIX_BYTES: usize = 12;
 /// The largest header (every header is far smaller; abort reasons with long texts are cut).

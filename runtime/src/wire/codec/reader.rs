@@ -122,6 +122,11 @@ impl Reader {
                     latest: self.latest()?,
                 },
                 3 => RankCall::NoAnswer { rank },
+                4 => RankCall::Late {
+                    rank,
+                    call: self.fingerprint()?,
+                    after: std::time::Duration::from_nanos(self.u64("lateness")?),
+                },
                 code => {
                     return Err(CodeError {
                         what: "report line",
@@ -203,6 +208,7 @@ pub(super) fn read_header(kind: u8, b: Bytes) -> Result<Header, DecodeError> {
             seq: r.u64("seq")?,
             made: r.opt_fp()?.map(Box::new),
             latest: r.latest()?.map(Box::new),
+            in_call_for: r.opt_u64("time in the call")?,
         },
         k => return Err(DecodeError::Kind(k)),
     };
