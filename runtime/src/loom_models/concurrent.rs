@@ -317,9 +317,9 @@ fn lagging_receiver(calls: u64) {
             })
             .collect();
         let res = run_world(scripts, Vec::new());
-        for k in 0..calls as usize {
+        for (k, got) in res[0].iter().take(calls as usize).enumerate() {
             let want = Output::Tensor(Tensor::from_vec(vec![2 * k as i32 + 10]));
-            assert_output(&format!("root call #{k}"), &res[0][k], &want);
+            assert_output(&format!("root call #{k}"), got, &want);
         }
         for (r, rr) in res.iter().enumerate() {
             assert_output(

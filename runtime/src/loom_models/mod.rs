@@ -23,7 +23,9 @@
 //! models must catch) and [`progress`] (who takes a rank's arrivals: a driving caller, a
 //! leaving one, or the background driver); [`agreement`] (the survivors' agreement on a
 //! failed group, with one and two failures at each step); [`board`] (the board of small
-//! calls: a disagreement seen at the call, a slot reused only once every member is done).
+//! calls: a disagreement seen at the call, a slot reused only once every member is done);
+//! [`ring`] (a shared-memory ring's frames across its wrap, and its doorbell protocol with a
+//! sender, a caller and the owner's progress thread: no wake-up lost).
 
 mod agreement;
 mod board;
@@ -33,6 +35,7 @@ mod completion;
 mod concurrent;
 mod faults;
 mod progress;
+mod ring;
 
 use crate::collective::{Output, Plan};
 use crate::engine::{Engine, OpId};
@@ -73,12 +76,29 @@ pub(super) fn explore<F>(name: &str, iterations: std::sync::Arc<AtomicUsize>, f:
 where
     F: Fn() + Sync + Send + 'static,
 {
+    explore_from(name, MIN_PREEMPTIONS, iterations, f)
+}
+
+/// Like [`check`] with a smallest preemption bound of `min` (for the models whose state
+/// space at [`MIN_PREEMPTIONS`] takes minutes; each says what it takes there).
+pub(super) fn check_from<F>(name: &str, min: usize, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    explore_from(name, min, std::sync::Arc::new(AtomicUsize::new(0)), f)
+}
+
+/// [`explore`] with a smallest preemption bound of `min`.
+pub(super) fn explore_from<F>(name: &str, min: usize, iterations: std::sync::Arc<AtomicUsize>, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
     let counter = iterations.clone();
     let mut builder = loom::model::Builder::new();
     let bound = builder
         .preemption_bound
         .unwrap_or(DEFAULT_PREEMPTIONS)
-        .max(MIN_PREEMPTIONS);
+        .max(min);
     builder.preemption_bound = Some(bound);
     let start = Instant::now();
     builder.check(move || {
@@ -98,10 +118,19 @@ pub(super) fn must_fail<F>(name: &str, f: F) -> (String, usize)
 where
     F: Fn() + Sync + Send + 'static,
 {
+    must_fail_from(name, MIN_PREEMPTIONS, f)
+}
+
+/// [`must_fail`] with a smallest preemption bound of `min`.
+pub(super) fn must_fail_from<F>(name: &str, min: usize, f: F) -> (String, usize)
+where
+    F: Fn() + Sync + Send + 'static,
+{
     let iterations = std::sync::Arc::new(AtomicUsize::new(0));
     let counter = iterations.clone();
-    let outcome =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| explore(name, counter, f)));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        explore_from(name, min, counter, f)
+    }));
     let n = iterations.load(Ordering::Relaxed);
     match outcome {
         Ok(()) => panic!("loom model {name}: the bug went unnoticed in {n} executions"),

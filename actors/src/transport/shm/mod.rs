@@ -58,14 +58,15 @@ use collectix_runtime::board::{Board, Lane, DRIVERS_WORD, PENDING_WORD, UNATTEND
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::shm::{
-    FrameReader, FrameWriter, Layout, RemoteRead, RingReader, RingWriter, Segment, Sent, Sources,
+    Callers, FrameReader, FrameWriter, Layout, Leave, RemoteRead, Rest, RingReader, RingWriter,
+    Segment, Sent, Sources,
 };
 use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, Result};
 use collectix_runtime::{GroupId, GroupInfo};
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -251,15 +252,10 @@ struct Inner {
     /// Some link has lent messages to its receiver (remote records not yet acknowledged):
     /// the pumping lets go of those the receivers have read.
     lending: AtomicBool,
-    /// Callers of this rank reading the rings now (this process's own count; the segment's
-    /// `polling`, which peers read, stays raised for up to [`LINGER`] after the last one
-    /// left, and a peer may scribble on that one).
-    polling: AtomicU32,
-    /// Counts callers' entries (the progress thread lowers the segment's `polling` once it
-    /// stopped moving).
-    looks: AtomicU64,
-    /// A caller that is about to park asked for `polling` to be lowered as it leaves.
-    parking: AtomicBool,
+    /// Callers of this rank reading the rings now (the segment's `polling`, which peers
+    /// read, stays raised for up to [`LINGER`] after the last one left): the runtime's
+    /// doorbell protocol decides when it is lowered and how the progress thread rests.
+    callers: Callers,
     /// The rank (weak: the driver holds this as its poller).
     driver: Weak<Driver>,
     pool: Pool,
@@ -478,9 +474,7 @@ impl Inner {
                     continue;
                 }
             }
-            let bell = self.own.doorbell().load(Ordering::SeqCst);
-            self.own.sleeping().store(1, Ordering::SeqCst);
-            std::sync::atomic::fence(Ordering::SeqCst);
+            let bell = Callers::going_to_sleep(&self.own);
             // A caller reading the rings now takes what comes; else anything published before
             // `sleeping` was seen is found here, and anything after rings the bell.
             // The board too: a member that moved before it saw `sleeping` is seen here.
@@ -492,33 +486,21 @@ impl Inner {
             }))
             .unwrap_or(true);
             drop(driver);
-            if self.polling.load(Ordering::SeqCst) > 0
-                || self.own.polling().load(Ordering::SeqCst) != 0
-            {
-                // Callers read (or did a moment ago, and `polling` still says so): look again
-                // within the linger, and lower `polling` once no caller came for a whole wait
-                // (senders ring from then on; what came before is read by the next turn).
-                let before = self.looks.load(Ordering::SeqCst);
-                os::wait(self.own.doorbell(), bell, LINGER);
-                if self.polling.load(Ordering::SeqCst) == 0
-                    && self.looks.load(Ordering::SeqCst) == before
-                {
-                    self.lower();
+            // Callers read (or did a moment ago, and `polling` still says so): look again
+            // within the linger, lowering `polling` once no caller came for a whole wait
+            // (senders ring from then on; what came before is read by the next turn).
+            match self.callers.rest(&self.own, bell, || {
+                // A close whose doorbell came before `bell` is seen here.
+                !self.has_work() && !board && !self.closing.load(Ordering::SeqCst)
+            }) {
+                Rest::Linger { bell, looks } => {
+                    os::wait(self.own.doorbell(), bell, LINGER);
+                    self.callers.lingered(&self.own, looks);
                 }
-            } else if !self.has_work() && !board {
-                os::wait(self.own.doorbell(), bell, PARK);
+                Rest::Park { bell } => os::wait(self.own.doorbell(), bell, PARK),
+                Rest::Stay => {}
             }
-            self.own.sleeping().store(0, Ordering::SeqCst);
-        }
-    }
-
-    /// Lowers the segment's `polling` (senders ring the doorbell from now on), unless a
-    /// caller came in meanwhile.
-    fn lower(&self) {
-        self.own.polling().store(0, Ordering::SeqCst);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.polling.load(Ordering::SeqCst) > 0 {
-            self.own.polling().store(1, Ordering::SeqCst);
+            self.callers.woke(&self.own);
         }
     }
 
@@ -535,9 +517,7 @@ impl Inner {
 
 impl Poller for Inner {
     fn enter(&self) {
-        self.looks.fetch_add(1, Ordering::SeqCst);
-        self.polling.fetch_add(1, Ordering::SeqCst);
-        self.own.polling().store(1, Ordering::SeqCst);
+        self.callers.enter(&self.own);
     }
 
     fn poll(&self) -> bool {
@@ -548,15 +528,20 @@ impl Poller for Inner {
     /// [`LINGER`]), unless it parks: then it lowers it, and takes what a sender published
     /// before it saw no reader (after that, the sender rings).
     fn leave(&self) {
-        let last = self.polling.fetch_sub(1, Ordering::SeqCst) == 1;
-        if last && self.parking.swap(false, Ordering::SeqCst) {
-            self.lower();
-            self.poll_now();
+        match self.callers.leave(&self.own) {
+            Leave::Done => {}
+            Leave::ReadOnce => {
+                self.poll_now();
+            }
+            Leave::WakeProgress => {
+                self.own.ring();
+                os::wake(self.own.doorbell());
+            }
         }
     }
 
     fn parking(&self) {
-        self.parking.store(true, Ordering::SeqCst);
+        self.callers.parking();
     }
 
     fn drain(&self) {

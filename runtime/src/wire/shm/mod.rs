@@ -11,12 +11,16 @@
 //! peer.
 
 pub mod frames;
+pub mod memory;
 pub mod region;
 pub mod ring;
+pub mod wake;
 
 pub use frames::{FrameReader, FrameWriter, RemoteRead, Sent, Sources, REMOTE_MIN};
+pub use memory::{Memory, Word};
 pub use region::Region;
 pub use ring::{Layout, RingReader, RingWriter, Segment, SegmentLane};
+pub use wake::{Callers, Leave, Rest};
 
 use super::codec::DecodeError;
 

@@ -25,9 +25,10 @@
 //! claims more than a ring holds, or a head ahead of the tail, is [`ShmError::Corrupt`], never
 //! a read outside the ring. A sender that dies mid-write never published the bytes it wrote.
 
+use super::memory::{Memory, Word};
 use super::region::Region;
 use super::ShmError;
-use crate::sync::unmodelled::{fence, AtomicU32, Ordering};
+use crate::sync::unmodelled::Ordering;
 use std::sync::Arc;
 
 /// Bytes of a cache line (each counter has one to itself).
@@ -52,19 +53,19 @@ pub const MAX_RING: u64 = 1 << 30;
 /// The most rings in a segment (senders of one host).
 pub const MAX_RINGS: u32 = 4096;
 
-const MAGIC_AT: usize = 0;
-const VERSION_AT: usize = 8;
-const RINGS_AT: usize = 12;
-const CAP_AT: usize = 16;
-const PID_AT: usize = 24;
-const DOORBELL_AT: usize = LINE;
-const SLEEPING_AT: usize = 2 * LINE;
-const POLLING_AT: usize = 3 * LINE;
-const TAIL: usize = 0;
-const WAITING: usize = LINE;
-const HEAD: usize = 2 * LINE;
-const ACKED: usize = 3 * LINE;
-const REMOTE: usize = 3 * LINE + 8;
+pub(crate) const MAGIC_AT: usize = 0;
+pub(crate) const VERSION_AT: usize = 8;
+pub(crate) const RINGS_AT: usize = 12;
+pub(crate) const CAP_AT: usize = 16;
+pub(crate) const PID_AT: usize = 24;
+pub(crate) const DOORBELL_AT: usize = LINE;
+pub(crate) const SLEEPING_AT: usize = 2 * LINE;
+pub(crate) const POLLING_AT: usize = 3 * LINE;
+pub(crate) const TAIL: usize = 0;
+pub(crate) const WAITING: usize = LINE;
+pub(crate) const HEAD: usize = 2 * LINE;
+pub(crate) const ACKED: usize = 3 * LINE;
+pub(crate) const REMOTE: usize = 3 * LINE + 8;
 
 /// A segment's shape: how many rings, of what capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,18 +113,19 @@ impl Layout {
     }
 }
 
-/// A segment: a region with a checked [`Layout`] (its size is at least the layout's).
-pub struct Segment {
-    region: Arc<Region>,
+/// A segment: a region with a checked [`Layout`] (its size is at least the layout's), in
+/// shared memory ([`Region`]) or, in the loom models, in a model's [`Memory`].
+pub struct Segment<M: Memory = Region> {
+    region: Arc<M>,
     layout: Layout,
     /// Stands in for a counter the region cannot hold (never used: the size was checked).
-    spare: AtomicU32,
+    spare: M::W32,
 }
 
-impl Segment {
+impl<M: Memory> Segment<M> {
     /// Formats a new segment (this process receives on it): writes the header of `layout`
     /// for owner `pid`. The region must be zeroed and at least `layout.bytes()` long.
-    pub fn create(region: Arc<Region>, layout: Layout, pid: u32) -> Result<Segment, ShmError> {
+    pub fn create(region: Arc<M>, layout: Layout, pid: u32) -> Result<Segment<M>, ShmError> {
         let need = layout.bytes().unwrap_or(usize::MAX);
         if region.len() < need {
             return Err(ShmError::Layout(format!(
@@ -142,13 +144,13 @@ impl Segment {
         Ok(Segment {
             region,
             layout,
-            spare: AtomicU32::new(0),
+            spare: Word::zero(),
         })
     }
 
     /// Opens a peer's segment (this process sends on it): checks its header against what the
     /// job agreed on (`rings`) and the region's size. Bad values are errors, never trusted.
-    pub fn open(region: Arc<Region>, rings: u32) -> Result<Segment, ShmError> {
+    pub fn open(region: Arc<M>, rings: u32) -> Result<Segment<M>, ShmError> {
         let magic = region.u64(MAGIC_AT).map(|m| m.load(Ordering::Acquire));
         if magic != Some(SEGMENT_MAGIC) {
             return Err(ShmError::Corrupt("the segment's magic".into()));
@@ -181,13 +183,13 @@ impl Segment {
         Ok(Segment {
             region,
             layout,
-            spare: AtomicU32::new(0),
+            spare: Word::zero(),
         })
     }
 
     /// The memory under the segment (its accessors are all checked: a test scribbles on a
     /// peer's counters through it, as a broken peer would).
-    pub fn region(&self) -> &Arc<Region> {
+    pub fn region(&self) -> &Arc<M> {
         &self.region
     }
 
@@ -208,22 +210,22 @@ impl Segment {
         u32::from_le_bytes(b4)
     }
 
-    fn word(&self, at: usize) -> &AtomicU32 {
+    fn word(&self, at: usize) -> &M::W32 {
         self.region.u32(at).unwrap_or(&self.spare)
     }
 
     /// The doorbell: a counter that wakes the owner's progress thread (a futex word).
-    pub fn doorbell(&self) -> &AtomicU32 {
+    pub fn doorbell(&self) -> &M::W32 {
         self.word(DOORBELL_AT)
     }
 
     /// Non-zero while the owner's progress thread is parked on the doorbell.
-    pub fn sleeping(&self) -> &AtomicU32 {
+    pub fn sleeping(&self) -> &M::W32 {
         self.word(SLEEPING_AT)
     }
 
     /// How many of the owner's callers read its rings themselves now.
-    pub fn polling(&self) -> &AtomicU32 {
+    pub fn polling(&self) -> &M::W32 {
         self.word(POLLING_AT)
     }
 
@@ -231,7 +233,7 @@ impl Segment {
     /// its rings now and its progress thread is parked. (After a `SeqCst` fence, paired with
     /// the owner's fences before it parks or stops polling.)
     pub fn needs_wake(&self) -> bool {
-        fence(Ordering::SeqCst);
+        self.region.fence(Ordering::SeqCst);
         self.polling().load(Ordering::Relaxed) == 0 && self.sleeping().load(Ordering::Relaxed) != 0
     }
 
@@ -243,12 +245,12 @@ impl Segment {
 
     /// The owner's board lane in this segment: written by the owner only, read by the
     /// members of its boards (every word checked against the region).
-    pub fn lane(self: &Arc<Self>) -> SegmentLane {
+    pub fn lane(self: &Arc<Self>) -> SegmentLane<M> {
         SegmentLane(self.clone())
     }
 
     /// The sending end of ring `k` (this process's ring in a peer's segment).
-    pub fn writer(self: &Arc<Self>, k: u32) -> Option<RingWriter> {
+    pub fn writer(self: &Arc<Self>, k: u32) -> Option<RingWriter<M>> {
         let base = self.layout.ring_at(k)?;
         let w = RingWriter {
             seg: self.clone(),
@@ -261,7 +263,7 @@ impl Segment {
     }
 
     /// The receiving end of ring `k` (from sender `k`, in this process's segment).
-    pub fn reader(self: &Arc<Self>, k: u32) -> Option<RingReader> {
+    pub fn reader(self: &Arc<Self>, k: u32) -> Option<RingReader<M>> {
         let base = self.layout.ring_at(k)?;
         Some(RingReader {
             seg: self.clone(),
@@ -273,15 +275,15 @@ impl Segment {
 }
 
 /// The sending end of a ring.
-pub struct RingWriter {
-    seg: Arc<Segment>,
+pub struct RingWriter<M: Memory = Region> {
+    seg: Arc<Segment<M>>,
     base: usize,
     cap: u64,
     /// Bytes written (this side's own count; the segment's copy is only published).
     tail: u64,
 }
 
-impl RingWriter {
+impl<M: Memory> RingWriter<M> {
     fn load(&self, at: usize) -> u64 {
         self.seg
             .region
@@ -290,7 +292,7 @@ impl RingWriter {
     }
 
     /// The segment the ring is in (its owner's doorbell).
-    pub fn segment(&self) -> &Arc<Segment> {
+    pub fn segment(&self) -> &Arc<Segment<M>> {
         &self.seg
     }
 
@@ -362,20 +364,20 @@ impl RingWriter {
         }
         // The store above before the caller's next load of the head (the reader stores the
         // head, fences, then loads this flag).
-        fence(Ordering::SeqCst);
+        self.seg.region.fence(Ordering::SeqCst);
     }
 }
 
 /// The receiving end of a ring.
-pub struct RingReader {
-    seg: Arc<Segment>,
+pub struct RingReader<M: Memory = Region> {
+    seg: Arc<Segment<M>>,
     base: usize,
     cap: u64,
     /// Bytes read (this side's own count).
     head: u64,
 }
 
-impl RingReader {
+impl<M: Memory> RingReader<M> {
     /// Bytes published and not read yet.
     pub fn ready(&self) -> Result<u64, ShmError> {
         let tail = self
@@ -433,7 +435,7 @@ impl RingReader {
         if let Some(h) = region.u64(self.base + HEAD) {
             h.store(self.head, Ordering::SeqCst);
         }
-        fence(Ordering::SeqCst);
+        region.fence(Ordering::SeqCst);
         region
             .u32(self.base + WAITING)
             .is_some_and(|w| w.load(Ordering::SeqCst) != 0 && w.swap(0, Ordering::SeqCst) != 0)
@@ -441,9 +443,9 @@ impl RingReader {
 }
 
 /// A process's board lane in its segment ([`Segment::lane`]).
-pub struct SegmentLane(Arc<Segment>);
+pub struct SegmentLane<M: Memory = Region>(Arc<Segment<M>>);
 
-impl crate::board::Lane for SegmentLane {
+impl<M: Memory> crate::board::Lane for SegmentLane<M> {
     fn load(&self, i: usize) -> Option<u64> {
         if i >= crate::board::LANE_WORDS {
             return None;
