@@ -26,8 +26,10 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// What stays outside the loom model, always `std`'s, each for a reason:
-/// - the words of memory shared with other processes (`wire::shm`'s region and rings, the
-///   board's lanes in a segment): loom has no memory that another process writes;
+/// - the words of memory shared with other processes (`wire::shm`'s region, the board's
+///   lanes in a segment): loom has no memory that another process writes. The code that
+///   uses them is generic over its memory (`wire::shm::Memory`, `board::Lane`), and the
+///   loom models run it over loom's atomics instead;
 /// - the payload buffers' pool and arena, and the caller-owned destinations of a call
 ///   (`tensor::pool`, `tensor::arena`, `collective::dest`): payloads stay outside the
 ///   model, as `bytes::Bytes` does;

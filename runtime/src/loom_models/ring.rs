@@ -416,7 +416,8 @@ fn doorbell(leaves: Leaves, flaw: Option<Flaw>) {
             if leaves == Leaves::Parking {
                 callers.parking();
             }
-            match callers.leave(&own) {
+            // The frame is for a call in flight (its caller gone): the background's.
+            match callers.leave(&own, || true) {
                 Leave::Done => {}
                 Leave::ReadOnce => took(&own),
                 Leave::WakeProgress => {

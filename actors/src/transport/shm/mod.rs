@@ -528,7 +528,12 @@ impl Poller for Inner {
     /// [`LINGER`]), unless it parks: then it lowers it, and takes what a sender published
     /// before it saw no reader (after that, the sender rings).
     fn leave(&self) {
-        match self.callers.leave(&self.own) {
+        let background = || {
+            self.driver
+                .upgrade()
+                .is_some_and(|d| d.has_calls_in_flight())
+        };
+        match self.callers.leave(&self.own, background) {
             Leave::Done => {}
             Leave::ReadOnce => {
                 self.poll_now();

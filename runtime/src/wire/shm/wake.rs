@@ -16,7 +16,9 @@
 //!   it once no caller came for a whole wait ([`Callers::lingered`]), then looks again;
 //! - a caller about to park lowers it as it leaves ([`Callers::leave`]) and reads once more;
 //!   one that leaves it raised while the progress thread is parked (it parks only when
-//!   `polling` is low, and nothing would lower it) wakes the thread, which then lingers.
+//!   `polling` is low, and nothing would lower it) with calls left to the background wakes
+//!   the thread, which then lingers. (With none, what comes is for a later call, whose
+//!   caller takes it: no wake-up is spent between two blocking calls.)
 //!
 //! [`Callers`] counts this process's callers (the segment's word is a peer's to read, and a
 //! peer may scribble on it); its atomics come from the `sync` facade, so the loom models
@@ -55,8 +57,8 @@ pub enum Leave {
     /// Read the rings once more (it lowered `polling`: what a sender published before it
     /// saw the lowered flag is this caller's to take).
     ReadOnce,
-    /// Wake the progress thread (ring the doorbell, then a futex wake): it is parked, and
-    /// `polling` stays raised for it to lower.
+    /// Wake the progress thread (ring the doorbell, then a futex wake): it is parked,
+    /// `polling` stays raised for it to lower, and calls are left to the background.
     WakeProgress,
 }
 
@@ -114,11 +116,12 @@ impl Callers {
     }
 
     /// A caller stops reading. The last one out leaves the segment's `polling` raised (the
-    /// progress thread lowers it within the linger; if that thread is parked, the caller
-    /// wakes it: [`Leave::WakeProgress`]), unless it parks: then it lowers it and must read
-    /// the rings once more ([`Leave::ReadOnce`]), to take what a sender published before it
-    /// saw no reader (after that, the sender rings).
-    pub fn leave<M: Memory>(&self, seg: &Segment<M>) -> Leave {
+    /// progress thread lowers it within the linger; if that thread is parked and
+    /// `background` says calls are in flight with nobody waiting for them, the caller wakes
+    /// it: [`Leave::WakeProgress`]), unless it parks: then it lowers it and must read the
+    /// rings once more ([`Leave::ReadOnce`]), to take what a sender published before it saw
+    /// no reader (after that, the sender rings).
+    pub fn leave<M: Memory>(&self, seg: &Segment<M>, background: impl FnOnce() -> bool) -> Leave {
         let last = self.polling.fetch_sub(1, Ordering::SeqCst) == 1;
         if !last {
             return Leave::Done;
@@ -130,7 +133,7 @@ impl Callers {
         // `polling` (raised at entry) before the look at `parked`; the progress thread
         // raises `parked`, fences, then looks at `polling` before it parks.
         seg.region().fence(Ordering::SeqCst);
-        if self.parked.load(Ordering::SeqCst) && self.wakes() {
+        if self.parked.load(Ordering::SeqCst) && self.wakes() && background() {
             Leave::WakeProgress
         } else {
             Leave::Done
@@ -211,5 +214,130 @@ impl Callers {
     pub fn woke<M: Memory>(&self, seg: &Segment<M>) {
         self.parked.store(false, Ordering::SeqCst);
         seg.sleeping().store(0, Ordering::SeqCst);
+    }
+}
+
+#[cfg(all(test, not(collectix_loom)))]
+mod tests {
+    use super::*;
+    use crate::wire::shm::ring::Layout;
+    use crate::wire::shm::Region;
+    use std::sync::Arc;
+
+    fn segment() -> Segment {
+        let layout = Layout::new(1, 4096).unwrap_or_else(|e| panic!("{e}"));
+        let region = Arc::new(Region::heap(layout.bytes().unwrap_or(0)));
+        Segment::create(region, layout, 1).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn polling(seg: &Segment) -> u32 {
+        seg.polling().load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn the_last_caller_out_leaves_polling_raised_and_one_that_parks_lowers_it() {
+        let (seg, c) = (segment(), Callers::new());
+        c.enter(&seg);
+        c.enter(&seg);
+        assert_eq!(polling(&seg), 1);
+        assert_eq!(c.leave(&seg, || true), Leave::Done, "not the last one");
+        assert_eq!(
+            c.leave(&seg, || true),
+            Leave::Done,
+            "the progress thread is up"
+        );
+        assert_eq!(polling(&seg), 1, "left raised for the linger");
+        c.enter(&seg);
+        c.parking();
+        assert_eq!(c.leave(&seg, || true), Leave::ReadOnce);
+        assert_eq!(polling(&seg), 0);
+        c.enter(&seg);
+        assert_eq!(
+            c.leave(&seg, || true),
+            Leave::Done,
+            "parking is asked for once"
+        );
+    }
+
+    #[test]
+    fn the_progress_thread_lingers_while_callers_read_parks_when_idle_and_stays_with_work() {
+        let (seg, c) = (segment(), Callers::new());
+        let bell = Callers::going_to_sleep(&seg);
+        assert_eq!(seg.sleeping().load(Ordering::SeqCst), 1);
+        assert_eq!(c.rest(&seg, bell, || false), Rest::Stay);
+        assert_eq!(c.rest(&seg, bell, || true), Rest::Park { bell });
+        c.woke(&seg);
+        assert_eq!(seg.sleeping().load(Ordering::SeqCst), 0);
+        c.enter(&seg);
+        assert_eq!(
+            c.rest(&seg, bell, || panic!("not asked while callers read")),
+            Rest::Linger { bell, looks: 1 }
+        );
+        assert_eq!(c.leave(&seg, || true), Leave::Done);
+        // Left raised: the thread still lingers, and lowers it after a wait no caller came in.
+        let Rest::Linger { looks, .. } = c.rest(&seg, bell, || true) else {
+            panic!("lingers");
+        };
+        c.enter(&seg);
+        assert_eq!(c.leave(&seg, || true), Leave::Done);
+        c.lingered(&seg, looks);
+        assert_eq!(polling(&seg), 1, "a caller came during the wait");
+        c.lingered(&seg, looks + 1);
+        assert_eq!(polling(&seg), 0);
+        assert_eq!(c.rest(&seg, bell, || true), Rest::Park { bell });
+    }
+
+    #[test]
+    fn a_caller_that_leaves_polling_raised_with_calls_in_the_background_wakes_a_parked_thread() {
+        let (seg, c) = (segment(), Callers::new());
+        let bell = Callers::going_to_sleep(&seg);
+        assert_eq!(c.rest(&seg, bell, || true), Rest::Park { bell });
+        c.enter(&seg);
+        assert_eq!(
+            c.leave(&seg, || false),
+            Leave::Done,
+            "nothing in the background: the next caller takes what comes"
+        );
+        c.enter(&seg);
+        assert_eq!(c.leave(&seg, || true), Leave::WakeProgress);
+        c.woke(&seg);
+        c.enter(&seg);
+        assert_eq!(
+            c.leave(&seg, || true),
+            Leave::Done,
+            "the thread is up: it lowers polling"
+        );
+    }
+
+    #[test]
+    fn a_caller_in_the_segment_turns_a_park_into_a_linger() {
+        let (seg, c) = (segment(), Callers::new());
+        let bell = Callers::going_to_sleep(&seg);
+        // The caller enters between the first look at `polling` and the park.
+        let rest = c.rest(&seg, bell, || {
+            c.enter(&seg);
+            true
+        });
+        assert_eq!(rest, Rest::Linger { bell, looks: 1 });
+        assert_eq!(
+            c.leave(&seg, || true),
+            Leave::Done,
+            "the thread lingers: not parked"
+        );
+    }
+
+    #[test]
+    fn a_sender_wakes_the_owner_only_when_nobody_reads() {
+        let (seg, c) = (segment(), Callers::new());
+        assert!(!seg.needs_wake(), "the progress thread is up");
+        let bell = Callers::going_to_sleep(&seg);
+        assert!(seg.needs_wake());
+        c.enter(&seg);
+        assert!(!seg.needs_wake(), "a caller reads");
+        c.parking();
+        assert_eq!(c.leave(&seg, || true), Leave::ReadOnce);
+        assert!(seg.needs_wake());
+        seg.ring();
+        assert_eq!(seg.doorbell().load(Ordering::SeqCst), bell + 1);
     }
 }
