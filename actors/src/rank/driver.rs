@@ -84,8 +84,6 @@ pub(crate) struct Driver {
     closed: AtomicBool,
     /// Times the actor was woken (a statistic for the bench).
     wakeups: CachePadded<AtomicU64>,
-    /// Calls in flight on the engine at the end of its last run.
-    in_flight: AtomicUsize,
     /// Peers this rank's runs handed messages to while nobody drove them.
     owed: Owed,
     /// Callers parked in `Work::wait` on this rank: the background driver's work goes to
@@ -166,7 +164,6 @@ impl Driver {
             yield_every,
             closed: AtomicBool::new(false),
             wakeups: CachePadded(AtomicU64::new(0)),
-            in_flight: AtomicUsize::new(0),
             owed: Arc::default(),
             bell: CachePadded(Mutex::new(Bell::default())),
             sleeping: AtomicUsize::new(0),
@@ -211,10 +208,15 @@ impl Driver {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Whether the engine had calls in flight at the end of its last run (a transport's
-    /// thread must then read what comes, though no caller does).
+    /// Whether the engine has calls in flight (a transport's thread must then read what
+    /// comes, though no caller does); `true` while another thread runs it. Asked only on the
+    /// rare path where a transport's thread is parked.
     pub(crate) fn has_calls_in_flight(&self) -> bool {
-        self.in_flight.load(Ordering::Relaxed) > 0
+        match self.core.try_lock() {
+            Ok(core) => core.engine.pending() > 0,
+            Err(TryLockError::Poisoned(e)) => e.into_inner().engine.pending() > 0,
+            Err(TryLockError::WouldBlock) => true,
+        }
     }
 
     /// Times the rank's actor was woken to drive it (or re-arm its timer).
@@ -286,8 +288,6 @@ impl Driver {
         let r = f(&mut core, now, &mut after);
         core.progress(&self.inbox, now, &mut after);
         let mut next = core.engine.poll_timeout();
-        self.in_flight
-            .store(core.engine.pending(), Ordering::Relaxed);
         let (board_next, moved) = self.board_checks(&mut core, now, &mut after);
         if let Some(b) = board_next {
             next = Some(next.map_or(b, |n| n.min(b)));
