@@ -99,7 +99,7 @@ struct ModelMemory {
     u32s: Vec<(usize, W<AtomicU32>)>,
     u64s: Vec<(usize, W<AtomicU64>)>,
     data: Vec<AtomicU8>,
-    header: std::sync::Mutex<Vec<u8>>,
+    header: Mutex<Vec<u8>>,
     flaw: Option<Flaw>,
 }
 
@@ -138,7 +138,7 @@ impl ModelMemory {
                 .map(w64)
                 .collect(),
             data: (0..CAP).map(|_| AtomicU8::new(0)).collect(),
-            header: std::sync::Mutex::new(vec![0; 64]),
+            header: Mutex::new(vec![0; 64]),
             flaw,
         }
     }
