@@ -271,8 +271,8 @@ mod tests {
         // ends at once (it needs nobody) but its slot is still taken. Member 1 then makes
         // the first DEPTH calls, and at DEPTH names itself the root. Member 0's look, once
         // its slot frees and it publishes, finds that: its pending error.
-        let lanes: Vec<Arc<dyn Lane>> =
-            vec![Arc::new(HeapLane::default()), Arc::new(HeapLane::default())];
+        let lanes0: Arc<dyn Lane> = Arc::new(HeapLane::default());
+        let lanes: Vec<Arc<dyn Lane>> = vec![lanes0.clone(), Arc::new(HeapLane::default())];
         let b0 = Board::new(lanes.clone(), 0).unwrap_or_else(|e| panic!("{e}"));
         let b1 = Board::new(lanes, 1).unwrap_or_else(|e| panic!("{e}"));
         let last = DEPTH as u64;
@@ -286,6 +286,11 @@ mod tests {
         assert!(records.iter().all(|r| !r.failed()));
         assert_eq!(q0.len(), 1, "the last call waits for its slot");
         assert!(!b0.can_publish(last), "member 1 has not finished call 0");
+        assert_eq!(
+            lanes0.load(0),
+            Some(last),
+            "member 0's finished mark stops before the call that owes its look"
+        );
         for seq in 0..=last {
             let root = if seq == last { 1 } else { 0 };
             q1.push(seq, broadcast(2, 1, root), false, seq, Time::ZERO);
@@ -301,6 +306,7 @@ mod tests {
             matches!(records.as_slice(), [Record::Disagreed(s, e)] if *s == last && matches!(**e, Error::Mismatch { .. })),
             "{records:?}"
         );
+        assert!(records[0].failed(), "a disagreement fails the group");
         assert!(q0.is_empty(), "the call is done with");
     }
 
@@ -332,5 +338,100 @@ mod tests {
             matches!(records.as_slice(), [Record::Failed(0, _)]),
             "{records:?}"
         );
+        assert!(records[0].failed());
+    }
+
+    fn reduce(n: usize, me: usize, root: usize) -> BoardCall {
+        let req = Request::Reduce {
+            tensor: Tensor::from_vec(vec![me as f32]),
+            root,
+            op: crate::tensor::reduce::ReduceOp::Sum,
+        };
+        match BoardCall::of(&req, &info(n, me), &CallOptions::default()) {
+            Some(Ok(c)) => c,
+            other => panic!("not a board call: {other:?}"),
+        }
+    }
+
+    /// Three members' boards over heap lanes; the lanes too.
+    fn three() -> (Vec<Arc<dyn Lane>>, Vec<Board>) {
+        let lanes: Vec<Arc<dyn Lane>> = (0..3)
+            .map(|_| Arc::new(HeapLane::default()) as Arc<dyn Lane>)
+            .collect();
+        let boards = (0..3)
+            .map(|m| Board::new(lanes.clone(), m).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        (lanes, boards)
+    }
+
+    fn step3(q: &mut Queue<u64>, b: &Board) -> (Out, Vec<Record>, (bool, usize)) {
+        let (mut out, mut records) = (Vec::new(), Vec::new());
+        let r = q.step(b, &info(3, b.me()), &|| Time::ZERO, &mut out, &mut records);
+        (out, records, r)
+    }
+
+    #[test]
+    fn a_root_waits_for_the_slots_it_needs_and_names_the_missing_members() {
+        let (_, bs) = three();
+        let mut q0 = Queue::new(3);
+        assert!(q0.is_empty());
+        q0.push(0, reduce(3, 0, 0), false, 10, Time::ZERO);
+        q0.push(1, reduce(3, 0, 0), false, 11, Time::ZERO);
+        assert_eq!(q0.len(), 2);
+        assert!(!q0.is_empty());
+        let (out, records, (moved, done)) = step3(&mut q0, &bs[0]);
+        assert!(out.is_empty() && records.is_empty(), "{out:?} {records:?}");
+        assert!(moved, "both slots were published");
+        assert_eq!(done, 0);
+        assert_eq!(q0.len(), 2, "published, still waiting: not done with");
+        // Member 1 gives its slot; member 2 does not.
+        let mut q1 = Queue::new(3);
+        q1.push(0, reduce(3, 1, 0), false, 20, Time::ZERO);
+        let (out1, _, _) = step3(&mut q1, &bs[1]);
+        assert_eq!(out1.len(), 1, "a non-root needs nobody");
+        let first = q0.first_waiting().map(|p| p.seq);
+        assert_eq!(first, Some(0));
+        let p = q0.first_waiting().map(|p| Queue::missing(&bs[0], p));
+        assert_eq!(p, Some(vec![2]), "only member 2's slot is missing");
+        let (out, _, (moved, done)) = step3(&mut q0, &bs[0]);
+        assert!(
+            out.is_empty() && !moved && done == 0,
+            "still waiting for member 2"
+        );
+    }
+
+    #[test]
+    fn the_first_waiting_call_ends_and_its_slot_is_given_up() {
+        let (lanes, bs) = three();
+        let mut q0 = Queue::new(3);
+        q0.push(0, reduce(3, 0, 0), false, 10, Time::ZERO);
+        q0.push(1, reduce(3, 0, 0), false, 11, Time::ZERO);
+        let _ = step3(&mut q0, &bs[0]);
+        assert_eq!(q0.end_first_waiting(&bs[0]), Some(10));
+        assert_eq!(lanes[0].load(0), Some(1), "call 0 is finished here");
+        assert_eq!(q0.pop_done(), 1);
+        assert_eq!(q0.first_waiting().map(|p| p.seq), Some(1));
+        assert_eq!(q0.end_first_waiting(&bs[0]), Some(11));
+        assert_eq!(q0.pop_done(), 1);
+        assert!(q0.is_empty());
+        assert_eq!(q0.end_first_waiting(&bs[0]), None, "nothing waits");
+    }
+
+    #[test]
+    fn abandoned_slots_leave_nothing_to_publish_or_look_at() {
+        // Member 0 roots DEPTH + 1 broadcasts: the last ends at once but cannot publish
+        // (member 1 has not finished call 0). The group ends: it is done with.
+        let (_, bs) = three();
+        let mut q0 = Queue::new(3);
+        for seq in 0..=DEPTH as u64 {
+            q0.push(seq, broadcast(3, 0, 0), false, seq, Time::ZERO);
+        }
+        let (out, _, (_, done)) = step3(&mut q0, &bs[0]);
+        assert_eq!(out.len(), DEPTH + 1);
+        assert_eq!(done, DEPTH, "all but the unpublished one");
+        assert_eq!(q0.len(), 1);
+        q0.abandon_slots();
+        assert_eq!(q0.pop_done(), 1);
+        assert!(q0.is_empty());
     }
 }

@@ -327,6 +327,31 @@ mod tests {
     }
 
     #[test]
+    fn polling_stays_raised_while_a_caller_reads() {
+        let (seg, c) = (segment(), Callers::new());
+        c.enter(&seg);
+        assert!(c.any());
+        let Rest::Linger { looks, .. } = c.rest(&seg, 0, || true) else {
+            panic!("a caller reads: the thread lingers");
+        };
+        c.lingered(&seg, looks);
+        assert_eq!(polling(&seg), 1, "not lowered under a caller");
+        c.lower(&seg);
+        assert_eq!(polling(&seg), 1, "raised again: a caller reads");
+        c.enter(&seg);
+        c.parking();
+        assert_eq!(c.leave(&seg, || true), Leave::Done, "not the last one out");
+        assert_eq!(polling(&seg), 1);
+        assert_eq!(
+            c.leave(&seg, || true),
+            Leave::ReadOnce,
+            "the last one parks"
+        );
+        assert!(!c.any());
+        assert_eq!(polling(&seg), 0);
+    }
+
+    #[test]
     fn a_sender_wakes_the_owner_only_when_nobody_reads() {
         let (seg, c) = (segment(), Callers::new());
         assert!(!seg.needs_wake(), "the progress thread is up");
