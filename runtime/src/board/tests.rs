@@ -290,3 +290,118 @@ fn only_small_calls_without_a_forced_algorithm_run_on_the_board() {
     };
     assert!(BoardCall::of(&gather, &g, &none).is_none());
 }
+
+#[test]
+fn a_board_call_fingerprints_its_call_and_its_path() {
+    let n = 3;
+    let t = || Tensor::from_vec(vec![1.0f32, 2.0]);
+    let ar = call(
+        &Request::AllReduce {
+            tensor: t(),
+            op: ReduceOp::PremulSum(2.0),
+        },
+        n,
+        0,
+    )
+    .fingerprint();
+    assert_eq!(ar.path, crate::ids::DataPath::Board);
+    assert_eq!((ar.count, ar.root), (Some(2), None));
+    assert_eq!(
+        ar.scalar,
+        2.0f64.to_bits(),
+        "the op's scalar is part of the call"
+    );
+    let red = call(
+        &Request::Reduce {
+            tensor: t(),
+            root: 2,
+            op: ReduceOp::Sum,
+        },
+        n,
+        0,
+    )
+    .fingerprint();
+    assert_eq!((red.count, red.root, red.scalar), (Some(2), Some(2), 0));
+    assert_eq!(red.path, crate::ids::DataPath::Board);
+    let b = call(&Request::Barrier, n, 1).fingerprint();
+    assert_eq!(b.path, crate::ids::DataPath::Board);
+    assert_eq!(BoardCall::barrier().fingerprint(), b);
+}
+
+#[test]
+fn a_call_is_partial_where_a_member_finishes_without_every_slot() {
+    let n = 3;
+    let t = || Tensor::from_vec(vec![1.0f32]);
+    let bcast = |me| {
+        call(
+            &Request::Broadcast {
+                tensor: t(),
+                root: 0,
+            },
+            n,
+            me,
+        )
+    };
+    let reduce = |me| {
+        call(
+            &Request::Reduce {
+                tensor: t(),
+                root: 0,
+                op: ReduceOp::Sum,
+            },
+            n,
+            me,
+        )
+    };
+    let all = |me| {
+        call(
+            &Request::AllReduce {
+                tensor: t(),
+                op: ReduceOp::Sum,
+            },
+            n,
+            me,
+        )
+    };
+    assert!(bcast(0).partial(0, n), "the root needs nobody");
+    assert!(bcast(1).partial(1, n), "a receiver needs only the root");
+    assert!(!reduce(0).partial(0, n), "the root needs every member");
+    assert!(reduce(2).partial(2, n), "the others need nobody");
+    assert!(!all(1).partial(1, n));
+    assert!(!call(&Request::Barrier, n, 2).partial(2, n));
+    assert!(
+        !bcast(1).partial(1, 2),
+        "of two members a receiver needs the only other one"
+    );
+}
+
+#[test]
+fn a_slot_of_the_same_call_with_another_length_is_a_broken_peer() {
+    let b = boards(2);
+    let req = Request::AllReduce {
+        tensor: Tensor::from_vec(vec![1.0f32]),
+        op: ReduceOp::Sum,
+    };
+    let (c0, c1) = (call(&req, 2, 0), call(&req, 2, 1));
+    b[0].publish(0, c0.fingerprint_bytes(), c0.payload())
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Member 1's slot names the call but holds 3 bytes, not 4.
+    b[1].publish(0, c1.fingerprint_bytes(), &[0u8; 3])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let slots = vec![None, b[0].read(1, 0).unwrap_or_else(|e| panic!("{e}"))];
+    let r = c0.finish(&info(2, 0), 0, &slots);
+    assert!(
+        matches!(
+            r,
+            Err(Error::Protocol {
+                rank: 1,
+                detail: crate::error::ProtocolError::Length {
+                    expected: 4,
+                    got: 3,
+                    ..
+                }
+            })
+        ),
+        "{r:?}"
+    );
+}
