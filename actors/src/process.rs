@@ -57,6 +57,12 @@ const LINGER: Duration = Duration::from_secs(10);
 /// How long the rank serving the store keeps it after its own join failed, while other ranks
 /// are still connected to it.
 const JOIN_LINGER: Duration = Duration::from_secs(5);
+/// How long the rank serving the store waits at most, once every rank said it is gone, for
+/// the answers to those last requests to be written.
+const ANSWERED: Duration = Duration::from_secs(1);
+/// How long a rank's status responder tries its store connection again once it broke (the
+/// store's rank closed it: the job is ending).
+const STATUS_RECONNECT: Duration = Duration::from_secs(1);
 /// How long a restarted process tries to reach each peer (one that cannot be reached is
 /// taken as lost).
 const REJOIN_CONNECT: Duration = Duration::from_secs(5);
@@ -234,12 +240,15 @@ pub(crate) fn init_with(
             #[cfg(target_os = "linux")]
             shm,
         }) => {
-            // A connection of its own for the status responder, whose waits hold it.
+            // A connection of its own for the status responder, whose waits hold it. Once
+            // the store is gone (the job ends) it is tried again for a second, not for the
+            // connect timeout: the responder then stops.
             let status = match &config.rendezvous {
                 Rendezvous::Tcp { host, port } => {
                     TcpStore::connect_secured(host_port(host, *port), left(), security.clone())
                         .ok()
                         .map(|s| {
+                            let s = s.reconnect_within(STATUS_RECONNECT);
                             crate::status::Responder::start(
                                 rank,
                                 comm.member.rank.driver.clone(),
@@ -472,10 +481,15 @@ impl Process {
         if self.store.set(&format!("gone/{rank}"), Vec::new()).is_err() {
             return;
         }
-        if self.server.is_some() {
+        if let Some(server) = &self.server {
             let keys: Vec<String> = alive.iter().map(|r| format!("gone/{r}")).collect();
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             let _ = self.store.wait(&refs, LINGER);
+            // A `gone/` key is seen before its answer has left: closing now could cut the
+            // answer off, and that rank would wait out its store timeout reconnecting.
+            if !server.wait_answered(ANSWERED) {
+                tracing::warn!(rank, "a store request still unanswered; closing anyway");
+            }
         }
     }
 }

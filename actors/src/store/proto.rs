@@ -86,6 +86,17 @@ impl Request {
     pub(crate) fn idempotent(&self) -> bool {
         !matches!(self, Request::Add { .. } | Request::CompareSet { .. })
     }
+
+    /// Whether it changes the table (others may see its effect before its answer leaves).
+    pub(crate) fn changes(&self) -> bool {
+        matches!(
+            self,
+            Request::Set { .. }
+                | Request::Add { .. }
+                | Request::CompareSet { .. }
+                | Request::Delete { .. }
+        )
+    }
 }
 
 /// What the server answers.

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::net::{
     IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
 };
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -38,6 +38,10 @@ pub struct TcpStoreServer {
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
     conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
+    /// Requests that change the table, read and not answered yet (a `set` counts from
+    /// before it takes effect until its answer is written; a `wait` or `get`, which may be
+    /// held for long and changes nothing, does not count).
+    owed: Arc<AtomicUsize>,
 }
 
 impl TcpStoreServer {
@@ -92,7 +96,8 @@ impl TcpStoreServer {
         let stop = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<HashMap<u64, TcpStream>>> = Arc::default();
         let table = Arc::new(Table::default());
-        let gate = gate_for(table, conns.clone(), security, limits)
+        let owed = Arc::new(AtomicUsize::new(0));
+        let gate = gate_for(table, owed.clone(), conns.clone(), security, limits)
             .map_err(|e| Error::Resource(format!("cannot start the store's gate: {e}")))?;
         let s = stop.clone();
         let accept = std::thread::Builder::new()
@@ -105,6 +110,7 @@ impl TcpStoreServer {
             stop,
             accept: Some(accept),
             conns,
+            owed,
         })
     }
 
@@ -146,6 +152,22 @@ impl TcpStoreServer {
         true
     }
 
+    /// Waits until every request that changed the table so far has its answer written, for
+    /// at most `within`; whether every one has. A rank that serves the store and saw the others' last keys
+    /// (`set` by them) calls this before it stops: the effect of a `set` is seen before its
+    /// answer leaves, and a client whose answer is cut off by the close would retry, find
+    /// nobody listening, and wait out its connect timeout.
+    pub fn wait_answered(&self, within: Duration) -> bool {
+        let deadline = crate::sync::deadline_after(within);
+        while self.owed.load(Ordering::SeqCst) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    }
+
     /// Stops listening and closes every connection.
     pub fn shutdown(mut self) {
         self.stop_now();
@@ -174,6 +196,7 @@ impl Drop for TcpStoreServer {
 /// (by the deadline the gate gives) and serves it.
 fn gate_for(
     table: Arc<Table>,
+    owed: Arc<AtomicUsize>,
     conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     security: Security,
     limits: Limits,
@@ -182,12 +205,12 @@ fn gate_for(
     let pass: Pass = Box::new(move |stream, deadline| {
         let id = next;
         next += 1;
-        let table = table.clone();
+        let (table, owed) = (table.clone(), owed.clone());
         start_conn(
             stream,
             id,
             &conns,
-            move |s| serve(s, &table, deadline),
+            move |s| serve(s, &table, &owed, deadline),
             |job| {
                 std::thread::Builder::new()
                     .name("collectix-store-conn".into())
@@ -255,8 +278,9 @@ fn start_conn(
 }
 
 /// Serves one client that passed the handshake, until it closes or breaks the protocol; its
-/// hello must come by `deadline`.
-fn serve(mut s: TcpStream, table: &Table, deadline: Instant) {
+/// hello must come by `deadline`. `owed` counts the requests that change the table, read and
+/// not answered yet.
+fn serve(mut s: TcpStream, table: &Table, owed: &AtomicUsize, deadline: Instant) {
     let peer = s
         .peer_addr()
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
@@ -291,8 +315,16 @@ fn serve(mut s: TcpStream, table: &Table, deadline: Instant) {
             }
             Err(e) => return drop_client(e.to_string()),
         };
+        let changes = req.changes();
+        if changes {
+            owed.fetch_add(1, Ordering::SeqCst);
+        }
         let answer = handle(table, req);
-        if let Err(e) = proto::write(&mut s, &answer) {
+        let written = proto::write(&mut s, &answer);
+        if changes {
+            owed.fetch_sub(1, Ordering::SeqCst);
+        }
+        if let Err(e) = written {
             return drop_client(format!("cannot answer: {e}"));
         }
     }
@@ -335,7 +367,9 @@ pub(crate) fn handle(t: &Table, req: Request) -> Response {
 /// may start before the server. `Send + Sync`; requests from several threads take turns.
 pub struct TcpStore {
     addr: String,
-    connect_timeout: Duration,
+    /// How long a connection that broke is tried again (the connect timeout, unless set
+    /// with [`reconnect_within`](Self::reconnect_within)).
+    reconnect_timeout: Duration,
     security: Security,
     conn: Mutex<Option<TcpStream>>,
 }
@@ -356,18 +390,27 @@ impl TcpStore {
     ) -> Result<TcpStore> {
         let store = TcpStore {
             addr: addr.into(),
-            connect_timeout: timeout,
+            reconnect_timeout: timeout,
             security,
             conn: Mutex::new(None),
         };
-        let c = store.open()?;
+        let c = store.open(timeout)?;
         *lock(&store.conn) = Some(c);
         Ok(store)
     }
 
-    /// A new connection, hello exchanged.
-    fn open(&self) -> Result<TcpStream> {
-        let deadline = crate::sync::deadline_after(self.connect_timeout);
+    /// Once connected, a connection that broke is tried again for at most `within` (zero:
+    /// once) rather than the connect timeout: for a client that has nothing to wait for
+    /// once the server is gone (a rank's status responder, whose server closes as the job
+    /// ends).
+    pub fn reconnect_within(mut self, within: Duration) -> TcpStore {
+        self.reconnect_timeout = within;
+        self
+    }
+
+    /// A new connection, hello exchanged, tried for at most `within`.
+    fn open(&self, within: Duration) -> Result<TcpStream> {
+        let deadline = crate::sync::deadline_after(within);
         let mut last = String::from("no address");
         loop {
             let addrs: Vec<SocketAddr> = match self.addr.to_socket_addrs() {
@@ -424,7 +467,7 @@ impl TcpStore {
             if Instant::now() >= deadline {
                 return Err(Error::StoreTimeout {
                     what: format!("a connection to the store at {} ({last})", self.addr),
-                    waited_ms: u64::try_from(self.connect_timeout.as_millis()).unwrap_or(u64::MAX),
+                    waited_ms: u64::try_from(within.as_millis()).unwrap_or(u64::MAX),
                 });
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -446,7 +489,7 @@ impl TcpStore {
         for attempt in 0..2 {
             let s = match conn.as_mut() {
                 Some(s) => s,
-                None => conn.insert(self.open()?),
+                None => conn.insert(self.open(self.reconnect_timeout)?),
             };
             let _ = s.set_read_timeout(Some(wait.saturating_add(ANSWER_SLACK)));
             let written = proto::write(s, &req);

@@ -264,3 +264,35 @@ fn a_client_that_trickles_its_handshake_is_dropped_within_the_hello_timeout() {
         "closed after {took:?}"
     );
 }
+
+#[test]
+fn a_server_owes_answers_to_changes_only() {
+    // What the rank serving a job's store waits for before it closes (`Process::shutdown`):
+    // a change others can see may not have its answer written yet. A wait the server holds
+    // (a status responder's, up to a second) is not waited for.
+    let s = server();
+    assert!(
+        s.wait_answered(Duration::ZERO),
+        "nothing read, nothing owed"
+    );
+    let waiter = client(&s);
+    let held = std::thread::spawn(move || waiter.wait(&["k"], Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(s.wait_answered(Duration::ZERO), "a held wait is not owed");
+    let c = client(&s);
+    assert_eq!(c.set("k", Vec::new()), Ok(()));
+    assert!(s.wait_answered(Duration::from_secs(10)));
+    assert_eq!(held.join().unwrap_or_else(|_| panic!("panicked")), Ok(()));
+    let changes = |r: &Request| r.changes();
+    assert!(changes(&Request::Set {
+        key: "k".into(),
+        value: Vec::new()
+    }));
+    assert!(changes(&Request::Add {
+        key: "k".into(),
+        delta: 1
+    }));
+    assert!(changes(&Request::Delete { key: "k".into() }));
+    assert!(!changes(&Request::Check { keys: Vec::new() }));
+    assert!(!changes(&Request::NumKeys));
+}
