@@ -27,7 +27,7 @@ pub(crate) mod recorder;
 mod state;
 mod wait;
 
-pub(crate) use board::{state_of, BoardSubmit, GroupBoard, Quick, Signal, Wake};
+pub(crate) use board::{BoardSubmit, GroupBoard, Quick, Signal, Wake};
 pub(crate) use handoff::Owed;
 pub(crate) use state::{After, Core};
 pub(crate) use wait::{

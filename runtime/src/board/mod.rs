@@ -33,6 +33,7 @@ mod call;
 pub mod queue;
 #[cfg(test)]
 mod tests;
+pub mod wake;
 
 pub use call::BoardCall;
 

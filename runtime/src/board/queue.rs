@@ -15,9 +15,17 @@
 //! - this member's `finished` mark goes up to a call only once the call and every call before
 //!   it looked at the slots after their publish (the others keep their slots for that look);
 //! - a call is done with (popped) once published, looked at, and its waiter given its result.
+//!
+//! And in [`Queue::judge`], in every run of the engine, the verdicts on the first call still
+//! waiting: the rank quiesced (`Shutdown`), the engine refuses it (the group aborted, a
+//! member's part failed, the group destroyed), or its deadline passed (the group is asked
+//! which call each member is in, once; that report's verdict, or a timeout naming the
+//! members whose slots it still needs, ends it). Each ended call stops the calls after it
+//! from being looked at until the next is judged in turn.
 
 use super::{Board, BoardCall, Slot};
 use crate::collective::Output;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::group::GroupInfo;
 use crate::ids::Fingerprint;
@@ -42,6 +50,28 @@ impl Record {
     pub fn failed(&self) -> bool {
         matches!(self, Record::Failed(..) | Record::Disagreed(..))
     }
+}
+
+/// A call that [`Queue::judge`] ended, with the error its waiter gets.
+#[derive(Debug)]
+pub struct Ended<W> {
+    /// Its sequence number in the group.
+    pub seq: u64,
+    /// What waits for its result (none if its waiter had its result already).
+    pub waiting: Option<W>,
+    /// Why it ended.
+    pub error: Error,
+}
+
+/// What [`Queue::judge`] decided.
+#[derive(Debug)]
+pub struct Judged<W> {
+    /// The calls it ended, in order.
+    pub ended: Vec<Ended<W>>,
+    /// The earliest deadline of the calls still waiting (when to judge again).
+    pub next: Option<Time>,
+    /// Calls done with and dropped from the front.
+    pub done: usize,
 }
 
 /// A call queued on a board; `W` is what waits for its result.
@@ -222,6 +252,95 @@ impl<W> Queue<W> {
             n += 1;
         }
         n
+    }
+
+    /// The verdicts of a run of `engine` (this member's, for group `group`) at `now` on the
+    /// first calls still waiting (the module doc): the calls ended, in order, each with its
+    /// error (the engine has its record); when to judge again; how many calls are done
+    /// with. `quiesced`: the rank stopped (its calls end with `Shutdown`).
+    pub fn judge(
+        &mut self,
+        board: &Board,
+        group: &GroupInfo,
+        engine: &mut Engine,
+        quiesced: bool,
+        now: Time,
+    ) -> Judged<W> {
+        let gid = group.id;
+        let mut ended = Vec::new();
+        let mut next = None;
+        while let Some(front) = self.first_waiting() {
+            let why = if quiesced {
+                Some(Error::Shutdown)
+            } else if let Some(e) = engine.board_waiting_refusal(gid, front.seq) {
+                Some(e)
+            } else if now >= front.deadline && front.inquiring {
+                engine.board_inquiry_over(gid, front.seq);
+                engine.board_refusal(gid, front.seq)
+            } else if now >= front.deadline {
+                Self::timed_out(front, board, group, engine, now)
+            } else {
+                None
+            };
+            let Some(error) = why else {
+                next = Some(front.deadline);
+                break;
+            };
+            let seq = front.seq;
+            // Unpublished, it is not published any more (the group is aborted, or the call
+            // failed on every member before it started).
+            let waiting = self.end_first_waiting(board);
+            ended.push(Ended {
+                seq,
+                waiting,
+                error,
+            });
+        }
+        if quiesced || engine.board_dead(gid) {
+            // Calls ended and still to publish: nobody will read them.
+            self.abandon_slots();
+        }
+        Judged {
+            ended,
+            next,
+            done: self.pop_done(),
+        }
+    }
+
+    /// Call `front` passed its deadline: the group is asked which call each member is in
+    /// (and `front` waits for the report), or, where nobody can be asked, it fails with a
+    /// timeout naming the members whose slots it still needs.
+    fn timed_out(
+        front: &mut Pending<W>,
+        board: &Board,
+        group: &GroupInfo,
+        engine: &mut Engine,
+        now: Time,
+    ) -> Option<Error> {
+        let fp = front.call.fingerprint();
+        let missing: Vec<usize> = Self::missing(board, front)
+            .into_iter()
+            .map(|m| group.global(m))
+            .collect();
+        match engine.board_timed_out(group.id, front.seq, fp, missing.clone(), now) {
+            Some(until) => {
+                front.deadline = until;
+                front.inquiring = true;
+                None
+            }
+            None => {
+                let e = Error::Timeout {
+                    group: group.id,
+                    seq: Some(front.seq),
+                    op: fp.kind,
+                    rank: group.global(group.rank),
+                    waiting_for: missing,
+                    report: Vec::new(),
+                };
+                engine.board_failed(group.id, front.seq, e.clone());
+                Some(e)
+            }
+        }
     }
 
     /// The members (group ranks) whose slots call `p` still needs (for a timeout's report).
@@ -433,5 +552,127 @@ mod tests {
         q0.abandon_slots();
         assert_eq!(q0.pop_done(), 1);
         assert!(q0.is_empty());
+    }
+
+    fn far() -> Time {
+        Time::ZERO + std::time::Duration::from_secs(1 << 30)
+    }
+
+    /// Rank 0 of a world of 2 whose engine made broadcast `seq` 0 (root 1) on the board,
+    /// queued with `deadline`: its queue, board and engine.
+    fn judged_world(
+        grace: std::time::Duration,
+        deadline: Time,
+    ) -> (Queue<u64>, Board, GroupInfo, Engine) {
+        let g = GroupInfo::world(
+            2,
+            0,
+            GroupOptions {
+                desync_grace: grace,
+                ..GroupOptions::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut e = Engine::new(0);
+        e.add_group(g.clone(), Time::ZERO);
+        let lanes: Vec<Arc<dyn Lane>> =
+            vec![Arc::new(HeapLane::default()), Arc::new(HeapLane::default())];
+        let b = Board::new(lanes, 0).unwrap_or_else(|e| panic!("{e}"));
+        let call = broadcast(2, 0, 1);
+        assert_eq!(e.board_made(g.id, 0, call.fingerprint()), None);
+        let mut q = Queue::new(2);
+        q.push(0, call, false, 7, deadline);
+        let _ = step(&mut q, &b, 0);
+        (q, b, g, e)
+    }
+
+    #[test]
+    fn a_call_past_its_deadline_asks_the_group_then_ends_with_the_verdict() {
+        let (s1, grace) = (
+            Time::ZERO + std::time::Duration::from_secs(1),
+            std::time::Duration::from_millis(500),
+        );
+        let (mut q, b, g, mut e) = judged_world(grace, s1);
+        // Before its deadline: nothing ends, judge again at the deadline.
+        let j = q.judge(&b, &g, &mut e, false, Time::ZERO);
+        assert!(j.ended.is_empty());
+        assert_eq!((j.next, j.done), (Some(s1), 0));
+        // At it: the other member is asked which call it is in, and the call waits for the
+        // report.
+        let j = q.judge(&b, &g, &mut e, false, s1);
+        assert!(j.ended.is_empty());
+        assert_eq!(j.next, Some(s1 + grace));
+        let asked = e
+            .poll_transmit()
+            .unwrap_or_else(|| panic!("no inquiry sent"));
+        assert_eq!(asked.dst, 1);
+        assert!(matches!(
+            asked.msg.header,
+            crate::wire::message::Header::Inquire { seq: 0, .. }
+        ));
+        // Nobody answered by the report's end: a timeout that names the member whose slot it
+        // needs, and the call is done with (its slot is not published any more).
+        let j = q.judge(&b, &g, &mut e, false, s1 + grace);
+        assert_eq!(j.ended.len(), 1, "{j:?}");
+        assert_eq!((j.ended[0].seq, j.ended[0].waiting), (0, Some(7)));
+        match j.ended[0].error.root_cause() {
+            Error::Timeout { waiting_for, .. } => assert_eq!(waiting_for, &vec![1]),
+            other => panic!("not a timeout: {other:?}"),
+        }
+        assert_eq!((j.next, j.done), (None, 1));
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn without_a_report_a_call_past_its_deadline_times_out_at_once() {
+        let s1 = Time::ZERO + std::time::Duration::from_secs(1);
+        let (mut q, b, g, mut e) = judged_world(std::time::Duration::ZERO, s1);
+        let j = q.judge(&b, &g, &mut e, false, s1);
+        assert_eq!(j.ended.len(), 1);
+        assert!(
+            matches!(&j.ended[0].error, Error::Timeout { waiting_for, .. } if waiting_for == &vec![1])
+        );
+        assert!(
+            e.poll_transmit().is_none_or(|t| !matches!(
+                t.msg.header,
+                crate::wire::message::Header::Inquire { .. }
+            )),
+            "nobody asked"
+        );
+        assert_eq!(j.done, 1);
+    }
+
+    #[test]
+    fn a_quiesced_rank_ends_its_calls_with_shutdown_and_gives_up_their_slots() {
+        let (mut q, b, g, mut e) = judged_world(std::time::Duration::from_secs(1), far());
+        let call = broadcast(2, 0, 1);
+        assert_eq!(e.board_made(g.id, 1, call.fingerprint()), None);
+        q.push(1, call, false, 8, far());
+        let j = q.judge(&b, &g, &mut e, true, Time::ZERO);
+        let got: Vec<_> = j
+            .ended
+            .iter()
+            .map(|x| (x.seq, x.waiting, x.error.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(0, Some(7), Error::Shutdown), (1, Some(8), Error::Shutdown)]
+        );
+        assert_eq!((j.next, j.done), (None, 2));
+    }
+
+    #[test]
+    fn a_call_of_an_aborted_group_ends_with_the_abort() {
+        let (mut q, b, g, mut e) = judged_world(std::time::Duration::from_secs(1), far());
+        let cause = Error::internal("a member's part failed");
+        e.board_failed(g.id, 1, cause.clone());
+        let j = q.judge(&b, &g, &mut e, false, Time::ZERO);
+        assert_eq!(j.ended.len(), 1);
+        assert!(
+            matches!(&j.ended[0].error, Error::GroupAborted { cause: c, .. } if **c == cause),
+            "{:?}",
+            j.ended[0].error
+        );
+        assert_eq!(j.done, 1, "an aborted group's slots are given up");
     }
 }

@@ -29,6 +29,7 @@
 
 mod agreement;
 mod board;
+mod board_wake;
 mod bugs;
 mod collectives;
 mod completion;

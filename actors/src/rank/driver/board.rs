@@ -24,9 +24,9 @@ use super::state::Waiting;
 use super::{After, Core, Done, Driver};
 use crate::sync::lock;
 use collectix_runtime::board::queue::{Queue, Record};
+use collectix_runtime::board::wake::Need;
 use collectix_runtime::board::{Board, BoardCall};
 use collectix_runtime::error::ProtocolError;
-use collectix_runtime::progress::CachePadded;
 use collectix_runtime::{Error, GroupInfo, Output, Result, Time};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,7 +37,7 @@ mod records;
 mod wake;
 pub(crate) use quick::Quick;
 pub(crate) use records::Ran;
-pub(crate) use wake::{state_of, OwedWakes, Signal, Wake};
+pub(crate) use wake::{OwedWakes, Signal, Wake};
 
 /// What a rank holds of its boards: those with calls waiting, and its [`Signal`].
 pub(crate) struct Boards {
@@ -68,13 +68,7 @@ impl Default for Boards {
             ran: Mutex::new(Vec::new()),
             ran_any: AtomicBool::new(false),
             scratch: Mutex::new(Vec::new()),
-            signal: Arc::new(Signal {
-                pending: CachePadded(AtomicUsize::new(0)),
-                drivers: CachePadded(AtomicUsize::new(0)),
-                unattended: CachePadded(AtomicBool::new(false)),
-                driver: std::sync::OnceLock::new(),
-                mirror: std::sync::OnceLock::new(),
-            }),
+            signal: Arc::new(Signal::default()),
         }
     }
 }
@@ -179,10 +173,10 @@ impl GroupBoard {
     /// and with the fence once at its end: see [`Driver::board_quick`]).
     fn look_at_others(&self, owed: &OwedWakes) {
         for w in self.wake.iter().flatten() {
-            match w.state() {
-                None => {}
-                Some(true) => w.wake_now(),
-                Some(false) => owed.add(w),
+            match w.need() {
+                Need::No => {}
+                Need::Now => w.wake_now(),
+                Need::Soon => owed.add(w),
             }
         }
     }
@@ -296,7 +290,7 @@ impl Driver {
             );
             gb.queued.store(q.len(), Ordering::Release);
             drop(q);
-            self.boards.signal.add_pending(1);
+            self.boards.signal.activity.add_pending(1);
             if !live.iter().any(|b| Arc::ptr_eq(b, gb)) {
                 live.push(gb.clone());
             }
@@ -327,7 +321,7 @@ impl Driver {
 
     fn board_progress_with(&self, wait: bool) -> bool {
         self.boards.owed.settle();
-        if self.boards.signal.pending.load(Ordering::Relaxed) == 0 {
+        if !self.boards.signal.activity.any_pending() {
             return false;
         }
         let mut live = if wait {
@@ -357,7 +351,7 @@ impl Driver {
         }
         if done > 0 {
             live.retain(|gb| !lock(&gb.queue).is_empty());
-            self.boards.signal.sub_pending(done);
+            self.boards.signal.activity.sub_pending(done);
         }
         drop(live);
         if records.is_empty() {
@@ -482,7 +476,7 @@ impl Driver {
         after: &mut After,
     ) -> (Option<Time>, Vec<Arc<GroupBoard>>) {
         let mut moved = Vec::new();
-        if self.boards.signal.pending.load(Ordering::SeqCst) == 0 {
+        if self.boards.signal.activity.pending() == 0 {
             return (None, moved);
         }
         let mut live = lock(&self.boards.live);
@@ -500,70 +494,28 @@ impl Driver {
             for (gid, r) in records {
                 core.board_record(gid, r, now);
             }
-            // The first call not finished: can it go on?
-            while let Some(front) = q.first_waiting() {
-                let why = if core.quiesced {
-                    Some(Error::Shutdown)
-                } else if let Some(e) = core.engine.board_waiting_refusal(gid, front.seq) {
-                    Some(e)
-                } else if now >= front.deadline && front.inquiring {
-                    core.engine.board_inquiry_over(gid, front.seq);
-                    core.engine.board_refusal(gid, front.seq)
-                } else if now >= front.deadline {
-                    let fp = front.call.fingerprint();
-                    let missing: Vec<usize> = Queue::missing(&gb.board, front)
-                        .into_iter()
-                        .map(|m| gb.info.global(m))
-                        .collect();
-                    match core
-                        .engine
-                        .board_timed_out(gid, front.seq, fp, missing.clone(), now)
-                    {
-                        Some(until) => {
-                            front.deadline = until;
-                            front.inquiring = true;
-                            None
-                        }
-                        None => {
-                            let e = Error::Timeout {
-                                group: gid,
-                                seq: Some(front.seq),
-                                op: fp.kind,
-                                rank: gb.info.global(gb.info.rank),
-                                waiting_for: missing,
-                                report: Vec::new(),
-                            };
-                            core.engine.board_failed(gid, front.seq, e.clone());
-                            Some(e)
-                        }
-                    }
-                } else {
-                    None
-                };
-                let Some(e) = why else {
-                    next = Some(next.map_or(front.deadline, |n| n.min(front.deadline)));
-                    break;
-                };
-                // It ends here; unpublished, it is not published any more (the group is
-                // aborted, or the call failed on every member before it started).
-                core.recorder
-                    .ended(Key::Board(gid, front.seq), now, Some(&e));
+            // The first calls not finished: can they go on?
+            let judged = q.judge(&gb.board, &gb.info, &mut core.engine, core.quiesced, now);
+            if !judged.ended.is_empty() {
                 moved.push(gb.clone());
-                if let Some(w) = q.end_first_waiting(&gb.board) {
-                    after.board.push((w, Err(e)));
+            }
+            for e in judged.ended {
+                core.recorder
+                    .ended(Key::Board(gid, e.seq), now, Some(&e.error));
+                if let Some(w) = e.waiting {
+                    after.board.push((w, Err(e.error)));
                 }
             }
-            if core.quiesced || core.engine.board_dead(gid) {
-                // Calls ended and still to publish: nobody will read them.
-                q.abandon_slots();
+            if let Some(t) = judged.next {
+                next = Some(next.map_or(t, |n| n.min(t)));
             }
-            done += q.pop_done();
+            done += judged.done;
             gb.queued.store(q.len(), Ordering::Release);
         }
         live.retain(|gb| !lock(&gb.queue).is_empty());
         // Under `live`, as every change of the count (the mirror stays in order).
         if done > 0 {
-            self.boards.signal.sub_pending(done);
+            self.boards.signal.activity.sub_pending(done);
         }
         drop(live);
         // What the engine has to send now (an inquiry, an abort) leaves in this run. Only
@@ -595,28 +547,18 @@ impl Driver {
 
     /// A caller starts driving the rank.
     pub(super) fn board_enter(&self) {
-        let s = &self.boards.signal;
-        s.drivers.fetch_add(1, Ordering::SeqCst);
-        s.sync_mirror();
-        if s.unattended.load(Ordering::Relaxed) {
-            s.set_unattended(false);
-        }
+        self.boards.signal.activity.enter();
     }
 
     /// A caller stops driving the rank: if it was the last and calls wait on a board, a
-    /// member that moved before it could see nobody driving is seen here.
+    /// member that moved before it could see nobody driving is seen here
+    /// ([`Activity::leave`](wake::Activity::leave)).
     pub(super) fn board_leave(&self) {
-        let s = &self.boards.signal;
-        let was = s.drivers.fetch_sub(1, Ordering::SeqCst);
-        s.sync_mirror();
-        if was == 1 && s.pending.load(Ordering::SeqCst) > 0 {
-            s.set_unattended(true);
-            // Pairs with the fence in `wake_others`: a member that moved before it saw this
-            // store is seen here.
-            fence(Ordering::SeqCst);
+        let (last, look) = self.boards.signal.activity.leave();
+        if look {
             self.board_progress_last();
         }
-        if was == 1 {
+        if last {
             self.boards.owed.flush();
         }
     }

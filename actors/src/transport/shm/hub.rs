@@ -273,7 +273,11 @@ fn world_boards(
         }
     }
     driver.boards.signal.attach(driver);
-    driver.boards.signal.mirror_into(Arc::new(own.lane()));
+    driver
+        .boards
+        .signal
+        .activity
+        .mirror_into(Arc::new(own.lane()));
     Arc::new(ShmBoards { lanes, wake })
 }
 

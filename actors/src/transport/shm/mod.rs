@@ -50,11 +50,12 @@ mod tests;
 pub(crate) use setup::Listener;
 
 use crate::board::BoardSource;
-use crate::rank::driver::{state_of, Driver, GroupBoard, Poller, PollerKind, Wake};
+use crate::rank::driver::{Driver, GroupBoard, Poller, PollerKind, Wake};
 use crate::security::Security;
 use crate::store::Store;
 use crate::sync::lock;
-use collectix_runtime::board::{Board, Lane, DRIVERS_WORD, PENDING_WORD, UNATTENDED_WORD};
+use collectix_runtime::board::wake::{need_of_lane, Need};
+use collectix_runtime::board::{Board, Lane};
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::shm::{
@@ -202,9 +203,8 @@ struct ShmWake {
 }
 
 impl Wake for ShmWake {
-    fn state(&self) -> Option<bool> {
-        let w = |i| self.lane.load(i).unwrap_or(0);
-        state_of(w(PENDING_WORD), w(DRIVERS_WORD), w(UNATTENDED_WORD) != 0)
+    fn need(&self) -> Need {
+        need_of_lane(&*self.lane)
     }
 
     /// The peer's progress thread, if it is parked and no caller of the peer reads (as for a
