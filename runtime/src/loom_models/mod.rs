@@ -24,7 +24,8 @@
 //! leaving one, or the background driver); [`agreement`] (the survivors' agreement on a
 //! failed group, with one and two failures at each step); [`board`] (the board of small
 //! calls: a disagreement seen at the call, a slot reused only once every member is done);
-//! [`ring`] (a shared-memory ring's frames across its wrap, and its doorbell protocol with a
+//! [`board_wake`] (a member that moves the board and a rank's last driver that leaves never
+//! both miss each other); [`ring`] (a shared-memory ring's frames across its wrap, and its doorbell protocol with a
 //! sender, a caller and the owner's progress thread: no wake-up lost).
 
 mod agreement;
