@@ -364,27 +364,44 @@ fn a_mismatch_one_rank_sees_reaches_a_rank_waiting_on_the_board_at_once() {
     assert_eq!(world.shutdown(), Ok(()));
 }
 
+/// Each rank's call's result and its next call's, in rank order.
+type Outcome = Vec<(Result<()>, Result<()>)>;
+
 /// `program` on the world group of a job of ranks that share memory (each rank a process
 /// of its own to collectix: its own segment, its lane of the board in it), rank `r` making
 /// its call `skew * r` after the job started: each rank's call's result and its next
-/// call's.
-fn over_shared_memory(program: &[Call], skew: Duration) -> Vec<(Result<()>, Result<()>)> {
+/// call's, and when each rank's call, next call and shutdown returned (for a slow job's
+/// report).
+fn over_shared_memory(
+    program: &[Call],
+    skew: Duration,
+) -> (Outcome, Vec<String>) {
     let w = program.len();
     let got = std::sync::Mutex::new(vec![None; w]);
+    let times = std::sync::Mutex::new(vec![String::new(); w]);
     let ends = common::job(
         collectix::Transport::Shm,
         w,
         "the board mismatch tests' secret",
         TIMEOUT,
         |r, p| {
+            let t0 = Instant::now();
             let c = p.communicator();
             std::thread::sleep(skew * r as u32);
             let first = issue(c, program[r]).wait("the call");
+            let called = t0.elapsed();
             let next = Issued::Unit(c.barrier()).wait("the next call");
+            let nexted = t0.elapsed();
             if let Ok(mut g) = got.lock() {
                 g[r] = Some((first, next));
             }
             let _ = p.shutdown();
+            if let Ok(mut t) = times.lock() {
+                t[r] = format!(
+                    "rank {r}: call {called:?}, next {nexted:?}, shutdown {:?}",
+                    t0.elapsed()
+                );
+            }
             Ok(())
         },
     );
@@ -393,12 +410,14 @@ fn over_shared_memory(program: &[Call], skew: Duration) -> Vec<(Result<()>, Resu
             panic!("rank {r} of {program:?}: {e}");
         }
     }
-    got.into_inner()
+    let got = got
+        .into_inner()
         .unwrap_or_else(|e| panic!("{e}"))
         .into_iter()
         .enumerate()
         .map(|(r, g)| g.unwrap_or_else(|| panic!("rank {r} of {program:?} reported nothing")))
-        .collect()
+        .collect();
+    (got, times.into_inner().unwrap_or_else(|e| panic!("{e}")))
 }
 
 #[test]
@@ -417,12 +436,16 @@ fn the_same_disagreements_between_shm_ranks_are_errors() {
         for program in programs(w, all).into_iter().step_by(step) {
             for skew in [Duration::ZERO, Duration::from_millis(2)] {
                 let t0 = Instant::now();
-                let got = over_shared_memory(&program, skew);
+                let (got, times) = over_shared_memory(&program, skew);
                 n += 1;
                 let how = Issue::Together;
                 wrong.extend(judge(&program, how, &got).map(|e| format!("skew {skew:?}: {e}")));
                 if t0.elapsed() > TIMEOUT / 2 {
-                    wrong.push(format!("{program:?}: took {:?}", t0.elapsed()));
+                    wrong.push(format!(
+                        "{program:?}: took {:?} ({})",
+                        t0.elapsed(),
+                        times.join("; ")
+                    ));
                 }
             }
         }

@@ -120,13 +120,14 @@ impl Default for HeapLane {
     }
 }
 
-impl HeapLane {
-    fn word(&self, i: usize) -> Option<&AtomicU64> {
-        self.0.get(i / SLOT_WORDS).map(|l| &l.0[i % SLOT_WORDS])
-    }
+/// A lane whose words are atomics of this address space (the heap's, a loom model's): its
+/// [`Lane`] reads them with acquire and writes them with release ordering.
+pub trait AtomicWords: Send + Sync {
+    /// Word `i`, if it is in the lane.
+    fn word(&self, i: usize) -> Option<&AtomicU64>;
 }
 
-impl Lane for HeapLane {
+impl<T: AtomicWords> Lane for T {
     fn load(&self, i: usize) -> Option<u64> {
         self.word(i).map(|w| w.load(Ordering::Acquire))
     }
@@ -134,6 +135,12 @@ impl Lane for HeapLane {
         self.word(i)
             .map(|w| w.store(v, Ordering::Release))
             .is_some()
+    }
+}
+
+impl AtomicWords for HeapLane {
+    fn word(&self, i: usize) -> Option<&AtomicU64> {
+        self.0.get(i / SLOT_WORDS).map(|l| &l.0[i % SLOT_WORDS])
     }
 }
 

@@ -675,4 +675,31 @@ mod tests {
         );
         assert_eq!(j.done, 1, "an aborted group's slots are given up");
     }
+
+    #[test]
+    fn the_members_a_call_still_needs_are_those_of_its_own_member() {
+        // A reduce to member 1 of three: its root needs every other slot, the others none.
+        let lanes: Vec<Arc<dyn Lane>> = (0..3)
+            .map(|_| Arc::new(HeapLane::default()) as Arc<dyn Lane>)
+            .collect();
+        let reduce = |me: usize| {
+            let req = Request::Reduce {
+                tensor: Tensor::from_vec(vec![me as f32]),
+                root: 1,
+                op: crate::tensor::reduce::ReduceOp::Sum,
+            };
+            match BoardCall::of(&req, &info(3, me), &CallOptions::default()) {
+                Some(Ok(c)) => c,
+                other => panic!("not a board call: {other:?}"),
+            }
+        };
+        for (me, needs) in [(0, vec![]), (1, vec![0, 2]), (2, vec![])] {
+            let b = Board::new(lanes.clone(), me).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(b.me(), me);
+            let mut q: Queue<u64> = Queue::new(3);
+            q.push(0, reduce(me), false, 0, Time::ZERO);
+            let p = q.first_waiting().unwrap_or_else(|| panic!("queued"));
+            assert_eq!(Queue::missing(&b, p), needs, "member {me}");
+        }
+    }
 }

@@ -405,3 +405,46 @@ fn a_slot_of_the_same_call_with_another_length_is_a_broken_peer() {
         "{r:?}"
     );
 }
+
+#[test]
+fn a_slot_is_reused_only_once_every_other_member_finished_the_call_in_it() {
+    let ls = lanes(2);
+    let b0 = Board::new(ls.clone(), 0).unwrap_or_else(|e| panic!("{e}"));
+    let b1 = Board::new(ls, 1).unwrap_or_else(|e| panic!("{e}"));
+    let fp = [0u8; FINGERPRINT_BYTES];
+    for seq in 0..6 {
+        assert!(b0.can_publish(seq), "slot of call {seq} never used");
+        assert_eq!(b0.publish(seq, &fp, &[]), Ok(()));
+        b0.finish(seq);
+    }
+    let d = DEPTH as u64;
+    assert!(!b0.can_publish(d), "member 1 did not finish call 0");
+    assert!(!b0.can_publish(d + 1), "nor call 1");
+    b1.finish(0);
+    assert!(b0.can_publish(d));
+    assert!(!b0.can_publish(d + 1), "member 1 finished call 0 only");
+    b1.finish(1);
+    assert!(b0.can_publish(d + 1));
+    assert!(
+        !b0.can_publish(d + 4),
+        "member 1 finished calls 0 and 1 only"
+    );
+    b1.finish(5);
+    assert!(b0.can_publish(d + 4) && b0.can_publish(d + 5));
+    assert!(b0.can_publish(d + 6), "slot 6 never used");
+}
+
+#[test]
+fn a_slot_with_the_largest_payload_reads_back_whole() {
+    let ls = lanes(2);
+    let b0 = Board::new(ls.clone(), 0).unwrap_or_else(|e| panic!("{e}"));
+    let b1 = Board::new(ls, 1).unwrap_or_else(|e| panic!("{e}"));
+    let payload: Vec<u8> = (1..=INLINE_MAX as u8).collect();
+    assert_eq!(b0.publish(3, &[7u8; FINGERPRINT_BYTES], &payload), Ok(()));
+    let slot = b1
+        .read(0, 3)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("published"));
+    assert_eq!(usize::from(slot.len), INLINE_MAX);
+    assert_eq!(&slot.payload[..], &payload[..]);
+}

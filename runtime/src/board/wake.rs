@@ -110,7 +110,7 @@ impl Signal {
 
     /// The planted bug of the loom model: the mirror written without its lock (each writer
     /// stores what it read, again until the state did not change meanwhile).
-    #[cfg(collectix_loom)]
+    #[cfg(all(collectix_loom, test))]
     pub(crate) fn with_unlocked_mirror(self) -> Self {
         self.unlocked_mirror.store(true, Ordering::SeqCst);
         self

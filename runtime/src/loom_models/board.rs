@@ -14,12 +14,12 @@
 //!   without the look at their marks, the planted bug, loom finds a member still in the call
 //!   when the slot is taken).
 //!
-//! Not modelled: the spin of a waiting caller (each member looks a bounded number of
-//! times), and the wake-up of a member whose caller left (the `Signal` of the actors
-//! crate, outside the runtime).
+//! Not modelled here: the spin of a waiting caller (each member looks a bounded number of
+//! times), and the wake-up of a member whose caller left (`board::wake`, modelled in
+//! `board_wake.rs`).
 
 use super::{check, must_fail};
-use crate::board::{slot_base, Board, BoardCall, Flaw, Lane, DEPTH, SLOT_WORDS};
+use crate::board::{slot_base, AtomicWords, Board, BoardCall, Flaw, Lane, DEPTH, SLOT_WORDS};
 use crate::collective::{Output, Request};
 use crate::error::{Error, Result};
 use crate::group::{CallOptions, GroupInfo, GroupOptions};
@@ -45,20 +45,11 @@ impl ModelLane {
             words: at.into_iter().map(|i| (i, AtomicU64::new(0))).collect(),
         }
     }
-
-    fn word(&self, i: usize) -> Option<&AtomicU64> {
-        self.words.iter().find(|(k, _)| *k == i).map(|(_, w)| w)
-    }
 }
 
-impl Lane for ModelLane {
-    fn load(&self, i: usize) -> Option<u64> {
-        self.word(i).map(|w| w.load(Ordering::Acquire))
-    }
-    fn store(&self, i: usize, v: u64) -> bool {
-        self.word(i)
-            .map(|w| w.store(v, Ordering::Release))
-            .is_some()
+impl AtomicWords for ModelLane {
+    fn word(&self, i: usize) -> Option<&AtomicU64> {
+        self.words.iter().find(|(k, _)| *k == i).map(|(_, w)| w)
     }
 }
 

@@ -18,7 +18,7 @@
 
 use super::{check_from, must_fail_from};
 use crate::board::wake::{need_of_lane, Need, Signal};
-use crate::board::{Lane, DRIVERS_WORD, PENDING_WORD, UNATTENDED_WORD};
+use crate::board::{AtomicWords, Lane, DRIVERS_WORD, PENDING_WORD, UNATTENDED_WORD};
 use crate::sync::{fence, AtomicBool, AtomicU64, Ordering};
 use loom::sync::Arc;
 
@@ -29,7 +29,7 @@ const BOUND: usize = 3;
 /// A lane holding only the words of the mirror.
 struct MirrorLane([AtomicU64; 3]);
 
-impl MirrorLane {
+impl AtomicWords for MirrorLane {
     fn word(&self, i: usize) -> Option<&AtomicU64> {
         match i {
             PENDING_WORD => Some(&self.0[0]),
@@ -37,17 +37,6 @@ impl MirrorLane {
             UNATTENDED_WORD => Some(&self.0[2]),
             _ => None,
         }
-    }
-}
-
-impl Lane for MirrorLane {
-    fn load(&self, i: usize) -> Option<u64> {
-        self.word(i).map(|w| w.load(Ordering::Acquire))
-    }
-    fn store(&self, i: usize, v: u64) -> bool {
-        self.word(i)
-            .map(|w| w.store(v, Ordering::Release))
-            .is_some()
     }
 }
 
