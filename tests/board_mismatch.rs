@@ -372,10 +372,7 @@ type Outcome = Vec<(Result<()>, Result<()>)>;
 /// its call `skew * r` after the job started: each rank's call's result and its next
 /// call's, and when each rank's call, next call and shutdown returned (for a slow job's
 /// report).
-fn over_shared_memory(
-    program: &[Call],
-    skew: Duration,
-) -> (Outcome, Vec<String>) {
+fn over_shared_memory(program: &[Call], skew: Duration) -> (Outcome, Vec<String>) {
     let w = program.len();
     let got = std::sync::Mutex::new(vec![None; w]);
     let times = std::sync::Mutex::new(vec![String::new(); w]);
