@@ -211,12 +211,6 @@ impl Signal {
         let (p, d, u) = self.state();
         need(p as u64, d as u64, u)
     }
-
-    /// Whether the last driver left with calls pending (a background run of the rank then
-    /// owes them its look).
-    pub fn unattended(&self) -> bool {
-        self.unattended.load(Ordering::SeqCst)
-    }
 }
 
 /// The wake-ups a mover owes the members whose calls were issued but not yet waited for
@@ -317,11 +311,13 @@ mod tests {
         s.enter();
         assert_eq!(s.need(), Need::No);
         assert_eq!(s.leave(), (true, true));
-        assert_eq!(s.need(), Need::Now);
-        assert!(s.unattended());
+        assert_eq!(
+            s.need(),
+            Need::Now,
+            "the last driver left with a call pending"
+        );
         s.enter();
-        assert!(!s.unattended(), "a driver that comes attends");
-        assert_eq!(s.need(), Need::No);
+        assert_eq!(s.need(), Need::No, "a driver that comes attends");
     }
 
     #[test]

@@ -486,17 +486,14 @@ impl Driver {
             let gid = gb.info.id;
             let mut q = lock(&gb.queue);
             let mut records = Vec::new();
-            let (m, d) = gb.step(&mut q, &mut after.board, &mut records, &|| now);
+            let (stepped, d) = gb.step(&mut q, &mut after.board, &mut records, &|| now);
             done += d;
-            if m {
-                moved.push(gb.clone());
-            }
             for (gid, r) in records {
                 core.board_record(gid, r, now);
             }
             // The first calls not finished: can they go on?
             let judged = q.judge(&gb.board, &gb.info, &mut core.engine, core.quiesced, now);
-            if !judged.ended.is_empty() {
+            if stepped || !judged.ended.is_empty() {
                 moved.push(gb.clone());
             }
             for e in judged.ended {
