@@ -65,6 +65,7 @@ pub mod collective;
 pub mod completion;
 pub mod data_plane;
 pub mod device_agreement;
+pub mod device_lanes;
 pub mod engine;
 pub mod error;
 pub mod fast_hash;

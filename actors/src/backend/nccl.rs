@@ -21,7 +21,7 @@ use crate::device::cuda::local::{Deposit, LocalHub, Part};
 use crate::device::cuda::nccl::Nccl;
 use crate::device::cuda::worker::{Call, Init, Job, LocalCall, WorkerHandle};
 use crate::device::cuda::{plan, Exchange, NcclOp, OutputLayout, Runner};
-use crate::device::lanes::{Carrier, InLane, OutLane, RecvDone, SendDone, Transfer};
+use crate::device::lanes::{Carrier, Key, RecvDone, SendDone, Transfer};
 use crate::member::Member;
 use crate::rank::driver::Done;
 use crate::sync::lock;
@@ -249,11 +249,25 @@ fn job(ours: &Ours, agreed: Agreed, hub: Option<Arc<LocalHub>>, next: Next) -> J
 /// Starts an NCCL lane's worker on its first send, so that a sender without libnccl fails
 /// at once rather than after its receiver has answered (and libnccl is loaded once per
 /// lane, not per send).
-pub(super) fn start_lane(member: &Member, key: (usize, Carrier), lane: &mut OutLane) -> Result<()> {
+pub(super) fn start_lane(member: &Member, key: Key) -> Result<()> {
     if key.1 == Carrier::Nccl {
-        lane_worker(&mut lane.worker, member, &format!("to{}", key.0))?;
+        out_worker(member, key)?;
     }
     Ok(())
+}
+
+/// The worker of the lane to `key.0`, started on first use.
+fn out_worker(member: &Member, key: Key) -> Result<crossbeam_channel::Sender<Job>> {
+    let mut lanes = member.group.p2p.lock();
+    let slot = lanes.out_workers.entry(key).or_default();
+    lane_worker(slot, member, &format!("to{}", key.0))
+}
+
+/// The worker of the lane from `key.0`, started on first use.
+fn in_worker(member: &Member, key: Key) -> Result<crossbeam_channel::Sender<Job>> {
+    let mut lanes = member.group.p2p.lock();
+    let slot = lanes.in_workers.entry(key).or_default();
+    lane_worker(slot, member, &format!("from{}", key.0))
 }
 
 /// The lane's worker, started on first use.
@@ -339,7 +353,7 @@ fn recv_op(bytes: usize, shape: Vec<usize>) -> NcclOp {
 }
 
 /// What completes a send's transfer: a failure breaks the lane to the peer first.
-fn send_finished(member: &Member, key: (usize, Carrier), done: SendDone) -> Done<Output> {
+fn send_finished(member: &Member, key: Key, done: SendDone) -> Done<Output> {
     // Weak: a call the worker holds must not keep the group (and so the worker) alive.
     let group = Arc::downgrade(&member.group);
     Box::new(move |r: Result<Output>| {
@@ -353,8 +367,7 @@ fn send_finished(member: &Member, key: (usize, Carrier), done: SendDone) -> Done
 /// Hands send `k` of a lane to the lane's worker.
 pub(super) fn send_job(
     member: &Member,
-    key: (usize, Carrier),
-    lane: &mut OutLane,
+    key: Key,
     t: Transfer,
     tensor: Tensor,
     opts: &CallOptions,
@@ -364,7 +377,7 @@ pub(super) fn send_job(
         Device::Cuda(o) => o,
         d => return Err((Error::invalid(format!("an NCCL send from {d}")), done)),
     };
-    let tx = match lane_worker(&mut lane.worker, member, &format!("to{}", key.0)) {
+    let tx = match out_worker(member, key) {
         Ok(t) => t,
         Err(e) => return Err((e, done)),
     };
@@ -387,8 +400,7 @@ pub(super) fn send_job(
 /// Hands receive `k` of a lane to the lane's worker; gives `done` back if it cannot.
 pub(super) fn recv_job(
     member: &Member,
-    key: (usize, Carrier),
-    lane: &mut InLane,
+    key: Key,
     t: Transfer,
     spec: TensorSpec,
     opts: &CallOptions,
@@ -398,7 +410,7 @@ pub(super) fn recv_job(
         let e = Error::invalid(format!("an NCCL receive into {}", spec.device));
         return Err((done, e));
     };
-    let tx = match lane_worker(&mut lane.worker, member, &format!("from{}", key.0)) {
+    let tx = match in_worker(member, key) {
         Ok(t) => t,
         Err(e) => return Err((done, e)),
     };
@@ -512,7 +524,7 @@ fn local_end(member: &Member, e: LocalEnd) {
 /// Transfer `k` of the lane to `key.0` on the device-local path, sending `tensor`.
 pub(super) fn local_send(
     member: &Member,
-    key: (usize, Carrier),
+    key: Key,
     k: u64,
     tensor: Tensor,
     opts: &CallOptions,
@@ -543,7 +555,7 @@ pub(super) fn local_send(
 /// `spec` on its device.
 pub(super) fn local_recv(
     member: &Member,
-    key: (usize, Carrier),
+    key: Key,
     k: u64,
     spec: TensorSpec,
     opts: &CallOptions,

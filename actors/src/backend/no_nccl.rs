@@ -1,7 +1,7 @@
 //! The NCCL backend of a build without the `cuda` feature: every call on it is
 //! [`DeviceError::FeatureDisabled`]. The feature is chosen once, where this module is.
 
-use crate::device::lanes::{Carrier, InLane, OutLane, RecvDone, SendDone, Transfer};
+use crate::device::lanes::{Key, RecvDone, SendDone, Transfer};
 use crate::member::Member;
 use crate::work::Work;
 use collectix_runtime::{CallOptions, Device, DeviceError, Error, Output, Request, Result};
@@ -25,15 +25,14 @@ pub(super) fn refuse<T: Send + 'static>(member: &Member, e: Error) -> Work<T> {
 }
 
 /// Nothing to start: a send on the NCCL carrier fails when its transfer is issued.
-pub(super) fn start_lane(_: &Member, _: (usize, Carrier), _: &mut OutLane) -> Result<()> {
+pub(super) fn start_lane(_: &Member, _: Key) -> Result<()> {
     Ok(())
 }
 
 /// [`DeviceError::FeatureDisabled`]; the send is given back.
 pub(super) fn send_job(
     _: &Member,
-    _: (usize, Carrier),
-    _: &mut OutLane,
+    _: Key,
     _: Transfer,
     _: Tensor,
     _: &CallOptions,
@@ -45,8 +44,7 @@ pub(super) fn send_job(
 /// [`DeviceError::FeatureDisabled`]; the receive is given back.
 pub(super) fn recv_job(
     _: &Member,
-    _: (usize, Carrier),
-    _: &mut InLane,
+    _: Key,
     _: Transfer,
     _: TensorSpec,
     _: &CallOptions,
@@ -57,21 +55,14 @@ pub(super) fn recv_job(
 
 /// Unreachable in this build (no CUDA tensor exists to take the device-local carrier);
 /// fails the send with [`DeviceError::FeatureDisabled`].
-pub(super) fn local_send(
-    _: &Member,
-    _: (usize, Carrier),
-    _: u64,
-    _: Tensor,
-    _: &CallOptions,
-    done: SendDone,
-) {
+pub(super) fn local_send(_: &Member, _: Key, _: u64, _: Tensor, _: &CallOptions, done: SendDone) {
     done(Err(DeviceError::FeatureDisabled.into()))
 }
 
 /// As [`local_send`], for the receive.
 pub(super) fn local_recv(
     _: &Member,
-    _: (usize, Carrier),
+    _: Key,
     _: u64,
     _: TensorSpec,
     _: &CallOptions,

@@ -7,7 +7,9 @@
 //! which a receiver takes messages need not be the order they were sent. The protocol makes
 //! the receiver decide the order, and gives every direction between two ranks a
 //! communicator of its own (a *lane*), so that no transfer ever waits behind another one it
-//! does not depend on:
+//! does not depend on. Its decisions (serial numbers, ordinals, refusals, broken lanes) are
+//! the runtime's state machine, [`collectix_runtime::device_lanes`]; this module moves it
+//! on:
 //!
 //! 1. The sender sends a *ticket* on the user's tag: a message on the engine marked
 //!    [`DataPath::Nccl`] that says "`count` elements of `dtype`" and carries the send's
@@ -15,9 +17,9 @@
 //!    matched like any message, by (source, tag) in FIFO order; a receive on the engine's
 //!    path, or of another size, is an [`Error::Mismatch`] on both ranks
 //!    (`collectix-runtime`'s `Plan::nccl_ticket`). The sender posts a receive for the answer.
-//! 2. The receiver's receive (marked [`DataPath::Nccl`]) matches the ticket. It takes the
-//!    next ordinal `k` of the lane (sender → receiver), makes the lane's NCCL id when
-//!    `k = 0`, answers *go* `(s, k, id)` on a reserved tag, and posts transfer `k`.
+//! 2. The receiver's receive (marked [`DataPath::Nccl`]) matches the ticket. The lanes give
+//!    it the next ordinal `k` of the lane (sender → receiver), and the lane's NCCL id when
+//!    `k = 0`; it posts transfer `k` and answers *go* `(s, k, id)` on a reserved tag.
 //! 3. The sender, on *go*, posts transfer `k` of the lane, in ordinal order.
 //! 4. A transfer runs on the lane: on NCCL, a communicator of two ranks (the sender is
 //!    rank 0) owned by a device worker thread of its own, which runs the lane's transfers
@@ -32,21 +34,20 @@
 //! Each step runs in the completion callback of the step before (whoever drives the rank
 //! runs it at once: no thread is woken for it). A callback never calls the engine with the
 //! lanes' lock held — the engine may run other callbacks on the same thread, which take the
-//! lock — so what must be issued in ordinal order goes into the lanes' *outbox* under the
+//! lock — so the lanes queue what must be issued in order ([`Action`]s), and one thread at
+//! a time issues them once the lock is released ([`drain`]).
 
 use crate::device::lanes::{
-    fail_all, Carrier, Deferred, Failed, InLane, LanesInner, Locked, OutLane, PendingSend,
-    RecvDone, Released, SendDone, Transfer,
+    Carrier, Key, PendingRecv, PendingSend, Protocol, RecvDone, SendDone, Transfer,
 };
 use crate::device::{StandIn, TensorDeviceExt};
 use crate::member::Member;
 use crate::rank::driver::{Done, Driver};
 use crate::work::Work;
 use collectix_runtime::completion::Completer;
-use collectix_runtime::error::ProtocolError;
+use collectix_runtime::device_lanes::{Action, GO_BYTES};
 use collectix_runtime::{
-    CallOptions, DType, DataPath, Device, DeviceError, Error, Output, Plan, Request, Result,
-    Tensor, TensorSpec,
+    CallOptions, DType, DataPath, Device, Error, Output, Plan, Request, Result, Tensor, TensorSpec,
 };
 use std::sync::Arc;
 
@@ -67,16 +68,6 @@ fn go_tag(carrier: Carrier) -> u32 {
             Carrier::Local => 3,
         }
 }
-
-/// The ticket: the send's serial number and its carrier.
-const TICKET_BYTES: usize = 9;
-/// The answer: `s`, `k`, a status and the lane's NCCL id (when `k = 0`).
-const GO_BYTES: usize = 8 + 8 + 8 + 128;
-
-/// Why a receiver refused a ticket (the go's status; 0 is "go").
-const REFUSED_BROKEN: u64 = 1;
-const REFUSED_NO_NCCL: u64 = 2;
-const REFUSED_DEVICE: u64 = 3;
 
 /// A user's `Work`, completed once: with its result, or with [`Error::Shutdown`] when it is
 /// dropped unfinished (a device worker that died with the call). Either way the callers
@@ -128,10 +119,6 @@ fn carrier_of(member: &Member, t: &Tensor) -> Result<Carrier> {
     })
 }
 
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
-}
-
 /// Plans a host request and issues it now; `done` gets its output (or the planning error).
 fn issue(member: &Member, req: Request, opts: &CallOptions, done: Done<Output>) {
     match Plan::new(req, &member.group.info, opts) {
@@ -143,27 +130,13 @@ fn issue(member: &Member, req: Request, opts: &CallOptions, done: Done<Output>) 
 /// Issues a host-carried transfer (`req`, on the data tag) for `member`; `then` gets the
 /// member back with the transfer's output, to break its lane if it failed.
 fn issue_transfer(
-    member: Member,
+    member: &Member,
     req: Request,
     opts: &CallOptions,
     then: impl FnOnce(&Member, Result<Output>) + Send + 'static,
 ) {
     let me = member.clone();
-    issue(&member, req, opts, Box::new(move |r| then(&me, r)));
-}
-
-/// Checks that a lane keeps to one device, and fixes it on first use.
-fn same_device(lane: &mut Option<Device>, d: Device) -> Result<()> {
-    match *lane {
-        Some(l) if l != d => Err(Error::invalid(format!(
-            "device point-to-point between two ranks keeps to one device per direction: this \
-             one is on {l}, the call on {d}"
-        ))),
-        _ => {
-            *lane = Some(d);
-            Ok(())
-        }
-    }
+    issue(member, req, opts, Box::new(move |r| then(&me, r)));
 }
 
 /// `send` of a device tensor on the NCCL backend.
@@ -187,39 +160,27 @@ pub(crate) fn send<T: Send + 'static>(
     let work = work.driven_by(member.rank.driver.clone());
     let fin = Notify::new(c, member);
     let done: SendDone = Box::new(move |r| fin.complete(r.and_then(|()| map(Output::None))));
-    let admitted = {
-        let mut lanes = member.group.p2p.lock();
-        if lanes.released {
-            Err((Error::Shutdown, done))
-        } else {
-            let lane = lanes.out.entry(key).or_default();
-            if let Some(e) = &lane.broken {
-                Err((e.clone(), done))
-            } else if let Err(e) = same_device(&mut lane.device, device) {
-                Err((e, done))
-            } else if let Err(e) = super::nccl::start_lane(member, key, lane) {
-                Err((e, done))
-            } else {
-                let s = lane.next_s;
-                lane.next_s += 1;
-                lane.pending.insert(s, PendingSend { tensor, done });
-                Ok(s)
-            }
-        }
+    let pending = PendingSend {
+        tensor,
+        opts: opts.clone(),
+        done,
     };
-    let s = match admitted {
-        Ok(s) => s,
-        Err((e, done)) => {
-            done(Err(e));
+    let admitted = member.group.p2p.lock().protocol.send(key, device, pending);
+    let ticket = match admitted {
+        Ok(t) => t,
+        Err((e, p)) => {
+            (p.done)(Err(e));
             return work;
         }
     };
-    let mut ticket = s.to_le_bytes().to_vec();
-    ticket.push(carrier as u8);
-    let plan = match Plan::nccl_ticket(info, opts, dst, tag, dtype, count, ticket) {
+    let s = Protocol::ticket_serial(&ticket);
+    // A sender without libnccl fails at once rather than after its receiver has answered.
+    let plan = super::nccl::start_lane(member, key)
+        .and_then(|()| Plan::nccl_ticket(info, opts, dst, tag, dtype, count, ticket.to_vec()));
+    let plan = match plan {
         Ok(p) => p,
         Err(e) => {
-            fail_pending(member, key, s, e);
+            member.group.p2p.update(|p| p.ticket_failed(key, s, e));
             return work;
         }
     };
@@ -227,7 +188,6 @@ pub(crate) fn send<T: Send + 'static>(
     // are matched in the order they come, by whichever of the lane's waiting sends posted
     // first, so each must wait as long as any.
     let me = member.clone();
-    let opts_go = opts.clone();
     issue(
         member,
         Request::Recv {
@@ -237,7 +197,7 @@ pub(crate) fn send<T: Send + 'static>(
         },
         &CallOptions::default(),
         Box::new(move |r| match r {
-            Ok(out) => on_go(&me, key, out, &opts_go),
+            Ok(out) => on_go(&me, key, out),
             // No answer within the timeout (or the group failed): the receiver's order is
             // unknown from here on, so the lane is broken.
             Err(e) => me.group.p2p.break_out(key, e),
@@ -249,170 +209,99 @@ pub(crate) fn send<T: Send + 'static>(
         plan,
         Box::new(move |r| {
             if let Err(e) = r {
-                fail_pending(&me, key, s, e);
+                me.group.p2p.update(|p| p.ticket_failed(key, s, e));
             }
         }),
     );
     work
 }
 
-/// Fails send `s` of a lane, if it still waits.
-fn fail_pending(member: &Member, key: (usize, Carrier), s: u64, e: Error) {
-    let p = member
-        .group
-        .p2p
-        .lock()
-        .out
-        .get_mut(&key)
-        .and_then(|l| l.pending.remove(&s));
-    if let Some(p) = p {
-        (p.done)(Err(e));
-    }
-}
-
 /// The receiver's answer to one of this rank's tickets.
-fn on_go(member: &Member, key: (usize, Carrier), out: Output, opts: &CallOptions) {
+fn on_go(member: &Member, key: Key, out: Output) {
     let b = match out {
         Output::Received { tensor, .. } => tensor.to_vec::<u8>().unwrap_or_default(),
         _ => Vec::new(),
     };
     let peer = member.group.info.global(key.0);
-    let protocol = |what: String| Error::Protocol {
-        rank: peer,
-        detail: ProtocolError::Malformed(what),
-    };
-    let parsed = (
-        u64_at(&b, 0),
-        u64_at(&b, 8),
-        u64_at(&b, 16),
-        b.get(24..GO_BYTES)
-            .and_then(|i| <[u8; 128]>::try_from(i).ok()),
-    );
-    let failed = {
-        let mut lanes = member.group.p2p.lock();
-        let LanesInner { out, outbox, .. } = &mut *lanes;
-        let Some(lane) = out.get_mut(&key) else {
-            return;
-        };
-        match parsed {
-            (Some(s), Some(k), Some(status), Some(id)) => match lane.pending.remove(&s) {
-                None if lane.broken.is_some() => Vec::new(),
-                None => lane.break_with(protocol(format!(
-                    "an answer for send {s}, which does not wait"
-                ))),
-                Some(p) if status != 0 => vec![(p.done, refusal(status, key.0))],
-                Some(p) if lane.broken.is_some() => {
-                    let e = lane.broken.clone().unwrap_or(Error::Shutdown);
-                    vec![(p.done, e)]
-                }
-                Some(p) if k < lane.next_k || lane.released.contains_key(&k) => {
-                    let mut f = lane.break_with(protocol(format!("ordinal {k} given twice")));
-                    f.push((p.done, lane.broken.clone().unwrap_or(Error::Shutdown)));
-                    f
-                }
-                Some(send) => {
-                    lane.released.insert(k, Released { send, id });
-                    issue_released(member, key, Locked { lane, outbox }, opts)
-                }
-            },
-            _ => lane.break_with(protocol(format!("an answer of {} bytes", b.len()))),
-        }
-    };
-    fail_all(failed);
-    member.group.p2p.drain();
+    member.group.p2p.update(|p| p.on_go(key, peer, &b));
+    drain(member);
 }
 
-/// The error a refused send fails with.
-fn refusal(status: u64, peer: usize) -> Error {
-    match status {
-        REFUSED_NO_NCCL => DeviceError::Unsupported(format!(
-            "rank {peer} cannot receive on NCCL (no `cuda` feature or no libnccl there)"
-        ))
-        .into(),
-        REFUSED_DEVICE => Error::invalid(format!(
-            "rank {peer} receives from this rank on another device than this receive names"
-        )),
-        _ => DeviceError::Unsupported(format!(
-            "rank {peer}'s receives from this rank are broken by an earlier failure (or its group was destroyed)"
-        ))
-        .into(),
+/// Issues the lanes' queued actions, in order, unless another thread is at it (it then
+/// issues what was queued since, too). Called without the lanes' lock held.
+fn drain(member: &Member) {
+    let lanes = &member.group.p2p;
+    if !lanes.lock().protocol.begin_drain() {
+        return;
     }
-}
-
-/// Issues the lane's released transfers that are next in ordinal order (with the lane's
-/// lock held: the host carrier's messages take their order from the order of issue). A
-/// transfer that cannot be issued breaks the lane: an ordinal skipped on one end would pair
-/// the next transfer with the wrong receive.
-fn issue_released(
-    member: &Member,
-    key: (usize, Carrier),
-    mut at: Locked<'_, OutLane>,
-    opts: &CallOptions,
-) -> Failed {
-    while let Some(r) = at.lane.released.remove(&at.lane.next_k) {
-        let k = at.lane.next_k;
-        at.lane.next_k += 1;
-        if let Err((e, done)) = start_send(member, key, at.reborrow(), k, r, opts) {
-            let mut failed = at.lane.break_with(e.clone());
-            failed.push((done, e));
-            return failed;
+    // Should an action unwind, the next drain must still be possible.
+    struct Owner<'a>(&'a crate::device::lanes::Lanes, bool);
+    impl Drop for Owner<'_> {
+        fn drop(&mut self) {
+            if self.1 {
+                self.0.lock().protocol.abandon_drain();
+            }
         }
     }
-    Vec::new()
+    let mut owner = Owner(lanes, true);
+    loop {
+        let next = lanes.lock().protocol.next_action();
+        match next {
+            Some(Action::Transfer { key, k, id, send }) => start_send(member, key, k, id, send),
+            Some(Action::Post { key, k, id, recv }) => post(member, key, k, id, recv),
+            Some(Action::Answer { key, go }) => {
+                let req = Request::Send {
+                    tensor: Tensor::from_vec(go),
+                    dst: key.0,
+                    tag: go_tag(key.1),
+                };
+                // Small and eager: it completes at once; a failure shows as the sender's
+                // timeout and the transfer's.
+                issue(member, req, &CallOptions::default(), Box::new(|_| ()));
+            }
+            None => {
+                owner.1 = false;
+                return;
+            }
+        }
+    }
 }
 
-/// Issues transfer `k` of a lane to a peer (a host message goes into the outbox); gives
-/// the send back if it could not.
-fn start_send(
-    member: &Member,
-    key: (usize, Carrier),
-    at: Locked<'_, OutLane>,
-    k: u64,
-    r: Released,
-    opts: &CallOptions,
-) -> std::result::Result<(), (Error, SendDone)> {
+/// Issues transfer `k` of a lane to a peer. One that cannot be issued fails its send and
+/// breaks the lane: an ordinal skipped on one end would pair the next transfer with the
+/// wrong receive.
+fn start_send(member: &Member, key: Key, k: u64, id: [u8; 128], send: PendingSend) {
     let (dst, carrier) = key;
-    let Locked { lane, outbox } = at;
-    let Released { send, id } = r;
-    let t = Transfer { k, id };
-    let PendingSend { tensor, done } = send;
+    let PendingSend { tensor, opts, done } = send;
     match carrier {
         Carrier::Host => {
-            let (me, opts) = (member.clone(), opts.clone());
-            outbox.push_back(Box::new(move || {
-                // The copy is made here, not under the lanes' lock.
-                let host = match tensor.to_host() {
-                    Ok(h) => h,
-                    Err(e) => {
-                        // Transfer `k` never leaves: the lane cannot go on.
-                        me.group.p2p.break_out(key, e.clone());
-                        return done(Err(e));
-                    }
-                };
-                let req = Request::Send {
-                    tensor: host,
-                    dst,
-                    tag: DATA_TAG,
-                };
-                issue_transfer(me, req, &opts, move |me, r| {
-                    if let Err(e) = &r {
-                        me.group.p2p.break_out(key, e.clone());
-                    }
-                    done(r.map(|_| ()));
-                });
-            }));
-            Ok(())
+            let host = match tensor.to_host() {
+                Ok(h) => h,
+                Err(e) => {
+                    member.group.p2p.break_out(key, e.clone());
+                    return done(Err(e));
+                }
+            };
+            let req = Request::Send {
+                tensor: host,
+                dst,
+                tag: DATA_TAG,
+            };
+            issue_transfer(member, req, &opts, move |me, r| {
+                if let Err(e) = &r {
+                    me.group.p2p.break_out(key, e.clone());
+                }
+                done(r.map(|_| ()));
+            });
         }
-        Carrier::Nccl => super::nccl::send_job(member, key, lane, t, tensor, opts, done),
-        Carrier::Local => {
-            // Deposited once the lanes' lock is released (the last of the two ends to
-            // deposit enqueues the copy).
-            let (me, opts) = (member.clone(), opts.clone());
-            outbox.push_back(Box::new(move || {
-                super::nccl::local_send(&me, key, k, tensor, &opts, done)
-            }));
-            Ok(())
+        Carrier::Nccl => {
+            let t = Transfer { k, id };
+            if let Err((e, done)) = super::nccl::send_job(member, key, t, tensor, &opts, done) {
+                member.group.p2p.break_out(key, e.clone());
+                done(Err(e));
+            }
         }
+        Carrier::Local => super::nccl::local_send(member, key, k, tensor, &opts, done),
     }
 }
 
@@ -451,7 +340,16 @@ pub(crate) fn recv<T: Send + 'static>(
                     fin.complete(r.and_then(|tensor| map(Output::Received { tensor, src })))
                 });
                 let ticket = tensor.to_vec::<u8>().unwrap_or_default();
-                on_ticket(&me, &ticket, src, spec, &opts, done);
+                let device = spec.device;
+                let recv = PendingRecv { spec, opts, done };
+                let peer = me.group.info.global(src);
+                // The lane's NCCL id is made for its first transfer only.
+                let make_id =
+                    || crate::device::cuda::nccl::Nccl::load().and_then(|n| n.unique_id());
+                me.group
+                    .p2p
+                    .update(|p| p.on_ticket(src, peer, &ticket, device, recv, make_id));
+                drain(&me);
             }
             Ok(other) => fin.complete(Err(Error::internal(format!(
                 "a ticket receive gave {other:?}"
@@ -462,166 +360,51 @@ pub(crate) fn recv<T: Send + 'static>(
     work
 }
 
-/// Answers a ticket from `src`: posts transfer `k` of the lane, then tells the sender `k`
-/// (or refuses, and the sender's send fails at once); `done` gets the transfer's tensor.
-fn on_ticket(
-    member: &Member,
-    ticket: &[u8],
-    src: usize,
-    spec: TensorSpec,
-    opts: &CallOptions,
-    done: RecvDone,
-) {
-    let device = spec.device;
-    let s = u64_at(ticket, 0);
-    let carrier = match ticket.get(8) {
-        Some(0) => Some(Carrier::Nccl),
-        Some(1) => Some(Carrier::Host),
-        Some(2) => Some(Carrier::Local),
-        _ => None,
-    };
-    let (Some(s), Some(carrier), TICKET_BYTES) = (s, carrier, ticket.len()) else {
-        return done(Err(Error::Protocol {
-            rank: member.group.info.global(src),
-            detail: ProtocolError::Malformed(format!(
-                "a device send's ticket of {} bytes",
-                ticket.len()
-            )),
-        }));
-    };
-    // The answer, issued from the outbox (small and eager: it completes at once; a failure
-    // shows as the sender's timeout and the transfer's).
-    let go = |k: u64, status: u64, id: [u8; 128]| -> Deferred {
-        let mut b = Vec::with_capacity(GO_BYTES);
-        b.extend_from_slice(&s.to_le_bytes());
-        b.extend_from_slice(&k.to_le_bytes());
-        b.extend_from_slice(&status.to_le_bytes());
-        b.extend_from_slice(&id);
-        let (me, opts) = (member.clone(), opts.clone());
-        Box::new(move || {
-            let req = Request::Send {
-                tensor: Tensor::from_vec(b),
-                dst: src,
-                tag: go_tag(carrier),
-            };
-            issue(&me, req, &opts, Box::new(|_| ()));
-        })
-    };
-    let refused = {
-        let mut lanes = member.group.p2p.lock();
-        let LanesInner {
-            inn,
-            outbox,
-            released,
-            ..
-        } = &mut *lanes;
-        if *released {
-            outbox.push_back(go(0, REFUSED_BROKEN, [0; 128]));
-            Some((done, Error::Shutdown))
-        } else {
-            let lane = inn.entry((src, carrier)).or_default();
-            if let Some(e) = &lane.broken {
-                outbox.push_back(go(0, REFUSED_BROKEN, [0; 128]));
-                Some((done, e.clone()))
-            } else if let Err(e) = same_device(&mut lane.device, device) {
-                outbox.push_back(go(0, REFUSED_DEVICE, [0; 128]));
-                Some((done, e))
-            } else {
-                post(
-                    member,
-                    (src, carrier),
-                    Locked { lane, outbox },
-                    spec,
-                    opts,
-                    &go,
-                    done,
-                )
-            }
-        }
-    };
-    if let Some((done, e)) = refused {
-        done(Err(e));
-    }
-    member.group.p2p.drain();
-}
-
-/// Takes the next ordinal `k` of a lane from a peer, makes the lane's NCCL id when `k = 0`,
-/// posts transfer `k` and queues the answer, with the lock held (the lane's transfers are
-/// posted in ordinal order, each before the sender hears of it). Gives `done` back, with
-/// the error, when the transfer cannot be posted (the sender is refused).
-fn post(
-    member: &Member,
-    key: (usize, Carrier),
-    at: Locked<'_, InLane>,
-    spec: TensorSpec,
-    opts: &CallOptions,
-    go: &dyn Fn(u64, u64, [u8; 128]) -> Deferred,
-    done: RecvDone,
-) -> Option<(RecvDone, Error)> {
+/// Posts transfer `k` of a lane from a peer, before its go leaves. One that cannot be
+/// posted fails its receive and breaks the lane (its go, and the lane's gos queued behind
+/// it, become refusals).
+fn post(member: &Member, key: Key, k: u64, id: [u8; 128], recv: PendingRecv) {
     let (src, carrier) = key;
-    let Locked { lane, outbox } = at;
+    let PendingRecv { spec, opts, done } = recv;
     let device = spec.device;
-    let k = lane.next_k;
-    let mut id = [0u8; 128];
-    if k == 0 && carrier == Carrier::Nccl {
-        let made = crate::device::cuda::nccl::Nccl::load().and_then(|n| n.unique_id());
-        match made {
-            Ok(i) => id = i,
-            Err(e) => {
-                outbox.push_back(go(0, REFUSED_NO_NCCL, id));
-                return Some((done, e));
-            }
-        }
-    }
-    let posted: std::result::Result<(), (RecvDone, Error)> = match carrier {
+    let failed = match carrier {
         Carrier::Host => {
-            let (me, opts) = (member.clone(), opts.clone());
-            outbox.push_back(Box::new(move || {
-                let req = Request::Recv {
-                    spec: spec.on(Device::Host),
-                    src: Some(src),
-                    tag: DATA_TAG,
-                };
-                issue_transfer(me, req, &opts, move |me, r| {
-                    let r = r.and_then(|out| match out {
-                        Output::Received { tensor, .. } => StandIn::tensor(&tensor, device),
-                        other => Err(Error::internal(format!("a transfer gave {other:?}"))),
-                    });
-                    if let Err(e) = &r {
-                        me.group.p2p.break_in(key, e.clone());
-                    }
-                    done(r);
+            let req = Request::Recv {
+                spec: spec.on(Device::Host),
+                src: Some(src),
+                tag: DATA_TAG,
+            };
+            issue_transfer(member, req, &opts, move |me, r| {
+                let r = r.and_then(|out| match out {
+                    Output::Received { tensor, .. } => StandIn::tensor(&tensor, device),
+                    other => Err(Error::internal(format!("a transfer gave {other:?}"))),
                 });
-            }));
-            Ok(())
+                if let Err(e) = &r {
+                    me.group.p2p.break_in(key, e.clone());
+                }
+                done(r);
+            });
+            None
         }
         Carrier::Nccl => {
-            super::nccl::recv_job(member, key, lane, Transfer { k, id }, spec, opts, done)
+            let t = Transfer { k, id };
+            super::nccl::recv_job(member, key, t, spec, &opts, done).err()
         }
-        Carrier::Local if member.rank.hub.is_none() => Err((
+        Carrier::Local if member.rank.hub.is_none() => Some((
             done,
             Error::internal("a device-local transfer to a rank with no hub"),
         )),
         Carrier::Local => {
-            // Deposited before the go is sent (both from the outbox, in this order).
-            let (me, opts) = (member.clone(), opts.clone());
-            outbox.push_back(Box::new(move || {
-                super::nccl::local_recv(&me, key, k, spec, &opts, done)
-            }));
-            Ok(())
-        }
-    };
-    match posted {
-        Ok(()) => {
-            lane.next_k += 1;
-            outbox.push_back(go(k, 0, id));
+            super::nccl::local_recv(member, key, k, spec, &opts, done);
             None
         }
-        Err((done, e)) => {
-            lane.broken = Some(e.clone());
-            outbox.push_back(go(0, REFUSED_BROKEN, [0; 128]));
-            Some((done, e))
-        }
+    };
+    if let Some((done, e)) = failed {
+        member
+            .group
+            .p2p
+            .update(|p| p.post_failed(key, k, e.clone()));
+        done(Err(e));
     }
 }
 

@@ -1,25 +1,15 @@
-//! The lanes of device point-to-point on the NCCL backend: the state of each direction
-//! between this rank and a peer (its ordinals, the sends waiting for their receiver's
-//! answer, whether it broke, its device and its NCCL worker), and the outbox of engine calls
-//! that must be issued in order once the lanes' lock is released. Only state lives here: the
-//! protocol that moves it on (tickets, answers, transfers) is `backend/p2p.rs`.
+//! The lanes of device point-to-point on the NCCL backend, as this crate holds them: the
+//! runtime's state machine ([`collectix_runtime::device_lanes`]: tickets, gos, ordinals,
+//! broken lanes) and each lane's NCCL worker, under one lock. What moves them on (issuing
+//! tickets, transfers and answers) is `backend/p2p.rs`.
 
+use crate::device::cuda::worker::WorkerHandle;
 use crate::sync::lock;
-use collectix_runtime::{Device, Error, GroupId, Result, Tensor};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+pub(crate) use collectix_runtime::device_lanes::{Carrier, Key};
+use collectix_runtime::device_lanes::{DeviceLanes, Failed as Failures};
+use collectix_runtime::{CallOptions, Error, GroupId, Result, Tensor, TensorSpec};
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-
-/// How a lane moves its data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Carrier {
-    /// NCCL between two GPUs.
-    Nccl = 0,
-    /// A host message: the carrier of [`StandIn`](super::StandIn) tensors (tests without a GPU).
-    Host = 1,
-    /// A device-to-device copy between ranks of one process (the device-local path): no
-    /// NCCL, which refuses two ranks on one GPU.
-    Local = 2,
-}
 
 /// Completes a send's `Work`.
 pub(crate) type SendDone = Box<dyn FnOnce(Result<()>) + Send>;
@@ -27,36 +17,33 @@ pub(crate) type SendDone = Box<dyn FnOnce(Result<()>) + Send>;
 /// Completes a receive's `Work` with the received tensor.
 pub(crate) type RecvDone = Box<dyn FnOnce(Result<Tensor>) + Send>;
 
-/// A call on the engine, queued under the lanes' lock and issued after it (see the module
-/// doc).
-pub(crate) type Deferred = Box<dyn FnOnce() + Send>;
+/// A device send, from its admission to its transfer.
+pub(crate) struct PendingSend {
+    pub(crate) tensor: Tensor,
+    pub(crate) opts: CallOptions,
+    pub(crate) done: SendDone,
+}
 
-/// Sends to fail once the lanes' lock is released.
-pub(crate) type Failed = Vec<(SendDone, Error)>;
+/// A device receive whose ticket came, until its transfer is posted.
+pub(crate) struct PendingRecv {
+    pub(crate) spec: TensorSpec,
+    pub(crate) opts: CallOptions,
+    pub(crate) done: RecvDone,
+}
 
-/// Fails each send with its error (called once the lanes' lock is released).
+/// The protocol's state of a group member's lanes.
+pub(crate) type Protocol = DeviceLanes<PendingSend, PendingRecv>;
+
+/// Sends and receives to fail once the lock is released.
+pub(crate) type Failed = Failures<PendingSend, PendingRecv>;
+
+/// Fails each send and receive with its error (called once the lanes' lock is released).
 pub(crate) fn fail_all(failed: Failed) {
-    for (done, e) in failed {
-        done(Err(e));
+    for (s, e) in failed.sends {
+        (s.done)(Err(e));
     }
-}
-
-/// A lane under the lanes' lock, with the outbox of the engine calls to issue, in order,
-/// once the lock is released.
-pub(crate) struct Locked<'a, L> {
-    /// The lane.
-    pub(crate) lane: &'a mut L,
-    /// The lanes' outbox.
-    pub(crate) outbox: &'a mut VecDeque<Deferred>,
-}
-
-impl<L> Locked<'_, L> {
-    /// The same lane and outbox, borrowed again for a shorter while.
-    pub(crate) fn reborrow(&mut self) -> Locked<'_, L> {
-        Locked {
-            lane: &mut *self.lane,
-            outbox: &mut *self.outbox,
-        }
+    for (r, e) in failed.recvs {
+        (r.done)(Err(e));
     }
 }
 
@@ -70,60 +57,6 @@ pub(crate) struct Transfer {
     pub(crate) id: [u8; 128],
 }
 
-/// A send waiting for its go.
-pub(crate) struct PendingSend {
-    pub(crate) tensor: Tensor,
-    pub(crate) done: SendDone,
-}
-
-/// A send whose go arrived, waiting for the earlier ordinals of its lane.
-pub(crate) struct Released {
-    pub(crate) send: PendingSend,
-    pub(crate) id: [u8; 128],
-}
-
-/// One direction from this rank to a peer.
-#[derive(Default)]
-pub(crate) struct OutLane {
-    /// The serial number of the next send (carried in its ticket).
-    pub(crate) next_s: u64,
-    /// Sends waiting for their receiver's answer, by serial number.
-    pub(crate) pending: HashMap<u64, PendingSend>,
-    /// The next ordinal to issue: transfers leave in ordinal order.
-    pub(crate) next_k: u64,
-    /// Sends whose answer came, by ordinal, waiting for the earlier ordinals.
-    pub(crate) released: BTreeMap<u64, Released>,
-    /// What broke the lane, if anything did (every later send fails with it).
-    pub(crate) broken: Option<Error>,
-    /// The device the lane's sends come from (a communicator lives on one).
-    pub(crate) device: Option<Device>,
-    pub(crate) worker: Option<super::cuda::worker::WorkerHandle>,
-}
-
-impl OutLane {
-    /// Marks the lane broken (the first error stays) and takes every send waiting on it.
-    pub(crate) fn break_with(&mut self, e: Error) -> Failed {
-        let e = self.broken.get_or_insert(e).clone();
-        let released = std::mem::take(&mut self.released).into_values();
-        self.pending
-            .drain()
-            .map(|(_, p)| p)
-            .chain(released.map(|r| r.send))
-            .map(|p| (p.done, e.clone()))
-            .collect()
-    }
-}
-
-/// One direction from a peer to this rank.
-#[derive(Default)]
-pub(crate) struct InLane {
-    pub(crate) next_k: u64,
-    pub(crate) broken: Option<Error>,
-    /// The device the lane's receives go to.
-    pub(crate) device: Option<Device>,
-    pub(crate) worker: Option<super::cuda::worker::WorkerHandle>,
-}
-
 /// A group member's lanes (in its [`GroupShared`](crate::member::GroupShared)).
 #[derive(Default)]
 pub(crate) struct Lanes {
@@ -133,16 +66,11 @@ pub(crate) struct Lanes {
 /// The lanes behind their lock.
 #[derive(Default)]
 pub(crate) struct LanesInner {
-    /// To each peer (group rank), per carrier.
-    pub(crate) out: HashMap<(usize, Carrier), OutLane>,
-    /// From each peer (group rank), per carrier.
-    pub(crate) inn: HashMap<(usize, Carrier), InLane>,
-    /// The group was destroyed on this rank: no lane is made any more.
-    pub(crate) released: bool,
-    /// Calls on the engine to issue, in this order, once the lock is released.
-    pub(crate) outbox: VecDeque<Deferred>,
-    /// A thread is issuing the outbox.
-    pub(crate) draining: bool,
+    pub(crate) protocol: Protocol,
+    /// The NCCL worker of each lane to a peer, started on its first send.
+    pub(crate) out_workers: HashMap<Key, Option<WorkerHandle>>,
+    /// The NCCL worker of each lane from a peer, started on its first receive.
+    pub(crate) in_workers: HashMap<Key, Option<WorkerHandle>>,
 }
 
 impl Lanes {
@@ -151,81 +79,41 @@ impl Lanes {
         lock(&self.inner)
     }
 
-    /// Issues the outbox, in order, unless another thread is at it (it then issues what was
-    /// added too). Called without the lock held.
-    pub(crate) fn drain(&self) {
-        {
-            let mut lanes = self.lock();
-            if lanes.draining {
-                return;
-            }
-            lanes.draining = true;
-        }
-        // Should an action unwind, the next drain must still be possible.
-        struct Owner<'a>(&'a Lanes, bool);
-        impl Drop for Owner<'_> {
-            fn drop(&mut self) {
-                if self.1 {
-                    self.0.lock().draining = false;
-                }
-            }
-        }
-        let mut owner = Owner(self, true);
-        loop {
-            let next = {
-                let mut lanes = self.lock();
-                match lanes.outbox.pop_front() {
-                    Some(a) => a,
-                    None => {
-                        lanes.draining = false;
-                        owner.1 = false;
-                        return;
-                    }
-                }
-            };
-            next();
-        }
+    /// Runs `f` on the protocol under the lock, then fails what it gave back.
+    pub(crate) fn update(&self, f: impl FnOnce(&mut Protocol) -> Failed) {
+        let failed = f(&mut self.lock().protocol);
+        fail_all(failed);
     }
 
     /// The group is destroyed on this rank: every lane breaks with [`Error::Shutdown`], its
     /// waiting sends fail with it, its NCCL communicator is released (aborted), and no lane
     /// is made any more.
     pub(crate) fn release(&self, group: GroupId) {
-        let failed: Failed = {
+        let failed = {
             let mut lanes = self.lock();
-            lanes.released = true;
-            let mut failed = Vec::new();
-            for lane in lanes.out.values_mut() {
-                failed.extend(lane.break_with(Error::Shutdown));
-                if let Some(w) = lane.worker.take() {
+            let LanesInner {
+                protocol,
+                out_workers,
+                in_workers,
+            } = &mut *lanes;
+            for w in out_workers.values_mut().chain(in_workers.values_mut()) {
+                if let Some(w) = w.take() {
                     w.release(group);
                 }
             }
-            for lane in lanes.inn.values_mut() {
-                lane.broken.get_or_insert(Error::Shutdown);
-                if let Some(w) = lane.worker.take() {
-                    w.release(group);
-                }
-            }
-            failed
+            protocol.release()
         };
         fail_all(failed);
     }
 
     /// Breaks the lane to a peer: every send waiting on it fails with `e`, and so does every
     /// later one.
-    pub(crate) fn break_out(&self, key: (usize, Carrier), e: Error) {
-        let failed = match self.lock().out.get_mut(&key) {
-            Some(lane) => lane.break_with(e),
-            None => Vec::new(),
-        };
-        fail_all(failed);
+    pub(crate) fn break_out(&self, key: Key, e: Error) {
+        self.update(|p| p.break_out(key, e));
     }
 
     /// Breaks the lane from a peer: every later receive matched to it fails with `e`.
-    pub(crate) fn break_in(&self, key: (usize, Carrier), e: Error) {
-        if let Some(lane) = self.lock().inn.get_mut(&key) {
-            lane.broken.get_or_insert(e);
-        }
+    pub(crate) fn break_in(&self, key: Key, e: Error) {
+        self.update(|p| p.break_in(key, e));
     }
 }
