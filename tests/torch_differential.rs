@@ -1,14 +1,15 @@
 //! The differential set recorded from torch.distributed (Gloo), run on every path: what torch
 //! gave each rank for 2,547 collectives (every collective, W = 2, 3 and 4, 1, 5 and 300
 //! elements, nine dtypes, every op collectix and Gloo share) is what collectix gives, byte
-//! for byte, in the simulator, on the engine and on the board in one process, between ranks
-//! over shared memory, and over TCP.
+//! for byte, on the engine and on the board in the simulator and in one process, between
+//! ranks over shared memory, and over TCP.
 //!
 //! The set is `tests/torch_reference/gloo.txt`, recorded by `tests/torch_reference/record.py`
 //! (its doc has the format, the inputs and the command); torch need not be installed here.
 
 mod common;
 
+use collectix::runtime::board::BoardCall;
 use collectix::runtime::testing::input;
 use collectix::runtime::testing::sim::Sim;
 use collectix::runtime::Output;
@@ -316,15 +317,25 @@ fn in_a_job(w: usize, transport: collectix::Transport) {
     assert_none(wrong.into_inner().unwrap_or_default());
 }
 
-#[test]
-fn torch_outputs_on_the_engine_in_the_simulator() {
+/// Every case in the seeded simulator, with boards on or off; how many calls ran on a board.
+fn in_the_simulator(boards: bool) -> usize {
     let mut wrong = Vec::new();
+    let mut on_board = 0;
     for w in [2, 3, 4] {
         for (i, c) in recorded(w).iter().enumerate() {
             let mut sim = Sim::new(w, i as u64);
+            if boards {
+                sim = sim.with_boards();
+            }
             let ids: Vec<_> = (0..w)
                 .map(|r| {
-                    sim.submit(r, GroupId::WORLD, request(c, r), &CallOptions::default())
+                    let req = request(c, r);
+                    let info = sim
+                        .group(r, GroupId::WORLD)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    let opts = CallOptions::default();
+                    on_board += usize::from(boards && BoardCall::of(&req, &info, &opts).is_some());
+                    sim.submit(r, GroupId::WORLD, req, &opts)
                         .unwrap_or_else(|e| panic!("gloo.txt:{}: rank {r}: {e}", c.line))
                 })
                 .collect();
@@ -334,11 +345,28 @@ fn torch_outputs_on_the_engine_in_the_simulator() {
                 let got = sim
                     .take(r, id)
                     .unwrap_or_else(|| panic!("gloo.txt:{}: rank {r} has no result", c.line));
-                wrong.extend(check(c, r, got, "simulator"));
+                let path = if boards {
+                    "simulator, boards on"
+                } else {
+                    "simulator"
+                };
+                wrong.extend(check(c, r, got, path));
             }
         }
     }
     assert_none(wrong);
+    on_board
+}
+
+#[test]
+fn torch_outputs_on_the_engine_in_the_simulator() {
+    assert_eq!(in_the_simulator(false), 0);
+}
+
+#[test]
+fn torch_outputs_on_the_board_and_engine_in_the_simulator() {
+    let n = in_the_simulator(true);
+    assert!(n >= 1_000, "only {n} calls ran on a board");
 }
 
 #[test]

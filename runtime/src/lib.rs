@@ -86,7 +86,7 @@ mod time;
 pub mod wire;
 
 pub use collective::{CheckedCall, Destination, Output, Plan, Request, TensorSpec};
-pub use engine::{Engine, Event, OpId};
+pub use engine::{BoardEvent, Engine, Event, OpId};
 pub use error::{DeviceError, Error, LinkFailure, LinkStep, RankCall, Result};
 pub use group::{CallOptions, GroupId, GroupInfo, GroupOptions, Locality};
 pub use ids::{DataPath, Fingerprint};

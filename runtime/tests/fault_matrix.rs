@@ -1,5 +1,6 @@
 //! The fault matrix ([`collectix_runtime::testing::faults`]) in the seeded
-//! simulator, for groups of 2, 3 and 5 ranks. Each scenario runs three ways: one call at a
+//! simulator, for groups of 2, 3 and 5 ranks, on the engine (every base case forces an
+//! algorithm) and on the board (boards on, [`Scenario::board`]'s small calls). Each scenario runs three ways: one call at a
 //! time on links that keep their order (then the closing `monitored_barrier` must return the
 //! fault), one call at a time on links that reorder, and every call at once. Besides each
 //! rank's verdict, no call may take longer than its timeout, the desync grace (twice for a
@@ -37,10 +38,29 @@ fn group_b(w: usize) -> GroupId {
     GroupId::derive(GroupId::WORLD, 1, &(0..w as u64).collect::<Vec<_>>())
 }
 
-/// Runs the scenario; `Err` with what went wrong and the trace.
-fn check(s: &Scenario, mode: Mode, delivery: Delivery, seed: u64) -> Result<(), String> {
+/// Which of a world's paths the calls take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// Every call on the engine (the scenarios force algorithms).
+    Engine,
+    /// Boards on: a small call with no algorithm forced runs on its group's board.
+    Board,
+}
+
+/// Runs the scenario: how many of its calls did not run on the engine, or `Err` with what
+/// went wrong and the trace.
+fn check(
+    s: &Scenario,
+    path: Path,
+    mode: Mode,
+    delivery: Delivery,
+    seed: u64,
+) -> Result<usize, String> {
     let net = SimOptions::default().with_delivery(delivery);
     let mut sim = Sim::with_config(s.w, seed, GroupOptions::default(), net);
+    if path == Path::Board {
+        sim = sim.with_boards();
+    }
     let b = group_b(s.w);
     if s.uses_b() {
         sim.add_group_everywhere(b, &(0..s.w).collect::<Vec<_>>(), GroupOptions::default());
@@ -91,6 +111,11 @@ fn check(s: &Scenario, mode: Mode, delivery: Delivery, seed: u64) -> Result<(), 
         )
     };
     let prop = sim.max_propagation();
+    let off = issued
+        .iter()
+        .flatten()
+        .filter(|(id, _)| sim.off_the_engine(*id))
+        .count();
     for r in 0..s.w {
         let mut outcomes = Vec::new();
         for (i, (c, &(id, submitted))) in programs[r].iter().zip(&issued[r]).enumerate() {
@@ -129,21 +154,38 @@ fn check(s: &Scenario, mode: Mode, delivery: Delivery, seed: u64) -> Result<(), 
         )
         .map_err(ctx)?;
     }
-    Ok(())
+    Ok(off)
 }
 
-fn matrix(w: usize) {
-    let all = Scenario::all(w);
+fn matrix(w: usize, path: Path) {
+    let all = match path {
+        Path::Engine => Scenario::all(w),
+        Path::Board => Scenario::board(w),
+    };
     let mut failures = Vec::new();
     let mut seed = w as u64 * 1000;
+    let mut off = 0;
     for s in &all {
         for (mode, delivery) in MODES {
             seed += 1;
-            if let Err(e) = check(s, mode, delivery, seed) {
-                failures.push(e);
+            match check(s, path, mode, delivery, seed) {
+                Ok(n) => off += n,
+                Err(e) => failures.push(e),
             }
         }
     }
+    match path {
+        Path::Engine => assert_eq!(off, 0, "every call on the engine"),
+        Path::Board => assert!(
+            off >= all.len(),
+            "{off} calls off the engine in {} scenarios",
+            all.len()
+        ),
+    }
+    eprintln!(
+        "W={w} {path:?}: {} scenarios, {off} calls off the engine",
+        all.len()
+    );
     if std::env::var_os("FAULT_MATRIX_LIST").is_some() {
         for f in &failures {
             eprintln!("{}\n", f.lines().take(2).collect::<Vec<_>>().join("\n"));
@@ -151,7 +193,7 @@ fn matrix(w: usize) {
     }
     assert!(
         failures.is_empty(),
-        "{} of {} runs failed at W={w}; the first:\n{}",
+        "{} of {} runs failed at W={w} ({path:?}); the first:\n{}",
         failures.len(),
         all.len() * MODES.len(),
         failures[0]
@@ -160,15 +202,30 @@ fn matrix(w: usize) {
 
 #[test]
 fn fault_matrix_on_the_engine_in_the_simulator_w2() {
-    matrix(2);
+    matrix(2, Path::Engine);
+}
+
+#[test]
+fn fault_matrix_on_the_board_in_the_simulator_w2() {
+    matrix(2, Path::Board);
 }
 
 #[test]
 fn fault_matrix_on_the_engine_in_the_simulator_w3() {
-    matrix(3);
+    matrix(3, Path::Engine);
+}
+
+#[test]
+fn fault_matrix_on_the_board_in_the_simulator_w3() {
+    matrix(3, Path::Board);
 }
 
 #[test]
 fn fault_matrix_on_the_engine_in_the_simulator_w5() {
-    matrix(5);
+    matrix(5, Path::Engine);
+}
+
+#[test]
+fn fault_matrix_on_the_board_in_the_simulator_w5() {
+    matrix(5, Path::Board);
 }

@@ -279,7 +279,7 @@ impl Driver {
         let mut after = After::default();
         let now = self.now();
         // Calls finished on a board since the last run are on the engine's record first.
-        self.take_board_records(&mut core);
+        self.take_board_records(&mut core, now);
         // What arrived before this run goes first (a peer's abort before a `destroy`, as a
         // mailbox would have ordered them).
         if !self.inbox.looks_empty() {

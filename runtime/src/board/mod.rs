@@ -25,12 +25,13 @@
 //! member whose call differs (another size, another op) still publishes its fingerprint, and
 //! the members that read it report an [`Error::Mismatch`]. A call whose ranks disagree on the
 //! path itself (a 4-byte all_reduce on one rank, a 1 MiB one on another) is a mismatch the
-//! board alone cannot see; the engine finds it (`Engine::board_made`, its messages' arrival,
+//! board alone cannot see; the engine finds it (`BoardEvent::Made`, its messages' arrival,
 //! an engine call that finds a slot of its sequence number, or the desync report at the
 //! deadline: `docs/architecture.md`, "Small calls on the board").
 
 mod call;
 pub mod queue;
+pub mod ran;
 #[cfg(test)]
 mod tests;
 pub mod wake;
@@ -253,6 +254,40 @@ impl Board {
 
     fn mine(&self) -> &dyn Lane {
         self.lanes[self.me].as_ref()
+    }
+
+    /// An engine call `fp` at `seq` of `group` finds another member's slot of `seq`: that
+    /// member is in a call on the board (which sends no messages), so the calls differ. The
+    /// mismatch (or a slot that is not one), for the engine ([`BoardEvent::Clash`]) and the
+    /// caller.
+    ///
+    /// [`BoardEvent::Clash`]: crate::engine::BoardEvent::Clash
+    pub fn clash(&self, group: &GroupInfo, seq: u64, fp: Fingerprint) -> Option<Error> {
+        let me = self.me;
+        (0..self.size()).filter(|&m| m != me).find_map(|m| {
+            let slot = self.read(m, seq).ok().flatten()?;
+            let Some(theirs) = slot.fingerprint() else {
+                return Some(Error::Protocol {
+                    rank: group.global(m),
+                    detail: crate::error::ProtocolError::Malformed(format!(
+                        "board lane of group rank {m}: fingerprint does not decode"
+                    )),
+                });
+            };
+            Some(Error::Mismatch {
+                group: group.id,
+                seq: Some(seq),
+                ours: crate::error::CallDesc {
+                    rank: group.global(me),
+                    call: fp,
+                },
+                theirs: crate::error::CallDesc {
+                    rank: group.global(m),
+                    call: theirs,
+                },
+                report: Vec::new(),
+            })
+        })
     }
 
     /// Records that this member finished call `seq` (it will not read slot `seq` again).

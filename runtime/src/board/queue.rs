@@ -25,9 +25,9 @@
 
 use super::{Board, BoardCall, Slot};
 use crate::collective::Output;
-use crate::engine::Engine;
+use crate::engine::{BoardEvent, Engine};
 use crate::error::{Error, Result};
-use crate::group::GroupInfo;
+use crate::group::{GroupId, GroupInfo};
 use crate::ids::Fingerprint;
 use crate::time::Time;
 use std::collections::VecDeque;
@@ -123,6 +123,32 @@ impl<W> Queue<W> {
     /// Whether no call is queued.
     pub fn is_empty(&self) -> bool {
         self.calls.is_empty()
+    }
+
+    /// Makes call `seq` of group `gid` on the board: `engine` records it as made
+    /// ([`BoardEvent::Made`]) and it is queued ([`push`](Self::push)), or the engine says why
+    /// it cannot run and `waiting` comes back with the error.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit(
+        &mut self,
+        engine: &mut Engine,
+        gid: GroupId,
+        seq: u64,
+        call: BoardCall,
+        published: bool,
+        waiting: W,
+        deadline: Time,
+        now: Time,
+    ) -> std::result::Result<(), (W, Error)> {
+        let made = BoardEvent::Made {
+            seq,
+            fp: call.fingerprint(),
+        };
+        if let Some(e) = engine.board(gid, made, now) {
+            return Err((waiting, e));
+        }
+        self.push(seq, call, published, waiting, deadline);
+        Ok(())
     }
 
     /// Queues call `seq` (after every call queued before: sequence order), whose slot is
@@ -337,7 +363,8 @@ impl<W> Queue<W> {
                     waiting_for: missing,
                     report: Vec::new(),
                 };
-                engine.board_failed(group.id, front.seq, e.clone());
+                let failed = Record::Failed(front.seq, Box::new(e.clone()));
+                engine.board(group.id, BoardEvent::Record(failed), now);
                 Some(e)
             }
         }
@@ -610,6 +637,10 @@ mod tests {
             asked.msg.header,
             crate::wire::message::Header::Inquire { seq: 0, .. }
         ));
+        // Before the report's end: it still waits for the answers.
+        let j = q.judge(&b, &g, &mut e, false, s1 + grace / 2);
+        assert!(j.ended.is_empty(), "{j:?}");
+        assert_eq!(j.next, Some(s1 + grace));
         // Nobody answered by the report's end: a timeout that names the member whose slot it
         // needs, and the call is done with (its slot is not published any more).
         let j = q.judge(&b, &g, &mut e, false, s1 + grace);
@@ -674,6 +705,35 @@ mod tests {
             j.ended[0].error
         );
         assert_eq!(j.done, 1, "an aborted group's slots are given up");
+    }
+
+    #[test]
+    fn an_aborted_groups_calls_that_ended_unpublished_give_up_their_slots() {
+        // Member 0, a broadcast's root, runs DEPTH + 1 calls ahead: the last ended at once,
+        // but its slot is still taken, so it is not done with (it owes its look). Once the
+        // group is aborted nobody will read that slot: the call is done with.
+        let g = GroupInfo::world(2, 0, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        let mut e = Engine::new(0);
+        e.add_group(g.clone(), Time::ZERO);
+        let lanes: Vec<Arc<dyn Lane>> =
+            vec![Arc::new(HeapLane::default()), Arc::new(HeapLane::default())];
+        let b = Board::new(lanes, 0).unwrap_or_else(|e| panic!("{e}"));
+        let mut q = Queue::new(2);
+        for seq in 0..=DEPTH as u64 {
+            q.push(seq, broadcast(2, 0, 0), false, seq, far());
+        }
+        let (out, _) = step(&mut q, &b, 0);
+        assert_eq!(out.len(), DEPTH + 1);
+        assert_eq!(
+            q.len(),
+            1,
+            "the last call waits to publish, and owes its look"
+        );
+        e.board_failed(g.id, 0, Error::internal("a member's part failed"));
+        let j = q.judge(&b, &g, &mut e, false, Time::ZERO);
+        assert!(j.ended.is_empty(), "no call waits for its result: {j:?}");
+        assert_eq!(j.done, 1, "its slot is given up");
+        assert!(q.is_empty());
     }
 
     #[test]

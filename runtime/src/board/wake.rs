@@ -321,6 +321,18 @@ mod tests {
     }
 
     #[test]
+    fn the_pending_count_follows_the_calls_queued_and_finished() {
+        let s = Signal::default();
+        assert_eq!((s.pending(), s.any_pending()), (0, false));
+        s.add_pending(2);
+        assert_eq!((s.pending(), s.any_pending()), (2, true));
+        s.sub_pending(1);
+        assert_eq!((s.pending(), s.any_pending()), (1, true));
+        s.sub_pending(1);
+        assert_eq!((s.pending(), s.any_pending()), (0, false));
+    }
+
+    #[test]
     fn the_mirror_follows_every_change() {
         let s = Signal::default();
         s.add_pending(2);
@@ -346,6 +358,7 @@ mod tests {
         o.add(3, t0);
         o.add(1, t0 + GRACE);
         assert_eq!(o.len(), 3, "a member is owed once");
+        assert!(!o.is_empty());
         let need = |m: &usize| match m {
             1 => Need::Soon,
             2 => Need::Now,

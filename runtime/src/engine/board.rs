@@ -5,6 +5,8 @@
 //! the calls around them, and recovery, cannot tell them apart from the engine's own.
 
 use super::Engine;
+use crate::board::queue::Record;
+use crate::board::ran::Ran;
 use crate::error::{Error, RankCall};
 use crate::group::GroupId;
 use crate::ids::Fingerprint;
@@ -20,12 +22,76 @@ pub(super) struct BoardInquiry {
     replies: BTreeMap<usize, RankCall>,
 }
 
+/// What a member tells its engine of its calls on a board ([`Engine::board`]): the board's
+/// one input to the engine. The engine's answers to it, and to the desync reports and
+/// verdicts of [`Queue::judge`](crate::board::queue::Queue::judge), leave as its own: the
+/// messages of [`poll_transmit`](Engine::poll_transmit) (an abort, an inquiry), and the
+/// errors the calls get.
+#[derive(Debug)]
+pub enum BoardEvent<'a> {
+    /// Call `seq` (`fp`) is made on the board: the engine records it as made (flow control's
+    /// credit, the desync report), or says why it cannot run (this rank is shutting down,
+    /// the group is not this rank's or was aborted, a member left, a member's part failed
+    /// before it started, a member's message for it came: the calls differ).
+    Made {
+        /// Its sequence number in the group.
+        seq: u64,
+        /// Its fingerprint.
+        fp: Fingerprint,
+    },
+    /// Calls that ran on a caller's quick path from start to finish before the engine heard
+    /// of them (checked with [`Engine::board_clear`]), taken (emptied).
+    Ran(&'a mut Ran),
+    /// A queued call ended: finished, failed, or found to disagree after its caller had its
+    /// result ([`Queue::step`](crate::board::queue::Queue::step)).
+    Record(Record),
+    /// An engine call at `seq` met a member's call on the board (`error`, the mismatch): the
+    /// group is aborted and its members told.
+    Clash {
+        /// The sequence number of both calls.
+        seq: u64,
+        /// The mismatch.
+        error: Error,
+    },
+}
+
 impl Engine {
+    /// The board's input to the engine (see [`BoardEvent`]) for group `gid` at `now`: for
+    /// [`BoardEvent::Made`], why the call cannot run, if it cannot; `None` for the others.
+    pub fn board(&mut self, gid: GroupId, event: BoardEvent<'_>, _now: Time) -> Option<Error> {
+        match event {
+            BoardEvent::Made { seq, fp } => self
+                .board_refusal(gid, seq)
+                .or_else(|| self.board_made(gid, seq, fp)),
+            BoardEvent::Ran(ran) => {
+                self.board_ran(gid, ran.each());
+                ran.clear();
+                None
+            }
+            BoardEvent::Record(Record::Finished(seq, fp, _)) => {
+                self.board_finished(gid, seq, fp);
+                None
+            }
+            BoardEvent::Record(Record::Failed(seq, e)) => {
+                self.board_failed(gid, seq, *e);
+                None
+            }
+            BoardEvent::Record(Record::Disagreed(seq, e)) => {
+                self.board_disagreed(gid, seq, *e);
+                None
+            }
+            BoardEvent::Clash { seq, error } => {
+                self.board_failed(gid, seq, error);
+                None
+            }
+        }
+    }
+
     /// Why call `seq` of group `gid` cannot run (the error its caller gets), checked when it
     /// is made and while it waits: this rank is shutting down, the group is not one of this
     /// rank's or was aborted, a member left before the call, or a member's part of it failed
     /// before it started. `None`: it may go on.
-    pub fn board_refusal(&mut self, gid: GroupId, seq: u64) -> Option<Error> {
+    pub(crate) fn board_refusal(&mut self, gid: GroupId, seq: u64) -> Option<Error> {
         let e = self.refusal(gid, seq)?;
         if let Some(g) = self.groups.get_mut(&gid) {
             g.board.remove(&seq);
@@ -37,7 +103,7 @@ impl Engine {
     /// board and still waiting: a group destroyed on this rank since ends it with
     /// `Shutdown`, as `destroy` ends the engine's calls in flight (a call made after the
     /// destroy is refused with `InvalidArgument`).
-    pub fn board_waiting_refusal(&mut self, gid: GroupId, seq: u64) -> Option<Error> {
+    pub(crate) fn board_waiting_refusal(&mut self, gid: GroupId, seq: u64) -> Option<Error> {
         if !self.groups.contains_key(&gid) && self.destroyed.contains(&gid) {
             return Some(Error::Shutdown);
         }
@@ -131,7 +197,11 @@ impl Engine {
     /// A member's message for one of them is a mismatch (a call on the board sends none):
     /// the group is aborted. Its caller had its result already, from slots that all named
     /// its call; the member that sent the message hears of the mismatch.
-    pub fn board_ran(&mut self, gid: GroupId, calls: impl IntoIterator<Item = (u64, Fingerprint)>) {
+    pub(crate) fn board_ran(
+        &mut self,
+        gid: GroupId,
+        calls: impl IntoIterator<Item = (u64, Fingerprint)>,
+    ) {
         let Some(g) = self.groups.get_mut(&gid) else {
             return;
         };
@@ -168,7 +238,7 @@ impl Engine {
 
     /// Whether group `gid` can run no more calls on this rank (shutting down, not a group of
     /// this rank, or aborted): calls finished here but not yet published need not be.
-    pub fn board_dead(&self, gid: GroupId) -> bool {
+    pub(crate) fn board_dead(&self, gid: GroupId) -> bool {
         self.closing.is_some() || self.groups.get(&gid).is_none_or(|g| g.aborted.is_some())
     }
 
@@ -179,7 +249,7 @@ impl Engine {
     ///
     /// A member's message for the call that came before it is a mismatch (a call on the
     /// board sends none): the group is aborted, and the error is the call's.
-    pub fn board_made(&mut self, gid: GroupId, seq: u64, fp: Fingerprint) -> Option<Error> {
+    pub(crate) fn board_made(&mut self, gid: GroupId, seq: u64, fp: Fingerprint) -> Option<Error> {
         let g = self.groups.get_mut(&gid)?;
         g.board.insert(seq, fp);
         // A member's message for this call came early: it is in another call (one on the
@@ -204,7 +274,7 @@ impl Engine {
     }
 
     /// Call `seq` of group `gid`, `fp`, finished on the board on this rank.
-    pub fn board_finished(&mut self, gid: GroupId, seq: u64, fp: Fingerprint) {
+    pub(crate) fn board_finished(&mut self, gid: GroupId, seq: u64, fp: Fingerprint) {
         if let Some(g) = self.groups.get_mut(&gid) {
             g.board.remove(&seq);
             // A report asked for at its deadline is moot: the call finished after all.
@@ -219,7 +289,7 @@ impl Engine {
     /// Call `seq` of group `gid` failed on the board on this rank with `e` (a mismatch, a
     /// timeout, a member's broken lane): the group is aborted and its members told, as when
     /// an engine call fails so; this rank's caller hears `e` itself.
-    pub fn board_failed(&mut self, gid: GroupId, seq: u64, e: Error) {
+    pub(crate) fn board_failed(&mut self, gid: GroupId, seq: u64, e: Error) {
         self.board_disagreed(gid, seq, e);
         if let Some(g) = self.groups.get_mut(&gid) {
             g.heard = true;
@@ -231,7 +301,7 @@ impl Engine {
     /// was published owes once it is, [`Board::check`](crate::board::Board::check)): the
     /// group is aborted and its members told; `e` is this rank's pending error, which its
     /// next call, `destroy` or `shutdown` returns.
-    pub fn board_disagreed(&mut self, gid: GroupId, seq: u64, e: Error) {
+    pub(crate) fn board_disagreed(&mut self, gid: GroupId, seq: u64, e: Error) {
         if let Some(g) = self.groups.get_mut(&gid) {
             g.board.remove(&seq);
             g.board_inquiries.remove(&seq);
@@ -247,7 +317,7 @@ impl Engine {
     /// that have not made it — aborts the group, and is what
     /// [`board_refusal`](Self::board_refusal) gives the call. `None`: no report (no grace,
     /// nobody to ask, or one already asked for).
-    pub fn board_timed_out(
+    pub(crate) fn board_timed_out(
         &mut self,
         gid: GroupId,
         seq: u64,
@@ -312,7 +382,7 @@ impl Engine {
     /// The desync report on call `seq` of group `gid` concludes with what came (its grace is
     /// over, or every member answered): its verdict aborts the group and waits for the call
     /// ([`board_refusal`](Self::board_refusal)).
-    pub fn board_inquiry_over(&mut self, gid: GroupId, seq: u64) {
+    pub(crate) fn board_inquiry_over(&mut self, gid: GroupId, seq: u64) {
         let Some(inq) = self
             .groups
             .get_mut(&gid)

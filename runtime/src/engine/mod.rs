@@ -31,6 +31,8 @@ mod p2p;
 pub(crate) mod p2p_flow;
 mod sink;
 
+pub use board::BoardEvent;
+
 use crate::collective::{Assembly, Body, Output, Plan, Share, TensorSpec};
 use crate::data_plane::{DataPlane, HostPlane};
 use crate::error::{Error, Result};

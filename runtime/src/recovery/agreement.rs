@@ -38,6 +38,9 @@ use crate::ids::{fnv1a, GroupId};
 use crate::time::Time;
 use std::collections::{BTreeMap, BTreeSet};
 
+#[cfg(all(test, not(collectix_loom)))]
+mod tests;
+
 /// The decision's magic bytes, and the version of its layout.
 const DECISION_MAGIC: [u8; 4] = *b"cxs2";
 /// Bytes of a decision before its members: magic, decider, completed, member count.

@@ -12,7 +12,7 @@
 //! owes a wake-up to those whose calls were issued but not yet waited for ([`OwedWakes`]: settled
 //! after a grace on its next progress, or when it stops driving).
 //!
-//! The engine keeps the calls' records (made, finished, failed: `Engine::board_*`; finishes
+//! The engine keeps the calls' records (made, finished, failed: `Engine::board`; finishes
 //! go in with the next run), and every run of the engine looks at the first unfinished call
 //! of each board: if the group was aborted (a lost peer, a mismatch, a revoke), a member's
 //! part failed before it started, or the rank is shutting down, the call fails with the
@@ -26,8 +26,7 @@ use crate::sync::lock;
 use collectix_runtime::board::queue::{Queue, Record};
 use collectix_runtime::board::wake::Need;
 use collectix_runtime::board::{Board, BoardCall};
-use collectix_runtime::error::ProtocolError;
-use collectix_runtime::{Error, GroupInfo, Output, Result, Time};
+use collectix_runtime::{BoardEvent, Error, GroupInfo, Output, Result, Time};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,8 +34,8 @@ use std::time::Duration;
 mod quick;
 mod records;
 mod wake;
+pub(crate) use collectix_runtime::board::ran::Ran;
 pub(crate) use quick::Quick;
-pub(crate) use records::Ran;
 pub(crate) use wake::{OwedWakes, Signal, Wake};
 
 /// What a rank holds of its boards: those with calls waiting, and its [`Signal`].
@@ -181,34 +180,10 @@ impl GroupBoard {
         }
     }
 
-    /// An engine call `fp` at `seq` finds another member's slot of `seq` on the board: that
-    /// member is in a call on the board (which sends no messages), so the calls differ.
+    /// An engine call `fp` at `seq` finds another member's slot of `seq` on the board
+    /// ([`Board::clash`]).
     pub(crate) fn clash(&self, seq: u64, fp: collectix_runtime::Fingerprint) -> Option<Error> {
-        let me = self.board.me();
-        (0..self.board.size()).filter(|&m| m != me).find_map(|m| {
-            let slot = self.board.read(m, seq).ok().flatten()?;
-            let Some(theirs) = slot.fingerprint() else {
-                return Some(Error::Protocol {
-                    rank: self.info.global(m),
-                    detail: ProtocolError::Malformed(format!(
-                        "board lane of group rank {m}: fingerprint does not decode"
-                    )),
-                });
-            };
-            Some(Error::Mismatch {
-                group: self.info.id,
-                seq: Some(seq),
-                ours: collectix_runtime::error::CallDesc {
-                    rank: self.info.global(me),
-                    call: fp,
-                },
-                theirs: collectix_runtime::error::CallDesc {
-                    rank: self.info.global(m),
-                    call: theirs,
-                },
-                report: Vec::new(),
-            })
-        })
+        self.board.clash(&self.info, seq, fp)
     }
 
     /// The group's barrier as it runs on this board.
@@ -260,36 +235,37 @@ impl Driver {
         self.board_run_deferred(move |core, now| {
             // This group's quick calls first (the run could not take them: this caller
             // holds the issue lock).
-            core.take_ran(gid, ran);
+            core.take_ran(gid, ran, now);
             if core.quiesced {
                 return Err((done, Error::Shutdown));
             }
-            if let Some(e) = core.engine.board_refusal(gid, seq) {
-                return Err((done, e));
-            }
-            if let Some(e) = core.engine.board_made(gid, seq, fp) {
-                return Err((done, e));
-            }
-            let record = Recorder::record(gid, Some(seq), fp.kind, fp.dtype, fp.count, now);
-            core.recorder.started(Key::Board(gid, seq), record);
             let deadline = now + timeout;
             let BoardSpan(span, start) = span;
             // Queued under the engine's lock (core, then boards, then queue: the order of
             // `board_checks`): a run that aborts the group, or quiesces the rank, either came
-            // before the checks above or finds the call in the queue and ends it. Queued
+            // before the engine took the call or finds it in the queue and ends it. Queued
             // after the lock is released, a call could miss the abort a run just took and
             // wait for its deadline.
             let mut live = lock(&self.boards.live);
             let mut q = lock(&gb.queue);
-            q.push(
+            let waiting = Waiting { done, span, start };
+            let made = q.submit(
+                &mut core.engine,
+                gid,
                 seq,
                 call,
                 published,
-                Waiting { done, span, start },
+                waiting,
                 deadline,
+                now,
             );
+            if let Err((w, e)) = made {
+                return Err((w.done, e));
+            }
             gb.queued.store(q.len(), Ordering::Release);
             drop(q);
+            let record = Recorder::record(gid, Some(seq), fp.kind, fp.dtype, fp.count, now);
+            core.recorder.started(Key::Board(gid, seq), record);
             self.boards.signal.activity.add_pending(1);
             if !live.iter().any(|b| Arc::ptr_eq(b, gb)) {
                 live.push(gb.clone());
@@ -379,12 +355,12 @@ impl Driver {
     /// Gives the engine the records of the calls finished on a board since its last run:
     /// the queued calls', and the quick paths' of each board whose issue lock is free (a
     /// board in a call now keeps them for the next run, or hands them over itself).
-    pub(super) fn take_board_records(&self, core: &mut Core) {
+    pub(super) fn take_board_records(&self, core: &mut Core, now: Time) {
         if self.boards.finished_n.load(Ordering::Acquire) != 0 {
             let mut f = lock(&self.boards.finished);
             self.boards.finished_n.store(0, Ordering::Release);
             for (gid, r) in f.drain(..) {
-                core.board_record(gid, r, Time::ZERO);
+                core.board_record(gid, r, now);
             }
         }
         if self.boards.ran_any.load(Ordering::Acquire) {
@@ -396,7 +372,7 @@ impl Driver {
                     Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
                     Err(std::sync::TryLockError::WouldBlock) => return true,
                 };
-                core.take_ran(gb.info.id, &mut ran);
+                core.take_ran(gb.info.id, &mut ran, now);
                 gb.listed.store(false, Ordering::Relaxed);
                 false
             });
@@ -431,7 +407,7 @@ impl Driver {
         let mut core = lock(&self.core);
         let now = self.now();
         let epoch = self.board_epoch.load(Ordering::Acquire);
-        self.take_board_records(&mut core);
+        self.take_board_records(&mut core, now);
         let mut after = After::default();
         // What arrived first goes first (an abort before this call), as in any run.
         if !self.inbox.looks_empty() {
@@ -539,7 +515,8 @@ impl Driver {
     /// Engine call `seq` of group `gid` met a call on the board (`e`, from
     /// [`GroupBoard::clash`]): the group is aborted and its members told.
     pub(crate) fn board_clash(&self, gid: collectix_runtime::GroupId, seq: u64, e: &Error) {
-        self.run(|core, _, _| core.engine.board_failed(gid, seq, e.clone()));
+        let clash = |error| BoardEvent::Clash { seq, error };
+        self.run(|core, now, _| core.engine.board(gid, clash(e.clone()), now));
     }
 
     /// A caller starts driving the rank.

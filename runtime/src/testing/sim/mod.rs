@@ -94,6 +94,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 use watch::Watch;
 
+mod boards;
+
 /// A message on its way.
 struct Flight {
     at: Time,
@@ -138,6 +140,8 @@ pub struct Sim {
     /// breaks ties in send order.
     fifo: HashMap<(usize, usize), Time>,
     sent: u64,
+    /// Each group's board and its members' calls, when boards are on ([`Sim::with_boards`]).
+    boards: Option<boards::SimBoards>,
 }
 
 impl Sim {
@@ -175,6 +179,7 @@ impl Sim {
             retry_links: None,
             stats: LinkStats::default(),
             seed,
+            boards: None,
         };
         for r in 0..n {
             if let Ok(info) = GroupInfo::world(n, r, opts.clone()) {
@@ -231,9 +236,9 @@ impl Sim {
         self.cut.contains(&rank) || self.dead.contains(&rank)
     }
 
-    /// Calls in flight on `rank`.
+    /// Calls in flight on `rank` (on its engine and its boards).
     pub fn pending(&self, rank: usize) -> usize {
-        self.engines.get(rank).map_or(0, Engine::pending)
+        self.engines.get(rank).map_or(0, Engine::pending) + self.board_pending(rank)
     }
 
     /// Global rank `rank`'s view of group `group` (to plan calls with [`Plan::new`] and
@@ -280,21 +285,32 @@ impl Sim {
         let info = self
             .groups
             .get(&(rank, group))
+            .cloned()
             .ok_or(Error::NotAMember { group, rank })?;
         let p2p = req.is_p2p();
-        match Plan::new(req, info, opts) {
+        let planned = match self.submit_on_board(rank, &info, &req, opts) {
+            Some(Ok(id)) => return Ok(id),
+            Some(Err(e)) => Err(e),
+            None => Plan::new(req, &info, opts),
+        };
+        match planned {
             Ok(plan) => self.submit_plan(rank, group, plan),
             Err(e) => {
                 if !p2p {
-                    let s = self.seqs.entry((rank, group)).or_insert(0);
-                    *s += 1;
-                    let seq = *s - 1;
+                    let seq = self.next_seq(rank, group);
                     self.engines[rank].fail_call(group, seq, &e);
                     self.drain(rank);
                 }
                 Err(e)
             }
         }
+    }
+
+    /// Takes rank `rank`'s next sequence number of group `group`.
+    fn next_seq(&mut self, rank: usize, group: GroupId) -> u64 {
+        let s = self.seqs.entry((rank, group)).or_insert(0);
+        *s += 1;
+        *s - 1
     }
 
     /// Submits a call planned already, such as a hand-made schedule
@@ -304,14 +320,22 @@ impl Sim {
             .groups
             .get(&(rank, group))
             .ok_or(Error::NotAMember { group, rank })?;
+        let info = info.clone();
         let members = info.members.clone();
         let seq = if plan.is_p2p() {
             0
         } else {
-            let s = self.seqs.entry((rank, group)).or_insert(0);
-            *s += 1;
-            *s - 1
+            self.next_seq(rank, group)
         };
+        if !plan.is_p2p() {
+            // A member's slot of this call on the board: the calls differ (as the driver's
+            // `clash`); the call ends with the mismatch, never reaching the engine.
+            if let Some(e) = self.clash_on_board(rank, &info, seq, plan.fingerprint()) {
+                let id = self.board_op_id();
+                self.complete(rank, id, Err(e));
+                return Ok(id);
+            }
+        }
         let watch = plan
             .schedule()
             .map(|sched| Watch::new(group, seq, members, sched));

@@ -4,7 +4,6 @@
 use super::options::Delivery;
 use super::trace::TraceEvent;
 use super::Sim;
-use crate::engine::Engine;
 use crate::time::Time;
 use std::time::Duration;
 
@@ -39,8 +38,9 @@ impl Sim {
             || !self.in_flight.is_empty()
             || !self.detections.is_empty()
             || (deadlines
-                && (0..self.size())
-                    .any(|r| !self.dead.contains(&r) && self.engines[r].poll_timeout().is_some()))
+                && ((0..self.size())
+                    .any(|r| !self.dead.contains(&r) && self.engines[r].poll_timeout().is_some())
+                    || self.board_deadline().is_some()))
     }
 
     /// Picks the next event; deadlines only when `deadlines`.
@@ -62,6 +62,7 @@ impl Sim {
             (0..self.size())
                 .filter(|r| !self.dead.contains(r))
                 .filter_map(|r| self.engines[r].poll_timeout())
+                .chain(self.board_deadline())
                 .min()
                 .map(|t| (t, Next::Deadline(t)))
         } else {
@@ -110,6 +111,9 @@ impl Sim {
             Some(Next::Deadline(t)) => self.fire_deadlines(t),
             Some(Next::Deliver(i)) => self.deliver(i),
         }
+        // The members' calls on the boards move after every event, as a driver's after
+        // every run.
+        self.step_boards();
         true
     }
 
@@ -237,10 +241,10 @@ impl Sim {
                 return Err(SimError::StepBound { steps });
             }
         }
-        let stuck = (0..self.size()).any(|r| !self.is_lost(r) && self.engines[r].pending() > 0);
+        let stuck = (0..self.size()).any(|r| !self.is_lost(r) && self.pending(r) > 0);
         if stuck {
             return Err(SimError::Stuck {
-                pending: self.engines.iter().map(Engine::pending).collect(),
+                pending: (0..self.size()).map(|r| self.pending(r)).collect(),
             });
         }
         Ok(())

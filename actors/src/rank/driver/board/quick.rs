@@ -52,8 +52,8 @@ impl Driver {
         seq: u64,
         call: &BoardCall,
     ) -> Quick {
-        if ran.calls >= RECORDS_BATCH {
-            self.board_run(|core, _| core.take_ran(gb.info.id, ran));
+        if ran.calls() >= RECORDS_BATCH {
+            self.board_run(|core, now| core.take_ran(gb.info.id, ran, now));
         }
         let board = &gb.board;
         if !self.inbox.looks_empty()

@@ -1,4 +1,4 @@
-//! The survivors' agreement (`recovery::Agreement`) under a seeded scheduler: every rank's
+//! The survivors' agreement ([`Agreement`]) under a seeded scheduler: every rank's
 //! steps against one linearizable store, interleaved at random, with one or two ranks failing
 //! at every step of the agreement (before publishing, after, between a look and the decision)
 //! and detected late or never. The promise checked, on every schedule:
@@ -10,9 +10,9 @@
 //!   live rank for dead here); a rank that is in the decision gets it, one that is not gets
 //!   `LeftOut` naming the decider.
 
-use collectix_runtime::recovery::{proposal_key, Agreement, Ask, Decision};
-use collectix_runtime::testing::sim::Rng;
-use collectix_runtime::{Error, GroupId, Time};
+use crate::recovery::{proposal_key, Agreement, Ask, Decision};
+use crate::testing::sim::Rng;
+use crate::{Error, GroupId, Time};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
