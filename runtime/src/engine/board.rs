@@ -150,7 +150,7 @@ impl Engine {
     }
 
     /// Whether call `seq` of group `gid` may run on the board with no record made first (a
-    /// caller's quick path): [`board_refusal`](Self::board_refusal) would say nothing, and
+    /// caller's quick path): [`BoardEvent::Made`] would be refused for nothing, and
     /// there is nothing for it to consume (no verdict, no member's failed part). `Some(n)`:
     /// it may, and so may the group's calls after it up to `n` (excluded), as long as the
     /// [`board_epoch`](Self::board_epoch) stays the same. Changes nothing.

@@ -96,15 +96,14 @@ impl Sim {
         let deadline = now + opts.timeout.unwrap_or(info.options.timeout);
         let id = self.board_op_id();
         let boards = self.boards.as_mut()?;
-        if !boards.groups.contains_key(&gid) {
-            match SimBoard::new(info.size()) {
-                Ok(sb) => {
-                    boards.groups.insert(gid, sb);
-                }
+        let sb = match boards.groups.entry(gid) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => match SimBoard::new(info.size()) {
+                Ok(sb) => v.insert(sb),
                 Err(e) => return Some(Err(e)),
-            }
-        }
-        let member = boards.groups.get_mut(&gid)?.members.get_mut(info.rank)?;
+            },
+        };
+        let member = sb.members.get_mut(info.rank)?;
         let engine = self.engines.get_mut(rank)?;
         let made = member
             .1
