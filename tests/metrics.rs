@@ -113,6 +113,39 @@ fn calls_bytes_and_latencies_are_counted_per_collective_and_group() {
     assert!(!text.contains("collectix_call_errors_total"), "{text}");
 }
 
+/// A call on device tensors through the host-staged backend is one call: counted once, as
+/// itself, not again for the host call that carries it.
+#[test]
+fn a_host_staged_device_call_counts_once() {
+    use collectix::device::StandIn;
+    use collectix::{Device, DeviceBackend};
+    let (rec, handle) = recorder();
+    metrics::with_local_recorder(&rec, || -> Result<(), Error> {
+        let world = World::local(2)?;
+        let w: Vec<_> = world
+            .communicators()
+            .iter()
+            .map(|c| {
+                let t = StandIn::tensor(&Tensor::from_vec(vec![1.0f32; 4]), Device::Cuda(0))?;
+                Ok(c.with_device_backend(DeviceBackend::HostStaged)
+                    .all_reduce(t, ReduceOp::Sum))
+            })
+            .collect::<Result<_, Error>>()?;
+        for w in w {
+            w.wait()?;
+        }
+        world.shutdown()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let text = handle.render();
+    let world = [("op", "all_reduce"), ("group", "world")];
+    assert_eq!(
+        value(&text, "collectix_calls_total", &world),
+        Some(2.0),
+        "one call per rank: {text}"
+    );
+}
+
 #[test]
 fn errors_are_counted_by_kind_and_a_cut_link_as_peers_lost() {
     let (rec, handle) = recorder();

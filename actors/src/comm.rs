@@ -3,6 +3,7 @@
 use crate::backend::p2p::FIRST_RESERVED_TAG;
 use crate::backend::{self, DeviceBackend};
 use crate::member::{Member, RankShared};
+use crate::metrics::Probe;
 use crate::work::Work;
 use collectix_runtime::collective::{Request, TensorSpec};
 use collectix_runtime::group::{check_members, fnv1a};
@@ -152,32 +153,32 @@ impl Communicator {
         self.member.group.info.options.locality
     }
 
-    /// Plans `req` and issues it; calls on device tensors go to the device layer. Argument
-    /// errors come back at once (a collective's still takes its sequence number and tells
-    /// the other members, whose parts fail with `Error::CallFailed`: `Member::refuse`).
+    /// Every call of this communicator ([`submit`](Self::submit) and the typed calls): measured
+    /// as one call (`metrics.rs`), then on the host on the group's board or its engine
+    /// (`Member::call_host`), or on a device through the device backend (`backend/`).
+    /// Argument errors come back at once (a collective's still takes its sequence number and
+    /// tells the other members, whose parts fail with `Error::CallFailed`:
+    /// `Member::refuse`); so does a send or receive on a reserved tag.
     fn call<T: Send + 'static>(
         &self,
         req: Request,
         opts: &CallOptions,
         map: fn(Output) -> Result<T>,
     ) -> Work<T> {
-        if let Request::Send { tag, .. } | Request::Recv { tag, .. } = &req {
-            if *tag >= FIRST_RESERVED_TAG {
-                return self.member.ready(Err(Error::invalid(format!(
-                    "tag {tag:#x} is reserved by collectix (tags from {FIRST_RESERVED_TAG:#x} up)"
-                ))));
-            }
+        let m = &self.member;
+        let p2p = req.is_p2p();
+        let device = reserved_tag(&req).map_or_else(|| req.device(), Err);
+        let bytes = req.declared_bytes().unwrap_or(0);
+        let probe = Probe::named(req.kind().name(), m.group.info.id, bytes);
+        let work = match device {
+            Ok(d) if d.is_host() => m.call_host(req, opts, map),
+            Ok(d) => backend::call_on_device(m, self.device_backend, d, req, opts, map),
+            Err(e) => m.refuse(p2p, e),
+        };
+        match probe {
+            None => work,
+            probe => work.measured(probe),
         }
-        match req.device() {
-            Err(e) => return self.member.refuse(req.is_p2p(), e),
-            Ok(d) if !d.is_host() => {
-                let probe = crate::metrics::Probe::start(&req, self.member.group.info.id);
-                return backend::call(&self.member, self.device_backend, d, req, opts, map)
-                    .measured(probe);
-            }
-            Ok(_) => {}
-        }
-        self.member.call_host(req, opts, map)
     }
 
     /// A host call that is a part of another (an object collective's sizes, `split`'s
@@ -187,8 +188,7 @@ impl Communicator {
         req: Request,
         map: fn(Output) -> Result<T>,
     ) -> Work<T> {
-        self.member
-            .call_host_unmeasured(req, &CallOptions::default(), map)
+        self.member.call_host(req, &CallOptions::default(), map)
     }
 
     /// `work()`'s call, measured as one call named `op` on this group, of `bytes`
@@ -683,6 +683,18 @@ impl std::fmt::Debug for Communicator {
             .field("rank", &self.rank())
             .field("size", &self.size())
             .finish()
+    }
+}
+
+/// The error of a send or receive on one of the tags collectix keeps for itself.
+fn reserved_tag(req: &Request) -> Option<Error> {
+    match req {
+        Request::Send { tag, .. } | Request::Recv { tag, .. } if *tag >= FIRST_RESERVED_TAG => {
+            Some(Error::invalid(format!(
+                "tag {tag:#x} is reserved by collectix (tags from {FIRST_RESERVED_TAG:#x} up)"
+            )))
+        }
+        _ => None,
     }
 }
 

@@ -146,24 +146,13 @@ impl Member {
         self.group.next_seq.fetch_add(n, Ordering::Relaxed)
     }
 
-    /// Plans `req`, a request on host memory, and issues it, mapping its output with `map`.
-    /// Argument errors come back at once; a collective's still takes its sequence number
-    /// and tells the other members ([`refuse`](Self::refuse)). Measured (`metrics.rs`).
+    /// Plans `req`, a request on host memory, and issues it on the group's board or its
+    /// engine, mapping its output with `map`. Argument errors come back at once; a
+    /// collective's still takes its sequence number and tells the other members
+    /// ([`refuse`](Self::refuse)). Not measured: `Communicator::call` measures a
+    /// communicator's call, and a call that is a part of another counts as that one
+    /// (`Communicator::part`).
     pub(crate) fn call_host<T: Send + 'static>(
-        &self,
-        req: Request,
-        opts: &CallOptions,
-        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
-    ) -> Work<T> {
-        match Probe::start(&req, self.group.info.id) {
-            None => self.call_host_unmeasured(req, opts, map),
-            probe => self.call_host_unmeasured(req, opts, map).measured(probe),
-        }
-    }
-
-    /// [`call_host`](Self::call_host), without the metrics (also for a call that is a part
-    /// of another, which counts as itself: `Communicator::part`).
-    pub(crate) fn call_host_unmeasured<T: Send + 'static>(
         &self,
         req: Request,
         opts: &CallOptions,

@@ -47,7 +47,7 @@ pub enum DeviceBackend {
 }
 
 /// Runs a call whose tensors are on `device` through `backend`.
-pub(crate) fn call<T: Send + 'static>(
+pub(crate) fn call_on_device<T: Send + 'static>(
     member: &Member,
     backend: DeviceBackend,
     device: Device,

@@ -28,29 +28,10 @@ use crate::collective::Output;
 use crate::engine::{BoardEvent, Engine};
 use crate::error::{Error, Result};
 use crate::group::{GroupId, GroupInfo};
-use crate::ids::Fingerprint;
 use crate::time::Time;
 use std::collections::VecDeque;
 
-/// How a call ended, for the engine's records.
-#[derive(Debug)]
-pub enum Record {
-    /// Finished at the time given (the flight recorder's end).
-    Finished(u64, Fingerprint, Time),
-    /// Failed (boxed: an error is large, and records are moved about).
-    Failed(u64, Box<Error>),
-    /// Gave its caller its result, and was then found to disagree with a member's call (the
-    /// look a call owes once published): the group is aborted, and the error is the rank's
-    /// pending error.
-    Disagreed(u64, Box<Error>),
-}
-
-impl Record {
-    /// Whether the call failed (the group must be aborted at once).
-    pub fn failed(&self) -> bool {
-        matches!(self, Record::Failed(..) | Record::Disagreed(..))
-    }
-}
+pub use crate::engine::BoardRecord as Record;
 
 /// A call that [`Queue::judge`] ended, with the error its waiter gets.
 #[derive(Debug)]

@@ -5,7 +5,6 @@
 //! the calls around them, and recovery, cannot tell them apart from the engine's own.
 
 use super::Engine;
-use crate::board::queue::Record;
 use crate::board::ran::Ran;
 use crate::error::{Error, RankCall};
 use crate::group::GroupId;
@@ -20,6 +19,26 @@ pub(super) struct BoardInquiry {
     fp: Fingerprint,
     missing: Vec<usize>,
     replies: BTreeMap<usize, RankCall>,
+}
+
+/// How a call on the board ended, for the engine's records ([`BoardEvent::Record`]).
+#[derive(Debug)]
+pub enum Record {
+    /// Finished at the time given (the flight recorder's end).
+    Finished(u64, Fingerprint, Time),
+    /// Failed (boxed: an error is large, and records are moved about).
+    Failed(u64, Box<Error>),
+    /// Gave its caller its result, and was then found to disagree with a member's call (the
+    /// look a call owes once published): the group is aborted, and the error is the rank's
+    /// pending error.
+    Disagreed(u64, Box<Error>),
+}
+
+impl Record {
+    /// Whether the call failed (the group must be aborted at once).
+    pub fn failed(&self) -> bool {
+        matches!(self, Record::Failed(..) | Record::Disagreed(..))
+    }
 }
 
 /// What a member tells its engine of its calls on a board ([`Engine::board`]): the board's

@@ -31,7 +31,7 @@ mod p2p;
 pub(crate) mod p2p_flow;
 mod sink;
 
-pub use board::BoardEvent;
+pub use board::{BoardEvent, Record as BoardRecord};
 
 use crate::collective::{Assembly, Body, Output, Plan, Share, TensorSpec};
 use crate::data_plane::{DataPlane, HostPlane};
