@@ -168,8 +168,7 @@ impl Communicator {
         let m = &self.member;
         let p2p = req.is_p2p();
         let device = reserved_tag(&req).map_or_else(|| req.device(), Err);
-        let bytes = req.declared_bytes().unwrap_or(0);
-        let probe = Probe::named(req.kind().name(), m.group.info.id, bytes);
+        let probe = Probe::start(&req, m.group.info.id);
         let work = match device {
             Ok(d) if d.is_host() => m.call_host(req, opts, map),
             Ok(d) => backend::call_on_device(m, self.device_backend, d, req, opts, map),
