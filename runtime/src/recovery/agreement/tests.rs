@@ -260,9 +260,61 @@ fn a_malformed_decision_is_an_error() {
     assert!(Decision::decode(&unordered.encode(), &old).is_err());
     let stranger_joined = Decision {
         joined: vec![1],
-        ..good
+        ..good.clone()
     };
     assert!(Decision::decode(&stranger_joined.encode(), &old).is_err());
+    // Shorter than a header with both counts: that, and nothing else, is what is wrong.
+    for cut in 0..28 {
+        let e = Decision::decode(&bytes[..cut.min(bytes.len())], &old);
+        assert!(
+            matches!(&e, Err(Error::Store(m)) if m.contains("no decision header")),
+            "cut at {cut}: {e:?}"
+        );
+    }
+    // A whole header with no member: the header is not what is wrong.
+    let empty = Decision {
+        members: Vec::new(),
+        joined: Vec::new(),
+        ..good.clone()
+    };
+    let e = Decision::decode(&empty.encode(), &old);
+    assert!(
+        matches!(&e, Err(Error::Store(m)) if m.contains("member count")),
+        "{e:?}"
+    );
+    // More members than the failed group had: refused by the count, before anything is
+    // read or allocated.
+    let crowd = Decision {
+        members: vec![0, 1, 2, 3],
+        joined: Vec::new(),
+        ..empty.clone()
+    };
+    let e = Decision::decode(&crowd.encode(), &old);
+    assert!(
+        matches!(&e, Err(Error::Store(m)) if m.contains("member count")),
+        "{e:?}"
+    );
+    // A byte more than the lists hold.
+    let mut long = bytes.clone();
+    long.push(0);
+    assert!(Decision::decode(&long, &old).is_err());
+    // A member twice.
+    let twice = Decision {
+        members: vec![0, 0, 2],
+        joined: Vec::new(),
+        ..empty.clone()
+    };
+    assert!(Decision::decode(&twice.encode(), &old).is_err());
+    // A larger group round-trips too.
+    let big = Decision {
+        members: vec![0, 1, 3, 4, 6],
+        completed: u64::MAX - 1,
+        decided_by: 6,
+        joined: vec![1, 4],
+    };
+    let wide: Vec<usize> = (0..8).collect();
+    assert_eq!(Decision::decode(&big.encode(), &wide), Ok(big));
+    let _ = good;
     let mut rng = Rng::new(1);
     for _ in 0..2_000 {
         let n = rng.below(64);
@@ -451,4 +503,59 @@ fn a_newcomer_counted_as_its_old_incarnation_is_left_out() {
         Some(Err(Error::LeftOut { decided_by: 0, .. }))
     ));
     assert!(matches!(s.outcome(), Some(Ok(d)) if d.members == vec![0, 1] && d.joined.is_empty()));
+}
+
+#[test]
+fn each_group_has_its_own_decision_and_each_rank_its_own_proposal() {
+    let (a, b) = (GroupId::WORLD, GroupId::derive(GroupId::WORLD, 1, &[0, 1]));
+    assert_ne!(
+        crate::recovery::decision_key(a),
+        crate::recovery::decision_key(b)
+    );
+    assert_ne!(proposal_key(a, 0), proposal_key(a, 1));
+    assert_ne!(proposal_key(a, 0), proposal_key(b, 0));
+    for k in [crate::recovery::decision_key(a), proposal_key(a, 0)] {
+        assert!(k.starts_with("collectix/survivors/"), "{k}");
+    }
+    assert_ne!(crate::recovery::decision_key(a), proposal_key(a, 0));
+    let ag = Agreement::new(a, 0, vec![0, 1], 3, Time::ZERO);
+    assert_eq!(ag.decision_key(), crate::recovery::decision_key(a));
+    assert_eq!(ag.proposal_key(1), proposal_key(a, 1));
+}
+
+/// A new incarnation waits for every member, one it knows lost included (its own new
+/// incarnation may come), until the deadline; a survivor's plain agreement does not wait for
+/// a member it knows lost.
+#[test]
+fn a_newcomer_waits_for_every_member_until_the_deadline() {
+    let g = GroupId::WORLD;
+    let deadline = Time::ZERO + Duration::from_secs(1);
+    let lost: BTreeSet<usize> = [2].into_iter().collect();
+    let proposal = |fresh: bool, c: u64| {
+        let mut v = vec![u8::from(fresh)];
+        v.extend_from_slice(&c.to_le_bytes());
+        Some(v)
+    };
+    let values = || vec![None, proposal(false, 5), proposal(true, 0), None];
+    let mut newcomer = Agreement::newcomer(g, 1, vec![0, 1, 2], deadline);
+    assert!(matches!(newcomer.poll(), Ask::Publish { .. }));
+    assert!(matches!(newcomer.poll(), Ask::Look { .. }));
+    newcomer.looked(values(), Time::ZERO, &lost);
+    assert!(
+        matches!(newcomer.poll(), Ask::Look { .. }),
+        "it waits for member 2 before the deadline"
+    );
+    newcomer.looked(values(), deadline, &lost);
+    assert!(
+        matches!(newcomer.poll(), Ask::Decide { .. }),
+        "at the deadline it decides"
+    );
+    let mut survivor = Agreement::new(g, 0, vec![0, 1, 2], 5, deadline);
+    let _ = survivor.poll();
+    let _ = survivor.poll();
+    survivor.looked(values(), Time::ZERO, &lost);
+    assert!(
+        matches!(survivor.poll(), Ask::Decide { .. }),
+        "a survivor does not wait for a member it knows lost"
+    );
 }
