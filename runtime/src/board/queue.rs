@@ -718,6 +718,23 @@ mod tests {
     }
 
     #[test]
+    fn a_call_is_queued_once_the_engine_made_it_and_given_back_when_refused() {
+        let (mut q, b, g, mut e) = judged_world(std::time::Duration::from_secs(1), far());
+        let call = broadcast(2, 0, 1);
+        let made = q.submit(&mut e, g.id, 1, call.clone(), false, 8, far(), Time::ZERO);
+        assert!(made.is_ok());
+        assert_eq!(q.len(), 2, "queued behind call 0");
+        e.board_failed(g.id, 1, Error::internal("a member's part failed"));
+        let refused = q.submit(&mut e, g.id, 2, call, false, 9, far(), Time::ZERO);
+        assert!(
+            matches!(&refused, Err((9, Error::GroupAborted { .. }))),
+            "{refused:?}"
+        );
+        assert_eq!(q.len(), 2, "not queued");
+        let _ = b;
+    }
+
+    #[test]
     fn the_members_a_call_still_needs_are_those_of_its_own_member() {
         // A reduce to member 1 of three: its root needs every other slot, the others none.
         let lanes: Vec<Arc<dyn Lane>> = (0..3)

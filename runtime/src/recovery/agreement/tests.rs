@@ -559,3 +559,28 @@ fn a_newcomer_waits_for_every_member_until_the_deadline() {
         "a survivor does not wait for a member it knows lost"
     );
 }
+
+/// An agreement whose own proposal never shows in the store ends at its deadline with a
+/// store error; one whose store fails ends with that failure.
+#[test]
+fn an_agreement_ends_with_an_error_when_its_own_proposal_never_shows() {
+    let g = GroupId::WORLD;
+    let deadline = Time::ZERO + Duration::from_secs(1);
+    let none = BTreeSet::new();
+    let mut ag = Agreement::new(g, 0, vec![0, 1], 3, deadline);
+    let _ = ag.poll();
+    let _ = ag.poll();
+    ag.looked(vec![None, None, None], Time::ZERO, &none);
+    assert!(ag.outcome().is_none(), "before the deadline it looks again");
+    ag.looked(vec![None, None, None], deadline, &none);
+    assert!(
+        matches!(ag.outcome(), Some(Err(Error::Store(_)))),
+        "{:?}",
+        ag.outcome()
+    );
+    assert_eq!(ag.poll(), Ask::Done);
+    let mut broken = Agreement::new(g, 0, vec![0, 1], 3, deadline);
+    broken.fail(Error::Store("the store is gone".into()));
+    assert_eq!(broken.poll(), Ask::Done);
+    assert!(matches!(broken.outcome(), Some(Err(Error::Store(m))) if m == "the store is gone"));
+}
