@@ -119,13 +119,12 @@ impl<W> Queue<W> {
         published: bool,
         waiting: W,
         deadline: Time,
-        now: Time,
     ) -> std::result::Result<(), (W, Error)> {
         let made = BoardEvent::Made {
             seq,
             fp: call.fingerprint(),
         };
-        if let Some(e) = engine.board(gid, made, now) {
+        if let Some(e) = engine.board(gid, made) {
             return Err((waiting, e));
         }
         self.push(seq, call, published, waiting, deadline);
@@ -345,7 +344,7 @@ impl<W> Queue<W> {
                     report: Vec::new(),
                 };
                 let failed = Record::Failed(front.seq, Box::new(e.clone()));
-                engine.board(group.id, BoardEvent::Record(failed), now);
+                engine.board(group.id, BoardEvent::Record(failed));
                 Some(e)
             }
         }
@@ -721,11 +720,11 @@ mod tests {
     fn a_call_is_queued_once_the_engine_made_it_and_given_back_when_refused() {
         let (mut q, b, g, mut e) = judged_world(std::time::Duration::from_secs(1), far());
         let call = broadcast(2, 0, 1);
-        let made = q.submit(&mut e, g.id, 1, call.clone(), false, 8, far(), Time::ZERO);
+        let made = q.submit(&mut e, g.id, 1, call.clone(), false, 8, far());
         assert!(made.is_ok());
         assert_eq!(q.len(), 2, "queued behind call 0");
         e.board_failed(g.id, 1, Error::internal("a member's part failed"));
-        let refused = q.submit(&mut e, g.id, 2, call, false, 9, far(), Time::ZERO);
+        let refused = q.submit(&mut e, g.id, 2, call, false, 9, far());
         assert!(
             matches!(&refused, Err((9, Error::GroupAborted { .. }))),
             "{refused:?}"

@@ -545,11 +545,6 @@ impl<S, R> DeviceLanes<S, R> {
         f
     }
 
-    /// Whether this rank's group was destroyed ([`release`](Self::release)).
-    pub fn is_released(&self) -> bool {
-        self.released
-    }
-
     /// Starts issuing the queued actions: `false` when another thread is at it (it issues
     /// what was queued since, too).
     pub fn begin_drain(&mut self) -> bool {
@@ -571,7 +566,8 @@ impl<S, R> DeviceLanes<S, R> {
     }
 
     /// Actions queued and not yet issued.
-    pub fn queued(&self) -> usize {
+    #[cfg(all(test, not(collectix_loom)))]
+    fn queued(&self) -> usize {
         self.actions.len()
     }
 }

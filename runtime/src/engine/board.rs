@@ -75,9 +75,9 @@ pub enum BoardEvent<'a> {
 }
 
 impl Engine {
-    /// The board's input to the engine (see [`BoardEvent`]) for group `gid` at `now`: for
+    /// The board's input to the engine (see [`BoardEvent`]) for group `gid`: for
     /// [`BoardEvent::Made`], why the call cannot run, if it cannot; `None` for the others.
-    pub fn board(&mut self, gid: GroupId, event: BoardEvent<'_>, _now: Time) -> Option<Error> {
+    pub fn board(&mut self, gid: GroupId, event: BoardEvent<'_>) -> Option<Error> {
         match event {
             BoardEvent::Made { seq, fp } => self
                 .board_refusal(gid, seq)

@@ -235,7 +235,7 @@ impl Driver {
         self.board_run_deferred(move |core, now| {
             // This group's quick calls first (the run could not take them: this caller
             // holds the issue lock).
-            core.take_ran(gid, ran, now);
+            core.take_ran(gid, ran);
             if core.quiesced {
                 return Err((done, Error::Shutdown));
             }
@@ -257,7 +257,6 @@ impl Driver {
                 published,
                 waiting,
                 deadline,
-                now,
             );
             if let Err((w, e)) = made {
                 return Err((w.done, e));
@@ -372,7 +371,7 @@ impl Driver {
                     Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
                     Err(std::sync::TryLockError::WouldBlock) => return true,
                 };
-                core.take_ran(gb.info.id, &mut ran, now);
+                core.take_ran(gb.info.id, &mut ran);
                 gb.listed.store(false, Ordering::Relaxed);
                 false
             });
@@ -516,7 +515,7 @@ impl Driver {
     /// [`GroupBoard::clash`]): the group is aborted and its members told.
     pub(crate) fn board_clash(&self, gid: collectix_runtime::GroupId, seq: u64, e: &Error) {
         let clash = |error| BoardEvent::Clash { seq, error };
-        self.run(|core, now, _| core.engine.board(gid, clash(e.clone()), now));
+        self.run(|core, _, _| core.engine.board(gid, clash(e.clone())));
     }
 
     /// A caller starts driving the rank.

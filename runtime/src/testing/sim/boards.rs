@@ -26,6 +26,8 @@ const BOARD_OPS: u64 = 1 << 62;
 pub(super) struct SimBoard {
     /// Per member (group rank): its view of the board, its queue, its earliest deadline.
     members: Vec<(Board, Queue<OpId>, Option<Time>)>,
+    /// Each member's global rank.
+    ranks: Vec<usize>,
 }
 
 /// The boards of a simulation with boards on.
@@ -36,14 +38,18 @@ pub(super) struct SimBoards {
 }
 
 impl SimBoard {
-    fn new(n: usize) -> Result<SimBoard> {
+    fn new(info: &GroupInfo) -> Result<SimBoard> {
+        let n = info.size();
         let lanes: Vec<Arc<dyn Lane>> = (0..n)
             .map(|_| Arc::new(HeapLane::default()) as Arc<dyn Lane>)
             .collect();
         let members = (0..n)
             .map(|m| Ok((Board::new(lanes.clone(), m)?, Queue::new(n), None)))
             .collect::<Result<_>>()?;
-        Ok(SimBoard { members })
+        Ok(SimBoard {
+            members,
+            ranks: info.members.clone(),
+        })
     }
 }
 
@@ -68,11 +74,10 @@ impl Sim {
             return 0;
         };
         b.groups
-            .iter()
-            .filter_map(|(gid, sb)| {
-                let me = self.groups.get(&(rank, *gid))?.rank;
-                sb.members.get(me).map(|m| m.1.len())
-            })
+            .values()
+            .flat_map(|sb| sb.members.iter().zip(&sb.ranks))
+            .filter(|(_, &r)| r == rank)
+            .map(|((_, q, _), _)| q.len())
             .sum()
     }
 
@@ -98,16 +103,14 @@ impl Sim {
         let boards = self.boards.as_mut()?;
         let sb = match boards.groups.entry(gid) {
             std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::btree_map::Entry::Vacant(v) => match SimBoard::new(info.size()) {
+            std::collections::btree_map::Entry::Vacant(v) => match SimBoard::new(info) {
                 Ok(sb) => v.insert(sb),
                 Err(e) => return Some(Err(e)),
             },
         };
         let member = sb.members.get_mut(info.rank)?;
         let engine = self.engines.get_mut(rank)?;
-        let made = member
-            .1
-            .submit(engine, gid, seq, call, false, id, deadline, now);
+        let made = member.1.submit(engine, gid, seq, call, false, id, deadline);
         if let Err((id, e)) = made {
             self.complete(rank, id, Err(e));
         }
@@ -127,12 +130,11 @@ impl Sim {
     ) -> Option<Error> {
         let sb = self.boards.as_ref()?.groups.get(&info.id)?;
         let e = sb.members.get(info.rank)?.0.clash(info, seq, fp)?;
-        let now = self.now;
         let event = BoardEvent::Clash {
             seq,
             error: e.clone(),
         };
-        self.engines.get_mut(rank)?.board(info.id, event, now);
+        self.engines.get_mut(rank)?.board(info.id, event);
         self.drain(rank);
         Some(e)
     }
@@ -164,10 +166,7 @@ impl Sim {
         loop {
             let mut moved = false;
             for (gid, sb) in boards.groups.iter_mut() {
-                for (m, (board, queue, next)) in sb.members.iter_mut().enumerate() {
-                    let Some(rank) = self.member_rank(*gid, m) else {
-                        continue;
-                    };
+                for ((board, queue, next), &rank) in sb.members.iter_mut().zip(&sb.ranks) {
                     if queue.is_empty() || self.dead.contains(&rank) {
                         continue;
                     }
@@ -179,7 +178,7 @@ impl Sim {
                     let (stepped, _) = queue.step(board, &info, &|| now, &mut out, &mut records);
                     let engine = &mut self.engines[rank];
                     for r in records {
-                        engine.board(*gid, BoardEvent::Record(r), now);
+                        engine.board(*gid, BoardEvent::Record(r));
                     }
                     let judged = queue.judge(board, &info, engine, false, now);
                     *next = judged.next;
@@ -202,29 +201,18 @@ impl Sim {
         self.boards = Some(boards);
     }
 
-    /// The global rank of member `m` of group `gid`.
-    fn member_rank(&self, gid: GroupId, m: usize) -> Option<usize> {
-        self.groups
-            .iter()
-            .find(|((_, g), info)| *g == gid && info.rank == m)
-            .map(|((r, _), _)| *r)
-    }
-
     /// The earliest deadline of a live member's call on a board.
     pub(super) fn board_deadline(&self) -> Option<Time> {
         let boards = self.boards.as_ref()?;
         boards
             .groups
-            .iter()
-            .flat_map(|(gid, sb)| {
+            .values()
+            .flat_map(|sb| {
                 sb.members
                     .iter()
-                    .enumerate()
-                    .filter(|(m, _)| {
-                        self.member_rank(*gid, *m)
-                            .is_some_and(|r| !self.dead.contains(&r))
-                    })
-                    .filter_map(|(_, (_, q, next))| next.filter(|_| !q.is_empty()))
+                    .zip(&sb.ranks)
+                    .filter(|(_, r)| !self.dead.contains(r))
+                    .filter_map(|((_, q, next), _)| next.filter(|_| !q.is_empty()))
             })
             .min()
     }

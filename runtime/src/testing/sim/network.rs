@@ -133,16 +133,10 @@ impl Sim {
             self.schedule_retry();
         }
         while let Some(ev) = self.engines[rank].poll_event() {
-            self.log(TraceEvent::Done {
-                rank,
-                op: ev.op,
-                error: ev.result.as_ref().err().cloned(),
-            });
             if let Some(w) = self.watches.get_mut(&(rank, ev.op)) {
                 w.done = true;
             }
-            self.completed_at.insert((rank, ev.op), self.now);
-            self.results.insert((rank, ev.op), ev.result);
+            self.complete(rank, ev.op, ev.result);
         }
     }
 

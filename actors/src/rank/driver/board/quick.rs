@@ -53,7 +53,7 @@ impl Driver {
         call: &BoardCall,
     ) -> Quick {
         if ran.calls() >= RECORDS_BATCH {
-            self.board_run(|core, now| core.take_ran(gb.info.id, ran, now));
+            self.board_run(|core, _| core.take_ran(gb.info.id, ran));
         }
         let board = &gb.board;
         if !self.inbox.looks_empty()

@@ -12,7 +12,7 @@ impl Core {
     /// Gives the engine and the flight recorder the records of group `gid`'s calls that ran
     /// on its quick path (and empties `ran`): the engine each call, the flight recorder the
     /// last [`CALLS_KEPT`] (it keeps no more).
-    pub(super) fn take_ran(&mut self, gid: GroupId, ran: &mut Ran, now: Time) {
+    pub(super) fn take_ran(&mut self, gid: GroupId, ran: &mut Ran) {
         if ran.calls() == 0 {
             return;
         }
@@ -30,7 +30,7 @@ impl Core {
             }
             i = i.saturating_add(n);
         }
-        self.engine.board(gid, BoardEvent::Ran(ran), now);
+        self.engine.board(gid, BoardEvent::Ran(ran));
     }
 
     /// Gives the engine and the flight recorder the record of a call that ended on a board.
@@ -44,6 +44,6 @@ impl Core {
             }
             Record::Disagreed(..) => {}
         }
-        self.engine.board(gid, BoardEvent::Record(r), now);
+        self.engine.board(gid, BoardEvent::Record(r));
     }
 }
