@@ -2,15 +2,11 @@
 //! its address in code, with no launcher and no variable, and joins a job; what it leaves out
 //! or gets wrong is a clear error before anything is joined.
 
-use collectix::{Error, Launcher, Process, ReduceOp, Rendezvous, Secret, Tensor, Transport};
-use std::net::TcpListener;
-use std::time::Duration;
+mod common;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_or(29_998, |a| a.port())
-}
+use collectix::{Error, Launcher, Process, ReduceOp, Rendezvous, Secret, Tensor, Transport};
+use common::free_port;
+use std::time::Duration;
 
 fn secret() -> Secret {
     Secret::new("the builder tests' secret").unwrap_or_else(|e| panic!("{e}"))

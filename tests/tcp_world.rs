@@ -11,11 +11,13 @@
 #[path = "../examples/check_job.rs"]
 mod check_job;
 
+mod common;
+
 use collectix::runtime::testing::matrix;
 use collectix::{
     init, CallOptions, Connect, Error, GroupOptions, InitArgs, Secret, Security, Transport,
 };
-use std::net::TcpListener;
+use common::free_port;
 use std::time::{Duration, Instant};
 
 /// The job's secret in these tests (every connection passes the secret handshake).
@@ -45,12 +47,6 @@ fn args_over(
         transport: Some(transport),
         ..InitArgs::default()
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_or(29_999, |a| a.port())
 }
 
 /// Every rank joins, runs the matrix (`examples/check_job.rs`: one call after another, each

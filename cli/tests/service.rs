@@ -33,23 +33,10 @@ fn http(port: u16, method: &str, path: &str) -> (u16, String) {
     (code, body)
 }
 
-/// A base port with the next `n` ports free on loopback.
-fn free_ports(n: u16) -> u16 {
-    for _ in 0..100 {
-        let base = common::free_port();
-        if base < 65_000
-            && (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok())
-        {
-            return base;
-        }
-    }
-    panic!("no {n} free ports in a row");
-}
-
 #[test]
 fn the_service_answers_http_with_sums_over_the_ranks_and_stops_gracefully_on_sigterm() {
     let exe = example("service");
-    let (w, base) = (3u16, free_ports(3));
+    let (w, base) = (3u16, common::free_ports(3));
     let mut launcher = Command::new(env!("CARGO_BIN_EXE_collectix"))
         .args(["launch", "--nproc-per-node", "3", "--master-port"])
         .arg(common::free_port().to_string())

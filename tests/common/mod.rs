@@ -16,11 +16,27 @@ pub fn wait_all<T>(works: Vec<Work<T>>, secs: u64) -> Vec<Result<T>> {
         .collect()
 }
 
-/// A port that is free on loopback at the moment.
+/// A port that is free on loopback (and on every address) at the moment, and stays free
+/// until a test binds it, unless another program takes it by number.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_or(29_995, |a| a.port())
+    // Below the kernel's ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`, from
+    // 32768 by default): the kernel never hands one of these to another test's listener on
+    // port 0, or to an outgoing connection, between this check and the job's bind. The
+    // tests of one binary take them in turn (a per-process sequence, started at a place of
+    // the process's own).
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7_919) % SPAN;
+    for _ in 0..SPAN {
+        let step = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = (LOW + (start + step) % SPAN) as u16;
+        let free = |ip: &str| std::net::TcpListener::bind((ip, port)).is_ok();
+        if free("127.0.0.1") && free("0.0.0.0") {
+            return port;
+        }
+    }
+    panic!("no free port from {LOW} to {}", LOW + SPAN - 1)
 }
 
 /// Rank `r` of `w` joining a TCP job through `tcp://127.0.0.1:PORT`, every connection

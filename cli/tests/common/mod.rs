@@ -70,11 +70,40 @@ pub(crate) fn assert_runs_the_example(cmd: &mut std::process::Command, prefixed:
     assert_example_lines(&so, prefixed, &se);
 }
 
-/// A port that is free on loopback at the moment.
+/// A port that is free on loopback (and on every address) at the moment, and stays free
+/// until a test binds it, unless another program takes it by number.
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_or(29_777, |a| a.port())
+    free_ports(1)
+}
+
+/// The first of `n` ports in a row that are free as [`free_port`]'s is; no later call of
+/// this process returns any of them.
+pub(crate) fn free_ports(n: u16) -> u16 {
+    // Below the kernel's ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`, from
+    // 32768 by default): the kernel never hands one of these to another test's listener on
+    // port 0, or to an outgoing connection, between this check and the job's bind. The
+    // tests of one binary take them in turn (a per-process sequence, started at a place of
+    // the process's own).
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n32 = u32::from(n.max(1));
+    let start = std::process::id().wrapping_mul(7_919) % SPAN;
+    for _ in 0..SPAN {
+        let step = NEXT.fetch_add(n32, std::sync::atomic::Ordering::Relaxed);
+        let first = (start + step) % SPAN;
+        if first + n32 > SPAN {
+            continue;
+        }
+        let free = |port: u32, ip: &str| std::net::TcpListener::bind((ip, port as u16)).is_ok();
+        if (LOW + first..LOW + first + n32).all(|p| free(p, "127.0.0.1") && free(p, "0.0.0.0")) {
+            return (LOW + first) as u16;
+        }
+    }
+    panic!(
+        "no {n} free ports in a row from {LOW} to {}",
+        LOW + SPAN - 1
+    )
 }
 
 /// The target directory (`target/`), above this test's binary.
