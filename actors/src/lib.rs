@@ -42,6 +42,7 @@
 #![deny(unsafe_code)]
 
 mod addr;
+mod assemble;
 mod backend;
 mod board;
 mod buffers;

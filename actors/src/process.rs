@@ -22,19 +22,21 @@
 mod join;
 
 use crate::addr;
+use crate::assemble::{assemble, Birth};
 use crate::comm::Communicator;
 use crate::job::{InitArgs, JobConfig, Rendezvous};
-use crate::member::RankShared;
 use crate::rank::actor::Leave;
 use crate::rank::driver::{
-    spin_from_env, Driver, PollerKind, DEFAULT_SPIN_TCP, YIELD_TURNS, YIELD_TURNS_SPARSE,
+    spin_from_env, Driver, DEFAULT_SPIN_TCP, YIELD_TURNS, YIELD_TURNS_SPARSE,
 };
 use crate::rank::system;
 use crate::security::Security;
 use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
 use crate::transport::mesh::{Connect, Mesh, Settings};
+use crate::transport::row::{Running, Starting};
 #[cfg(target_os = "linux")]
-use crate::transport::shm::{self, Hub};
+use crate::transport::shm;
+use crate::transport::table;
 use crate::transport::tcp::{Inbound, Liveness};
 use crate::transport::Transport;
 use actix::System;
@@ -63,9 +65,6 @@ const ANSWERED: Duration = Duration::from_secs(1);
 /// How long a rank's status responder tries its store connection again once it broke (the
 /// store's rank closed it: the job is ending).
 const STATUS_RECONNECT: Duration = Duration::from_secs(1);
-/// How long a restarted process tries to reach each peer (one that cannot be reached is
-/// taken as lost).
-const REJOIN_CONNECT: Duration = Duration::from_secs(5);
 
 /// This process's rank of a multi-process job.
 pub struct Process {
@@ -75,9 +74,10 @@ pub struct Process {
     system: Option<System>,
     thread: Option<JoinHandle<()>>,
     mesh: Option<Mesh>,
-    /// Shared memory with the ranks of this host (none when alone on it, or over TCP only).
-    #[cfg(target_os = "linux")]
-    shm: Option<Hub>,
+    /// The transports beside the TCP connections that carry messages to some peers
+    /// (`transport::table`): shared memory with the ranks of this host, unless alone on it or
+    /// over TCP only. Dropped (stopped) after the connections close.
+    transports: Vec<Box<dyn Running>>,
     server: Option<TcpStoreServer>,
     address: String,
     /// Answers `collectix status` (a TCP job's ranks only); stops when dropped.
@@ -237,8 +237,7 @@ pub(crate) fn init_with(
             thread,
             mesh,
             address,
-            #[cfg(target_os = "linux")]
-            shm,
+            transports,
         }) => {
             // A connection of its own for the status responder, whose waits hold it. Once
             // the store is gone (the job ends) it is tried again for a second, not for the
@@ -265,8 +264,7 @@ pub(crate) fn init_with(
                 system: Some(system),
                 thread: Some(thread),
                 mesh: Some(mesh),
-                #[cfg(target_os = "linux")]
-                shm,
+                transports,
                 server,
                 address,
                 _status: status,
@@ -302,9 +300,8 @@ struct Joined {
     mesh: Mesh,
     /// The address this rank published.
     address: String,
-    /// Shared memory with the ranks of this host.
-    #[cfg(target_os = "linux")]
-    shm: Option<Hub>,
+    /// The transports beside the connections that keep something running.
+    transports: Vec<Box<dyn Running>>,
 }
 
 /// What [`join`] needs once the store is there: this rank's place in the job, the store the
@@ -361,14 +358,10 @@ impl Process {
     /// How many peers this rank reaches through shared memory (the other ranks of its host,
     /// unless `COLLECTIX_TRANSPORT=tcp` or shared memory could not be set up).
     pub fn shm_peers(&self) -> usize {
-        #[cfg(target_os = "linux")]
-        {
-            self.shm.as_ref().map_or(0, Hub::peers)
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            0
-        }
+        (self.transports.iter())
+            .filter(|t| t.name() == "shm")
+            .map(|t| t.peers())
+            .sum()
     }
 
     /// The address ("host:port") this rank listens on for its peers, as it published it.
@@ -421,8 +414,7 @@ impl Process {
         if let Some(mut mesh) = self.mesh.take() {
             mesh.close();
         }
-        #[cfg(target_os = "linux")]
-        drop(self.shm.take());
+        self.transports.clear();
     }
 
     fn leave(&mut self) -> Vec<Error> {
@@ -461,8 +453,7 @@ impl Process {
         if let Some(mut mesh) = self.mesh.take() {
             mesh.close();
         }
-        #[cfg(target_os = "linux")]
-        drop(self.shm.take());
+        self.transports.clear();
         pending
     }
 

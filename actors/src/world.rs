@@ -1,8 +1,9 @@
 //! [`World`]: N in-process ranks, each an actor on its own actix `Arbiter` thread, under an
 //! actix `System` that runs on a thread of its own (see the private `system` module).
 
+use crate::assemble::{assemble, Birth};
+use crate::board::BoardSource;
 use crate::comm::Communicator;
-use crate::member::RankShared;
 use crate::rank::actor::Quiesce;
 use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN, YIELD_TURNS};
 use crate::rank::system;
@@ -83,41 +84,31 @@ impl World {
             })
             .collect();
         let started = system::start("collectix-system", drivers.clone())?;
-        for (r, d) in drivers.iter().enumerate() {
-            d.set_links(local::links(r, &drivers));
-        }
         // The ranks share memory: their groups' small calls run on boards.
         let boards = crate::board::enabled().then(|| {
-            for d in &drivers {
-                d.boards.signal.attach(d);
-            }
             crate::board::LocalBoards::new(
                 drivers.iter().map(|d| d.boards.signal.clone()).collect(),
             )
         });
-        let threads: Arc<[ThreadId]> = started.ranks.iter().map(|(_, _, t)| *t).collect();
+        let threads: Vec<ThreadId> = started.ranks.iter().map(|(_, _, t)| *t).collect();
         // The ranks' store: where the survivors of a failed group agree.
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         // What the ranks share for device calls on one GPU (the device-local path).
         let hub = Arc::new(crate::device::cuda::LocalHub::new());
         let mut comms = Vec::with_capacity(n);
-        let ranks = started.ranks.into_iter().zip(drivers).zip(infos);
+        let ranks = started.ranks.into_iter().zip(&drivers).zip(infos);
         for (r, (((addr, arbiter, _), driver), info)) in ranks.enumerate() {
-            let shared = Arc::new(RankShared {
+            let shared = assemble(Birth {
                 rank: r,
                 world: n,
-                addr,
-                driver,
-                arbiter,
-                // A copy of its own per rank: every call clones and drops it, and one `Arc`
-                // shared by the ranks would move its count between their cores on each.
-                rank_threads: crate::work::RankThreads::shared(&threads),
+                incarnation: 0,
+                driver: driver.clone(),
+                actor: (addr, arbiter),
+                threads: threads.clone(),
+                links: local::links(r, &drivers),
                 store: store.clone(),
                 hub: Some(hub.clone()),
-                incarnation: 0,
-                boards: boards
-                    .clone()
-                    .map(|b| b as Arc<dyn crate::board::BoardSource>),
+                boards: boards.clone().map(|b| b as Arc<dyn BoardSource>),
             });
             comms.push(Communicator::new(shared, info));
         }
@@ -235,34 +226,34 @@ impl World {
         };
         let mut threads: Vec<ThreadId> = old.member.rank.rank_threads.0.to_vec();
         threads.push(tid);
-        let shared = Arc::new(RankShared {
+        // Every rank's live driver, this one's new.
+        let mut drivers: Vec<Arc<Driver>> = lock(&self.current)
+            .iter()
+            .map(|c| c.member.rank.driver.clone())
+            .collect();
+        if let Some(slot) = drivers.get_mut(r) {
+            *slot = driver.clone();
+        }
+        let boards = self.parts.boards.clone().map(|b| {
+            b.restarted(r, driver.boards.signal.clone());
+            b as Arc<dyn BoardSource>
+        });
+        let shared = assemble(Birth {
             rank: r,
             world: self.comms.len(),
-            addr,
+            incarnation: old.incarnation().saturating_add(1),
             driver: driver.clone(),
-            arbiter,
-            rank_threads: crate::work::RankThreads::shared(&threads),
+            actor: (addr, arbiter),
+            threads,
+            links: local::links(r, &drivers),
             store: self.parts.store.clone(),
             hub: Some(self.parts.hub.clone()),
-            incarnation: old.incarnation().saturating_add(1),
-            boards: self.parts.boards.clone().map(|b| {
-                driver.boards.signal.attach(&driver);
-                b.restarted(r, driver.boards.signal.clone());
-                b as Arc<dyn crate::board::BoardSource>
-            }),
+            boards,
         });
         let comm = Communicator::new(shared, info);
-        let drivers: Vec<Arc<Driver>> = {
-            let mut current = lock(&self.current);
-            if let Some(slot) = current.get_mut(r) {
-                *slot = comm.clone();
-            }
-            current
-                .iter()
-                .map(|c| c.member.rank.driver.clone())
-                .collect()
-        };
-        driver.set_links(local::links(r, &drivers));
+        if let Some(slot) = lock(&self.current).get_mut(r) {
+            *slot = comm.clone();
+        }
         for (p, d) in drivers.iter().enumerate() {
             if p != r {
                 d.relink(r, local::link(p, d, driver.clone()));

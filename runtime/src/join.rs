@@ -1,7 +1,8 @@
 //! What a job's ranks decide together when they join, from what each published in the
 //! store (its host, whether it listens for shared memory, the transport it was told to use),
 //! so that every rank decides alike: the locality of the world group (which algorithm table
-//! its calls use), and whether the ranks' settings can work together at all.
+//! its calls use), whether the ranks' settings can work together at all, and which
+//! transport carries each pair (the rows of a table of transports, tried in order).
 //!
 //! The actors crate publishes and reads (`actors/src/process.rs`); nothing here does IO.
 
@@ -83,6 +84,50 @@ pub fn world_locality(offers: &[Offer]) -> Result<Locality> {
     } else {
         Locality::HostTcp
     })
+}
+
+/// A transport's test of a pair (NCCL's `canConnect`): whether it can carry the messages
+/// between two ranks, judged from what both published. A table of transports tries its rows
+/// in order ([`assign`]).
+pub type CanConnect = fn(&Offer, &Offer) -> bool;
+
+/// Shared memory can carry a pair of one host whose ranks both listen for it.
+pub fn shm_can_connect(a: &Offer, b: &Offer) -> bool {
+    a.host == b.host && a.shm && b.shm
+}
+
+/// TCP can carry every pair.
+pub fn tcp_can_connect(_: &Offer, _: &Offer) -> bool {
+    true
+}
+
+/// The row of a table of transports (`rows`, tried in order) that carries each pair of rank
+/// `me`, by peer: the first row that can connect the pair both ways, `None` for `me` itself
+/// (and for a peer no row can carry). It depends on the two offers alone: rank `a` decides
+/// for the pair `(a, b)` what rank `b` decides for `(b, a)`.
+pub fn assign(me: usize, offers: &[Offer], rows: &[CanConnect]) -> Vec<Option<usize>> {
+    (0..offers.len())
+        .map(|peer| {
+            if peer == me {
+                return None;
+            }
+            next_row(me, peer, offers, rows, 0)
+        })
+        .collect()
+}
+
+/// The row that carries the pair `(me, peer)` once the rows before `from` could not start
+/// it (a row may fail to reach a peer it can connect, as shared memory whose segment could
+/// not be mapped): the first row from `from` on that can connect the pair both ways.
+pub fn next_row(
+    me: usize,
+    peer: usize,
+    offers: &[Offer],
+    rows: &[CanConnect],
+    from: usize,
+) -> Option<usize> {
+    let (a, b) = (offers.get(me)?, offers.get(peer)?);
+    (from..rows.len()).find(|&i| rows[i](a, b) && rows[i](b, a))
 }
 
 /// The peers of rank `me` of a host with which it uses shared memory: those whose segment
@@ -187,5 +232,38 @@ mod tests {
                 .collect();
         assert!(world_board(3, &all));
         assert!(!world_board(4, &all), "a rank on another host");
+    }
+
+    #[test]
+    fn each_pair_takes_the_first_transport_that_can_connect_it_alike_on_both_ranks() {
+        let rows: [CanConnect; 2] = [shm_can_connect, tcp_can_connect];
+        let offers = vec![
+            offer("h", Setting::Auto),
+            offer("h", Setting::Tcp),
+            offer("h", Setting::Shm),
+            offer("g", Setting::Auto),
+        ];
+        // Rank 0: shared memory with rank 2 only (rank 1 does not listen for it, rank 3 is
+        // on another host); TCP to the others.
+        assert_eq!(
+            assign(0, &offers, &rows),
+            vec![None, Some(1), Some(0), Some(1)]
+        );
+        for a in 0..offers.len() {
+            for b in 0..offers.len() {
+                assert_eq!(
+                    assign(a, &offers, &rows)[b],
+                    assign(b, &offers, &rows)[a],
+                    "ranks {a} and {b} decide their pair alike"
+                );
+            }
+        }
+        // A pair shared memory did not reach falls to TCP; after TCP, nothing.
+        assert_eq!(next_row(0, 2, &offers, &rows, 1), Some(1));
+        assert_eq!(next_row(0, 2, &offers, &rows, 2), None);
+        assert_eq!(next_row(0, 9, &offers, &rows, 0), None, "no such rank");
+        // A one-way test does not connect a pair.
+        let one_way: [CanConnect; 1] = [|a, _| a.setting == Setting::Shm];
+        assert_eq!(assign(2, &offers, &one_way), vec![None; 4]);
     }
 }

@@ -1,6 +1,7 @@
 //! Steps 2–4 of joining a job (see `process`'s module doc), once the store is there: listen,
 //! publish, read what every rank published, decide from it (`collectix_runtime::join`),
-//! start the actor, the links and the shared memory.
+//! start the actor and the transports (`transport::table`), and assemble the rank
+//! (`assemble`).
 
 use super::*;
 
@@ -39,6 +40,8 @@ struct Published {
     addrs: Vec<String>,
     hosts: Vec<String>,
     sockets: Vec<String>,
+    /// What each rank published, as the table of transports reads it.
+    offers: Vec<Offer>,
     /// Each rank's host as an index, in order of first appearance.
     host_index: Vec<u32>,
     /// The world group's locality (`collectix_runtime::join::world_locality`).
@@ -155,106 +158,9 @@ fn publish_and_read(
         addrs,
         hosts,
         sockets,
+        offers,
         host_index,
         locality,
-    })
-}
-
-/// What the shared-memory setup of a joining rank needs ([`start_shm`]).
-#[cfg(target_os = "linux")]
-struct ShmJoin<'a> {
-    job: u64,
-    rank: usize,
-    world: usize,
-    host: &'a str,
-    hosts: &'a [String],
-    sockets: &'a [String],
-    listener: shm::Listener,
-    security: &'a Security,
-    store: &'a Arc<dyn Store>,
-    limits: Limits,
-    deadline: Instant,
-    timeout: Duration,
-    transport: Transport,
-    connect: Connect,
-}
-
-/// Step 4's shared memory: the rings and the board with the ranks of this host that offered
-/// shared memory, and their links in place of TCP's; `None` if no other rank of the host
-/// offered it. With `COLLECTIX_TRANSPORT=shm`, a rank of the host that could not be reached
-/// so is an error.
-#[cfg(target_os = "linux")]
-fn start_shm(
-    x: ShmJoin<'_>,
-    driver: &Arc<Driver>,
-    links: &mut crate::transport::Links,
-    mesh: &Mesh,
-) -> Result<Option<Hub>> {
-    let ShmJoin {
-        job,
-        rank,
-        world,
-        host,
-        hosts,
-        sockets,
-        listener,
-        security,
-        store,
-        limits,
-        deadline,
-        timeout,
-        transport,
-        connect,
-    } = x;
-    // The ranks of this host that take shared memory (those that published a socket).
-    let local: std::collections::BTreeMap<usize, String> = (0..world)
-        .filter(|&r| hosts[r] == host && sockets[r] != "-")
-        .map(|r| (r, sockets[r].clone()))
-        .collect();
-    let setup = shm::Setup {
-        job,
-        rank,
-        local,
-        listener,
-        security,
-        store: store.as_ref(),
-        world,
-        ring: shm::ring_from_env()?,
-        single_copy: shm::single_copy_from_env()?,
-        limits,
-        deadline,
-    };
-    let want: Vec<usize> = setup.local.keys().copied().filter(|&r| r != rank).collect();
-    if want.is_empty() {
-        return Ok(None);
-    }
-    Hub::start(setup, driver, links, mesh.incarnations()).and_then(|(hub, peers)| {
-        let missing: Vec<usize> = want
-            .iter()
-            .copied()
-            .filter(|r| !peers.contains(r))
-            .collect();
-        if transport == Transport::Shm && !missing.is_empty() {
-            return Err(Error::Resource(format!(
-                "COLLECTIX_TRANSPORT=shm, but shared memory could not be set \
-                         up with ranks {missing:?} of this host (see the log)"
-            )));
-        }
-        if !missing.is_empty() {
-            tracing::warn!(rank, ?missing, "TCP to these ranks of this host");
-        }
-        // Their messages come through the rings: callers need not read their
-        // connections.
-        let readers = mesh.readers();
-        for &p in &peers {
-            readers.elsewhere(p);
-        }
-        // A lazy job still connects the pairs that share memory at once: their
-        // connections tell when one of them is lost.
-        if connect == Connect::Lazy && !peers.is_empty() {
-            mesh.connect_among(&peers, deadline, timeout)?;
-        }
-        Ok(hub)
     })
 }
 
@@ -301,30 +207,12 @@ fn rank_driver(rank: usize, info: &GroupInfo, local: usize, by_hand: bool) -> Ar
     ))
 }
 
-/// Step 4's connections: waiting callers read those that carry messages (see
-/// `transport::tcp`); a restarted process says hello to every peer (they are running
-/// already, and learn from it that it replaces its rank's previous process); an eager job
-/// connects every pair before the join returns.
-fn connect_peers(
-    mesh: &Mesh,
-    driver: &Arc<Driver>,
-    rank: usize,
-    incarnation: u32,
-    connect: Connect,
-    deadline: Instant,
-    timeout: Duration,
-) -> Result<()> {
-    let readers = mesh.readers();
-    if readers.carries_any(rank) {
-        driver.set_poller(PollerKind::Tcp, readers);
-    }
-    if incarnation > 0 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        mesh.rejoin_all(REJOIN_CONNECT.min(left));
-    } else if connect == Connect::Eager {
-        mesh.connect_all(deadline, timeout)?;
-    }
-    Ok(())
+/// A join that failed once the actor system ran: stops the system and joins its thread;
+/// returns `e`.
+fn halt(system: &System, thread: JoinHandle<()>, e: Error) -> Error {
+    system.stop();
+    let _ = thread.join();
+    e
 }
 
 /// Steps 2–4 of joining (see the module doc), once the store is there.
@@ -383,9 +271,10 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
         thread,
         mut ranks,
     } = system::start(&format!("collectix-system-{rank}"), vec![driver.clone()])?;
-    let (addr, arbiter, thread_id) = ranks
-        .pop()
-        .ok_or_else(|| Error::internal("the actor system started no rank"))?;
+    let Some((addr, arbiter, thread_id)) = ranks.pop() else {
+        let e = Error::internal("the actor system started no rank");
+        return Err(halt(&system, thread, e));
+    };
     let limits = Limits {
         max_payload_bytes: options.max_call_bytes,
         ..Limits::default()
@@ -398,69 +287,47 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
         security: security.clone(),
         liveness,
     };
-    let mesh = Mesh::start(tcp_listener, rank, p.addrs, settings, inbound)?;
-    #[allow(unused_mut)]
-    let mut links = mesh.links(Box::new(SelfLink(rank, driver.clone())));
-    #[cfg(target_os = "linux")]
-    let hub = match p.listener {
-        None => None,
-        Some(listener) => {
-            let x = ShmJoin {
-                job: p.job,
-                rank,
-                world,
-                host: &p.host,
-                hosts: &p.hosts,
-                sockets: &p.sockets,
-                listener,
-                security,
-                store,
-                limits,
-                deadline,
-                timeout,
-                transport,
-                connect,
-            };
-            match start_shm(x, &driver, &mut links, &mesh) {
-                Ok(h) => h,
-                Err(e) => {
-                    system.stop();
-                    let _ = thread.join();
-                    return Err(e);
-                }
-            }
-        }
+    let started = Mesh::start(tcp_listener, rank, p.addrs, settings, inbound).and_then(|mesh| {
+        let mut links = mesh.links(Box::new(SelfLink(rank, driver.clone())));
+        let mut st = Starting {
+            job: p.job,
+            rank,
+            world,
+            incarnation,
+            sockets: &p.sockets,
+            #[cfg(target_os = "linux")]
+            listener: p.listener,
+            transport,
+            connect,
+            security,
+            store,
+            limits,
+            deadline,
+            timeout,
+            driver: &driver,
+            links: &mut links,
+            mesh: &mesh,
+        };
+        let running = table::start(&mut st, &p.offers)?;
+        Ok((mesh, links, running))
+    });
+    let (mesh, links, transports) = match started {
+        Ok(s) => s,
+        Err(e) => return Err(halt(&system, thread, e)),
     };
-    driver.set_links(links);
-    if let Err(e) = connect_peers(
-        &mesh,
-        &driver,
-        rank,
-        incarnation,
-        connect,
-        deadline,
-        timeout,
-    ) {
-        system.stop();
-        let _ = thread.join();
-        return Err(e);
-    }
     // The world group's board, when the whole job shares this host's memory.
-    #[cfg(target_os = "linux")]
-    let boards = hub.as_ref().and_then(Hub::boards);
-    #[cfg(not(target_os = "linux"))]
-    let boards = None;
-    let shared = Arc::new(RankShared {
+    let boards = transports.iter().find_map(|t| t.boards());
+    let shared = assemble(Birth {
         rank,
         world,
-        addr,
+        incarnation,
         driver,
-        arbiter,
-        rank_threads: crate::work::RankThreads::shared(&[thread_id]),
+        actor: (addr, arbiter),
+        threads: vec![thread_id],
+        links,
         store: store.clone(),
         // One rank per process: its device calls take NCCL.
         hub: None,
-        incarnation,
         boards,
     });
     Ok(Joined {
@@ -469,7 +336,6 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
         thread,
         mesh,
         address: me,
-        #[cfg(target_os = "linux")]
-        shm: hub,
+        transports,
     })
 }

@@ -339,15 +339,15 @@ impl Mesh {
         })
     }
 
-    /// The incarnation of each peer that this rank's connection to it is with (a restarted
-    /// peer's is higher): another transport that set up a path to a peer's first process
-    /// stops using it once this moves.
     /// The connections' receiving sides, as the rank's waiting callers read them (the
     /// driver's poller for TCP).
     pub(crate) fn readers(&self) -> Arc<tcp::Readers> {
         self.shared.readers.clone()
     }
 
+    /// The incarnation of each peer that this rank's connection to it is with (a restarted
+    /// peer's is higher): another transport that set up a path to a peer's first process
+    /// stops using it once this moves.
     pub(crate) fn incarnations(&self) -> Arc<Vec<AtomicU32>> {
         self.shared.known.clone()
     }

@@ -15,11 +15,15 @@
 //!   a slot per peer, eager or lazy connection).
 //! - [`shm`]: rings in shared memory between the processes of one host (Linux), beside the
 //!   TCP connections that still tell when a peer is lost.
+//! - [`table`]: which of these carries each pair of a job's processes, decided alike on both
+//!   ranks of the pair from what they published (a row per transport).
 
 pub(crate) mod local;
 pub(crate) mod mesh;
+pub(crate) mod row;
 #[cfg(target_os = "linux")]
 pub(crate) mod shm;
+pub(crate) mod table;
 pub(crate) mod tcp;
 
 pub(crate) use crate::rank::driver::Links;

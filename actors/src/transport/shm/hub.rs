@@ -272,7 +272,6 @@ fn world_boards(
             }
         }
     }
-    driver.boards.signal.attach(driver);
     driver
         .boards
         .signal

@@ -43,10 +43,12 @@
 
 mod hub;
 mod os;
+mod row;
 mod setup;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use row::ROW;
 pub(crate) use setup::Listener;
 
 use crate::board::BoardSource;
