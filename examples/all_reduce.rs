@@ -56,10 +56,15 @@ pub(crate) fn lines() -> Result<Vec<String>> {
 
 #[allow(dead_code)]
 fn main() -> common::Main {
+    common::Main(body())
+}
+
+/// What `main` does.
+fn body() -> collectix::Result<()> {
     // Started by `collectix launch --nproc-per-node 4` (or mpirun, srun): this process is one
     // rank and prints its own lines.
     if common::launched() {
-        return Ok(common::run_launched(run)?);
+        return common::run_launched(run);
     }
     common::print(&lines()?);
     Ok(())

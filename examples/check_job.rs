@@ -61,6 +61,11 @@ fn report(r: usize, res: std::result::Result<usize, String>) -> bool {
 
 #[allow(dead_code)]
 fn main() -> common::Main {
+    common::Main(body())
+}
+
+/// What `main` does.
+fn body() -> collectix::Result<()> {
     common::init_tracing();
     let ok = if common::launched() {
         let p = collectix::init(

@@ -269,6 +269,11 @@ fn print(losses: &[f32]) {
 
 #[allow(dead_code)]
 fn main() -> common::Main {
+    common::Main(body())
+}
+
+/// What `main` does.
+fn body() -> collectix::Result<()> {
     common::init_tracing();
     if std::env::args().any(|a| a == "--single") {
         print(&train(None)?);

@@ -18,7 +18,9 @@
 //! Kill any rank's process while it runs (`kill -9`): the others say so and finish with one
 //! rank fewer. Under `--max-restarts 1` instead of `--on-failure shrink`, the launcher
 //! restarts the killed rank, which rejoins (`Process::rejoin`); the survivors wait for it
-//! (`Communicator::regrow`), send it the parameters and the step, and all four finish. Flags:
+//! (`Communicator::regrow`), send it the parameters and the step, and all four finish. Under
+//! `torchrun --max-restarts 1`, torchrun restarts every worker instead, with a new store:
+//! the job starts over and ends with the same lines as a run without the fault. Flags:
 //! `--steps N` (default 100), `--step-ms M` (extra time per step, default 0), and for tests
 //! `--crash-rank R --crash-at-step S` (rank R aborts itself at step S) and `--bad-call-rank R
 //! --bad-call-at-step S` (rank R's all_reduce of step S fails its argument checks: every rank's
@@ -240,6 +242,11 @@ fn recover(t: &mut Training, me: usize, restart: bool) -> Result<()> {
 }
 
 fn main() -> common::Main {
+    common::Main(body())
+}
+
+/// What `main` does.
+fn body() -> collectix::Result<()> {
     common::init_tracing();
     let f = flags().map_err(Error::invalid)?;
     let p = collectix::init(
@@ -278,15 +285,20 @@ fn main() -> common::Main {
     // Whether a step on a rebuilt group is still to be reported, and whether the bad call
     // (`--bad-call-rank`) was made.
     let (mut report_next, mut bad_made) = (false, false);
+    // The faults asked for happen in the job's first run only: not in a restarted rank, nor
+    // in a job torchrun started again (`--max-restarts`: torchrun restarts every worker, with
+    // a new store, and the job starts over).
+    let first_run = p.incarnation() == 0
+        && std::env::var("TORCHELASTIC_RESTART_COUNT").map_or(true, |c| c.trim() == "0");
     while t.step < f.steps {
-        if f.crash == Some((me, t.step)) && p.incarnation() == 0 {
+        if f.crash == Some((me, t.step)) && first_run {
             eprintln!("rank {me}: crashing at step {}, as asked", t.step);
             std::process::abort();
         }
         if f.step_ms > 0 {
             std::thread::sleep(Duration::from_millis(f.step_ms));
         }
-        let bad = !bad_made && f.bad_call == Some((me, t.step)) && p.incarnation() == 0;
+        let bad = !bad_made && f.bad_call == Some((me, t.step)) && first_run;
         bad_made |= bad;
         match step_on(&t.comm, &t.w, t.step, bad) {
             Ok(next) => {
@@ -326,5 +338,5 @@ fn main() -> common::Main {
         loss(&t.w),
         digest(&t.w)
     );
-    Ok(p.shutdown()?)
+    p.shutdown()
 }

@@ -561,6 +561,11 @@ fn parse() -> Result<(Config, bool, bool)> {
 
 #[allow(dead_code)]
 fn main() -> common::Main {
+    common::Main(body())
+}
+
+/// What `main` does.
+fn body() -> collectix::Result<()> {
     common::init_tracing();
     let (cfg, single_, overlap) = parse()?;
     if single_ {

@@ -17,6 +17,11 @@ mod common;
 use collectix::{DType, ReduceOp, Tensor, TensorSpec};
 
 fn main() -> common::Main {
+    common::Main(body())
+}
+
+/// What `main` does.
+fn body() -> collectix::Result<()> {
     common::init_tracing();
     let start = std::time::Instant::now();
     let p = collectix::init(
@@ -104,5 +109,5 @@ fn main() -> common::Main {
         println!("rank {r}: idle for {idle} ms");
         std::thread::sleep(std::time::Duration::from_millis(idle));
     }
-    Ok(p.shutdown()?)
+    p.shutdown()
 }

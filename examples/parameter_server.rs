@@ -53,6 +53,11 @@ pub(crate) fn lines() -> Result<Vec<String>> {
 
 #[allow(dead_code)]
 fn main() -> common::Main {
+    common::Main(body())
+}
+
+/// What `main` does.
+fn body() -> collectix::Result<()> {
     common::print(&lines()?);
     Ok(())
 }

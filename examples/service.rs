@@ -140,6 +140,11 @@ async fn stop_signal() {
 }
 
 fn main() -> common::Main {
+    common::Main(body())
+}
+
+/// What `main` does.
+fn body() -> collectix::Result<()> {
     common::init_tracing();
     // The application's choice of recorder, installed before collectix is: every call from
     // here on is counted.

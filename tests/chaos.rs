@@ -406,8 +406,13 @@ fn chaos_in_one_process() {
 fn over_tcp(trial: Trial) -> Option<Vec<End>> {
     use collectix::{init, Secret, Security, TcpStoreServer};
     let secret = || Secret::new("chaos").unwrap_or_else(|e| panic!("{e}"));
-    let server = TcpStoreServer::for_job("127.0.0.1", 0, &Security::with_secret(secret()))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let server = TcpStoreServer::for_job(
+        "127.0.0.1",
+        0,
+        &Security::with_secret(secret()),
+        collectix::StoreProtocol::Collectix,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let port = server.local_addr().port();
     let fault_at = Arc::new(Mutex::new(None));
     let (tx, rx) = mpsc::channel();

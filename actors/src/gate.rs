@@ -8,8 +8,13 @@
 //! [`MAX_WAITING`] wait at once; a newcomer beyond that pushes out the one that has waited
 //! longest, so a flood of idle or trickling connections cannot keep a client that answers
 //! at once from getting in, and costs a socket each, not a thread.
+//!
+//! A store's gate may also let torch's clients in ([`Gate::start_with`]'s `torch`): a
+//! connection whose first bytes are torch's `VALIDATE` goes to that pass instead, without a
+//! handshake (torch's protocol has none).
 
 use crate::security::{Security, ServerHandshake};
+use crate::store::torch::wire::VALIDATE as TORCH_HELLO;
 use crate::sync::{deadline_after, lock};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::io::{ErrorKind, Read, Write};
@@ -72,16 +77,19 @@ impl Gate {
         ctx: &'static [u8],
         pass: Pass,
     ) -> std::io::Result<Gate> {
-        Gate::start_with(name, what, security, ctx, pass, Limits::default())
+        Gate::start_with(name, what, security, ctx, pass, None, Limits::default())
     }
 
-    /// [`start`](Gate::start) with other limits (for tests).
+    /// [`start`](Gate::start) with other limits (tests shorten them), and `torch`: where the
+    /// connections of torch's clients go, if they may come in (`None`: they are refused as
+    /// any other that is not collectix).
     pub(crate) fn start_with(
         name: &str,
         what: &'static str,
         security: Security,
         ctx: &'static [u8],
         pass: Pass,
+        torch: Option<Pass>,
         limits: Limits,
     ) -> std::io::Result<Gate> {
         let (wake, woken) = UnixStream::pair()?;
@@ -98,6 +106,7 @@ impl Gate {
             security,
             ctx,
             pass,
+            torch,
             limits,
             waiting: Vec::new(),
         };
@@ -150,6 +159,8 @@ struct Keeper {
     security: Security,
     ctx: &'static [u8],
     pass: Pass,
+    /// Where torch's clients go, if they may come in.
+    torch: Option<Pass>,
     limits: Limits,
     waiting: Vec<Waiting>,
 }
@@ -158,6 +169,8 @@ struct Keeper {
 enum Turn {
     Wait,
     Passed,
+    /// A client of torch's protocol, which this gate lets in.
+    Torch,
     Closed(String),
 }
 
@@ -188,6 +201,13 @@ impl Keeper {
                         let w = self.waiting.swap_remove(i);
                         let _ = w.s.set_nonblocking(false);
                         (self.pass)(w.s, w.deadline);
+                    }
+                    Turn::Torch => {
+                        let w = self.waiting.swap_remove(i);
+                        let _ = w.s.set_nonblocking(false);
+                        if let Some(torch) = self.torch.as_mut() {
+                            torch(w.s, w.deadline);
+                        }
                     }
                     Turn::Closed(why) => {
                         let w = self.waiting.swap_remove(i);
@@ -304,6 +324,26 @@ impl Keeper {
                 Err(e) => Turn::Closed(e.to_string()),
             };
         }
+        if self.torch.is_some() && w.hs.fresh() {
+            let mut first = [0u8; TORCH_HELLO.len()];
+            match w.s.peek(&mut first) {
+                Ok(0) => return Turn::Closed("closed in its handshake".into()),
+                Ok(n) if n == TORCH_HELLO.len() && first == TORCH_HELLO => return Turn::Torch,
+                // Part of it: torch's clients send it whole, in their first write (torch's
+                // own server closes such a connection too). Waiting for the rest here would
+                // turn the gate's loop on bytes it does not take.
+                Ok(n) if first[..n] == TORCH_HELLO[..n] => {
+                    return Turn::Closed("torch's VALIDATE in pieces".into())
+                }
+                Ok(_) => {}
+                Err(e)
+                    if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted =>
+                {
+                    return Turn::Wait
+                }
+                Err(e) => return Turn::Closed(e.to_string()),
+            }
+        }
         let (want, _, _) = w.hs.step();
         let mut buf = [0u8; 64];
         let n = match w.s.read(&mut buf[..want.min(64)]) {
@@ -358,6 +398,7 @@ mod tests {
             Security::loopback_only(),
             b"link",
             Box::new(|_, _| {}),
+            None,
             limits,
         )
         .unwrap_or_else(|e| panic!("{e}"));

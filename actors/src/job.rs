@@ -70,6 +70,9 @@ pub struct InitArgs {
     /// rank 0 connects to it instead of serving it (else `TORCHELASTIC_USE_AGENT_STORE`):
     /// see [`JobConfig::launcher_store`].
     pub launcher_store: Option<bool>,
+    /// Which protocol the store speaks (else `COLLECTIX_STORE_PROTOCOL`, else as
+    /// [`JobConfig::store_protocol`] says).
+    pub store_protocol: Option<crate::store::StoreProtocol>,
 }
 
 /// Where the job's rendezvous store is.
@@ -234,6 +237,19 @@ pub struct JobConfig {
     /// which `collectix launch` sets too): rank 0 connects to it like every other rank
     /// instead of serving it, so the store outlives any rank.
     pub launcher_store: bool,
+    /// Which protocol the job's TCP store speaks: `COLLECTIX_STORE_PROTOCOL` (`collectix` or
+    /// `torch`) if set; else torch's where the environment says a launcher serves the store
+    /// (`TORCHELASTIC_USE_AGENT_STORE=True`: torchrun's agent serves torch's `TCPStore`;
+    /// `collectix launch` says `COLLECTIX_STORE_PROTOCOL=collectix` beside it); else
+    /// collectix's own. A rank 0 that serves the store with `torch` serves torch's clients
+    /// too. torch's protocol has no authentication: see `docs/deployment.md`, "The store".
+    pub store_protocol: crate::store::StoreProtocol,
+    /// Which of torchrun's attempts at the job this is, where its agent serves torch's store
+    /// (`TORCHELASTIC_RESTART_COUNT` with `TORCHELASTIC_USE_AGENT_STORE=True`, torch's
+    /// protocol); 0 otherwise. torchrun's `--max-restarts` starts every worker again with the
+    /// same store: the keys of attempt N > 0 live under `worker/attempt_N/`, so that no rank
+    /// reads what the last attempt left there.
+    pub attempt: u32,
     /// Which process of its rank this is: 0 for the first, one more for each restart
     /// (`COLLECTIX_INCARNATION`, which `collectix launch --max-restarts` sets). A process
     /// with a higher one rejoins a running job: see `Process::rejoin`.
@@ -370,10 +386,27 @@ impl JobConfig {
             launcher
         };
         let rendezvous = rendezvous(args, env, launcher, world_size, local_world_size)?;
-        let launcher_store = args.launcher_store.unwrap_or_else(|| {
-            var(env, "TORCHELASTIC_USE_AGENT_STORE")
-                .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
-        });
+        let agent_store = var(env, "TORCHELASTIC_USE_AGENT_STORE")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+        let launcher_store = args.launcher_store.unwrap_or(agent_store);
+        let store_protocol = match (args.store_protocol, var(env, "COLLECTIX_STORE_PROTOCOL")) {
+            (Some(p), _) => p,
+            (None, Some(v)) => crate::store::StoreProtocol::from_word(&v)?,
+            (None, None) if agent_store && args.launcher_store.is_none() => {
+                crate::store::StoreProtocol::Torch
+            }
+            (None, None) => crate::store::StoreProtocol::Collectix,
+        };
+        let attempt = match var(env, "TORCHELASTIC_RESTART_COUNT") {
+            Some(v) if agent_store && store_protocol == crate::store::StoreProtocol::Torch => {
+                v.trim().parse::<u32>().map_err(|_| {
+                    Error::invalid(format!(
+                        "TORCHELASTIC_RESTART_COUNT={v:?} is not a non-negative integer"
+                    ))
+                })?
+            }
+            _ => 0,
+        };
         let incarnation = match var(env, "COLLECTIX_INCARNATION") {
             None => 0,
             Some(v) => v.parse::<u32>().map_err(|_| {
@@ -390,6 +423,8 @@ impl JobConfig {
             rendezvous,
             launcher,
             launcher_store,
+            store_protocol,
+            attempt,
             incarnation,
         })
     }

@@ -82,7 +82,9 @@ pub use process::{init, Process};
 pub use recovery::Recovered;
 pub use security::{Secret, Security, MAX_SECRET_BYTES};
 pub use status::{job_status, CallRecord, CallState, JobStatus, RankStatus, CALLS_KEPT};
-pub use store::{FileStore, MemoryStore, PrefixStore, Store, TcpStore, TcpStoreServer};
+pub use store::{
+    FileStore, MemoryStore, PrefixStore, Store, StoreProtocol, TcpStore, TcpStoreServer, TorchStore,
+};
 pub use supervise::Policy;
 pub use transport::mesh::Connect;
 pub use transport::tcp::Liveness;

@@ -31,7 +31,9 @@ use crate::rank::driver::{
 };
 use crate::rank::system;
 use crate::security::Security;
-use crate::store::{FileStore, Store, TcpStore, TcpStoreServer};
+use crate::store::{
+    FileStore, PrefixStore, Store, StoreProtocol, TcpStore, TcpStoreServer, TorchStore,
+};
 use crate::transport::mesh::{Connect, Mesh, Settings};
 use crate::transport::row::{Running, Starting};
 #[cfg(target_os = "linux")]
@@ -115,6 +117,21 @@ impl Link<Message> for SelfLink {
         self.1.deliver(self.0, msg);
         Ok(())
     }
+}
+
+/// A client of the job's TCP store at `addr`, in `protocol`.
+fn connect_store(
+    addr: String,
+    protocol: StoreProtocol,
+    timeout: Duration,
+    security: &Security,
+) -> Result<Arc<dyn Store>> {
+    Ok(match protocol {
+        StoreProtocol::Collectix => {
+            Arc::new(TcpStore::connect_secured(addr, timeout, security.clone())?)
+        }
+        StoreProtocol::Torch => Arc::new(TorchStore::connect(addr, timeout)?),
+    })
 }
 
 /// This host's identity (see `transport::shm::host_id`; elsewhere than Linux, its name or
@@ -201,14 +218,18 @@ pub(crate) fn init_with(
     let (store, server, store_host): (Arc<dyn Store>, _, Option<String>) = match &config.rendezvous
     {
         Rendezvous::Tcp { host, port } => {
+            let protocol = config.store_protocol;
             let server = if rank == 0 && !config.launcher_store {
-                Some(TcpStoreServer::for_job(host, *port, &security)?)
+                Some(TcpStoreServer::for_job(host, *port, &security, protocol)?)
             } else {
                 None
             };
-            let client =
-                TcpStore::connect_secured(host_port(host, *port), left(), security.clone())?;
-            (Arc::new(client), server, Some(host.clone()))
+            let mut client = connect_store(host_port(host, *port), protocol, left(), &security)?;
+            if config.attempt > 0 {
+                let attempt = format!("worker/attempt_{}", config.attempt);
+                client = Arc::new(PrefixStore::new(attempt, client));
+            }
+            (client, server, Some(host.clone()))
         }
         Rendezvous::File { path } => (Arc::new(FileStore::new(path)?), None, None),
     };
@@ -243,7 +264,10 @@ pub(crate) fn init_with(
             // the store is gone (the job ends) it is tried again for a second, not for the
             // connect timeout: the responder then stops.
             let status = match &config.rendezvous {
-                Rendezvous::Tcp { host, port } => {
+                // Over collectix's own protocol only: `collectix status` asks through it.
+                Rendezvous::Tcp { host, port }
+                    if config.store_protocol == StoreProtocol::Collectix =>
+                {
                     TcpStore::connect_secured(host_port(host, *port), left(), security.clone())
                         .ok()
                         .map(|s| {
@@ -255,6 +279,7 @@ pub(crate) fn init_with(
                             )
                         })
                 }
+                Rendezvous::Tcp { .. } => None,
                 Rendezvous::File { .. } => None,
             };
             Ok(Process {

@@ -147,6 +147,8 @@ pub struct Security {
 pub(crate) enum Denied {
     /// The other side is not a collectix endpoint of this version (wrong magic).
     NotCollectix,
+    /// The peer speaks another protocol, which this says.
+    Foreign(String),
     /// The secrets differ, or one side has one and the other none.
     Secret(SecretMismatch),
     /// The connection failed or timed out at `step`; `detail` is the system's word for it.
@@ -245,6 +247,7 @@ impl std::fmt::Display for Denied {
             Denied::NotCollectix => {
                 f.write_str("not a collectix connection (or an older version of collectix)")
             }
+            Denied::Foreign(what) => f.write_str(what),
             Denied::Secret(why) => why.fmt(f),
             Denied::Io { step, detail } => write!(f, "{step}: {detail}"),
         }
@@ -349,11 +352,28 @@ impl Security {
     /// The client's side of the handshake (see the module doc), on a fresh connection.
     /// `ctx` names the protocol (`b"link"`, `b"store"`).
     pub(crate) fn client<S: Read + Write>(&self, s: &mut S, ctx: &[u8]) -> Result<(), Denied> {
+        let nc = Security::client_hello(s)?;
+        self.client_finish(s, ctx, &nc)
+    }
+
+    /// The client's first step: its hello (the magic and its nonce), sent; the nonce.
+    pub(crate) fn client_hello<S: Write>(s: &mut S) -> Result<[u8; NONCE], Denied> {
         let nc = nonce()?;
         let mut hello = [0u8; MAGIC.len() + NONCE];
         hello[..MAGIC.len()].copy_from_slice(&MAGIC);
         hello[MAGIC.len()..].copy_from_slice(&nc);
         s.write_all(&hello).map_err(io(AuthStep::SendChallenge))?;
+        Ok(nc)
+    }
+
+    /// The rest of the client's side, once its hello (with nonce `nc`) is sent.
+    pub(crate) fn client_finish<S: Read + Write>(
+        &self,
+        s: &mut S,
+        ctx: &[u8],
+        nc: &[u8; NONCE],
+    ) -> Result<(), Denied> {
+        let nc = *nc;
         let mut mode = [0u8; 1];
         s.read_exact(&mut mode).map_err(io(AuthStep::ReadAnswer))?;
         let secret = match (mode[0], &self.secret) {
@@ -447,6 +467,11 @@ impl ServerHandshake {
     }
 
     /// The bytes still to read for this step, and the steps a failed read or write is.
+    /// Whether nothing of the client's hello has come yet.
+    pub(crate) fn fresh(&self) -> bool {
+        !self.proof && self.got.is_empty()
+    }
+
     pub(crate) fn step(&self) -> (usize, AuthStep, AuthStep) {
         if self.proof {
             (
@@ -475,6 +500,12 @@ impl ServerHandshake {
             return nothing(Some(Err(Denied::NotCollectix)));
         }
         self.got.extend_from_slice(bytes);
+        // Not the magic's first bytes: refused now, not once the whole hello is there (a
+        // client of another protocol learns it at once, not at the deadline).
+        let seen = self.got.len().min(MAGIC.len());
+        if !self.proof && self.got[..seen] != MAGIC[..seen] {
+            return nothing(Some(Err(Denied::NotCollectix)));
+        }
         if bytes.len() < want {
             return nothing(None);
         }

@@ -15,6 +15,11 @@ pub(crate) struct StoreArgs {
     /// the store listens on loopback only).
     #[arg(long)]
     host: Option<String>,
+    /// Serve torch's clients too (`torch.distributed.TCPStore(host, port, is_master=False)`),
+    /// on the same port, as with `COLLECTIX_STORE_PROTOCOL=torch`. torch's protocol has no
+    /// authentication: anyone who reaches the port reads and writes every key.
+    #[arg(long)]
+    torch: bool,
 }
 
 /// Serves until interrupted; returns only when the server cannot start.
@@ -41,9 +46,22 @@ pub(crate) fn run(a: StoreArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match collectix::TcpStoreServer::bind_secured((ip, a.port), security) {
+    let torch = match collectix::StoreProtocol::from_env() {
+        Ok(p) => a.torch || p == Some(collectix::StoreProtocol::Torch),
+        Err(e) => {
+            eprintln!("collectix: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let server = if torch {
+        collectix::TcpStoreServer::open_to_torch((ip, a.port), security)
+    } else {
+        collectix::TcpStoreServer::bind_secured((ip, a.port), security)
+    };
+    match server {
         Ok(server) => {
-            println!("collectix store: serving on {}", server.local_addr());
+            let also = if torch { " (torch's clients too)" } else { "" };
+            println!("collectix store: serving on {}{also}", server.local_addr());
             // Serves until the process is interrupted.
             loop {
                 std::thread::park();

@@ -91,22 +91,23 @@ pub(crate) fn print(lines: &[String]) {
     }
 }
 
-/// What the examples' `main` returns. On an error Rust prints `Error: ` and the value's
-/// `Debug` form; here that is the error's text, as `docs/errors.md` shows it ("no store at
-/// 127.0.0.1:29500 after 120 s: …"), not its structure (`StoreTimeout { what: … }`).
-pub(crate) type Main = std::result::Result<(), Shown>;
+/// What the examples' `main` returns: on an error, `Error: ` and the error's text, as
+/// `docs/errors.md` shows it ("no store at 127.0.0.1:29500 after 120 s: …"), in one write,
+/// and exit status 1. (Rust's own report of an `Err` from `main` writes `Error: ` and the
+/// value apart: the ranks of a job share one stderr, and another rank's line came between
+/// the two, "Error: Error: store: …".)
+pub(crate) struct Main(pub(crate) Result<()>);
 
-/// An error shown by its text: see [`Main`].
-pub(crate) struct Shown(pub(crate) Error);
-
-impl std::fmt::Debug for Shown {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl From<Error> for Shown {
-    fn from(e: Error) -> Shown {
-        Shown(e)
+impl std::process::Termination for Main {
+    fn report(self) -> std::process::ExitCode {
+        match self.0 {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                use std::io::Write;
+                let line = format!("Error: {e}\n");
+                let _ = std::io::stderr().lock().write_all(line.as_bytes());
+                std::process::ExitCode::FAILURE
+            }
+        }
     }
 }

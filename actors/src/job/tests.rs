@@ -38,6 +38,8 @@ fn torchrun_variables() {
             },
             launcher: Launcher::Torchrun,
             launcher_store: false,
+            store_protocol: crate::store::StoreProtocol::Collectix,
+            attempt: 0,
             incarnation: 0,
         })
     );
@@ -418,4 +420,74 @@ fn the_launcher_is_detected_from_its_rank_variable() {
         d(&[("JOB_COMPLETION_INDEX", "0")]),
         Some(Launcher::IndexedJob)
     );
+}
+
+#[test]
+fn the_store_protocol_is_torchs_under_an_agent_store_unless_said_otherwise() {
+    use crate::store::StoreProtocol::{Collectix, Torch};
+    let torchrun = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "h"),
+        ("MASTER_PORT", "29500"),
+    ];
+    let with = |more: &[(&'static str, &'static str)], args: &InitArgs| {
+        let mut pairs = torchrun.to_vec();
+        pairs.extend_from_slice(more);
+        resolve(args, &pairs).map(|c| (c.store_protocol, c.launcher_store))
+    };
+    let none = InitArgs::default();
+    assert_eq!(with(&[], &none), Ok((Collectix, false)), "rank 0 serves");
+    let agent = [("TORCHELASTIC_USE_AGENT_STORE", "True")];
+    assert_eq!(
+        with(&agent, &none),
+        Ok((Torch, true)),
+        "torchrun's agent store"
+    );
+    let launch = [
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ("COLLECTIX_STORE_PROTOCOL", "collectix"),
+    ];
+    assert_eq!(
+        with(&launch, &none),
+        Ok((Collectix, true)),
+        "collectix launch"
+    );
+    let told = InitArgs {
+        launcher_store: Some(true),
+        ..InitArgs::default()
+    };
+    assert_eq!(
+        with(&agent, &told),
+        Ok((Collectix, true)),
+        "a store said in code"
+    );
+    let torch = InitArgs {
+        store_protocol: Some(Torch),
+        ..InitArgs::default()
+    };
+    assert_eq!(
+        with(&launch, &torch),
+        Ok((Torch, true)),
+        "the argument first"
+    );
+    let attempt = |more: &[(&'static str, &'static str)]| {
+        let mut pairs = torchrun.to_vec();
+        pairs.extend_from_slice(more);
+        resolve(&none, &pairs).map(|c| c.attempt)
+    };
+    let again = ("TORCHELASTIC_RESTART_COUNT", "2");
+    assert_eq!(
+        attempt(&[agent[0], again]),
+        Ok(2),
+        "torchrun's third attempt"
+    );
+    assert_eq!(
+        attempt(&[launch[0], launch[1], again]),
+        Ok(0),
+        "collectix launch's restarted rank rejoins the same keys"
+    );
+    let mut gloo = torchrun.to_vec();
+    gloo.push(("COLLECTIX_STORE_PROTOCOL", "gloo"));
+    err_names(resolve(&none, &gloo), "COLLECTIX_STORE_PROTOCOL");
 }

@@ -5,6 +5,9 @@
 //! - [`TcpStore`] (a client) and [`TcpStoreServer`]: across processes and hosts, as torch's
 //!   `TCPStore`. Rank 0 usually runs the server in its process; `collectix store --port P`
 //!   runs one on its own.
+//! - [`TorchStore`]: a client of torch's own `TCPStore` (torchrun's agent store, a Python
+//!   process's store), in torch's protocol; a [`TcpStoreServer`] can serve torch's clients
+//!   too ([`TcpStoreServer::open_to_torch`]).
 //! - [`FileStore`]: a file on a file system every process sees (torch's `FileStore`).
 //! - [`PrefixStore`]: a namespace inside another store (torch's `PrefixStore`).
 //!
@@ -14,9 +17,11 @@
 mod file;
 pub(crate) mod proto;
 pub(crate) mod tcp;
+pub(crate) mod torch;
 
 pub use file::FileStore;
 pub use tcp::{TcpStore, TcpStoreServer};
+pub use torch::{StoreProtocol, TorchStore};
 
 use crate::sync::lock;
 use collectix_runtime::{Error, Result};
@@ -135,6 +140,20 @@ impl Table {
 
     pub(crate) fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         self.wait_for(timeout, key, |m| m.get(key).cloned())
+    }
+
+    /// The value of `key` now, if it is set.
+    pub(crate) fn value(&self, key: &str) -> Option<Vec<u8>> {
+        self.lock().get(key).cloned()
+    }
+
+    /// Appends `more` to the value of `key` (an unset key starts empty): torch's `append`.
+    pub(crate) fn append(&self, key: &str, more: &[u8]) {
+        self.lock()
+            .entry(key.to_owned())
+            .or_default()
+            .extend_from_slice(more);
+        self.changed.notify_all();
     }
 
     pub(crate) fn add(&self, key: &str, delta: i64) -> Result<i64> {
@@ -287,6 +306,12 @@ pub(crate) mod tests {
 
     /// torch's store semantics, for any store (the TCP store's tests run it too).
     pub(crate) fn semantics(s: &dyn Store) {
+        semantics_refusing(s, |e| matches!(e, Error::InvalidArgument(_)));
+    }
+
+    /// [`semantics`], where an `add` to a value that is not an integer fails as `refused`
+    /// says (torch's protocol has no error answer: its server closes the connection).
+    pub(crate) fn semantics_refusing(s: &dyn Store, refused: fn(&Error) -> bool) {
         let short = Duration::from_millis(20);
         assert_eq!(s.num_keys(), Ok(0));
         assert_eq!(s.check(&["a"]), Ok(false));
@@ -300,7 +325,8 @@ pub(crate) mod tests {
             "a's value \"1\" is an integer"
         );
         s.set("text", b"x".to_vec()).unwrap_or(());
-        assert!(matches!(s.add("text", 1), Err(Error::InvalidArgument(_))));
+        let not_integer = s.add("text", 1);
+        assert!(not_integer.as_ref().is_err_and(refused), "{not_integer:?}");
         // compare_set: torch's rules.
         assert_eq!(s.compare_set("c", b"", b"v1".to_vec()), Ok(b"v1".to_vec()));
         assert_eq!(

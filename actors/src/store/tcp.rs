@@ -13,6 +13,7 @@
 //! `compare_set`, whose effect is then unknown: that is an error saying so).
 
 use super::proto::{self, Failure, FrameError, Request, Response, MAGIC, VERSION};
+use super::torch::{self, StoreProtocol};
 use super::{Store, Table};
 use crate::gate::{Gate, Limits, Pass};
 use crate::security::{Denied, Security};
@@ -22,7 +23,7 @@ use std::collections::HashMap;
 use std::net::{
     IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
 };
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -54,15 +55,40 @@ impl TcpStoreServer {
     /// Serves a job's store on `port`, as its rank 0 or its launcher does: on every address
     /// when `security` has a secret (or is insecure), else on the loopback address `host`
     /// names (any other is refused: [`Security::check_bind`]).
-    pub fn for_job(host: &str, port: u16, security: &Security) -> Result<TcpStoreServer> {
+    ///
+    /// With [`StoreProtocol::Torch`] it serves torch's clients too (as
+    /// [`open_to_torch`](Self::open_to_torch)).
+    pub fn for_job(
+        host: &str,
+        port: u16,
+        security: &Security,
+        protocol: StoreProtocol,
+    ) -> Result<TcpStoreServer> {
+        let torch = protocol == StoreProtocol::Torch;
+        let bind = |addr: SocketAddr| {
+            TcpStoreServer::bind_with(addr, security.clone(), Limits::default(), torch)
+        };
         if security.any_address() {
-            return TcpStoreServer::bind_secured((Ipv6Addr::UNSPECIFIED, port), security.clone())
-                .or_else(|_| {
-                    TcpStoreServer::bind_secured((Ipv4Addr::UNSPECIFIED, port), security.clone())
-                });
+            return bind((Ipv6Addr::UNSPECIFIED, port).into())
+                .or_else(|_| bind((Ipv4Addr::UNSPECIFIED, port).into()));
         }
         let ip = crate::addr::resolve_ip(host).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-        TcpStoreServer::bind_secured((ip, port), security.clone())
+        bind((ip, port).into())
+    }
+
+    /// [`bind_secured`](Self::bind_secured) that also serves clients of torch's `TCPStore`
+    /// protocol (a Python process's `TCPStore(host, port, is_master=False)`), on the same
+    /// port: a connection that opens with torch's `VALIDATE` is served as torch's server
+    /// serves it, from the same keys (torch's `/` in front of each key taken off).
+    ///
+    /// torch's protocol has no authentication: anyone who reaches the port reads and writes
+    /// every key, whatever `security` says of collectix's own clients. Give it an address
+    /// only trusted hosts reach.
+    pub fn open_to_torch(
+        addr: impl ToSocketAddrs + std::fmt::Debug,
+        security: Security,
+    ) -> Result<TcpStoreServer> {
+        TcpStoreServer::bind_with(addr, security, Limits::default(), true)
     }
 
     /// Listens on `addr` (`"0.0.0.0:29500"`, `"[::]:29500"`, port 0 for any free port) and
@@ -72,21 +98,29 @@ impl TcpStoreServer {
         addr: impl ToSocketAddrs + std::fmt::Debug,
         security: Security,
     ) -> Result<TcpStoreServer> {
-        TcpStoreServer::bind_with(addr, security, Limits::default())
+        TcpStoreServer::bind_with(addr, security, Limits::default(), false)
     }
 
     /// [`bind_secured`](Self::bind_secured) with the gate's `limits` (tests shorten the
-    /// handshake's deadline).
+    /// handshake's deadline), serving torch's clients too if `torch`.
     fn bind_with(
         addr: impl ToSocketAddrs + std::fmt::Debug,
         security: Security,
         limits: Limits,
+        torch: bool,
     ) -> Result<TcpStoreServer> {
         for a in addr
             .to_socket_addrs()
             .map_err(|e| Error::Store(format!("cannot resolve {addr:?}: {e}")))?
         {
             security.check_bind(a.ip(), "the store")?;
+            if torch && !a.ip().is_loopback() {
+                tracing::warn!(
+                    addr = %a,
+                    "the store serves torch's clients, whose protocol has no authentication: \
+                     anyone who reaches this address reads and writes every key"
+                );
+            }
         }
         let listener = TcpListener::bind(&addr)
             .map_err(|e| Error::Store(format!("cannot listen on {addr:?}: {e}")))?;
@@ -97,7 +131,7 @@ impl TcpStoreServer {
         let conns: Arc<Mutex<HashMap<u64, TcpStream>>> = Arc::default();
         let table = Arc::new(Table::default());
         let owed = Arc::new(AtomicUsize::new(0));
-        let gate = gate_for(table, owed.clone(), conns.clone(), security, limits)
+        let gate = gate_for(table, owed.clone(), conns.clone(), security, limits, torch)
             .map_err(|e| Error::Resource(format!("cannot start the store's gate: {e}")))?;
         let s = stop.clone();
         let accept = std::thread::Builder::new()
@@ -193,38 +227,43 @@ impl Drop for TcpStoreServer {
 }
 
 /// The store's gate: a client that passes the handshake gets a thread that reads its hello
-/// (by the deadline the gate gives) and serves it.
+/// (by the deadline the gate gives) and serves it; with `torch`, a client of torch's
+/// protocol gets one that serves it so.
 fn gate_for(
     table: Arc<Table>,
     owed: Arc<AtomicUsize>,
     conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     security: Security,
     limits: Limits,
+    torch: bool,
 ) -> std::io::Result<Gate> {
-    let mut next = 0u64;
-    let pass: Pass = Box::new(move |stream, deadline| {
-        let id = next;
-        next += 1;
-        let (table, owed) = (table.clone(), owed.clone());
-        start_conn(
-            stream,
-            id,
-            &conns,
-            move |s| serve(s, &table, &owed, deadline),
-            |job| {
-                std::thread::Builder::new()
-                    .name("collectix-store-conn".into())
-                    .spawn(job)
-                    .map(drop)
-            },
-        );
-    });
+    let next = Arc::new(AtomicU64::new(0));
+    let pass_with = |serve_it: fn(TcpStream, &Table, &AtomicUsize, Instant)| -> Pass {
+        let (table, owed, conns, next) = (table.clone(), owed.clone(), conns.clone(), next.clone());
+        Box::new(move |stream, deadline| {
+            let id = next.fetch_add(1, Ordering::Relaxed);
+            let (table, owed) = (table.clone(), owed.clone());
+            start_conn(
+                stream,
+                id,
+                &conns,
+                move |s| serve_it(s, &table, &owed, deadline),
+                |job| {
+                    std::thread::Builder::new()
+                        .name("collectix-store-conn".into())
+                        .spawn(job)
+                        .map(drop)
+                },
+            );
+        })
+    };
     Gate::start_with(
         "collectix-store-gate",
         "the store",
         security,
         b"store",
-        pass,
+        pass_with(serve),
+        torch.then(|| pass_with(super::torch::serve)),
         limits,
     )
 }
@@ -425,8 +464,11 @@ impl TcpStore {
                 match TcpStream::connect_timeout(&a, left.max(Duration::from_millis(1))) {
                     Ok(mut s) => {
                         let _ = s.set_nodelay(true);
-                        let _ = s.set_read_timeout(Some(ANSWER_SLACK));
-                        match self.security.client(&mut s, b"store") {
+                        let handshake = self.hello(&mut s, a).and_then(|nc| {
+                            let _ = s.set_read_timeout(Some(ANSWER_SLACK));
+                            self.security.client_finish(&mut s, b"store", &nc)
+                        });
+                        match handshake {
                             Ok(()) => {}
                             Err(Denied::Secret(why)) => {
                                 return Err(Error::Unauthenticated {
@@ -472,6 +514,26 @@ impl TcpStore {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The handshake's first step on a fresh connection to `a`: the hello, sent; its nonce.
+    /// A server that says nothing within torch's probe time, or closes at once, is asked on
+    /// a connection of its own whether it speaks torch's `TCPStore` protocol: if it does,
+    /// the error says so now, not at the handshake's timeout.
+    fn hello(&self, s: &mut TcpStream, a: SocketAddr) -> std::result::Result<[u8; 32], Denied> {
+        let nc = Security::client_hello(s)?;
+        let _ = s.set_read_timeout(Some(torch::PROBE));
+        let mut b = [0u8; 1];
+        let answered = matches!(s.peek(&mut b), Ok(n) if n > 0);
+        if !answered && torch::speaks_torch(a) {
+            return Err(Denied::Foreign(
+                "it speaks torch's TCPStore protocol, not collectix's: set \
+                 COLLECTIX_STORE_PROTOCOL=torch (torch's protocol has no authentication; see \
+                 docs/deployment.md, \"The store\")"
+                    .into(),
+            ));
+        }
+        Ok(nc)
     }
 
     /// Sends `req`, which the server may hold for up to `wait`, and returns the answer.

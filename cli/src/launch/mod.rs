@@ -260,11 +260,14 @@ fn serve_store(a: &LaunchArgs, made: Option<&str>) -> Result<collectix::TcpStore
         eprintln!("collectix launch: the job's secret: {e}");
         2
     })?;
-    collectix::TcpStoreServer::for_job(&a.master_addr, a.master_port, &security).map_err(|e| {
-        eprintln!(
-            "collectix launch: cannot serve the job's store on {}:{}: {e}",
-            a.master_addr, a.master_port
-        );
-        1
-    })
+    let protocol = collectix::StoreProtocol::Collectix;
+    collectix::TcpStoreServer::for_job(&a.master_addr, a.master_port, &security, protocol).map_err(
+        |e| {
+            eprintln!(
+                "collectix launch: cannot serve the job's store on {}:{}: {e}",
+                a.master_addr, a.master_port
+            );
+            1
+        },
+    )
 }

@@ -147,6 +147,8 @@ impl Spawner<'_> {
             .env("MASTER_PORT", self.port.to_string())
             // Node 0's launcher serves the store, not rank 0.
             .env("TORCHELASTIC_USE_AGENT_STORE", "True")
+            // In collectix's own protocol (torchrun's agent serves torch's).
+            .env("COLLECTIX_STORE_PROTOCOL", "collectix")
             // Which process of its rank this is, and what the job does when one dies (a
             // program may recover accordingly: examples/elastic.rs does).
             .env("COLLECTIX_INCARNATION", incarnation.to_string())

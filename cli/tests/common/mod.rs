@@ -81,11 +81,12 @@ pub(crate) fn free_port() -> u16 {
 pub(crate) fn free_ports(n: u16) -> u16 {
     // Below the kernel's ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`, from
     // 32768 by default): the kernel never hands one of these to another test's listener on
-    // port 0, or to an outgoing connection, between this check and the job's bind. The
-    // tests of one binary take them in turn (a per-process sequence, started at a place of
+    // port 0, or to an outgoing connection, between this check and the job's bind; and
+    // below 20000, where the launcher tests derive ports from job ids. The tests of one
+    // binary take them in turn (a per-process sequence, started at a place of
     // the process's own).
-    const LOW: u32 = 20_000;
-    const SPAN: u32 = 12_000;
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 10_000;
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n32 = u32::from(n.max(1));
     let start = std::process::id().wrapping_mul(7_919) % SPAN;

@@ -252,7 +252,7 @@ fn a_client_that_trickles_its_handshake_is_dropped_within_the_hello_timeout() {
         hello,
         ..Limits::default()
     };
-    let s = TcpStoreServer::bind_with("127.0.0.1:0", Security::loopback_only(), limits)
+    let s = TcpStoreServer::bind_with("127.0.0.1:0", Security::loopback_only(), limits, false)
         .unwrap_or_else(|e| panic!("{e}"));
     let mut bytes = b"cx-auth1".to_vec();
     bytes.resize(40, 0);
