@@ -134,6 +134,34 @@ fn connect_store(
     })
 }
 
+/// The store as this attempt of the job sees it: under torchrun's restarts, its keys apart
+/// (`JobConfig::attempt`).
+fn attempt_keys(config: &JobConfig, store: Arc<dyn Store>) -> Arc<dyn Store> {
+    match config.attempt {
+        0 => store,
+        n => Arc::new(PrefixStore::new(format!("worker/attempt_{n}"), store)),
+    }
+}
+
+/// A connection of its own for the status responder, whose waits hold it (`None` if the
+/// store cannot be reached). Once the store is gone (the job ends) it is tried again for a
+/// second, not for the connect timeout: the responder then stops.
+fn status_store(
+    config: &JobConfig,
+    addr: String,
+    timeout: Duration,
+    security: &Security,
+) -> Option<Box<dyn Store>> {
+    let store: Arc<dyn Store> = match config.store_protocol {
+        StoreProtocol::Collectix => {
+            let s = TcpStore::connect_secured(addr, timeout, security.clone()).ok()?;
+            Arc::new(s.reconnect_within(STATUS_RECONNECT))
+        }
+        StoreProtocol::Torch => Arc::new(TorchStore::connect(addr, timeout).ok()?),
+    };
+    Some(Box::new(attempt_keys(config, store)))
+}
+
 /// This host's identity (see `transport::shm::host_id`; elsewhere than Linux, its name or
 /// `COLLECTIX_HOST_ID`).
 fn host_identity() -> String {
@@ -224,12 +252,8 @@ pub(crate) fn init_with(
             } else {
                 None
             };
-            let mut client = connect_store(host_port(host, *port), protocol, left(), &security)?;
-            if config.attempt > 0 {
-                let attempt = format!("worker/attempt_{}", config.attempt);
-                client = Arc::new(PrefixStore::new(attempt, client));
-            }
-            (client, server, Some(host.clone()))
+            let client = connect_store(host_port(host, *port), protocol, left(), &security)?;
+            (attempt_keys(&config, client), server, Some(host.clone()))
         }
         Rendezvous::File { path } => (Arc::new(FileStore::new(path)?), None, None),
     };
@@ -260,26 +284,12 @@ pub(crate) fn init_with(
             address,
             transports,
         }) => {
-            // A connection of its own for the status responder, whose waits hold it. Once
-            // the store is gone (the job ends) it is tried again for a second, not for the
-            // connect timeout: the responder then stops.
             let status = match &config.rendezvous {
-                // Over collectix's own protocol only: `collectix status` asks through it.
-                Rendezvous::Tcp { host, port }
-                    if config.store_protocol == StoreProtocol::Collectix =>
-                {
-                    TcpStore::connect_secured(host_port(host, *port), left(), security.clone())
-                        .ok()
-                        .map(|s| {
-                            let s = s.reconnect_within(STATUS_RECONNECT);
-                            crate::status::Responder::start(
-                                rank,
-                                comm.member.rank.driver.clone(),
-                                Box::new(s),
-                            )
-                        })
+                Rendezvous::Tcp { host, port } => {
+                    status_store(&config, host_port(host, *port), left(), &security).map(|s| {
+                        crate::status::Responder::start(rank, comm.member.rank.driver.clone(), s)
+                    })
                 }
-                Rendezvous::Tcp { .. } => None,
                 Rendezvous::File { .. } => None,
             };
             Ok(Process {

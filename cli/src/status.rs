@@ -20,6 +20,14 @@ pub(crate) struct StatusArgs {
     /// How long to wait for the ranks' answers, in milliseconds.
     #[arg(long = "wait-ms", default_value_t = 1000)]
     wait_ms: u64,
+    /// The store speaks torch's TCPStore protocol (a job under torchrun, or one whose ranks
+    /// were told `COLLECTIX_STORE_PROTOCOL=torch`).
+    #[arg(long)]
+    torch: bool,
+    /// Under torchrun, the job's attempt (its `TORCHELASTIC_RESTART_COUNT`: 0 until torchrun
+    /// restarted it).
+    #[arg(long, default_value_t = 0)]
+    attempt: u32,
 }
 
 /// Prints the job's status; fails when the store cannot be reached.
@@ -44,7 +52,19 @@ fn status(a: &StatusArgs) -> collectix::Result<String> {
     } else {
         format!("{}:{}", a.master_addr, a.master_port)
     };
-    let store = collectix::TcpStore::connect_secured(host, Duration::from_secs(5), security)?;
+    let wait = Duration::from_secs(5);
+    let store: std::sync::Arc<dyn Store> = if a.torch {
+        std::sync::Arc::new(collectix::TorchStore::connect(host, wait)?)
+    } else {
+        std::sync::Arc::new(collectix::TcpStore::connect_secured(host, wait, security)?)
+    };
+    let store: std::sync::Arc<dyn Store> = match a.attempt {
+        0 => store,
+        n => std::sync::Arc::new(collectix::PrefixStore::new(
+            format!("worker/attempt_{n}"),
+            store,
+        )),
+    };
     // The job's size, as its first rank recorded it ("W R").
     let said = store.get("world_size", Duration::from_secs(1))?;
     let world = String::from_utf8_lossy(&said)

@@ -351,3 +351,56 @@ fn a_rank_killed_under_torchrun_max_restarts_ends_as_a_run_without_the_fault() {
     assert_eq!(want.len(), 4, "{clean}");
     assert_eq!(final_lines(&faulty), want, "{faulty}\n{se}");
 }
+
+#[test]
+fn collectix_status_asks_a_job_over_torchs_store_protocol() {
+    // Needs no torch: the store is collectix's, open to torch's clients, and the ranks speak
+    // torch's protocol to it.
+    let server = collectix::TcpStoreServer::open_to_torch(
+        "127.0.0.1:0",
+        collectix::Security::loopback_only(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let port = server.local_addr().port();
+    let w = 3usize;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    std::thread::scope(|s| {
+        for r in 0..w {
+            let rx = &rx;
+            s.spawn(move || {
+                let args = InitArgs {
+                    init_method: Some(format!("tcp://127.0.0.1:{port}")),
+                    rank: Some(r),
+                    world_size: Some(w),
+                    launcher_store: Some(true),
+                    store_protocol: Some(StoreProtocol::Torch),
+                    ..InitArgs::default()
+                };
+                let p = collectix::init(&args, GroupOptions::default(), Duration::from_secs(20))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let c = p.communicator();
+                c.barrier().wait().unwrap_or_else(|e| panic!("{e}"));
+                // Rank 2 stays behind until the test has looked.
+                if r == 2 {
+                    let _ = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                }
+                c.barrier().wait().unwrap_or_else(|e| panic!("{e}"));
+                p.shutdown().unwrap_or_else(|e| panic!("{e}"));
+            });
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+            .args(["status", "--torch", "--master-port", &port.to_string()])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let _ = tx.send(());
+        let so = String::from_utf8_lossy(&out.stdout);
+        let se = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{so}\n{se}");
+        assert!(
+            so.contains("group world: behind call #1: rank 2 (at #0, completed)"),
+            "{so}\n{se}"
+        );
+    });
+}

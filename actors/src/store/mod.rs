@@ -54,6 +54,34 @@ pub trait Store: Send + Sync {
     fn num_keys(&self) -> Result<u64>;
 }
 
+/// A shared store is a store.
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn set(&self, key: &str, value: Vec<u8>) -> Result<()> {
+        (**self).set(key, value)
+    }
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        (**self).get(key, timeout)
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        (**self).add(key, delta)
+    }
+    fn compare_set(&self, key: &str, expected: &[u8], desired: Vec<u8>) -> Result<Vec<u8>> {
+        (**self).compare_set(key, expected, desired)
+    }
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        (**self).wait(keys, timeout)
+    }
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        (**self).check(keys)
+    }
+    fn delete(&self, key: &str) -> Result<bool> {
+        (**self).delete(key)
+    }
+    fn num_keys(&self) -> Result<u64> {
+        (**self).num_keys()
+    }
+}
+
 /// `add` on a map: torch's rules (an unset key is 0; the value is its decimal text).
 pub(crate) fn add_in(map: &mut HashMap<String, Vec<u8>>, key: &str, delta: i64) -> Result<i64> {
     let cur = match map.get(key) {
