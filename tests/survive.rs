@@ -524,8 +524,21 @@ fn over_shm_the_survivors_of_an_aborted_process_shrink_and_go_on() {
     survivors_shrink(collectix::Transport::Shm);
 }
 
+#[test]
+fn over_torchs_store_protocol_the_survivors_of_an_aborted_process_shrink_and_go_on() {
+    // Rank 0 serves the store open to torch's clients; every rank speaks torch's protocol
+    // to it, the survivors' agreement included.
+    survivors_shrink_speaking(collectix::StoreProtocol::Torch, collectix::Transport::Tcp);
+}
+
 fn survivors_shrink(transport: collectix::Transport) {
-    let results = job_over(transport, 4, |r, p| {
+    survivors_shrink_speaking(collectix::StoreProtocol::Collectix, transport);
+}
+
+fn survivors_shrink_speaking(protocol: collectix::StoreProtocol, transport: collectix::Transport) {
+    let secret = "the survive tests' secret";
+    let options = collectix::GroupOptions::default().with_timeout(TIMEOUT);
+    let results = common::job_speaking(protocol, transport, 4, secret, options, |r, p| {
         let c = p.communicator();
         let first = c
             .all_reduce(ones(2), ReduceOp::Sum)

@@ -115,6 +115,19 @@ pub fn job_with(
     options: collectix::GroupOptions,
     body: impl Fn(usize, collectix::Process) -> std::result::Result<(), String> + Sync,
 ) -> Vec<std::result::Result<(), String>> {
+    let protocol = collectix::StoreProtocol::Collectix;
+    job_speaking(protocol, transport, w, secret, options, body)
+}
+
+/// [`job_with`] whose ranks speak `protocol` to the store rank 0 serves.
+pub fn job_speaking(
+    protocol: collectix::StoreProtocol,
+    transport: collectix::Transport,
+    w: usize,
+    secret: &str,
+    options: collectix::GroupOptions,
+    body: impl Fn(usize, collectix::Process) -> std::result::Result<(), String> + Sync,
+) -> Vec<std::result::Result<(), String>> {
     let port = free_port();
     let (body, options) = (&body, &options);
     std::thread::scope(|s| {
@@ -123,6 +136,7 @@ pub fn job_with(
                 s.spawn(move || -> std::result::Result<(), String> {
                     let args = collectix::InitArgs {
                         transport: Some(transport),
+                        store_protocol: Some(protocol),
                         ..tcp_args(port, r, w, secret, false)
                     };
                     let p = collectix::init(&args, options.clone(), Duration::from_secs(20))
