@@ -54,6 +54,32 @@ fn torchrun(py: &std::path::Path) -> Command {
     }
 }
 
+/// torchrun starting 4 processes of `exe` on this node, with a store port of its own and
+/// torchrun's flags `more`; the port.
+fn torchrun_four(py: &std::path::Path, more: &[&str], exe: &std::path::Path) -> (Command, String) {
+    let port = free_port().to_string();
+    let mut c = torchrun(py);
+    c.args(["--nproc-per-node", "4", "--master-port", &port])
+        .args(more)
+        .arg("--no-python")
+        .arg(exe)
+        .env("OMP_NUM_THREADS", "1");
+    (c, port)
+}
+
+/// Rank `r` of `w` joining through the store at 127.0.0.1:`port`, which someone else serves
+/// in torch's protocol.
+fn torch_store_args(port: u16, r: usize, w: usize) -> InitArgs {
+    InitArgs {
+        init_method: Some(format!("tcp://127.0.0.1:{port}")),
+        rank: Some(r),
+        world_size: Some(w),
+        launcher_store: Some(true),
+        store_protocol: Some(StoreProtocol::Torch),
+        ..InitArgs::default()
+    }
+}
+
 fn script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/torch")
@@ -85,6 +111,23 @@ fn finish(mut child: Child, within: Duration) -> (bool, String, String) {
     (status.is_some_and(|s| s.success()), so, se)
 }
 
+/// Starts each command with its outputs piped, and [`finish`]es them all.
+fn run_all(
+    cmds: impl IntoIterator<Item = Command>,
+    within: Duration,
+) -> Vec<(bool, String, String)> {
+    let children: Vec<Child> = cmds
+        .into_iter()
+        .map(|mut c| {
+            c.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    children.into_iter().map(|c| finish(c, within)).collect()
+}
+
 #[test]
 fn rust_ranks_join_a_job_whose_store_a_python_process_serves() {
     let Some(py) = torch_python() else { return };
@@ -109,14 +152,7 @@ fn rust_ranks_join_a_job_whose_store_a_python_process_serves() {
         let ranks: Vec<_> = (0..w)
             .map(|r| {
                 s.spawn(move || -> Result<f32, String> {
-                    let args = InitArgs {
-                        init_method: Some(format!("tcp://127.0.0.1:{port}")),
-                        rank: Some(r),
-                        world_size: Some(w),
-                        launcher_store: Some(true),
-                        store_protocol: Some(StoreProtocol::Torch),
-                        ..InitArgs::default()
-                    };
+                    let args = torch_store_args(port, r, w);
                     let p =
                         collectix::init(&args, GroupOptions::default(), Duration::from_secs(30))
                             .map_err(|e| e.to_string())?;
@@ -185,21 +221,13 @@ fn torchs_clients_rendezvous_a_gloo_group_through_collectix_store() {
         .unwrap_or_else(|e| panic!("{e}"));
     ours.set("from_rust", b"hello from rust".to_vec())
         .unwrap_or_else(|e| panic!("{e}"));
-    let clients: Vec<Child> = (0..2)
-        .map(|r| {
-            Command::new(&py)
-                .arg(script("client.py"))
-                .args([port.to_string(), r.to_string()])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap_or_else(|e| panic!("{e}"))
-        })
-        .collect();
-    let outs: Vec<(bool, String, String)> = clients
-        .into_iter()
-        .map(|c| finish(c, Duration::from_secs(60)))
-        .collect();
+    let clients = (0..2).map(|r| {
+        let mut c = Command::new(&py);
+        c.arg(script("client.py"))
+            .args([port.to_string(), r.to_string()]);
+        c
+    });
+    let outs = run_all(clients, Duration::from_secs(60));
     for (r, (ok, so, se)) in outs.iter().enumerate() {
         assert!(ok, "rank {r}:\n{so}\n{se}");
         assert!(
@@ -228,20 +256,8 @@ fn torchs_clients_rendezvous_a_gloo_group_through_collectix_store() {
 #[test]
 fn the_readme_example_runs_under_torchrun() {
     let Some(py) = torch_python() else { return };
-    let port = free_port().to_string();
-    assert_runs_the_example(
-        torchrun(&py)
-            .args([
-                "--nproc-per-node",
-                "4",
-                "--master-port",
-                &port,
-                "--no-python",
-            ])
-            .arg(example("all_reduce"))
-            .env("OMP_NUM_THREADS", "1"),
-        false,
-    );
+    let (mut cmd, _) = torchrun_four(&py, &[], &example("all_reduce"));
+    assert_runs_the_example(&mut cmd, false);
 }
 
 #[test]
@@ -249,30 +265,22 @@ fn the_readme_example_runs_as_two_torchrun_nodes() {
     let Some(py) = torch_python() else { return };
     let endpoint = format!("127.0.0.1:{}", free_port());
     let exe = example("all_reduce");
-    let nodes: Vec<Child> = (0..2)
-        .map(|n| {
-            torchrun(&py)
-                .args(["--nnodes", "2", "--nproc-per-node", "2"])
-                .args(["--rdzv-backend", "c10d", "--rdzv-endpoint", &endpoint])
-                .args([
-                    "--rdzv-id",
-                    "collectix-two-nodes",
-                    "--node-rank",
-                    &n.to_string(),
-                ])
-                .arg("--no-python")
-                .arg(&exe)
-                .env("OMP_NUM_THREADS", "1")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap_or_else(|e| panic!("{e}"))
-        })
-        .collect();
-    let outs: Vec<(bool, String, String)> = nodes
-        .into_iter()
-        .map(|c| finish(c, Duration::from_secs(120)))
-        .collect();
+    let nodes = (0..2).map(|n| {
+        let mut c = torchrun(&py);
+        c.args(["--nnodes", "2", "--nproc-per-node", "2"])
+            .args(["--rdzv-backend", "c10d", "--rdzv-endpoint", &endpoint])
+            .args([
+                "--rdzv-id",
+                "collectix-two-nodes",
+                "--node-rank",
+                &n.to_string(),
+            ])
+            .arg("--no-python")
+            .arg(&exe)
+            .env("OMP_NUM_THREADS", "1");
+        c
+    });
+    let outs = run_all(nodes, Duration::from_secs(120));
     let so: String = outs.iter().map(|o| o.1.as_str()).collect();
     let se: String = outs.iter().map(|o| o.2.as_str()).collect();
     assert!(outs.iter().all(|o| o.0), "{so}\n{se}");
@@ -282,17 +290,8 @@ fn the_readme_example_runs_as_two_torchrun_nodes() {
 #[test]
 fn a_rank_told_the_wrong_store_protocol_under_torchrun_says_so_in_one_line() {
     let Some(py) = torch_python() else { return };
-    let port = free_port().to_string();
-    let out = torchrun(&py)
-        .args([
-            "--nproc-per-node",
-            "4",
-            "--master-port",
-            &port,
-            "--no-python",
-        ])
-        .arg(example("all_reduce"))
-        .env("OMP_NUM_THREADS", "1")
+    let (mut cmd, port) = torchrun_four(&py, &[], &example("all_reduce"));
+    let out = cmd
         .env("COLLECTIX_STORE_PROTOCOL", "collectix")
         .output()
         .unwrap_or_else(|e| panic!("{e}"));
@@ -326,14 +325,10 @@ fn a_rank_killed_under_torchrun_max_restarts_ends_as_a_run_without_the_fault() {
     let Some(py) = torch_python() else { return };
     let exe = example("elastic");
     let run = |fault: &[&str]| {
-        let port = free_port().to_string();
-        let out = torchrun(&py)
-            .args(["--nproc-per-node", "4", "--max-restarts", "1"])
-            .args(["--master-port", &port, "--no-python"])
-            .arg(&exe)
+        let (mut cmd, _) = torchrun_four(&py, &["--max-restarts", "1"], &exe);
+        let out = cmd
             .args(["--steps", "30", "--step-ms", "5"])
             .args(fault)
-            .env("OMP_NUM_THREADS", "1")
             .output()
             .unwrap_or_else(|e| panic!("{e}"));
         let so = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -369,14 +364,7 @@ fn collectix_status_asks_a_job_over_torchs_store_protocol() {
         for r in 0..w {
             let rx = &rx;
             s.spawn(move || {
-                let args = InitArgs {
-                    init_method: Some(format!("tcp://127.0.0.1:{port}")),
-                    rank: Some(r),
-                    world_size: Some(w),
-                    launcher_store: Some(true),
-                    store_protocol: Some(StoreProtocol::Torch),
-                    ..InitArgs::default()
-                };
+                let args = torch_store_args(port, r, w);
                 let p = collectix::init(&args, GroupOptions::default(), Duration::from_secs(20))
                     .unwrap_or_else(|e| panic!("{e}"));
                 let c = p.communicator();

@@ -54,6 +54,44 @@ pub trait Store: Send + Sync {
     fn num_keys(&self) -> Result<u64>;
 }
 
+/// Connects to `addr` (`"host:port"`; names resolve to IPv4 or IPv6) and hands the
+/// connection to `greet` (the protocol's hello), retrying every 50 ms until `timeout` while
+/// nobody listens there yet; `what` names the store in the time out's error. What `greet`
+/// returns ends the attempts, its error included.
+pub(crate) fn dial<T>(
+    addr: &str,
+    timeout: Duration,
+    what: &str,
+    mut greet: impl FnMut(std::net::TcpStream, std::net::SocketAddr) -> Result<T>,
+) -> Result<T> {
+    use std::net::ToSocketAddrs;
+    let deadline = crate::sync::deadline_after(timeout);
+    let mut last = String::from("no address");
+    loop {
+        let addrs: Vec<std::net::SocketAddr> = match addr.to_socket_addrs() {
+            Ok(a) => a.collect(),
+            Err(e) => {
+                last = format!("cannot resolve it: {e}");
+                Vec::new()
+            }
+        };
+        for a in addrs {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match std::net::TcpStream::connect_timeout(&a, left.max(Duration::from_millis(1))) {
+                Ok(s) => return greet(s, a),
+                Err(e) => last = format!("{a}: {e}"),
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::StoreTimeout {
+                what: format!("a connection to {what} at {addr} ({last})"),
+                waited_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A shared store is a store.
 impl<S: Store + ?Sized> Store for Arc<S> {
     fn set(&self, key: &str, value: Vec<u8>) -> Result<()> {

@@ -449,71 +449,45 @@ impl TcpStore {
 
     /// A new connection, hello exchanged, tried for at most `within`.
     fn open(&self, within: Duration) -> Result<TcpStream> {
-        let deadline = crate::sync::deadline_after(within);
-        let mut last = String::from("no address");
-        loop {
-            let addrs: Vec<SocketAddr> = match self.addr.to_socket_addrs() {
-                Ok(a) => a.collect(),
-                Err(e) => {
-                    last = format!("cannot resolve it: {e}");
-                    Vec::new()
+        super::dial(&self.addr, within, "the store", |mut s, a| {
+            let _ = s.set_nodelay(true);
+            let handshake = self.hello(&mut s, a).and_then(|nc| {
+                let _ = s.set_read_timeout(Some(ANSWER_SLACK));
+                self.security.client_finish(&mut s, b"store", &nc)
+            });
+            match handshake {
+                Ok(()) => {}
+                Err(Denied::Secret(why)) => {
+                    return Err(Error::Unauthenticated {
+                        peer: format!("the store at {}", self.addr),
+                        reason: why.to_string(),
+                    })
                 }
+                Err(d) => return Err(Error::Store(format!("{}: {d}", self.addr))),
+            }
+            let hello = Request::Hello {
+                magic: MAGIC,
+                version: VERSION,
             };
-            for a in addrs {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match TcpStream::connect_timeout(&a, left.max(Duration::from_millis(1))) {
-                    Ok(mut s) => {
-                        let _ = s.set_nodelay(true);
-                        let handshake = self.hello(&mut s, a).and_then(|nc| {
-                            let _ = s.set_read_timeout(Some(ANSWER_SLACK));
-                            self.security.client_finish(&mut s, b"store", &nc)
-                        });
-                        match handshake {
-                            Ok(()) => {}
-                            Err(Denied::Secret(why)) => {
-                                return Err(Error::Unauthenticated {
-                                    peer: format!("the store at {}", self.addr),
-                                    reason: why.to_string(),
-                                })
-                            }
-                            Err(d) => {
-                                return Err(Error::Store(format!("{}: {d}", self.addr)));
-                            }
-                        }
-                        let hello = Request::Hello {
-                            magic: MAGIC,
-                            version: VERSION,
-                        };
-                        proto::write(&mut s, &hello)
-                            .map_err(|e| Error::Store(format!("{}: hello: {e}", self.addr)))?;
-                        return match proto::read::<Response>(&mut s) {
-                            Ok(Some(Response::Done)) => Ok(s),
-                            Ok(Some(Response::Failed(f))) => Err(Error::Store(format!(
-                                "{} refused the connection: {}",
-                                self.addr,
-                                Error::from(f)
-                            ))),
-                            Ok(other) => Err(Error::Store(format!(
-                                "{} answered the hello with {other:?}: not a collectix store",
-                                self.addr
-                            ))),
-                            Err(e) => Err(Error::Store(format!(
-                                "{} answered the hello with {e}: not a collectix store",
-                                self.addr
-                            ))),
-                        };
-                    }
-                    Err(e) => last = format!("{a}: {e}"),
-                }
+            proto::write(&mut s, &hello)
+                .map_err(|e| Error::Store(format!("{}: hello: {e}", self.addr)))?;
+            match proto::read::<Response>(&mut s) {
+                Ok(Some(Response::Done)) => Ok(s),
+                Ok(Some(Response::Failed(f))) => Err(Error::Store(format!(
+                    "{} refused the connection: {}",
+                    self.addr,
+                    Error::from(f)
+                ))),
+                Ok(other) => Err(Error::Store(format!(
+                    "{} answered the hello with {other:?}: not a collectix store",
+                    self.addr
+                ))),
+                Err(e) => Err(Error::Store(format!(
+                    "{} answered the hello with {e}: not a collectix store",
+                    self.addr
+                ))),
             }
-            if Instant::now() >= deadline {
-                return Err(Error::StoreTimeout {
-                    what: format!("a connection to the store at {} ({last})", self.addr),
-                    waited_ms: u64::try_from(within.as_millis()).unwrap_or(u64::MAX),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        })
     }
 
     /// The handshake's first step on a fresh connection to `a`: the hello, sent; its nonce.

@@ -19,9 +19,9 @@ use super::Store;
 use crate::sync::lock;
 use collectix_runtime::{Error, Result};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use wire::{kind, Out};
 
 /// Which protocol a job's ranks speak to its TCP store.
@@ -187,34 +187,9 @@ fn odd(what: &str, b: u8) -> std::io::Error {
 /// A connection to torch's store at `addr`, its hello answered, tried until `timeout` while
 /// nobody listens there yet.
 fn open(addr: &str, timeout: Duration) -> Result<TcpStream> {
-    let deadline = crate::sync::deadline_after(timeout);
-    let mut last = String::from("no address");
-    loop {
-        let addrs: Vec<SocketAddr> = match addr.to_socket_addrs() {
-            Ok(a) => a.collect(),
-            Err(e) => {
-                last = format!("cannot resolve it: {e}");
-                Vec::new()
-            }
-        };
-        for a in addrs {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match TcpStream::connect_timeout(&a, left.max(Duration::from_millis(1))) {
-                Ok(s) => {
-                    return hello(s, ANSWER)
-                        .map_err(|why| Error::Store(format!("torch's store at {addr}: {why}")))
-                }
-                Err(e) => last = format!("{a}: {e}"),
-            }
-        }
-        if Instant::now() >= deadline {
-            return Err(Error::StoreTimeout {
-                what: format!("a connection to torch's store at {addr} ({last})"),
-                waited_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    super::dial(addr, timeout, "torch's store", |s, _| {
+        hello(s, ANSWER).map_err(|why| Error::Store(format!("torch's store at {addr}: {why}")))
+    })
 }
 
 /// A key as torch's client sends it.
