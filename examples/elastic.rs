@@ -19,8 +19,9 @@
 //! rank fewer. Under `--max-restarts 1` instead of `--on-failure shrink`, the launcher
 //! restarts the killed rank, which rejoins (`Process::rejoin`); the survivors wait for it
 //! (`Communicator::regrow`), send it the parameters and the step, and all four finish. Under
-//! `torchrun --max-restarts 1`, torchrun restarts every worker instead, with a new store:
-//! the job starts over and ends with the same lines as a run without the fault. Flags:
+//! `torchrun --max-restarts 1`, torchrun restarts every worker instead (the store's keys of
+//! the last attempt set apart): the job starts over and ends with the same lines as a run
+//! without the fault. Flags:
 //! `--steps N` (default 100), `--step-ms M` (extra time per step, default 0), and for tests
 //! `--crash-rank R --crash-at-step S` (rank R aborts itself at step S) and `--bad-call-rank R
 //! --bad-call-at-step S` (rank R's all_reduce of step S fails its argument checks: every rank's
@@ -286,8 +287,8 @@ fn body() -> collectix::Result<()> {
     // (`--bad-call-rank`) was made.
     let (mut report_next, mut bad_made) = (false, false);
     // The faults asked for happen in the job's first run only: not in a restarted rank, nor
-    // in a job torchrun started again (`--max-restarts`: torchrun restarts every worker, with
-    // a new store, and the job starts over).
+    // in a job torchrun started again (`--max-restarts`: torchrun restarts every worker, and
+    // the job starts over).
     let first_run = p.incarnation() == 0
         && std::env::var("TORCHELASTIC_RESTART_COUNT").map_or(true, |c| c.trim() == "0");
     while t.step < f.steps {

@@ -246,9 +246,9 @@ pub struct JobConfig {
     pub store_protocol: crate::store::StoreProtocol,
     /// Which of torchrun's attempts at the job this is, where its agent serves torch's store
     /// (`TORCHELASTIC_RESTART_COUNT` with `TORCHELASTIC_USE_AGENT_STORE=True`, torch's
-    /// protocol); 0 otherwise. torchrun's `--max-restarts` starts every worker again with the
-    /// same store: the keys of attempt N > 0 live under `worker/attempt_N/`, so that no rank
-    /// reads what the last attempt left there.
+    /// protocol); 0 otherwise. torchrun's `--max-restarts` starts every worker again, with
+    /// the same store under its static rendezvous: the keys of attempt N > 0 live under
+    /// `worker/attempt_N/`, so that no rank reads what the last attempt left there.
     pub attempt: u32,
     /// Which process of its rank this is: 0 for the first, one more for each restart
     /// (`COLLECTIX_INCARNATION`, which `collectix launch --max-restarts` sets). A process

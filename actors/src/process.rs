@@ -144,8 +144,9 @@ fn attempt_keys(config: &JobConfig, store: Arc<dyn Store>) -> Arc<dyn Store> {
 }
 
 /// A connection of its own for the status responder, whose waits hold it (`None` if the
-/// store cannot be reached). Once the store is gone (the job ends) it is tried again for a
-/// second, not for the connect timeout: the responder then stops.
+/// store cannot be reached). Once the store is gone (the job ends) the responder stops at
+/// its first failed request (collectix's client tries the connection again for a second
+/// first, not for the connect timeout).
 fn status_store(
     config: &JobConfig,
     addr: String,

@@ -466,12 +466,12 @@ impl ServerHandshake {
         }
     }
 
-    /// The bytes still to read for this step, and the steps a failed read or write is.
     /// Whether nothing of the client's hello has come yet.
     pub(crate) fn fresh(&self) -> bool {
         !self.proof && self.got.is_empty()
     }
 
+    /// The bytes still to read for this step, and the steps a failed read or write is.
     pub(crate) fn step(&self) -> (usize, AuthStep, AuthStep) {
         if self.proof {
             (

@@ -301,11 +301,12 @@ fn a_rank_told_the_wrong_store_protocol_under_torchrun_says_so_in_one_line() {
         "Error: store: 127.0.0.1:{port}: it speaks torch's TCPStore protocol, not collectix's: \
          set COLLECTIX_STORE_PROTOCOL=torch"
     );
+    // torchrun stops the other ranks once one has failed: some may not have come so far.
     let said = se.lines().filter(|l| l.starts_with(&want)).count();
-    assert_eq!(
-        said, 4,
-        "every rank says it, each on a line of its own:\n{se}"
-    );
+    assert!(said >= 1, "no rank said it:\n{se}");
+    // Each on a line of its own, whole (the ranks share one stderr).
+    let errors = se.lines().filter(|l| l.starts_with("Error:")).count();
+    assert_eq!(said, errors, "{se}");
     assert!(!se.contains("Error: Error:"), "{se}");
 }
 
@@ -377,18 +378,23 @@ fn collectix_status_asks_a_job_over_torchs_store_protocol() {
                 p.shutdown().unwrap_or_else(|e| panic!("{e}"));
             });
         }
-        std::thread::sleep(Duration::from_millis(500));
-        let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
-            .args(["status", "--torch", "--master-port", &port.to_string()])
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"));
+        // Asked until every rank answers as it stands (they may still be joining): rank 2
+        // behind, the others waiting in the second barrier.
+        let want = "group world: behind call #1: rank 2 (at #0, completed)";
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (so, se) = loop {
+            let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+                .args(["status", "--torch", "--master-port", &port.to_string()])
+                .output()
+                .unwrap_or_else(|e| panic!("{e}"));
+            let so = String::from_utf8_lossy(&out.stdout).into_owned();
+            let se = String::from_utf8_lossy(&out.stderr).into_owned();
+            if (out.status.success() && so.contains(want)) || Instant::now() > deadline {
+                break (so, se);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         let _ = tx.send(());
-        let so = String::from_utf8_lossy(&out.stdout);
-        let se = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{so}\n{se}");
-        assert!(
-            so.contains("group world: behind call #1: rank 2 (at #0, completed)"),
-            "{so}\n{se}"
-        );
+        assert!(so.contains(want), "{so}\n{se}");
     });
 }

@@ -256,6 +256,15 @@ impl Table {
             })
     }
 
+    /// Whether every key is set within `timeout` (a [`wait`](Self::wait) that builds no
+    /// error: torch's server waits in short turns).
+    pub(crate) fn wait_until(&self, keys: &[&str], timeout: Duration) -> bool {
+        self.wait_for(timeout, "", |m| {
+            keys.iter().all(|k| m.contains_key(*k)).then_some(())
+        })
+        .is_ok()
+    }
+
     pub(crate) fn check(&self, keys: &[&str]) -> bool {
         let m = self.lock();
         keys.iter().all(|k| m.contains_key(*k))

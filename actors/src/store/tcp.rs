@@ -4,7 +4,10 @@
 //!
 //! Every connection first passes the secret handshake ([`Security`], context `store`): a
 //! client without the job's secret is refused before any request of its is read. Without a
-//! secret the server listens on loopback only ([`Security::check_bind`]).
+//! secret the server listens on loopback only ([`Security::check_bind`]). The one exception
+//! is a server open to torch's clients ([`TcpStoreServer::open_to_torch`]): a connection
+//! that opens with torch's `VALIDATE` is served in torch's protocol, which has no
+//! authentication, at most `MAX_TORCH_CLIENTS` at once.
 //!
 //! A client that sends something that is not the protocol (a wrong hello, a frame above the
 //! limit, bytes that do not decode), or disconnects mid-request, is dropped with a logged
@@ -238,16 +241,31 @@ fn gate_for(
     torch: bool,
 ) -> std::io::Result<Gate> {
     let next = Arc::new(AtomicU64::new(0));
-    let pass_with = |serve_it: fn(TcpStream, &Table, &AtomicUsize, Instant)| -> Pass {
+    // `cap`: the most connections served so at once (torch's clients, which no handshake
+    // vouches for); past it a newcomer is closed.
+    let pass_with = |serve_it: fn(TcpStream, &Table, &AtomicUsize, Instant), cap: usize| -> Pass {
         let (table, owed, conns, next) = (table.clone(), owed.clone(), conns.clone(), next.clone());
+        let live = Arc::new(AtomicUsize::new(0));
         Box::new(move |stream, deadline| {
+            if live.load(Ordering::SeqCst) >= cap {
+                tracing::warn!(
+                    cap,
+                    "store: too many torch clients at once; closing a newcomer"
+                );
+                let _ = stream.shutdown(Shutdown::Both);
+                return;
+            }
             let id = next.fetch_add(1, Ordering::Relaxed);
             let (table, owed) = (table.clone(), owed.clone());
+            let counted = Counted::new(&live);
             start_conn(
                 stream,
                 id,
                 &conns,
-                move |s| serve_it(s, &table, &owed, deadline),
+                move |s| {
+                    let _counted = counted;
+                    serve_it(s, &table, &owed, deadline);
+                },
                 |job| {
                     std::thread::Builder::new()
                         .name("collectix-store-conn".into())
@@ -262,10 +280,30 @@ fn gate_for(
         "the store",
         security,
         b"store",
-        pass_with(serve),
-        torch.then(|| pass_with(super::torch::serve)),
+        pass_with(serve, usize::MAX),
+        torch.then(|| pass_with(super::torch::serve, MAX_TORCH_CLIENTS)),
         limits,
     )
+}
+
+/// The most clients of torch's protocol a store serves at once.
+pub(crate) const MAX_TORCH_CLIENTS: usize = 1024;
+
+/// One in a count of live connections, until dropped (with its connection's job, whether
+/// that ran or not).
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn new(live: &Arc<AtomicUsize>) -> Counted {
+        live.fetch_add(1, Ordering::SeqCst);
+        Counted(live.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Accepts connections and hands them to the gate, until `stop`; the gate (and the
@@ -496,10 +534,14 @@ impl TcpStore {
     /// the error says so now, not at the handshake's timeout.
     fn hello(&self, s: &mut TcpStream, a: SocketAddr) -> std::result::Result<[u8; 32], Denied> {
         let nc = Security::client_hello(s)?;
-        let _ = s.set_read_timeout(Some(torch::PROBE));
-        let mut b = [0u8; 1];
-        let answered = matches!(s.peek(&mut b), Ok(n) if n > 0);
-        if !answered && torch::speaks_torch(a) {
+        let answered = |s: &mut TcpStream, within: Duration| {
+            let _ = s.set_read_timeout(Some(within));
+            let mut b = [0u8; 1];
+            matches!(s.peek(&mut b), Ok(n) if n > 0)
+        };
+        // A store open to torch's clients answers torch's question too: one that is merely
+        // slow has a moment more to answer its own first.
+        if !answered(s, torch::PROBE) && torch::speaks_torch(a) && !answered(s, torch::PROBE) {
             return Err(Denied::Foreign(
                 "it speaks torch's TCPStore protocol, not collectix's: set \
                  COLLECTIX_STORE_PROTOCOL=torch (torch's protocol has no authentication; see \

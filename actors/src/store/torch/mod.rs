@@ -59,9 +59,10 @@ impl StoreProtocol {
 /// How long a server has to answer a query that does not wait (and the `PING` of a new
 /// connection): past it, the connection is taken as broken.
 const ANSWER: Duration = Duration::from_secs(30);
-/// How long a new connection's `PING` may take before the client asks whether the server
-/// speaks another protocol.
-pub(crate) const PROBE: Duration = Duration::from_secs(1);
+/// How long a collectix client's hello may go unanswered before it asks whether the server
+/// speaks torch's protocol (a collectix server that is merely slow refuses the question at
+/// once, and the hello goes on waiting), and how long that question waits for torch's answer.
+pub(crate) const PROBE: Duration = Duration::from_millis(500);
 /// How long the server has to answer `CANCEL_WAIT`.
 const CANCEL: Duration = Duration::from_secs(5);
 
@@ -146,7 +147,7 @@ impl TorchStore {
     }
 
     /// `WAIT` for `keys` (with the prefix), for at most `timeout`: whether they came (else
-    /// torch's `CANCEL_WAIT` was answered).
+    /// torch's `CANCEL_WAIT` was answered; a `STOP_WAITING` that crossed it counts as come).
     fn wait_keys(&self, keys: &[String], timeout: Duration) -> Result<bool> {
         let q = Out::query(kind::WAIT).keys(keys.iter().map(String::as_str));
         self.with_conn("wait", |s| {
@@ -165,13 +166,14 @@ impl TorchStore {
             s.set_read_timeout(Some(CANCEL))?;
             s.write_all(&[kind::CANCEL_WAIT])?;
             let mut b = read_u8(s)?;
-            if b == wire::STOP_WAITING {
+            let came = b == wire::STOP_WAITING;
+            if came {
                 b = read_u8(s)?;
             }
             if b != wire::WAIT_CANCELED {
                 return Err(odd("cancel a wait", b));
             }
-            Ok(false)
+            Ok(came)
         })
     }
 }
@@ -206,16 +208,9 @@ fn hello(mut s: TcpStream, answer: Duration) -> std::result::Result<TcpStream, S
     first.extend_from_slice(&Out::query(kind::PING).u32(nonce).0);
     s.write_all(&first)
         .map_err(|e| format!("cannot send torch's hello: {e}"))?;
-    let _ = s.set_read_timeout(Some(PROBE.min(answer)));
+    let _ = s.set_read_timeout(Some(answer));
     let mut echo = [0u8; 4];
-    let got = s.read_exact(&mut echo).or_else(|e| {
-        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) && answer > PROBE {
-            let _ = s.set_read_timeout(Some(answer - PROBE));
-            s.read_exact(&mut echo)
-        } else {
-            Err(e)
-        }
-    });
+    let got = s.read_exact(&mut echo);
     match got {
         Ok(()) if u32::from_le_bytes(echo) == nonce => {
             let _ = s.set_read_timeout(None);
@@ -317,6 +312,10 @@ impl Store for TorchStore {
             if !self.check(&[k])? {
                 missing.push(*k);
             }
+        }
+        if missing.is_empty() {
+            // They came as the wait ran out.
+            return Ok(());
         }
         Err(Error::StoreTimeout {
             what: missing.join(", "),

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 /// How often a parked `WAIT` looks for its client's `CANCEL_WAIT` (or its close).
 const WAIT_TURN: Duration = Duration::from_millis(50);
+/// The most room a connection's buffer keeps between queries.
+const KEEP: usize = 1 << 20;
 
 /// A key as the table holds it.
 fn strip(k: String) -> String {
@@ -67,6 +69,10 @@ fn run(s: &mut TcpStream, table: &Table, owed: &AtomicUsize, deadline: Instant) 
             }
         };
         buf.drain(..used);
+        // A large query's room goes once it is read.
+        if buf.capacity() > KEEP && buf.len() <= KEEP {
+            buf.shrink_to(KEEP);
+        }
         match q {
             Query::Validate(m) if !validated && m == wire::MAGIC => {
                 validated = true;
@@ -186,23 +192,12 @@ fn handle(t: &Table, q: Query) -> std::result::Result<Option<Out>, String> {
 }
 
 /// A `WAIT`: answered `STOP_WAITING` once every key is set; `WAIT_CANCELED` if the client
-/// sends `CANCEL_WAIT` first (torch's client does at its timeout). Nothing else may come
-/// meanwhile.
+/// sends `CANCEL_WAIT` first (torch's client does at its timeout; it may have come in the
+/// same read as the `WAIT`, and be in `buf` already). Nothing else may come meanwhile.
 fn wait(s: &mut TcpStream, t: &Table, buf: &mut Vec<u8>, keys: Vec<String>) -> Served {
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let _ = s.set_read_timeout(Some(Duration::from_millis(1)));
     loop {
-        if t.wait(&refs, WAIT_TURN).is_ok() {
-            let _ = s.set_read_timeout(None);
-            return s
-                .write_all(&[wire::STOP_WAITING])
-                .map_err(|e| format!("cannot answer a WAIT: {e}"));
-        }
-        match fill(s, buf)? {
-            Filled::More => {}
-            Filled::Quiet => continue,
-            Filled::Closed => return Ok(()),
-        }
         if let Some((q, used)) = parse(buf)? {
             buf.drain(..used);
             let _ = s.set_read_timeout(None);
@@ -212,6 +207,15 @@ fn wait(s: &mut TcpStream, t: &Table, buf: &mut Vec<u8>, keys: Vec<String>) -> S
                     .map_err(|e| format!("cannot answer CANCEL_WAIT: {e}")),
                 other => Err(format!("{other:?} while its WAIT was pending")),
             };
+        }
+        if t.wait_until(&refs, WAIT_TURN) {
+            let _ = s.set_read_timeout(None);
+            return s
+                .write_all(&[wire::STOP_WAITING])
+                .map_err(|e| format!("cannot answer a WAIT: {e}"));
+        }
+        if let Filled::Closed = fill(s, buf)? {
+            return Ok(());
         }
     }
 }

@@ -1,6 +1,6 @@
 //! torch's protocol between collectix's own client and server: the semantics every store
 //! has, the keys shared with collectix's clients, and a wrong protocol told apart at once.
-//! (Against torch itself: `tests/torch_store.rs`.)
+//! (Against torch itself: `cli/tests/torch.rs`.)
 
 use super::*;
 use crate::security::Security;
@@ -114,4 +114,28 @@ fn a_collectix_client_of_a_store_that_speaks_torchs_protocol_is_told_within_seco
     // waited before.
     assert!(took < Duration::from_secs(10), "{took:?}");
     let _ = t.join();
+}
+
+#[test]
+fn a_cancel_that_comes_in_the_same_read_as_its_wait_is_answered() {
+    let server = open_server();
+    let mut s = TcpStream::connect(server.connect_addr()).unwrap_or_else(|e| panic!("{e}"));
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut first = wire::VALIDATE.to_vec();
+    first.extend_from_slice(&Out::query(kind::PING).u32(7).0);
+    s.write_all(&first).unwrap_or_else(|e| panic!("{e}"));
+    let mut echo = [0u8; 4];
+    s.read_exact(&mut echo).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(u32::from_le_bytes(echo), 7);
+    // A WAIT for a key nobody sets and its CANCEL_WAIT, in one write.
+    let mut both = Out::query(kind::WAIT).keys(["/never"].into_iter()).0;
+    both.push(kind::CANCEL_WAIT);
+    s.write_all(&both).unwrap_or_else(|e| panic!("{e}"));
+    let mut answer = [0u8; 1];
+    let got = s.read_exact(&mut answer).map(|()| answer[0]);
+    assert_eq!(
+        got.ok(),
+        Some(wire::WAIT_CANCELED),
+        "no WAIT_CANCELED in 5 s"
+    );
 }

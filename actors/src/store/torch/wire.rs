@@ -50,8 +50,9 @@ pub(crate) const MAX_KEY: usize = 8 << 10;
 pub(crate) const MAX_VALUE: usize = super::super::proto::MAX_FRAME;
 /// The most keys in one query.
 pub(crate) const MAX_KEYS: usize = 128 << 10;
-/// The most bytes one query may take: a server holding more of a query that is not whole
-/// yet drops the client.
+/// The most bytes one query may take, all its keys and values together (so a `COMPARE_SET`
+/// or a `MULTI_SET` carries one value's worth in all): a server holding more of a query that
+/// is not whole yet drops the client.
 pub(crate) const MAX_QUERY: usize = MAX_VALUE + 2 * MAX_KEY + 64;
 
 /// One query, as a server reads it.
@@ -119,10 +120,12 @@ enum Stop {
     Bad(String),
 }
 
-/// A parse's reading position in a buffer.
+/// A parse's reading position in a buffer. A parse that does not `keep` only finds where
+/// the query ends: it checks every length and copies nothing.
 struct Cursor<'a> {
     buf: &'a [u8],
     at: usize,
+    keep: bool,
 }
 
 impl<'a> Cursor<'a> {
@@ -162,22 +165,34 @@ impl<'a> Cursor<'a> {
 
     fn bytes(&mut self) -> Result<Vec<u8>, Stop> {
         let n = self.len(MAX_VALUE, "a value")?;
-        Ok(self.take(n)?.to_vec())
+        let b = self.take(n)?;
+        Ok(if self.keep { b.to_vec() } else { Vec::new() })
     }
 
     fn key(&mut self) -> Result<String, Stop> {
         let n = self.len(MAX_KEY, "a key")?;
         let b = self.take(n)?;
+        if !self.keep {
+            return Ok(String::new());
+        }
         String::from_utf8(b.to_vec()).map_err(|_| Stop::Bad("a key that is not UTF-8".into()))
+    }
+
+    /// Room for `n` items of at least `least` bytes each: no more than the bytes there can
+    /// hold (none when not keeping).
+    fn room<T>(&self, n: usize, least: usize) -> Vec<T> {
+        let fits = self.buf.len().saturating_sub(self.at) / least;
+        Vec::with_capacity(if self.keep { n.min(fits) } else { 0 })
     }
 
     fn keys(&mut self) -> Result<Vec<String>, Stop> {
         let n = self.len(MAX_KEYS, "a list of keys")?;
-        // Each key takes at least its 8-byte length: a list longer than the bytes there can
-        // hold is not read into memory ahead of them.
-        let mut keys = Vec::with_capacity(n.min(self.buf.len().saturating_sub(self.at) / 8));
+        let mut keys = self.room(n, 8);
         for _ in 0..n {
-            keys.push(self.key()?);
+            let k = self.key()?;
+            if self.keep {
+                keys.push(k);
+            }
         }
         Ok(keys)
     }
@@ -187,8 +202,22 @@ impl<'a> Cursor<'a> {
 /// and the bytes it took; `Err` naming what is wrong with it (the server then closes the
 /// connection, as torch's does).
 pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Query, usize)>, String> {
-    let mut c = Cursor { buf, at: 0 };
-    match query(&mut c) {
+    // First where it ends, copying nothing (a server parses again after every read of a
+    // query that is not whole yet); then, once, the query.
+    let mut c = Cursor {
+        buf,
+        at: 0,
+        keep: false,
+    };
+    let whole = query(&mut c).map(|_| {
+        c = Cursor {
+            buf,
+            at: 0,
+            keep: true,
+        };
+        query(&mut c)
+    });
+    match whole.and_then(|q| q) {
         Ok(q) => Ok(Some((q, c.at))),
         Err(Stop::More) if buf.len() > MAX_QUERY => {
             Err(format!("a query of more than {MAX_QUERY} bytes"))
@@ -228,9 +257,12 @@ fn query(c: &mut Cursor<'_>) -> Result<Query, Stop> {
         kind::MULTI_GET => Query::MultiGet { keys: c.keys()? },
         kind::MULTI_SET => {
             let n = c.len(MAX_KEYS, "a list of keys")?;
-            let mut pairs = Vec::with_capacity(n.min(c.buf.len().saturating_sub(c.at) / 16));
+            let mut pairs = c.room(n, 16);
             for _ in 0..n {
-                pairs.push((c.key()?, c.bytes()?));
+                let pair = (c.key()?, c.bytes()?);
+                if c.keep {
+                    pairs.push(pair);
+                }
             }
             Query::MultiSet { pairs }
         }
