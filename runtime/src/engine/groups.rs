@@ -11,7 +11,7 @@ use crate::group::{GroupId, GroupInfo};
 use crate::ids::Fingerprint;
 use crate::time::Time;
 use crate::wire::message::{Message, Transmit};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 // On cache lines of its own: the ranks' engines of one process create their world groups one
 // after another, and each rank writes its group's state on every call.
@@ -60,12 +60,18 @@ pub(super) struct Group {
 /// grows to its size once) and looking one up is one index. A call that ended because it
 /// failed on a member before it started (`Header::Failed`) is kept without a fingerprint:
 /// its late messages are dropped, not checked.
+///
+/// The gapless prefix of finished calls is kept apart from the ring: a call that finishes
+/// after calls more than [`DONE_KEPT`] later took its slot (and theirs) still closes its gap.
 #[derive(Default)]
 pub(super) struct DoneCalls {
     slots: Vec<Option<(u64, Option<Fingerprint>)>>,
     latest: Option<u64>,
     /// Calls `0..prefix` all finished here (the gapless prefix).
     prefix: u64,
+    /// Calls past `prefix` that finished here (at most the calls that finished while an
+    /// earlier one was still open).
+    ahead: BTreeSet<u64>,
 }
 
 impl DoneCalls {
@@ -113,13 +119,16 @@ impl DoneCalls {
             self.slots.resize(i + 1, None);
         }
         self.latest = self.latest.max(Some(seq));
+        if seq >= self.prefix {
+            self.ahead.insert(seq);
+            while self.ahead.remove(&self.prefix) {
+                self.prefix += 1;
+            }
+        }
         match self.slots[i] {
             Some((s, _)) if s > seq => Some(seq),
             old => {
                 self.slots[i] = Some((seq, fp));
-                while self.contains(self.prefix) {
-                    self.prefix += 1;
-                }
                 old.map(|(s, _)| s).filter(|s| *s != seq)
             }
         }
@@ -305,5 +314,25 @@ mod tests {
             None,
             "not finished: its slot holds another call"
         );
+    }
+
+    #[test]
+    fn a_call_that_finishes_after_more_than_the_ring_of_later_ones_still_closes_its_gap() {
+        let k = DONE_KEPT as u64;
+        let mut done = DoneCalls::default();
+        // Call 0 stays open while calls 1..=k + 900 finish: calls k..=k + 900 take the slots
+        // of call 0 and of calls 1..=900.
+        for seq in 1..=k + 900 {
+            done.insert(seq, Some(fp(seq)));
+        }
+        assert_eq!(done.prefix(), 0, "call 0 is still open");
+        assert_eq!(
+            done.insert(0, Some(fp(0))),
+            Some(0),
+            "its slot holds call k"
+        );
+        assert_eq!(done.prefix(), k + 901, "every call up to k + 900 finished");
+        // The ahead set is empty again: nothing past the prefix finished.
+        assert!(done.ahead.is_empty());
     }
 }
