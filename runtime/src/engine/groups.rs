@@ -119,11 +119,14 @@ impl DoneCalls {
             self.slots.resize(i + 1, None);
         }
         self.latest = self.latest.max(Some(seq));
-        if seq >= self.prefix {
-            self.ahead.insert(seq);
-            while self.ahead.remove(&self.prefix) {
+        // In order (the common case) the set is not touched: recording allocates nothing.
+        if seq == self.prefix {
+            self.prefix += 1;
+            while !self.ahead.is_empty() && self.ahead.remove(&self.prefix) {
                 self.prefix += 1;
             }
+        } else if seq > self.prefix {
+            self.ahead.insert(seq);
         }
         match self.slots[i] {
             Some((s, _)) if s > seq => Some(seq),
