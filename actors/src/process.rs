@@ -103,6 +103,9 @@ impl Inbound for ToRank {
     fn lost(&self, peer: usize) {
         self.0.peer_lost(peer);
     }
+    fn dead(&self, peer: usize) {
+        self.0.peer_dead(peer);
+    }
     fn rejoined(&self, peer: usize) {
         self.0.peer_rejoined(peer);
     }

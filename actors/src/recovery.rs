@@ -116,7 +116,7 @@ impl Communicator {
         if let Err(Error::Shutdown) = driver.revoke(info.id) {
             return member.ready(Err(Error::Shutdown));
         }
-        let (_, completed) = driver.survivors_view(info.id);
+        let (evidence, completed) = driver.survivors_view(info.id);
         let Some(completed) = completed else {
             return member.ready(Err(Error::invalid(format!(
                 "group {} was destroyed on this rank; its survivors can no longer agree with it",
@@ -129,7 +129,8 @@ impl Communicator {
             info.members.clone(),
             completed,
             driver.now() + wait,
-        );
+        )
+        .with_evidence(&evidence);
         let agreement = if everyone {
             agreement.waiting_for_everyone()
         } else {
@@ -188,6 +189,7 @@ impl Communicator {
                 return Err(Error::LeftOut {
                     group: id,
                     decided_by: members.first().copied().unwrap_or(0),
+                    link_to: None,
                 });
             }
             let deadline = rank.driver.now() + wait;
@@ -251,8 +253,8 @@ fn agree(rank: &Arc<RankShared>, old: &Old, mut ag: Agreement) -> Result<Recover
             Ask::Look { .. } if rank.driver.is_closed() => ag.fail(Error::Shutdown),
             Ask::Look { keys } => match look(store.as_ref(), &keys) {
                 Ok(values) => {
-                    let (lost, _) = rank.driver.survivors_view(old.id);
-                    ag.looked(values, rank.driver.now(), &lost);
+                    let (evidence, _) = rank.driver.survivors_view(old.id);
+                    ag.looked(values, rank.driver.now(), &evidence);
                     if matches!(ag.poll(), Ask::Look { .. }) {
                         std::thread::sleep(LOOK_EVERY);
                     }

@@ -165,7 +165,7 @@ impl World {
         victim.member.rank.driver.stopped();
         for (i, c) in current.iter().enumerate() {
             if i != r {
-                c.member.rank.driver.peer_lost(r);
+                c.member.rank.driver.peer_dead(r);
             }
         }
         Ok(())

@@ -479,15 +479,35 @@ pub enum Error {
         by: usize,
     },
     /// The survivors of group `group` agreed on a smaller group without this rank: rank
-    /// `decided_by` decided who survived before it heard from this rank (this rank was
-    /// thought lost, or did not join the agreement within the group's timeout). This rank
-    /// should stop, or rejoin the job as a new incarnation.
-    #[error("the survivors of group {group} went on without this rank (rank {decided_by} decided who survived before this rank joined the agreement)")]
+    /// `decided_by` decided who survived. Either its link to live member `link_to` broke (a
+    /// cut link costs one of its ends: of two members that cannot reach each other, the one
+    /// with more broken links goes, the higher rank on a tie), or it was known dead, or it
+    /// did not join the agreement within the group's timeout. This rank should stop, or
+    /// rejoin the job as a new incarnation.
+    #[error("the survivors of group {group} went on without this rank ({})", left_out_why(*decided_by, *link_to))]
     LeftOut {
         /// The group that failed.
         group: GroupId,
         /// The rank whose decision stands (global).
         decided_by: usize,
+        /// A live member this rank's link to broke, where that is why it was left out
+        /// (global).
+        link_to: Option<usize>,
+    },
+    /// This rank could not count a strict majority of group `group`'s members as alive
+    /// (joined the survivors' agreement) or certainly dead within the group's timeout, so it
+    /// decided nothing: it may be cut off from the others, who may go on without it. A
+    /// minority never decides for a live majority; where the others are truly dead, only
+    /// certain evidence of it (a closed or reset connection, a process gone) lets a
+    /// minority go on.
+    #[error("the survivors of group {group} could not agree: this rank counts {counted} of the group's {members} members as alive or certainly dead, not a strict majority (it may be cut off from the others)")]
+    NoMajority {
+        /// The group that failed.
+        group: GroupId,
+        /// The members this rank counted as alive or certainly dead (itself included).
+        counted: usize,
+        /// The group's size.
+        members: usize,
     },
     /// A peer sent something that breaks the protocol: a malformed frame, a message for
     /// a step that has none, a duplicate, a message beyond its flow-control window. Names
@@ -648,6 +668,7 @@ impl Error {
             Error::Revoked { .. } => "revoked",
             Error::DeclaredLost { .. } => "declared_lost",
             Error::LeftOut { .. } => "left_out",
+            Error::NoMajority { .. } => "no_majority",
             Error::Protocol { .. } => "protocol",
             Error::NotAMember { .. } => "not_a_member",
             Error::WouldDeadlock => "would_deadlock",
@@ -681,6 +702,18 @@ fn peer_shutdown_text(rank: usize, undelivered: usize) -> String {
         format!("rank {rank} left the group (it shut down or destroyed it) before this call could complete")
     } else {
         format!("rank {rank} shut down with {undelivered} messages for this rank unsent")
+    }
+}
+
+/// Why [`Error::LeftOut`] left this rank out.
+fn left_out_why(decided_by: usize, link_to: Option<usize>) -> String {
+    match link_to {
+        Some(peer) => format!(
+            "its link to rank {peer} broke; of two members that cannot reach each other, the one with more broken links goes, the higher rank on a tie; rank {decided_by} decided"
+        ),
+        None => format!(
+            "rank {decided_by} decided who survived before this rank joined the agreement, or knew it dead"
+        ),
     }
 }
 
@@ -731,6 +764,7 @@ mod tests {
             Error::GroupAborted { .. }
             | Error::Revoked { .. }
             | Error::LeftOut { .. }
+            | Error::NoMajority { .. }
             | Error::DeclaredLost { .. } => "group",
             Error::Shutdown => "shutdown",
             Error::Resource(_) | Error::Device(_) | Error::Store(_) => "system",
@@ -789,6 +823,12 @@ mod tests {
             Error::LeftOut {
                 group: g,
                 decided_by: 0,
+                link_to: Some(2),
+            },
+            Error::NoMajority {
+                group: g,
+                counted: 2,
+                members: 5,
             },
             Error::GroupAborted {
                 group: g,
@@ -845,12 +885,12 @@ mod tests {
     #[test]
     fn every_variant_says_in_one_line_who_is_at_fault() {
         let all = every_variant();
-        // Every variant once (25 of them: `class` lists them all, without a wildcard).
+        // Every variant once (26 of them: `class` lists them all, without a wildcard).
         let kinds: std::collections::BTreeSet<String> = all
             .iter()
             .map(|e| format!("{:?}", std::mem::discriminant(e)))
             .collect();
-        assert_eq!((kinds.len(), all.len()), (25, 25));
+        assert_eq!((kinds.len(), all.len()), (26, 26));
         for e in &all {
             let text = e.to_string();
             assert!(!text.is_empty() && !text.contains('\n'), "{e:?}: {text:?}");

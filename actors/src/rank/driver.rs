@@ -38,6 +38,7 @@ use crate::sync::lock;
 use actix::{Message as ActixMessage, Recipient};
 use collectix_runtime::fast_hash::FastMap;
 use collectix_runtime::progress::{CachePadded, Inbox};
+use collectix_runtime::recovery::Evidence;
 use collectix_runtime::wire::{Link, Message, Outbox};
 use collectix_runtime::{Engine, Error, GroupId, GroupInfo, Output, Plan, Result, Time};
 use handoff::GRACE;
@@ -418,10 +419,10 @@ impl Driver {
         self.run(|core, _, _| core.engine.lost_peers().clone())
     }
 
-    /// The members of `group` gone as far as this rank knows (lost, or left the group), and
-    /// how many of its calls completed here without a gap (`None`: not a group of this
-    /// rank).
-    pub(crate) fn survivors_view(&self, group: GroupId) -> (BTreeSet<usize>, Option<u64>) {
+    /// This rank's own evidence against the members of `group` (dead for certain, or
+    /// suspected; not what others reported), and how many of its calls completed here
+    /// without a gap (`None`: not a group of this rank).
+    pub(crate) fn survivors_view(&self, group: GroupId) -> (Evidence, Option<u64>) {
         self.run(|core, _, _| {
             (
                 core.engine.departed(group),
@@ -505,10 +506,18 @@ impl Driver {
         });
     }
 
-    /// Global rank `peer` is gone: the calls that need it fail and its groups abort.
+    /// Global rank `peer` is gone: the calls that need it fail and its groups abort. Its
+    /// link broke or fell silent: it may be alive (see [`peer_dead`](Self::peer_dead)).
     pub(crate) fn peer_lost(&self, peer: usize) {
         crate::metrics::peer_lost();
         self.peer_gone(peer, Engine::handle_peer_lost);
+    }
+
+    /// Like [`peer_lost`](Self::peer_lost), for a peer dead for certain: the kernel closed
+    /// or reset its connection, or its process is gone.
+    pub(crate) fn peer_dead(&self, peer: usize) {
+        crate::metrics::peer_lost();
+        self.peer_gone(peer, Engine::handle_peer_dead);
     }
 
     /// A new incarnation of global rank `peer` connected (a restarted process): the previous

@@ -250,6 +250,11 @@ impl Inbound for Current {
             self.inner.lost(peer);
         }
     }
+    fn dead(&self, peer: usize) {
+        if self.known[self.peer].load(Ordering::SeqCst) == self.incarnation {
+            self.inner.dead(peer);
+        }
+    }
     fn rejoined(&self, peer: usize) {
         self.inner.rejoined(peer);
     }

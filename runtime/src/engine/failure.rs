@@ -457,8 +457,19 @@ impl Engine {
     /// Handles the loss of a peer (its link closed, or a simulator isolated it): every group
     /// it belongs to is aborted. Calls that exchange messages with it later in their schedule
     /// fail with [`Error::PeerLost`]; the others with [`Error::GroupAborted`].
-    pub fn handle_peer_lost(&mut self, peer: usize, _now: Time) {
-        self.lost.insert(peer);
+    pub fn handle_peer_lost(&mut self, peer: usize, now: Time) {
+        self.peer_lost_as(peer, super::Certainty::Suspected, now);
+    }
+
+    /// Like [`handle_peer_lost`](Self::handle_peer_lost), for a peer this rank knows dead
+    /// for certain: the kernel closed or reset its connection, or its process is gone. The
+    /// survivors' agreement counts it dead, not only unreachable.
+    pub fn handle_peer_dead(&mut self, peer: usize, now: Time) {
+        self.peer_lost_as(peer, super::Certainty::Dead, now);
+    }
+
+    fn peer_lost_as(&mut self, peer: usize, certainty: super::Certainty, _now: Time) {
+        self.saw_lost(peer, certainty);
         // A peer that left every group it shares with this rank (a clean shutdown) closes
         // its links next: no failure.
         let gids: Vec<GroupId> = self

@@ -7,8 +7,19 @@
 use super::{Engine, Event, OpId, State};
 use crate::error::{Error, Result};
 use crate::ids::GroupId;
+use crate::recovery::Evidence;
 use crate::wire::message::{Header, Message, Transmit};
 use std::collections::BTreeSet;
+
+/// How sure a rank is that a peer it saw lost is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Certainty {
+    /// Its link broke or fell silent (a cut link, a partition, a stopped process): the peer
+    /// may be alive, and reach every other rank.
+    Suspected,
+    /// The peer is gone: the kernel closed or reset its connection, or its process is gone.
+    Dead,
+}
 
 impl Engine {
     /// Revokes group `gid` on behalf of this rank: every pending call on it fails here and on
@@ -46,19 +57,36 @@ impl Engine {
     /// among the [lost peers](Self::lost_peers)). It is a member of no group registered
     /// before: those it shared with the previous incarnation stay aborted.
     pub fn handle_peer_rejoined(&mut self, peer: usize, now: crate::time::Time) {
-        self.handle_peer_lost(peer, now);
+        self.handle_peer_dead(peer, now);
         self.lost.remove(&peer);
+        self.seen_lost.remove(&peer);
     }
 
-    /// The members of group `gid` that are gone as far as this rank knows: the peers it saw
-    /// lost, and the members that left the group (destroyed it, or shut down). What the
-    /// survivors' agreement does not wait for.
-    pub fn departed(&self, gid: GroupId) -> BTreeSet<usize> {
-        let mut gone = self.lost.clone();
-        if let Some(g) = self.groups.get(&gid) {
-            gone.extend(g.left.iter().map(|&(r, _)| r));
+    /// This rank's own evidence against the members of group `gid`, for the survivors'
+    /// agreement: the peers it saw lost (dead for certain, or only suspected), and the
+    /// members that left the group in order (destroyed it, or shut down), who count as
+    /// dead. Losses that other members only reported are not evidence.
+    pub fn departed(&self, gid: GroupId) -> Evidence {
+        let mut e = Evidence::default();
+        for (&peer, &c) in &self.seen_lost {
+            match c {
+                Certainty::Dead => e.dead.insert(peer),
+                Certainty::Suspected => e.suspected.insert(peer),
+            };
         }
-        gone
+        if let Some(g) = self.groups.get(&gid) {
+            e.dead.extend(g.left.iter().map(|&(r, _)| r));
+        }
+        e.suspected.retain(|p| !e.dead.contains(p));
+        e
+    }
+
+    /// Records that this rank saw `peer` lost, with `certainty` (a certain loss is never
+    /// made a suspicion again).
+    pub(super) fn saw_lost(&mut self, peer: usize, certainty: Certainty) {
+        self.lost.insert(peer);
+        let c = self.seen_lost.entry(peer).or_insert(certainty);
+        *c = (*c).max(certainty);
     }
 
     /// The peers this rank saw lost (global ranks), in order.
@@ -66,8 +94,10 @@ impl Engine {
         &self.lost
     }
 
-    /// Group `gid` was just registered: if a member is a peer this rank already saw lost, the
-    /// group is aborted at once with [`Error::PeerLost`] (and the other members told).
+    /// Group `gid` was just registered: if a member is a peer this rank already saw lost
+    /// itself, the group is aborted at once with [`Error::PeerLost`] (and the other members
+    /// told). A loss another member only reported does not count: the survivors' agreement
+    /// may have found that peer alive (its link to the reporter alone broke).
     pub(super) fn abort_if_lost(&mut self, gid: GroupId) {
         let Some(g) = self.groups.get(&gid) else {
             return;
@@ -75,7 +105,12 @@ impl Engine {
         if g.aborted.is_some() {
             return;
         }
-        let Some(&peer) = g.info.members.iter().find(|m| self.lost.contains(m)) else {
+        let Some(&peer) = g
+            .info
+            .members
+            .iter()
+            .find(|m| self.seen_lost.contains_key(m))
+        else {
             return;
         };
         self.abort(gid, Error::PeerLost { rank: peer }, None, true);

@@ -32,6 +32,7 @@ pub(crate) mod p2p_flow;
 mod sink;
 
 pub use board::{BoardEvent, Record as BoardRecord};
+pub use membership::Certainty;
 
 use crate::collective::{Assembly, Body, Output, Plan, Share, TensorSpec};
 use crate::data_plane::{DataPlane, HostPlane};
@@ -202,9 +203,14 @@ pub struct Engine {
     closing: Option<Option<Time>>,
     /// Groups released by [`Engine::destroy_group`]: their messages are dropped.
     destroyed: HashSet<GroupId>,
-    /// Peers this rank saw lost ([`Engine::handle_peer_lost`]): a group registered later
-    /// with one of them as a member is aborted at once.
+    /// Peers this rank knows lost, by its own evidence or a member's report: the calls that
+    /// need them fail.
     lost: BTreeSet<usize>,
+    /// The peers of [`lost`](Self::lost) this rank saw lost itself, and whether for certain
+    /// ([`Engine::handle_peer_lost`], [`Engine::handle_peer_dead`]): a group registered
+    /// later with one of them as a member is aborted at once, and the survivors' agreement
+    /// hears of them.
+    seen_lost: BTreeMap<usize, Certainty>,
     /// Counts the changes that may stop a call on a board from running without a record
     /// made first (see [`Engine::board_epoch`]).
     board_epoch: std::sync::Arc<crate::sync::unmodelled::AtomicU64>,
@@ -256,6 +262,7 @@ impl Engine {
             board_epoch: std::sync::Arc::new(crate::sync::unmodelled::AtomicU64::new(0)),
             destroyed: HashSet::new(),
             lost: BTreeSet::new(),
+            seen_lost: BTreeMap::new(),
         }
     }
 

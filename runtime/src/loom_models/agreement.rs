@@ -1,15 +1,19 @@
 //! Model group 7: the survivors' agreement ([`crate::recovery::agreement`]) on loom threads
 //! sharing one store (a loom `Mutex` over a map: linearizable, as the real stores are). A
 //! rank fails by stopping after a given number of its steps and marking itself lost in the
-//! store's failure detector, which the others read; loom has no clock, so no deadline ever
-//! passes and only detection ends a wait (a waiting rank sleeps until the store changes). Every model checks, whatever the interleaving:
-//! every live rank ends (loom reports a rank spinning forever), all decisions are one, its
-//! members published, and a live rank is never left out (nobody took it for dead).
+//! store's failure detector, which the others read as certain death; loom has no clock, so
+//! no deadline ever passes and only detection ends a wait (a waiting rank sleeps until the
+//! store changes). Partial faults are each rank's own view: the peers it suspects (a cut
+//! link, a partition). Every model checks, whatever the interleaving: every live rank ends
+//! (loom reports a rank spinning forever), all decisions are one, its members published,
+//! and a live rank is left out only where the fault cuts it off (one end of a cut link, the
+//! smaller side of a partition), never for a report.
 
 use super::{check, must_fail};
 use crate::error::Result;
 use crate::ids::GroupId;
 use crate::recovery::agreement::{proposal_key, Agreement, Ask, Decision};
+use crate::recovery::Evidence;
 use crate::time::Time;
 use loom::sync::{Arc, Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,21 +52,24 @@ fn rank(
     store: &Store,
     fail_after: Option<usize>,
     decide: Decide,
+    view: &Evidence,
 ) -> Option<Result<Decision>> {
     let members: Vec<usize> = (0..w).collect();
     let never = Time::from_nanos(u64::MAX);
-    let ag = Agreement::new(GroupId::WORLD, me, members, me as u64 + 1, never);
-    drive(ag, store, me, fail_after, decide)
+    let ag = Agreement::new(GroupId::WORLD, me, members, me as u64 + 1, never).with_evidence(view);
+    drive(ag, store, me, fail_after, decide, view)
 }
 
 /// Runs rank `me`'s agreement `ag` against the store to its end, or to its failure after
-/// `fail_after` steps (it then marks itself lost and gives `None`).
+/// `fail_after` steps (it then marks itself lost and gives `None`); `view` is its own
+/// evidence besides the detector's.
 fn drive(
     mut ag: Agreement,
     store: &Store,
     me: usize,
     fail_after: Option<usize>,
     decide: Decide,
+    view: &Evidence,
 ) -> Option<Result<Decision>> {
     let mut steps = 0;
     loop {
@@ -80,7 +87,9 @@ fn drive(
             Ask::Look { keys } => {
                 let mut s = crate::sync::lock(&store.0);
                 let values = keys.iter().map(|k| s.map.get(k).cloned()).collect();
-                ag.looked(values, Time::ZERO, &s.lost);
+                let mut e = view.clone();
+                e.dead.extend(s.lost.iter().copied());
+                ag.looked(values, Time::ZERO, &e);
                 if matches!(ag.poll(), Ask::Look { .. }) {
                     let seen = s.version;
                     while s.version == seen {
@@ -108,14 +117,26 @@ fn drive(
 
 /// `w` ranks (rank `r` fails after `fails[r]` steps, if given); checks the promise.
 fn agree(w: usize, fails: Vec<Option<usize>>, decide: Decide) {
+    agree_with(w, fails, decide, vec![Evidence::default(); w], &[]);
+}
+
+/// [`agree`], each rank `r` with its own evidence `views[r]`; the live ranks the fault cuts
+/// off, `out`, are left out, and no other live rank is.
+fn agree_with(
+    w: usize,
+    fails: Vec<Option<usize>>,
+    decide: Decide,
+    views: Vec<Evidence>,
+    out: &[usize],
+) {
     let store: Store = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
     let threads: Vec<_> = (1..w)
         .map(|r| {
-            let (store, fail) = (store.clone(), fails[r]);
-            loom::thread::spawn(move || rank(r, w, &store, fail, decide))
+            let (store, fail, view) = (store.clone(), fails[r], views[r].clone());
+            loom::thread::spawn(move || rank(r, w, &store, fail, decide, &view))
         })
         .collect();
-    let mut results = vec![rank(0, w, &store, fails[0], decide)];
+    let mut results = vec![rank(0, w, &store, fails[0], decide, &views[0])];
     for t in threads {
         results.push(t.join().unwrap_or_else(|_| panic!("a rank panicked")));
     }
@@ -135,10 +156,73 @@ fn agree(w: usize, fails: Vec<Option<usize>>, decide: Decide) {
             Some(Ok(d)) => {
                 assert!(d.members.iter().all(|m| published.contains(m)));
                 assert!(d.members.contains(&r));
+                assert!(!out.contains(&r), "rank {r}, cut off, is in the decision");
             }
+            Some(Err(crate::Error::LeftOut { .. })) if out.contains(&r) => {}
             Some(Err(e)) => panic!("live rank {r} failed: {e}"),
         }
     }
+}
+
+/// Rank `r`'s view in a fault where the links `cuts` broke: the peers across them.
+fn cut_views(w: usize, cuts: &[(usize, usize)]) -> Vec<Evidence> {
+    (0..w)
+        .map(|r| Evidence {
+            suspected: cuts
+                .iter()
+                .filter_map(|&(a, b)| match r {
+                    _ if r == a => Some(b),
+                    _ if r == b => Some(a),
+                    _ => None,
+                })
+                .collect(),
+            ..Evidence::default()
+        })
+        .collect()
+}
+
+/// A link cut between ranks 1 and 2 of three: exactly rank 2 (the higher end) is left out,
+/// in one decision, whoever comes first.
+#[test]
+fn agreement_cut_link() {
+    check("agreement: link 1-2 cut", || {
+        agree_with(
+            3,
+            vec![None; 3],
+            Decide::CompareAndSet,
+            cut_views(3, &[(1, 2)]),
+            &[2],
+        )
+    });
+}
+
+/// Rank 0 cut off from both others (a partition of one and two), the store reachable from
+/// all: the two go on together, and rank 0 never decides for them.
+#[test]
+fn agreement_partition() {
+    check("agreement: rank 0 partitioned off", || {
+        agree_with(
+            3,
+            vec![None; 3],
+            Decide::CompareAndSet,
+            cut_views(3, &[(0, 1), (0, 2)]),
+            &[0],
+        )
+    });
+}
+
+/// Rank 1 is live, but rank 0 was told it was lost (another member's report). A report is
+/// no evidence: rank 0's agreement is the one of [`agreement_three_ranks_no_failure`], which
+/// waits for rank 1 and leaves nobody out. Taking the report for death (a deliberate bug)
+/// leaves a live rank out, and the model sees it.
+#[test]
+fn agreement_falsely_reported_live_rank() {
+    let (msg, _) = must_fail("agreement bug: a report taken for death", || {
+        let mut views = vec![Evidence::default(); 3];
+        views[0].dead.insert(1);
+        agree_with(3, vec![None; 3], Decide::CompareAndSet, views, &[])
+    });
+    assert!(msg.contains("live rank 1 failed"), "{msg}");
 }
 
 #[test]
@@ -196,7 +280,14 @@ fn agreement_regrow_with_a_newcomer() {
                 loom::thread::spawn(move || {
                     let ag = Agreement::new(GroupId::WORLD, r, members, 3 + r as u64, never)
                         .waiting_for_everyone();
-                    drive(ag, &store, r, None, Decide::CompareAndSet)
+                    drive(
+                        ag,
+                        &store,
+                        r,
+                        None,
+                        Decide::CompareAndSet,
+                        &Evidence::default(),
+                    )
                 })
             })
             .collect();
@@ -206,6 +297,7 @@ fn agreement_regrow_with_a_newcomer() {
             2,
             None,
             Decide::CompareAndSet,
+            &Evidence::default(),
         );
         let mut all = vec![newcomer];
         for t in threads {

@@ -4,16 +4,23 @@
 //! Every survivor runs one [`Agreement`] against the job's store, a linearizable key-value
 //! register (the in-process memory store, or the TCP store's one server):
 //!
-//! 1. **Publish**: it writes its proposal, the number of the group's calls that completed on
-//!    it without a gap (calls `0..completed`), under its own key.
+//! 1. **Publish**: it writes its proposal under its own key: the number of the group's calls
+//!    that completed on it without a gap (calls `0..completed`), and its own [`Evidence`]
+//!    against the other members (whom it knows dead, whom it suspects). It publishes again
+//!    whenever its evidence changes.
 //! 2. **Look**: it reads the decision key and every member's proposal key, again and again,
-//!    until a decision exists, or every member has either published or is known lost to it,
-//!    or the group's timeout has passed.
-//! 3. **Decide**: it proposes a decision from what it saw (members: the ranks that
-//!    published, in order; completed: the least of their proposals) with one
-//!    compare-and-set of the decision key from empty. The store keeps the first decision
-//!    written and hands it back to every later one: there is exactly one decision, whatever
-//!    fails when.
+//!    until a decision exists, or every member is accounted for, or the group's timeout has
+//!    passed. A member is accounted for once it published, or is certainly dead (by this
+//!    rank's evidence or any member's), or a strict majority of the group's members suspect
+//!    it. A member that only this rank suspects, or that others only reported lost, is
+//!    waited for: it may be alive, cut off from this rank alone.
+//! 3. **Decide**: only with a strict majority of the group's members published or certainly
+//!    dead, it proposes a decision from what it saw, with one compare-and-set of the decision
+//!    key from empty. Members: those that published and are not certainly dead, less as few
+//!    as leave every two of them connected (see [`evidence`](super::evidence)); completed:
+//!    the least of their proposals. The store keeps the first decision written and hands it
+//!    back to every later one: there is exactly one decision, whatever fails when. Without a
+//!    majority by the deadline, the rank decides nothing: [`Error::NoMajority`].
 //!
 //! **Regrow.** Where a launcher restarts what died, the survivors wait for every member
 //! ([`Agreement::waiting_for_everyone`]), and a lost member's new incarnation takes part as a
@@ -22,8 +29,8 @@
 //! members, whom the others give the group's state. Whoever has not published by the
 //! deadline is left out, as in a shrink.
 //!
-//! A member this rank knows lost is not counted, even where its proposal is in the store
-//! (it published, then died): a group with it would fail at once.
+//! A member known dead is not counted, even where its proposal is in the store (it
+//! published, then died): a group with it would fail at once.
 //!
 //! A rank adopts the decision it reads: if it is a member, the decision is its new group; if
 //! not, it was left out ([`Error::LeftOut`]) and stops. A second failure cannot split the
@@ -33,6 +40,7 @@
 //! [`Error::PeerLost`], so the survivors agree again, from the new group. A decider that
 //! dies between its look and its compare-and-set leaves the key empty for the next one.
 
+use super::evidence::{connected, Evidence, Proposal};
 use crate::error::{Error, Result};
 use crate::ids::{fnv1a, GroupId};
 use crate::time::Time;
@@ -42,12 +50,9 @@ use std::collections::{BTreeMap, BTreeSet};
 mod tests;
 
 /// The decision's magic bytes, and the version of its layout.
-const DECISION_MAGIC: [u8; 4] = *b"cxs2";
+const DECISION_MAGIC: [u8; 4] = *b"cxs3";
 /// Bytes of a decision before its members: magic, decider, completed, member count.
 const DECISION_HEAD: usize = 4 + 8 + 8 + 4;
-/// Bytes of a proposal: a flag (0: a survivor, 1: a new incarnation, with no state) and the
-/// calls completed.
-const PROPOSAL_LEN: usize = 9;
 
 /// What the survivors of a group agreed on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +68,9 @@ pub struct Decision {
     /// The members that are new incarnations of a lost rank (restarted processes), in
     /// order: they have none of the group's state, which the others must give them.
     pub joined: Vec<usize>,
+    /// The members that published but were left out because links between live members
+    /// broke, each with a peer it could not reach (in order).
+    pub cut_off: Vec<(usize, usize)>,
 }
 
 impl Decision {
@@ -79,7 +87,8 @@ impl Decision {
         v.extend_from_slice(&DECISION_MAGIC);
         v.extend_from_slice(&(self.decided_by as u64).to_le_bytes());
         v.extend_from_slice(&self.completed.to_le_bytes());
-        for list in [&self.members, &self.joined] {
+        let pairs: Vec<usize> = self.cut_off.iter().flat_map(|&(a, b)| [a, b]).collect();
+        for list in [&self.members, &self.joined, &pairs] {
             v.extend_from_slice(&(list.len() as u32).to_le_bytes());
             for &m in list {
                 v.extend_from_slice(&(m as u64).to_le_bytes());
@@ -110,7 +119,7 @@ impl Decision {
         // anything is allocated.
         let list = |at: usize| -> Option<(Vec<usize>, usize)> {
             let n = count(at)?;
-            if n > old.len() || bytes.len() < at + 4 + 8 * n {
+            if n > 2 * old.len() || bytes.len() < at + 4 + 8 * n {
                 return None;
             }
             let v = (0..n)
@@ -124,11 +133,22 @@ impl Decision {
         let Some((members, at)) = list(20) else {
             return Err(bad("member count and length disagree"));
         };
-        let Some((joined, end)) = list(at) else {
+        let Some((joined, at)) = list(at) else {
             return Err(bad("new incarnations' count and length disagree"));
         };
-        if end != bytes.len() || members.is_empty() {
+        let Some((pairs, end)) = list(at) else {
+            return Err(bad("the cut-off members' count and length disagree"));
+        };
+        if end != bytes.len() || members.is_empty() || members.len() > old.len() {
             return Err(bad("member count and length disagree"));
+        }
+        let cut_off: Vec<(usize, usize)> = pairs.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+        if pairs.len() % 2 != 0
+            || !cut_off
+                .iter()
+                .all(|(a, b)| old.contains(a) && old.contains(b) && !members.contains(a))
+        {
+            return Err(bad("the cut-off members are not members left out"));
         }
         let ordered = |v: &[usize]| v.windows(2).all(|w| w[0] < w[1]);
         if !ordered(&members) || !members.iter().all(|m| old.contains(m)) {
@@ -147,6 +167,7 @@ impl Decision {
             completed,
             decided_by,
             joined,
+            cut_off,
         })
     }
 }
@@ -198,6 +219,13 @@ enum Step {
     Done,
 }
 
+/// What a look leads to.
+enum Verdict {
+    Decide(Decision),
+    Wait,
+    Fail(Error),
+}
+
 /// One rank's part in agreeing on a failed group's survivors: see the module docs.
 #[derive(Debug)]
 pub struct Agreement {
@@ -207,20 +235,24 @@ pub struct Agreement {
     /// Calls of the group completed here; `None` for a new incarnation (no state).
     completed: Option<u64>,
     /// Whether to wait (until the deadline) for every member, the lost ones' new
-    /// incarnations included (a regrow), rather than for the members not known lost.
+    /// incarnations included (a regrow), rather than for the members not accounted for.
     everyone: bool,
     deadline: Time,
     step: Step,
-    /// Proposals seen: rank → calls completed (`None`: a new incarnation).
-    seen: BTreeMap<usize, Option<u64>>,
+    /// This rank's evidence against the other members, as last given.
+    evidence: Evidence,
+    /// The evidence in this rank's proposal in the store (`None`: not published yet).
+    published: Option<Evidence>,
+    /// Proposals seen, by rank.
+    seen: BTreeMap<usize, Proposal>,
     outcome: Option<Result<Decision>>,
 }
 
 impl Agreement {
     /// Global rank `me`'s agreement on the survivors of `group`, whose members are
-    /// `members` (global ranks); calls `0..completed` of the group completed here. After
-    /// `deadline` it decides without the members it has not heard from; before, it waits
-    /// for every member it does not know lost (a shrink).
+    /// `members` (global ranks); calls `0..completed` of the group completed here. Before
+    /// `deadline` it waits for every member not accounted for (a shrink); after, it decides
+    /// without the members it has not heard from, if it can count a majority.
     pub fn new(
         group: GroupId,
         me: usize,
@@ -236,9 +268,18 @@ impl Agreement {
             everyone: false,
             deadline,
             step: Step::Publish,
+            evidence: Evidence::default(),
+            published: None,
             seen: BTreeMap::new(),
             outcome: None,
         }
+    }
+
+    /// This agreement with this rank's evidence against its peers from the start (what it
+    /// publishes first; [`looked`](Self::looked) gives it anew each time).
+    pub fn with_evidence(mut self, evidence: &Evidence) -> Agreement {
+        self.evidence = evidence.within(&self.members, self.me);
+        self
     }
 
     /// This agreement waiting (until its deadline) for every member, a lost one's new
@@ -276,12 +317,14 @@ impl Agreement {
         match &self.step {
             Step::Publish => {
                 self.step = Step::Look;
-                let mut value = Vec::with_capacity(PROPOSAL_LEN);
-                value.push(u8::from(self.completed.is_none()));
-                value.extend_from_slice(&self.completed.unwrap_or(0).to_le_bytes());
+                let proposal = Proposal {
+                    completed: self.completed,
+                    evidence: self.evidence.clone(),
+                };
+                self.published = Some(self.evidence.clone());
                 Ask::Publish {
                     key: self.proposal_key(self.me),
-                    value,
+                    value: proposal.encode(),
                 }
             }
             Step::Look => {
@@ -297,64 +340,137 @@ impl Agreement {
         }
     }
 
-    /// The values of the keys of the last [`Ask::Look`], at `now`, with the peers this rank
-    /// knows lost (global ranks).
-    pub fn looked(&mut self, values: Vec<Option<Vec<u8>>>, now: Time, lost: &BTreeSet<usize>) {
+    /// The values of the keys of the last [`Ask::Look`], at `now`, with this rank's
+    /// evidence against its peers (global ranks) as it stands now.
+    pub fn looked(&mut self, values: Vec<Option<Vec<u8>>>, now: Time, evidence: &Evidence) {
         if self.step != Step::Look {
             return;
         }
+        self.evidence = evidence.within(&self.members, self.me);
         let mut values = values.into_iter();
         if let Some(Some(d)) = values.next() {
             self.adopt(&d);
             return;
         }
         for (&m, v) in self.members.iter().zip(values) {
-            // A proposal is a flag and 8 bytes; anything else is not one (and is not counted).
-            let Some(v) = v.filter(|v| v.len() == PROPOSAL_LEN) else {
-                continue;
-            };
-            let mut c = [0u8; 8];
-            c.copy_from_slice(&v[1..]);
-            match v[0] {
-                0 => self.seen.insert(m, Some(u64::from_le_bytes(c))),
-                1 => self.seen.insert(m, None),
-                _ => continue,
-            };
+            // Anything that is not a proposal is not counted.
+            if let Some(p) = v.and_then(|v| Proposal::decode(&v, &self.members)) {
+                self.seen.insert(m, p);
+            }
         }
-        // A member this rank knows lost counts only as a new incarnation, and only in a
-        // regrow: the proposal its lost incarnation may have published before it died is
-        // not counted (it would make a group that fails at once).
+        match self.verdict(now) {
+            Verdict::Decide(d) => self.step = Step::Decide(d.encode()),
+            Verdict::Fail(e) => self.fail(e),
+            // The others decide from what this rank published: keep it current.
+            Verdict::Wait if self.published.as_ref() != Some(&self.evidence) => {
+                self.step = Step::Publish;
+            }
+            Verdict::Wait => {}
+        }
+    }
+
+    /// Whether to decide now, and what; to wait; or to give up.
+    fn verdict(&self, now: Time) -> Verdict {
         let me = self.me;
-        let everyone = self.everyone;
-        let heard: BTreeMap<usize, Option<u64>> = self
+        let majority = self.members.len() / 2 + 1;
+        // Certainly dead, by this rank's evidence or any published (never this rank).
+        let mut dead = self.evidence.dead.clone();
+        for p in self.seen.values() {
+            dead.extend(p.evidence.dead.iter().copied());
+        }
+        dead.remove(&me);
+        // A member known dead counts only as a new incarnation, and only in a regrow: the
+        // proposal its lost incarnation may have published before it died is not counted
+        // (it would make a group that fails at once).
+        let fresh = |p: &Proposal| self.everyone && p.completed.is_none();
+        let candidates: BTreeSet<usize> = self
             .seen
             .iter()
-            .filter(|(&m, c)| m == me || !lost.contains(&m) || (everyone && c.is_none()))
-            .map(|(&m, &c)| (m, c))
+            .filter(|(&m, p)| m == me || fresh(p) || !dead.contains(&m))
+            .map(|(&m, _)| m)
             .collect();
-        let heard_all = self
-            .members
-            .iter()
-            .all(|m| heard.contains_key(m) || (!everyone && lost.contains(m) && *m != me));
-        // Never decide without this rank's own proposal: it is in the store before any look.
-        if heard.contains_key(&me) && (heard_all || now >= self.deadline) {
-            let decision = Decision {
-                members: heard.keys().copied().collect(),
-                completed: heard.values().flatten().copied().min().unwrap_or(0),
-                decided_by: me,
-                joined: heard
-                    .iter()
-                    .filter(|(_, c)| c.is_none())
-                    .map(|(&m, _)| m)
-                    .collect(),
+        // Suspicions of a new incarnation are of its lost one: they do not count.
+        let suspects = |c: usize| -> BTreeSet<usize> {
+            let of = if c == me {
+                &self.evidence.suspected
+            } else {
+                match self.seen.get(&c) {
+                    Some(p) => &p.evidence.suspected,
+                    None => return BTreeSet::new(),
+                }
             };
-            self.step = Step::Decide(decision.encode());
-        } else if now >= self.deadline {
-            self.fail(Error::Store(format!(
-                "this rank's proposal for the survivors of group {} never showed in the store",
-                self.group
-            )));
+            of.iter()
+                .copied()
+                .filter(|s| !self.seen.get(s).is_some_and(fresh))
+                .collect()
+        };
+        let votes = |m: usize| {
+            candidates
+                .iter()
+                .filter(|&&c| suspects(c).contains(&m))
+                .count()
+        };
+        let accounted = |m: &usize| {
+            candidates.contains(m)
+                || (!self.everyone && (dead.contains(m) || votes(*m) >= majority))
+        };
+        let quorum = candidates.union(&dead).count() >= majority;
+        let over = now >= self.deadline;
+        if !candidates.contains(&me) {
+            // Never decide without this rank's own proposal: it is in the store before any
+            // look.
+            return if over {
+                Verdict::Fail(Error::Store(format!(
+                    "this rank's proposal for the survivors of group {} never showed in the store",
+                    self.group
+                )))
+            } else {
+                Verdict::Wait
+            };
         }
+        if !quorum {
+            return if over {
+                Verdict::Fail(Error::NoMajority {
+                    group: self.group,
+                    counted: candidates.union(&dead).count(),
+                    members: self.members.len(),
+                })
+            } else {
+                Verdict::Wait
+            };
+        }
+        if !over && !self.members.iter().all(accounted) {
+            return Verdict::Wait;
+        }
+        let (members, mut cut_off) = connected(&candidates, &suspects);
+        // The members that never published, suspected by the others: each with a
+        // suspecting member whose link to it broke.
+        for &m in &self.members {
+            if members.contains(&m) || dead.contains(&m) || cut_off.iter().any(|c| c.0 == m) {
+                continue;
+            }
+            if let Some(&by) = members.iter().find(|&&c| suspects(c).contains(&m)) {
+                cut_off.push((m, by));
+            }
+        }
+        cut_off.sort_unstable();
+        let proposal = |m: &usize| self.seen.get(m).map(|p| p.completed);
+        Verdict::Decide(Decision {
+            completed: members
+                .iter()
+                .filter_map(proposal)
+                .flatten()
+                .min()
+                .unwrap_or(0),
+            joined: members
+                .iter()
+                .copied()
+                .filter(|m| proposal(m) == Some(None))
+                .collect(),
+            members: members.into_iter().collect(),
+            decided_by: me,
+            cut_off,
+        })
     }
 
     /// The value the decision key holds after the compare-and-set of [`Ask::Decide`].
@@ -384,9 +500,11 @@ impl Agreement {
             if d.members.contains(&self.me) && fresh_ok {
                 Ok(d)
             } else {
+                let me = self.me;
                 Err(Error::LeftOut {
                     group: self.group,
                     decided_by: d.decided_by,
+                    link_to: d.cut_off.iter().find(|c| c.0 == me).map(|c| c.1),
                 })
             }
         });

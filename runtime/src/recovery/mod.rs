@@ -4,5 +4,7 @@
 //! group lives with the other failures in the engine (`Engine::revoke_group`).
 
 pub mod agreement;
+pub mod evidence;
 
 pub use agreement::{decision_key, proposal_key, Agreement, Ask, Decision};
+pub use evidence::Evidence;

@@ -149,8 +149,13 @@ pub(crate) trait Inbound: Send + Sync + 'static {
     }
     /// The link to `peer` can take messages again.
     fn flush(&self, peer: usize);
-    /// The link to `peer` is gone.
+    /// The link to `peer` is gone: it broke or fell silent, and the peer may be alive.
     fn lost(&self, peer: usize);
+    /// The link to `peer` is gone, and the peer with it for certain: its kernel closed or
+    /// reset the connection. By default, [`lost`](Inbound::lost).
+    fn dead(&self, peer: usize) {
+        self.lost(peer);
+    }
     /// A new incarnation of `peer` (a restarted process) connected: the previous one is gone
     /// for good, and this link is to the new one. By default, the previous one's loss.
     fn rejoined(&self, peer: usize) {
@@ -168,6 +173,28 @@ pub(crate) struct Connection {
 
 /// Why a link ended when its peer closed the connection between two frames.
 pub(crate) const CLOSED_BY_PEER: &str = "the peer closed the connection";
+
+/// How the reason of a link that ended because the peer's kernel reset it begins.
+pub(crate) const RESET_BY_PEER: &str = "the peer's kernel reset the connection";
+
+/// Why a link ended, from the IO error `e` of `what` (a read, a write): a reset or a broken
+/// pipe says so ([`RESET_BY_PEER`]), as the peer's process is gone for certain.
+pub(crate) fn io_loss(what: &str, e: &std::io::Error) -> String {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    match e.kind() {
+        ConnectionReset | BrokenPipe | ConnectionAborted => {
+            format!("{RESET_BY_PEER} ({what}: {e})")
+        }
+        _ => format!("{what} failed: {e}"),
+    }
+}
+
+/// Whether a link that ended for `why` tells that the peer is dead for certain: its kernel
+/// closed the connection at a frame boundary or reset it (a process that exits or is killed
+/// has its sockets closed by its kernel; a partition or a stopped process closes nothing).
+pub(crate) fn certain_death(why: &str) -> bool {
+    why == CLOSED_BY_PEER || why.starts_with(RESET_BY_PEER)
+}
 
 /// Starts the reader and writer of an accepted or connected `stream` to global rank `peer`;
 /// what arrives goes to `inbound`, its payload parts in buffers from `pool` (shared by a
@@ -205,7 +232,11 @@ pub(crate) fn start(
                 } else {
                     tracing::warn!(peer, reason = why, "link lost");
                 }
-                inbound.lost(peer);
+                if certain_death(why) {
+                    inbound.dead(peer);
+                } else {
+                    inbound.lost(peer);
+                }
             }
         }
     };

@@ -571,7 +571,7 @@ fn read_now(s: &TcpStream, dst: &mut [u8], mid: bool) -> Result<Read, String> {
             {
                 Ok(Read::Empty)
             }
-            Err(e) => Err(format!("read failed: {e}")),
+            Err(e) => Err(super::io_loss("read", &e)),
         };
     }
 }

@@ -211,7 +211,7 @@ pub(super) fn write_loop(
                 if let Err(e) = r {
                     tx.broken = true;
                     drop(tx);
-                    return lose(&format!("write failed: {e}"));
+                    return lose(&super::io_loss("write", &e));
                 }
             }
             continue;
@@ -246,7 +246,7 @@ pub(super) fn write_loop(
             t.busy = false;
             t.queue.clear();
             drop(t);
-            return lose(&format!("write failed: {e}"));
+            return lose(&super::io_loss("write", &e));
         }
         if sh.full.swap(false, Ordering::SeqCst) {
             inbound.flush(peer);

@@ -10,7 +10,8 @@
 //!   live rank for dead here); a rank that is in the decision gets it, one that is not gets
 //!   `LeftOut` naming the decider.
 
-use crate::recovery::{proposal_key, Agreement, Ask, Decision};
+use crate::recovery::evidence::Proposal;
+use crate::recovery::{proposal_key, Agreement, Ask, Decision, Evidence};
 use crate::testing::sim::Rng;
 use crate::{Error, GroupId, Time};
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,13 +41,34 @@ struct Outcome {
 }
 
 fn run(w: usize, failures: &[Failure], seed: u64) -> Outcome {
+    run_cut(w, failures, &[], seed)
+}
+
+/// [`run`], with the links `cuts` broken from the start (each end suspects the other).
+fn run_cut(w: usize, failures: &[Failure], cuts: &[(usize, usize)], seed: u64) -> Outcome {
     let mut rng = Rng::new(seed);
     let group = GroupId::derive(GroupId::WORLD, 4, &[seed]);
     let members: Vec<usize> = (0..w).collect();
     let completed: Vec<u64> = (0..w).map(|_| rng.below(6) as u64).collect();
     let deadline = Time::ZERO + TICK * DEADLINE_TICKS as u32;
+    // Each end of a cut link suspects the other from the start.
+    let suspects = |r: usize| -> BTreeSet<usize> {
+        cuts.iter()
+            .filter_map(|&(a, b)| match r {
+                _ if r == a => Some(b),
+                _ if r == b => Some(a),
+                _ => None,
+            })
+            .collect()
+    };
     let mut ags: Vec<Agreement> = (0..w)
-        .map(|r| Agreement::new(group, r, members.clone(), completed[r], deadline))
+        .map(|r| {
+            let e = Evidence {
+                suspected: suspects(r),
+                ..Evidence::default()
+            };
+            Agreement::new(group, r, members.clone(), completed[r], deadline).with_evidence(&e)
+        })
         .collect();
     let mut store: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut steps = vec![0usize; w];
@@ -72,11 +94,14 @@ fn run(w: usize, failures: &[Failure], seed: u64) -> Outcome {
             continue;
         }
         steps[r] += 1;
-        let lost: BTreeSet<usize> = dead
-            .iter()
-            .filter(|(_, &at)| at <= tick)
-            .map(|(&d, _)| d)
-            .collect();
+        let lost = Evidence {
+            dead: dead
+                .iter()
+                .filter(|(_, &at)| at <= tick)
+                .map(|(&d, _)| d)
+                .collect(),
+            suspected: suspects(r),
+        };
         match ags[r].poll() {
             Ask::Publish { key, value } => {
                 store.insert(key, value);
@@ -119,9 +144,23 @@ fn check(w: usize, failures: &[Failure], seed: u64) {
     let ctx = format!("seed {seed}, {w} ranks, failures {failures:?}");
     let decisions: Vec<&Decision> = o.results.iter().flatten().flatten().collect();
     let Some(first) = decisions.first() else {
-        // Nobody live is in a decision: only possible if every live rank was left out.
+        // Nobody live is in a decision: only possible if every live rank was left out, or
+        // the live ranks were no majority (a minority never decides).
+        let live = o.results.iter().flatten().count();
+        assert!(
+            live < w / 2 + 1
+                || o.results
+                    .iter()
+                    .flatten()
+                    .all(|r| matches!(r, Err(Error::LeftOut { .. }))),
+            "{ctx}: a live majority and no decision: {:?}",
+            o.results
+        );
         for r in o.results.iter().flatten() {
-            assert!(matches!(r, Err(Error::LeftOut { .. })), "{ctx}: {r:?}");
+            assert!(
+                matches!(r, Err(Error::LeftOut { .. } | Error::NoMajority { .. })),
+                "{ctx}: {r:?}"
+            );
         }
         return;
     };
@@ -148,7 +187,8 @@ fn check(w: usize, failures: &[Failure], seed: u64) {
                 res.as_ref().err(),
                 Some(&Error::LeftOut {
                     group: GroupId::derive(GroupId::WORLD, 4, &[seed]),
-                    decided_by: first.decided_by
+                    decided_by: first.decided_by,
+                    link_to: None,
                 }),
                 "{ctx}: rank {r}"
             );
@@ -236,6 +276,7 @@ fn a_malformed_decision_is_an_error() {
         completed: 7,
         decided_by: 2,
         joined: vec![2],
+        cut_off: vec![(1, 0)],
     };
     let bytes = good.encode();
     assert_eq!(Decision::decode(&bytes, &old), Ok(good.clone()));
@@ -263,6 +304,17 @@ fn a_malformed_decision_is_an_error() {
         ..good.clone()
     };
     assert!(Decision::decode(&stranger_joined.encode(), &old).is_err());
+    for cut_off in [vec![(0, 1)], vec![(1, 7)]] {
+        let wrong = Decision {
+            cut_off,
+            ..good.clone()
+        };
+        let e = Decision::decode(&wrong.encode(), &old);
+        assert!(
+            matches!(&e, Err(Error::Store(m)) if m.contains("cut-off")),
+            "{e:?}"
+        );
+    }
     // Shorter than a header with both counts: that, and nothing else, is what is wrong.
     for cut in 0..28 {
         let e = Decision::decode(&bytes[..cut.min(bytes.len())], &old);
@@ -311,6 +363,7 @@ fn a_malformed_decision_is_an_error() {
         completed: u64::MAX - 1,
         decided_by: 6,
         joined: vec![1, 4],
+        cut_off: vec![(2, 1), (5, 6)],
     };
     let wide: Vec<usize> = (0..8).collect();
     assert_eq!(Decision::decode(&big.encode(), &wide), Ok(big));
@@ -356,7 +409,10 @@ fn regrow(w: usize, v: usize, old_published: bool, arrives: Option<u64>, seed: u
         }
     }
     let mut newcomer: Option<Agreement> = None;
-    let lost: BTreeSet<usize> = [v].into();
+    let lost = Evidence {
+        dead: [v].into(),
+        ..Evidence::default()
+    };
     let mut tick = 0u64;
     loop {
         tick += 1;
@@ -481,7 +537,7 @@ fn a_newcomer_counted_as_its_old_incarnation_is_left_out() {
     s.looked(
         keys.iter().map(|k| store.get(k).cloned()).collect(),
         t,
-        &BTreeSet::new(),
+        &Evidence::default(),
     );
     let Ask::Decide { key, value } = s.poll() else {
         panic!("not deciding")
@@ -496,7 +552,7 @@ fn a_newcomer_counted_as_its_old_incarnation_is_left_out() {
     n.looked(
         keys.iter().map(|k| store.get(k).cloned()).collect(),
         t,
-        &BTreeSet::new(),
+        &Evidence::default(),
     );
     assert!(matches!(
         n.outcome(),
@@ -530,14 +586,19 @@ fn each_group_has_its_own_decision_and_each_rank_its_own_proposal() {
 fn a_newcomer_waits_for_every_member_until_the_deadline() {
     let g = GroupId::WORLD;
     let deadline = Time::ZERO + Duration::from_secs(1);
-    let lost: BTreeSet<usize> = [2].into_iter().collect();
+    let lost = Evidence {
+        dead: [2].into(),
+        ..Evidence::default()
+    };
     let proposal = |fresh: bool, c: u64| {
-        let mut v = vec![u8::from(fresh)];
-        v.extend_from_slice(&c.to_le_bytes());
-        Some(v)
+        let p = Proposal {
+            completed: (!fresh).then_some(c),
+            evidence: Evidence::default(),
+        };
+        Some(p.encode())
     };
     let values = || vec![None, proposal(false, 5), proposal(true, 0), None];
-    let mut newcomer = Agreement::newcomer(g, 1, vec![0, 1, 2], deadline);
+    let mut newcomer = Agreement::newcomer(g, 1, vec![0, 1, 2], deadline).with_evidence(&lost);
     assert!(matches!(newcomer.poll(), Ask::Publish { .. }));
     assert!(matches!(newcomer.poll(), Ask::Look { .. }));
     newcomer.looked(values(), Time::ZERO, &lost);
@@ -550,7 +611,7 @@ fn a_newcomer_waits_for_every_member_until_the_deadline() {
         matches!(newcomer.poll(), Ask::Decide { .. }),
         "at the deadline it decides"
     );
-    let mut survivor = Agreement::new(g, 0, vec![0, 1, 2], 5, deadline);
+    let mut survivor = Agreement::new(g, 0, vec![0, 1, 2], 5, deadline).with_evidence(&lost);
     let _ = survivor.poll();
     let _ = survivor.poll();
     survivor.looked(values(), Time::ZERO, &lost);
@@ -566,7 +627,7 @@ fn a_newcomer_waits_for_every_member_until_the_deadline() {
 fn an_agreement_ends_with_an_error_when_its_own_proposal_never_shows() {
     let g = GroupId::WORLD;
     let deadline = Time::ZERO + Duration::from_secs(1);
-    let none = BTreeSet::new();
+    let none = Evidence::default();
     let mut ag = Agreement::new(g, 0, vec![0, 1], 3, deadline);
     let _ = ag.poll();
     let _ = ag.poll();
@@ -583,4 +644,155 @@ fn an_agreement_ends_with_an_error_when_its_own_proposal_never_shows() {
     broken.fail(Error::Store("the store is gone".into()));
     assert_eq!(broken.poll(), Ask::Done);
     assert!(matches!(broken.outcome(), Some(Err(Error::Store(m))) if m == "the store is gone"));
+}
+
+/// Every rank's outcome of a run with the links `cuts` broken and nobody dead: each rank in
+/// the one decision, or left out naming the decider and the peer its link to broke.
+fn cut_run(w: usize, cuts: &[(usize, usize)], seed: u64) -> (Decision, Vec<usize>) {
+    let o = run_cut(w, &[], cuts, seed);
+    let ctx = format!("seed {seed}, {w} ranks, cuts {cuts:?}");
+    let d = o
+        .results
+        .iter()
+        .flatten()
+        .find_map(|r| r.as_ref().ok())
+        .cloned()
+        .unwrap_or_else(|| panic!("{ctx}: no decision: {:?}", o.results));
+    let mut out = Vec::new();
+    for (r, res) in o.results.iter().enumerate() {
+        match res {
+            Some(Ok(got)) => assert_eq!(got, &d, "{ctx}: rank {r}"),
+            Some(Err(Error::LeftOut {
+                decided_by,
+                link_to: Some(peer),
+                ..
+            })) => {
+                assert_eq!(*decided_by, d.decided_by, "{ctx}");
+                assert!(
+                    cuts.contains(&(r, *peer)) || cuts.contains(&(*peer, r)),
+                    "{ctx}: rank {r} left out for a link to {peer} that is not cut"
+                );
+                out.push(r);
+            }
+            other => panic!("{ctx}: rank {r}: {other:?}"),
+        }
+    }
+    (d, out)
+}
+
+/// One cut link, in groups of 3 to 5, whoever comes first: exactly its higher end is left
+/// out, on every schedule, and told why; the rest go on together, before the deadline.
+#[test]
+fn a_cut_link_costs_exactly_its_higher_end() {
+    for w in 3..=5 {
+        for a in 0..w {
+            for b in a + 1..w {
+                for seed in 0..40 {
+                    let (d, out) = cut_run(w, &[(a, b)], seed);
+                    assert_eq!(out, vec![b], "seed {seed}, {w} ranks, cut {a}-{b}");
+                    let rest: Vec<usize> = (0..w).filter(|&r| r != b).collect();
+                    assert_eq!(d.members, rest);
+                    assert_eq!(d.cut_off, vec![(b, a)]);
+                }
+            }
+        }
+    }
+}
+
+/// One rank cut off from every other (but not from the store) never decides for the rest:
+/// the others go on together, whoever comes first, and the isolated one is left out.
+#[test]
+fn an_isolated_rank_never_decides_for_the_rest() {
+    for w in 3..=5 {
+        for v in 0..w {
+            let cuts: Vec<(usize, usize)> = (0..w).filter(|&r| r != v).map(|r| (v, r)).collect();
+            for seed in 0..60 {
+                let (d, out) = cut_run(w, &cuts, seed);
+                assert_eq!(out, vec![v], "seed {seed}, {w} ranks, {v} isolated");
+                assert_eq!(d.members.len(), w - 1);
+            }
+        }
+    }
+}
+
+/// A partition of five into three and two: the three go on, on every schedule.
+#[test]
+fn of_two_sides_the_larger_goes_on() {
+    let cuts: Vec<(usize, usize)> = (0..3).flat_map(|a| (3..5).map(move |b| (a, b))).collect();
+    for seed in 0..100 {
+        let (d, out) = cut_run(5, &cuts, seed);
+        assert_eq!(d.members, vec![0, 1, 2], "seed {seed}");
+        assert_eq!(out, vec![3, 4]);
+    }
+}
+
+/// A rank that counts no majority alive or dead never decides: two ranks of five left, the
+/// three others gone without a trace (stopped, say): they give up at the deadline with
+/// `NoMajority`. The same with the three known dead for certain: the two go on.
+#[test]
+fn a_minority_never_decides_unless_the_rest_are_certainly_dead() {
+    for detected in [None, Some(5)] {
+        for seed in 0..30 {
+            let fs: Vec<Failure> = (2..5)
+                .map(|rank| Failure {
+                    rank,
+                    after: 0,
+                    detected,
+                })
+                .collect();
+            let o = run(5, &fs, seed);
+            for r in o.results.iter().flatten() {
+                match detected {
+                    None => assert!(
+                        matches!(
+                            r,
+                            Err(Error::NoMajority {
+                                counted: 2,
+                                members: 5,
+                                ..
+                            })
+                        ),
+                        "seed {seed}: {r:?}"
+                    ),
+                    Some(_) => {
+                        assert!(matches!(r, Ok(d) if d.members == vec![0, 1]), "{r:?}")
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A rank publishes again when its evidence grows, so the others decide from it.
+#[test]
+fn a_rank_publishes_again_when_its_evidence_grows() {
+    let g = GroupId::WORLD;
+    let deadline = Time::ZERO + Duration::from_secs(1);
+    let mut ag = Agreement::new(g, 0, vec![0, 1, 2], 3, deadline);
+    let Ask::Publish { value, .. } = ag.poll() else {
+        panic!("not publishing")
+    };
+    assert_eq!(
+        Proposal::decode(&value, &[0, 1, 2]).map(|p| p.evidence),
+        Some(Evidence::default())
+    );
+    let _ = ag.poll();
+    let e = Evidence {
+        suspected: [2].into(),
+        ..Evidence::default()
+    };
+    ag.looked(vec![None, None, None, None], Time::ZERO, &e);
+    let Ask::Publish { value, .. } = ag.poll() else {
+        panic!("not publishing again")
+    };
+    assert_eq!(
+        Proposal::decode(&value, &[0, 1, 2]).map(|p| p.evidence),
+        Some(e.clone())
+    );
+    assert!(matches!(ag.poll(), Ask::Look { .. }));
+    ag.looked(vec![None, None, None, None], Time::ZERO, &e);
+    assert!(
+        matches!(ag.poll(), Ask::Look { .. }),
+        "unchanged: no publish"
+    );
 }
