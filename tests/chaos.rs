@@ -52,21 +52,33 @@ enum Fault {
     BadCall,
     /// Every link of the victim cut (in one process: `World::cut`); it goes on running.
     Isolate,
+    /// The one link between the victim and another rank cut.
+    OneLink,
+    /// The ranks split in two sides (the victim and another rank, and the rest) whose links
+    /// to each other are cut.
+    Partition,
 }
 
-const FAULTS: [Fault; 6] = [
+const FAULTS: [Fault; 8] = [
     Fault::Kill,
     Fault::GiveUp,
     Fault::Revoke,
     Fault::Straggle,
     Fault::BadCall,
     Fault::Isolate,
+    Fault::OneLink,
+    Fault::Partition,
 ];
+
+/// The faults that cut links (one process only).
+const CUTS: usize = 3;
 
 #[derive(Clone, Copy, Debug)]
 struct Trial {
     world: usize,
     victim: usize,
+    /// The other end of a cut link, the victim's side's other rank in a partition.
+    other: usize,
     fault: Fault,
     at_step: usize,
     /// A second rank killed while it recovers, after this many microseconds.
@@ -74,18 +86,23 @@ struct Trial {
 }
 
 impl Trial {
-    /// A random trial; `isolate`: whether the harness can cut links.
-    fn random(rng: &mut Rng, isolate: bool) -> Trial {
+    /// A random trial; `cuts`: whether the harness can cut links.
+    fn random(rng: &mut Rng, cuts: bool) -> Trial {
         let world = 3 + rng.below(3);
         let victim = rng.below(world);
-        let kinds = if isolate {
+        let other = (victim + 1 + rng.below(world - 1)) % world;
+        let kinds = if cuts {
             FAULTS.len()
         } else {
-            FAULTS.len() - 1
+            FAULTS.len() - CUTS
         };
         let fault = FAULTS[rng.below(kinds)];
-        let costs_a_rank = !matches!(fault, Fault::Straggle | Fault::BadCall);
-        let second = (costs_a_rank && world > 3 && rng.below(3) == 0).then(|| {
+        // A second kill only where it cannot change whom the first fault leaves out.
+        let costs_one = matches!(
+            fault,
+            Fault::Kill | Fault::GiveUp | Fault::Revoke | Fault::Isolate
+        );
+        let second = (costs_one && world > 3 && rng.below(3) == 0).then(|| {
             let mut v = rng.below(world);
             if v == victim {
                 v = (v + 1) % world;
@@ -95,11 +112,71 @@ impl Trial {
         Trial {
             world,
             victim,
+            other,
             fault,
             at_step: 1 + rng.below(STEPS - 3),
             second,
         }
     }
+
+    /// The two sides of the trial's cut, if it cuts links.
+    fn sides(&self) -> Option<(Vec<usize>, Vec<usize>)> {
+        let (v, o, w) = (self.victim, self.other, self.world);
+        match self.fault {
+            Fault::Isolate => Some((vec![v], (0..w).filter(|&r| r != v).collect())),
+            Fault::OneLink => Some((vec![v], vec![o])),
+            Fault::Partition => Some((vec![v, o], (0..w).filter(|&r| r != v && r != o).collect())),
+            _ => None,
+        }
+    }
+
+    /// Whether the fault may leave out live rank `r`: the rank cut off from every other; a
+    /// cut link's higher end; the smaller side of a partition (of two equal sides, the one
+    /// with the highest rank: every rank has as many broken links, and the highest goes
+    /// first). Any other live rank left out fails the trial.
+    fn may_leave_out(&self, r: usize) -> bool {
+        match (self.fault, self.sides()) {
+            (Fault::Isolate, _) => r == self.victim,
+            (Fault::OneLink, _) => r == self.victim.max(self.other),
+            (Fault::Partition, Some((a, b))) => {
+                let out = match a.len().cmp(&b.len()) {
+                    std::cmp::Ordering::Less => a,
+                    std::cmp::Ordering::Greater => b,
+                    std::cmp::Ordering::Equal if a.contains(&(self.world - 1)) => a,
+                    std::cmp::Ordering::Equal => b,
+                };
+                out.contains(&r)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Items in each step's global batch: every world size here (1 to 5) divides it, so every
+/// rank's share is whole.
+const BATCH: usize = 60;
+
+/// Item `j` of step `step`'s global batch.
+fn item(step: usize, j: usize) -> i64 {
+    let mut r = Rng((step as u64) << 32 | j as u64);
+    (r.next() % 1000) as i64
+}
+
+/// The sum of step `step`'s batch: what every all_reduce of that step must give, whoever
+/// is left.
+fn batch_sum(step: usize) -> i64 {
+    (0..BATCH).map(|j| item(step, j)).sum()
+}
+
+/// The trained state after one more step: it depends on every step made, in order, so a
+/// step skipped or made twice (a wrong `completed`) shows at the end.
+fn train(state: i64, sum: i64) -> i64 {
+    state.wrapping_mul(1_000_003).wrapping_add(sum)
+}
+
+/// The state of a run with no fault.
+fn clean_state() -> i64 {
+    (0..STEPS).fold(0, |s, step| train(s, batch_sum(step)))
 }
 
 /// How a rank ended.
@@ -122,8 +199,8 @@ struct Rank<'a> {
     trial: Trial,
     fault_at: &'a Mutex<Option<Instant>>,
     die: &'a (dyn Fn() + Sync),
-    /// Cuts every link of this rank (`Fault::Isolate`; one process only).
-    isolate: &'a (dyn Fn() + Sync),
+    /// Cuts every link between two sides of ranks (one process only).
+    cut: &'a (dyn Fn(&[usize], &[usize]) + Sync),
 }
 
 impl Rank<'_> {
@@ -140,6 +217,8 @@ impl Rank<'_> {
     fn run(&self, mut comm: Communicator) -> End {
         let t = self.trial;
         let (mut step, mut base) = (0usize, 0usize);
+        // The trained state after each step made (`states[k]`: after `k` steps).
+        let mut states = vec![0i64];
         let mut recovering = false;
         let mut recovered = None;
         let (mut straggled, mut bad_made) = (false, false);
@@ -166,9 +245,13 @@ impl Rank<'_> {
                         straggled = true;
                         std::thread::sleep(Duration::from_millis(50));
                     }
-                    Fault::Isolate if !recovering && recovered.is_none() => {
+                    Fault::Isolate | Fault::OneLink | Fault::Partition
+                        if !recovering && recovered.is_none() =>
+                    {
                         self.mark_fault();
-                        (self.isolate)();
+                        if let Some((a, b)) = t.sides() {
+                            (self.cut)(&a, &b);
+                        }
                     }
                     Fault::BadCall if !bad_made => {
                         bad_made = true;
@@ -186,9 +269,14 @@ impl Rank<'_> {
                     _ => {}
                 }
             }
-            let want: i64 = comm.members().iter().map(|&m| m as i64 + 1).sum();
+            // This rank's share of the step's batch, by its place in the group.
+            let (i, n) = (comm.rank(), comm.size());
+            let share: i64 = (i * BATCH / n..(i + 1) * BATCH / n)
+                .map(|j| item(step, j))
+                .sum();
+            let want = batch_sum(step);
             let got = comm
-                .all_reduce(Tensor::from_vec(vec![self.me as i64 + 1]), ReduceOp::Sum)
+                .all_reduce(Tensor::from_vec(vec![share]), ReduceOp::Sum)
                 .wait();
             match got.and_then(|t| t.to_vec::<i64>()) {
                 Ok(v) if v == vec![want] => {
@@ -197,6 +285,9 @@ impl Rank<'_> {
                         recovered = recovered.or(self.since_fault());
                     }
                     step += 1;
+                    states.truncate(step);
+                    let last = states.last().copied().unwrap_or(0);
+                    states.push(train(last, v[0]));
                 }
                 Ok(v) => return End::Bad(format!("wrong result {v:?}, not [{want}]")),
                 Err(e) => {
@@ -234,11 +325,26 @@ impl Rank<'_> {
                             comm = r.communicator;
                             recovering = true;
                         }
-                        Err(Error::LeftOut { .. }) => return End::LeftOut,
+                        Err(e @ Error::LeftOut { .. }) => {
+                            return if t.may_leave_out(self.me) {
+                                End::LeftOut
+                            } else {
+                                End::Bad(format!("a live rank left out: {e}"))
+                            };
+                        }
                         Err(e) => return End::Bad(format!("shrink: {e}")),
                     }
                 }
             }
+        }
+        // The steps made again after a recovery replace the ones that did not complete
+        // everywhere: the state is the clean run's.
+        let state = states.get(STEPS).copied();
+        if state != Some(clean_state()) {
+            return End::Bad(format!(
+                "trained state {state:?}, not the clean run's {}",
+                clean_state()
+            ));
         }
         End::Finished(recovered)
     }
@@ -248,7 +354,7 @@ impl Rank<'_> {
 #[derive(Default)]
 struct Tally {
     trials: usize,
-    by_fault: [usize; 6],
+    by_fault: [usize; 8],
     seconds: usize,
     hangs: usize,
     bad: Vec<String>,
@@ -286,6 +392,9 @@ impl Tally {
                 End::Bad(why) => self.bad.push(format!("{t:?}, rank {r}: {why}")),
             }
         }
+        if !ends.iter().any(|e| matches!(e, End::Finished(_))) {
+            self.bad.push(format!("{t:?}: no rank finished"));
+        }
         if ends.iter().any(|e| matches!(e, End::Bad(_))) {
             return;
         }
@@ -301,7 +410,7 @@ impl Tally {
         self.retries.sort();
         let (r, b) = (&self.recoveries, &self.retries);
         println!(
-            "chaos {what}: {} faults (kill {}, give up {}, revoke {}, straggler {}, bad call {}, isolated {}; a second kill during recovery in {}): hangs {}, wrong or unbounded {}, left out {}; recovery p50 {} p99 {} max {} over {} recoveries; after a bad call, the step made again p50 {} p99 {} max {} over {}",
+            "chaos {what}: {} faults (kill {}, give up {}, revoke {}, straggler {}, bad call {}, isolated {}, one link cut {}, partition {}; a second kill during recovery in {}): hangs {}, wrong, unbounded, false alarms or live ranks left out {}, cut-off ranks left out {}; recovery p50 {} p99 {} max {} over {} recoveries; after a bad call, the step made again p50 {} p99 {} max {} over {}",
             self.trials,
             self.by_fault[0],
             self.by_fault[1],
@@ -309,6 +418,8 @@ impl Tally {
             self.by_fault[3],
             self.by_fault[4],
             self.by_fault[5],
+            self.by_fault[6],
+            self.by_fault[7],
             self.seconds,
             self.hangs,
             self.bad.len(),
@@ -352,9 +463,11 @@ fn in_process(trial: Trial) -> Option<Vec<End>> {
             let die = || {
                 let _ = world.kill(me);
             };
-            let isolate = || {
-                for other in (0..world.size()).filter(|&o| o != me) {
-                    let _ = world.cut(me, other);
+            let cut = |a: &[usize], b: &[usize]| {
+                for &x in a {
+                    for &y in b {
+                        let _ = world.cut(x, y);
+                    }
                 }
             };
             let rank = Rank {
@@ -362,7 +475,7 @@ fn in_process(trial: Trial) -> Option<Vec<End>> {
                 trial,
                 fault_at: &fault_at,
                 die: &die,
-                isolate: &isolate,
+                cut: &cut,
             };
             let comm = world.communicators()[me].clone();
             let _ = tx.send((me, rank.run(comm)));
@@ -388,7 +501,10 @@ fn collect(w: usize, rx: &mpsc::Receiver<(usize, End)>) -> Option<Vec<End>> {
 fn chaos_in_one_process() {
     let mut rng = Rng(seed());
     let mut tally = Tally::default();
-    for _ in 0..count("CHAOS_LOCAL", 40) {
+    // A thousand faults in CI's long run (`COLLECTIX_LONG_TESTS=1`), with those of the
+    // processes (`cli/tests/chaos.rs`).
+    let long = std::env::var_os("COLLECTIX_LONG_TESTS").is_some_and(|v| v == "1");
+    for _ in 0..count("CHAOS_LOCAL", if long { 1000 } else { 40 }) {
         let t = Trial::random(&mut rng, true);
         let ends = in_process(t);
         tally.add(&t, ends);
@@ -440,7 +556,7 @@ fn over_tcp(trial: Trial) -> Option<Vec<End>> {
                     die: &die,
                     // Not drawn over TCP (`Trial::random`): `cli/tests/chaos.rs` cuts real
                     // links.
-                    isolate: &|| {},
+                    cut: &|_, _| {},
                 };
                 let end = rank.run(comm);
                 if let Some(p) = p.lock().unwrap_or_else(|e| e.into_inner()).take() {

@@ -15,6 +15,7 @@ use crate::work::RankThreads;
 use actix::{Addr, ArbiterHandle};
 use std::sync::Arc;
 use std::thread::ThreadId;
+use std::time::Duration;
 
 /// What a birthplace brings to make a rank of.
 pub(crate) struct Birth {
@@ -39,7 +40,14 @@ pub(crate) struct Birth {
     pub(crate) hub: Option<Arc<LocalHub>>,
     /// Where its groups get boards (`None`: every call goes through the engine).
     pub(crate) boards: Option<Arc<dyn BoardSource>>,
+    /// How long the survivors' agreement waits, once it sees a link broken, for the rest of
+    /// the evidence: what its links need to notice a cut (a heartbeat or two over TCP).
+    pub(crate) settle: Duration,
 }
+
+/// What a rank of one process waits for the evidence of a cut to settle: `World::cut`
+/// breaks both ends at once.
+pub(crate) const SETTLE_IN_PROCESS: Duration = Duration::from_millis(20);
 
 /// The rank made of `birth`: its links in place, its board wake-ups routed to its driver.
 pub(crate) fn assemble(birth: Birth) -> Arc<RankShared> {
@@ -54,6 +62,7 @@ pub(crate) fn assemble(birth: Birth) -> Arc<RankShared> {
         store,
         hub,
         boards,
+        settle,
     } = birth;
     driver.set_links(links);
     if boards.is_some() {
@@ -73,5 +82,6 @@ pub(crate) fn assemble(birth: Birth) -> Arc<RankShared> {
         hub,
         incarnation,
         boards,
+        settle,
     })
 }

@@ -45,6 +45,9 @@ pub(crate) struct RankShared {
     /// Where the rank's groups get their boards, the shared memory their small calls run
     /// in (`None`: every call goes through the engine).
     pub(crate) boards: Option<Arc<dyn crate::board::BoardSource>>,
+    /// How long the survivors' agreement waits, once it sees a link broken, for the rest of
+    /// the evidence (`Agreement::settling_for`).
+    pub(crate) settle: std::time::Duration,
 }
 
 /// One group as one rank holds it: its info and the counters that order its calls. On cache

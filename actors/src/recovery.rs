@@ -130,7 +130,8 @@ impl Communicator {
             completed,
             driver.now() + wait,
         )
-        .with_evidence(&evidence);
+        .with_evidence(&evidence)
+        .settling_for(member.rank.settle);
         let agreement = if everyone {
             agreement.waiting_for_everyone()
         } else {
@@ -193,7 +194,8 @@ impl Communicator {
                 });
             }
             let deadline = rank.driver.now() + wait;
-            let ag = Agreement::newcomer(id, rank.rank, members.clone(), deadline);
+            let ag = Agreement::newcomer(id, rank.rank, members.clone(), deadline)
+                .settling_for(rank.settle);
             let old = Old {
                 id,
                 members,
@@ -244,6 +246,7 @@ fn agree(rank: &Arc<RankShared>, old: &Old, mut ag: Agreement) -> Result<Recover
     loop {
         match ag.poll() {
             Ask::Publish { key, value } => {
+                tracing::debug!(rank = rank.rank, group = %old.id, evidence = ?rank.driver.survivors_view(old.id).0, "publishing a proposal");
                 if let Err(e) = store.set(&key, value) {
                     ag.fail(e);
                 }
@@ -255,16 +258,19 @@ fn agree(rank: &Arc<RankShared>, old: &Old, mut ag: Agreement) -> Result<Recover
                 Ok(values) => {
                     let (evidence, _) = rank.driver.survivors_view(old.id);
                     ag.looked(values, rank.driver.now(), &evidence);
-                    if matches!(ag.poll(), Ask::Look { .. }) {
+                    if ag.is_looking() {
                         std::thread::sleep(LOOK_EVERY);
                     }
                 }
                 Err(e) => ag.fail(e),
             },
-            Ask::Decide { key, value } => match store.compare_set(&key, b"", value) {
-                Ok(current) => ag.decided(&current),
-                Err(e) => ag.fail(e),
-            },
+            Ask::Decide { key, value } => {
+                tracing::debug!(rank = rank.rank, group = %old.id, "proposing a decision");
+                match store.compare_set(&key, b"", value) {
+                    Ok(current) => ag.decided(&current),
+                    Err(e) => ag.fail(e),
+                }
+            }
             Ask::Done => break,
         }
     }

@@ -109,6 +109,7 @@ impl World {
                 store: store.clone(),
                 hub: Some(hub.clone()),
                 boards: boards.clone().map(|b| b as Arc<dyn BoardSource>),
+                settle: crate::assemble::SETTLE_IN_PROCESS,
             });
             comms.push(Communicator::new(shared, info));
         }
@@ -249,6 +250,7 @@ impl World {
             store: self.parts.store.clone(),
             hub: Some(self.parts.hub.clone()),
             boards,
+            settle: crate::assemble::SETTLE_IN_PROCESS,
         });
         let comm = Communicator::new(shared, info);
         if let Some(slot) = lock(&self.current).get_mut(r) {

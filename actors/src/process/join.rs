@@ -329,6 +329,9 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
         // One rank per process: its device calls take NCCL.
         hub: None,
         boards,
+        // The links of a rank cut off fall silent together, and each end notices at its
+        // own heartbeat: two heartbeats and some.
+        settle: liveness.heartbeat * 2 + std::time::Duration::from_millis(50),
     });
     Ok(Joined {
         comm: Communicator::new(shared, info),

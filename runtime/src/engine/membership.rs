@@ -84,6 +84,7 @@ impl Engine {
     /// Records that this rank saw `peer` lost, with `certainty` (a certain loss is never
     /// made a suspicion again).
     pub(super) fn saw_lost(&mut self, peer: usize, certainty: Certainty) {
+        tracing::debug!(rank = self.rank, peer, ?certainty, "saw a peer lost");
         self.lost.insert(peer);
         let c = self.seen_lost.entry(peer).or_insert(certainty);
         *c = (*c).max(certainty);

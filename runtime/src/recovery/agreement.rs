@@ -18,9 +18,11 @@
 //!    dead, it proposes a decision from what it saw, with one compare-and-set of the decision
 //!    key from empty. Members: those that published and are not certainly dead, less as few
 //!    as leave every two of them connected (see [`evidence`](super::evidence)); completed:
-//!    the least of their proposals. The store keeps the first decision written and hands it
-//!    back to every later one: there is exactly one decision, whatever fails when. Without a
-//!    majority by the deadline, the rank decides nothing: [`Error::NoMajority`].
+//!    the least of their proposals. Once it sees a link between two members broken, it first
+//!    waits a moment ([`Agreement::settling_for`]) for the rest of the evidence. The store
+//!    keeps the first decision written and hands it back to every later one: there is
+//!    exactly one decision, whatever fails when. Without a majority by the deadline, the
+//!    rank decides nothing: [`Error::NoMajority`].
 //!
 //! **Regrow.** Where a launcher restarts what died, the survivors wait for every member
 //! ([`Agreement::waiting_for_everyone`]), and a lost member's new incarnation takes part as a
@@ -245,8 +247,16 @@ pub struct Agreement {
     published: Option<Evidence>,
     /// Proposals seen, by rank.
     seen: BTreeMap<usize, Proposal>,
+    /// Since when a broken link between two members that published has been seen.
+    broken_since: Option<Time>,
+    /// How long to wait from then for the rest of the evidence ([`SETTLE`]).
+    settle: std::time::Duration,
     outcome: Option<Result<Decision>>,
 }
+
+/// How long a rank waits by default, once it sees a link between two members broken, for
+/// the rest of the evidence before it decides (see [`Agreement::settling_for`]).
+pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Agreement {
     /// Global rank `me`'s agreement on the survivors of `group`, whose members are
@@ -271,6 +281,8 @@ impl Agreement {
             evidence: Evidence::default(),
             published: None,
             seen: BTreeMap::new(),
+            broken_since: None,
+            settle: SETTLE,
             outcome: None,
         }
     }
@@ -279,6 +291,16 @@ impl Agreement {
     /// publishes first; [`looked`](Self::looked) gives it anew each time).
     pub fn with_evidence(mut self, evidence: &Evidence) -> Agreement {
         self.evidence = evidence.within(&self.members, self.me);
+        self
+    }
+
+    /// This agreement waiting `settle`, once it sees a link between two members broken,
+    /// for the rest of the evidence before it decides (by default [`SETTLE`]). The links of
+    /// a rank cut off from the others do not all break at the same moment: each end notices
+    /// when its own link falls silent, a heartbeat apart; which members are left out depends
+    /// on all of them. The driver sets it to what its links need.
+    pub fn settling_for(mut self, settle: std::time::Duration) -> Agreement {
+        self.settle = settle;
         self
     }
 
@@ -312,7 +334,14 @@ impl Agreement {
         proposal_key(self.group, rank)
     }
 
-    /// What to do next.
+    /// Whether the agreement is looking at the store, waiting (the driver waits a little
+    /// before it asks again). Unlike [`poll`](Self::poll), takes nothing out.
+    pub fn is_looking(&self) -> bool {
+        self.step == Step::Look
+    }
+
+    /// What to do next. A publish is handed out once: the driver must carry out what this
+    /// returns.
     pub fn poll(&mut self) -> Ask {
         match &self.step {
             Step::Publish => {
@@ -358,6 +387,11 @@ impl Agreement {
                 self.seen.insert(m, p);
             }
         }
+        let broken = self.broken();
+        self.broken_since = match self.broken_since {
+            Some(t) if broken => Some(t),
+            _ => broken.then_some(now),
+        };
         match self.verdict(now) {
             Verdict::Decide(d) => self.step = Step::Decide(d.encode()),
             Verdict::Fail(e) => self.fail(e),
@@ -367,6 +401,19 @@ impl Agreement {
             }
             Verdict::Wait => {}
         }
+    }
+
+    /// Whether some member that published suspects another that published: a broken link
+    /// between two members that may both be alive.
+    fn broken(&self) -> bool {
+        self.seen.iter().any(|(&a, p)| {
+            let s = if a == self.me {
+                &self.evidence.suspected
+            } else {
+                &p.evidence.suspected
+            };
+            s.iter().any(|b| *b != a && self.seen.contains_key(b))
+        })
     }
 
     /// Whether to decide now, and what; to wait; or to give up.
@@ -440,6 +487,9 @@ impl Agreement {
             };
         }
         if !over && !self.members.iter().all(accounted) {
+            return Verdict::Wait;
+        }
+        if !over && self.broken_since.is_some_and(|t| now < t + self.settle) {
             return Verdict::Wait;
         }
         let (members, mut cut_off) = connected(&candidates, &suspects);

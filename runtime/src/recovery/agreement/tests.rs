@@ -10,6 +10,7 @@
 //!   live rank for dead here); a rank that is in the decision gets it, one that is not gets
 //!   `LeftOut` naming the decider.
 
+use crate::recovery::agreement::SETTLE;
 use crate::recovery::evidence::Proposal;
 use crate::recovery::{proposal_key, Agreement, Ask, Decision, Evidence};
 use crate::testing::sim::Rng;
@@ -67,7 +68,9 @@ fn run_cut(w: usize, failures: &[Failure], cuts: &[(usize, usize)], seed: u64) -
                 suspected: suspects(r),
                 ..Evidence::default()
             };
-            Agreement::new(group, r, members.clone(), completed[r], deadline).with_evidence(&e)
+            Agreement::new(group, r, members.clone(), completed[r], deadline)
+                .with_evidence(&e)
+                .settling_for(TICK * 50)
         })
         .collect();
     let mut store: BTreeMap<String, Vec<u8>> = BTreeMap::new();
@@ -795,4 +798,50 @@ fn a_rank_publishes_again_when_its_evidence_grows() {
         matches!(ag.poll(), Ask::Look { .. }),
         "unchanged: no publish"
     );
+}
+
+/// A broken link between two members: a rank waits `SETTLE` for the rest of the evidence
+/// (the other links of a rank cut off break a moment apart), then decides from all of it.
+#[test]
+fn a_broken_link_waits_a_moment_for_the_rest_of_the_evidence() {
+    let g = GroupId::WORLD;
+    let members = vec![0, 1, 2];
+    let deadline = Time::ZERO + Duration::from_secs(10);
+    let proposal = |suspected: &[usize]| {
+        let p = Proposal {
+            completed: Some(3),
+            evidence: Evidence {
+                suspected: suspected.iter().copied().collect(),
+                ..Evidence::default()
+            },
+        };
+        Some(p.encode())
+    };
+    let mut ag = Agreement::new(g, 0, members.clone(), 3, deadline);
+    let _ = ag.poll();
+    let _ = ag.poll();
+    // Rank 2 is cut off from both: first only its link to rank 1 shows broken.
+    let values =
+        |zero: &[usize], two: &[usize]| vec![None, proposal(zero), proposal(&[2]), proposal(two)];
+    ag.looked(values(&[], &[1]), Time::ZERO, &Evidence::default());
+    assert!(matches!(ag.poll(), Ask::Look { .. }), "it waits");
+    // Then its link to rank 0 too, in both ends' evidence.
+    let zero = Evidence {
+        suspected: [2].into(),
+        ..Evidence::default()
+    };
+    ag.looked(values(&[2], &[0, 1]), Time::ZERO + SETTLE / 2, &zero);
+    assert!(
+        matches!(ag.poll(), Ask::Publish { .. }),
+        "it publishes its evidence"
+    );
+    assert!(matches!(ag.poll(), Ask::Look { .. }));
+    ag.looked(values(&[2], &[0, 1]), Time::ZERO + SETTLE / 2, &zero);
+    assert!(matches!(ag.poll(), Ask::Look { .. }), "still within SETTLE");
+    ag.looked(values(&[2], &[0, 1]), Time::ZERO + SETTLE, &zero);
+    let Ask::Decide { value, .. } = ag.poll() else {
+        panic!("no decision")
+    };
+    let d = Decision::decode(&value, &members).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((d.members, d.cut_off), (vec![0, 1], vec![(2, 0)]));
 }
