@@ -664,12 +664,16 @@ impl Communicator {
 }
 
 impl Drop for Communicator {
-    /// A handle dropped while its thread unwinds from a panic (the rank's code failed, and
-    /// nobody supervises it) revokes its group, so that the other members hear at once
-    /// (their calls on it fail with [`Error::Revoked`] naming this rank) instead of at their
-    /// timeout. Under [`World::run`](crate::World::run) the policy then does the rest.
+    /// A handle dropped while one of the rank's own threads (its actor's) unwinds from a
+    /// panic revokes its group, so that the other members hear at once (their calls on it
+    /// fail with [`Error::Revoked`] naming this rank) instead of at their timeout: the rank
+    /// can no longer take part. On any other thread, a panic may be caught (`catch_unwind`,
+    /// a thread pool, an async runtime's task) and the program go on: a handle dropped then
+    /// does nothing. A body under [`World::run`](crate::World::run) that panics is handled
+    /// by its policy; a process whose panic ends it is heard at once by its peers (its
+    /// connections close).
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking() && self.member.rank.rank_threads.is_current() {
             let _ = self.member.rank.driver.revoke(self.member.group.info.id);
         }
     }
@@ -724,5 +728,40 @@ mod tests {
             .unwrap_or((Ok(()), None));
         assert_eq!(a, Err(Error::WouldDeadlock));
         assert_eq!(b, Some(Some(Error::WouldDeadlock)));
+    }
+
+    /// A panic that escapes onto a rank's own thread (its actor's), with a handle held
+    /// there, revokes the group: the others hear at once.
+    #[test]
+    fn a_panic_on_a_rank_s_own_thread_revokes_its_group() {
+        let w = World::local(3).unwrap_or_else(|e| panic!("{e}"));
+        let c = w.communicators().to_vec();
+        let held = c[0].clone();
+        c[0].member.rank.arbiter.spawn(async move {
+            let _held = held;
+            panic!("a bug on rank 0's own thread");
+        });
+        let got: Vec<_> = c[1..]
+            .iter()
+            .map(|c| {
+                c.all_reduce(
+                    collectix_runtime::Tensor::from_vec(vec![1.0f32]),
+                    collectix_runtime::ReduceOp::Sum,
+                )
+                .wait_timeout(Duration::from_secs(20))
+            })
+            .collect();
+        for (r, res) in got.into_iter().enumerate() {
+            let e = res.and_then(|r| r.err());
+            assert!(
+                matches!(
+                    e.as_ref().map(Error::root_cause),
+                    Some(Error::Revoked { by: 0, .. })
+                ),
+                "rank {}: {e:?}",
+                r + 1
+            );
+        }
+        drop(w);
     }
 }

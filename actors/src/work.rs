@@ -23,6 +23,11 @@ impl RankThreads {
     pub(crate) fn shared(threads: &[ThreadId]) -> Arc<RankThreads> {
         Arc::new(RankThreads(threads.into()))
     }
+
+    /// Whether the calling thread is one of them.
+    pub(crate) fn is_current(&self) -> bool {
+        self.0.contains(&std::thread::current().id())
+    }
 }
 
 /// A call in flight. The call was issued (and took its place in the group's order) when the
@@ -143,9 +148,7 @@ impl<T> Work<T> {
 
     fn on_rank_thread(&self) -> bool {
         match &self.state {
-            State::InFlight { rank_threads, .. } => {
-                rank_threads.0.contains(&std::thread::current().id())
-            }
+            State::InFlight { rank_threads, .. } => rank_threads.is_current(),
             // Nothing to block on.
             State::Ready(_) => false,
         }
