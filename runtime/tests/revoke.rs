@@ -160,3 +160,57 @@ fn a_rank_declared_lost_by_its_peers_is_told_so_not_that_it_lost_itself() {
         "rank 2 declared this rank lost (it was frozen, stopped or cut off) and went on without it"
     );
 }
+
+/// A call on the NCCL path completes, for the survivors' agreement, when its device
+/// operation does, not when its host agreement step does: until the driver says the device
+/// operation finished, the completed prefix stops before it, on every rank.
+#[test]
+fn a_call_on_the_nccl_path_completes_with_its_device_operation() {
+    use collectix_runtime::{DataPath, Plan};
+    let w = 2;
+    let mut sim = Sim::new(w, 3);
+    let case = all_reduce(w);
+    for r in 0..w {
+        sim.submit(r, GroupId::WORLD, case.request(r), &opts())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    sim.run(STEPS).unwrap_or_else(|e| panic!("{e:?}"));
+    // Call 1: the host step of a call on the NCCL path.
+    let ids: Vec<OpId> = (0..w)
+        .map(|r| {
+            let info = sim
+                .group(r, GroupId::WORLD)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let plan = Plan::new(case.request(r), &info, &opts())
+                .unwrap_or_else(|e| panic!("{e}"))
+                .with_path(DataPath::Nccl);
+            sim.submit_plan(r, GroupId::WORLD, plan)
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    sim.run(STEPS).unwrap_or_else(|e| panic!("{e:?}"));
+    for (r, id) in ids.iter().enumerate() {
+        assert!(matches!(sim.result(r, *id), Some(Ok(_))), "rank {r}");
+    }
+    let completed = |sim: &Sim, r: usize| {
+        sim.engine(r)
+            .and_then(|e| e.completed_calls(GroupId::WORLD))
+    };
+    for r in 0..w {
+        assert_eq!(
+            completed(&sim, r),
+            Some(1),
+            "rank {r}: the device operation runs"
+        );
+    }
+    for r in 0..w {
+        if let Some(e) = sim.engine_mut(r) {
+            e.device_done(GroupId::WORLD, 1);
+        }
+        assert_eq!(
+            completed(&sim, r),
+            Some(2),
+            "rank {r}: the device operation finished"
+        );
+    }
+}

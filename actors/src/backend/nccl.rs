@@ -139,6 +139,16 @@ pub(crate) fn call<T: Send + 'static>(
         }
     };
     let (done, work) = Work::pair(member.rank.rank_threads.clone(), map);
+    // The call completes, for the survivors' agreement, when its device operation does.
+    let done: Done<Output> = {
+        let (driver, group) = (member.rank.driver.clone(), info.id);
+        Box::new(move |r: Result<Output>| {
+            if r.is_ok() {
+                driver.device_done(group, seq);
+            }
+            done(r)
+        })
+    };
     let timeout = opts.timeout.unwrap_or(info.options.timeout);
     member.issue_raw(
         seq,

@@ -399,6 +399,13 @@ impl Driver {
         })
     }
 
+    /// Call `seq` of `group`, on the NCCL path, finished its device operation (see
+    /// `Engine::device_done`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn device_done(&self, group: GroupId, seq: u64) {
+        self.run(|core, _, _| core.engine.device_done(group, seq));
+    }
+
     /// Revokes a group on the rank (see `Engine::revoke_group`).
     pub(crate) fn revoke(&self, group: GroupId) -> Result<()> {
         self.run(|core, _, _| {

@@ -307,6 +307,11 @@ impl Engine {
             if let Some(s) = g.done.insert(seq, Some(op.fp)) {
                 g.forgotten_below = g.forgotten_below.max(s + 1);
             }
+            // The host step of a call on the NCCL path: the call completes with its device
+            // operation (`device_done`).
+            if op.fp.path == crate::ids::DataPath::Nccl {
+                g.device_open.insert(seq);
+            }
         }
         match op.state {
             // The output is assembled when the event is polled, after the messages this call

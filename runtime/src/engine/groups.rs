@@ -53,6 +53,9 @@ pub(super) struct Group {
     pub(super) board_inquiries: FastMap<u64, super::board::BoardInquiry>,
     /// The verdicts of those reports, for the calls they were about.
     pub(super) board_verdicts: FastMap<u64, Error>,
+    /// Calls on the NCCL path whose host step finished and whose device operation has not
+    /// finished yet (sequence numbers): not completed, for the survivors' agreement.
+    pub(super) device_open: BTreeSet<u64>,
 }
 
 /// The fingerprints of a group's last [`DONE_KEPT`] finished calls, by sequence number: a
@@ -151,6 +154,7 @@ impl Engine {
             active: FastMap::default(),
             unexpected: HashMap::new(),
             done: DoneCalls::default(),
+            device_open: BTreeSet::new(),
             forgotten_below: 0,
             p2p_send_seq: HashMap::new(),
             p2p_recv_seq: HashMap::new(),
@@ -178,11 +182,24 @@ impl Engine {
 
     /// How many of the group's collective calls completed on this rank without a gap: calls
     /// `0..n` (by sequence number) all did (`None`: not a group of this rank). A failed call
-    /// ends the prefix. For a call on the NCCL path, it is the host agreement step that
-    /// counts (the device operation itself may fail after it). This is this rank's part of
-    /// the survivors' agreement on what completed everywhere (`recovery::Agreement`).
+    /// ends the prefix. A call on the NCCL path completes when its device operation does
+    /// ([`device_done`](Self::device_done)), not when its host agreement step does. This is
+    /// this rank's part of the survivors' agreement on what completed everywhere
+    /// (`recovery::Agreement`).
     pub fn completed_calls(&self, id: GroupId) -> Option<u64> {
-        self.groups.get(&id).map(|g| g.done.prefix())
+        self.groups.get(&id).map(|g| {
+            let prefix = g.done.prefix();
+            g.device_open.first().map_or(prefix, |&s| s.min(prefix))
+        })
+    }
+
+    /// Call `seq` of group `gid`, on the NCCL path, finished its device operation: it counts
+    /// as completed from now on (see [`completed_calls`](Self::completed_calls)). Its host
+    /// step finished before (the device operation starts after it).
+    pub fn device_done(&mut self, gid: GroupId, seq: u64) {
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.device_open.remove(&seq);
+        }
     }
 
     /// Why the group was aborted, if it was.

@@ -199,6 +199,11 @@ impl Sim {
         self.engines.get(rank)
     }
 
+    /// Rank `rank`'s engine, to tell it what its driver would (a device operation's end).
+    pub fn engine_mut(&mut self, rank: usize) -> Option<&mut Engine> {
+        self.engines.get_mut(rank)
+    }
+
     /// The seed.
     pub fn seed(&self) -> u64 {
         self.seed
