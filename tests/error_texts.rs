@@ -158,16 +158,36 @@ fn texts() -> Vec<(&'static str, String)> {
             .unwrap_or_default(),
     ));
     drop(w);
-    let w = World::local_with(
-        3,
-        GroupOptions::default().with_timeout(Duration::from_millis(200)),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let short_world = |n: usize| {
+        World::local_with(
+            n,
+            GroupOptions::default().with_timeout(Duration::from_millis(200)),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let w = short_world(3);
     let c = w.communicators();
-    // Rank 0 alone comes to the agreement, and decides at the timeout; rank 2 comes after.
+    // Rank 1 is killed; rank 0 comes to the agreement (with rank 1 dead, a majority) and
+    // decides at the timeout; rank 2 comes after.
+    let _ = w.kill(1);
     let _ = c[0].shrink().wait();
     let late = c[2].shrink().wait();
     out.push(("left out", late.err().map(t).unwrap_or_default()));
+    drop(w);
+    // A cut link: its higher end is left out, told why.
+    let w = short_world(3);
+    let c = w.communicators();
+    let _ = w.cut(1, 2);
+    let shrinks: Vec<_> = c.iter().map(|c| c.shrink()).collect();
+    let cut = common::wait_all(shrinks, 60).remove(2);
+    out.push(("left out, a cut link", cut.err().map(t).unwrap_or_default()));
+    drop(w);
+    // Two of five come to the agreement; the three others never do.
+    let w = short_world(5);
+    let c = w.communicators();
+    let two: Vec<_> = c[..2].iter().map(|c| c.shrink()).collect();
+    let got = common::wait_all(two, 60).remove(0);
+    out.push(("no majority", got.err().map(t).unwrap_or_default()));
     drop(w);
 
     let store = MemoryStore::new();

@@ -19,9 +19,11 @@ use std::time::Duration;
 
 /// What a birthplace brings to make a rank of.
 pub(crate) struct Birth {
-    /// The rank in its world, and the world's size.
+    /// The rank in its world, and the world's size (its standbys included).
     pub(crate) rank: usize,
     pub(crate) world: usize,
+    /// How many of the world's ranks are hot standbys (the last ones).
+    pub(crate) standbys: usize,
     /// Which incarnation of its rank this is: 0 for the first, one more for each restart.
     pub(crate) incarnation: u32,
     /// The rank's driver, with its engine.
@@ -54,6 +56,7 @@ pub(crate) fn assemble(birth: Birth) -> Arc<RankShared> {
     let Birth {
         rank,
         world,
+        standbys,
         incarnation,
         driver,
         actor: (addr, arbiter),
@@ -72,6 +75,7 @@ pub(crate) fn assemble(birth: Birth) -> Arc<RankShared> {
     Arc::new(RankShared {
         rank,
         world,
+        standbys,
         addr,
         driver,
         arbiter,

@@ -116,9 +116,9 @@ impl Communicator {
         self.member.global_rank()
     }
 
-    /// Ranks in the world.
+    /// Ranks in the world (its hot standbys not counted).
     pub fn world_size(&self) -> usize {
-        self.member.rank.world
+        self.member.rank.world - self.member.rank.standbys
     }
 
     /// Which incarnation of its rank this handle's rank is: 0 for the first, one more for

@@ -27,7 +27,9 @@ pub(crate) const STAGING_BYTES: usize = 128 << 20;
 /// What a rank handle shares across its groups.
 pub(crate) struct RankShared {
     pub(crate) rank: usize,
+    /// The world's size, its hot standbys included (the last `standbys` ranks).
     pub(crate) world: usize,
+    pub(crate) standbys: usize,
     pub(crate) addr: Addr<RankActor>,
     /// The rank's engine and inbox: calls are issued on it directly (see `rank::driver`).
     pub(crate) driver: Arc<Driver>,

@@ -38,7 +38,7 @@ use crate::comm::Communicator;
 use crate::member::RankShared;
 use crate::store::Store;
 use crate::work::Work;
-use collectix_runtime::recovery::{decision_key, Agreement, Ask, Decision};
+use collectix_runtime::recovery::{decision_key, open_key, Agreement, Ask, Decision};
 use collectix_runtime::{Error, GroupId, GroupInfo, GroupOptions, Result};
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,8 +132,15 @@ impl Communicator {
         )
         .with_evidence(&evidence)
         .settling_for(member.rank.settle);
+        // A regrow takes the job's hot standbys: each lost member is replaced in this very
+        // agreement. The standbys join it when they see it open.
+        let rank = &member.rank;
+        let standbys: Vec<usize> = (rank.world - rank.standbys..rank.world).collect();
         let agreement = if everyone {
-            agreement.waiting_for_everyone()
+            agreement
+                .waiting_for_everyone()
+                .with_standbys(&standbys)
+                .with_evidence(&evidence)
         } else {
             agreement
         };
@@ -142,7 +149,11 @@ impl Communicator {
             members: info.members.clone(),
             options: info.options.clone(),
         };
-        run_agreement(member.rank.clone(), self.device_backend, move |_| {
+        let open = everyone && !standbys.is_empty();
+        run_agreement(member.rank.clone(), self.device_backend, move |rank| {
+            if open {
+                rank.store.set(&open_key(old.id), Vec::new())?;
+            }
             Ok((old, agreement))
         })
     }
@@ -203,6 +214,84 @@ impl Communicator {
             };
             Ok((old, ag))
         })
+    }
+}
+
+impl Communicator {
+    /// A hot standby (a rank of [`World::standbys`](crate::World::standbys)) waits, at most
+    /// `wait`, to replace a lost rank: it follows the groups the job's world becomes, and
+    /// when the survivors of one [`regrow`](Self::regrow), it joins their agreement; the
+    /// first decision that gives it a lost rank's place ends the wait, with a handle on the
+    /// new group, in which it has that rank's group rank and none of the state (it is in
+    /// [`Recovered::joined`]: the others send it the state). A regrow that needs no standby,
+    /// or takes another, leaves it waiting. [`Error::Shutdown`] if its world stops first; a
+    /// store error if `wait` runs out. On a rank that is not a standby, an error.
+    pub fn stand_by(&self, wait: Duration) -> Work<Recovered> {
+        let rank = &self.member.rank;
+        if rank.rank < rank.world - rank.standbys {
+            return self.member.ready(Err(Error::invalid(format!(
+                "rank {} is no standby (the world's standbys are ranks {} to {})",
+                rank.rank,
+                rank.world - rank.standbys,
+                rank.world.saturating_sub(1)
+            ))));
+        }
+        let options = self.member.group.info.options.clone();
+        let (rank, backend) = (rank.clone(), self.device_backend);
+        let (c, work) = Work::raw(rank.rank_threads.clone());
+        let spawned = std::thread::Builder::new()
+            .name("collectix-standby".into())
+            .spawn(move || {
+                let r = stand_by(&rank, options, wait);
+                c.complete(r.map(|r| Recovered {
+                    communicator: r.communicator.with_device_backend(backend),
+                    ..r
+                }))
+            });
+        match spawned {
+            Ok(_) => work,
+            Err(e) => Work::ready(Err(Error::Resource(format!(
+                "cannot start a standby's wait: {e}"
+            )))),
+        }
+    }
+}
+
+/// A standby's wait (blocking): follows the job's chain of groups, and joins each regrow's
+/// agreement that opens, until one takes it.
+fn stand_by(rank: &Arc<RankShared>, options: GroupOptions, wait: Duration) -> Result<Recovered> {
+    let store = rank.store.as_ref();
+    let active = rank.world - rank.standbys;
+    let deadline = rank.driver.now() + wait;
+    loop {
+        if rank.driver.is_closed() {
+            return Err(Error::Shutdown);
+        }
+        if rank.driver.now() >= deadline {
+            return Err(Error::Store(format!(
+                "standby rank {} was not called to replace a lost rank within {wait:?}",
+                rank.rank
+            )));
+        }
+        let (id, members) = current_group(store, active)?;
+        if !store.check(&[open_key(id).as_str()])? {
+            std::thread::sleep(LOOK_EVERY);
+            continue;
+        }
+        let (evidence, _) = rank.driver.survivors_view(id);
+        let ag = Agreement::standby(id, rank.rank, members.clone(), deadline)
+            .with_evidence(&evidence)
+            .settling_for(rank.settle);
+        let old = Old {
+            id,
+            members,
+            options: options.clone(),
+        };
+        match agree(rank, &old, ag) {
+            // Not taken this time: wait for the group this one became.
+            Err(Error::LeftOut { .. }) => continue,
+            other => return other,
+        }
     }
 }
 

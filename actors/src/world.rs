@@ -26,6 +26,9 @@ use std::thread::{JoinHandle, ThreadId};
 /// the world logs those instead (`tracing`, at `error`).
 pub struct World {
     comms: Vec<Communicator>,
+    /// The hot standbys' handles (global ranks from `comms.len()` on), each on a group of
+    /// its own until it replaces a lost rank ([`Communicator::stand_by`]).
+    standbys: Vec<Communicator>,
     system: Option<System>,
     thread: Option<JoinHandle<()>>,
     /// What a restarted rank is made with (see [`World::restart`]).
@@ -58,14 +61,38 @@ impl World {
     }
 
     /// Starts `n` ranks whose world group uses `options`.
-    pub fn local_with(n: usize, mut options: GroupOptions) -> Result<World> {
+    pub fn local_with(n: usize, options: GroupOptions) -> Result<World> {
+        World::local_with_standbys(n, 0, options)
+    }
+
+    /// Starts `n` ranks whose world group uses `options`, and `standbys` hot standbys
+    /// (global ranks `n..n + standbys`): ranks that are connected to every other and stay
+    /// out of the world group, each waiting ([`Communicator::stand_by`] on
+    /// [`standbys`](Self::standbys)) to take the place of a lost rank when the survivors
+    /// [`regrow`](Communicator::regrow): the group is whole again in the same agreement,
+    /// with no rank to restart.
+    pub fn local_with_standbys(
+        n: usize,
+        standbys: usize,
+        mut options: GroupOptions,
+    ) -> Result<World> {
         if n == 0 {
             return Err(Error::invalid("a world needs at least one rank"));
         }
         options.locality = Locality::Process;
-        // Each rank's view of the world group, made (and checked) before any thread starts.
-        let infos = (0..n)
-            .map(|r| GroupInfo::world(n, r, options.clone()))
+        let total = n
+            .checked_add(standbys)
+            .ok_or_else(|| Error::invalid("too many standbys"))?;
+        // Each rank's view of the world group, made (and checked) before any thread starts;
+        // a standby's group of its own.
+        let infos = (0..total)
+            .map(|r| {
+                if r < n {
+                    GroupInfo::world(n, r, options.clone())
+                } else {
+                    GroupInfo::new(standby_group(r), vec![r], r, options.clone())
+                }
+            })
             .collect::<Result<Vec<_>>>()?;
         let spin = spin_from_env(DEFAULT_SPIN);
         // The ranks share an address space: outputs that can be shared are one buffer for
@@ -74,7 +101,7 @@ impl World {
         // Spinning callers yield their core now and then only if the ranks outnumber the
         // cores (a yield is a system call; with a core each, the peer is already running).
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let yields = if n > cores { YIELD_TURNS } else { 0 };
+        let yields = if total > cores { YIELD_TURNS } else { 0 };
         let drivers: Vec<Arc<Driver>> = infos
             .iter()
             .enumerate()
@@ -95,12 +122,13 @@ impl World {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         // What the ranks share for device calls on one GPU (the device-local path).
         let hub = Arc::new(crate::device::cuda::LocalHub::new());
-        let mut comms = Vec::with_capacity(n);
+        let mut comms = Vec::with_capacity(total);
         let ranks = started.ranks.into_iter().zip(&drivers).zip(infos);
         for (r, (((addr, arbiter, _), driver), info)) in ranks.enumerate() {
             let shared = assemble(Birth {
                 rank: r,
-                world: n,
+                world: total,
+                standbys,
                 incarnation: 0,
                 driver: driver.clone(),
                 actor: (addr, arbiter),
@@ -113,9 +141,13 @@ impl World {
             });
             comms.push(Communicator::new(shared, info));
         }
+        let standbys = comms.split_off(n);
+        let mut all = comms.clone();
+        all.extend(standbys.iter().cloned());
         Ok(World {
-            current: Mutex::new(comms.clone()),
+            current: Mutex::new(all),
             comms,
+            standbys,
             system: Some(started.system),
             thread: Some(started.thread),
             parts: Parts {
@@ -131,7 +163,13 @@ impl World {
         })
     }
 
-    /// Ranks.
+    /// The hot standbys' handles, in order (global ranks from [`size`](Self::size) on):
+    /// each waits with [`Communicator::stand_by`] to replace a lost rank.
+    pub fn standbys(&self) -> &[Communicator] {
+        &self.standbys
+    }
+
+    /// Ranks (the standbys not counted).
     pub fn size(&self) -> usize {
         self.comms.len()
     }
@@ -241,7 +279,8 @@ impl World {
         });
         let shared = assemble(Birth {
             rank: r,
-            world: self.comms.len(),
+            world: self.comms.len() + self.standbys.len(),
+            standbys: self.standbys.len(),
             incarnation: old.incarnation().saturating_add(1),
             driver: driver.clone(),
             actor: (addr, arbiter),
@@ -344,6 +383,11 @@ impl Drop for World {
             tracing::error!(rank, error = %e, "a world dropped without shutdown() swallowed this failure");
         }
     }
+}
+
+/// The group of its own a standby of global rank `r` is in until it replaces a lost rank.
+pub(crate) fn standby_group(r: usize) -> collectix_runtime::GroupId {
+    collectix_runtime::GroupId::derive(collectix_runtime::GroupId::WORLD, u64::MAX - 1, &[r as u64])
 }
 
 #[cfg(test)]

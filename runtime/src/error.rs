@@ -709,7 +709,7 @@ fn peer_shutdown_text(rank: usize, undelivered: usize) -> String {
 fn left_out_why(decided_by: usize, link_to: Option<usize>) -> String {
     match link_to {
         Some(peer) => format!(
-            "its link to rank {peer} broke; of two members that cannot reach each other, the one with more broken links goes, the higher rank on a tie; rank {decided_by} decided"
+            "its link to rank {peer} broke; of two members that cannot reach each other, the one with more broken links goes, the higher rank on a tie"
         ),
         None => format!(
             "rank {decided_by} decided who survived before this rank joined the agreement, or knew it dead"

@@ -320,6 +320,7 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
     let shared = assemble(Birth {
         rank,
         world,
+        standbys: 0,
         incarnation,
         driver,
         actor: (addr, arbiter),

@@ -59,8 +59,10 @@ const DECISION_HEAD: usize = 4 + 8 + 8 + 4;
 /// What the survivors of a group agreed on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
-    /// The members of the new group (global ranks, ascending): the new group ranks are
-    /// their positions.
+    /// The members of the new group (global ranks), in the new group's order: its group
+    /// ranks are their positions. The failed group's members that go on keep their order;
+    /// a standby that replaces a lost member takes that member's place
+    /// ([`replaced`](Self::replaced)).
     pub members: Vec<usize>,
     /// Calls `0..completed` of the failed group (by sequence number) completed on every
     /// member of the new group; the rest must be made again (torchft's "should commit").
@@ -73,6 +75,11 @@ pub struct Decision {
     /// The members that published but were left out because links between live members
     /// broke, each with a peer it could not reach (in order).
     pub cut_off: Vec<(usize, usize)>,
+    /// The lost members that a standby replaces (a hot standby: a rank that joined the job
+    /// outside the group, connected, and waits), each with its standby, in order: the
+    /// standby takes the lost member's place in the new group, and is among
+    /// [`joined`](Self::joined).
+    pub replaced: Vec<(usize, usize)>,
 }
 
 impl Decision {
@@ -84,13 +91,14 @@ impl Decision {
 
     /// The decision as the store keeps it.
     pub fn encode(&self) -> Vec<u8> {
-        let n = self.members.len() + self.joined.len();
-        let mut v = Vec::with_capacity(DECISION_HEAD + 4 + 8 * n);
+        let n = self.members.len() + self.joined.len() + 2 * self.cut_off.len();
+        let mut v = Vec::with_capacity(DECISION_HEAD + 12 + 8 * (n + 2 * self.replaced.len()));
         v.extend_from_slice(&DECISION_MAGIC);
         v.extend_from_slice(&(self.decided_by as u64).to_le_bytes());
         v.extend_from_slice(&self.completed.to_le_bytes());
         let pairs: Vec<usize> = self.cut_off.iter().flat_map(|&(a, b)| [a, b]).collect();
-        for list in [&self.members, &self.joined, &pairs] {
+        let swaps: Vec<usize> = self.replaced.iter().flat_map(|&(a, b)| [a, b]).collect();
+        for list in [&self.members, &self.joined, &pairs, &swaps] {
             v.extend_from_slice(&(list.len() as u32).to_le_bytes());
             for &m in list {
                 v.extend_from_slice(&(m as u64).to_le_bytes());
@@ -138,22 +146,53 @@ impl Decision {
         let Some((joined, at)) = list(at) else {
             return Err(bad("new incarnations' count and length disagree"));
         };
-        let Some((pairs, end)) = list(at) else {
+        let Some((pairs, at)) = list(at) else {
             return Err(bad("the cut-off members' count and length disagree"));
+        };
+        let Some((swaps, end)) = list(at) else {
+            return Err(bad("the replaced members' count and length disagree"));
         };
         if end != bytes.len() || members.is_empty() || members.len() > old.len() {
             return Err(bad("member count and length disagree"));
         }
-        let cut_off: Vec<(usize, usize)> = pairs.chunks_exact(2).map(|p| (p[0], p[1])).collect();
-        if pairs.len() % 2 != 0
-            || !cut_off
-                .iter()
-                .all(|(a, b)| old.contains(a) && old.contains(b) && !members.contains(a))
+        let two = |v: &[usize]| -> Option<Vec<(usize, usize)>> {
+            (v.len() % 2 == 0).then(|| v.chunks_exact(2).map(|p| (p[0], p[1])).collect())
+        };
+        let (Some(cut_off), Some(replaced)) = (two(&pairs), two(&swaps)) else {
+            return Err(bad("a list of pairs has an odd length"));
+        };
+        if !cut_off
+            .iter()
+            .all(|(a, b)| old.contains(a) && old.contains(b) && !members.contains(a))
         {
             return Err(bad("the cut-off members are not members left out"));
         }
+        let standbys: Vec<usize> = replaced.iter().map(|r| r.1).collect();
+        let distinct = |v: &[usize]| v.iter().collect::<BTreeSet<_>>().len() == v.len();
+        if !distinct(&standbys)
+            || !replaced.iter().all(|&(lost, s)| {
+                old.contains(&lost)
+                    && !members.contains(&lost)
+                    && !old.contains(&s)
+                    && members.contains(&s)
+            })
+        {
+            return Err(bad(
+                "the replaced members are not lost members, each with a standby",
+            ));
+        }
         let ordered = |v: &[usize]| v.windows(2).all(|w| w[0] < w[1]);
-        if !ordered(&members) || !members.iter().all(|m| old.contains(m)) {
+        let kept: Vec<usize> = members
+            .iter()
+            .copied()
+            .filter(|m| old.contains(m))
+            .collect();
+        if !distinct(&members)
+            || !ordered(&kept)
+            || !members
+                .iter()
+                .all(|m| old.contains(m) || standbys.contains(m))
+        {
             return Err(bad(
                 "members are not distinct members of the failed group, in order",
             ));
@@ -170,6 +209,7 @@ impl Decision {
             decided_by,
             joined,
             cut_off,
+            replaced,
         })
     }
 }
@@ -177,6 +217,13 @@ impl Decision {
 /// The store key of the decision on the survivors of `group`.
 pub fn decision_key(group: GroupId) -> String {
     format!("collectix/survivors/{group}/decision")
+}
+
+/// The store key that says an agreement on the survivors of `group` began: the survivors
+/// of a regrow that may take standbys set it first, and the standbys, which follow the job's
+/// chain of groups, join the agreement when they see it.
+pub fn open_key(group: GroupId) -> String {
+    format!("collectix/survivors/{group}/open")
 }
 
 /// The store key of rank `rank`'s proposal in the agreement on the survivors of `group`.
@@ -247,6 +294,12 @@ pub struct Agreement {
     published: Option<Evidence>,
     /// Proposals seen, by rank.
     seen: BTreeMap<usize, Proposal>,
+    /// The job's standbys that may replace a lost member (global ranks, ascending; none
+    /// but in a regrow), and the proposals seen of those that came.
+    standbys: Vec<usize>,
+    seen_standbys: BTreeMap<usize, Proposal>,
+    /// Whether this rank is a standby itself: it publishes, looks, and never decides.
+    standing_by: bool,
     /// Since when a broken link between two members that published has been seen.
     broken_since: Option<Time>,
     /// How long to wait from then for the rest of the evidence ([`SETTLE`]).
@@ -281,6 +334,9 @@ impl Agreement {
             evidence: Evidence::default(),
             published: None,
             seen: BTreeMap::new(),
+            standbys: Vec::new(),
+            seen_standbys: BTreeMap::new(),
+            standing_by: false,
             broken_since: None,
             settle: SETTLE,
             outcome: None,
@@ -290,7 +346,7 @@ impl Agreement {
     /// This agreement with this rank's evidence against its peers from the start (what it
     /// publishes first; [`looked`](Self::looked) gives it anew each time).
     pub fn with_evidence(mut self, evidence: &Evidence) -> Agreement {
-        self.evidence = evidence.within(&self.members, self.me);
+        self.evidence = evidence.within(&self.known(), self.me);
         self
     }
 
@@ -320,6 +376,37 @@ impl Agreement {
         Agreement {
             completed: None,
             everyone: true,
+            ..Agreement::new(group, me, members, 0, deadline)
+        }
+    }
+
+    /// This regrow taking the job's `standbys` (global ranks outside the group, which wait
+    /// with [`Agreement::standby`]): each lost member (certainly dead, suspected by a strict
+    /// majority, or cut off) is replaced by a standby that came, in order, in this very
+    /// round; only the lost members no standby replaces are waited for (their new
+    /// incarnations) until the deadline.
+    pub fn with_standbys(mut self, standbys: &[usize]) -> Agreement {
+        let mut v: Vec<usize> = standbys
+            .iter()
+            .copied()
+            .filter(|s| !self.members.contains(s))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        self.standbys = v;
+        self
+    }
+
+    /// The part of global rank `me`, a standby outside `group` (whose members are
+    /// `members`), in the agreement of its survivors: it publishes that it is there (no
+    /// state), and ends with the decision, in which it is a member (it replaced a lost one:
+    /// [`Decision::replaced`]) or not (then [`Error::LeftOut`]: it stays a standby). It
+    /// never decides; at `deadline` it gives up.
+    pub fn standby(group: GroupId, me: usize, members: Vec<usize>, deadline: Time) -> Agreement {
+        Agreement {
+            completed: None,
+            everyone: true,
+            standing_by: true,
             ..Agreement::new(group, me, members, 0, deadline)
         }
     }
@@ -359,6 +446,7 @@ impl Agreement {
             Step::Look => {
                 let mut keys = vec![self.decision_key()];
                 keys.extend(self.members.iter().map(|&m| self.proposal_key(m)));
+                keys.extend(self.standbys.iter().map(|&m| self.proposal_key(m)));
                 Ask::Look { keys }
             }
             Step::Decide(value) => Ask::Decide {
@@ -375,16 +463,25 @@ impl Agreement {
         if self.step != Step::Look {
             return;
         }
-        self.evidence = evidence.within(&self.members, self.me);
+        let known = self.known();
+        self.evidence = evidence.within(&known, self.me);
         let mut values = values.into_iter();
         if let Some(Some(d)) = values.next() {
             self.adopt(&d);
             return;
         }
-        for (&m, v) in self.members.iter().zip(values) {
+        let mut values = values.into_iter();
+        for (&m, v) in self.members.iter().zip(values.by_ref()) {
             // Anything that is not a proposal is not counted.
-            if let Some(p) = v.and_then(|v| Proposal::decode(&v, &self.members)) {
+            if let Some(p) = v.and_then(|v| Proposal::decode(&v, &known)) {
                 self.seen.insert(m, p);
+            }
+        }
+        for (&m, v) in self.standbys.iter().zip(values) {
+            // A standby's proposal brings no state.
+            let p = v.and_then(|v| Proposal::decode(&v, &known));
+            if let Some(p) = p.filter(|p| p.completed.is_none()) {
+                self.seen_standbys.insert(m, p);
             }
         }
         let broken = self.broken();
@@ -403,6 +500,13 @@ impl Agreement {
         }
     }
 
+    /// The members and the standbys: the ranks whose evidence matters.
+    fn known(&self) -> Vec<usize> {
+        let mut v = self.members.clone();
+        v.extend(self.standbys.iter().copied());
+        v
+    }
+
     /// Whether some member that published suspects another that published: a broken link
     /// between two members that may both be alive.
     fn broken(&self) -> bool {
@@ -419,13 +523,31 @@ impl Agreement {
     /// Whether to decide now, and what; to wait; or to give up.
     fn verdict(&self, now: Time) -> Verdict {
         let me = self.me;
-        let majority = self.members.len() / 2 + 1;
-        // Certainly dead, by this rank's evidence or any published (never this rank).
-        let mut dead = self.evidence.dead.clone();
-        for p in self.seen.values() {
-            dead.extend(p.evidence.dead.iter().copied());
+        let over = now >= self.deadline;
+        if self.standing_by {
+            // A standby only waits for the decision.
+            return if over {
+                Verdict::Fail(Error::Store(format!(
+                    "standby rank {me} was not called into a group made of group {} before its wait ran out",
+                    self.group
+                )))
+            } else {
+                Verdict::Wait
+            };
         }
-        dead.remove(&me);
+        let majority = self.members.len() / 2 + 1;
+        // Certainly dead, by this rank's evidence or any published (never this rank), among
+        // the members and the standbys.
+        let mut dead_known = self.evidence.dead.clone();
+        for p in self.seen.values() {
+            dead_known.extend(p.evidence.dead.iter().copied());
+        }
+        dead_known.remove(&me);
+        let dead: BTreeSet<usize> = dead_known
+            .iter()
+            .copied()
+            .filter(|m| self.members.contains(m))
+            .collect();
         // A member known dead counts only as a new incarnation, and only in a regrow: the
         // proposal its lost incarnation may have published before it died is not counted
         // (it would make a group that fails at once).
@@ -457,12 +579,31 @@ impl Agreement {
                 .filter(|&&c| suspects(c).contains(&m))
                 .count()
         };
+        // The standbys that came and can reach every candidate, in order; and the members a
+        // standby can replace (lost: dead, or suspected by a majority), in order.
+        let available: Vec<usize> = self
+            .seen_standbys
+            .iter()
+            .filter(|(s, p)| {
+                !dead_known.contains(s)
+                    && !candidates.iter().any(|&c| suspects(c).contains(s))
+                    && !p.evidence.suspected.iter().any(|c| candidates.contains(c))
+            })
+            .map(|(&s, _)| s)
+            .collect();
+        let replaceable: Vec<usize> = self
+            .members
+            .iter()
+            .copied()
+            .filter(|m| !candidates.contains(m) && (dead.contains(m) || votes(*m) >= majority))
+            .take(available.len())
+            .collect();
         let accounted = |m: &usize| {
             candidates.contains(m)
                 || (!self.everyone && (dead.contains(m) || votes(*m) >= majority))
+                || replaceable.contains(m)
         };
         let quorum = candidates.union(&dead).count() >= majority;
-        let over = now >= self.deadline;
         if !candidates.contains(&me) {
             // Never decide without this rank's own proposal: it is in the store before any
             // look.
@@ -504,7 +645,33 @@ impl Agreement {
             }
         }
         cut_off.sort_unstable();
+        // Each member that does not go on takes a standby, in order, while standbys last.
+        let replaced: Vec<(usize, usize)> = self
+            .members
+            .iter()
+            .copied()
+            .filter(|m| !members.contains(m))
+            .zip(available.iter().copied())
+            .collect();
         let proposal = |m: &usize| self.seen.get(m).map(|p| p.completed);
+        let mut joined: Vec<usize> = members
+            .iter()
+            .copied()
+            .filter(|m| proposal(m) == Some(None))
+            .chain(replaced.iter().map(|r| r.1))
+            .collect();
+        joined.sort_unstable();
+        let order: Vec<usize> = self
+            .members
+            .iter()
+            .filter_map(|m| {
+                if members.contains(m) {
+                    Some(*m)
+                } else {
+                    replaced.iter().find(|r| r.0 == *m).map(|r| r.1)
+                }
+            })
+            .collect();
         Verdict::Decide(Decision {
             completed: members
                 .iter()
@@ -512,14 +679,11 @@ impl Agreement {
                 .flatten()
                 .min()
                 .unwrap_or(0),
-            joined: members
-                .iter()
-                .copied()
-                .filter(|m| proposal(m) == Some(None))
-                .collect(),
-            members: members.into_iter().collect(),
+            joined,
+            members: order,
             decided_by: me,
             cut_off,
+            replaced,
         })
     }
 

@@ -6,5 +6,5 @@
 pub mod agreement;
 pub mod evidence;
 
-pub use agreement::{decision_key, proposal_key, Agreement, Ask, Decision};
+pub use agreement::{decision_key, open_key, proposal_key, Agreement, Ask, Decision};
 pub use evidence::Evidence;

@@ -280,6 +280,7 @@ fn a_malformed_decision_is_an_error() {
         decided_by: 2,
         joined: vec![2],
         cut_off: vec![(1, 0)],
+        replaced: Vec::new(),
     };
     let bytes = good.encode();
     assert_eq!(Decision::decode(&bytes, &old), Ok(good.clone()));
@@ -367,6 +368,7 @@ fn a_malformed_decision_is_an_error() {
         decided_by: 6,
         joined: vec![1, 4],
         cut_off: vec![(2, 1), (5, 6)],
+        replaced: Vec::new(),
     };
     let wide: Vec<usize> = (0..8).collect();
     assert_eq!(Decision::decode(&big.encode(), &wide), Ok(big));
@@ -844,4 +846,93 @@ fn a_broken_link_waits_a_moment_for_the_rest_of_the_evidence() {
     };
     let d = Decision::decode(&value, &members).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((d.members, d.cut_off), (vec![0, 1], vec![(2, 0)]));
+}
+
+/// A regrow with a standby: the dead member's place goes to the standby in the same round,
+/// on every schedule, and the standby is told it is in; with no standby there, the survivors
+/// wait for the dead member's new incarnation until the deadline.
+#[test]
+fn a_standby_takes_a_dead_member_s_place_in_the_same_round() {
+    for seed in 0..100 {
+        let mut rng = Rng::new(seed);
+        let group = GroupId::derive(GroupId::WORLD, 6, &[seed]);
+        let members = vec![0, 1, 2, 3];
+        let deadline = Time::ZERO + TICK * DEADLINE_TICKS as u32;
+        let dead = Evidence {
+            dead: [2].into(),
+            ..Evidence::default()
+        };
+        let mut ags: Vec<Agreement> = [0, 1, 3]
+            .iter()
+            .map(|&r| {
+                Agreement::new(group, r, members.clone(), 5, deadline)
+                    .waiting_for_everyone()
+                    .with_standbys(&[4])
+                    .with_evidence(&dead)
+            })
+            .collect();
+        ags.push(Agreement::standby(group, 4, members.clone(), deadline));
+        let mut store: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        let mut tick = 0u64;
+        while ags.iter().any(|a| a.outcome().is_none()) {
+            tick += 1;
+            assert!(tick < DEADLINE_TICKS, "seed {seed}: no decision before the deadline");
+            let now = Time::ZERO + TICK * tick as u32;
+            let live: Vec<usize> = (0..ags.len()).filter(|&i| ags[i].outcome().is_none()).collect();
+            let ag = &mut ags[live[rng.below(live.len())]];
+            match ag.poll() {
+                Ask::Publish { key, value } => {
+                    store.insert(key, value);
+                }
+                Ask::Look { keys } => {
+                    let values = keys.iter().map(|k| store.get(k).cloned()).collect();
+                    ag.looked(values, now, &dead);
+                }
+                Ask::Decide { key, value } => {
+                    let current = store.entry(key).or_insert(value).clone();
+                    ag.decided(&current);
+                }
+                Ask::Done => {}
+            }
+        }
+        for a in &ags {
+            let d = a.outcome().cloned().unwrap_or_else(|| panic!("seed {seed}: none"));
+            let d = d.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            assert_eq!(d.members, vec![0, 1, 4, 3], "seed {seed}");
+            assert_eq!((d.joined, d.replaced, d.completed), (vec![4], vec![(2, 4)], 5));
+        }
+    }
+}
+
+/// A decision's replacements are checked like the rest: a standby that was a member, a lost
+/// member still in the group, a standby twice, or an odd list is malformed.
+#[test]
+fn a_malformed_replacement_is_an_error() {
+    let old = [0usize, 1, 2];
+    let good = Decision {
+        members: vec![0, 7, 2],
+        completed: 1,
+        decided_by: 0,
+        joined: vec![7],
+        cut_off: Vec::new(),
+        replaced: vec![(1, 7)],
+    };
+    assert_eq!(Decision::decode(&good.encode(), &old), Ok(good.clone()));
+    for replaced in [vec![(1, 2)], vec![(0, 7)], vec![(1, 7), (1, 7)]] {
+        let bad = Decision {
+            replaced,
+            ..good.clone()
+        };
+        assert!(Decision::decode(&bad.encode(), &old).is_err(), "{bad:?}");
+    }
+    let unreplaced = Decision {
+        replaced: Vec::new(),
+        ..good.clone()
+    };
+    assert!(Decision::decode(&unreplaced.encode(), &old).is_err());
+    let mut odd = good.encode();
+    let n = odd.len();
+    odd[n - 20..n - 16].copy_from_slice(&3u32.to_le_bytes());
+    odd.truncate(n - 8);
+    assert!(Decision::decode(&odd, &old).is_err());
 }
