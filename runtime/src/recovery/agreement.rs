@@ -156,7 +156,9 @@ impl Decision {
             return Err(bad("member count and length disagree"));
         }
         let two = |v: &[usize]| -> Option<Vec<(usize, usize)>> {
-            (v.len() % 2 == 0).then(|| v.chunks_exact(2).map(|p| (p[0], p[1])).collect())
+            v.len()
+                .is_multiple_of(2)
+                .then(|| v.chunks_exact(2).map(|p| (p[0], p[1])).collect())
         };
         let (Some(cut_off), Some(replaced)) = (two(&pairs), two(&swaps)) else {
             return Err(bad("a list of pairs has an odd length"));
@@ -470,7 +472,6 @@ impl Agreement {
             self.adopt(&d);
             return;
         }
-        let mut values = values.into_iter();
         for (&m, v) in self.members.iter().zip(values.by_ref()) {
             // Anything that is not a proposal is not counted.
             if let Some(p) = v.and_then(|v| Proposal::decode(&v, &known)) {

@@ -876,9 +876,14 @@ fn a_standby_takes_a_dead_member_s_place_in_the_same_round() {
         let mut tick = 0u64;
         while ags.iter().any(|a| a.outcome().is_none()) {
             tick += 1;
-            assert!(tick < DEADLINE_TICKS, "seed {seed}: no decision before the deadline");
+            assert!(
+                tick < DEADLINE_TICKS,
+                "seed {seed}: no decision before the deadline"
+            );
             let now = Time::ZERO + TICK * tick as u32;
-            let live: Vec<usize> = (0..ags.len()).filter(|&i| ags[i].outcome().is_none()).collect();
+            let live: Vec<usize> = (0..ags.len())
+                .filter(|&i| ags[i].outcome().is_none())
+                .collect();
             let ag = &mut ags[live[rng.below(live.len())]];
             match ag.poll() {
                 Ask::Publish { key, value } => {
@@ -896,10 +901,16 @@ fn a_standby_takes_a_dead_member_s_place_in_the_same_round() {
             }
         }
         for a in &ags {
-            let d = a.outcome().cloned().unwrap_or_else(|| panic!("seed {seed}: none"));
+            let d = a
+                .outcome()
+                .cloned()
+                .unwrap_or_else(|| panic!("seed {seed}: none"));
             let d = d.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
             assert_eq!(d.members, vec![0, 1, 4, 3], "seed {seed}");
-            assert_eq!((d.joined, d.replaced, d.completed), (vec![4], vec![(2, 4)], 5));
+            assert_eq!(
+                (d.joined, d.replaced, d.completed),
+                (vec![4], vec![(2, 4)], 5)
+            );
         }
     }
 }
