@@ -8,7 +8,7 @@ use collectix::{Communicator, DeviceBackend, Result, World};
 /// The ranks this process drives: every rank of an in-process world, or its own rank of a
 /// job over TCP.
 pub(super) enum Ranks {
-    Local(World, Vec<Communicator>),
+    Local(Box<World>, Vec<Communicator>),
     Tcp(Box<collectix::Process>, Communicator),
 }
 
@@ -25,7 +25,7 @@ impl Ranks {
                     .iter()
                     .map(|c| c.with_device_backend(backend))
                     .collect();
-                Ranks::Local(world, comms)
+                Ranks::Local(Box::new(world), comms)
             }
             Transport::Tcp | Transport::Shm => {
                 let p = collectix::init(
