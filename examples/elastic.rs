@@ -168,6 +168,8 @@ fn flags() -> std::result::Result<Flags, String> {
 /// How long the survivors wait for a restarted rank (`--max-restarts`), and a restarted
 /// rank for the survivors.
 const REGROW_WAIT: Duration = Duration::from_secs(30);
+/// How long a standby waits to be called (the job's end releases it sooner).
+const STANDBY_WAIT: Duration = Duration::from_secs(3600);
 
 /// Where a rank stands: its group, its parameters (and those before its last step, for a
 /// rollback), the step it is at, and how the group's calls map to steps.
@@ -257,7 +259,10 @@ fn body() -> collectix::Result<()> {
     )?;
     let me = p.communicator().global_rank();
     println!("rank {me}: pid {}", std::process::id());
-    let restart = std::env::var("COLLECTIX_ON_FAILURE").is_ok_and(|v| v == "restart");
+    // Under `--max-restarts` or `--standby`, the survivors regrow: a restarted process or a
+    // standby takes the lost rank's place.
+    let restart =
+        std::env::var("COLLECTIX_ON_FAILURE").is_ok_and(|v| v == "restart" || v == "standby");
     let mut t = Training {
         comm: p.communicator().clone(),
         w: [0.0; D],
@@ -286,6 +291,29 @@ fn body() -> collectix::Result<()> {
     // Whether a step on a rebuilt group is still to be reported, and whether the bad call
     // (`--bad-call-rank`) was made.
     let (mut report_next, mut bad_made) = (false, false);
+    if p.is_standby() {
+        // A hot standby (`--standby`): it waits, connected, to take a lost rank's place, and
+        // takes the state from the others when it does.
+        let called = p.stand_by(STANDBY_WAIT).wait().and_then(|r| {
+            t.comm = r.communicator;
+            share_state(&mut t, &r.joined)
+        });
+        match called {
+            Ok(()) => {
+                println!("rank {me}: took a lost rank's place at step {}", t.step);
+                report_next = true;
+            }
+            Err(Error::Shutdown) => {
+                println!("rank {me}: a standby the job did not need");
+                return p.shutdown();
+            }
+            Err(e) => {
+                println!("rank {me}: cannot stand by: {e}");
+                p.abort();
+                std::process::exit(1);
+            }
+        }
+    }
     // The faults asked for happen in the job's first run only: not in a restarted rank, nor
     // in a job torchrun started again (`--max-restarts`: torchrun restarts every worker, and
     // the job starts over).

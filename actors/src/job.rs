@@ -73,6 +73,9 @@ pub struct InitArgs {
     /// Which protocol the store speaks (else `COLLECTIX_STORE_PROTOCOL`, else as
     /// [`JobConfig::store_protocol`] says).
     pub store_protocol: Option<crate::store::StoreProtocol>,
+    /// How many of the world's ranks are hot standbys (else `COLLECTIX_STANDBYS`, which
+    /// `collectix launch --standby N` sets; else none): see [`JobConfig::standbys`].
+    pub standbys: Option<usize>,
 }
 
 /// Where the job's rendezvous store is.
@@ -254,6 +257,11 @@ pub struct JobConfig {
     /// (`COLLECTIX_INCARNATION`, which `collectix launch --max-restarts` sets). A process
     /// with a higher one rejoins a running job: see `Process::rejoin`.
     pub incarnation: u32,
+    /// How many of the `world_size` ranks are hot standbys: the last ones, which join and
+    /// connect but stay out of the world group, each waiting to take a lost rank's place
+    /// (`Process::stand_by`). `COLLECTIX_STANDBYS`, which `collectix launch --standby N`
+    /// sets; below `world_size`.
+    pub standbys: usize,
 }
 
 /// Ports derived from a job id fall in `PORT_BASE..PORT_BASE + PORT_SPAN`.
@@ -415,6 +423,20 @@ impl JobConfig {
                 ))
             })?,
         };
+        let standbys = match (args.standbys, var(env, "COLLECTIX_STANDBYS")) {
+            (Some(n), _) => n,
+            (None, None) => 0,
+            (None, Some(v)) => v.trim().parse::<usize>().map_err(|_| {
+                Error::invalid(format!(
+                    "COLLECTIX_STANDBYS={v:?} is not a non-negative integer"
+                ))
+            })?,
+        };
+        if standbys >= world_size {
+            return Err(Error::invalid(format!(
+                "{standbys} standbys leave no rank of a world of {world_size} to stand by for"
+            )));
+        }
         Ok(JobConfig {
             rank,
             world_size,
@@ -426,6 +448,7 @@ impl JobConfig {
             store_protocol,
             attempt,
             incarnation,
+            standbys,
         })
     }
 }

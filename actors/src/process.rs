@@ -264,6 +264,7 @@ pub(crate) fn init_with(
     let joined = join(Joining {
         rank,
         world,
+        standbys: config.standbys,
         options,
         store: &store,
         store_host: store_host.as_deref(),
@@ -348,8 +349,9 @@ struct Joined {
 struct Joining<'a> {
     /// This rank.
     rank: usize,
-    /// Ranks in the job.
+    /// Ranks in the job, and how many of them (the last) are hot standbys.
     world: usize,
+    standbys: usize,
     /// The world group's options.
     options: GroupOptions,
     /// The job's store.
@@ -470,6 +472,8 @@ impl Process {
         // saw lost never will leave: they are not waited for.
         let (rank, world) = (self.config.rank, self.config.world_size);
         let lost = self.comm.member.rank.driver.lost_peers();
+        // The standbys are not waited for: they stay until the job is over.
+        let world = world - self.config.standbys;
         let alive = || (0..world).filter(|r| !lost.contains(r));
         // The store is gone with rank 0 where rank 0 served it: each request would wait out
         // the store's timeout to reconnect (three of them, three timeouts). Likewise after

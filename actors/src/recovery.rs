@@ -171,6 +171,20 @@ impl crate::Process {
     pub fn rejoin(&self, wait: Duration) -> Work<Recovered> {
         self.communicator().rejoin(wait)
     }
+
+    /// Whether this process is one of the job's hot standbys (`collectix launch --standby
+    /// N`; [`JobConfig::standbys`](crate::JobConfig::standbys)).
+    pub fn is_standby(&self) -> bool {
+        let c = self.config();
+        c.rank >= c.world_size - c.standbys
+    }
+
+    /// A hot standby waits to replace a lost rank: [`Communicator::stand_by`] on its
+    /// communicator. It ends with [`Error::Shutdown`] once every member of the job's
+    /// current group has left (the job is over without needing it).
+    pub fn stand_by(&self, wait: Duration) -> Work<Recovered> {
+        self.communicator().stand_by(wait)
+    }
 }
 
 impl Communicator {
@@ -274,6 +288,13 @@ fn stand_by(rank: &Arc<RankShared>, options: GroupOptions, wait: Duration) -> Re
             )));
         }
         let (id, members) = current_group(store, active)?;
+        // The job is over: every member of its current group left (processes say so in the
+        // store as they leave).
+        let left: Vec<String> = members.iter().map(|m| format!("left/{m}")).collect();
+        let left: Vec<&str> = left.iter().map(String::as_str).collect();
+        if store.check(&left)? {
+            return Err(Error::Shutdown);
+        }
         if !store.check(&[open_key(id).as_str()])? {
             std::thread::sleep(LOOK_EVERY);
             continue;

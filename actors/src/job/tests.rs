@@ -41,6 +41,7 @@ fn torchrun_variables() {
             store_protocol: crate::store::StoreProtocol::Collectix,
             attempt: 0,
             incarnation: 0,
+            standbys: 0,
         })
     );
     err_names(
@@ -490,4 +491,31 @@ fn the_store_protocol_is_torchs_under_an_agent_store_unless_said_otherwise() {
     let mut gloo = torchrun.to_vec();
     gloo.push(("COLLECTIX_STORE_PROTOCOL", "gloo"));
     err_names(resolve(&none, &gloo), "COLLECTIX_STORE_PROTOCOL");
+}
+
+#[test]
+fn standbys_come_from_the_launcher_and_leave_a_rank_to_stand_by_for() {
+    let with = |n: &str| {
+        resolve(
+            &InitArgs::default(),
+            &[
+                ("RANK", "8"),
+                ("WORLD_SIZE", "9"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", "29500"),
+                ("COLLECTIX_STANDBYS", n),
+            ],
+        )
+    };
+    assert!(matches!(
+        with("1"),
+        Ok(JobConfig {
+            rank: 8,
+            world_size: 9,
+            standbys: 1,
+            ..
+        })
+    ));
+    assert!(with("9").is_err(), "a world of standbys only");
+    assert!(with("x").is_err());
 }

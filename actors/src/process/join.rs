@@ -220,6 +220,7 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
     let Joining {
         rank,
         world,
+        standbys,
         options,
         store,
         store_host,
@@ -263,7 +264,19 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
     let mut options = options;
     options.hosts = Some(Arc::from(p.host_index));
     options.locality = p.locality;
-    let info = GroupInfo::world(world, rank, options.clone())?;
+    // The world group leaves out the standbys; a standby is in a group of its own until it
+    // replaces a lost rank.
+    let active = world - standbys;
+    let info = if rank < active {
+        GroupInfo::world(active, rank, options.clone())?
+    } else {
+        GroupInfo::new(
+            crate::world::standby_group(rank),
+            vec![rank],
+            rank,
+            options.clone(),
+        )?
+    };
     let local = p.hosts.iter().filter(|h| **h == p.host).count();
     let driver = rank_driver(rank, &info, local, host_id.is_some());
     let system::Started {
@@ -320,7 +333,7 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
     let shared = assemble(Birth {
         rank,
         world,
-        standbys: 0,
+        standbys,
         incarnation,
         driver,
         actor: (addr, arbiter),

@@ -80,6 +80,13 @@ pub(crate) struct LaunchArgs {
     /// examples/elastic.rs does). Beyond it, `--on-failure` applies.
     #[arg(long = "max-restarts", default_value_t = 0)]
     max_restarts: usize,
+    /// Hot standbys on this node: processes that join the job (ranks after every node's
+    /// processes; `WORLD_SIZE` counts them, `COLLECTIX_STANDBYS` says how many) and wait,
+    /// connected, outside the world group (`Process::stand_by`). When a process dies, the
+    /// others go on (as `--on-failure shrink`) and a standby takes the lost rank's place
+    /// when they regrow (`COLLECTIX_ON_FAILURE=standby`; examples/elastic.rs does).
+    #[arg(long = "standby", default_value_t = 0)]
+    standby: usize,
     /// The program and its arguments (after `--`).
     #[arg(required = true, last = true)]
     program: Vec<String>,
@@ -147,12 +154,12 @@ pub(crate) fn run(a: &LaunchArgs) -> u8 {
         ended: tx,
     };
     let mut job = Job {
-        children: Vec::with_capacity(a.nproc_per_node),
+        children: Vec::with_capacity(a.nproc_per_node + a.standby),
         ended,
-        relays: Vec::with_capacity(2 * a.nproc_per_node),
+        relays: Vec::with_capacity(2 * (a.nproc_per_node + a.standby)),
         spawner,
     };
-    for local in 0..a.nproc_per_node {
+    for local in 0..a.nproc_per_node + a.standby {
         match job.spawner.spawn(local, local, 0, &mut job.relays) {
             Ok(p) => job.children.push(p),
             Err(e) => {

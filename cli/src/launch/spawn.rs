@@ -121,14 +121,23 @@ impl Spawner<'_> {
         relays: &mut Vec<JoinHandle<()>>,
     ) -> std::io::Result<Proc> {
         let a = self.a;
-        let world = a.nproc_per_node * a.nnodes;
-        let rank = a.node_rank * a.nproc_per_node + local;
+        let active = a.nproc_per_node * a.nnodes;
+        let standbys = a.standby * a.nnodes;
+        let world = active + standbys;
+        // The standbys come after every node's processes.
+        let rank = if local < a.nproc_per_node {
+            a.node_rank * a.nproc_per_node + local
+        } else {
+            active + a.node_rank * a.standby + (local - a.nproc_per_node)
+        };
         let mut cmd = Command::new(&self.exe);
         if let Some(s) = self.secret {
             cmd.env("COLLECTIX_SECRET", s);
         }
         let policy = if a.max_restarts > 0 {
             "restart"
+        } else if a.standby > 0 {
+            "standby"
         } else {
             match a.on_failure {
                 super::OnFailure::Stop => "stop",
@@ -141,7 +150,11 @@ impl Spawner<'_> {
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", world.to_string())
             .env("LOCAL_RANK", local.to_string())
-            .env("LOCAL_WORLD_SIZE", a.nproc_per_node.to_string())
+            .env(
+                "LOCAL_WORLD_SIZE",
+                (a.nproc_per_node + a.standby).to_string(),
+            )
+            .env("COLLECTIX_STANDBYS", standbys.to_string())
             .env("GROUP_RANK", a.node_rank.to_string())
             .env("MASTER_ADDR", &a.master_addr)
             .env("MASTER_PORT", self.port.to_string())

@@ -79,9 +79,11 @@ pub(super) fn supervise(a: &LaunchArgs, job: &mut Job<'_>, caught: &AtomicUsize)
                     Err(err) => eprintln!("collectix launch: cannot restart rank: {err}"),
                 }
             }
-            if matches!(e, End::Signal(_)) && a.on_failure == OnFailure::Shrink {
+            // With standbys, the others go on (a standby takes the lost rank's place).
+            let shrink = a.on_failure == OnFailure::Shrink || a.standby > 0;
+            if matches!(e, End::Signal(_)) && shrink {
                 went_on.get_or_insert(why);
-            } else if a.on_failure == OnFailure::Shrink {
+            } else if shrink {
                 errored.get_or_insert(why);
             } else {
                 stopping = Some((Instant::now(), Stop::Failed(why)));
