@@ -26,7 +26,10 @@
 //! `--crash-rank R --crash-at-step S` (rank R aborts itself at step S) and `--bad-call-rank R
 //! --bad-call-at-step S` (rank R's all_reduce of step S fails its argument checks: every rank's
 //! step fails at once, and all make it again, with no rank lost). After a recovery, each rank
-//! says when its first step on the rebuilt group is done.
+//! says when its first step on the rebuilt group is done. Under `collectix launch
+//! --nproc-per-node 8 --standby 1`, a ninth process waits as a hot standby: kill a rank and
+//! the survivors regrow with the standby in its place (`Process::stand_by`), which takes the
+//! state and finishes with the others; a standby the job never needs says so and exits.
 
 mod common;
 use collectix::{Communicator, Error, GroupOptions, ReduceOp, Result, Tensor};
