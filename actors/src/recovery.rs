@@ -251,23 +251,12 @@ impl Communicator {
             ))));
         }
         let options = self.member.group.info.options.clone();
-        let (rank, backend) = (rank.clone(), self.device_backend);
-        let (c, work) = Work::raw(rank.rank_threads.clone());
-        let spawned = std::thread::Builder::new()
-            .name("collectix-standby".into())
-            .spawn(move || {
-                let r = stand_by(&rank, options, wait);
-                c.complete(r.map(|r| Recovered {
-                    communicator: r.communicator.with_device_backend(backend),
-                    ..r
-                }))
-            });
-        match spawned {
-            Ok(_) => work,
-            Err(e) => Work::ready(Err(Error::Resource(format!(
-                "cannot start a standby's wait: {e}"
-            )))),
-        }
+        on_a_thread(
+            rank.clone(),
+            self.device_backend,
+            "collectix-standby",
+            move |rank| stand_by(rank, options, wait),
+        )
     }
 }
 
@@ -331,12 +320,24 @@ fn run_agreement(
     backend: DeviceBackend,
     setup: impl FnOnce(&RankShared) -> Result<(Old, Agreement)> + Send + 'static,
 ) -> Work<Recovered> {
+    on_a_thread(rank, backend, "collectix-agree", move |rank| {
+        setup(rank).and_then(|(old, ag)| agree(rank, &old, ag))
+    })
+}
+
+/// Runs `body` (blocking: the store's calls block) on a thread of its own named `name`; its
+/// new group's handle takes calls on device tensors through `backend`.
+fn on_a_thread(
+    rank: Arc<RankShared>,
+    backend: DeviceBackend,
+    name: &str,
+    body: impl FnOnce(&Arc<RankShared>) -> Result<Recovered> + Send + 'static,
+) -> Work<Recovered> {
     let (c, work) = Work::raw(rank.rank_threads.clone());
     let spawned = std::thread::Builder::new()
-        .name("collectix-agree".into())
+        .name(name.into())
         .spawn(move || {
-            let r = setup(&rank).and_then(|(old, ag)| agree(&rank, &old, ag));
-            c.complete(r.map(|r| Recovered {
+            c.complete(body(&rank).map(|r| Recovered {
                 communicator: r.communicator.with_device_backend(backend),
                 ..r
             }))
@@ -344,7 +345,7 @@ fn run_agreement(
     match spawned {
         Ok(_) => work,
         Err(e) => Work::ready(Err(Error::Resource(format!(
-            "cannot start the survivors' agreement: {e}"
+            "cannot start a thread for the survivors' agreement: {e}"
         )))),
     }
 }

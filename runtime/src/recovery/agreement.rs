@@ -277,6 +277,15 @@ enum Verdict {
     Fail(Error),
 }
 
+/// Waiting, or once the deadline is `over`, failing with `e`.
+fn wait_or(over: bool, e: impl FnOnce() -> Error) -> Verdict {
+    if over {
+        Verdict::Fail(e())
+    } else {
+        Verdict::Wait
+    }
+}
+
 /// One rank's part in agreeing on a failed group's survivors: see the module docs.
 #[derive(Debug)]
 pub struct Agreement {
@@ -527,14 +536,12 @@ impl Agreement {
         let over = now >= self.deadline;
         if self.standing_by {
             // A standby only waits for the decision.
-            return if over {
-                Verdict::Fail(Error::Store(format!(
+            return wait_or(over, || {
+                Error::Store(format!(
                     "standby rank {me} was not called into a group made of group {} before its wait ran out",
                     self.group
-                )))
-            } else {
-                Verdict::Wait
-            };
+                ))
+            });
         }
         let majority = self.members.len() / 2 + 1;
         // Certainly dead, by this rank's evidence or any published (never this rank), among
@@ -608,25 +615,19 @@ impl Agreement {
         if !candidates.contains(&me) {
             // Never decide without this rank's own proposal: it is in the store before any
             // look.
-            return if over {
-                Verdict::Fail(Error::Store(format!(
+            return wait_or(over, || {
+                Error::Store(format!(
                     "this rank's proposal for the survivors of group {} never showed in the store",
                     self.group
-                )))
-            } else {
-                Verdict::Wait
-            };
+                ))
+            });
         }
         if !quorum {
-            return if over {
-                Verdict::Fail(Error::NoMajority {
-                    group: self.group,
-                    counted: candidates.union(&dead).count(),
-                    members: self.members.len(),
-                })
-            } else {
-                Verdict::Wait
-            };
+            return wait_or(over, || Error::NoMajority {
+                group: self.group,
+                counted: candidates.union(&dead).count(),
+                members: self.members.len(),
+            });
         }
         if !over && !self.members.iter().all(accounted) {
             return Verdict::Wait;
