@@ -321,3 +321,60 @@ fn agreement_regrow_with_a_newcomer() {
         }
     });
 }
+
+/// A regrow with a hot standby: rank 2 was lost (the store's detector says so from the
+/// start), ranks 0 and 1 regrow taking standby 3, which joins the agreement, all three racing:
+/// one decision, with the standby in rank 2's place, whatever the interleaving.
+#[test]
+fn agreement_regrow_with_a_standby() {
+    check("agreement: regrow, standby 3 takes rank 2's place", || {
+        let store: Store = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
+        crate::sync::lock(&store.0).lost.insert(2);
+        let never = Time::from_nanos(u64::MAX);
+        let members = vec![0, 1, 2];
+        let threads: Vec<_> = (0..2)
+            .map(|r| {
+                let (store, members) = (store.clone(), members.clone());
+                loom::thread::spawn(move || {
+                    let ag = Agreement::new(GroupId::WORLD, r, members, 3 + r as u64, never)
+                        .waiting_for_everyone()
+                        .with_standbys(&[3])
+                        .settling_for(std::time::Duration::ZERO);
+                    drive(
+                        ag,
+                        &store,
+                        r,
+                        None,
+                        Decide::CompareAndSet,
+                        &Evidence::default(),
+                    )
+                })
+            })
+            .collect();
+        let standby = drive(
+            Agreement::standby(GroupId::WORLD, 3, members.clone(), never),
+            &store,
+            3,
+            None,
+            Decide::CompareAndSet,
+            &Evidence::default(),
+        );
+        let mut all = vec![standby];
+        for t in threads {
+            all.push(t.join().unwrap_or_else(|_| panic!("a rank panicked")));
+        }
+        for r in &all {
+            match r {
+                Some(Ok(d)) => {
+                    assert_eq!(d.members, vec![0, 1, 3]);
+                    assert_eq!(
+                        (d.joined.clone(), d.replaced.clone()),
+                        (vec![3], vec![(2, 3)])
+                    );
+                    assert_eq!(d.completed, 3);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    });
+}
