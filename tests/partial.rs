@@ -220,3 +220,62 @@ fn two_ranks_of_five_cut_off_from_three_silent_ones_decide_nothing() {
     }
     drop(world);
 }
+
+/// A rank left out for a cut link comes back once the link heals: it calls `rejoin` while
+/// the others `regrow`, and the group is whole again (the returned rank after the others,
+/// among the joined, given the state), with exact sums.
+#[test]
+fn a_rank_left_out_for_a_cut_link_comes_back_when_it_heals() {
+    for (path, elems) in PATHS {
+        let world = world(4);
+        let c = world.communicators();
+        train(c, elems);
+        world.cut(1, 3).unwrap_or_else(|e| panic!("{e}"));
+        let got = shrink_all(c, 0);
+        let out = got[3].as_ref().err().cloned();
+        assert!(
+            matches!(
+                out,
+                Some(Error::LeftOut {
+                    link_to: Some(1),
+                    ..
+                })
+            ),
+            "{path}: {out:?}"
+        );
+        let shrunk: Vec<Communicator> = got.into_iter().flatten().map(|r| r.communicator).collect();
+        assert_eq!(shrunk.len(), 3);
+        world.heal(1, 3).unwrap_or_else(|e| panic!("{e}"));
+        // The returning rank asks first; then the others regrow.
+        let back = c[3].rejoin(TIMEOUT);
+        std::thread::sleep(Duration::from_millis(20));
+        let regrown = wait_all(shrunk.iter().map(|c| c.regrow(TIMEOUT)).collect(), 60);
+        let back = back
+            .wait_timeout(TIMEOUT * 2)
+            .unwrap_or_else(|| panic!("{path}: the returning rank hangs"));
+        let mut all: Vec<Recovered> = regrown
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("{path}: {e}")))
+            .collect();
+        all.push(back.unwrap_or_else(|e| panic!("{path}: the returning rank: {e}")));
+        for r in &all {
+            assert_eq!(r.communicator.members(), &[0, 1, 2, 3], "{path}");
+            assert_eq!(r.joined, vec![3], "{path}");
+        }
+        let next: Vec<Communicator> = all.into_iter().map(|r| r.communicator).collect();
+        let works = next
+            .iter()
+            .map(|c| {
+                c.all_reduce(
+                    Tensor::from_vec(vec![c.global_rank() as f32 + 1.0]),
+                    ReduceOp::Sum,
+                )
+            })
+            .collect();
+        for (i, t) in wait_all(works, 60).into_iter().enumerate() {
+            let v = t.and_then(|t| t.to_vec::<f32>());
+            assert_eq!(v, Ok(vec![10.0]), "{path}: member {i}");
+        }
+        drop(world);
+    }
+}

@@ -137,9 +137,14 @@ impl Communicator {
         let rank = &member.rank;
         let standbys: Vec<usize> = (rank.world - rank.standbys..rank.world).collect();
         let agreement = if everyone {
+            // The world's ranks outside the group may come back (left out before).
+            let returning: Vec<usize> = (0..rank.world - rank.standbys)
+                .filter(|r| !info.members.contains(r))
+                .collect();
             agreement
                 .waiting_for_everyone()
                 .with_standbys(&standbys)
+                .with_returning(&returning)
                 .with_evidence(&evidence)
         } else {
             agreement
@@ -199,6 +204,12 @@ impl Communicator {
     /// (this one) belongs to the job's first world group, which the others have left: use
     /// the returned one.
     ///
+    /// A rank (or a restarted one) that is not a member of the group the job's world became
+    /// (a shrink left it out, for a cut link since healed, say) comes back the same way: it
+    /// joins the next regrow of that group, which takes it after the members that go on,
+    /// among the joined; a shrink does not take it, and it waits for the next group's
+    /// regrow, at most `wait`.
+    ///
     /// [`World::run`]: crate::World::run
     pub fn rejoin(&self, wait: Duration) -> Work<Recovered> {
         self.measure("rejoin", 0, || self.rejoin_unmeasured(wait))
@@ -209,15 +220,18 @@ impl Communicator {
         let options = self.member.group.info.options.clone();
         let world = self.world_size();
         let backend = self.device_backend;
+        let (id, members) = match current_group(rank.store.as_ref(), world) {
+            Ok(g) => g,
+            Err(e) => return self.member.ready(Err(e)),
+        };
+        if !members.contains(&rank.rank) {
+            // Left out of the group the job's world became (a shrink went on without it, its
+            // link since healed): it comes back when the others regrow.
+            return on_a_thread(rank, backend, "collectix-return", move |rank| {
+                outside(rank, options, wait, Outside::Returning)
+            });
+        }
         run_agreement(rank, backend, move |rank| {
-            let (id, members) = current_group(rank.store.as_ref(), world)?;
-            if !members.contains(&rank.rank) {
-                return Err(Error::LeftOut {
-                    group: id,
-                    decided_by: members.first().copied().unwrap_or(0),
-                    link_to: None,
-                });
-            }
             let deadline = rank.driver.now() + wait;
             let ag = Agreement::newcomer(id, rank.rank, members.clone(), deadline)
                 .settling_for(rank.settle);
@@ -255,14 +269,29 @@ impl Communicator {
             rank.clone(),
             self.device_backend,
             "collectix-standby",
-            move |rank| stand_by(rank, options, wait),
+            move |rank| outside(rank, options, wait, Outside::Standby),
         )
     }
 }
 
-/// A standby's wait (blocking): follows the job's chain of groups, and joins each regrow's
-/// agreement that opens, until one takes it.
-fn stand_by(rank: &Arc<RankShared>, options: GroupOptions, wait: Duration) -> Result<Recovered> {
+/// What a rank outside the job's current group waits for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outside {
+    /// A hot standby: a regrow that needs it to replace a lost rank.
+    Standby,
+    /// A rank left out earlier: any regrow, which takes it back.
+    Returning,
+}
+
+/// A rank outside the job's current group waits (blocking): it follows the job's chain of
+/// groups and joins each regrow's agreement (a standby when one opens; a returning rank at
+/// once), until one takes it.
+fn outside(
+    rank: &Arc<RankShared>,
+    options: GroupOptions,
+    wait: Duration,
+    who: Outside,
+) -> Result<Recovered> {
     let store = rank.store.as_ref();
     let active = rank.world - rank.standbys;
     let deadline = rank.driver.now() + wait;
@@ -272,7 +301,7 @@ fn stand_by(rank: &Arc<RankShared>, options: GroupOptions, wait: Duration) -> Re
         }
         if rank.driver.now() >= deadline {
             return Err(Error::Store(format!(
-                "standby rank {} was not called to replace a lost rank within {wait:?}",
+                "rank {} waited {wait:?} outside the job's group, and no regrow took it",
                 rank.rank
             )));
         }
@@ -284,7 +313,7 @@ fn stand_by(rank: &Arc<RankShared>, options: GroupOptions, wait: Duration) -> Re
         if store.check(&left)? {
             return Err(Error::Shutdown);
         }
-        if !store.check(&[open_key(id).as_str()])? {
+        if who == Outside::Standby && !store.check(&[open_key(id).as_str()])? {
             std::thread::sleep(LOOK_EVERY);
             continue;
         }

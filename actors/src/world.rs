@@ -231,6 +231,27 @@ impl World {
         Ok(())
     }
 
+    /// Heals the link between ranks `a` and `b` that [`cut`](Self::cut) broke: each takes
+    /// the other's messages again, as a fresh connection (the groups they shared before stay
+    /// failed). A rank that a shrink left out for that link can then come back: it calls
+    /// [`Communicator::rejoin`] while the others [`regrow`](Communicator::regrow).
+    pub fn heal(&self, a: usize, b: usize) -> Result<()> {
+        let current = lock(&self.current).clone();
+        let (Some(ca), Some(cb)) = (current.get(a), current.get(b)) else {
+            return Err(Error::invalid(format!(
+                "no link between ranks {a} and {b} in a world of {}",
+                current.len()
+            )));
+        };
+        if a == b {
+            return Err(Error::invalid(format!("rank {a} has no link to itself")));
+        }
+        let (da, db) = (&ca.member.rank.driver, &cb.member.rank.driver);
+        da.relink(b, local::link(a, da, db.clone()));
+        db.relink(a, local::link(b, db, da.clone()));
+        Ok(())
+    }
+
     /// Restarts rank `r` as a new incarnation, as `collectix launch --max-restarts` restarts
     /// a process: the rank's live incarnation is killed first (as by [`kill`](Self::kill),
     /// if it is not dead already), then a new one starts, with a new engine on an actor

@@ -80,6 +80,10 @@ pub struct Decision {
     /// standby takes the lost member's place in the new group, and is among
     /// [`joined`](Self::joined).
     pub replaced: Vec<(usize, usize)>,
+    /// Ranks outside the failed group that came back into it (left out of an earlier
+    /// decision, their links since healed: [`Agreement::standby`]), in order: they follow
+    /// the failed group's members in the new group, and are among [`joined`](Self::joined).
+    pub returned: Vec<usize>,
 }
 
 impl Decision {
@@ -92,13 +96,15 @@ impl Decision {
     /// The decision as the store keeps it.
     pub fn encode(&self) -> Vec<u8> {
         let n = self.members.len() + self.joined.len() + 2 * self.cut_off.len();
-        let mut v = Vec::with_capacity(DECISION_HEAD + 12 + 8 * (n + 2 * self.replaced.len()));
+        let mut v = Vec::with_capacity(
+            DECISION_HEAD + 16 + 8 * (n + 2 * self.replaced.len() + self.returned.len()),
+        );
         v.extend_from_slice(&DECISION_MAGIC);
         v.extend_from_slice(&(self.decided_by as u64).to_le_bytes());
         v.extend_from_slice(&self.completed.to_le_bytes());
         let pairs: Vec<usize> = self.cut_off.iter().flat_map(|&(a, b)| [a, b]).collect();
         let swaps: Vec<usize> = self.replaced.iter().flat_map(|&(a, b)| [a, b]).collect();
-        for list in [&self.members, &self.joined, &pairs, &swaps] {
+        for list in [&self.members, &self.joined, &pairs, &swaps, &self.returned] {
             v.extend_from_slice(&(list.len() as u32).to_le_bytes());
             for &m in list {
                 v.extend_from_slice(&(m as u64).to_le_bytes());
@@ -125,11 +131,10 @@ impl Decision {
             Some(u32::from_le_bytes(b) as usize)
         };
         let rank = |w: u64| usize::try_from(w).unwrap_or(usize::MAX);
-        // Each list is checked against the failed group's size and the bytes present before
-        // anything is allocated.
+        // Each list is checked against the bytes present before anything is allocated.
         let list = |at: usize| -> Option<(Vec<usize>, usize)> {
             let n = count(at)?;
-            if n > 2 * old.len() || bytes.len() < at + 4 + 8 * n {
+            if n > bytes.len() / 8 || bytes.len() < at + 4 + 8 * n {
                 return None;
             }
             let v = (0..n)
@@ -149,10 +154,13 @@ impl Decision {
         let Some((pairs, at)) = list(at) else {
             return Err(bad("the cut-off members' count and length disagree"));
         };
-        let Some((swaps, end)) = list(at) else {
+        let Some((swaps, at)) = list(at) else {
             return Err(bad("the replaced members' count and length disagree"));
         };
-        if end != bytes.len() || members.is_empty() || members.len() > old.len() {
+        let Some((returned, end)) = list(at) else {
+            return Err(bad("the returned ranks' count and length disagree"));
+        };
+        if end != bytes.len() || members.is_empty() || members.len() > old.len() + returned.len() {
             return Err(bad("member count and length disagree"));
         }
         let two = |v: &[usize]| -> Option<Vec<(usize, usize)>> {
@@ -171,6 +179,13 @@ impl Decision {
         }
         let standbys: Vec<usize> = replaced.iter().map(|r| r.1).collect();
         let distinct = |v: &[usize]| v.iter().collect::<BTreeSet<_>>().len() == v.len();
+        if !distinct(&returned)
+            || !returned
+                .iter()
+                .all(|r| !old.contains(r) && !standbys.contains(r) && members.contains(r))
+        {
+            return Err(bad("the returned ranks are not new members"));
+        }
         if !distinct(&standbys)
             || !replaced.iter().all(|&(lost, s)| {
                 old.contains(&lost)
@@ -193,7 +208,7 @@ impl Decision {
             || !ordered(&kept)
             || !members
                 .iter()
-                .all(|m| old.contains(m) || standbys.contains(m))
+                .all(|m| old.contains(m) || standbys.contains(m) || returned.contains(m))
         {
             return Err(bad(
                 "members are not distinct members of the failed group, in order",
@@ -212,6 +227,7 @@ impl Decision {
             joined,
             cut_off,
             replaced,
+            returned,
         })
     }
 }
@@ -309,6 +325,10 @@ pub struct Agreement {
     /// but in a regrow), and the proposals seen of those that came.
     standbys: Vec<usize>,
     seen_standbys: BTreeMap<usize, Proposal>,
+    /// Ranks outside the group that may come back into it (left out before; none but in a
+    /// regrow), and the proposals seen of those that came.
+    returning: Vec<usize>,
+    seen_returning: BTreeMap<usize, Proposal>,
     /// Whether this rank is a standby itself: it publishes, looks, and never decides.
     standing_by: bool,
     /// Since when a broken link between two members that published has been seen.
@@ -347,6 +367,8 @@ impl Agreement {
             seen: BTreeMap::new(),
             standbys: Vec::new(),
             seen_standbys: BTreeMap::new(),
+            returning: Vec::new(),
+            seen_returning: BTreeMap::new(),
             standing_by: false,
             broken_since: None,
             settle: SETTLE,
@@ -408,7 +430,24 @@ impl Agreement {
         self
     }
 
-    /// The part of global rank `me`, a standby outside `group` (whose members are
+    /// This regrow taking back the ranks of `returning` (outside the group: left out of an
+    /// earlier decision, say, their links since healed) that joined its agreement
+    /// ([`Agreement::standby`]) by the time it decides, if they reach every member that goes
+    /// on: they follow the members in the new group, among the joined. It does not wait for
+    /// them.
+    pub fn with_returning(mut self, returning: &[usize]) -> Agreement {
+        let mut v: Vec<usize> = returning
+            .iter()
+            .copied()
+            .filter(|s| !self.members.contains(s) && !self.standbys.contains(s))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        self.returning = v;
+        self
+    }
+
+    /// The part of global rank `me`, a standby (or a rank coming back) outside `group` (whose members are
     /// `members`), in the agreement of its survivors: it publishes that it is there (no
     /// state), and ends with the decision, in which it is a member (it replaced a lost one:
     /// [`Decision::replaced`]) or not (then [`Error::LeftOut`]: it stays a standby). It
@@ -458,6 +497,7 @@ impl Agreement {
                 let mut keys = vec![self.decision_key()];
                 keys.extend(self.members.iter().map(|&m| self.proposal_key(m)));
                 keys.extend(self.standbys.iter().map(|&m| self.proposal_key(m)));
+                keys.extend(self.returning.iter().map(|&m| self.proposal_key(m)));
                 Ask::Look { keys }
             }
             Step::Decide(value) => Ask::Decide {
@@ -487,11 +527,19 @@ impl Agreement {
                 self.seen.insert(m, p);
             }
         }
-        for (&m, v) in self.standbys.iter().zip(values) {
-            // A standby's proposal brings no state.
-            let p = v.and_then(|v| Proposal::decode(&v, &known));
-            if let Some(p) = p.filter(|p| p.completed.is_none()) {
+        // A standby's or a returning rank's proposal brings no state.
+        let fresh = |v: Option<Vec<u8>>| {
+            v.and_then(|v| Proposal::decode(&v, &known))
+                .filter(|p| p.completed.is_none())
+        };
+        for (&m, v) in self.standbys.iter().zip(values.by_ref()) {
+            if let Some(p) = fresh(v) {
                 self.seen_standbys.insert(m, p);
+            }
+        }
+        for (&m, v) in self.returning.iter().zip(values) {
+            if let Some(p) = fresh(v) {
+                self.seen_returning.insert(m, p);
             }
         }
         let broken = self.broken();
@@ -514,6 +562,7 @@ impl Agreement {
     fn known(&self) -> Vec<usize> {
         let mut v = self.members.clone();
         v.extend(self.standbys.iter().copied());
+        v.extend(self.returning.iter().copied());
         v
     }
 
@@ -538,7 +587,7 @@ impl Agreement {
             // A standby only waits for the decision.
             return wait_or(over, || {
                 Error::Store(format!(
-                    "standby rank {me} was not called into a group made of group {} before its wait ran out",
+                    "rank {me}, outside group {}, was not taken into the group made of it before its wait ran out",
                     self.group
                 ))
             });
@@ -655,12 +704,24 @@ impl Agreement {
             .filter(|m| !members.contains(m))
             .zip(available.iter().copied())
             .collect();
+        // The ranks coming back that reach every member that goes on, in order.
+        let returned: Vec<usize> = self
+            .seen_returning
+            .iter()
+            .filter(|(r, p)| {
+                !dead_known.contains(r)
+                    && !members.iter().any(|&c| suspects(c).contains(r))
+                    && !p.evidence.suspected.iter().any(|c| members.contains(c))
+            })
+            .map(|(&r, _)| r)
+            .collect();
         let proposal = |m: &usize| self.seen.get(m).map(|p| p.completed);
         let mut joined: Vec<usize> = members
             .iter()
             .copied()
             .filter(|m| proposal(m) == Some(None))
             .chain(replaced.iter().map(|r| r.1))
+            .chain(returned.iter().copied())
             .collect();
         joined.sort_unstable();
         let order: Vec<usize> = self
@@ -673,6 +734,7 @@ impl Agreement {
                     replaced.iter().find(|r| r.0 == *m).map(|r| r.1)
                 }
             })
+            .chain(returned.iter().copied())
             .collect();
         Verdict::Decide(Decision {
             completed: members
@@ -686,6 +748,7 @@ impl Agreement {
             decided_by: me,
             cut_off,
             replaced,
+            returned,
         })
     }
 

@@ -281,6 +281,7 @@ fn a_malformed_decision_is_an_error() {
         joined: vec![2],
         cut_off: vec![(1, 0)],
         replaced: Vec::new(),
+        returned: Vec::new(),
     };
     let bytes = good.encode();
     assert_eq!(Decision::decode(&bytes, &old), Ok(good.clone()));
@@ -369,6 +370,7 @@ fn a_malformed_decision_is_an_error() {
         joined: vec![1, 4],
         cut_off: vec![(2, 1), (5, 6)],
         replaced: Vec::new(),
+        returned: Vec::new(),
     };
     let wide: Vec<usize> = (0..8).collect();
     assert_eq!(Decision::decode(&big.encode(), &wide), Ok(big));
@@ -927,6 +929,7 @@ fn a_malformed_replacement_is_an_error() {
         joined: vec![7],
         cut_off: Vec::new(),
         replaced: vec![(1, 7)],
+        returned: Vec::new(),
     };
     assert_eq!(Decision::decode(&good.encode(), &old), Ok(good.clone()));
     for replaced in [vec![(1, 2)], vec![(0, 7)], vec![(1, 7), (1, 7)]] {
@@ -946,4 +949,33 @@ fn a_malformed_replacement_is_an_error() {
     odd[n - 20..n - 16].copy_from_slice(&3u32.to_le_bytes());
     odd.truncate(n - 8);
     assert!(Decision::decode(&odd, &old).is_err());
+}
+
+/// A rank coming back is a new member after the ones that go on; a returned rank that was a
+/// member, or is not in the group, is malformed.
+#[test]
+fn a_returned_rank_is_checked_like_the_rest() {
+    let old = [0usize, 1];
+    let good = Decision {
+        members: vec![0, 1, 2],
+        completed: 4,
+        decided_by: 0,
+        joined: vec![2],
+        cut_off: Vec::new(),
+        replaced: Vec::new(),
+        returned: vec![2],
+    };
+    assert_eq!(Decision::decode(&good.encode(), &old), Ok(good.clone()));
+    for returned in [vec![1], vec![3], vec![2, 2]] {
+        let bad = Decision {
+            returned,
+            ..good.clone()
+        };
+        assert!(Decision::decode(&bad.encode(), &old).is_err(), "{bad:?}");
+    }
+    let unannounced = Decision {
+        returned: Vec::new(),
+        ..good
+    };
+    assert!(Decision::decode(&unannounced.encode(), &old).is_err());
 }
