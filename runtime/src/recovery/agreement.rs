@@ -636,18 +636,21 @@ impl Agreement {
                 .filter(|&&c| suspects(c).contains(&m))
                 .count()
         };
-        // The standbys that came and can reach every candidate, in order; and the members a
-        // standby can replace (lost: dead, or suspected by a majority), in order.
-        let available: Vec<usize> = self
-            .seen_standbys
-            .iter()
-            .filter(|(s, p)| {
-                !dead_known.contains(s)
-                    && !candidates.iter().any(|&c| suspects(c).contains(s))
-                    && !p.evidence.suspected.iter().any(|c| candidates.contains(c))
-            })
-            .map(|(&s, _)| s)
-            .collect();
+        // The ranks outside the group that came (`seen`) and that `group` can reach both
+        // ways, in order: not dead, suspected by none of it, suspecting none of it.
+        let reachable = |seen: &BTreeMap<usize, Proposal>, group: &BTreeSet<usize>| {
+            seen.iter()
+                .filter(|(r, p)| {
+                    !dead_known.contains(r)
+                        && !group.iter().any(|&c| suspects(c).contains(r))
+                        && !p.evidence.suspected.iter().any(|c| group.contains(c))
+                })
+                .map(|(&r, _)| r)
+                .collect::<Vec<usize>>()
+        };
+        // The standbys that can reach every candidate; and the members a standby can replace
+        // (lost: dead, or suspected by a majority), in order.
+        let available = reachable(&self.seen_standbys, &candidates);
         let replaceable: Vec<usize> = self
             .members
             .iter()
@@ -704,17 +707,8 @@ impl Agreement {
             .filter(|m| !members.contains(m))
             .zip(available.iter().copied())
             .collect();
-        // The ranks coming back that reach every member that goes on, in order.
-        let returned: Vec<usize> = self
-            .seen_returning
-            .iter()
-            .filter(|(r, p)| {
-                !dead_known.contains(r)
-                    && !members.iter().any(|&c| suspects(c).contains(r))
-                    && !p.evidence.suspected.iter().any(|c| members.contains(c))
-            })
-            .map(|(&r, _)| r)
-            .collect();
+        // The ranks coming back that reach every member that goes on.
+        let returned = reachable(&self.seen_returning, &members);
         let proposal = |m: &usize| self.seen.get(m).map(|p| p.completed);
         let mut joined: Vec<usize> = members
             .iter()
