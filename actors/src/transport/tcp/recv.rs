@@ -48,8 +48,12 @@ pub(crate) struct Receiving {
     state: Mutex<Rx>,
     /// Where messages go: to the rank's inbox.
     pub(super) inbound: std::sync::Arc<dyn Inbound>,
-    /// Counts reads that brought bytes (the reader thread tells silence by it, whoever read).
+    /// When the last read that brought bytes was, whoever read (the reader thread or a
+    /// polling caller), in nanoseconds since `born`; 0: none yet. The reader thread tells
+    /// silence by it.
     heard: AtomicU64,
+    /// When this receiving side was made.
+    born: Instant,
     /// The connection ended (its loss is the reader thread's to report): pollers skip it.
     ended: AtomicBool,
     /// Counts callers' looks at the connection (the reader thread sleeps through arrivals
@@ -140,6 +144,7 @@ impl Receiving {
             }),
             inbound,
             heard: AtomicU64::new(0),
+            born: Instant::now(),
             ended: AtomicBool::new(false),
             looks: AtomicU64::new(0),
             watch,
@@ -231,7 +236,8 @@ impl Receiving {
     fn note(&self, got: Result<bool, String>) -> bool {
         match got {
             Ok(true) => {
-                self.heard.fetch_add(1, Ordering::Relaxed);
+                let at = u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.heard.fetch_max(at, Ordering::Relaxed);
                 true
             }
             Ok(false) => false,
@@ -424,12 +430,17 @@ impl Filling {
 /// by the wake-up that found callers looking, stays so, and it looks again every [`LINGER`];
 /// once no caller looked for a whole turn, it arms the watch again ([`Watch`]).
 pub(super) fn read_loop(rx: &Receiving, liveness: Liveness, lose: &dyn Fn(&str)) {
-    let mut heard = (rx.heard.load(Ordering::Relaxed), Instant::now());
+    // How long since anything came (since the connection was made, if nothing did). Timed
+    // from the read that brought it, not from when this thread noticed: a caller may have
+    // read the last heartbeat while this thread waited out the whole silence.
+    let quiet = || {
+        rx.born
+            .elapsed()
+            .saturating_sub(Duration::from_nanos(rx.heard.load(Ordering::Relaxed)))
+    };
     let mut looks = rx.looks.load(Ordering::Relaxed);
     loop {
-        let left = liveness
-            .silence
-            .map(|s| s.saturating_sub(heard.1.elapsed()));
+        let left = liveness.silence.map(|s| s.saturating_sub(quiet()));
         let armed = lock(&rx.state).armed;
         let wait = if armed {
             left
@@ -450,11 +461,8 @@ pub(super) fn read_loop(rx: &Receiving, liveness: Liveness, lose: &dyn Fn(&str))
             rx.arm(true);
         }
         looks = now;
-        let now = rx.heard.load(Ordering::Relaxed);
-        if now != heard.0 {
-            heard = (now, Instant::now());
-        } else if let Some(s) = liveness.silence {
-            if heard.1.elapsed() >= s {
+        if let Some(s) = liveness.silence {
+            if quiet() >= s {
                 rx.ended.store(true, Ordering::Release);
                 return lose(&format!(
                     "nothing from rank {} for {s:?}, not even a heartbeat: unreachable \

@@ -712,3 +712,73 @@ fn a_rank_drops_a_connection_that_trickles_its_handshake_within_the_hello_timeou
     );
     assert_eq!(acceptor.join().ok(), Some(true));
 }
+
+/// Silence is timed from the last bytes that came, whoever read them: a caller polling the
+/// connection may take each arrival before the reader thread collects its wake-up, which
+/// then never comes (the socket is empty again), and the reader thread, which used to time
+/// the silence from when it noticed that something came, called the peer lost up to twice
+/// the silence late. Eight connections, each polled by a caller, fed a frame every 100 ms
+/// (a heartbeat's pace) for a second and then nothing (the socket open: a partition): each
+/// is lost within one and a half times the silence (1 s) of its last frame.
+#[test]
+fn silence_is_timed_from_the_last_arrival_whoever_read_it() {
+    let silence = Duration::from_secs(1);
+    let live = Liveness::with_timeout(Some(silence));
+    let runs: Vec<_> = (0..8u64)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let (mut a, b) = pair(40 + i);
+                let (in_b, rx_b) = inbound();
+                let readers = Arc::new(Readers::new(2));
+                let _b = start(
+                    b,
+                    0,
+                    Limits::default(),
+                    in_b,
+                    live,
+                    Pool::new(RECV_POOL_BYTES),
+                    Some(&readers),
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+                let stop = Arc::new(AtomicBool::new(false));
+                let caller = {
+                    let (readers, stop) = (readers.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        while !stop.load(Ordering::SeqCst) {
+                            readers.read();
+                        }
+                    })
+                };
+                let mut last = std::time::Instant::now();
+                for seq in 0..12u64 {
+                    let frame = codec::encode(&data(seq, vec![Bytes::from(vec![7u8; 8])]));
+                    a.write_all(&frame.to_contiguous())
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    last = std::time::Instant::now();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                // A hang guard: the bound is asserted below.
+                let lost = loop {
+                    match rx_b.recv_timeout(Duration::from_secs(30)) {
+                        Ok(Event::Lost(0)) => break last.elapsed(),
+                        Ok(_) => {}
+                        Err(e) => panic!("never lost: {e}"),
+                    }
+                };
+                stop.store(true, Ordering::SeqCst);
+                let _ = caller.join();
+                drop(a);
+                lost
+            })
+        })
+        .collect();
+    for (i, r) in runs.into_iter().enumerate() {
+        let lost = r
+            .join()
+            .unwrap_or_else(|_| panic!("connection {i} panicked"));
+        assert!(
+            lost >= silence && lost < silence * 3 / 2,
+            "connection {i}: lost {lost:?} after its last frame (silence {silence:?})"
+        );
+    }
+}
