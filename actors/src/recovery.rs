@@ -404,6 +404,10 @@ fn agree(rank: &Arc<RankShared>, old: &Old, mut ag: Agreement) -> Result<Recover
                 }
                 Err(e) => ag.fail(e),
             },
+            Ask::Probe { peers, within } => {
+                tracing::debug!(rank = rank.rank, group = %old.id, ?peers, "probing members another suspects");
+                rank.driver.probe(&peers, within);
+            }
             Ask::Decide { key, value } => {
                 tracing::debug!(rank = rank.rank, group = %old.id, "proposing a decision");
                 match store.compare_set(&key, b"", value) {

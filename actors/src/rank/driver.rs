@@ -60,6 +60,10 @@ pub(crate) struct Kick;
 /// of every type in one map; [`Work::pair`](crate::work::Work) makes one).
 pub(crate) type Done<I> = Box<dyn FnOnce(Result<I>) + Send>;
 
+/// How long past a probe's own time [`Driver::probe`] waits for its outcome (a connector
+/// that gave up reports the loss a moment after).
+const PROBE_SLACK: Duration = Duration::from_millis(50);
+
 /// A rank's links, one per global rank (its own included, unused).
 pub(crate) type Links = Vec<Box<dyn Link<Message> + Send>>;
 
@@ -446,6 +450,34 @@ impl Driver {
                 .as_ref()
                 .map_or(0, |(_, outboxes)| outboxes.iter().map(Outbox::len).sum())
         })
+    }
+
+    /// Probes the links to `peers` (`Link::probe`: a lazy connection is made now) and waits,
+    /// `within` and a moment more at most, until none of them is still being made: by then
+    /// a peer that could not be reached is lost to the engine.
+    pub(crate) fn probe(&self, peers: &[usize], within: Duration) {
+        self.run(|core, _, _| {
+            if let Some((links, _)) = &mut core.links {
+                for &p in peers {
+                    if let Some(l) = links.get_mut(p) {
+                        l.probe(within);
+                    }
+                }
+            }
+        });
+        let until = crate::sync::deadline_after(within + PROBE_SLACK);
+        let connecting = || {
+            self.run(|core, _, _| {
+                core.links.as_ref().is_some_and(|(links, _)| {
+                    peers
+                        .iter()
+                        .any(|&p| links.get(p).is_some_and(|l| l.is_connecting()))
+                })
+            })
+        };
+        while connecting() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Installs the rank's links (once every peer's address is known) and sends what waited.

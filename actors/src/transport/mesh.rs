@@ -174,6 +174,7 @@ impl Shared {
             addr: addr.clone(),
             failure,
         };
+        let until = crate::sync::deadline_after(within);
         let mut s = connect_retrying(addr, within).map_err(|e| {
             link_error(LinkFailure::Io {
                 step: LinkStep::Connect,
@@ -187,7 +188,12 @@ impl Shared {
             world: self.world as u32,
             incarnation: self.incarnation,
         };
-        let _ = s.set_read_timeout(Some(tcp::HELLO_TIMEOUT));
+        // The answer comes within what is left of `within` (a stopped peer's kernel takes
+        // the connection, and nothing answers).
+        let left = until.saturating_duration_since(Instant::now());
+        let _ = s.set_read_timeout(Some(
+            tcp::HELLO_TIMEOUT.min(left.max(Duration::from_millis(1))),
+        ));
         match tcp::connect(&mut s, hello, &self.security) {
             Ok(()) => {}
             Err(Refused::Duplicate) => {
@@ -498,29 +504,57 @@ impl Link<Message> for PeerLink {
             Slot::Idle => {
                 *slot = Slot::Connecting;
                 drop(slot);
-                let (shared, peer) = (self.shared.clone(), self.peer);
-                let started = std::thread::Builder::new()
-                    .name(format!("collectix-connect-{peer}"))
-                    .spawn(move || {
-                        if let Err(why) = shared.connect(peer, CONNECT_TIMEOUT) {
-                            let mut slot = lock(&shared.slots[peer]);
-                            if !matches!(*slot, Slot::Up(_)) {
-                                *slot = Slot::Failed;
-                                drop(slot);
-                                tracing::warn!(peer, reason = %why, "cannot connect");
-                                shared.inbound.lost(peer);
-                            }
-                        }
-                    });
-                match started {
-                    Ok(_) => Err(LinkError::WouldBlock(msg)),
-                    Err(_) => {
-                        *lock(&self.shared.slots[self.peer]) = Slot::Failed;
-                        Err(LinkError::Closed)
-                    }
+                if self.start_connecting(CONNECT_TIMEOUT) {
+                    Err(LinkError::WouldBlock(msg))
+                } else {
+                    Err(LinkError::Closed)
                 }
             }
         }
+    }
+
+    fn probe(&mut self, within: Duration) {
+        let mut slot = lock(&self.shared.slots[self.peer]);
+        if matches!(*slot, Slot::Idle) {
+            *slot = Slot::Connecting;
+            drop(slot);
+            // Had no thread started, the slot is failed: the next message tells the loss.
+            let _ = self.start_connecting(within);
+        }
+    }
+
+    fn is_connecting(&self) -> bool {
+        matches!(*lock(&self.shared.slots[self.peer]), Slot::Connecting)
+    }
+}
+
+impl PeerLink {
+    /// Starts a connector thread for the link (its slot says connecting), which tries for
+    /// `within`; one that cannot connect reports the peer lost, then marks the slot failed.
+    /// Whether the thread started (if not, the slot is failed).
+    fn start_connecting(&self, within: Duration) -> bool {
+        let (shared, peer) = (self.shared.clone(), self.peer);
+        let started = std::thread::Builder::new()
+            .name(format!("collectix-connect-{peer}"))
+            .spawn(move || {
+                if let Err(why) = shared.connect(peer, within) {
+                    if matches!(*lock(&shared.slots[peer]), Slot::Up(_)) {
+                        return;
+                    }
+                    tracing::warn!(peer, reason = %why, "cannot connect");
+                    // Reported before the slot leaves "connecting": whoever waits for the
+                    // connection to be made or not finds the loss told.
+                    shared.inbound.lost(peer);
+                    let mut slot = lock(&shared.slots[peer]);
+                    if matches!(*slot, Slot::Connecting) {
+                        *slot = Slot::Failed;
+                    }
+                }
+            });
+        if started.is_err() {
+            *lock(&self.shared.slots[self.peer]) = Slot::Failed;
+        }
+        started.is_ok()
     }
 }
 

@@ -113,6 +113,8 @@ fn drive(
                 });
                 ag.decided(&current);
             }
+            // The model's evidence is given whole: a probe finds nothing new.
+            Ask::Probe { .. } => {}
             Ask::Done => return ag.outcome().cloned(),
         }
     }

@@ -11,9 +11,11 @@
 //! 2. **Look**: it reads the decision key and every member's proposal key, again and again,
 //!    until a decision exists, or every member is accounted for, or the group's timeout has
 //!    passed. A member is accounted for once it published, or is certainly dead (by this
-//!    rank's evidence or any member's), or a strict majority of the group's members suspect
-//!    it. A member that only this rank suspects, or that others only reported lost, is
-//!    waited for: it may be alive, cut off from this rank alone.
+//!    rank's evidence or any member's), or a strict majority of the members not certainly
+//!    dead suspect it. A member that only this rank suspects, or that others only reported lost, is
+//!    waited for: it may be alive, cut off from this rank alone. A member that another
+//!    suspects and this rank has no evidence against, it probes first ([`Ask::Probe`]):
+//!    with connections made on a link's first message, it may never have had one to it.
 //! 3. **Decide**: only with a strict majority of the group's members published or certainly
 //!    dead, it proposes a decision from what it saw, with one compare-and-set of the decision
 //!    key from empty. Members: those that published and are not certainly dead, less as few
@@ -266,6 +268,21 @@ pub enum Ask {
         /// The keys.
         keys: Vec<String>,
     },
+    /// Make sure each of `peers` can be reached within `within` ([`Link::probe`]: a lazy
+    /// connection is made now), wait until each probe has its outcome (reached, or lost to
+    /// this rank, which the driver's evidence says at the next look), then poll again.
+    /// Asked for members that another member suspects and this rank has no evidence
+    /// against (it may have had no connection to them at all). The probe takes half the
+    /// settling time ([`Agreement::settling_for`]), so that its outcome is published
+    /// before a rank that saw a broken link decides.
+    ///
+    /// [`Link::probe`]: crate::wire::Link::probe
+    Probe {
+        /// The members to reach (global ranks).
+        peers: Vec<usize>,
+        /// How long a probe may take.
+        within: std::time::Duration,
+    },
     /// Compare-and-set `key` from empty (absent) to `value`, and hand the value the key holds
     /// afterwards (the first decision written) to [`Agreement::decided`].
     Decide {
@@ -335,6 +352,10 @@ pub struct Agreement {
     broken_since: Option<Time>,
     /// How long to wait from then for the rest of the evidence ([`SETTLE`]).
     settle: std::time::Duration,
+    /// Members to probe, not handed out yet ([`Ask::Probe`]).
+    to_probe: Vec<usize>,
+    /// Members probed already.
+    probed: BTreeSet<usize>,
     outcome: Option<Result<Decision>>,
 }
 
@@ -372,6 +393,8 @@ impl Agreement {
             standing_by: false,
             broken_since: None,
             settle: SETTLE,
+            to_probe: Vec::new(),
+            probed: BTreeSet::new(),
             outcome: None,
         }
     }
@@ -480,6 +503,12 @@ impl Agreement {
     /// What to do next. A publish is handed out once: the driver must carry out what this
     /// returns.
     pub fn poll(&mut self) -> Ask {
+        if !self.to_probe.is_empty() && matches!(self.step, Step::Publish | Step::Look) {
+            return Ask::Probe {
+                peers: std::mem::take(&mut self.to_probe),
+                within: self.settle / 2,
+            };
+        }
         match &self.step {
             Step::Publish => {
                 self.step = Step::Look;
@@ -542,6 +571,7 @@ impl Agreement {
                 self.seen_returning.insert(m, p);
             }
         }
+        self.probe_the_suspected();
         let broken = self.broken();
         self.broken_since = match self.broken_since {
             Some(t) if broken => Some(t),
@@ -556,6 +586,39 @@ impl Agreement {
             }
             Verdict::Wait => {}
         }
+    }
+
+    /// Asks to probe the members that another member suspects and that this rank has no
+    /// evidence against, once each: with lazy connections a rank may have no link to a
+    /// member the others lost, and so nothing to say about it, which would leave its
+    /// evidence to the few that had one (a rank cut off with two links broken looks no
+    /// worse than the peer at the other end of one of them).
+    fn probe_the_suspected(&mut self) {
+        if self.standing_by {
+            return;
+        }
+        let me = self.me;
+        let mut fresh: Vec<usize> = self
+            .seen
+            .iter()
+            .filter(|(&c, _)| c != me)
+            .flat_map(|(_, p)| p.evidence.suspected.iter().copied())
+            .filter(|&m| {
+                m != me
+                    && self.members.contains(&m)
+                    && !self.probed.contains(&m)
+                    && !self.evidence.dead.contains(&m)
+                    && !self.evidence.suspected.contains(&m)
+                    && !self.seen.values().any(|p| p.evidence.dead.contains(&m))
+            })
+            .collect();
+        fresh.sort_unstable();
+        fresh.dedup();
+        if fresh.is_empty() {
+            return;
+        }
+        self.probed.extend(fresh.iter().copied());
+        self.to_probe.extend(fresh);
     }
 
     /// The members and the standbys: the ranks whose evidence matters.
@@ -648,6 +711,9 @@ impl Agreement {
                 .map(|(&r, _)| r)
                 .collect::<Vec<usize>>()
         };
+        // A member is lost once a strict majority of the members not certainly dead suspect
+        // it: a rank cut off after another died is not waited for until its link heals.
+        let outvoted = (self.members.len() - dead.len()) / 2 + 1;
         // The standbys that can reach every candidate; and the members a standby can replace
         // (lost: dead, or suspected by a majority), in order.
         let available = reachable(&self.seen_standbys, &candidates);
@@ -655,12 +721,12 @@ impl Agreement {
             .members
             .iter()
             .copied()
-            .filter(|m| !candidates.contains(m) && (dead.contains(m) || votes(*m) >= majority))
+            .filter(|m| !candidates.contains(m) && (dead.contains(m) || votes(*m) >= outvoted))
             .take(available.len())
             .collect();
         let accounted = |m: &usize| {
             candidates.contains(m)
-                || (!self.everyone && (dead.contains(m) || votes(*m) >= majority))
+                || (!self.everyone && (dead.contains(m) || votes(*m) >= outvoted))
                 || replaceable.contains(m)
         };
         let quorum = candidates.union(&dead).count() >= majority;
@@ -684,6 +750,7 @@ impl Agreement {
         if !over && !self.members.iter().all(accounted) {
             return Verdict::Wait;
         }
+
         if !over && self.broken_since.is_some_and(|t| now < t + self.settle) {
             return Verdict::Wait;
         }

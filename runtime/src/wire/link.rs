@@ -23,6 +23,20 @@ pub enum LinkError<T> {
 pub trait Link<T> {
     /// Sends `item`, or hands it back if the link cannot take it now.
     fn try_send(&mut self, item: T) -> Result<(), LinkError<T>>;
+
+    /// Makes sure the peer can be reached, within `within`: a link made on demand (a lazy
+    /// connection) that has nothing yet starts making it now, and one that cannot be made
+    /// in time says its peer is lost, as a broken link does. Returns at once. By default
+    /// nothing: the link exists and is watched already.
+    fn probe(&mut self, within: std::time::Duration) {
+        let _ = within;
+    }
+
+    /// Whether the link is still being made (a probe, or a first message, started it): its
+    /// peer is neither reached nor lost yet.
+    fn is_connecting(&self) -> bool {
+        false
+    }
 }
 
 /// The link to the peer is gone.

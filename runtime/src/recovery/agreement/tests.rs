@@ -120,7 +120,8 @@ fn run_cut(w: usize, failures: &[Failure], cuts: &[(usize, usize)], seed: u64) -
                 let current = store.entry(key).or_insert(value).clone();
                 ags[r].decided(&current);
             }
-            Ask::Done => {}
+            // Every rank's evidence is whole from the start: a probe finds nothing new.
+            Ask::Probe { .. } | Ask::Done => {}
         }
     }
     let published = (0..w)
@@ -454,7 +455,8 @@ fn regrow(w: usize, v: usize, old_published: bool, arrives: Option<u64>, seed: u
                 let current = store.entry(key).or_insert(value).clone();
                 ag.decided(&current);
             }
-            Ask::Done => {}
+            // Every rank's evidence is whole from the start: a probe finds nothing new.
+            Ask::Probe { .. } | Ask::Done => {}
         }
     }
     let survivors = ags
@@ -658,6 +660,12 @@ fn an_agreement_ends_with_an_error_when_its_own_proposal_never_shows() {
 fn cut_run(w: usize, cuts: &[(usize, usize)], seed: u64) -> (Decision, Vec<usize>) {
     let o = run_cut(w, &[], cuts, seed);
     let ctx = format!("seed {seed}, {w} ranks, cuts {cuts:?}");
+    one_decision(&o, cuts, &ctx)
+}
+
+/// The one decision of a run with the links `cuts` broken, and the ranks it left out: each
+/// rank is in it, or left out naming the decider and a peer its link to broke.
+fn one_decision(o: &Outcome, cuts: &[(usize, usize)], ctx: &str) -> (Decision, Vec<usize>) {
     let d = o
         .results
         .iter()
@@ -700,6 +708,109 @@ fn a_cut_link_costs_exactly_its_higher_end() {
                     let rest: Vec<usize> = (0..w).filter(|&r| r != b).collect();
                     assert_eq!(d.members, rest);
                     assert_eq!(d.cut_off, vec![(b, a)]);
+                }
+            }
+        }
+    }
+}
+
+/// Connections made on a link's first message: rank `v` is cut off from every other rank
+/// and from the store until tick `HEAL`, and only rank `n` ever had a connection to it, so
+/// only `n` (and `v`) saw a link break. Each other rank has no evidence of its own: it probes
+/// `v` when it sees `n` suspect it (the probe, `within` long, fails while the cut lasts);
+/// `v` publishes once its cut heals, suspecting `n` alone.
+fn lazy_run(w: usize, v: usize, n: usize, seed: u64) -> Outcome {
+    const HEAL: u64 = 400;
+    let mut rng = Rng::new(seed);
+    let group = GroupId::derive(GroupId::WORLD, 5, &[seed]);
+    let members: Vec<usize> = (0..w).collect();
+    let deadline = Time::ZERO + TICK * DEADLINE_TICKS as u32;
+    let mut evidence: Vec<Evidence> = (0..w)
+        .map(|r| Evidence {
+            suspected: match r {
+                _ if r == v => [n].into(),
+                _ if r == n => [v].into(),
+                _ => BTreeSet::new(),
+            },
+            ..Evidence::default()
+        })
+        .collect();
+    let mut ags: Vec<Agreement> = (0..w)
+        .map(|r| {
+            Agreement::new(group, r, members.clone(), 7, deadline)
+                .with_evidence(&evidence[r])
+                .settling_for(TICK * 50)
+        })
+        .collect();
+    let mut store: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    // A rank probing is busy until its probes' time is up.
+    let mut busy_until = vec![0u64; w];
+    let mut decided_at = None;
+    let mut tick = 0u64;
+    loop {
+        tick += 1;
+        assert!(tick < DEADLINE_TICKS * 4, "hang: seed {seed}");
+        let now = Time::ZERO + TICK * tick as u32;
+        let live: Vec<usize> = (0..w).filter(|&r| ags[r].outcome().is_none()).collect();
+        if live.is_empty() {
+            break;
+        }
+        let r = live[rng.below(live.len())];
+        if tick < busy_until[r] || (r == v && tick < HEAL) {
+            continue;
+        }
+        match ags[r].poll() {
+            Ask::Publish { key, value } => {
+                store.insert(key, value);
+            }
+            Ask::Look { keys } => {
+                let values = keys.iter().map(|k| store.get(k).cloned()).collect();
+                ags[r].looked(values, now, &evidence[r]);
+            }
+            Ask::Probe { peers, within } => {
+                let ticks = (within.as_nanos() / TICK.as_nanos()) as u64;
+                busy_until[r] = tick + ticks;
+                for p in peers {
+                    let cut = (p == v || r == v) && tick + ticks < HEAL;
+                    if cut {
+                        evidence[r].suspected.insert(p);
+                    }
+                }
+            }
+            Ask::Decide { key, value } => {
+                if !store.contains_key(&key) {
+                    decided_at = Some(tick);
+                }
+                let current = store.entry(key).or_insert(value).clone();
+                ags[r].decided(&current);
+            }
+            Ask::Done => {}
+        }
+    }
+    Outcome {
+        results: ags.iter().map(|a| a.outcome().cloned()).collect(),
+        published: (0..w).collect(),
+        completed: vec![7; w],
+        decided_at,
+    }
+}
+
+/// Lazy connections: a rank cut off from all, that a single member had a connection to, is
+/// left out alone, on every schedule; the one member that saw its link break goes on. (With
+/// nothing but their own links to go by, the two ends of that link would look alike, and
+/// the higher would go.)
+#[test]
+fn a_member_another_suspects_is_probed_by_the_ranks_that_had_no_link_to_it() {
+    for w in 3..=5 {
+        for v in 0..w {
+            for n in (0..w).filter(|&n| n != v) {
+                let cuts: Vec<(usize, usize)> =
+                    (0..w).filter(|&r| r != v).map(|r| (v, r)).collect();
+                for seed in 0..20 {
+                    let ctx = format!("seed {seed}, {w} ranks, {v} cut off, known to {n}");
+                    let (d, out) = one_decision(&lazy_run(w, v, n, seed), &cuts, &ctx);
+                    assert_eq!(out, vec![v], "{ctx}");
+                    assert_eq!(d.members.len(), w - 1, "{ctx}");
                 }
             }
         }
@@ -770,6 +881,40 @@ fn a_minority_never_decides_unless_the_rest_are_certainly_dead() {
     }
 }
 
+/// One member of four dead, another cut off from the other two and silent (its store
+/// connection cut too): the two that suspect it are a majority of the members still alive,
+/// and go on at once, on every schedule, rather than wait for it until the deadline.
+#[test]
+fn a_rank_cut_off_after_another_died_is_not_waited_for() {
+    for seed in 0..40 {
+        let fs = [
+            Failure {
+                rank: 2,
+                after: 0,
+                detected: Some(5),
+            },
+            Failure {
+                rank: 1,
+                after: 0,
+                detected: None,
+            },
+        ];
+        let o = run_cut(4, &fs, &[(0, 1), (1, 3)], seed);
+        for r in [0, 3] {
+            assert!(
+                matches!(&o.results[r], Some(Ok(d)) if d.members == vec![0, 3]),
+                "seed {seed}: rank {r}: {:?}",
+                o.results[r]
+            );
+        }
+        assert!(
+            o.decided_at.is_some_and(|t| t < DEADLINE_TICKS),
+            "seed {seed}: decided at {:?}, the deadline is {DEADLINE_TICKS}",
+            o.decided_at
+        );
+    }
+}
+
 /// A rank publishes again when its evidence grows, so the others decide from it.
 #[test]
 fn a_rank_publishes_again_when_its_evidence_grows() {
@@ -828,6 +973,10 @@ fn a_broken_link_waits_a_moment_for_the_rest_of_the_evidence() {
     let values =
         |zero: &[usize], two: &[usize]| vec![None, proposal(zero), proposal(&[2]), proposal(two)];
     ag.looked(values(&[], &[1]), Time::ZERO, &Evidence::default());
+    assert!(
+        matches!(ag.poll(), Ask::Probe { peers, .. } if peers == vec![1, 2]),
+        "it probes the ends of the broken link"
+    );
     assert!(matches!(ag.poll(), Ask::Look { .. }), "it waits");
     // Then its link to rank 0 too, in both ends' evidence.
     let zero = Evidence {
@@ -899,7 +1048,8 @@ fn a_standby_takes_a_dead_member_s_place_in_the_same_round() {
                     let current = store.entry(key).or_insert(value).clone();
                     ag.decided(&current);
                 }
-                Ask::Done => {}
+                // Every rank's evidence is whole from the start: a probe finds nothing new.
+                Ask::Probe { .. } | Ask::Done => {}
             }
         }
         for a in &ags {
