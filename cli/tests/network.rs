@@ -122,9 +122,23 @@ impl Net {
         exe: &std::path::Path,
         env: &[(&str, &str)],
     ) -> Child {
+        self.rank_with(ns, r, w, exe, &[], env)
+    }
+
+    /// [`rank_in`](Net::rank_in), `exe` given `args`.
+    fn rank_with(
+        &self,
+        ns: usize,
+        r: usize,
+        w: usize,
+        exe: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Child {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.ns(ns)])
             .arg(exe)
+            .args(args)
             .env("RANK", r.to_string())
             .env("WORLD_SIZE", w.to_string())
             .env("MASTER_ADDR", self.addr(0))
@@ -415,4 +429,255 @@ fn delay_and_loss_raise_no_false_alarm() {
         }
     }
     evidence("impaired", &report);
+}
+
+/// A line a rank of a namespace job printed, and when.
+struct Said {
+    at: Instant,
+    rank: usize,
+    text: String,
+    /// Whether it came on stderr (the log).
+    log: bool,
+}
+
+/// A job's store (`collectix store`) in this namespace, at `addr` on the bridge, with the
+/// job's secret `key`; stopped when dropped.
+struct StoreServer {
+    child: Child,
+    port: u16,
+}
+
+impl StoreServer {
+    fn start(addr: &str, key: &str) -> StoreServer {
+        let port = common::free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_collectix"))
+            .args(["store", "--host", addr, "--port", &port.to_string()])
+            .env("COLLECTIX_SECRET", key)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the store: {e}"));
+        let by = Instant::now() + Duration::from_secs(30);
+        let mut child = child;
+        while std::net::TcpStream::connect((addr, port)).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the store ended: {status}");
+            }
+            assert!(Instant::now() < by, "the store never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        StoreServer { child, port }
+    }
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `examples/elastic.rs` as `w` ranks, one per namespace, with `env` (the store's address
+/// and the secret among it): every line any of them prints, as it comes, and the processes.
+fn training(
+    net: &Net,
+    w: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Vec<Child>, std::sync::mpsc::Receiver<Said>) {
+    let exe = example("elastic");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let children = (0..w)
+        .map(|r| {
+            let mut c = net.rank_with(r, r, w, &exe, args, env);
+            let out = c.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+            let err = c.stderr.take().unwrap_or_else(|| panic!("no stderr"));
+            let lines = |from: Box<dyn Read + Send>, log: bool| {
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    for text in BufReader::new(from).lines().map_while(Result::ok) {
+                        let at = Instant::now();
+                        let _ = tx.send(Said {
+                            at,
+                            rank: r,
+                            text,
+                            log,
+                        });
+                    }
+                });
+            };
+            lines(Box::new(out), false);
+            lines(Box::new(err), true);
+            c
+        })
+        .collect();
+    (children, rx)
+}
+
+/// Connections made on a link's first message (`COLLECTIX_CONNECT=lazy`), four ranks in
+/// namespaces of their own training (`examples/elastic.rs`, shrinking on a failure): rank
+/// `v`'s veth goes down (its links and its store connection silent, and no new connection
+/// made either) until the others went on, and once they agree, another rank `k` is killed.
+/// Few ranks had a connection to `v`, and fewer are left to say that theirs broke: the rest
+/// probe it while they agree, and go on without waiting for it to come back. Only `v` is
+/// left out, told its link broke (once its veth is up again); each survivor's first error
+/// names `v` (or `k`), and they finish with the final line of a run without faults. The
+/// store is served apart (`collectix store` on the bridge, as a launcher serves it), so
+/// that every rank can be cut off or killed.
+#[test]
+fn with_lazy_connections_a_rank_cut_off_is_the_one_left_out() {
+    let Some(net) = Net::or_skip(4) else { return };
+    let here = format!("{}.254", net.subnet);
+    sh("ip", &["addr", "add", &format!("{here}/24"), "dev", &net.bridge()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let key = secret();
+    // A store of its own for each job.
+    let job = || {
+        let store = StoreServer::start(&here, &key);
+        let port = store.port.to_string();
+        let env: Vec<(&'static str, String)> = vec![
+            ("COLLECTIX_SECRET", key.clone()),
+            ("MASTER_ADDR", here.clone()),
+            ("MASTER_PORT", port),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
+            ("COLLECTIX_STORE_PROTOCOL", "collectix".into()),
+            ("COLLECTIX_CONNECT", "lazy".into()),
+            ("COLLECTIX_TRANSPORT", "tcp".into()),
+            ("COLLECTIX_LINK_TIMEOUT", "1.5".into()),
+            ("COLLECTIX_TIMEOUT", "20".into()),
+        ];
+        (store, env)
+    };
+    let args = ["--steps", "40", "--step-ms", "10"];
+    let limit = Duration::from_secs(60);
+    let final_line = |text: &str| text.contains(": final loss ");
+    // The clean run's final line (rank 0's; the others say the same with their number).
+    let clean = {
+        let (_store, env) = job();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (children, rx) = training(&net, 4, &args, &env);
+        let mut last = None;
+        while let Ok(s) = rx.recv_timeout(limit) {
+            if s.rank == 0 && !s.log && final_line(&s.text) {
+                last = Some(s.text);
+            }
+        }
+        for c in children {
+            let (_, status) = finish(c, limit);
+            assert!(status.is_some_and(|s| s.success()), "the clean run failed");
+        }
+        last.unwrap_or_else(|| panic!("the clean run has no final line"))
+    };
+    let mut report = format!("{}\nclean: {clean}\n", net.describe());
+    // `LAZY_CUT=V:K` runs only rank V cut off, rank K killed.
+    let only = std::env::var("LAZY_CUT").unwrap_or_default();
+    for v in 0..4 {
+        for k in [(v + 1) % 4, (v + 2) % 4] {
+            if !only.is_empty() && only != format!("{v}:{k}") {
+                continue;
+            }
+            let (_store, env) = job();
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let (mut children, rx) = training(&net, 4, &args, &env);
+            let mut seen: Vec<Said> = Vec::new();
+            let next = |seen: &mut Vec<Said>, until: Instant| -> Option<usize> {
+                let s = rx
+                    .recv_timeout(until.saturating_duration_since(Instant::now()))
+                    .ok()?;
+                seen.push(s);
+                Some(seen.len() - 1)
+            };
+            let started = Instant::now();
+            while seen
+                .iter()
+                .filter(|s| !s.log && s.text.contains(": pid "))
+                .count()
+                < 4
+            {
+                next(&mut seen, started + limit).unwrap_or_else(|| panic!("the job did not start"));
+            }
+            std::thread::sleep(Duration::from_millis(150));
+            let host = net.host_end(v);
+            sh("ip", &["link", "set", &host, "down"]).unwrap_or_else(|e| panic!("{e}"));
+            let cut = Instant::now();
+            // The cut lasts until the survivors went on (or 8 s: five times the link
+            // timeout, well within the agreement's 20 s).
+            let lift = cut + Duration::from_secs(8);
+            let survivors: Vec<usize> = (0..4).filter(|&r| r != v && r != k).collect();
+            let (mut killed, mut on) = (false, 0);
+            while let Some(i) = next(&mut seen, lift) {
+                let s = &seen[i];
+                if s.log || s.rank == v {
+                    continue;
+                }
+                // Once another rank agrees, kill rank `k`.
+                if !killed && s.text.contains("agreeing") {
+                    let _ = children[k].kill();
+                    killed = true;
+                }
+                if survivors.contains(&s.rank) && s.text.contains(": going on with ") {
+                    on += 1;
+                    if on == survivors.len() {
+                        break;
+                    }
+                }
+            }
+            sh("ip", &["link", "set", &host, "up"]).unwrap_or_else(|e| panic!("{e}"));
+            let healed = Instant::now();
+            while next(&mut seen, cut + limit).is_some() {}
+            for c in children.drain(..) {
+                let _ = finish(c, Duration::from_secs(5));
+            }
+            let what = format!("rank {v} cut off, rank {k} killed");
+            let said: String = seen
+                .iter()
+                .map(|s| {
+                    let ms = s.at.saturating_duration_since(cut).as_secs_f64() * 1e3;
+                    let from = if s.log { "log" } else { "out" };
+                    format!("{ms:8.1} ms {from} [rank {}] {}\n", s.rank, s.text)
+                })
+                .collect();
+            report += &format!("{what}:\n{said}");
+            for &r in &survivors {
+                let mine = |s: &&Said| s.rank == r && !s.log;
+                // They went on while the cut lasted: the rank cut off was accounted for by
+                // the others' evidence (their probes), not waited for until it came back.
+                let on = seen
+                    .iter()
+                    .filter(mine)
+                    .find(|s| s.text.contains(": going on with "));
+                assert!(
+                    on.is_some_and(|s| s.at < healed),
+                    "{what}: rank {r} did not go on while rank {v} was cut off\n{said}"
+                );
+                let last = seen.iter().rfind(mine).map(|s| s.text.clone());
+                let want = clean.replacen("rank 0: ", &format!("rank {r}: "), 1);
+                assert_eq!(
+                    last.as_deref(),
+                    Some(want.as_str()),
+                    "{what}: rank {r}\n{said}"
+                );
+                let first = seen
+                    .iter()
+                    .filter(mine)
+                    .find(|s| s.text.contains(" failed ("));
+                // Or the rank killed: a rank that had no link to `v` may hear of the kill
+                // first.
+                let names =
+                    |s: &Said, x: usize| s.text.contains(&format!("peer rank {x} was lost"));
+                assert!(
+                    first.is_some_and(|s| names(s, v) || names(s, k)),
+                    "{what}: rank {r}'s first error names neither rank {v} nor rank {k}\n{said}"
+                );
+            }
+            assert!(
+                seen.iter().any(|s| s.rank == v
+                    && !s.log
+                    && s.text
+                        .contains("went on without this rank (its link to rank")),
+                "{what}: rank {v} was not told it was left out\n{said}"
+            );
+        }
+    }
+    evidence("lazy-cut", &report);
 }
