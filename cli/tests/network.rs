@@ -698,10 +698,10 @@ fn with_lazy_connections_a_rank_cut_off_is_the_one_left_out() {
     let at = |p: f64| went_on[((went_on.len() - 1) as f64 * p).round() as usize];
     if !went_on.is_empty() {
         report += &format!(
-            "lazy connections, a rank cut off and another killed: {jobs} of {jobs} jobs with only the rank cut off left out; from the cut to a survivor going on p50 {:?} / p99 {:?} / max {:?}\n",
-            at(0.5),
-            at(0.99),
-            at(1.0)
+            "lazy connections, a rank cut off and another killed: {jobs} of {jobs} jobs with only the rank cut off left out; from the cut to a survivor going on p50 {} / p99 {} / max {} ms\n",
+            at(0.5).as_millis(),
+            at(0.99).as_millis(),
+            at(1.0).as_millis()
         );
         println!("{}", report.lines().last().unwrap_or_default());
     }
