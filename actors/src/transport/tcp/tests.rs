@@ -72,6 +72,47 @@ fn inbound() -> (Arc<dyn Inbound>, Receiver<Event>) {
     (Arc::new(Chan(Mutex::new(tx))), rx)
 }
 
+/// `stream`'s link to rank 0, with `live`, read by a caller polling it (as a rank's waiting
+/// callers do) on a thread of its own, that pauses 5 ms every `pause_every` turns if given:
+/// the link, the caller's stop flag, and the caller.
+fn polled(
+    stream: TcpStream,
+    inb: Arc<dyn Inbound>,
+    live: Liveness,
+    pause_every: Option<u64>,
+) -> (
+    (TcpLink, Connection),
+    Arc<AtomicBool>,
+    std::thread::JoinHandle<()>,
+) {
+    let readers = Arc::new(Readers::new(2));
+    let link = start(
+        stream,
+        0,
+        Limits::default(),
+        inb,
+        live,
+        Pool::new(RECV_POOL_BYTES),
+        Some(&readers),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let caller = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut turns = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                readers.read();
+                turns += 1;
+                if pause_every.is_some_and(|n| turns.is_multiple_of(n)) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        })
+    };
+    (link, stop, caller)
+}
+
 /// Two connected sockets with the handshake done: (rank 0's end, rank 1's end).
 fn pair(job: u64) -> (TcpStream, TcpStream) {
     pair_via(job, None)
@@ -385,31 +426,7 @@ fn a_polling_caller_and_the_reader_thread_hand_over_every_message_once_in_order(
     let (in_a, _rx_a) = inbound();
     let (mut link, conn_a) = started(a, 1, in_a, Liveness::default());
     let (in_b, rx_b) = inbound();
-    let readers = Arc::new(Readers::new(2));
-    let _b_side = start(
-        b,
-        0,
-        Limits::default(),
-        in_b,
-        Liveness::default(),
-        Pool::new(RECV_POOL_BYTES),
-        Some(&readers),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let stop = Arc::new(AtomicBool::new(false));
-    let caller = {
-        let (readers, stop) = (readers.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut turns = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                readers.read();
-                turns += 1;
-                if turns.is_multiple_of(2_000) {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-        })
-    };
+    let (_b_side, stop, caller) = polled(b, in_b, Liveness::default(), Some(2_000));
     let mut sent = Vec::new();
     let mut outbox = Outbox::default();
     for seq in 0..3_000u64 {
@@ -729,26 +746,7 @@ fn silence_is_timed_from_the_last_arrival_whoever_read_it() {
             std::thread::spawn(move || {
                 let (mut a, b) = pair(40 + i);
                 let (in_b, rx_b) = inbound();
-                let readers = Arc::new(Readers::new(2));
-                let _b = start(
-                    b,
-                    0,
-                    Limits::default(),
-                    in_b,
-                    live,
-                    Pool::new(RECV_POOL_BYTES),
-                    Some(&readers),
-                )
-                .unwrap_or_else(|e| panic!("{e}"));
-                let stop = Arc::new(AtomicBool::new(false));
-                let caller = {
-                    let (readers, stop) = (readers.clone(), stop.clone());
-                    std::thread::spawn(move || {
-                        while !stop.load(Ordering::SeqCst) {
-                            readers.read();
-                        }
-                    })
-                };
+                let (_b, stop, caller) = polled(b, in_b, live, None);
                 let mut last = std::time::Instant::now();
                 for seq in 0..12u64 {
                     let frame = codec::encode(&data(seq, vec![Bytes::from(vec![7u8; 8])]));
