@@ -495,9 +495,10 @@ impl Agreement {
     }
 
     /// Whether the agreement is looking at the store, waiting (the driver waits a little
-    /// before it asks again). Unlike [`poll`](Self::poll), takes nothing out.
+    /// before it asks again); not while a probe waits to be handed out. Unlike
+    /// [`poll`](Self::poll), takes nothing out.
     pub fn is_looking(&self) -> bool {
-        self.step == Step::Look
+        self.step == Step::Look && self.to_probe.is_empty()
     }
 
     /// What to do next. A publish is handed out once: the driver must carry out what this
@@ -571,13 +572,19 @@ impl Agreement {
                 self.seen_returning.insert(m, p);
             }
         }
-        self.probe_the_suspected();
+        // A rank that asks for a probe decides nothing before it has the outcome.
+        let probing = self.probe_the_suspected() && now < self.deadline;
         let broken = self.broken();
         self.broken_since = match self.broken_since {
             Some(t) if broken => Some(t),
             _ => broken.then_some(now),
         };
-        match self.verdict(now) {
+        let verdict = if probing {
+            Verdict::Wait
+        } else {
+            self.verdict(now)
+        };
+        match verdict {
             Verdict::Decide(d) => self.step = Step::Decide(d.encode()),
             Verdict::Fail(e) => self.fail(e),
             // The others decide from what this rank published: keep it current.
@@ -592,10 +599,10 @@ impl Agreement {
     /// evidence against, once each: with lazy connections a rank may have no link to a
     /// member the others lost, and so nothing to say about it, which would leave its
     /// evidence to the few that had one (a rank cut off with two links broken looks no
-    /// worse than the peer at the other end of one of them).
-    fn probe_the_suspected(&mut self) {
+    /// worse than the peer at the other end of one of them). Whether it asked.
+    fn probe_the_suspected(&mut self) -> bool {
         if self.standing_by {
-            return;
+            return false;
         }
         let me = self.me;
         let mut fresh: Vec<usize> = self
@@ -615,10 +622,11 @@ impl Agreement {
         fresh.sort_unstable();
         fresh.dedup();
         if fresh.is_empty() {
-            return;
+            return false;
         }
         self.probed.extend(fresh.iter().copied());
         self.to_probe.extend(fresh);
+        true
     }
 
     /// The members and the standbys: the ranks whose evidence matters.

@@ -999,6 +999,48 @@ fn a_broken_link_waits_a_moment_for_the_rest_of_the_evidence() {
     assert_eq!((d.members, d.cut_off), (vec![0, 1], vec![(2, 0)]));
 }
 
+/// A rank that asks for a probe decides nothing before it has the outcome, even with nothing
+/// to settle: rank 0 sees rank 1 suspect rank 2 (the one cut off), probes both, and decides
+/// at its next look, from what its probe found.
+#[test]
+fn a_rank_decides_only_with_its_probes_outcome() {
+    let g = GroupId::WORLD;
+    let members = vec![0, 1, 2];
+    let deadline = Time::ZERO + Duration::from_secs(10);
+    let proposal = |suspected: &[usize]| {
+        let p = Proposal {
+            completed: Some(3),
+            evidence: Evidence {
+                suspected: suspected.iter().copied().collect(),
+                ..Evidence::default()
+            },
+        };
+        Some(p.encode())
+    };
+    let mut ag = Agreement::new(g, 0, members.clone(), 3, deadline).settling_for(Duration::ZERO);
+    let _ = ag.poll();
+    let _ = ag.poll();
+    let values = || vec![None, proposal(&[]), proposal(&[2]), proposal(&[1])];
+    ag.looked(values(), Time::ZERO, &Evidence::default());
+    assert!(!ag.is_looking(), "a probe to hand out: no wait");
+    assert!(matches!(ag.poll(), Ask::Probe { peers, .. } if peers == vec![1, 2]));
+    assert!(
+        matches!(ag.poll(), Ask::Look { .. }),
+        "no decision without the outcome"
+    );
+    // Its probe could not reach rank 2.
+    let found = Evidence {
+        suspected: [2].into(),
+        ..Evidence::default()
+    };
+    ag.looked(values(), Time::ZERO, &found);
+    let Ask::Decide { value, .. } = ag.poll() else {
+        panic!("no decision")
+    };
+    let d = Decision::decode(&value, &members).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((d.members, d.cut_off), (vec![0, 1], vec![(2, 0)]));
+}
+
 /// A regrow with a standby: the dead member's place goes to the standby in the same round,
 /// on every schedule, and the standby is told it is in; with no standby there, the survivors
 /// wait for the dead member's new incarnation until the deadline.
