@@ -111,10 +111,12 @@ impl World {
             })
             .collect();
         let started = system::start("collectix-system", drivers.clone())?;
-        // The ranks share memory: their groups' small calls run on boards.
+        // The ranks share memory: their groups' small calls run on boards, unless a group's
+        // members outnumber the cores many times over.
         let boards = crate::board::enabled().then(|| {
             crate::board::LocalBoards::new(
                 drivers.iter().map(|d| d.boards.signal.clone()).collect(),
+                crate::board::MEMBERS_PER_CORE * cores,
             )
         });
         let threads: Vec<ThreadId> = started.ranks.iter().map(|(_, _, t)| *t).collect();
