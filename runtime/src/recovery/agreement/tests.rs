@@ -949,6 +949,18 @@ fn a_rank_publishes_again_when_its_evidence_grows() {
     );
 }
 
+/// A proposal in the store: 3 calls completed, suspecting `suspected`.
+fn proposal(suspected: &[usize]) -> Option<Vec<u8>> {
+    let p = Proposal {
+        completed: Some(3),
+        evidence: Evidence {
+            suspected: suspected.iter().copied().collect(),
+            ..Evidence::default()
+        },
+    };
+    Some(p.encode())
+}
+
 /// A broken link between two members: a rank waits `SETTLE` for the rest of the evidence
 /// (the other links of a rank cut off break a moment apart), then decides from all of it.
 #[test]
@@ -956,16 +968,6 @@ fn a_broken_link_waits_a_moment_for_the_rest_of_the_evidence() {
     let g = GroupId::WORLD;
     let members = vec![0, 1, 2];
     let deadline = Time::ZERO + Duration::from_secs(10);
-    let proposal = |suspected: &[usize]| {
-        let p = Proposal {
-            completed: Some(3),
-            evidence: Evidence {
-                suspected: suspected.iter().copied().collect(),
-                ..Evidence::default()
-            },
-        };
-        Some(p.encode())
-    };
     let mut ag = Agreement::new(g, 0, members.clone(), 3, deadline);
     let _ = ag.poll();
     let _ = ag.poll();
@@ -1007,16 +1009,6 @@ fn a_rank_decides_only_with_its_probes_outcome() {
     let g = GroupId::WORLD;
     let members = vec![0, 1, 2];
     let deadline = Time::ZERO + Duration::from_secs(10);
-    let proposal = |suspected: &[usize]| {
-        let p = Proposal {
-            completed: Some(3),
-            evidence: Evidence {
-                suspected: suspected.iter().copied().collect(),
-                ..Evidence::default()
-            },
-        };
-        Some(p.encode())
-    };
     let mut ag = Agreement::new(g, 0, members.clone(), 3, deadline).settling_for(Duration::ZERO);
     let _ = ag.poll();
     let _ = ag.poll();
