@@ -4,10 +4,8 @@
 //! A group runs small calls on a board only if every member can read every other member's
 //! lane; the answer must be the same on every member, or the members would take different
 //! paths for the same call. The ranks of one process ([`LocalBoards`]) share heap lanes, one
-//! set per group, made by the first member that asks, for groups of at most
-//! [`MEMBERS_PER_CORE`] members per core of the machine: a member spins on the board, and reads
-//! every other member's slot, so where the members outnumber the cores many times over a
-//! call costs more than through the engine. Setting `COLLECTIX_BOARD=0` turns the boards off
+//! set per group, made by the first member that asks, for the groups that fit the machine's
+//! cores (`collectix_runtime::board::fits`). Setting `COLLECTIX_BOARD=0` turns the boards off
 //! (every call goes through the engine), for comparison.
 
 use crate::rank::driver::{GroupBoard, Signal, Wake};
@@ -29,18 +27,11 @@ pub(crate) fn enabled() -> bool {
     std::env::var("COLLECTIX_BOARD").map_or(true, |v| v.trim() != "0")
 }
 
-/// Members per core of the largest group of a [`World`](crate::World) that gets a board. On
-/// this project's 2-core VM, a 4-byte all_reduce took 54 µs on the board and 79 µs through
-/// the engine at 16 ranks, 164 and 126 µs at 32, and 61 and 24 ms at 1,024
-/// (`collectix bench --collective all_reduce --ranks W -b 4 -e 4`, with and without
-/// `COLLECTIX_BOARD=0`).
-pub(crate) const MEMBERS_PER_CORE: usize = 8;
-
 /// The boards of the ranks of one process (a [`World`](crate::World)): heap lanes.
 pub(crate) struct LocalBoards {
     state: Mutex<LocalState>,
-    /// The most members a group with a board has.
-    most: usize,
+    /// The machine's cores: which groups get a board (`board::fits`).
+    cores: usize,
 }
 
 /// A group's members (global ranks) and their lanes.
@@ -58,16 +49,16 @@ struct LocalState {
 }
 
 impl LocalBoards {
-    /// The boards of ranks whose signals are `signals` (by global rank), for the groups of
-    /// at most `most` members (the larger go through the engine).
-    pub(crate) fn new(signals: Vec<Arc<Signal>>, most: usize) -> Arc<LocalBoards> {
+    /// The boards of ranks whose signals are `signals` (by global rank), on a machine of
+    /// `cores` cores (the groups too large for it go through the engine).
+    pub(crate) fn new(signals: Vec<Arc<Signal>>, cores: usize) -> Arc<LocalBoards> {
         Arc::new(LocalBoards {
             state: Mutex::new(LocalState {
                 groups: HashMap::new(),
                 signals,
                 retired: HashSet::new(),
             }),
-            most,
+            cores,
         })
     }
 
@@ -93,7 +84,7 @@ impl LocalBoards {
 impl BoardSource for LocalBoards {
     fn board(&self, info: &GroupInfo) -> Option<Arc<GroupBoard>> {
         // The same answer on every member: one value for the whole world.
-        if info.members.len() > self.most {
+        if !collectix_runtime::board::fits(info.members.len(), self.cores) {
             return None;
         }
         let mut s = lock(&self.state);
@@ -134,21 +125,18 @@ mod tests {
     /// A group gets a board only up to the world's size limit, the same on every member.
     #[test]
     fn a_group_larger_than_the_limit_goes_through_the_engine() {
-        let signals = (0..6).map(|_| Arc::new(Signal::default())).collect();
-        let boards = LocalBoards::new(signals, 4);
+        let signals = (0..9).map(|_| Arc::new(Signal::default())).collect();
+        let boards = LocalBoards::new(signals, 1);
         let info = |members: Vec<usize>, me: usize| {
             let id = GroupId::derive(GroupId::WORLD, members.len() as u64, &[]);
             GroupInfo::new(id, members, me, GroupOptions::default())
                 .unwrap_or_else(|e| panic!("{e}"))
         };
-        for me in 0..4 {
-            assert!(boards.board(&info(vec![0, 1, 2, 3], me)).is_some(), "{me}");
+        for me in 0..8 {
+            assert!(boards.board(&info((0..8).collect(), me)).is_some(), "{me}");
         }
-        for me in 0..5 {
-            assert!(
-                boards.board(&info(vec![0, 1, 2, 3, 4], me)).is_none(),
-                "{me}"
-            );
+        for me in 0..9 {
+            assert!(boards.board(&info((0..9).collect(), me)).is_none(), "{me}");
         }
     }
 }

@@ -116,7 +116,7 @@ impl World {
         let boards = crate::board::enabled().then(|| {
             crate::board::LocalBoards::new(
                 drivers.iter().map(|d| d.boards.signal.clone()).collect(),
-                crate::board::MEMBERS_PER_CORE * cores,
+                cores,
             )
         });
         let threads: Vec<ThreadId> = started.ranks.iter().map(|(_, _, t)| *t).collect();

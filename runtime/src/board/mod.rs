@@ -44,6 +44,21 @@ use crate::group::GroupInfo;
 use crate::ids::{Fingerprint, FINGERPRINT_BYTES};
 use crate::sync::{fence, AtomicU64, Ordering};
 
+/// Members per core of the largest group of one process whose small calls run on a board. A
+/// member on the board spins and reads every other member's slot: where the members outnumber
+/// the cores many times over, a call costs more than through the engine. On this project's
+/// 2-core VM, a 4-byte all_reduce took 54 µs on the board and 79 µs through the engine at 16
+/// ranks, 164 and 126 µs at 32, and 61 and 24 ms at 1,024 (`collectix bench --collective
+/// all_reduce --ranks W -b 4 -e 4`, with and without `COLLECTIX_BOARD=0`).
+pub const MEMBERS_PER_CORE: usize = 8;
+
+/// Whether a group of `members` ranks of one process, on a machine of `cores` cores, runs its
+/// small calls on a board ([`MEMBERS_PER_CORE`]). Every member must ask with the same
+/// numbers, so that all take the same path.
+pub fn fits(members: usize, cores: usize) -> bool {
+    members <= MEMBERS_PER_CORE.saturating_mul(cores.max(1))
+}
+
 /// Slots per lane: how many calls a member may have published that another member has not
 /// finished yet. A member further ahead of the slowest one finishes its calls as far as their
 /// results allow (a broadcast's root at once; others once the slots they read are there) and
@@ -464,5 +479,15 @@ impl Board {
             None => Ok(()),
             Some(r) => r.map(drop),
         }
+    }
+}
+
+#[cfg(all(test, not(collectix_loom)))]
+mod limit_tests {
+    /// Eight members per core, at least one core.
+    #[test]
+    fn a_group_fits_up_to_eight_members_per_core() {
+        assert!(super::fits(16, 2) && !super::fits(17, 2));
+        assert!(super::fits(8, 0) && !super::fits(9, 0));
     }
 }
