@@ -87,7 +87,8 @@ pub use collectix_actors::{
     DeviceBackend, Failed, FileStore, InitArgs, JobConfig, JobStatus, Launcher, Liveness,
     MemoryStore, Mesh2d, P2POp, Policy, PrefixStore, Process, ProcessBuilder, RankStatus,
     Recovered, Rendezvous, Secret, Security, Store, StoreProtocol, TcpStore, TcpStoreServer,
-    TorchStore, Transport, Work, World, CALLS_KEPT, DEFAULT_JOIN_TIMEOUT, FIRST_RESERVED_TAG,
+    TorchStore, Transport, Work, World, WorldBuilder, CALLS_KEPT, DEFAULT_JOIN_TIMEOUT,
+    FIRST_RESERVED_TAG,
 };
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{

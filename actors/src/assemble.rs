@@ -9,7 +9,7 @@ use crate::board::BoardSource;
 use crate::device::cuda::LocalHub;
 use crate::member::RankShared;
 use crate::rank::actor::RankActor;
-use crate::rank::driver::{Driver, Links};
+use crate::rank::driver::{Driver, LinkTable};
 use crate::store::Store;
 use crate::work::RankThreads;
 use actix::{Addr, ArbiterHandle};
@@ -28,13 +28,13 @@ pub(crate) struct Birth {
     pub(crate) incarnation: u32,
     /// The rank's driver, with its engine.
     pub(crate) driver: Arc<Driver>,
-    /// Its actor, started, and the arbiter the actor runs on.
-    pub(crate) actor: (Addr<RankActor>, ArbiterHandle),
+    /// Its actor, started, the arbiter the actor runs on and that arbiter's thread.
+    pub(crate) actor: (Addr<RankActor>, ArbiterHandle, ThreadId),
     /// The threads of this process that run rank actors (a waiting caller there must not
     /// spin for its peers).
     pub(crate) threads: Vec<ThreadId>,
-    /// Its links, one per rank of the world.
-    pub(crate) links: Links,
+    /// Its links to the ranks of the world.
+    pub(crate) links: LinkTable,
     /// The job's store, where the survivors of a failed group agree.
     pub(crate) store: Arc<dyn Store>,
     /// What the ranks of this process share for device calls on one GPU (`None`: a
@@ -59,7 +59,7 @@ pub(crate) fn assemble(birth: Birth) -> Arc<RankShared> {
         standbys,
         incarnation,
         driver,
-        actor: (addr, arbiter),
+        actor: (addr, arbiter, thread),
         threads,
         links,
         store,
@@ -79,6 +79,7 @@ pub(crate) fn assemble(birth: Birth) -> Arc<RankShared> {
         addr,
         driver,
         arbiter,
+        thread,
         // A copy of its own per rank: every call clones and drops it, and one `Arc` shared
         // by the ranks would move its count between their cores on each.
         rank_threads: RankThreads::shared(&threads),

@@ -106,9 +106,9 @@ impl BoardSource for LocalBoards {
                 .iter()
                 .map(|_| Arc::new(HeapLane::default()) as Arc<dyn Lane>)
                 .collect();
-            (info.members.clone(), lanes)
+            (info.members.to_vec(), lanes)
         });
-        if *members != info.members {
+        if members[..] != info.members[..] {
             // Two groups with one id and other members: never made by collectix.
             return None;
         }

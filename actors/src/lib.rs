@@ -90,4 +90,4 @@ pub use transport::mesh::Connect;
 pub use transport::tcp::Liveness;
 pub use transport::Transport;
 pub use work::Work;
-pub use world::World;
+pub use world::{World, WorldBuilder};

@@ -34,6 +34,8 @@ pub(crate) struct RankShared {
     /// The rank's engine and inbox: calls are issued on it directly (see `rank::driver`).
     pub(crate) driver: Arc<Driver>,
     pub(crate) arbiter: ArbiterHandle,
+    /// The thread of that arbiter (other ranks' actors may share it).
+    pub(crate) thread: std::thread::ThreadId,
     pub(crate) rank_threads: Arc<RankThreads>,
     /// The job's store, where the survivors of a failed group agree (`recovery.rs`).
     pub(crate) store: Arc<dyn crate::store::Store>,

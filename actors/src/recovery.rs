@@ -126,7 +126,7 @@ impl Communicator {
         let agreement = Agreement::new(
             info.id,
             member.rank.rank,
-            info.members.clone(),
+            info.members.to_vec(),
             completed,
             driver.now() + wait,
         )
@@ -151,7 +151,7 @@ impl Communicator {
         };
         let old = Old {
             id: info.id,
-            members: info.members.clone(),
+            members: info.members.to_vec(),
             options: info.options.clone(),
         };
         let open = everyone && !standbys.is_empty();

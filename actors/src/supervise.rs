@@ -8,7 +8,12 @@
 use crate::comm::Communicator;
 use crate::work::guarded;
 use crate::world::World;
-use collectix_runtime::Result;
+use collectix_runtime::{Error, Result};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::{mpsc, Arc};
+use std::task::{Context, Poll};
 
 /// What a failed rank does to the others (`collectix launch --on-failure` names the same).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,30 +84,10 @@ impl World {
                             let Err(e) = &result else {
                                 return result;
                             };
-                            tracing::warn!(rank = r, error = %e, ?policy, "a supervised rank failed");
-                            match policy {
-                                Policy::Restart(most) if restarts < most => {
-                                    restarts += 1;
-                                    match self.restart(r) {
-                                        Ok(c) => {
-                                            comm = c;
-                                            continue;
-                                        }
-                                        Err(e) => {
-                                            tracing::warn!(rank = r, error = %e, "cannot restart the rank");
-                                        }
-                                    }
-                                }
-                                Policy::Shrink | Policy::Restart(_) => {
-                                    let _ = self.kill(r);
-                                }
-                                Policy::Stop => {
-                                    for other in 0..self.size() {
-                                        let _ = self.kill(other);
-                                    }
-                                }
+                            match self.failed(r, e, policy, &mut restarts) {
+                                Some(c) => comm = c,
+                                None => return result,
                             }
-                            return result;
                         }
                     })
                 })
@@ -118,5 +103,138 @@ impl World {
                 })
                 .collect()
         })
+    }
+
+    /// Runs `body` for every rank at once as an async task on the threads the ranks' actors
+    /// share ([`WorldBuilder::threads`](crate::WorldBuilder::threads)): no thread per rank,
+    /// so a world of thousands of ranks runs on a few threads. Returns each rank's result,
+    /// in rank order, once every body has ended; `policy` handles a body that panics or
+    /// returns an error as [`run`](Self::run) does (a restarted rank's body runs again, as a
+    /// task of its new incarnation).
+    ///
+    /// A body awaits its calls (a [`Work`](crate::Work) is a future); it must not block its
+    /// thread (`Work::wait` there returns [`Error::WouldDeadlock`](collectix_runtime::Error)),
+    /// since the ranks sharing that thread would stop with it.
+    ///
+    /// ```
+    /// use collectix_actors::{Policy, World};
+    /// use collectix_runtime::{ReduceOp, Tensor};
+    ///
+    /// let world = World::builder(64).threads(2).start().unwrap();
+    /// let results = world.spawn(Policy::Stop, |comm| async move {
+    ///     let t = Tensor::from_vec(vec![comm.rank() as i64]);
+    ///     comm.all_reduce(t, ReduceOp::Sum).await?.to_vec::<i64>()
+    /// });
+    /// assert!(results.iter().all(|r| r == &Ok(vec![(0..64).sum()])));
+    /// world.shutdown().unwrap_or_default();
+    /// ```
+    pub fn spawn<T, F, Fut>(&self, policy: Policy, body: F) -> Vec<Result<T>>
+    where
+        T: Send + 'static,
+        F: Fn(Communicator) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        let body = Arc::new(body);
+        let (tx, rx) = mpsc::channel::<(usize, Result<T>)>();
+        let start = |r: usize, comm: Communicator| {
+            let (body, reply) = (body.clone(), Reply(r, Some(tx.clone())));
+            let arbiter = comm.member.rank.arbiter.clone();
+            // A task its thread drops unfinished (the thread stopped) replies on its drop.
+            let _ = arbiter.spawn(async move {
+                let result = match guarded(|| Ok(body(comm))) {
+                    Ok(f) => Guarded(Box::pin(f)).await,
+                    Err(e) => Err(e),
+                };
+                reply.send(result);
+            });
+        };
+        let n = self.size();
+        for (r, comm) in self.communicators().iter().enumerate() {
+            start(r, comm.clone());
+        }
+        let mut results: Vec<Option<Result<T>>> = (0..n).map(|_| None).collect();
+        let mut restarts = vec![0; n];
+        let mut left = n;
+        while left > 0 {
+            let Ok((r, result)) = rx.recv() else { break };
+            if let Err(e) = &result {
+                if let Some(c) = self.failed(r, e, policy, &mut restarts[r]) {
+                    start(r, c);
+                    continue;
+                }
+            }
+            if let Some(slot) = results.get_mut(r) {
+                *slot = Some(result);
+                left -= 1;
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(Error::Shutdown)))
+            .collect()
+    }
+
+    /// Rank `r`'s body failed with `e`: `policy` is applied; the communicator of its new
+    /// incarnation when its body is to run again.
+    fn failed(
+        &self,
+        r: usize,
+        e: &Error,
+        policy: Policy,
+        restarts: &mut u32,
+    ) -> Option<Communicator> {
+        tracing::warn!(rank = r, error = %e, ?policy, "a supervised rank failed");
+        match policy {
+            Policy::Restart(most) if *restarts < most => {
+                *restarts += 1;
+                match self.restart(r) {
+                    Ok(c) => return Some(c),
+                    Err(e) => {
+                        tracing::warn!(rank = r, error = %e, "cannot restart the rank");
+                    }
+                }
+                let _ = self.kill(r);
+            }
+            Policy::Shrink | Policy::Restart(_) => {
+                let _ = self.kill(r);
+            }
+            Policy::Stop => self.kill_all(),
+        }
+        None
+    }
+}
+
+/// Where rank `.0`'s body's result goes: once, when it ends, or as [`Error::Shutdown`] if its
+/// task is dropped before (its thread stopped).
+struct Reply<T>(usize, Option<mpsc::Sender<(usize, Result<T>)>>);
+
+impl<T> Reply<T> {
+    fn send(mut self, result: Result<T>) {
+        if let Some(tx) = self.1.take() {
+            let _ = tx.send((self.0, result));
+        }
+    }
+}
+
+impl<T> Drop for Reply<T> {
+    fn drop(&mut self) {
+        if let Some(tx) = self.1.take() {
+            let _ = tx.send((self.0, Err(Error::Shutdown)));
+        }
+    }
+}
+
+/// A rank body's future, whose panic is that rank's failure ([`Error::Panic`]) rather than
+/// its thread's: the ranks sharing the thread go on.
+struct Guarded<F>(Pin<Box<F>>);
+
+impl<T, F: Future<Output = Result<T>>> Future for Guarded<F> {
+    type Output = Result<T>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let f = self.0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| f.poll(cx))) {
+            Ok(p) => p,
+            Err(p) => Poll::Ready(Err(Error::from_panic("your code", p.as_ref()))),
+        }
     }
 }

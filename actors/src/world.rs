@@ -13,7 +13,7 @@ use crate::transport::local;
 use actix::System;
 use collectix_runtime::data_plane::Arenas;
 use collectix_runtime::engine::POOL_BYTES;
-use collectix_runtime::{Engine, Error, GroupInfo, GroupOptions, Locality, Result};
+use collectix_runtime::{Engine, Error, GroupId, GroupInfo, GroupOptions, Locality, Result};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
@@ -71,11 +71,31 @@ impl World {
     /// [`standbys`](Self::standbys)) to take the place of a lost rank when the survivors
     /// [`regrow`](Communicator::regrow): the group is whole again in the same agreement,
     /// with no rank to restart.
-    pub fn local_with_standbys(
-        n: usize,
-        standbys: usize,
-        mut options: GroupOptions,
-    ) -> Result<World> {
+    pub fn local_with_standbys(n: usize, standbys: usize, options: GroupOptions) -> Result<World> {
+        World::builder(n)
+            .standbys(standbys)
+            .options(options)
+            .start()
+    }
+
+    /// A world of `n` ranks with settings given in code (the threads its ranks share, hot
+    /// standbys, the world group's options); [`WorldBuilder::start`] starts it.
+    pub fn builder(n: usize) -> WorldBuilder {
+        WorldBuilder {
+            n,
+            standbys: 0,
+            options: GroupOptions::default(),
+            threads: None,
+        }
+    }
+
+    fn start(b: WorldBuilder) -> Result<World> {
+        let WorldBuilder {
+            n,
+            standbys,
+            mut options,
+            threads,
+        } = b;
         if n == 0 {
             return Err(Error::invalid("a world needs at least one rank"));
         }
@@ -85,15 +105,17 @@ impl World {
             .ok_or_else(|| Error::invalid("too many standbys"))?;
         // Each rank's view of the world group, made (and checked) before any thread starts;
         // a standby's group of its own.
-        let infos = (0..total)
-            .map(|r| {
-                if r < n {
-                    GroupInfo::world(n, r, options.clone())
-                } else {
-                    GroupInfo::new(standby_group(r), vec![r], r, options.clone())
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
+        // The world group's members are one list for all of them.
+        let mut infos =
+            GroupInfo::for_each(GroupId::WORLD, (0..n).collect::<Vec<_>>(), 0..n, &options)?;
+        for r in n..total {
+            infos.push(GroupInfo::new(
+                standby_group(r),
+                vec![r],
+                r,
+                options.clone(),
+            )?);
+        }
         let spin = spin_from_env(DEFAULT_SPIN);
         // The ranks share an address space: outputs that can be shared are one buffer for
         // all of them (tensors are immutable values).
@@ -110,7 +132,8 @@ impl World {
                 Arc::new(Driver::new(engine, info.clone(), spin, yields))
             })
             .collect();
-        let started = system::start("collectix-system", drivers.clone())?;
+        let threads = threads.unwrap_or_else(|| rank_threads_from_env(cores));
+        let started = system::start("collectix-system", drivers.clone(), threads)?;
         // The ranks share memory: their groups' small calls run on boards, unless a group's
         // members outnumber the cores many times over.
         let boards = crate::board::enabled().then(|| {
@@ -119,23 +142,30 @@ impl World {
                 cores,
             )
         });
-        let threads: Vec<ThreadId> = started.ranks.iter().map(|(_, _, t)| *t).collect();
+        let mut threads: Vec<ThreadId> = Vec::new();
+        for (_, _, t) in &started.ranks {
+            if !threads.contains(t) {
+                threads.push(*t);
+            }
+        }
         // The ranks' store: where the survivors of a failed group agree.
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         // What the ranks share for device calls on one GPU (the device-local path).
         let hub = Arc::new(crate::device::cuda::LocalHub::new());
+        // One table of the ranks' drivers, which every rank's links are made from.
+        let table: Arc<[Arc<Driver>]> = drivers.clone().into();
         let mut comms = Vec::with_capacity(total);
         let ranks = started.ranks.into_iter().zip(&drivers).zip(infos);
-        for (r, (((addr, arbiter, _), driver), info)) in ranks.enumerate() {
+        for (r, (((addr, arbiter, thread), driver), info)) in ranks.enumerate() {
             let shared = assemble(Birth {
                 rank: r,
                 world: total,
                 standbys,
                 incarnation: 0,
                 driver: driver.clone(),
-                actor: (addr, arbiter),
+                actor: (addr, arbiter, thread),
                 threads: threads.clone(),
-                links: local::links(r, &drivers),
+                links: local::links(r, table.clone()),
                 store: store.clone(),
                 hub: Some(hub.clone()),
                 boards: boards.clone().map(|b| b as Arc<dyn BoardSource>),
@@ -212,6 +242,22 @@ impl World {
         Ok(())
     }
 
+    /// Stops every rank (not the standbys) as [`kill`](Self::kill) would, without telling
+    /// each the others' loss (nobody is left to hear it: a world of W ranks is stopped in
+    /// O(W), not O(W²)).
+    pub(crate) fn kill_all(&self) {
+        for c in lock(&self.current)
+            .iter()
+            .take(self.size())
+            .cloned()
+            .collect::<Vec<_>>()
+        {
+            if !c.member.rank.driver.is_closed() {
+                c.member.rank.driver.stopped();
+            }
+        }
+    }
+
     /// Cuts the link between ranks `a` and `b`, as a network fault between two hosts
     /// would: neither takes the other's messages any more, and each sees the other lost at
     /// once (as a broken connection tells the ranks of a TCP job). Both go on running, with
@@ -280,7 +326,7 @@ impl World {
             self.parts.spin,
             self.parts.yields,
         ));
-        let started = system::start(&format!("collectix-restart-{r}"), vec![driver.clone()])?;
+        let started = system::start(&format!("collectix-restart-{r}"), vec![driver.clone()], 1)?;
         let Some((addr, arbiter, tid)) = started.ranks.into_iter().next() else {
             started.system.stop();
             let _ = started.thread.join();
@@ -306,9 +352,9 @@ impl World {
             standbys: self.standbys.len(),
             incarnation: old.incarnation().saturating_add(1),
             driver: driver.clone(),
-            actor: (addr, arbiter),
+            actor: (addr, arbiter, tid),
             threads,
-            links: local::links(r, &drivers),
+            links: local::links(r, drivers.clone().into()),
             store: self.parts.store.clone(),
             hub: Some(self.parts.hub.clone()),
             boards,
@@ -356,21 +402,18 @@ impl World {
         // First every rank fails its waiting calls with `Shutdown` and stops listening; only
         // then does any rank stop (else a rank could see a peer's stop as a lost peer).
         let (tx, rx) = mpsc::channel();
-        let mut asked: usize = 0;
+        let mut wait_for: usize = 0;
         let restarted = std::mem::take(&mut *lock(&self.restarted));
         for c in self.comms.iter().chain(restarted.iter().map(|(c, _, _)| c)) {
             if c.member.rank.addr.connected() {
                 c.member.rank.addr.do_send(Quiesce(tx.clone()));
-                asked += 1;
+                // The ranks whose thread this is answer only after this returns.
+                if c.member.rank.thread != me {
+                    wait_for += 1;
+                }
             }
         }
         drop(tx);
-        // The rank whose thread this is answers only after this returns.
-        let wait_for = if on_rank {
-            asked.saturating_sub(1)
-        } else {
-            asked
-        };
         let mut pending = Vec::new();
         for _ in 0..wait_for {
             // A rank that is already gone drops its sender; never wait long for one.
@@ -405,6 +448,57 @@ impl Drop for World {
         for (rank, e) in self.stop() {
             tracing::error!(rank, error = %e, "a world dropped without shutdown() swallowed this failure");
         }
+    }
+}
+
+/// How many threads the ranks of a world share unless told: `COLLECTIX_RANK_THREADS`, else
+/// the cores this process may run on (so a world of at most that many ranks has a thread per
+/// rank).
+fn rank_threads_from_env(cores: usize) -> usize {
+    std::env::var("COLLECTIX_RANK_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or(cores)
+}
+
+/// A world's settings given in code ([`World::builder`]).
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until `start`"]
+pub struct WorldBuilder {
+    n: usize,
+    standbys: usize,
+    options: GroupOptions,
+    threads: Option<usize>,
+}
+
+impl WorldBuilder {
+    /// `k` hot standbys besides the ranks (see [`World::local_with_standbys`]).
+    pub fn standbys(mut self, k: usize) -> Self {
+        self.standbys = k;
+        self
+    }
+
+    /// The world group's options.
+    pub fn options(mut self, options: GroupOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The threads the ranks' actors share (at least one; rank `r` runs on thread
+    /// `r % threads`). By default `COLLECTIX_RANK_THREADS`, else the cores this process may
+    /// run on: a world of at most that many ranks has a thread per rank, a bigger one shares
+    /// them, as actors share an arbiter. The threads a rank's actor runs on are not the
+    /// callers': see [`World::run`] (a thread per rank body) and [`World::spawn`] (async rank
+    /// bodies on these threads).
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = Some(threads.max(1));
+        self
+    }
+
+    /// Starts the world.
+    pub fn start(self) -> Result<World> {
+        World::start(self)
     }
 }
 

@@ -1,8 +1,10 @@
 //! Process groups: identity, membership, and per-group options.
 
 use crate::error::{Error, Result};
+use crate::fast_hash::FastMap;
 pub use crate::ids::{fnv1a, GroupId};
 use crate::op::{Algorithm, OpKind};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Where a group's ranks live, which decides the algorithms chosen by default (see
@@ -136,12 +138,49 @@ fn locality_of(members: &[usize], hosts: &[u32], base: Locality) -> Locality {
 pub struct GroupInfo {
     /// The identity.
     pub id: GroupId,
-    /// Global ranks of the members, in group-rank order.
-    pub members: Vec<usize>,
+    /// Global ranks of the members, in group-rank order (one list the members of one
+    /// process may share: a world of W ranks holds it once, not W times).
+    pub members: Arc<[usize]>,
     /// This member's group-local rank.
     pub rank: usize,
     /// Options shared by the members.
     pub options: GroupOptions,
+    /// How a global rank's group rank is found ([`local`](Self::local)).
+    lookup: Lookup,
+}
+
+/// How [`GroupInfo::local`] finds a global rank among the members: in O(1) for a group of
+/// ranks `0..n` in order (a world) or through an index (a large group), else by a scan of a
+/// few members.
+#[derive(Clone, Debug)]
+enum Lookup {
+    Identity,
+    Scan,
+    Index(Arc<FastMap<usize, usize>>),
+}
+
+/// Equal groups look up alike: the lookup is derived from the members.
+impl PartialEq for Lookup {
+    fn eq(&self, _: &Lookup) -> bool {
+        true
+    }
+}
+
+/// The most members a group's lookup scans; a larger group is indexed.
+const SCANNED_MEMBERS: usize = 16;
+
+impl Lookup {
+    fn of(members: &[usize]) -> Lookup {
+        if members.iter().enumerate().all(|(i, &m)| i == m) {
+            Lookup::Identity
+        } else if members.len() <= SCANNED_MEMBERS {
+            Lookup::Scan
+        } else {
+            Lookup::Index(Arc::new(
+                members.iter().enumerate().map(|(i, &m)| (m, i)).collect(),
+            ))
+        }
+    }
 }
 
 impl GroupInfo {
@@ -152,23 +191,58 @@ impl GroupInfo {
         me: usize,
         options: GroupOptions,
     ) -> Result<GroupInfo> {
-        let rank = members
-            .iter()
-            .position(|&m| m == me)
-            .ok_or(Error::NotAMember {
-                group: id,
-                rank: me,
-            })?;
-        let mut options = options;
-        if let (Some(hosts), false) = (&options.hosts, options.locality == Locality::Process) {
-            options.locality = locality_of(&members, hosts, options.locality);
-        }
-        Ok(GroupInfo {
+        GroupInfo::shared(id, members.into(), None, me, options)
+    }
+
+    /// The views of one group of `members` for each of `mine` (global ranks of this process
+    /// that are members): one list of members and one lookup for all of them.
+    pub fn for_each(
+        id: GroupId,
+        members: impl Into<Arc<[usize]>>,
+        mine: impl IntoIterator<Item = usize>,
+        options: &GroupOptions,
+    ) -> Result<Vec<GroupInfo>> {
+        let members: Arc<[usize]> = members.into();
+        let lookup = Lookup::of(&members);
+        mine.into_iter()
+            .map(|me| {
+                GroupInfo::shared(
+                    id,
+                    members.clone(),
+                    Some(lookup.clone()),
+                    me,
+                    options.clone(),
+                )
+            })
+            .collect()
+    }
+
+    fn shared(
+        id: GroupId,
+        members: Arc<[usize]>,
+        lookup: Option<Lookup>,
+        me: usize,
+        options: GroupOptions,
+    ) -> Result<GroupInfo> {
+        let lookup = lookup.unwrap_or_else(|| Lookup::of(&members));
+        let mut info = GroupInfo {
             id,
             members,
-            rank,
+            rank: 0,
             options,
-        })
+            lookup,
+        };
+        info.rank = info.local(me).ok_or(Error::NotAMember {
+            group: id,
+            rank: me,
+        })?;
+        if let (Some(hosts), false) = (
+            &info.options.hosts,
+            info.options.locality == Locality::Process,
+        ) {
+            info.options.locality = locality_of(&info.members, hosts, info.options.locality);
+        }
+        Ok(info)
     }
 
     /// Each member's host (in group-rank order), from [`GroupOptions::hosts`]; with no host
@@ -201,9 +275,13 @@ impl GroupInfo {
         self.members[r]
     }
 
-    /// Group rank of global rank `g`, if a member.
+    /// Group rank of global rank `g`, if a member (O(1) but for a small group, scanned).
     pub fn local(&self, g: usize) -> Option<usize> {
-        self.members.iter().position(|&m| m == g)
+        match &self.lookup {
+            Lookup::Identity => (g < self.members.len()).then_some(g),
+            Lookup::Scan => self.members.iter().position(|&m| m == g),
+            Lookup::Index(index) => index.get(&g).copied(),
+        }
     }
 
     /// Checks that `r` is a group rank; `what` names the argument.

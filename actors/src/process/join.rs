@@ -4,6 +4,7 @@
 //! (`assemble`).
 
 use super::*;
+use crate::rank::driver::LinkTable;
 
 /// Checks that every rank of the job was started with the same world size: the first rank to
 /// get here records its size (and its rank) in the store, and a rank started with another
@@ -283,7 +284,7 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
         system,
         thread,
         mut ranks,
-    } = system::start(&format!("collectix-system-{rank}"), vec![driver.clone()])?;
+    } = system::start(&format!("collectix-system-{rank}"), vec![driver.clone()], 1)?;
     let Some((addr, arbiter, thread_id)) = ranks.pop() else {
         let e = Error::internal("the actor system started no rank");
         return Err(halt(&system, thread, e));
@@ -336,9 +337,9 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
         standbys,
         incarnation,
         driver,
-        actor: (addr, arbiter),
+        actor: (addr, arbiter, thread_id),
         threads: vec![thread_id],
-        links,
+        links: LinkTable::given(links),
         store: store.clone(),
         // One rank per process: its device calls take NCCL.
         hub: None,

@@ -23,12 +23,14 @@
 
 mod board;
 mod handoff;
+mod links;
 pub(crate) mod recorder;
 mod state;
 mod wait;
 
 pub(crate) use board::{BoardSubmit, GroupBoard, Quick, Signal, Wake};
 pub(crate) use handoff::Owed;
+pub(crate) use links::{BoxedLink, LinkTable};
 pub(crate) use state::{After, Core};
 pub(crate) use wait::{
     spin_from_env, DEFAULT_SPIN, DEFAULT_SPIN_TCP, YIELD_TURNS, YIELD_TURNS_SPARSE,
@@ -39,7 +41,7 @@ use actix::{Message as ActixMessage, Recipient};
 use collectix_runtime::fast_hash::FastMap;
 use collectix_runtime::progress::{CachePadded, Inbox};
 use collectix_runtime::recovery::Evidence;
-use collectix_runtime::wire::{Link, Message, Outbox};
+use collectix_runtime::wire::{Link, Message};
 use collectix_runtime::{Engine, Error, GroupId, GroupInfo, Output, Plan, Result, Time};
 use handoff::GRACE;
 use state::Waiting;
@@ -203,6 +205,18 @@ impl Driver {
         self.spin
     }
 
+    /// How long a run waits for the peers it handed messages to to take them before it
+    /// wakes their actors ([`settle`](Self::settle)): on a thread that runs rank actors,
+    /// not at all (the peers may share this thread: they cannot take anything while it
+    /// waits).
+    pub(crate) fn grace(&self) -> Duration {
+        if crate::rank::on_rank_thread() {
+            Duration::ZERO
+        } else {
+            GRACE.min(self.spin)
+        }
+    }
+
     pub(crate) fn now(&self) -> Time {
         let since = engine_clock().saturating_sub(self.origin);
         Time::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
@@ -248,7 +262,7 @@ impl Driver {
         core: MutexGuard<'_, Core>,
         f: impl FnOnce(&mut Core, Time, &mut After) -> R,
     ) -> R {
-        let (r, next) = self.run_with(core, f, Some(GRACE.min(self.spin)));
+        let (r, next) = self.run_with(core, f, Some(self.grace()));
         self.check_timer(next);
         r
     }
@@ -368,7 +382,7 @@ impl Driver {
             None,
         );
         self.check_timer(next);
-        self.settle_driving(GRACE.min(self.spin), driving);
+        self.settle_driving(self.grace(), driving);
     }
 
     /// This rank's part of collective call `seq` of `group` failed before it started (its
@@ -445,11 +459,7 @@ impl Driver {
     /// Messages waiting in front of links that cannot take them yet (a connection still
     /// being made, a full writer queue), over all peers; a lost peer's are dropped.
     pub(crate) fn queued(&self) -> usize {
-        self.run(|core, _, _| {
-            core.links
-                .as_ref()
-                .map_or(0, |(_, outboxes)| outboxes.iter().map(Outbox::len).sum())
-        })
+        self.run(|core, _, _| core.links.as_ref().map_or(0, LinkTable::queued))
     }
 
     /// Probes the links to `peers` (`Link::probe`: a lazy connection is made now) and waits,
@@ -457,7 +467,7 @@ impl Driver {
     /// a peer that could not be reached is lost to the engine.
     pub(crate) fn probe(&self, peers: &[usize], within: Duration) {
         self.run(|core, _, _| {
-            if let Some((links, _)) = &mut core.links {
+            if let Some(links) = &mut core.links {
                 for &p in peers {
                     if let Some(l) = links.get_mut(p) {
                         l.probe(within);
@@ -468,7 +478,7 @@ impl Driver {
         let until = crate::sync::deadline_after(within + PROBE_SLACK);
         let connecting = || {
             self.run(|core, _, _| {
-                core.links.as_ref().is_some_and(|(links, _)| {
+                core.links.as_ref().is_some_and(|links| {
                     peers
                         .iter()
                         .any(|&p| links.get(p).is_some_and(|l| l.is_connecting()))
@@ -481,10 +491,9 @@ impl Driver {
     }
 
     /// Installs the rank's links (once every peer's address is known) and sends what waited.
-    pub(crate) fn set_links(&self, links: Links) {
+    pub(crate) fn set_links(&self, links: LinkTable) {
         self.run(|core, now, _| {
-            let outboxes = links.iter().map(|_| Outbox::default()).collect();
-            core.links = Some((links, outboxes));
+            core.links = Some(links);
             for (dst, msg) in std::mem::take(&mut core.backlog) {
                 core.send(dst, msg, now);
             }
@@ -495,35 +504,27 @@ impl Driver {
     /// driver): its link is replaced by `link`, what waited for the old one is dropped, and
     /// the engine hears that the old incarnation is lost for good and the new one may be a
     /// member of groups made from now on (`Engine::handle_peer_rejoined`).
-    pub(crate) fn relink(&self, peer: usize, link: Box<dyn Link<Message> + Send>) {
+    pub(crate) fn relink(&self, peer: usize, link: BoxedLink) {
         self.replace_link(peer, link, Engine::handle_peer_rejoined);
     }
 
     /// The link to global rank `peer` was cut (a network fault, `World::cut`): it is
     /// replaced by `link` (one that takes nothing), what waited for it is dropped, and the
     /// engine hears `peer` lost, as from a broken connection.
-    pub(crate) fn cut(&self, peer: usize, link: Box<dyn Link<Message> + Send>) {
+    pub(crate) fn cut(&self, peer: usize, link: BoxedLink) {
         crate::metrics::peer_lost();
         self.replace_link(peer, link, Engine::handle_peer_lost);
     }
 
     /// Replaces the link to `peer` with `link`, drops what waited for the old one, and tells
     /// the engine (`tell`), unless the rank is stopping.
-    fn replace_link(
-        &self,
-        peer: usize,
-        link: Box<dyn Link<Message> + Send>,
-        tell: fn(&mut Engine, usize, Time),
-    ) {
+    fn replace_link(&self, peer: usize, link: BoxedLink, tell: fn(&mut Engine, usize, Time)) {
         self.run(|core, now, _| {
             if core.quiesced {
                 return;
             }
-            if let Some((links, outboxes)) = &mut core.links {
-                if let (Some(l), Some(o)) = (links.get_mut(peer), outboxes.get_mut(peer)) {
-                    *l = link;
-                    o.clear();
-                }
+            if let Some(links) = &mut core.links {
+                links.replace(peer, link);
             }
             tell(&mut core.engine, peer, now);
         });
@@ -532,13 +533,10 @@ impl Driver {
     /// The link to global rank `peer` can take messages again: what waits for it is sent.
     pub(crate) fn flush(&self, peer: usize) {
         self.run(|core, now, _| {
-            let Some((links, outboxes)) = &mut core.links else {
+            let Some(links) = &mut core.links else {
                 return;
             };
-            let closed = match (links.get_mut(peer), outboxes.get_mut(peer)) {
-                (Some(link), Some(outbox)) => outbox.flush(link.as_mut()).is_err(),
-                _ => false,
-            };
+            let closed = links.flush(peer).is_err();
             if closed && !core.quiesced {
                 core.engine.handle_peer_lost(peer, now);
             }
@@ -576,10 +574,8 @@ impl Driver {
             if core.quiesced {
                 return;
             }
-            if let Some((_, outboxes)) = &mut core.links {
-                if let Some(o) = outboxes.get_mut(peer) {
-                    o.clear();
-                }
+            if let Some(links) = &mut core.links {
+                links.clear(peer);
             }
             tell(&mut core.engine, peer, now);
         });

@@ -1,7 +1,13 @@
 //! Starting rank actors: an actix `System` on a thread of its own (so that ranks work from
-//! plain `fn main`, from inside a tokio runtime and from tests alike), with one `Arbiter`
-//! thread per rank. Shared by the in-process [`World`](crate::World) (many ranks) and a
-//! multi-process [`Process`](crate::Process) (one).
+//! plain `fn main`, from inside a tokio runtime and from tests alike), with its ranks' actors
+//! spread over a fixed set of `Arbiter` threads: rank `r` on arbiter `r % threads`, one thread
+//! per rank when the ranks are no more than the threads. Shared by the in-process
+//! [`World`](crate::World) (many ranks) and a multi-process [`Process`](crate::Process) (one).
+//!
+//! A rank's actor never blocks for long on its thread (a handler runs the engine under the
+//! rank's lock, which is only ever held for a run), so the ranks sharing a thread only take
+//! turns; a caller on such a thread never blocks for a call (`Work::wait` there is
+//! `Error::WouldDeadlock`), and an async rank body there awaits instead.
 
 use super::actor::RankActor;
 use super::driver::Driver;
@@ -20,10 +26,11 @@ pub(crate) struct Started {
 }
 
 /// Starts one actor per rank's driver, each the background driver of its rank (named in the
-/// driver before this returns); links are the caller's to install. A thread the system
-/// refuses is [`Error::Resource`].
-pub(crate) fn start(name: &str, ranks: Vec<Arc<Driver>>) -> Result<Started> {
+/// driver before this returns), on at most `threads` arbiter threads (at least one); links
+/// are the caller's to install. A thread the system refuses is [`Error::Resource`].
+pub(crate) fn start(name: &str, ranks: Vec<Arc<Driver>>, threads: usize) -> Result<Started> {
     let n = ranks.len();
+    let threads = threads.clamp(1, n.max(1));
     type Reply = Result<(System, Vec<(Addr<RankActor>, ArbiterHandle, ThreadId)>)>;
     let (tx, rx) = mpsc::channel::<Reply>();
     let thread = std::thread::Builder::new()
@@ -32,8 +39,8 @@ pub(crate) fn start(name: &str, ranks: Vec<Arc<Driver>>) -> Result<Started> {
             let sys = System::new();
             // actix panics when it cannot start an arbiter's thread: that is a resource
             // limit, reported as one (the threads started so far are stopped).
-            let mut arbiters: Vec<Arbiter> = Vec::with_capacity(n);
-            for _ in 0..n {
+            let mut arbiters: Vec<Arbiter> = Vec::with_capacity(threads);
+            for _ in 0..threads {
                 match std::panic::catch_unwind(Arbiter::new) {
                     Ok(a) => arbiters.push(a),
                     Err(p) => {
@@ -47,10 +54,11 @@ pub(crate) fn start(name: &str, ranks: Vec<Arc<Driver>>) -> Result<Started> {
                     }
                 }
             }
-            let started: Vec<_> = arbiters
-                .iter()
-                .zip(ranks)
-                .filter_map(|(arb, driver)| {
+            let started: Vec<_> = ranks
+                .into_iter()
+                .enumerate()
+                .filter_map(|(r, driver)| {
+                    let arb = &arbiters[r % threads];
                     let (ttx, trx) = mpsc::channel();
                     let d = driver.clone();
                     let addr = RankActor::start_in_arbiter(&arb.handle(), move |_| {

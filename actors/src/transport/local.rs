@@ -5,7 +5,8 @@
 //! Payloads are shared `Bytes`, moved, never serialized. The inbox is unbounded, so a local
 //! link never says "would block"; it is closed once the peer's actor has stopped.
 
-use super::{Link, LinkError, Links};
+use super::{Link, LinkError};
+use crate::rank::driver::{BoxedLink, LinkTable};
 use crate::rank::driver::{Driver, Owed};
 use collectix_runtime::wire::Message;
 use std::sync::Arc;
@@ -28,24 +29,23 @@ impl Link<Message> for LocalLink {
     }
 }
 
-/// The links of rank `src` to `peers` (indexed by global rank).
-pub(crate) fn links(src: usize, peers: &[Arc<Driver>]) -> Links {
+/// The links of rank `src` to `peers` (indexed by global rank, shared by every rank of the
+/// world), each made when first used.
+pub(crate) fn links(src: usize, peers: Arc<[Arc<Driver>]>) -> LinkTable {
     let owed = peers.get(src).map(|d| d.owed()).unwrap_or_default();
-    peers
-        .iter()
-        .map(|p| {
-            Box::new(LocalLink {
-                src,
-                peer: p.clone(),
-                owed: owed.clone(),
-            }) as Box<dyn Link<Message> + Send>
-        })
-        .collect()
+    LinkTable::lazy(Box::new(move |p| {
+        let peer = peers.get(p)?.clone();
+        Some(Box::new(LocalLink {
+            src,
+            peer,
+            owed: owed.clone(),
+        }) as BoxedLink)
+    }))
 }
 
 /// The link from global rank `src` (whose driver is `from`) to the driver `to` of one peer
 /// (a restarted rank's new driver, say).
-pub(crate) fn link(src: usize, from: &Driver, to: Arc<Driver>) -> Box<dyn Link<Message> + Send> {
+pub(crate) fn link(src: usize, from: &Driver, to: Arc<Driver>) -> BoxedLink {
     Box::new(LocalLink {
         src,
         peer: to,
@@ -63,6 +63,6 @@ impl Link<Message> for CutLink {
 }
 
 /// A link that takes nothing, as a cut one.
-pub(crate) fn cut() -> Box<dyn Link<Message> + Send> {
+pub(crate) fn cut() -> BoxedLink {
     Box::new(CutLink)
 }

@@ -6,7 +6,7 @@ use clap::ValueEnum;
 use collectix::{DType, ReduceOp};
 
 /// `collectix bench`'s arguments.
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub(crate) struct Args {
     /// The collective.
     #[arg(long, value_enum, default_value = "all_reduce")]
@@ -52,6 +52,12 @@ pub(crate) struct Args {
     /// for a whole run.
     #[arg(long, value_enum, default_value = "auto")]
     pub(super) bind: Bind,
+    /// How the ranks of an in-process world run the bench: threads (a thread of the bench's
+    /// own per rank, blocking in `Work::wait`), tasks (an async task per rank on the threads
+    /// the ranks' actors share, `World::spawn`), or auto: tasks when the ranks outnumber the
+    /// cores, else threads.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(super) bodies: Bodies,
     /// Algorithm: auto, or a name (ring, halving_doubling, recursive_doubling, binomial_tree,
     /// direct, dissemination, pairwise, reduce_scatter_gather, reduce_broadcast).
     #[arg(long, default_value = "auto")]
@@ -155,6 +161,17 @@ pub(super) enum Bind {
     Auto,
     /// Unbound.
     None,
+}
+
+/// `--bodies`: how an in-process world's ranks run the bench.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(super) enum Bodies {
+    /// Tasks when the ranks outnumber the cores, else threads.
+    Auto,
+    /// A thread per rank.
+    Threads,
+    /// An async task per rank on the ranks' shared threads.
+    Tasks,
 }
 
 /// A size in bytes, with an optional K, M or G suffix (powers of 1024).

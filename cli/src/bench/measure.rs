@@ -4,8 +4,32 @@
 use super::args::Args;
 use super::cell::{count_wrong, flatten, Cell, Collective};
 use collectix::runtime::collective::{Output, Request};
-use collectix::{Buffer, CallOptions, Communicator, ReduceOp, Result};
+use collectix::{Buffer, BufferWork, CallOptions, Communicator, Failed, ReduceOp, Result, Work};
 use std::time::Instant;
+
+/// How a rank waits for its calls: blocking its thread (a rank body on a thread of its own),
+/// or awaiting them (an async rank body on the ranks' shared threads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Waits {
+    Block,
+    Await,
+}
+
+impl Waits {
+    async fn on<T>(self, w: Work<T>) -> Result<T> {
+        match self {
+            Waits::Block => w.wait(),
+            Waits::Await => w.await,
+        }
+    }
+
+    async fn on_buffers<T>(self, w: BufferWork<T>) -> std::result::Result<T, Failed> {
+        match self {
+            Waits::Block => w.wait(),
+            Waits::Await => w.await,
+        }
+    }
+}
 
 /// One cell as one rank measured it, made the same on every rank by collectives: the wrong
 /// elements over all ranks, the calls per sample, and each sample's slowest rank's time.
@@ -51,8 +75,9 @@ impl Calls {
 
     /// Submits every request of one call, then waits for each; their outputs in order (with
     /// `--buffers`, copies of the buffers only when `keep`: the check).
-    fn submit_all(
+    async fn submit_all(
         &mut self,
+        m: Waits,
         c: &Communicator,
         opts: &CallOptions,
         keep: bool,
@@ -61,7 +86,7 @@ impl Calls {
             if let [q] = &self.reqs[..] {
                 if !keep {
                     // One call, its output dropped: nothing of the bench's own on its path.
-                    c.submit(q.clone(), opts).wait()?;
+                    m.on(c.submit(q.clone(), opts)).await?;
                     return Ok(Vec::new());
                 }
             }
@@ -70,7 +95,11 @@ impl Calls {
                 .iter()
                 .map(|q| c.submit(q.clone(), opts))
                 .collect();
-            return works.into_iter().map(|w| w.wait()).collect();
+            let mut got = Vec::with_capacity(works.len());
+            for w in works {
+                got.push(m.on(w).await?);
+            }
+            return Ok(got);
         };
         let b = c.buffers().with_options(opts);
         let works: Vec<_> = self
@@ -81,7 +110,7 @@ impl Calls {
             .collect();
         let mut got = Vec::new();
         for (w, o) in works.into_iter().zip(outputs.iter_mut()) {
-            *o = w.wait()?;
+            *o = m.on_buffers(w).await?;
             if keep {
                 let tensors = o.iter().map(Buffer::to_tensor).collect::<Result<_>>()?;
                 got.push(Output::Tensors(tensors));
@@ -106,9 +135,9 @@ pub(super) fn peak_rss_mib() -> Option<f64> {
 }
 
 /// `v` reduced elementwise over every rank with `op`.
-fn over_ranks(c: &Communicator, v: Vec<f64>, op: ReduceOp) -> Result<Vec<f64>> {
-    c.all_reduce(collectix::Tensor::from_vec(v), op)
-        .wait()?
+async fn over_ranks(m: Waits, c: &Communicator, v: Vec<f64>, op: ReduceOp) -> Result<Vec<f64>> {
+    m.on(c.all_reduce(collectix::Tensor::from_vec(v), op))
+        .await?
         .to_vec::<f64>()
 }
 
@@ -116,7 +145,8 @@ fn over_ranks(c: &Communicator, v: Vec<f64>, op: ReduceOp) -> Result<Vec<f64>> {
 /// warm-up (which calibrates `K`, the calls per sample, from the slowest rank), and the
 /// samples (barrier, `K` calls); what each rank saw is combined with all_reduces outside the
 /// timed parts.
-pub(super) fn measure(
+pub(super) async fn measure(
+    m: Waits,
     a: &Args,
     c: &Communicator,
     r: usize,
@@ -125,23 +155,23 @@ pub(super) fn measure(
 ) -> Result<Measured> {
     let mut reqs = Calls::new(a, c, cell.requests(r)?, opts)?;
     let wrong = if a.check != 0 && a.collective != Collective::Barrier {
-        Some(check(c, r, cell, &mut reqs, opts)?)
+        Some(check(m, c, r, cell, &mut reqs, opts).await?)
     } else {
         None
     };
-    c.barrier().wait()?;
+    m.on(c.barrier()).await?;
     // Every rank has made its inputs and finished its check: the peak from here on is the
     // calls' own (inputs, outputs and what the calls hold), not the check's reference copies.
     let reset = r == 0 && reset_peak_rss();
-    let calls = calibrate(a, c, &mut reqs, opts)?;
+    let calls = calibrate(m, a, c, &mut reqs, opts).await?;
     let mut v = Vec::with_capacity(a.iters);
     let mut woken = 0;
     for _ in 0..a.iters.max(1) {
-        c.barrier().wait()?;
+        m.on(c.barrier()).await?;
         let before = c.background_wakeups();
         let t0 = Instant::now();
         for _ in 0..calls {
-            reqs.submit_all(c, opts, false)?;
+            reqs.submit_all(m, c, opts, false).await?;
         }
         v.push(t0.elapsed().as_secs_f64() / calls as f64);
         woken += c.background_wakeups() - before;
@@ -155,35 +185,42 @@ pub(super) fn measure(
     Ok(Measured {
         wrong,
         calls,
-        slowest: over_ranks(c, v, ReduceOp::Max)?,
-        wakeups: over_ranks(c, vec![per_call], ReduceOp::Max)?[0],
+        slowest: over_ranks(m, c, v, ReduceOp::Max).await?,
+        wakeups: over_ranks(m, c, vec![per_call], ReduceOp::Max).await?[0],
         peak,
     })
 }
 
 /// One call with every output element compared with what it must be; the wrong elements
 /// over all ranks.
-fn check(
+async fn check(
+    m: Waits,
     c: &Communicator,
     r: usize,
     cell: &Cell,
     reqs: &mut Calls,
     opts: &CallOptions,
 ) -> Result<usize> {
-    let out = reqs.submit_all(c, opts, true)?;
+    let out = reqs.submit_all(m, c, opts, true).await?;
     let want = cell.expected(r).unwrap_or_default();
     let mine = count_wrong(&flatten(&out)?, &want, cell.op, cell.dtype) as f64;
-    Ok(over_ranks(c, vec![mine], ReduceOp::Sum)?[0] as usize)
+    Ok(over_ranks(m, c, vec![mine], ReduceOp::Sum).await?[0] as usize)
 }
 
 /// The warm-up calls (`-w`, at least one); the calls per sample that make a sample last about
 /// `--sample-ms` on the slowest rank.
-fn calibrate(a: &Args, c: &Communicator, reqs: &mut Calls, opts: &CallOptions) -> Result<usize> {
+async fn calibrate(
+    m: Waits,
+    a: &Args,
+    c: &Communicator,
+    reqs: &mut Calls,
+    opts: &CallOptions,
+) -> Result<usize> {
     let t0 = Instant::now();
     for _ in 0..a.warmup.max(1) {
-        reqs.submit_all(c, opts, false)?;
+        reqs.submit_all(m, c, opts, false).await?;
     }
     let mine = t0.elapsed().as_secs_f64() / a.warmup.max(1) as f64;
-    let per_call = over_ranks(c, vec![mine], ReduceOp::Max)?[0].max(1e-9);
+    let per_call = over_ranks(m, c, vec![mine], ReduceOp::Max).await?[0].max(1e-9);
     Ok(((a.sample_ms / 1e3 / per_call).ceil() as usize).clamp(1, 100_000))
 }

@@ -2,13 +2,17 @@
 //! in-process world on a thread of its own (bound to a core when asked), or this process's
 //! own rank of a job over TCP.
 
-use super::args::{Args, Backend, Bind, Transport};
-use collectix::{Communicator, DeviceBackend, Result, World};
+use super::args::{Args, Backend, Bind, Bodies, Transport};
+use super::cell::Cell;
+use super::measure::{measure, Measured, Waits};
+use collectix::{CallOptions, Communicator, DeviceBackend, Policy, Result, World};
+use std::future::Future;
+use std::sync::Arc;
 
 /// The ranks this process drives: every rank of an in-process world, or its own rank of a
 /// job over TCP.
 pub(super) enum Ranks {
-    Local(Box<World>, Vec<Communicator>),
+    Local(Box<World>, Vec<Communicator>, DeviceBackend),
     Tcp(Box<collectix::Process>, Communicator),
 }
 
@@ -25,7 +29,7 @@ impl Ranks {
                     .iter()
                     .map(|c| c.with_device_backend(backend))
                     .collect();
-                Ranks::Local(Box::new(world), comms)
+                Ranks::Local(Box::new(world), comms, backend)
             }
             Transport::Tcp | Transport::Shm => {
                 let p = collectix::init(
@@ -49,7 +53,7 @@ impl Ranks {
     /// The ranks in the world.
     pub(super) fn size(&self) -> usize {
         match self {
-            Ranks::Local(_, c) => c.len(),
+            Ranks::Local(_, c, _) => c.len(),
             Ranks::Tcp(_, c) => c.size(),
         }
     }
@@ -68,15 +72,37 @@ impl Ranks {
         matches!(self, Ranks::Tcp(..))
     }
 
-    /// `f(rank, comm)` on every rank this process drives (each on a thread of its own); the
-    /// first one's result (`measure` makes every rank's the same).
-    pub(super) fn run<T: Send>(
+    /// Every rank this process drives measures its cell (`cells[r]`): each on a thread of its
+    /// own, or (`--bodies`) each as an async task on the threads the world's ranks share;
+    /// the first one's result (`measure` makes every rank's the same).
+    pub(super) fn measure(
         &self,
+        a: &Args,
         bind: bool,
-        f: impl Fn(usize, &Communicator) -> Result<T> + Sync,
-    ) -> Result<T> {
+        cells: &Arc<Vec<Cell>>,
+        opts: &CallOptions,
+    ) -> Result<Measured> {
         let mut got = match self {
-            Ranks::Local(_, comms) => on_every_rank(comms, bind, f)?,
+            Ranks::Local(world, comms, backend) => {
+                if tasks(a, comms.len()) {
+                    let (a, cells, opts, backend) =
+                        (Arc::new(a.clone()), cells.clone(), opts.clone(), *backend);
+                    world
+                        .spawn(Policy::Stop, move |c| {
+                            let (a, cells, opts) = (a.clone(), cells.clone(), opts.clone());
+                            async move {
+                                let (r, c) = (c.rank(), c.with_device_backend(backend));
+                                measure(Waits::Await, &a, &c, r, &cells[r], &opts).await
+                            }
+                        })
+                        .into_iter()
+                        .collect::<Result<Vec<_>>>()?
+                } else {
+                    on_every_rank(comms, bind, |r, c| {
+                        block_on(measure(Waits::Block, a, c, r, &cells[r], opts))
+                    })?
+                }
+            }
             Ranks::Tcp(_, c) => {
                 // A process's rank on the core of its host-local rank (as mpirun binds).
                 let local = local_env("LOCAL_RANK").unwrap_or(c.rank());
@@ -86,7 +112,11 @@ impl Ranks {
                         c.rank()
                     );
                 }
-                vec![f(c.rank(), c)?]
+                let r = c.rank();
+                let cell = cells
+                    .get(r)
+                    .ok_or_else(|| collectix::Error::internal("no cell for this rank"))?;
+                vec![block_on(measure(Waits::Block, a, c, r, cell, opts))?]
             }
         };
         if got.is_empty() {
@@ -98,7 +128,7 @@ impl Ranks {
     /// Shuts the world (or this process's part of the job) down.
     pub(super) fn shutdown(self) -> Result<()> {
         match self {
-            Ranks::Local(world, _) => world.shutdown(),
+            Ranks::Local(world, _, _) => world.shutdown(),
             Ranks::Tcp(p, _) => p.shutdown(),
         }
     }
@@ -122,6 +152,36 @@ pub(super) fn binds(a: &Args, w: usize) -> bool {
         _ => local_env("LOCAL_WORLD_SIZE").unwrap_or(w),
     };
     a.bind == Bind::Auto && here <= cores
+}
+
+/// Whether an in-process world of `w` ranks runs the bench as async tasks (`--bodies`).
+pub(super) fn tasks(a: &Args, w: usize) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match a.bodies {
+        Bodies::Auto => a.transport == Transport::Local && w > cores,
+        Bodies::Threads => false,
+        Bodies::Tasks => a.transport == Transport::Local,
+    }
+}
+
+/// Runs a future that never waits for a wake-up (a rank body that blocks in `Work::wait`)
+/// on the calling thread; one that does is parked until woken.
+fn block_on<T>(f: impl Future<Output = T>) -> T {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(t) = f.as_mut().poll(&mut cx) {
+            return t;
+        }
+        std::thread::park();
+    }
 }
 
 /// A launcher's variable, as a number.

@@ -3,10 +3,10 @@
 
 use super::args::{Args, Dev};
 use super::cell::Cell;
-use super::measure::measure;
 use super::ranks::{binds, device_backend, Ranks};
 use super::report::{Row, Table};
 use collectix::{Algorithm, CallOptions, Device, Result};
+use std::sync::Arc;
 
 /// The sweep on the ranks this process drives; `None` where it is a rank other than 0 of a
 /// TCP job (which prints nothing).
@@ -35,7 +35,8 @@ pub(super) fn run(a: &Args) -> Result<Option<Vec<Row>>> {
                 continue;
             }
         };
-        let m = ranks.run(bind, |r, c| measure(a, c, r, &cells[r], &opts))?;
+        let cells = Arc::new(cells);
+        let m = ranks.measure(a, bind, &cells, &opts)?;
         woken.push((bytes, m.wakeups));
         peaks.extend(m.peak);
         let row = Row::new(a, w, bytes, &cells[0], m);

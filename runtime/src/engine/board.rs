@@ -359,7 +359,7 @@ impl Engine {
             },
         );
         tracing::warn!(rank = me, group = %gid, seq, call = %fp, "call on the board timed out; asking the group which call each rank is in");
-        for &m in &g.info.members {
+        for &m in g.info.members.iter() {
             if m != me {
                 self.transmits.push_back(Transmit {
                     dst: m,

@@ -262,12 +262,13 @@ impl Engine {
                 self.flow_out = out;
                 continue;
             }
-            if !step
-                .recvs
-                .iter()
-                .all(|r| c.inbox.contains_key(&(r.peer, r.tag)))
-            {
-                return;
+            // Arrivals are only taken out of the inbox by the step that receives them, so
+            // what was counted ready stays so.
+            while let Some(r) = step.recvs.get(c.ready) {
+                if !c.inbox.contains_key(&(r.peer, r.tag)) {
+                    return;
+                }
+                c.ready += 1;
             }
             if self.hold_reductions
                 && !self.transmits.is_empty()
@@ -295,6 +296,7 @@ impl Engine {
             }
             c.step += 1;
             c.posted = false;
+            c.ready = 0;
         }
     }
 

@@ -238,7 +238,7 @@ impl Engine {
         op.deadline = now + grace;
         let gid = op.group;
         tracing::warn!(rank = self.rank, group = %gid, seq, call = %op.fp, "call timed out; asking the group which call each rank is in");
-        for &m in &g.info.members {
+        for &m in g.info.members.iter() {
             if m != self.rank {
                 self.transmits.push_back(Transmit {
                     dst: m,
@@ -598,7 +598,7 @@ impl Engine {
         g.flow.clear();
         g.p2p_flow.clear();
         if tell {
-            for &m in &g.info.members {
+            for &m in g.info.members.iter() {
                 if m != self.rank {
                     let header = Header::Abort {
                         group: gid,

@@ -99,6 +99,9 @@ struct CollectiveState {
     sched: Arc<Schedule>,
     step: usize,
     posted: bool,
+    /// How many of the current step's receives, in order, are known to have arrived (a
+    /// step of W receives is checked in O(W) over all its arrivals, not per arrival).
+    ready: usize,
     chunks: Vec<Option<Bytes>>,
     /// Arrived payloads by (group-local source, tag).
     inbox: FastMap<(usize, u32), Vec<Bytes>>,
@@ -462,6 +465,7 @@ impl Engine {
                     sched: schedule,
                     step: 0,
                     posted: false,
+                    ready: 0,
                     chunks: Vec::new(),
                     inbox: FastMap::default(),
                     expected,

@@ -436,7 +436,7 @@ impl Driver {
         if any {
             self.completed();
         }
-        self.settle(super::handoff::GRACE.min(self.spin));
+        self.settle(self.grace());
     }
 
     /// In a run of the engine: publishes and finishes what it can on each board (as

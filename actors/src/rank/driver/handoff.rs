@@ -30,12 +30,12 @@ pub(crate) struct OwedPeers {
     peers: Mutex<Vec<Arc<Driver>>>,
 }
 impl OwedPeers {
-    /// Records that `peer` is owed a look (once).
+    /// Records that `peer` is owed a look. Its inbox says so once per burst (the first
+    /// deferred arrival), so a peer is seldom listed twice, and a second look at it is
+    /// harmless; no search of the list (a run that hands messages to thousands of peers
+    /// would pay for each in every other).
     pub(super) fn push(&self, peer: &Arc<Driver>) {
-        let mut o = lock(&self.peers);
-        if !o.iter().any(|d| Arc::ptr_eq(d, peer)) {
-            o.push(peer.clone());
-        }
+        lock(&self.peers).push(peer.clone());
         self.any.store(true, Ordering::Release);
     }
 

@@ -3,10 +3,10 @@
 //! the inbox's arrivals and drains its outputs, and leaves the completions for after the
 //! lock ([`After`]).
 
-use super::{Done, Links};
+use super::{Done, LinkTable};
 use collectix_runtime::fast_hash::FastMap;
 use collectix_runtime::progress::Inbox;
-use collectix_runtime::wire::{Message, Outbox};
+use collectix_runtime::wire::Message;
 use collectix_runtime::{Engine, Error, OpId, Output, Result, Time};
 use std::sync::mpsc;
 use std::time::Instant;
@@ -69,8 +69,8 @@ impl After {
 /// The state behind the rank's lock.
 pub(crate) struct Core {
     pub(crate) engine: Engine,
-    /// One link per global rank, with the messages it refused waiting in front of it.
-    pub(super) links: Option<(Links, Vec<Outbox<Message>>)>,
+    /// The rank's links, with the messages they refused waiting in front of them.
+    pub(super) links: Option<LinkTable>,
     /// Callers waiting, each with its call's span (closed with the outcome) and start.
     pub(super) waiting: FastMap<OpId, Waiting>,
     /// Messages sent before the links were installed.
@@ -91,15 +91,11 @@ impl Core {
     /// Sends `msg` to global rank `dst` through its link (or its outbox, if the link would
     /// block); a link that is gone is a lost peer.
     pub(super) fn send(&mut self, dst: usize, msg: Message, now: Time) {
-        let Some((links, outboxes)) = &mut self.links else {
+        let Some(links) = &mut self.links else {
             self.backlog.push((dst, msg));
             return;
         };
-        let sent = match (links.get_mut(dst), outboxes.get_mut(dst)) {
-            (Some(link), Some(outbox)) => outbox.send(link.as_mut(), msg).is_ok(),
-            _ => false,
-        };
-        if !sent {
+        if links.send(dst, msg).is_err() {
             self.engine.handle_peer_lost(dst, now);
         }
     }
@@ -163,12 +159,13 @@ impl Core {
     }
 
     /// A leaving rank with nothing left to send (in the engine or in front of a link) says so.
+    /// (Looked at only while leaving: a run must not cost a look at every peer's outbox.)
     pub(super) fn check_left(&mut self) {
-        let outboxes_empty = self
-            .links
-            .as_ref()
-            .is_none_or(|(_, o)| o.iter().all(Outbox::is_empty));
-        if self.leaving.is_some() && self.engine.is_drained() && outboxes_empty {
+        if self.leaving.is_none() || !self.engine.is_drained() {
+            return;
+        }
+        let outboxes_empty = self.links.as_ref().is_none_or(LinkTable::all_sent);
+        if outboxes_empty {
             if let Some((pending, done)) = self.leaving.take() {
                 let _ = done.send(pending);
             }

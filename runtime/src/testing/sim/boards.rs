@@ -48,7 +48,7 @@ impl SimBoard {
             .collect::<Result<_>>()?;
         Ok(SimBoard {
             members,
-            ranks: info.members.clone(),
+            ranks: info.members.to_vec(),
         })
     }
 }

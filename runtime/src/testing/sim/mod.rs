@@ -343,7 +343,7 @@ impl Sim {
         }
         let watch = plan
             .schedule()
-            .map(|sched| Watch::new(group, seq, members, sched));
+            .map(|sched| Watch::new(group, seq, members.to_vec(), sched));
         let now = self.now;
         let id = self.engines[rank].submit(group, seq, plan, now);
         if let Some(w) = watch {
