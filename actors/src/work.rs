@@ -24,9 +24,10 @@ impl RankThreads {
         Arc::new(RankThreads(threads.into()))
     }
 
-    /// Whether the calling thread is one of them.
+    /// Whether the calling thread is one of them (only a thread that runs rank actors can
+    /// be: others are told apart by a thread-local flag, without asking for their id).
     pub(crate) fn is_current(&self) -> bool {
-        self.0.contains(&std::thread::current().id())
+        crate::rank::rank_thread().is_some_and(|me| self.0.contains(&me))
     }
 }
 

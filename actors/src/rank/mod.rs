@@ -10,17 +10,23 @@ pub(crate) mod driver;
 pub(crate) mod system;
 
 thread_local! {
-    /// Whether this thread runs rank actors (an arbiter of a rank system).
-    static RANK_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// This thread's id if it runs rank actors (an arbiter of a rank system).
+    static RANK_THREAD: std::cell::Cell<Option<std::thread::ThreadId>> =
+        const { std::cell::Cell::new(None) };
 }
 
 /// Marks the calling thread as one that runs rank actors (`system::start`).
 pub(crate) fn mark_rank_thread() {
-    RANK_THREAD.with(|f| f.set(true));
+    RANK_THREAD.with(|f| f.set(Some(std::thread::current().id())));
 }
 
 /// Whether the calling thread runs rank actors: a caller there must not spin for its peers
 /// (the thread is a rank's background driver), as a `Work` polled there does not.
 pub(crate) fn on_rank_thread() -> bool {
+    rank_thread().is_some()
+}
+
+/// The calling thread's id if it runs rank actors (read without asking the thread for it).
+pub(crate) fn rank_thread() -> Option<std::thread::ThreadId> {
     RANK_THREAD.with(std::cell::Cell::get)
 }
