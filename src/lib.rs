@@ -84,11 +84,11 @@ pub use collectix_actors::device;
 pub use collectix_actors::device::TensorDeviceExt;
 pub use collectix_actors::{
     init, job_status, BufferCalls, BufferWork, CallRecord, CallState, Communicator, Connect,
-    DeviceBackend, Failed, FileStore, InitArgs, JobConfig, JobStatus, Launcher, Liveness,
+    DeviceBackend, Failed, Fault, FileStore, InitArgs, JobConfig, JobStatus, Launcher, Liveness,
     MemoryStore, Mesh2d, P2POp, Policy, PrefixStore, Process, ProcessBuilder, RankStatus,
-    Recovered, Rendezvous, Secret, Security, Store, StoreProtocol, TcpStore, TcpStoreServer,
-    TorchStore, Transport, Work, World, WorldBuilder, CALLS_KEPT, DEFAULT_JOIN_TIMEOUT,
-    FIRST_RESERVED_TAG,
+    Recovered, Rendezvous, Run, Secret, Security, Seeded, Step, Store, StoreProtocol, TcpStore,
+    TcpStoreServer, TorchStore, Transport, Work, World, WorldBuilder, CALLS_KEPT,
+    DEFAULT_JOIN_TIMEOUT, FIRST_RESERVED_TAG, SEED_VARIABLE,
 };
 pub use collectix_runtime::collective::TensorSpec;
 pub use collectix_runtime::{

@@ -15,6 +15,8 @@ mod parameter_server;
 mod reduce_scatter;
 #[path = "../examples/scatter_data.rs"]
 mod scatter_data;
+#[path = "../examples/seed_search.rs"]
+mod seed_search;
 #[path = "../examples/send_recv.rs"]
 mod send_recv;
 #[path = "../examples/tensor_scatter.rs"]
@@ -45,6 +47,22 @@ fn all_gather_into_tensor_example() {
     check(
         all_gather_into_tensor::lines(),
         &want.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+}
+
+#[test]
+fn seed_search_example() {
+    check(
+        seed_search::lines(),
+        &[
+            "buggy ring: 293 of 1000 seeds fail; the first, seed 1, after 300s (virtual):",
+            "  rank 0: recv (point-to-point on group world) timed out on rank 0, still waiting for ranks [2]",
+            "  rank 1: [10.0, 20.0, 30.0, 2.0], want [10.0, 20.0, 30.0, 40.0]",
+            "  rank 2: [10.0, 20.0, 30.0, 40.0]",
+            "  rank 3: [10.0, 20.0, 30.0, 40.0]",
+            "replay of seed 1: the same steps (81) and the same results",
+            "fixed ring: 1000 seeds, no failure",
+        ],
     );
 }
 

@@ -7,12 +7,12 @@
 
 use crate::board::BoardSource;
 use crate::device::cuda::LocalHub;
-use crate::member::RankShared;
+use crate::member::{RankShared, Spawner};
 use crate::rank::actor::RankActor;
 use crate::rank::driver::{Driver, LinkTable};
 use crate::store::Store;
 use crate::work::RankThreads;
-use actix::{Addr, ArbiterHandle};
+use actix::Addr;
 use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::Duration;
@@ -28,8 +28,8 @@ pub(crate) struct Birth {
     pub(crate) incarnation: u32,
     /// The rank's driver, with its engine.
     pub(crate) driver: Arc<Driver>,
-    /// Its actor, started, the arbiter the actor runs on and that arbiter's thread.
-    pub(crate) actor: (Addr<RankActor>, ArbiterHandle, ThreadId),
+    /// Its actor, started (`None` in a seeded run), where its tasks run, and their thread.
+    pub(crate) actor: (Option<Addr<RankActor>>, Spawner, ThreadId),
     /// The threads of this process that run rank actors (a waiting caller there must not
     /// spin for its peers).
     pub(crate) threads: Vec<ThreadId>,
@@ -59,7 +59,7 @@ pub(crate) fn assemble(birth: Birth) -> Arc<RankShared> {
         standbys,
         incarnation,
         driver,
-        actor: (addr, arbiter, thread),
+        actor: (addr, spawner, thread),
         threads,
         links,
         store,
@@ -78,7 +78,7 @@ pub(crate) fn assemble(birth: Birth) -> Arc<RankShared> {
         standbys,
         addr,
         driver,
-        arbiter,
+        spawner,
         thread,
         // A copy of its own per rank: every call clones and drops it, and one `Arc` shared
         // by the ranks would move its count between their cores on each.

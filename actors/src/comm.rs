@@ -605,7 +605,7 @@ impl Communicator {
         );
         let inner = self.subgroup(id, members, fnv1a([1, group_size as u64]));
         let (c, work) = Work::raw(self.member.rank.rank_threads.clone());
-        self.member.rank.arbiter.spawn(async move {
+        self.member.rank.spawner.spawn(async move {
             c.complete(
                 inner
                     .await
@@ -641,7 +641,7 @@ impl Communicator {
         );
         let (c, work) = Work::raw(self.member.rank.rank_threads.clone());
         let (rank, group) = (self.member.rank.clone(), self.member.group.clone());
-        self.member.rank.arbiter.spawn(async move {
+        self.member.rank.spawner.spawn(async move {
             let r = gathered.await.and_then(|t| {
                 let v = t.to_vec::<i64>()?;
                 let Some(color) = color else { return Ok(None) };
@@ -714,7 +714,7 @@ mod tests {
         let c = w.communicators()[0].clone();
         let (tx, rx) = mpsc::channel();
         let work = c.barrier();
-        let arbiter = c.member.rank.arbiter.clone();
+        let arbiter = c.member.rank.spawner.clone();
         arbiter.spawn(async move {
             let _ = tx.send((
                 work.wait(),
@@ -737,7 +737,7 @@ mod tests {
         let w = World::local(3).unwrap_or_else(|e| panic!("{e}"));
         let c = w.communicators().to_vec();
         let held = c[0].clone();
-        c[0].member.rank.arbiter.spawn(async move {
+        c[0].member.rank.spawner.spawn(async move {
             let _held = held;
             panic!("a bug on rank 0's own thread");
         });

@@ -61,6 +61,7 @@ mod process;
 mod rank;
 mod recovery;
 mod security;
+mod seeded;
 mod status;
 mod store;
 mod supervise;
@@ -81,6 +82,7 @@ pub use mesh2d::Mesh2d;
 pub use process::{init, Process};
 pub use recovery::Recovered;
 pub use security::{Secret, Security, MAX_SECRET_BYTES};
+pub use seeded::{Fault, Run, Seeded, Step, SEED_VARIABLE};
 pub use status::{job_status, CallRecord, CallState, JobStatus, RankStatus, CALLS_KEPT};
 pub use store::{
     FileStore, MemoryStore, PrefixStore, Store, StoreProtocol, TcpStore, TcpStoreServer, TorchStore,

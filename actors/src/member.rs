@@ -24,17 +24,39 @@ use std::sync::{Arc, Mutex};
 /// reuse in its staging pool.
 pub(crate) const STAGING_BYTES: usize = 128 << 20;
 
+/// Where a rank's tasks run: its arbiter, or the scheduler of a seeded run.
+#[derive(Clone)]
+pub(crate) enum Spawner {
+    Arbiter(ArbiterHandle),
+    Seeded(crate::seeded::Tasks),
+}
+
+impl Spawner {
+    /// Runs `task` there; `false` if it cannot (the arbiter stopped).
+    pub(crate) fn spawn(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> bool {
+        match self {
+            Spawner::Arbiter(a) => a.spawn(task),
+            Spawner::Seeded(t) => t.spawn(task),
+        }
+    }
+}
+
 /// What a rank handle shares across its groups.
 pub(crate) struct RankShared {
     pub(crate) rank: usize,
     /// The world's size, its hot standbys included (the last `standbys` ranks).
     pub(crate) world: usize,
     pub(crate) standbys: usize,
-    pub(crate) addr: Addr<RankActor>,
+    /// The rank's actor (`None` for a rank of a seeded run, which its scheduler drives).
+    pub(crate) addr: Option<Addr<RankActor>>,
     /// The rank's engine and inbox: calls are issued on it directly (see `rank::driver`).
     pub(crate) driver: Arc<Driver>,
-    pub(crate) arbiter: ArbiterHandle,
-    /// The thread of that arbiter (other ranks' actors may share it).
+    /// Where the rank's own tasks run (a call made of calls: `split`, a mapped result).
+    pub(crate) spawner: Spawner,
+    /// The thread they run on (other ranks' may share it).
     pub(crate) thread: std::thread::ThreadId,
     pub(crate) rank_threads: Arc<RankThreads>,
     /// The job's store, where the survivors of a failed group agree (`recovery.rs`).
@@ -362,7 +384,7 @@ impl Member {
         let seq = self.reserve(1);
         let (c, work) = Work::raw(self.rank.rank_threads.clone());
         let me = self.clone();
-        self.rank.arbiter.spawn(async move {
+        self.rank.spawner.spawn(async move {
             // `then` and `finish` run user code (a `Deserialize` impl): guarded, so a panic
             // fails this call with `Error::Panic` and the rank carries on.
             let r = match first.await.and_then(|a| guarded(|| then(a, &me, seq))) {
@@ -389,7 +411,7 @@ impl Member {
     {
         let (c, out) = Work::raw(self.rank.rank_threads.clone());
         self.rank
-            .arbiter
+            .spawner
             .spawn(async move { c.complete(w.await.and_then(f)) });
         out
     }

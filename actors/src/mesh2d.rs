@@ -78,7 +78,7 @@ impl Communicator {
         let rows = self.split(Some(row_color), col as i64);
         let cols = self.split(Some(col_color), row as i64);
         let (c, work) = Work::raw(self.member.rank.rank_threads.clone());
-        self.member.rank.arbiter.spawn(async move {
+        self.member.rank.spawner.spawn(async move {
             let made = async {
                 let shard = rows.await?;
                 let replicate = cols.await?;

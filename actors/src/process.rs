@@ -463,10 +463,12 @@ impl Process {
             return Vec::new();
         };
         let (tx, rx) = mpsc::channel();
-        self.comm.member.rank.addr.do_send(Leave {
-            linger: LINGER,
-            done: tx,
-        });
+        if let Some(addr) = &self.comm.member.rank.addr {
+            addr.do_send(Leave {
+                linger: LINGER,
+                done: tx,
+            });
+        }
         let pending = rx.recv_timeout(LINGER * 2).unwrap_or_default();
         // Every rank has left (or the wait ran out): closing now harms nobody. Ranks this one
         // saw lost never will leave: they are not waited for.

@@ -138,7 +138,7 @@ impl World {
         let (tx, rx) = mpsc::channel::<(usize, Result<T>)>();
         let start = |r: usize, comm: Communicator| {
             let (body, reply) = (body.clone(), Reply(r, Some(tx.clone())));
-            let arbiter = comm.member.rank.arbiter.clone();
+            let arbiter = comm.member.rank.spawner.clone();
             // A task its thread drops unfinished (the thread stopped) replies on its drop.
             let _ = arbiter.spawn(async move {
                 let result = match guarded(|| Ok(body(comm))) {
@@ -226,7 +226,13 @@ impl<T> Drop for Reply<T> {
 
 /// A rank body's future, whose panic is that rank's failure ([`Error::Panic`]) rather than
 /// its thread's: the ranks sharing the thread go on.
-struct Guarded<F>(Pin<Box<F>>);
+pub(crate) struct Guarded<F>(Pin<Box<F>>);
+
+impl<F> Guarded<F> {
+    pub(crate) fn new(f: F) -> Guarded<F> {
+        Guarded(Box::pin(f))
+    }
+}
 
 impl<T, F: Future<Output = Result<T>>> Future for Guarded<F> {
     type Output = Result<T>;

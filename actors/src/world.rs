@@ -4,6 +4,7 @@
 use crate::assemble::{assemble, Birth};
 use crate::board::BoardSource;
 use crate::comm::Communicator;
+use crate::member::Spawner;
 use crate::rank::actor::Quiesce;
 use crate::rank::driver::{spin_from_env, Driver, DEFAULT_SPIN, YIELD_TURNS};
 use crate::rank::system;
@@ -163,7 +164,7 @@ impl World {
                 standbys,
                 incarnation: 0,
                 driver: driver.clone(),
-                actor: (addr, arbiter, thread),
+                actor: (Some(addr), Spawner::Arbiter(arbiter), thread),
                 threads: threads.clone(),
                 links: local::links(r, table.clone()),
                 store: store.clone(),
@@ -352,7 +353,7 @@ impl World {
             standbys: self.standbys.len(),
             incarnation: old.incarnation().saturating_add(1),
             driver: driver.clone(),
-            actor: (addr, arbiter, tid),
+            actor: (Some(addr), Spawner::Arbiter(arbiter), tid),
             threads,
             links: local::links(r, drivers.clone().into()),
             store: self.parts.store.clone(),
@@ -405,8 +406,8 @@ impl World {
         let mut wait_for: usize = 0;
         let restarted = std::mem::take(&mut *lock(&self.restarted));
         for c in self.comms.iter().chain(restarted.iter().map(|(c, _, _)| c)) {
-            if c.member.rank.addr.connected() {
-                c.member.rank.addr.do_send(Quiesce(tx.clone()));
+            if let Some(addr) = c.member.rank.addr.as_ref().filter(|a| a.connected()) {
+                addr.do_send(Quiesce(tx.clone()));
                 // The ranks whose thread this is answer only after this returns.
                 if c.member.rank.thread != me {
                     wait_for += 1;

@@ -225,7 +225,7 @@ fn job(ours: &Ours, agreed: Agreed, hub: Option<Arc<LocalHub>>, next: Next) -> J
                 rank,
                 seq: Some(ours.seq),
                 global_rank: ours.info.members.get(rank).copied().unwrap_or(rank),
-                members: ours.info.members.clone(),
+                members: ours.info.members.to_vec(),
                 kind: ours.fp.kind,
                 timeout,
                 done,

@@ -4,6 +4,7 @@
 //! (`assemble`).
 
 use super::*;
+use crate::member::Spawner;
 use crate::rank::driver::LinkTable;
 
 /// Checks that every rank of the job was started with the same world size: the first rank to
@@ -337,7 +338,7 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
         standbys,
         incarnation,
         driver,
-        actor: (addr, arbiter, thread_id),
+        actor: (Some(addr), Spawner::Arbiter(arbiter), thread_id),
         threads: vec![thread_id],
         links: LinkTable::given(links),
         store: store.clone(),

@@ -74,10 +74,11 @@ pub(crate) struct Driver {
     /// On lines of its own: peers touch the `Arc`'s counts and the inbox, never the lock.
     core: CachePadded<Mutex<Core>>,
     inbox: Inbox<Message>,
-    /// The background driver: the rank's actor (set once it started), woken with [`Kick`].
-    actor: OnceLock<Recipient<Kick>>,
-    /// The engine's clock at the rank's start (see [`engine_clock`]).
-    origin: Duration,
+    /// Wakes the background driver: the rank's actor with a [`Kick`] (set once it started),
+    /// or a seeded run's scheduler.
+    kick: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// The rank's clock.
+    clock: Clock,
     /// When the actor's timer fires, in ns since `origin` (`u64::MAX`: not armed).
     timer_at: CachePadded<AtomicU64>,
     /// How long a waiting caller drives the rank before it parks.
@@ -164,8 +165,8 @@ impl Driver {
                 failing: false,
             })),
             inbox: Inbox::new(),
-            actor: OnceLock::new(),
-            origin: engine_clock(),
+            kick: OnceLock::new(),
+            clock: Clock::Real(engine_clock()),
             timer_at: CachePadded(AtomicU64::new(u64::MAX)),
             spin,
             yield_every,
@@ -192,7 +193,20 @@ impl Driver {
 
     /// Names the rank's actor, which drives the rank when no caller does.
     pub(crate) fn set_actor(&self, actor: Recipient<Kick>) {
-        let _ = self.actor.set(actor);
+        let _ = self.kick.set(Box::new(move || actor.do_send(Kick)));
+    }
+
+    /// Names what drives the rank when no caller does, by a function that asks it to (a
+    /// seeded run's scheduler).
+    pub(crate) fn set_kick(&self, kick: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.kick.set(kick);
+    }
+
+    /// This driver on a virtual clock: the engine's time is `clock` (ns), which a seeded
+    /// run's scheduler advances.
+    pub(crate) fn on_virtual_clock(mut self, clock: Arc<AtomicU64>) -> Driver {
+        self.clock = Clock::Virtual(clock);
+        self
     }
 
     /// The global rank.
@@ -218,8 +232,18 @@ impl Driver {
     }
 
     pub(crate) fn now(&self) -> Time {
-        let since = engine_clock().saturating_sub(self.origin);
-        Time::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+        match &self.clock {
+            Clock::Real(origin) => {
+                let since = engine_clock().saturating_sub(*origin);
+                Time::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+            }
+            Clock::Virtual(ns) => Time::from_nanos(ns.load(Ordering::Acquire)),
+        }
+    }
+
+    /// Calls the rank has started (a seeded run's fault script counts them).
+    pub(crate) fn calls_started(&self) -> u64 {
+        lock(&self.core).recorder.count()
     }
 
     /// Whether the rank's actor has stopped (a link to it is closed).
@@ -245,8 +269,8 @@ impl Driver {
 
     fn wake_actor(&self) {
         self.wakeups.fetch_add(1, Ordering::Relaxed);
-        if let Some(a) = self.actor.get() {
-            a.do_send(Kick);
+        if let Some(kick) = self.kick.get() {
+            kick();
         }
     }
 
@@ -658,6 +682,14 @@ impl Driver {
         self.run(|_, _, _| ());
         self.completed();
     }
+}
+
+/// A rank's clock.
+enum Clock {
+    /// The engine's clock ([`engine_clock`]) from this reading on.
+    Real(Duration),
+    /// A seeded run's virtual time, in ns.
+    Virtual(Arc<AtomicU64>),
 }
 
 /// The engine's clock: monotonic and coarse. Its deadlines are seconds (call timeouts) or

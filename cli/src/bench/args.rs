@@ -54,8 +54,8 @@ pub(crate) struct Args {
     pub(super) bind: Bind,
     /// How the ranks of an in-process world run the bench: threads (a thread of the bench's
     /// own per rank, blocking in `Work::wait`), tasks (an async task per rank on the threads
-    /// the ranks' actors share, `World::spawn`), or auto: tasks when the ranks outnumber the
-    /// cores, else threads.
+    /// the ranks' actors share, `World::spawn`), or auto: tasks when the ranks are more than
+    /// 32 per core, else threads.
     #[arg(long, value_enum, default_value = "auto")]
     pub(super) bodies: Bodies,
     /// Algorithm: auto, or a name (ring, halving_doubling, recursive_doubling, binomial_tree,
@@ -166,7 +166,7 @@ pub(super) enum Bind {
 /// `--bodies`: how an in-process world's ranks run the bench.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(super) enum Bodies {
-    /// Tasks when the ranks outnumber the cores, else threads.
+    /// Tasks when the ranks are more than 32 per core, else threads.
     Auto,
     /// A thread per rank.
     Threads,

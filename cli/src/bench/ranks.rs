@@ -154,11 +154,18 @@ pub(super) fn binds(a: &Args, w: usize) -> bool {
     a.bind == Bind::Auto && here <= cores
 }
 
+/// Beyond this many ranks per core, `--bodies auto` runs them as tasks: a thread per rank
+/// that waits drives its rank itself (a small call of a few ranks takes microseconds, where
+/// a task waits for the rank's actor), but thousands of threads cost more than they save
+/// (W = 64 on 2 cores: 165 µs per 4-byte all_reduce as threads, 248 µs as tasks; W = 1,024:
+/// 5.9 ms and 4.3 ms).
+const TASKS_PER_CORE: usize = 32;
+
 /// Whether an in-process world of `w` ranks runs the bench as async tasks (`--bodies`).
 pub(super) fn tasks(a: &Args, w: usize) -> bool {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     match a.bodies {
-        Bodies::Auto => a.transport == Transport::Local && w > cores,
+        Bodies::Auto => a.transport == Transport::Local && w > TASKS_PER_CORE * cores,
         Bodies::Threads => false,
         Bodies::Tasks => a.transport == Transport::Local,
     }

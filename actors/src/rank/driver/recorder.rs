@@ -76,6 +76,8 @@ pub(crate) enum Key {
 #[derive(Default)]
 pub(crate) struct Recorder {
     calls: VecDeque<(Key, CallRecord)>,
+    /// Calls started since the rank started.
+    started: u64,
 }
 
 fn ms(t: Time) -> f64 {
@@ -83,8 +85,14 @@ fn ms(t: Time) -> f64 {
 }
 
 impl Recorder {
+    /// Calls started since the rank started.
+    pub(crate) fn count(&self) -> u64 {
+        self.started
+    }
+
     /// A call started.
     pub(crate) fn started(&mut self, op: Key, record: CallRecord) {
+        self.started += 1;
         if self.calls.len() == CALLS_KEPT {
             self.calls.pop_front();
         }
