@@ -306,9 +306,14 @@ impl Seeded {
     }
 
     fn failed<T>(&self, why: &str) -> Run<T> {
+        self.refused(&Error::internal(why))
+    }
+
+    /// A run that could not start: every rank's result is `e`.
+    fn refused<T>(&self, e: &Error) -> Run<T> {
         Run {
             seed: self.seed,
-            results: (0..self.n).map(|_| Err(Error::internal(why))).collect(),
+            results: (0..self.n).map(|_| Err(e.clone())).collect(),
             trace: Vec::new(),
             elapsed: Duration::ZERO,
             faults: self.faults(),
@@ -327,6 +332,10 @@ impl Seeded {
         let n = self.n;
         if n == 0 {
             return self.failed("a seeded run needs at least one rank");
+        }
+        let faults = self.faults();
+        if let Some(e) = faults.iter().find_map(|f| invalid(f, n)) {
+            return self.refused(&e);
         }
         let shared = Arc::new(Shared::default());
         let mut options = self.options.clone();
@@ -353,7 +362,6 @@ impl Seeded {
                 lock(&sh.state).kicked.insert(r);
             }));
         }
-        let faults = self.faults();
         for f in &faults {
             if let Fault::Delay { a, b, by } = f {
                 let mut st = lock(&shared.state);
@@ -436,6 +444,26 @@ impl Seeded {
             faults,
         }
     }
+}
+
+/// Why fault `f` cannot happen in a run of `n` ranks, if it cannot.
+fn invalid(f: &Fault, n: usize) -> Option<Error> {
+    let (ranks, pair) = match f {
+        Fault::Kill { rank, .. } | Fault::Straggler { rank, .. } | Fault::Stop { rank, .. } => {
+            (vec![*rank], false)
+        }
+        Fault::Cut { a, b, .. } | Fault::Delay { a, b, .. } => (vec![*a, *b], true),
+    };
+    if let Some(r) = ranks.iter().find(|&&r| r >= n) {
+        return Some(Error::invalid(format!(
+            "the fault {f:?} names rank {r}, in a run of {n} ranks"
+        )));
+    }
+    (pair && ranks[0] == ranks[1]).then(|| {
+        Error::invalid(format!(
+            "the fault {f:?} names a link from a rank to itself"
+        ))
+    })
 }
 
 /// The seed a value of [`SEED_VARIABLE`] names: a number, else 0 (a value that is not one
@@ -945,6 +973,31 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fault_naming_a_rank_the_run_lacks_is_refused_on_every_rank() {
+        let run = Seeded::new(3)
+            .fault(Fault::Kill {
+                rank: 3,
+                at_call: 1,
+            })
+            .run(|_| async { Ok(()) });
+        assert_eq!(run.results.len(), 3);
+        for r in &run.results {
+            assert!(
+                matches!(r, Err(Error::InvalidArgument(m)) if m.contains("names rank 3")),
+                "{r:?}"
+            );
+        }
+        let run = Seeded::new(2)
+            .fault(Fault::Cut {
+                a: 1,
+                b: 1,
+                at: Duration::ZERO,
+            })
+            .run(|_| async { Ok(()) });
+        assert!(run.results.iter().all(|r| r.is_err()), "{:?}", run.results);
+    }
 
     #[test]
     fn the_seed_comes_from_the_variable_as_written() {
