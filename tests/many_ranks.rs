@@ -234,6 +234,29 @@ fn blocking_on_a_ranks_thread_is_refused_not_a_deadlock() {
 }
 
 #[test]
+fn running_bodies_from_a_ranks_own_thread_is_refused_not_a_deadlock() {
+    let world = std::sync::Arc::new(world(6, 2));
+    let inner = world.clone();
+    let results = world.spawn(Policy::Stop, move |c| {
+        let inner = inner.clone();
+        async move {
+            if c.rank() != 0 {
+                return Ok(None);
+            }
+            // On rank 0's thread, which ranks 2 and 4 share: neither may block it.
+            let spawned = inner.spawn(Policy::Stop, |_| async { Ok(()) });
+            let ran = inner.run(Policy::Stop, |_| Ok(()));
+            Ok(Some((spawned, ran)))
+        }
+    });
+    let Ok(Some((spawned, ran))) = &results[0] else {
+        panic!("{:?}", results[0]);
+    };
+    assert!(spawned.iter().all(|r| r == &Err(Error::WouldDeadlock)));
+    assert!(ran.iter().all(|r| r == &Err(Error::WouldDeadlock)));
+}
+
+#[test]
 fn a_submitted_request_is_awaited_like_a_call() {
     let world = world(5, 1);
     let results = world.spawn(Policy::Stop, |c| async move {

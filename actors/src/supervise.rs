@@ -69,6 +69,9 @@ impl World {
         policy: Policy,
         body: impl Fn(Communicator) -> Result<T> + Sync,
     ) -> Vec<Result<T>> {
+        if let Some(refused) = self.on_own_thread() {
+            return refused;
+        }
         let body = &body;
         std::thread::scope(|s| {
             let handles: Vec<_> = self
@@ -113,8 +116,9 @@ impl World {
     /// task of its new incarnation).
     ///
     /// A body awaits its calls (a [`Work`](crate::Work) is a future); it must not block its
-    /// thread (`Work::wait` there returns [`Error::WouldDeadlock`](collectix_runtime::Error)),
-    /// since the ranks sharing that thread would stop with it.
+    /// thread (`Work::wait` there returns [`Error::WouldDeadlock`](collectix_runtime::Error),
+    /// as do `run` and `spawn` called there), since the ranks sharing that thread would stop
+    /// with it.
     ///
     /// ```
     /// use collectix_actors::{Policy, World};
@@ -134,6 +138,9 @@ impl World {
         F: Fn(Communicator) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
+        if let Some(refused) = self.on_own_thread() {
+            return refused;
+        }
         let body = Arc::new(body);
         let (tx, rx) = mpsc::channel::<(usize, Result<T>)>();
         let start = |r: usize, comm: Communicator| {
@@ -172,6 +179,20 @@ impl World {
             .into_iter()
             .map(|r| r.unwrap_or(Err(Error::Shutdown)))
             .collect()
+    }
+
+    /// On a thread of this world's ranks, waiting for the bodies would stop the ranks that
+    /// share it: every rank's result is `Error::WouldDeadlock` instead.
+    fn on_own_thread<T>(&self) -> Option<Vec<Result<T>>> {
+        let mine = self
+            .communicators()
+            .first()
+            .is_some_and(|c| c.member.rank.rank_threads.is_current());
+        mine.then(|| {
+            (0..self.size())
+                .map(|_| Err(Error::WouldDeadlock))
+                .collect()
+        })
     }
 
     /// Rank `r`'s body failed with `e`: `policy` is applied; the communicator of its new
