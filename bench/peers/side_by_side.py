@@ -76,8 +76,27 @@ def run(cmd, log, timeout):
             print(f"  timed out: {' '.join(cmd)}", flush=True)
             return False
     if p.returncode != 0:
-        print(f"  failed ({p.returncode}): {' '.join(cmd)} (see {log}.err)", flush=True)
+        why = skipped(log)
+        if why:
+            print(f"  skipped: {' '.join(cmd)}: {why}", flush=True)
+        else:
+            print(f"  failed ({p.returncode}): {' '.join(cmd)} (see {log}.err)", flush=True)
     return p.returncode == 0
+
+
+def skipped(log):
+    """Why a `collectix bench` run measured nothing because none of its sizes splits into the
+    ranks (a 4 B all_gather of 2 ranks: it says so, and exits 1 since nothing was measured);
+    None for any other failure."""
+    try:
+        with open(log + ".err") as f:
+            if "every size was skipped" not in f.read():
+                return None
+        with open(log) as f:
+            whys = [l[2:].strip() for l in f if l.startswith("# ") and " skipped: " in l]
+    except OSError:
+        return None
+    return "; ".join(whys) or "every size was skipped"
 
 
 def collectix_round(args, exe, w, r, raw):
