@@ -80,6 +80,11 @@ fn run_over(w: usize, connect: Connect, transport: Transport) -> Vec<Result<(), 
                     if n != matrix(w).len() {
                         return Err(format!("rank {r}: {n} cases"));
                     }
+                    // The large cells' received chunks were read straight into their outputs
+                    // (and checked exact with the rest).
+                    if p.landed() == 0 {
+                        return Err(format!("rank {r}: no message landed in place"));
+                    }
                     // A hang guard, not a timing: leaving in order needs no timeout to run out
                     // (it once waited one out when the store's owner closed it too early).
                     let start = std::time::Instant::now();

@@ -43,8 +43,9 @@ use crate::transport::tcp::{Inbound, Liveness};
 use crate::transport::Transport;
 use actix::System;
 use collectix_runtime::join::{world_locality, Offer, Setting};
+use collectix_runtime::tensor::arena::ArenaPart;
 use collectix_runtime::wire::codec::Limits;
-use collectix_runtime::wire::{Link, LinkError, Message};
+use collectix_runtime::wire::{Header, Link, LinkError, Message};
 use collectix_runtime::{Error, GroupInfo, GroupOptions, Result};
 use join::join;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener};
@@ -96,6 +97,9 @@ impl Inbound for ToRank {
     }
     fn deliver_driving(&self, src: usize, msg: Message) {
         self.0.deliver(src, msg);
+    }
+    fn place(&self, src: usize, header: &Header, lens: &[usize]) -> Option<Vec<ArenaPart>> {
+        self.0.landings().place(src, header, lens)
     }
     fn flush(&self, peer: usize) {
         self.0.flush(peer);
@@ -403,6 +407,13 @@ impl Process {
             .filter(|t| t.name() == "shm")
             .map(|t| t.peers())
             .sum()
+    }
+
+    /// How many messages this rank has read straight into their place in a call's output
+    /// (large outputs, over shared memory or TCP: no buffer of their own, no join; see
+    /// `docs/architecture.md`, "Received into place").
+    pub fn landed(&self) -> u64 {
+        self.comm.member.rank.driver.landings().placed()
     }
 
     /// The address ("host:port") this rank listens on for its peers, as it published it.

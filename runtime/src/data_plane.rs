@@ -64,6 +64,13 @@ pub trait DataPlane: Send {
     fn arena(&self, _call: (GroupId, u64), _len: usize) -> Option<Arc<Arena>> {
         None
     }
+
+    /// An output buffer of `len` bytes for this rank alone, which received chunks land in
+    /// (see [`crate::landing`]): where peers are other processes. `None` (the default) where
+    /// a message carries its payload without a copy (ranks of one process).
+    fn own_output(&self, _len: usize) -> Option<Arc<Arena>> {
+        None
+    }
 }
 
 /// The arenas of the calls in flight among the ranks of one process (an in-process world),
@@ -129,6 +136,10 @@ impl HostPlane {
 }
 
 impl DataPlane for HostPlane {
+    fn own_output(&self, len: usize) -> Option<Arc<Arena>> {
+        self.arenas.is_none().then(|| Arena::new(&self.pool, len))
+    }
+
     fn combine(&self, dtype: DType, op: ReduceOp, a: &[u8], b: &[u8]) -> Result<Bytes> {
         reduce::combine(dtype, op, a, b, &self.pool)
     }

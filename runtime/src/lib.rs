@@ -30,7 +30,8 @@
 //!   dissemination, pairwise), each with its diagram and source.
 //! - [`engine`]: the per-rank state machine, split by concern (groups, the call interpreter,
 //!   point-to-point matching, flow control, failures, output assembly).
-//! - [`data_plane`]: where chunks live and how they are combined (host memory today).
+//! - [`data_plane`]: where chunks live and how they are combined (host memory today);
+//!   [`landing`]: where a message's payload goes, named before a transport reads it.
 //! - [`wire`]: what travels ([`wire::message`]), the frames it travels in on byte streams
 //!   ([`wire::codec`]), and the per-peer link seam every transport sits behind
 //!   ([`wire::link`]).
@@ -72,6 +73,7 @@ pub mod fast_hash;
 pub mod group;
 pub mod ids;
 pub mod join;
+pub mod landing;
 #[cfg(all(test, collectix_loom))]
 mod loom_models;
 mod op;

@@ -33,6 +33,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// - the payload buffers' pool and arena, and the caller-owned destinations of a call
 ///   (`tensor::pool`, `tensor::arena`, `collective::dest`): payloads stay outside the
 ///   model, as `bytes::Bytes` does;
+/// - the landings of a rank's calls (`landing`): where payload bytes go, as the arena;
 /// - caches whose locks guard no protocol decision (`schedule`'s built schedules,
 ///   `data_plane`'s arenas by call);
 /// - the engine's board epoch: the runtime only counts it up (under the engine's lock), and

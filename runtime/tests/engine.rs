@@ -1043,3 +1043,136 @@ fn a_reduction_waits_until_the_messages_queued_before_it_are_taken() {
     assert_eq!((ev.len(), ev[0].op), (1, id0));
     assert_eq!(ev[0].result, Ok(want));
 }
+
+/// Runs `plans` (one per rank of a world of `W`) to the end, every message passing through
+/// what a transport's reader does: it asks the receiver's landings where the parts go, and
+/// reads them there if they land. The outputs, and the messages that landed per rank.
+fn run_landing(plans: Vec<Plan>) -> (Vec<Output>, Vec<u64>) {
+    let mut es: Vec<Engine> = (0..W).map(engine).collect();
+    let ids: Vec<_> = plans
+        .into_iter()
+        .enumerate()
+        .map(|(r, p)| es[r].submit(GroupId::WORLD, 0, p, Time::ZERO))
+        .collect();
+    let mut outs: Vec<Option<Output>> = vec![None; W];
+    for _ in 0..10_000 {
+        let mut moved = false;
+        for r in 0..W {
+            while let Some(t) = es[r].poll_transmit() {
+                moved = true;
+                let lens: Vec<usize> = t.msg.payload.iter().map(|p| p.len()).collect();
+                let mut msg = t.msg;
+                if let Some(parts) = es[t.dst].landings().place(r, &msg.header, &lens) {
+                    msg.payload = parts
+                        .into_iter()
+                        .zip(&msg.payload)
+                        .map(|(mut at, p)| {
+                            at.bytes_mut().copy_from_slice(p);
+                            at.freeze()
+                        })
+                        .collect();
+                }
+                es[t.dst].handle_message(msg, Time::ZERO);
+            }
+            for ev in events(&mut es[r]) {
+                assert_eq!(ev.op, ids[r]);
+                outs[r] = Some(ev.result.unwrap_or_else(|e| panic!("rank {r}: {e}")));
+            }
+        }
+        if !moved && outs.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    for (r, e) in es.iter().enumerate() {
+        assert!(
+            e.landings().is_empty(),
+            "rank {r}: the call's landings dropped"
+        );
+    }
+    let landed = es.iter().map(|e| e.landings().placed()).collect();
+    let outs = outs
+        .into_iter()
+        .enumerate()
+        .map(|(r, o)| o.unwrap_or_else(|| panic!("rank {r} never finished")))
+        .collect();
+    (outs, landed)
+}
+
+fn tensor_of(o: &Output) -> &Tensor {
+    match o {
+        Output::Tensor(t) => t,
+        other => panic!("not one tensor: {other:?}"),
+    }
+}
+
+#[test]
+fn received_chunks_land_in_the_output_and_the_rest_is_copied_in() {
+    let n = 100_000; // 400 KB of f32: outputs that land.
+    let input = |r: usize| {
+        (0..n)
+            .map(|i| (i % 1000) as f32 + r as f32)
+            .collect::<Vec<f32>>()
+    };
+    // A ring all_reduce: its last steps copy received chunks into the output (they land),
+    // while the chunk this rank reduces last is its own (copied in).
+    let plans = (0..W)
+        .map(|r| {
+            let info =
+                GroupInfo::world(W, r, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+            let opts = CallOptions {
+                algorithm: Some(Algorithm::Ring),
+                timeout: Some(Duration::from_secs(1)),
+            };
+            let req = Request::AllReduce {
+                tensor: Tensor::from_vec(input(r)),
+                op: ReduceOp::Sum,
+            };
+            Plan::new(req, &info, &opts).unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    let (outs, landed) = run_landing(plans);
+    let want: Vec<f32> = (0..n).map(|i| 2.0 * (i % 1000) as f32 + 1.0).collect();
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(
+            tensor_of(o).to_vec::<f32>().ok(),
+            Some(want.clone()),
+            "rank {r}"
+        );
+    }
+    assert!(landed.iter().all(|&l| l > 0), "landed: {landed:?}");
+
+    // A broadcast: the non-root's output is the buffer its one message landed in.
+    let plans = (0..W)
+        .map(|r| {
+            let t = if r == 0 {
+                Tensor::from_vec(input(7))
+            } else {
+                Tensor::zeros(&[n], DType::F32).unwrap_or_else(|e| panic!("{e}"))
+            };
+            let info =
+                GroupInfo::world(W, r, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+            let req = Request::Broadcast { tensor: t, root: 0 };
+            Plan::new(req, &info, &CallOptions::default()).unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    let (outs, landed) = run_landing(plans);
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(
+            tensor_of(o).to_vec::<f32>().ok(),
+            Some(input(7)),
+            "rank {r}"
+        );
+    }
+    assert_eq!(landed, vec![0, 1]);
+}
+
+#[test]
+fn small_outputs_and_unexpected_messages_do_not_land() {
+    // 2 f32s: below the size where a buffer of its own pays.
+    let plans = (0..W).map(|r| all_reduce(r, vec![1.0, 2.0])).collect();
+    let (outs, landed) = run_landing(plans);
+    assert_eq!(landed, vec![0, 0]);
+    for o in &outs {
+        assert_eq!(tensor_of(o).to_vec::<f32>().ok(), Some(vec![2.0, 4.0]));
+    }
+}

@@ -110,6 +110,8 @@ pub(crate) struct Driver {
     /// The engine's [`board_epoch`](Engine::board_epoch), read without its lock; this
     /// driver counts its own quiescing there too.
     board_epoch: Arc<AtomicU64>,
+    /// The engine's [`landings`](Engine::landings), for the transports' readers.
+    landings: Arc<collectix_runtime::landing::Landings>,
 }
 
 /// A transport that a waiting caller drives itself: instead of a reader thread handing each
@@ -151,8 +153,10 @@ impl Driver {
     ) -> Driver {
         engine.add_group(world, Time::ZERO);
         let board_epoch = engine.board_epoch();
+        let landings = engine.landings();
         Driver {
             board_epoch,
+            landings,
             core: CachePadded(Mutex::new(Core {
                 engine,
                 links: None,
@@ -179,6 +183,12 @@ impl Driver {
             pollers: [OnceLock::new(), OnceLock::new()],
             boards: board::Boards::default(),
         }
+    }
+
+    /// Where the payloads of the messages the rank's calls expect go, for the transports'
+    /// readers (`collectix_runtime::landing`).
+    pub(crate) fn landings(&self) -> &collectix_runtime::landing::Landings {
+        &self.landings
     }
 
     /// Sets a transport that waiting callers poll (once per kind).

@@ -28,9 +28,10 @@ use super::Link;
 use crate::gate::{Gate, Pass};
 use crate::security::Security;
 use crate::sync::lock;
+use collectix_runtime::tensor::arena::ArenaPart;
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
-use collectix_runtime::wire::{LinkError, Message};
+use collectix_runtime::wire::{Header, LinkError, Message};
 use collectix_runtime::{Error, LinkFailure, LinkStep, Result};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -247,6 +248,9 @@ impl Inbound for Current {
     }
     fn deliver_driving(&self, src: usize, msg: Message) {
         self.inner.deliver_driving(src, msg);
+    }
+    fn place(&self, src: usize, header: &Header, lens: &[usize]) -> Option<Vec<ArenaPart>> {
+        self.inner.place(src, header, lens)
     }
     fn flush(&self, peer: usize) {
         self.inner.flush(peer);

@@ -335,6 +335,11 @@ impl Engine {
 
     /// Removes a call's traces from its group's indexes.
     pub(super) fn forget(&mut self, op: &PendingCall, id: OpId) {
+        if let (Some(seq), State::Collective(c)) = (op.seq, &op.state) {
+            if c.landed.is_some() {
+                self.landings.forget(op.group, seq);
+            }
+        }
         if let Some(g) = self.groups.get_mut(&op.group) {
             if let Some(seq) = op.seq {
                 if g.active.get(&seq) == Some(&id) {

@@ -40,6 +40,7 @@ use crate::error::{Error, Result};
 use crate::fast_hash::FastMap;
 use crate::group::GroupId;
 use crate::ids::Fingerprint;
+use crate::landing::Landings;
 use crate::schedule::Schedule;
 use crate::tensor::arena::Arena;
 use crate::tensor::dtype::DType;
@@ -112,6 +113,9 @@ struct CollectiveState {
     /// The output the ranks of this process share for this call, and which chunks this rank
     /// writes into it (see `tensor::arena`).
     arena: Option<(Arc<Arena>, Share)>,
+    /// The output buffer of this rank alone that received chunks land in (see
+    /// [`crate::landing`]), and the chunks it holds, in order.
+    landed: Option<(Arc<Arena>, Range<usize>)>,
     /// The caller's buffers the result goes into, if it has them (`sink.rs`).
     sink: Option<sink::Sink>,
 }
@@ -217,6 +221,9 @@ pub struct Engine {
     /// Counts the changes that may stop a call on a board from running without a record
     /// made first (see [`Engine::board_epoch`]).
     board_epoch: std::sync::Arc<crate::sync::unmodelled::AtomicU64>,
+    /// Where the payloads of the messages this rank's calls expect go (see
+    /// [`crate::landing`]): its transports' readers take them.
+    landings: Arc<Landings>,
 }
 
 /// Counts a change in an engine's [`board_epoch`](Engine::board_epoch) (a free function, for
@@ -263,6 +270,7 @@ impl Engine {
             plane,
             closing: None,
             board_epoch: std::sync::Arc::new(crate::sync::unmodelled::AtomicU64::new(0)),
+            landings: Landings::new(),
             destroyed: HashSet::new(),
             lost: BTreeSet::new(),
             seen_lost: BTreeMap::new(),
@@ -272,6 +280,12 @@ impl Engine {
     /// This engine's global rank.
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// Where the payloads of the messages its calls expect go, for its transports' readers
+    /// to take (see [`crate::landing`]).
+    pub fn landings(&self) -> Arc<Landings> {
+        self.landings.clone()
     }
 
     /// Messages waiting here for a peer's credit (flow control), over all groups.
@@ -471,6 +485,7 @@ impl Engine {
                     expected,
                     assembly,
                     arena: None,
+                    landed: None,
                     sink,
                 };
                 if let Some((a, Share::Own(own))) = &arena {
@@ -489,6 +504,9 @@ impl Engine {
                             init[ch] = Some(part.freeze());
                         }
                     }
+                }
+                if arena.is_none() && coll.sink.is_none() {
+                    coll.landed = self.expect_landings(group, seq, fp, &coll);
                 }
                 coll.chunks = init;
                 coll.arena = arena;

@@ -1,14 +1,21 @@
 //! Output assembly: payloads checked against the sizes a receive expects, chunks joined, and
 //! the call's result built from its finished chunks.
 
-use super::CollectiveState;
+use super::{CollectiveState, Engine};
 use crate::collective::{Assembly, Output};
 use crate::data_plane::DataPlane;
 use crate::error::{Error, ProtocolError, Result};
+use crate::group::GroupId;
+use crate::ids::Fingerprint;
+use crate::landing::LAND_MIN;
+use crate::schedule::Action;
+use crate::tensor::arena::Arena;
 use crate::tensor::dtype::DType;
 use crate::tensor::reduce::{self, ReduceOp};
 use crate::tensor::{validate_storage, Tensor};
 use bytes::Bytes;
+use std::ops::Range;
+use std::sync::Arc;
 
 /// Checks a payload against the chunk sizes the receiver expects; aligns and validates it.
 pub(super) fn check_payload(
@@ -77,6 +84,106 @@ fn shared(c: &CollectiveState, dtype: DType) -> Option<Bytes> {
         .flatten()
 }
 
+/// The chunks of the output a call builds from one run of them (all of them, or the blocks
+/// it concatenates); `None` for other outputs.
+fn output_chunks(c: &CollectiveState) -> Option<Range<usize>> {
+    match &c.assembly {
+        Assembly::Whole(_) => Some(0..c.sched.layout.chunk_elems.len()),
+        Assembly::Concat(blocks, _) => Some(c.sched.layout.chunks_of(blocks.clone())),
+        _ => None,
+    }
+}
+
+impl Engine {
+    /// For a call `c` (group `group`, call `seq`, fingerprint `fp`) whose output is one run of
+    /// chunks of at least [`LAND_MIN`] bytes, a buffer of this rank's own for the output, and
+    /// a landing in it for every receive that copies chunks into the output (see
+    /// [`crate::landing`]); `None` if the plane gives no such buffer or nothing would land.
+    pub(super) fn expect_landings(
+        &self,
+        group: GroupId,
+        seq: u64,
+        fp: Fingerprint,
+        c: &CollectiveState,
+    ) -> Option<(Arc<Arena>, Range<usize>)> {
+        let out = output_chunks(c)?;
+        let size = fp.dtype.size();
+        let elems = c.sched.layout.chunk_elems.get(out.clone())?;
+        // Each output chunk's start in the buffer, and the buffer's length last.
+        let mut starts = Vec::with_capacity(elems.len() + 1);
+        let mut at = 0usize;
+        for &e in elems {
+            starts.push(at);
+            at = at.checked_add(e.checked_mul(size)?)?;
+        }
+        starts.push(at);
+        if at < LAND_MIN {
+            return None;
+        }
+        let g = self.groups.get(&group)?;
+        let landing = |r: &crate::schedule::RecvOp| {
+            let copies = matches!(r.action, Action::Copy)
+                && r.chunks.start >= out.start
+                && r.chunks.end <= out.end
+                && !r.chunks.is_empty();
+            copies.then(|| {
+                r.chunks
+                    .clone()
+                    .map(|ch| starts[ch - out.start]..starts[ch - out.start + 1])
+                    .collect::<Vec<_>>()
+            })
+        };
+        let mut arena = None;
+        for r in c.sched.steps.iter().flat_map(|s| &s.recvs) {
+            let Some(ranges) = landing(r) else { continue };
+            if ranges.iter().any(|x| x.is_empty()) {
+                continue;
+            }
+            let a = match &arena {
+                Some(a) => a,
+                None => arena.insert(self.plane.own_output(at)?),
+            };
+            let src = *g.info.members.get(r.peer)?;
+            self.landings
+                .expect((group, seq, src, r.tag), fp, a, ranges);
+        }
+        arena.map(|a| (a, out))
+    }
+}
+
+/// The call's output as the buffer its received chunks landed in (see [`crate::landing`]),
+/// the chunks not in place (this rank's own, its reductions) copied in; `None` if no chunk
+/// landed, or one could not be placed (then the chunks are joined).
+fn landed(c: &CollectiveState, dtype: DType) -> Option<Bytes> {
+    let (arena, out) = c.landed.as_ref()?;
+    let elems = c.sched.layout.chunk_elems.get(out.clone())?;
+    let chunks = c.chunks.get(out.clone())?;
+    let mut gaps = Vec::new();
+    let (mut at, mut any) = (0usize, false);
+    for (chunk, &e) in chunks.iter().zip(elems) {
+        let b = chunk.as_ref()?;
+        let len = e.checked_mul(dtype.size())?;
+        if b.len() != len {
+            return None;
+        }
+        if arena.holds_at(b, at) {
+            any = true;
+        } else if len > 0 {
+            gaps.push((b, at..at + len));
+        }
+        at += len;
+    }
+    if !any || at != arena.len() {
+        return None;
+    }
+    for (b, range) in gaps {
+        let mut part = arena.claim(range)?;
+        part.bytes_mut().copy_from_slice(b);
+        part.freeze();
+    }
+    arena.frozen(0..at)
+}
+
 pub(super) fn build_output(
     plane: &dyn DataPlane,
     mut c: CollectiveState,
@@ -96,7 +203,8 @@ pub(super) fn build_output(
     let layout = &c.sched.layout;
     let tensor = |b: Bytes, shape: Vec<usize>| Tensor::from_parts(b, dtype, shape);
     let whole = match c.assembly {
-        Assembly::Whole(_) => shared(&c, dtype),
+        Assembly::Whole(_) => shared(&c, dtype).or_else(|| landed(&c, dtype)),
+        Assembly::Concat(..) => landed(&c, dtype),
         _ => None,
     };
     Ok(match c.assembly {
@@ -110,7 +218,10 @@ pub(super) fn build_output(
             Output::Tensor(tensor(post(whole)?, shape))
         }
         Assembly::Concat(blocks, shape) => {
-            let b = concat(plane, &c.chunks[layout.chunks_of(blocks)], dtype)?;
+            let b = match whole {
+                Some(b) => b,
+                None => concat(plane, &c.chunks[layout.chunks_of(blocks)], dtype)?,
+            };
             Output::Tensor(tensor(post(b)?, shape))
         }
         Assembly::Blocks(blocks, shapes) => {

@@ -13,13 +13,23 @@ use crate::tensor::dtype::DType;
 use crate::tensor::reduce::ReduceOp;
 use crate::tensor::Tensor;
 
+/// Where the large cells of [`matrix`] start counting: they have `LARGE` more elements.
+const LARGE: usize = 40_000;
+
 /// The matrix the multi-rank tests run over a real transport, for a world of `w` ranks:
 /// every collective × every algorithm, with dtypes and ops that change from cell to cell
-/// (f32 sum, i64 max, bf16 sum, i32 product), roots that move, and a last all_reduce of 4 MiB
-/// (with 1 KiB segments, thousands of messages: enough to fill a link's queue).
+/// (f32 sum, i64 max, bf16 sum, i32 product), roots that move, each once small and once large
+/// enough for received chunks to land in place ([`crate::landing`], outputs of 80 KiB and
+/// more), and a last all_reduce of 4 MiB (with 1 KiB segments, thousands of messages: enough
+/// to fill a link's queue).
 pub fn matrix(w: usize) -> Vec<Case> {
     let mut out = Vec::new();
-    for (i, kind) in COLLECTIVES.into_iter().enumerate() {
+    for (i, kind) in COLLECTIVES.into_iter().enumerate().chain(
+        COLLECTIVES
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| (i + LARGE, k)),
+    ) {
         for (j, &alg) in kind.algorithms().iter().enumerate() {
             let (dtype, op) = match (i + j) % 4 {
                 0 => (DType::F32, ReduceOp::Sum),

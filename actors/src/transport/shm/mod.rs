@@ -333,6 +333,7 @@ impl Inner {
             let src = Sources {
                 pool: &self.pool,
                 remote: r.remote.as_ref().map(|x| x as &dyn RemoteRead),
+                landings: Some((r.peer, driver.landings())),
             };
             for _ in 0..BURST {
                 match r.frames.next(&mut r.ring, &src, &mut wake) {

@@ -66,9 +66,10 @@ pub(crate) use handshake::{accept_hello, connect, Hello, Refused, HELLO_TIMEOUT}
 pub(crate) use poll::Readers;
 pub(crate) use send::TcpLink;
 
+use collectix_runtime::tensor::arena::ArenaPart;
 use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
-use collectix_runtime::wire::Message;
+use collectix_runtime::wire::{Header, Message};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -146,6 +147,12 @@ pub(crate) trait Inbound: Send + Sync + 'static {
     /// [`Readers`]): nobody need be woken. By default, [`deliver`](Inbound::deliver).
     fn deliver_driving(&self, src: usize, msg: Message) {
         self.deliver(src, msg);
+    }
+    /// Where the parts of a message from global rank `src` go, given its decoded head, if
+    /// the rank expects it (see `collectix_runtime::landing`). By default, nowhere: the
+    /// parts are read into buffers of the reader's own.
+    fn place(&self, _src: usize, _header: &Header, _lens: &[usize]) -> Option<Vec<ArenaPart>> {
+        None
     }
     /// The link to `peer` can take messages again.
     fn flush(&self, peer: usize);

@@ -13,6 +13,7 @@
 use super::{Inbound, Liveness};
 use crate::sync::lock;
 use bytes::{Buf, Bytes, BytesMut};
+use collectix_runtime::tensor::arena::ArenaPart;
 use collectix_runtime::tensor::pool::{Pool, PoolBuf};
 use collectix_runtime::wire::codec::{self, Limits};
 use collectix_runtime::wire::{Header, Message};
@@ -87,6 +88,9 @@ struct Rx {
 struct Frame {
     header: Header,
     parts: Vec<usize>,
+    /// The places of the parts, if the message lands (`collectix_runtime::landing`; last
+    /// part first).
+    landed: Vec<ArenaPart>,
     done: Vec<Bytes>,
     filling: Option<Filling>,
     /// Its payload is at least [`HANDOFF`] bytes: the reader thread reads it.
@@ -98,6 +102,8 @@ struct Frame {
 enum Filling {
     /// A part of at most [`BIG_PART`] bytes: an 8-aligned buffer from the pool, taken whole.
     Pooled { part: PoolBuf, at: usize },
+    /// A part that lands: into its place in the output of the call that expects it.
+    Landed { part: ArenaPart, at: usize },
     /// A larger part: a buffer that grows by [`BIG_PART`] as its bytes arrive (a length
     /// announced by a peer is never allocated ahead of the data, beyond one step).
     Big {
@@ -175,7 +181,9 @@ impl Receiving {
         if !rx.big_pending() {
             self.looks.fetch_add(1, Ordering::Relaxed);
             rx.caller = true;
-            let got = rx.step(&mut |m| self.inbound.deliver_driving(self.peer, m));
+            let got = rx.step(self.inbound.as_ref(), &mut |m| {
+                self.inbound.deliver_driving(self.peer, m)
+            });
             rx.caller = false;
             came = self.note(got);
             if !rx.big_pending() {
@@ -221,7 +229,9 @@ impl Receiving {
             if woke {
                 rx.armed = false;
             }
-            rx.step(&mut |m| self.inbound.deliver(self.peer, m))
+            rx.step(self.inbound.as_ref(), &mut |m| {
+                self.inbound.deliver(self.peer, m)
+            })
         };
         match got {
             Ok(g) => Ok(self.note(Ok(g))),
@@ -258,18 +268,23 @@ impl Rx {
     /// Reads what the socket has, without waiting, and hands every whole message to
     /// `deliver`, in order. `Ok(true)` if bytes came; `Err(why)` once the connection ended
     /// (closed, broken, or carrying something that is not a frame).
-    fn step(&mut self, deliver: &mut dyn FnMut(Message)) -> Result<bool, String> {
+    /// `to`: where messages the rank expects land.
+    fn step(&mut self, to: &dyn Inbound, deliver: &mut dyn FnMut(Message)) -> Result<bool, String> {
         if let Some(why) = &self.ended {
             return Err(why.clone());
         }
-        let got = self.step_inner(deliver);
+        let got = self.step_inner(to, deliver);
         if let Err(why) = &got {
             self.ended = Some(why.clone());
         }
         got
     }
 
-    fn step_inner(&mut self, deliver: &mut dyn FnMut(Message)) -> Result<bool, String> {
+    fn step_inner(
+        &mut self,
+        to: &dyn Inbound,
+        deliver: &mut dyn FnMut(Message),
+    ) -> Result<bool, String> {
         let mut came = false;
         let mut handed = 0;
         loop {
@@ -291,8 +306,11 @@ impl Rx {
             match codec::decode_head(&mut self.buf, &self.limits) {
                 Ok(Some(h)) => {
                     let big = h.parts.iter().fold(0usize, |a, &p| a.saturating_add(p)) >= HANDOFF;
+                    let mut landed = to.place(self.peer, &h.header, &h.parts).unwrap_or_default();
+                    landed.reverse();
                     self.frame = Some(Frame {
                         header: h.header,
+                        landed,
                         done: Vec::with_capacity(h.parts.len()),
                         parts: h.parts,
                         filling: None,
@@ -329,7 +347,9 @@ impl Rx {
                 Some(x) => x,
                 None => {
                     let len = f.parts[f.done.len()];
-                    let mut x = if len > BIG_PART {
+                    let mut x = if let Some(part) = f.landed.pop() {
+                        Filling::Landed { part, at: 0 }
+                    } else if len > BIG_PART {
                         Filling::Big {
                             words: Vec::new(),
                             at: 0,
@@ -389,6 +409,10 @@ impl Filling {
                 let dst = part.bytes_mut();
                 (*at < dst.len()).then(move || &mut dst[*at..])
             }
+            Filling::Landed { part, at } => {
+                let dst = part.bytes_mut();
+                (*at < dst.len()).then(move || &mut dst[*at..])
+            }
             Filling::Big { words, at, len } => {
                 if *at >= *len {
                     return None;
@@ -405,13 +429,16 @@ impl Filling {
 
     fn advance(&mut self, n: usize) {
         match self {
-            Filling::Pooled { at, .. } | Filling::Big { at, .. } => *at += n,
+            Filling::Pooled { at, .. } | Filling::Landed { at, .. } | Filling::Big { at, .. } => {
+                *at += n
+            }
         }
     }
 
     fn freeze(self) -> Bytes {
         match self {
             Filling::Pooled { part, .. } => part.freeze(),
+            Filling::Landed { part, .. } => part.freeze(),
             Filling::Big { words, len, .. } => {
                 let mut b = collectix_runtime::tensor::bytes_from_vec(words);
                 b.truncate(len);

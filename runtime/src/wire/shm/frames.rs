@@ -11,12 +11,17 @@
 //!
 //! Both ends are sans-IO and never wait: the writer puts what fits and keeps the rest of a
 //! record for the next [`pump`](FrameWriter::pump); the reader takes what was published and
-//! keeps its place between calls. The reader decodes with the codec's checks (every length
-//! against [`Limits`] before anything is allocated), and puts each payload part in an
-//! 8-aligned buffer from a [`Pool`].
+//! keeps its place between calls. Each moves at most a [`SLICE`] before telling the other
+//! (the writer publishes, the reader frees the room), so that both copy a large payload at
+//! once. The reader decodes with the codec's checks (every length against [`Limits`] before
+//! anything is allocated), and puts each payload part straight into its place in the output
+//! of the call that expects it ([`crate::landing`]), else in an 8-aligned buffer from a
+//! [`Pool`].
 
 use super::ring::{RingReader, RingWriter};
 use super::ShmError;
+use crate::landing::Landings;
+use crate::tensor::arena::ArenaPart;
 use crate::tensor::bytes_from_vec;
 use crate::tensor::pool::{Pool, PoolBuf};
 use crate::wire::codec::{self, Limits, MAX_HEADER_BYTES, PREFIX_BYTES};
@@ -33,6 +38,11 @@ pub const BIG_PART: usize = 64 << 20;
 /// the sender's memory): below it, two copies through the ring cost less than the system
 /// call and the acknowledgement.
 pub const REMOTE_MIN: usize = 64 << 10;
+
+/// The most bytes either end moves through a ring before it tells the other (the writer
+/// publishes them, the reader frees their room): sender and receiver then copy a large
+/// payload at once, a slice apart, instead of taking turns over the whole ring.
+pub const SLICE: u64 = 128 << 10;
 
 /// An inline record.
 const INLINE: u8 = 0;
@@ -177,7 +187,8 @@ impl FrameWriter {
     /// record stays in progress.
     pub fn pump(&mut self) -> Result<bool, ShmError> {
         loop {
-            let mut room = self.ring.room()?;
+            let free = self.ring.room()?;
+            let mut room = free.min(SLICE);
             let Some(mut p) = self.pending.take() else {
                 return Ok(true);
             };
@@ -203,6 +214,10 @@ impl FrameWriter {
                 return Ok(true);
             }
             self.pending = Some(p);
+            if free > SLICE {
+                // A slice went: publish it, then the next.
+                continue;
+            }
             self.ring.want_room();
             if self.ring.room()? == 0 {
                 return Ok(false);
@@ -222,6 +237,8 @@ enum Part {
     Pooled(PoolBuf, usize),
     /// A part above [`BIG_PART`]: into words that grow as its bytes arrive.
     Big(Vec<u64>, usize, usize),
+    /// Into its place in the output of the call that expects it ([`crate::landing`]).
+    Landed(ArenaPart, usize),
 }
 
 /// The receiving side's place in a record.
@@ -240,6 +257,8 @@ enum Place {
     Parts {
         header: Header,
         lens: Vec<usize>,
+        /// The places of the parts, if the message lands (last part first, as `lens`).
+        landed: Vec<ArenaPart>,
         done: Vec<Bytes>,
         part: Option<Part>,
     },
@@ -254,13 +273,24 @@ pub struct FrameReader {
     remote_read: u64,
 }
 
-/// What the reader needs besides the ring: buffers, and the sender's memory for remote
-/// records (`None`: a remote record is an error).
+/// What the reader needs besides the ring: buffers, the sender's memory for remote records
+/// (`None`: a remote record is an error), and where expected payloads land.
 pub struct Sources<'a> {
     /// Where payload buffers come from.
     pub pool: &'a Pool,
     /// The sender's memory.
     pub remote: Option<&'a dyn RemoteRead>,
+    /// The sender's global rank and the receiving rank's landings: a message its calls
+    /// expect is read straight into its place (see [`crate::landing`]).
+    pub landings: Option<(usize, &'a Landings)>,
+}
+
+impl Sources<'_> {
+    /// Where the parts of a message with `header` and parts of `lens` go, if it lands.
+    fn place(&self, header: &Header, lens: &[usize]) -> Option<Vec<ArenaPart>> {
+        let (src, landings) = self.landings?;
+        landings.place(src, header, lens)
+    }
 }
 
 impl FrameReader {
@@ -284,12 +314,15 @@ impl FrameReader {
         src: &Sources<'_>,
         wake: &mut bool,
     ) -> Result<Option<(Header, Vec<Bytes>)>, ShmError> {
-        let mut ready = ring.ready()?;
-        if ready == 0 {
+        let published = ring.ready()?;
+        if published == 0 {
             // Nothing published: the head's line is left alone (a caller spinning here must
             // not write the line the writer reads for room on every turn).
             return Ok(None);
         }
+        // A slice at a time, its room freed at once (see `SLICE`); the caller comes back for
+        // the next (between them it may pump its own sends: both directions move at once).
+        let mut ready = published.min(SLICE);
         let before = ready;
         let r = self.step(ring, src, &mut ready);
         if ready != before && ring.release() {
@@ -343,12 +376,15 @@ impl FrameReader {
                             };
                         }
                         Some(h) => {
+                            let mut landed = src.place(&h.header, &h.parts).unwrap_or_default();
+                            landed.reverse();
                             let mut lens = h.parts;
                             lens.reverse();
                             self.place = Place::Parts {
                                 header: h.header,
                                 done: Vec::with_capacity(lens.len()),
                                 lens,
+                                landed,
                                 part: None,
                             };
                         }
@@ -374,6 +410,7 @@ impl FrameReader {
                     let remote = src.remote.ok_or_else(|| {
                         ShmError::Corrupt("a remote record where none may come".into())
                     })?;
+                    let mut landed = src.place(&header, &lens).map(Vec::into_iter);
                     let mut payload = Vec::with_capacity(lens.len());
                     for (i, &len) in lens.iter().enumerate() {
                         let addr = self
@@ -381,14 +418,19 @@ impl FrameReader {
                             .get(8 * i..8 * i + 8)
                             .and_then(|b| b.try_into().ok())
                             .map_or(0, u64::from_le_bytes);
-                        payload.push(read_remote(remote, addr, len, src.pool)?);
+                        let into = landed.as_mut().and_then(Iterator::next);
+                        payload.push(read_remote(remote, addr, len, src.pool, into)?);
                     }
                     self.remote_read += 1;
                     ring.ack(self.remote_read);
                     return Ok(Some((header, payload)));
                 }
                 Place::Parts {
-                    lens, done, part, ..
+                    lens,
+                    landed,
+                    done,
+                    part,
+                    ..
                 } => {
                     if part.is_none() {
                         let Some(len) = lens.pop() else {
@@ -399,7 +441,9 @@ impl FrameReader {
                             };
                             return Ok(Some((header, done)));
                         };
-                        *part = Some(if len > BIG_PART {
+                        *part = Some(if let Some(p) = landed.pop() {
+                            Part::Landed(p, 0)
+                        } else if len > BIG_PART {
                             Part::Big(Vec::new(), 0, len)
                         } else {
                             Part::Pooled(src.pool.take(len), 0)
@@ -408,6 +452,11 @@ impl FrameReader {
                     let finished = match part {
                         Some(Part::Pooled(buf, at)) => {
                             let dst = buf.bytes_mut();
+                            *at += ring.take(&mut dst[*at..], ready);
+                            *at == dst.len()
+                        }
+                        Some(Part::Landed(p, at)) => {
+                            let dst = p.bytes_mut();
                             *at += ring.take(&mut dst[*at..], ready);
                             *at == dst.len()
                         }
@@ -429,6 +478,7 @@ impl FrameReader {
                     }
                     match part.take() {
                         Some(Part::Pooled(buf, _)) => done.push(buf.freeze()),
+                        Some(Part::Landed(p, _)) => done.push(p.freeze()),
                         Some(Part::Big(words, _, len)) => {
                             let mut b = bytes_from_vec(words);
                             b.truncate(len);
@@ -442,15 +492,21 @@ impl FrameReader {
     }
 }
 
-/// A remote part of `len` bytes at the sender's `addr`, read into a buffer of this process
-/// (taken whole up to [`BIG_PART`], else grown step by step as it is read).
+/// A remote part of `len` bytes at the sender's `addr`, read into its place `into` if it
+/// lands, else into a buffer of this process (taken whole up to [`BIG_PART`], else grown
+/// step by step as it is read).
 fn read_remote(
     remote: &dyn RemoteRead,
     addr: u64,
     len: usize,
     pool: &Pool,
+    into: Option<ArenaPart>,
 ) -> Result<Bytes, ShmError> {
     let bad = |why: String| ShmError::Corrupt(format!("a remote part of {len} bytes: {why}"));
+    if let Some(mut p) = into {
+        remote.read(addr, p.bytes_mut()).map_err(bad)?;
+        return Ok(p.freeze());
+    }
     if len == 0 {
         return Ok(Bytes::new());
     }
@@ -637,7 +693,11 @@ mod tests {
     }
 
     fn src<'a>(pool: &'a Pool, remote: Option<&'a dyn RemoteRead>) -> Sources<'a> {
-        Sources { pool, remote }
+        Sources {
+            pool,
+            remote,
+            landings: None,
+        }
     }
 
     /// The sender's memory, as far as the test lent it: the payloads it sent.
@@ -700,5 +760,87 @@ mod tests {
             fr.next(&mut r, &src(&pool, None), &mut wake),
             Err(ShmError::Corrupt(_))
         ));
+    }
+
+    /// A data message of call `seq` (tag 2) with parts of `parts` bytes.
+    fn data(seq: u64, fp: crate::ids::Fingerprint, parts: &[usize]) -> Message {
+        let mut m = msg(seq, parts);
+        m.header = Header::Data {
+            group: GroupId(3),
+            seq,
+            tag: 2,
+            call: fp,
+        };
+        m
+    }
+
+    #[test]
+    fn an_expected_message_is_read_straight_into_its_place_inline_and_remote() {
+        use crate::op::OpKind;
+        use crate::tensor::arena::Arena;
+        use crate::tensor::dtype::DType;
+        let fp = crate::ids::Fingerprint::new(OpKind::AllGather, DType::U8);
+        let (a, b) = if cfg!(miri) {
+            (5_000, 3_000)
+        } else {
+            (70_000, 9_000)
+        };
+        let pool = Pool::new(1 << 20);
+        let landings = Landings::new();
+        for remote in [false, true] {
+            let (mut w, mut r, _region) = ends(4096);
+            if remote {
+                r.allow_remote();
+            }
+            let mut fr = FrameReader::new(Limits::default());
+            let arena = Arena::new(&Pool::none(), a + b);
+            let sent = [
+                data(5, fp, &[a, b]),
+                data(5, fp, &[a, b]),
+                data(6, fp, &[a, b]),
+            ];
+            let lent = Lent(sent.iter().flat_map(|m| m.payload.clone()).collect());
+            // Call 5 expects the message from rank 0 on tag 2; call 6 none.
+            landings.expect((GroupId(3), 5, 0, 2), fp, &arena, vec![0..a, a..a + b]);
+            let sources = Sources {
+                pool: &pool,
+                remote: Some(&lent),
+                landings: Some((0, &landings)),
+            };
+            let mut got = Vec::new();
+            let mut queue: std::collections::VecDeque<Message> = sent.iter().cloned().collect();
+            let mut wake = false;
+            for _ in 0..100_000 {
+                if !w.is_pending() {
+                    if let Some(m) = queue.pop_front() {
+                        assert!(w.send(m).is_ok());
+                    }
+                } else {
+                    assert!(w.pump().is_ok());
+                }
+                while let Ok(Some(m)) = fr.next(&mut r, &sources, &mut wake) {
+                    got.push(m);
+                    assert!(w.release().is_ok());
+                }
+                if got.len() == sent.len() {
+                    break;
+                }
+            }
+            assert_eq!(got.len(), sent.len(), "remote: {remote}");
+            for ((h, p), s) in got.iter().zip(&sent) {
+                assert_eq!((h, p), (&s.header, &s.payload), "remote: {remote}");
+            }
+            let (first, again, other) = (&got[0].1, &got[1].1, &got[2].1);
+            assert!(
+                arena.holds_at(&first[0], 0) && arena.holds_at(&first[1], a),
+                "landed in place (remote: {remote})"
+            );
+            assert!(
+                !arena.holds_at(&again[0], 0) && !arena.holds_at(&other[0], 0),
+                "a landing is taken once, and only by its message"
+            );
+            assert_eq!(arena.frozen(0..a + b).map(|x| x.len()), Some(a + b));
+        }
+        assert_eq!(landings.placed(), 2);
     }
 }
