@@ -27,6 +27,12 @@ pub(crate) fn options() -> GroupOptions {
 /// Runs the matrix on this rank; `Err` with the first failure, named. (`tests/tcp_world.rs`
 /// runs it too.)
 pub(crate) fn check(c: &Communicator) -> std::result::Result<usize, String> {
+    check_with(c, false)
+}
+
+/// [`check`], every input a tensor in shared memory when `shared`
+/// (`Communicator::to_shared`).
+pub(crate) fn check_with(c: &Communicator, shared: bool) -> std::result::Result<usize, String> {
     let (r, w) = (c.rank(), c.size());
     let cases = matrix(w);
     for case in &cases {
@@ -34,8 +40,14 @@ pub(crate) fn check(c: &Communicator) -> std::result::Result<usize, String> {
             algorithm: case.algorithm,
             timeout: Some(Duration::from_secs(60)),
         };
+        let mut req = case.request(r);
+        if shared {
+            req = req
+                .try_map(|t| c.to_shared(&t), |s| s)
+                .map_err(|e| format!("{case:?}: {e}"))?;
+        }
         let got = c
-            .submit(case.request(r), &opts)
+            .submit(req, &opts)
             .wait()
             .map_err(|e| format!("{case:?}: {e}"))?;
         if got != case.expected(r) {

@@ -86,8 +86,8 @@ pub use collectix_actors::{
     init, job_status, BufferCalls, BufferWork, CallRecord, CallState, Communicator, Connect,
     DeviceBackend, Failed, Fault, FileStore, InitArgs, JobConfig, JobStatus, Launcher, Liveness,
     MemoryStore, Mesh2d, P2POp, Policy, PrefixStore, Process, ProcessBuilder, RankStatus,
-    Recovered, Rendezvous, Run, Secret, Security, Seeded, Step, Store, StoreProtocol, TcpStore,
-    TcpStoreServer, TorchStore, Transport, Work, World, WorldBuilder, CALLS_KEPT,
+    Recovered, Rendezvous, Run, Secret, Security, Seeded, SharedBuffer, Step, Store, StoreProtocol,
+    TcpStore, TcpStoreServer, TorchStore, Transport, Work, World, WorldBuilder, CALLS_KEPT,
     DEFAULT_JOIN_TIMEOUT, FIRST_RESERVED_TAG, SEED_VARIABLE,
 };
 pub use collectix_runtime::collective::TensorSpec;

@@ -58,6 +58,17 @@ fn run(w: usize, connect: Connect) -> Vec<Result<(), String>> {
 /// [`run`] over `transport`; each rank checks that it reaches every peer through shared
 /// memory with `Shm`, and none with `Tcp`.
 fn run_over(w: usize, connect: Connect, transport: Transport) -> Vec<Result<(), String>> {
+    run_with(w, connect, transport, false)
+}
+
+/// [`run_over`], every input a tensor in shared memory when `shared` (then every rank must
+/// have read payloads straight from its peers' shared heaps).
+fn run_with(
+    w: usize,
+    connect: Connect,
+    transport: Transport,
+    shared: bool,
+) -> Vec<Result<(), String>> {
     let port = free_port();
     std::thread::scope(|sc| {
         let handles: Vec<_> = (0..w)
@@ -76,7 +87,7 @@ fn run_over(w: usize, connect: Connect, transport: Transport) -> Vec<Result<(), 
                     }
                     let c = p.communicator();
                     assert_eq!((c.rank(), c.size()), (r, w));
-                    let n = check_job::check(c).map_err(|e| format!("rank {r}: {e}"))?;
+                    let n = check_job::check_with(c, shared).map_err(|e| format!("rank {r}: {e}"))?;
                     if n != matrix(w).len() {
                         return Err(format!("rank {r}: {n} cases"));
                     }
@@ -84,6 +95,12 @@ fn run_over(w: usize, connect: Connect, transport: Transport) -> Vec<Result<(), 
                     // (and checked exact with the rest).
                     if p.landed() == 0 {
                         return Err(format!("rank {r}: no message landed in place"));
+                    }
+                    let from_heaps = p.read_from_shared_heaps();
+                    if shared != (from_heaps > 0) {
+                        return Err(format!(
+                            "rank {r}: {from_heaps} parts read from shared heaps (shared inputs: {shared})"
+                        ));
                     }
                     // A hang guard, not a timing: leaving in order needs no timeout to run out
                     // (it once waited one out when the store's owner closed it too early).
@@ -120,6 +137,18 @@ fn every_collective_over_tcp_on_2_3_4_ranks() {
 fn every_collective_over_shared_memory_on_2_3_4_ranks() {
     for w in [2, 3, 4] {
         for (r, res) in run_over(w, Connect::Eager, Transport::Shm)
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(res, Ok(()), "W={w} rank {r}");
+        }
+    }
+}
+
+#[test]
+fn every_collective_on_shared_tensors_over_shared_memory_on_2_3_4_ranks() {
+    for w in [2, 3, 4] {
+        for (r, res) in run_with(w, Connect::Eager, Transport::Shm, true)
             .into_iter()
             .enumerate()
         {

@@ -62,6 +62,7 @@ mod rank;
 mod recovery;
 mod security;
 mod seeded;
+mod shared;
 mod status;
 mod store;
 mod supervise;
@@ -83,6 +84,7 @@ pub use process::{init, Process};
 pub use recovery::Recovered;
 pub use security::{Secret, Security, MAX_SECRET_BYTES};
 pub use seeded::{Fault, Run, Seeded, Step, SEED_VARIABLE};
+pub use shared::SharedBuffer;
 pub use status::{job_status, CallRecord, CallState, JobStatus, RankStatus, CALLS_KEPT};
 pub use store::{
     FileStore, MemoryStore, PrefixStore, Store, StoreProtocol, TcpStore, TcpStoreServer, TorchStore,

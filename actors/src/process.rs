@@ -416,6 +416,13 @@ impl Process {
         self.comm.member.rank.driver.landings().placed()
     }
 
+    /// How many payload parts this rank read straight from a peer's shared heap: payloads
+    /// of tensors in shared memory (`Communicator::alloc_shared`, and large outputs between
+    /// processes of one host), copied once, out of the peer's memory.
+    pub fn read_from_shared_heaps(&self) -> u64 {
+        self.transports.iter().map(|t| t.heap_reads()).sum()
+    }
+
     /// The address ("host:port") this rank listens on for its peers, as it published it.
     pub fn address(&self) -> &str {
         &self.address

@@ -137,6 +137,9 @@ impl HostPlane {
 
 impl DataPlane for HostPlane {
     fn own_output(&self, len: usize) -> Option<Arc<Arena>> {
+        // In the pool, not the shared heap: a received byte is copied once into it either
+        // way, and what this rank forwards from it went no faster as one copy out of the heap
+        // than as two through a ring, where measured (`docs/performance.md`).
         self.arenas.is_none().then(|| Arena::new(&self.pool, len))
     }
 

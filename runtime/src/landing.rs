@@ -228,7 +228,12 @@ mod tests {
         drop(held);
         // The call ended: its buffer is gone, and its landings are dropped.
         l.expect(key, fp, &arena, std::iter::once(16..32).collect());
-        l.expect((GroupId::WORLD, 2, 0, 0), fp, &arena, std::iter::once(16..32).collect());
+        l.expect(
+            (GroupId::WORLD, 2, 0, 0),
+            fp,
+            &arena,
+            std::iter::once(16..32).collect(),
+        );
         l.forget(GroupId::WORLD, 1);
         assert_eq!(l.len(), 1);
         drop(arena);

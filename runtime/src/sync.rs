@@ -30,9 +30,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///   lanes in a segment): loom has no memory that another process writes. The code that
 ///   uses them is generic over its memory (`wire::shm::Memory`, `board::Lane`), and the
 ///   loom models run it over loom's atomics instead;
-/// - the payload buffers' pool and arena, and the caller-owned destinations of a call
-///   (`tensor::pool`, `tensor::arena`, `collective::dest`): payloads stay outside the
-///   model, as `bytes::Bytes` does;
+/// - the payload buffers' pool, arena and shared heap, and the caller-owned destinations of
+///   a call (`tensor::pool`, `tensor::arena`, `tensor::shared_heap`, `collective::dest`):
+///   payloads stay outside the model, as `bytes::Bytes` does;
 /// - the landings of a rank's calls (`landing`): where payload bytes go, as the arena;
 /// - caches whose locks guard no protocol decision (`schedule`'s built schedules,
 ///   `data_plane`'s arenas by call);

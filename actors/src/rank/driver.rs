@@ -112,6 +112,8 @@ pub(crate) struct Driver {
     board_epoch: Arc<AtomicU64>,
     /// The engine's [`landings`](Engine::landings), for the transports' readers.
     landings: Arc<collectix_runtime::landing::Landings>,
+    /// This process's shared heap, once its shared-memory transport made one.
+    heap: OnceLock<Arc<collectix_runtime::tensor::shared_heap::SharedHeap>>,
 }
 
 /// A transport that a waiting caller drives itself: instead of a reader thread handing each
@@ -157,6 +159,7 @@ impl Driver {
         Driver {
             board_epoch,
             landings,
+            heap: OnceLock::new(),
             core: CachePadded(Mutex::new(Core {
                 engine,
                 links: None,
@@ -189,6 +192,22 @@ impl Driver {
     /// readers (`collectix_runtime::landing`).
     pub(crate) fn landings(&self) -> &collectix_runtime::landing::Landings {
         &self.landings
+    }
+
+    /// Gives the rank this process's shared heap: the tensors its communicator allocates
+    /// shared are made there (`Communicator::alloc_shared`).
+    pub(crate) fn use_shared_heap(
+        &self,
+        heap: Arc<collectix_runtime::tensor::shared_heap::SharedHeap>,
+    ) {
+        let _ = self.heap.set(heap);
+    }
+
+    /// This process's shared heap, if it has one.
+    pub(crate) fn shared_heap(
+        &self,
+    ) -> Option<&Arc<collectix_runtime::tensor::shared_heap::SharedHeap>> {
+        self.heap.get()
     }
 
     /// Sets a transport that waiting callers poll (once per kind).

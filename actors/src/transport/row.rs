@@ -44,6 +44,10 @@ pub(crate) trait Running: Send {
     fn boards(&self) -> Option<Arc<dyn BoardSource>> {
         None
     }
+    /// Payload parts the rank read straight from a peer's shared heap (one copy each).
+    fn heap_reads(&self) -> u64 {
+        0
+    }
 }
 
 /// What the rows start from: the rank, what every rank published, and the rank's driver,

@@ -74,6 +74,10 @@ pub(crate) struct Args {
     /// path, `Communicator::buffers`) instead of new tensors; host collectives only.
     #[arg(long)]
     pub(super) buffers: bool,
+    /// Make every input a tensor in shared memory (`Communicator::to_shared`): between
+    /// processes of one host (`--transport shm`) each byte of it crosses with one copy.
+    #[arg(long)]
+    pub(super) shared: bool,
     /// Target length of one sample, in milliseconds.
     #[arg(long, default_value_t = 5.0)]
     pub(super) sample_ms: f64,

@@ -55,6 +55,13 @@ struct Calls {
 
 impl Calls {
     fn new(a: &Args, c: &Communicator, reqs: Vec<Request>, opts: &CallOptions) -> Result<Calls> {
+        let reqs = if a.shared {
+            reqs.into_iter()
+                .map(|q| q.try_map(|t| c.to_shared(&t), |s| s))
+                .collect::<Result<_>>()?
+        } else {
+            reqs
+        };
         let outputs = if a.buffers {
             if reqs.iter().any(Request::is_p2p) {
                 return Err(collectix::Error::invalid(

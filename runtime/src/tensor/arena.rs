@@ -15,9 +15,9 @@
 //! a mismatched call) falls back to an ordinary buffer, and an output is taken from the arena
 //! only when every chunk of it is the frozen part at its own offset ([`Arena::frozen`]).
 //!
-//! This module is one of the crate's two that hold `unsafe` code (with
-//! `wire::shm::region`), outside the zero-copy casts of `bytemuck`; CI (`.ci/run`) runs its
-//! tests under Miri:
+//! This module is one of the crate's three that hold `unsafe` code (with
+//! `wire::shm::region` and `tensor::shared_heap`), outside the zero-copy casts of `bytemuck`;
+//! CI (`.ci/run`) runs its tests under Miri:
 //! `cargo +nightly miri test -p collectix-runtime --lib tensor::arena`.
 
 #![allow(unsafe_code)]

@@ -11,6 +11,7 @@ pub mod dtype;
 pub mod local_ops;
 pub mod pool;
 pub mod reduce;
+pub mod shared_heap;
 pub mod spec;
 
 use crate::error::{Error, Result};

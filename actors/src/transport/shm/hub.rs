@@ -9,7 +9,7 @@ use std::os::fd::OwnedFd;
 
 /// The peers' segments this rank mapped: each with this rank's ring in it, the peer's ring
 /// in this rank's segment, and the peer's memory if this process may read it.
-type Mapped = BTreeMap<usize, (Arc<Segment>, RingWriter, RingReader, Option<os::Remote>)>;
+type Mapped = BTreeMap<usize, (Arc<Segment>, RingWriter, RingReader, Option<PeerMemory>)>;
 
 impl Hub {
     /// Sets up shared memory with the other ranks of this host: makes this rank's segment,
@@ -36,6 +36,24 @@ impl Hub {
             .get(&s.rank)
             .ok_or_else(|| Error::internal("this rank is not among its host's ranks"))?;
         let own = own_segment(rings, s.ring, s.rank);
+        let heap = own_heap(s.heap, s.rank);
+        let offer = setup::Offer {
+            segment: match &own {
+                Some((fd, _)) => Some(
+                    fd.try_clone()
+                        .map_err(|e| Error::Resource(format!("dup of a memfd: {e}")))?,
+                ),
+                None => None,
+            },
+            heap: match &heap {
+                Some((fd, h)) => Some((
+                    fd.try_clone()
+                        .map_err(|e| Error::Resource(format!("dup of a memfd: {e}")))?,
+                    h.range().start,
+                )),
+                None => None,
+            },
+        };
         let deadline = s.deadline.min(Instant::now() + EXCHANGE);
         let got = setup::exchange(
             &setup::Exchange {
@@ -46,10 +64,12 @@ impl Hub {
                 deadline,
             },
             s.listener,
-            own.as_ref().map(|(fd, _)| fd),
+            &offer,
         )?;
+        drop(offer);
+        let from_heap = Arc::new(AtomicU64::new(0));
         let mapped = match &own {
-            Some((_, seg)) => map_peers(got, rings, me, &index, seg, s.single_copy),
+            Some((_, seg)) => map_peers(got, rings, me, &index, seg, s.single_copy, &from_heap),
             None => BTreeMap::new(),
         };
         let (both, full) = agree(
@@ -87,7 +107,10 @@ impl Hub {
                 peer,
                 theirs,
                 tx: Arc::new(Mutex::new(Tx {
-                    frames: FrameWriter::new(writer),
+                    frames: match &heap {
+                        Some((_, h)) => FrameWriter::new(writer).with_heap(h.range()),
+                        None => FrameWriter::new(writer),
+                    },
                     full: false,
                     broken: false,
                 })),
@@ -103,7 +126,11 @@ impl Hub {
             driver: Arc::downgrade(driver),
             pool: Pool::new(crate::transport::tcp::RECV_POOL_BYTES),
             closing: AtomicBool::new(false),
+            from_heap,
         });
+        if let Some((_, h)) = heap {
+            driver.use_shared_heap(h);
+        }
         let thread = {
             let inner = inner.clone();
             std::thread::Builder::new()
@@ -164,6 +191,21 @@ fn own_segment(rings: u32, ring: u64, rank: usize) -> Option<(OwnedFd, Arc<Segme
     }
 }
 
+/// This rank's shared heap of `len` bytes (`None` for 0, or with a warning if it cannot be
+/// made: the peers then read everything through the rings).
+fn own_heap(len: usize, rank: usize) -> Option<(OwnedFd, Arc<SharedHeap>)> {
+    if len == 0 {
+        return None;
+    }
+    match os::create_heap(len) {
+        Ok(h) => Some(h),
+        Err(why) => {
+            tracing::warn!(rank, reason = %why, "cannot make a shared heap");
+            None
+        }
+    }
+}
+
 /// Maps the segments the peers sent (`got`); those that cannot be used are left out, with a
 /// warning.
 fn map_peers(
@@ -173,6 +215,7 @@ fn map_peers(
     index: &BTreeMap<usize, u32>,
     own_seg: &Arc<Segment>,
     single_copy: bool,
+    from_heap: &Arc<AtomicU64>,
 ) -> Mapped {
     let mut mapped = BTreeMap::new();
     for (peer, p) in got {
@@ -191,7 +234,23 @@ fn map_peers(
                 } else {
                     tracing::debug!(peer, "cannot read the peer's memory: two copies");
                 }
-                mapped.insert(peer, (theirs, writer, reader, readable.then_some(remote)));
+                // The peer's shared heap, read-only: what it sends from there is copied once.
+                let heap = p.heap.as_ref().and_then(|(fd, at)| match os::map_heap(fd) {
+                    Ok(region) => Some((region, *at)),
+                    Err(why) => {
+                        tracing::warn!(peer, reason = %why, "cannot map a peer's shared heap");
+                        None
+                    }
+                });
+                if heap.is_some() {
+                    reader.allow_heap();
+                }
+                let memory = (readable || heap.is_some()).then(|| PeerMemory {
+                    heap,
+                    cma: readable.then_some(remote),
+                    from_heap: from_heap.clone(),
+                });
+                mapped.insert(peer, (theirs, writer, reader, memory));
             }
             Err(why) => tracing::warn!(
                 peer,

@@ -68,8 +68,10 @@ use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, Result};
 use collectix_runtime::{GroupId, GroupInfo};
 
+use collectix_runtime::tensor::shared_heap::SharedHeap;
+use collectix_runtime::wire::shm::region::Region;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -150,6 +152,8 @@ pub(crate) struct Setup<'a> {
     /// it; off by default: slower than the ring's two copies where measured, see
     /// `docs/performance.md`).
     pub(crate) single_copy: bool,
+    /// Bytes of this process's shared heap (0: none; see `COLLECTIX_SHM_HEAP`).
+    pub(crate) heap: usize,
     pub(crate) limits: Limits,
     pub(crate) deadline: Instant,
 }
@@ -224,10 +228,72 @@ struct Reading {
     /// The peer's segment: its doorbell, rung when it waits for room this side freed.
     theirs: Arc<Segment>,
     /// The peer's memory, where this process can read it (remote records).
-    remote: Option<os::Remote>,
+    remote: Option<PeerMemory>,
     /// The ring failed: nothing more is read from it.
     dead: bool,
 }
+
+/// A peer's memory as this process reads it for remote records: its shared heap, mapped
+/// read-only here, and the rest of it with `process_vm_readv` where the kernel lets this
+/// process (and it was asked for).
+pub(crate) struct PeerMemory {
+    /// The peer's heap: its mapping here and its address in the peer.
+    heap: Option<(Region, u64)>,
+    cma: Option<os::Remote>,
+    /// Parts read from the peer's heap (shared with the hub's count).
+    from_heap: Arc<AtomicU64>,
+}
+
+impl RemoteRead for PeerMemory {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> std::result::Result<(), String> {
+        if let Some((region, base)) = &self.heap {
+            let at = addr
+                .checked_sub(*base)
+                .and_then(|a| usize::try_from(a).ok());
+            // A part that lies in the heap is copied out of the mapping (bounds-checked).
+            if let Some(at) = at.filter(|&a| a < region.len()) {
+                if !region.read(at, dst) {
+                    return Err(format!(
+                        "{} bytes at {at} run past the peer's shared heap of {}",
+                        dst.len(),
+                        region.len()
+                    ));
+                }
+                self.from_heap.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        match &self.cma {
+            Some(r) => r.read(addr, dst),
+            None => Err(format!("{:#x} is outside the peer's shared heap", addr)),
+        }
+    }
+}
+
+/// The shared heap's size from `COLLECTIX_SHM_HEAP` (bytes; 0 for none): address space,
+/// whose pages cost memory once written.
+pub(crate) fn heap_from_env() -> Result<usize> {
+    match std::env::var("COLLECTIX_SHM_HEAP") {
+        Err(_) => Ok(DEFAULT_HEAP),
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n <= MAX_HEAP)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "COLLECTIX_SHM_HEAP is {v:?}; give bytes, at most 2^40 (0: no heap)"
+                ))
+            }),
+    }
+}
+
+/// Each process's shared heap unless `COLLECTIX_SHM_HEAP` says otherwise: 4 GiB of address
+/// space (a page costs memory once written, and goes with the process).
+pub(crate) const DEFAULT_HEAP: usize = 4 << 30;
+
+/// The largest shared heap.
+const MAX_HEAP: usize = 1 << 40;
 
 /// This process's ring in one peer's segment.
 struct Tx {
@@ -262,6 +328,8 @@ struct Inner {
     driver: Weak<Driver>,
     pool: Pool,
     closing: AtomicBool,
+    /// Payload parts read straight from a peer's shared heap.
+    from_heap: Arc<AtomicU64>,
 }
 
 /// Wakes `seg`'s owner if it needs it (no caller of its reads, its thread parked).
@@ -277,6 +345,11 @@ fn nudge(seg: &Segment) {
 const BURST: usize = 64;
 
 impl Hub {
+    /// Payload parts this rank read straight from a peer's shared heap (one copy each).
+    pub(crate) fn heap_reads(&self) -> u64 {
+        self.inner.from_heap.load(Ordering::Relaxed)
+    }
+
     /// How many peers this rank reaches through shared memory.
     pub(crate) fn peers(&self) -> usize {
         self.inner.senders.len()

@@ -12,6 +12,7 @@
 
 #![allow(unsafe_code)]
 
+use collectix_runtime::tensor::shared_heap::SharedHeap;
 use collectix_runtime::wire::shm::region::{Backing, Region, REGION_ALIGN};
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
@@ -21,6 +22,7 @@ use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The seals a segment must carry before a process maps it.
@@ -110,6 +112,83 @@ pub(crate) fn map(fd: &OwnedFd) -> std::io::Result<Region> {
         .map_err(|_| std::io::Error::other("a segment with a negative size"))?;
     map_fd(fd, len)
 }
+
+/// The seals a shared heap must carry before a peer maps it: its size fixed, and no new
+/// writable mapping (its owner's, made before, is the only one that writes it).
+fn heap_seals() -> SealFlag {
+    SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_FUTURE_WRITE
+}
+
+/// A new shared heap of `len` bytes (zeroed, sparse: a page costs memory once written),
+/// mapped writable here and then sealed so that no other mapping of it can write: its memfd
+/// (to pass to the peers) and the heap.
+pub(crate) fn create_heap(len: usize) -> std::io::Result<(OwnedFd, Arc<SharedHeap>)> {
+    let fd = memfd_create(
+        c"collectix-heap",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(io)?;
+    let size = i64::try_from(len).map_err(|_| std::io::Error::other("a heap too large"))?;
+    nix::unistd::ftruncate(&fd, size).map_err(io)?;
+    let nz = NonZeroUsize::new(len).ok_or_else(|| std::io::Error::other("an empty heap"))?;
+    // SAFETY: a fresh shared mapping chosen by the kernel (no fixed address, so no existing
+    // memory is replaced), within the memfd's size, which the seals below fix.
+    let ptr = unsafe {
+        mmap(
+            None,
+            nz,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_SHARED,
+            fd.as_fd(),
+            0,
+        )
+    }
+    .map_err(io)?;
+    let backing = Mapping { ptr, len };
+    fcntl(&fd, FcntlArg::F_ADD_SEALS(heap_seals())).map_err(io)?;
+    // SAFETY: the mapping is `len` bytes, readable and writable, page-aligned (so 8-aligned),
+    // lives as long as `backing`, which the heap owns, and nothing else in this process
+    // writes it; no other process can write it (sealed against new writable mappings).
+    let heap = unsafe { SharedHeap::from_raw(ptr.cast::<u8>(), len, Box::new(backing)) };
+    Ok((fd, heap))
+}
+
+/// Maps a peer's shared heap read-only: refused unless it is sealed as [`create_heap`]
+/// seals it (its size fixed, so a read within it never faults).
+pub(crate) fn map_heap(fd: &OwnedFd) -> std::io::Result<Region> {
+    let got = SealFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GET_SEALS).map_err(io)?);
+    if !got.contains(heap_seals()) {
+        return Err(std::io::Error::other("a peer's heap that is not sealed"));
+    }
+    let st = nix::sys::stat::fstat(fd).map_err(io)?;
+    let len = usize::try_from(st.st_size)
+        .map_err(|_| std::io::Error::other("a heap with a negative size"))?;
+    let size = NonZeroUsize::new(len).ok_or_else(|| std::io::Error::other("an empty heap"))?;
+    // SAFETY: a fresh read-only shared mapping chosen by the kernel (no fixed address), within
+    // the memfd's size, which its seals fix.
+    let ptr = unsafe {
+        mmap(
+            None,
+            size,
+            ProtFlags::PROT_READ,
+            MapFlags::MAP_SHARED,
+            fd.as_fd(),
+            0,
+        )
+    }
+    .map_err(io)?;
+    let backing = Mapping { ptr, len };
+    if !(ptr.as_ptr() as usize).is_multiple_of(REGION_ALIGN) {
+        return Err(std::io::Error::other("a mapping that is not page-aligned"));
+    }
+    // SAFETY: the mapping is `len` bytes, readable, page-aligned, and lives as long as
+    // `backing`, which the region owns. It is not writable: the region is only ever read
+    // (`PeerHeap` exposes nothing else), and its owner's writes are only to blocks no
+    // message lends (see `collectix_runtime::tensor::shared_heap`).
+    Ok(unsafe { Region::from_raw(ptr.cast::<u8>(), len, Box::new(backing)) })
+}
+
+impl collectix_runtime::tensor::shared_heap::HeapBacking for Mapping {}
 
 /// Parks the calling thread while `word` holds `expect`, for at most `timeout` (a futex wait
 /// on shared memory: any process that maps it may wake the thread). Returns at once if the

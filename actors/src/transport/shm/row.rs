@@ -49,6 +49,7 @@ fn start(st: &mut Starting<'_>, pairs: &[usize]) -> Result<Started> {
         world: st.world,
         ring: ring_from_env()?,
         single_copy: single_copy_from_env()?,
+        heap: heap_from_env()?,
         limits: st.limits,
         deadline: st.deadline,
     };
@@ -92,5 +93,9 @@ impl Running for Hub {
 
     fn boards(&self) -> Option<Arc<dyn BoardSource>> {
         Hub::boards(self)
+    }
+
+    fn heap_reads(&self) -> u64 {
+        Hub::heap_reads(self)
     }
 }

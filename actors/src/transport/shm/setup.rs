@@ -28,10 +28,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The exchange's magic.
-const MAGIC: [u8; 8] = *b"cx-shm-1";
+const MAGIC: [u8; 8] = *b"cx-shm-2";
 /// Bytes of a hello: magic, job (u64), from (u32), to (u32), has a segment (u8), the
-/// address of the sender's probe word (u64: see `os::PROBE`).
-const HELLO: usize = 33;
+/// address of the sender's probe word (u64: see `os::PROBE`), has a shared heap (u8), the
+/// heap's address in the sender (u64).
+const HELLO: usize = 42;
 /// Context of the secret's challenge–response on these sockets.
 const CONTEXT: &[u8] = b"shm";
 
@@ -68,10 +69,32 @@ pub(crate) struct Exchange<'a> {
     pub(crate) deadline: Instant,
 }
 
+/// What this rank offers its peers: its segment's memfd and its shared heap's, with the
+/// heap's address in this process, each if it has one.
+#[derive(Default)]
+pub(crate) struct Offer {
+    pub(crate) segment: Option<OwnedFd>,
+    pub(crate) heap: Option<(OwnedFd, u64)>,
+}
+
+impl Offer {
+    fn try_clone(&self) -> std::io::Result<Offer> {
+        Ok(Offer {
+            segment: self.segment.as_ref().map(OwnedFd::try_clone).transpose()?,
+            heap: match &self.heap {
+                Some((fd, at)) => Some((fd.try_clone()?, *at)),
+                None => None,
+            },
+        })
+    }
+}
+
 /// What a peer sent and is.
 pub(crate) struct Peer {
     /// Its segment's memfd, or `None` if it has none.
     pub(crate) fd: Option<OwnedFd>,
+    /// Its shared heap's memfd and the heap's address in the peer, if it has one.
+    pub(crate) heap: Option<(OwnedFd, u64)>,
     /// Its pid, as the kernel says (`SO_PEERCRED`).
     pub(crate) pid: i32,
     /// Where its probe word is, as it says.
@@ -85,15 +108,14 @@ pub(crate) type Got = BTreeMap<usize, Peer>;
 /// rank's segment, if it could make one) to each; returns what each peer sent, by rank. A
 /// failure with one peer leaves it out of the result (and is logged); the exchange goes on
 /// with the others, within the deadline.
-pub(crate) fn exchange(x: &Exchange<'_>, listener: Listener, own: Option<&OwnedFd>) -> Result<Got> {
+pub(crate) fn exchange(x: &Exchange<'_>, listener: Listener, own: &Offer) -> Result<Got> {
     let mut got = BTreeMap::new();
     let higher = x.local.keys().filter(|&&r| r > x.rank).count();
     // Lower ranks first: each connects to the ones below it, which are accepting (every rank
     // accepts while it connects: the accepting half runs on a thread of its own).
     let (acc, own_dup) = (
         listener,
-        own.map(OwnedFd::try_clone)
-            .transpose()
+        own.try_clone()
             .map_err(|e| Error::Resource(format!("dup of a memfd: {e}")))?,
     );
     let (job, rank, deadline, security) = (x.job, x.rank, x.deadline, x.security.clone());
@@ -102,14 +124,7 @@ pub(crate) fn exchange(x: &Exchange<'_>, listener: Listener, own: Option<&OwnedF
         .name("collectix-shm-setup".into())
         .spawn(move || {
             accept_all(
-                &acc,
-                higher,
-                job,
-                rank,
-                &local,
-                own_dup.as_ref(),
-                &security,
-                deadline,
+                &acc, higher, job, rank, &local, &own_dup, &security, deadline,
             )
         })
         .map_err(|e| Error::Resource(format!("cannot start a thread: {e}")))?;
@@ -141,7 +156,7 @@ fn setup_err(peer: usize, what: impl std::fmt::Display) -> Error {
 }
 
 /// The connecting side, to a lower rank.
-fn connect_one(x: &Exchange<'_>, peer: usize, name: &str, own: Option<&OwnedFd>) -> Result<Peer> {
+fn connect_one(x: &Exchange<'_>, peer: usize, name: &str, own: &Offer) -> Result<Peer> {
     let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| setup_err(peer, e))?;
     let mut s = loop {
         match UnixStream::connect_addr(&addr) {
@@ -164,11 +179,12 @@ fn connect_one(x: &Exchange<'_>, peer: usize, name: &str, own: Option<&OwnedFd>)
         .client(&mut s, CONTEXT)
         .map_err(|e| setup_err(peer, e))?;
     send_hello(&s, x.job, x.rank, peer, own).map_err(|e| setup_err(peer, e))?;
-    let (from, fd, probe) = recv_hello(&s, x.job, x.rank).map_err(|e| setup_err(peer, e))?;
+    let (from, mut peer_got) = recv_hello(&s, x.job, x.rank).map_err(|e| setup_err(peer, e))?;
     if from != peer {
         return Err(setup_err(peer, format!("it says it is rank {from}")));
     }
-    Ok(Peer { fd, pid, probe })
+    peer_got.pid = pid;
+    Ok(peer_got)
 }
 
 /// Connections that may be in their handshake on the accepting side at once: a newcomer
@@ -213,7 +229,7 @@ fn accept_all(
     job: u64,
     rank: usize,
     local: &[usize],
-    own: Option<&OwnedFd>,
+    own: &Offer,
     security: &Security,
     deadline: Instant,
 ) -> Got {
@@ -274,7 +290,7 @@ fn accept_all(
             }
         };
         let pid = getsockopt(&s, sockopt::PeerCredentials).map_or(0, |c| c.pid());
-        let (handle, own) = match (s.try_clone(), own.map(OwnedFd::try_clone).transpose()) {
+        let (handle, own) = match (s.try_clone(), own.try_clone()) {
             (Ok(h), Ok(o)) => (h, o),
             (Err(e), _) | (_, Err(e)) => {
                 tracing::warn!(pid, error = %e, "a shared-memory connection dropped: no descriptor for it");
@@ -296,7 +312,7 @@ fn accept_all(
         let spawned = std::thread::Builder::new()
             .name("collectix-shm-hello".into())
             .spawn(move || {
-                let r = handshake(s, &ctx, own.as_ref(), until);
+                let r = handshake(s, &ctx, &own, until);
                 let _ = tx.send((id, pid, r));
             });
         match spawned {
@@ -323,7 +339,7 @@ fn accept_all(
 fn handshake(
     mut s: UnixStream,
     x: &Accepting,
-    own: Option<&OwnedFd>,
+    own: &Offer,
     until: Instant,
 ) -> std::result::Result<(usize, Peer), String> {
     s.set_nonblocking(false).map_err(|e| e.to_string())?;
@@ -332,7 +348,8 @@ fn handshake(
     x.security
         .server(&mut s, CONTEXT)
         .map_err(|e| e.to_string())?;
-    let (from, fd, probe) = recv_hello(&s, x.job, x.rank)?;
+    let (from, mut peer) = recv_hello(&s, x.job, x.rank)?;
+    peer.pid = pid;
     let fresh = from > x.rank && x.local.contains(&from) && lock(&x.claimed).insert(from);
     if !fresh {
         return Err(format!(
@@ -340,7 +357,7 @@ fn handshake(
         ));
     }
     send_hello(&s, x.job, x.rank, from, own)?;
-    Ok((from, Peer { fd, pid, probe }))
+    Ok((from, peer))
 }
 
 fn prepare(s: &UnixStream, deadline: Instant) -> std::result::Result<(), String> {
@@ -367,16 +384,22 @@ fn send_hello(
     job: u64,
     from: usize,
     to: usize,
-    fd: Option<&OwnedFd>,
+    own: &Offer,
 ) -> std::result::Result<(), String> {
     let mut b = [0u8; HELLO];
     b[..8].copy_from_slice(&MAGIC);
     b[8..16].copy_from_slice(&job.to_le_bytes());
     b[16..20].copy_from_slice(&(from as u32).to_le_bytes());
     b[20..24].copy_from_slice(&(to as u32).to_le_bytes());
-    b[24] = u8::from(fd.is_some());
+    b[24] = u8::from(own.segment.is_some());
     b[25..33].copy_from_slice(&super::os::probe_addr().to_le_bytes());
-    let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
+    b[33] = u8::from(own.heap.is_some());
+    b[34..42].copy_from_slice(&own.heap.as_ref().map_or(0, |h| h.1).to_le_bytes());
+    // The segment's descriptor first, then the heap's.
+    let fds: Vec<RawFd> = (own.segment.iter())
+        .chain(own.heap.iter().map(|h| &h.0))
+        .map(|f| f.as_raw_fd())
+        .collect();
     let with_fd = [ControlMessage::ScmRights(&fds)];
     let cmsg: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &with_fd };
     let n = sendmsg::<()>(
@@ -393,14 +416,11 @@ fn send_hello(
     Ok(())
 }
 
-/// Reads a hello and its memfd; the sender's rank.
-fn recv_hello(
-    s: &UnixStream,
-    job: u64,
-    me: usize,
-) -> std::result::Result<(usize, Option<OwnedFd>, u64), String> {
+/// Reads a hello and its memfds; the sender's rank and what it sent (its pid left 0 for the
+/// caller, who asks the kernel).
+fn recv_hello(s: &UnixStream, job: u64, me: usize) -> std::result::Result<(usize, Peer), String> {
     let mut b = [0u8; HELLO];
-    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let mut space = nix::cmsg_space!([RawFd; 2]);
     let (n, truncated, mut fds) = {
         let mut iov = [IoSliceMut::new(&mut b)];
         let msg = recvmsg::<()>(
@@ -433,16 +453,29 @@ fn recv_hello(
             "a hello for job {got_job:x}, rank {to} (this is job {job:x}, rank {me})"
         ));
     }
-    let has = usize::from(b[24] == 1);
-    if b[24] > 1 || fds.len() != has {
+    if b[24] > 1 || b[33] > 1 || fds.len() != usize::from(b[24]) + usize::from(b[33]) {
         return Err(format!(
-            "{} descriptors with a hello that says {}",
+            "{} descriptors with a hello that says {} and {}",
             fds.len(),
-            b[24]
+            b[24],
+            b[33]
         ));
     }
-    let probe = u64::from_le_bytes([b[25], b[26], b[27], b[28], b[29], b[30], b[31], b[32]]);
-    Ok((from, fds.pop(), probe))
+    let u64_at = |at: usize| {
+        b.get(at..at + 8)
+            .and_then(|x| x.try_into().ok())
+            .map_or(0, u64::from_le_bytes)
+    };
+    let heap = if b[33] == 1 { fds.pop() } else { None };
+    Ok((
+        from,
+        Peer {
+            fd: fds.pop(),
+            heap: heap.map(|fd| (fd, u64_at(34))),
+            pid: 0,
+            probe: u64_at(25),
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -487,7 +520,8 @@ mod tests {
                             security,
                             deadline,
                         };
-                        let got = exchange(&x, l, None).unwrap_or_else(|e| panic!("{e}"));
+                        let got =
+                            exchange(&x, l, &Offer::default()).unwrap_or_else(|e| panic!("{e}"));
                         (got.keys().copied().collect::<Vec<_>>(), t0.elapsed())
                     })
                 })

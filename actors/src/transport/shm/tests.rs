@@ -52,6 +52,7 @@ fn two_hubs() -> Vec<(Arc<Driver>, Hub)> {
                             world: 2,
                             ring: 4096,
                             single_copy: true,
+                            heap: 1 << 20,
                             limits: Limits::default(),
                             deadline: Instant::now() + Duration::from_secs(20),
                         },

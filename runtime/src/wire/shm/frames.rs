@@ -73,6 +73,9 @@ pub struct FrameWriter {
     /// Remote records written, and their messages not yet acknowledged (by number).
     remote_sent: u64,
     lent: VecDeque<(u64, Message)>,
+    /// The addresses of this process's shared heap, if it has one: a payload that lives
+    /// there goes as a remote record to a reader that maps the heap.
+    heap: Option<std::ops::Range<u64>>,
 }
 
 /// What [`FrameWriter::send`] did.
@@ -93,7 +96,25 @@ impl FrameWriter {
             pending: None,
             remote_sent: 0,
             lent: VecDeque::new(),
+            heap: None,
         }
+    }
+
+    /// The writer of a process whose shared heap is at `heap` (its addresses).
+    pub fn with_heap(mut self, heap: std::ops::Range<u64>) -> FrameWriter {
+        self.heap = Some(heap);
+        self
+    }
+
+    /// Whether every part of `msg` lies in this process's shared heap, which the reader
+    /// maps (empty parts aside).
+    fn in_heap(&self, msg: &Message) -> bool {
+        let Some(h) = &self.heap else { return false };
+        self.ring.heap_ok()
+            && msg.payload.iter().all(|p| {
+                let start = p.as_ptr() as usize as u64;
+                p.is_empty() || (start >= h.start && start.saturating_add(p.len() as u64) <= h.end)
+            })
     }
 
     /// The ring (its segment's doorbell).
@@ -141,7 +162,7 @@ impl FrameWriter {
             return Err((msg, Some(e)));
         }
         let bytes: usize = msg.payload.iter().map(|p| p.len()).sum();
-        let remote = bytes >= REMOTE_MIN && self.ring.remote_ok();
+        let remote = bytes >= REMOTE_MIN && (self.ring.remote_ok() || self.in_heap(&msg));
         self.head.clear();
         self.head
             .extend_from_slice(&[if remote { REMOTE } else { INLINE }]);
@@ -842,5 +863,61 @@ mod tests {
             assert_eq!(arena.frozen(0..a + b).map(|x| x.len()), Some(a + b));
         }
         assert_eq!(landings.placed(), 2);
+    }
+
+    #[test]
+    fn payloads_in_the_shared_heap_go_as_remote_records_to_a_reader_that_maps_it() {
+        use crate::tensor::shared_heap::SharedHeap;
+        let (w, mut r, _region) = ends(4096);
+        let heap = SharedHeap::on_heap(1 << 20);
+        let mut w_heap = w.with_heap(heap.range());
+        let n = if cfg!(miri) {
+            REMOTE_MIN
+        } else {
+            3 * REMOTE_MIN
+        };
+        let in_heap = heap
+            .alloc(n)
+            .map(|mut b| {
+                b.bytes_mut()
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, x)| *x = i as u8);
+                b.freeze()
+            })
+            .unwrap_or_else(|| panic!("room"));
+        let mut m = msg(1, &[]);
+        m.payload = vec![in_heap.clone(), Bytes::new()];
+        let outside = msg(2, &[n]);
+        let lent = Lent(vec![in_heap]);
+        let pool = Pool::new(1 << 20);
+        let mut fr = FrameReader::new(Limits::default());
+        let mut wake = false;
+        // Not mapped yet: inline, through the ring in pieces.
+        assert!(w_heap.send(m.clone()).is_ok());
+        assert_eq!(w_heap.lent(), 0);
+        let mut got = None;
+        for _ in 0..10_000 {
+            assert!(w_heap.pump().is_ok());
+            if let Ok(Some(x)) = fr.next(&mut r, &src(&pool, Some(&lent)), &mut wake) {
+                got = Some(x);
+                break;
+            }
+        }
+        assert_eq!(got, Some((m.header.clone(), m.payload.clone())));
+        // Mapped: the heap's payload goes remote (lent until read); another does not.
+        r.allow_heap();
+        assert!(!w_heap.ring().remote_ok());
+        assert!(w_heap.send(m.clone()).is_ok());
+        assert_eq!(w_heap.lent(), 1, "remote");
+        let x = fr.next(&mut r, &src(&pool, Some(&lent)), &mut wake);
+        assert_eq!(
+            x.ok().flatten(),
+            Some((m.header.clone(), m.payload.clone()))
+        );
+        assert!(w_heap.release().is_ok());
+        assert_eq!(w_heap.lent(), 0);
+        assert!(w_heap.send(outside).is_ok());
+        assert_eq!(w_heap.lent(), 0, "outside the heap: inline");
     }
 }

@@ -66,6 +66,10 @@ pub(crate) const WAITING: usize = LINE;
 pub(crate) const HEAD: usize = 2 * LINE;
 pub(crate) const ACKED: usize = 3 * LINE;
 pub(crate) const REMOTE: usize = 3 * LINE + 8;
+/// A bit of `REMOTE`: the reader reads the writer's memory (any payload).
+const CAN_READ_MEMORY: u32 = 1;
+/// A bit of `REMOTE`: the reader maps the writer's shared heap.
+const CAN_READ_HEAP: u32 = 2;
 
 /// A segment's shape: how many rings, of what capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,12 +352,23 @@ impl<M: Memory> RingWriter<M> {
         Ok(n)
     }
 
-    /// Whether the reader said it can read this process's memory (remote records).
+    /// Whether the reader said it can read this process's memory (remote records of any
+    /// payload).
     pub fn remote_ok(&self) -> bool {
+        self.reader_can() & CAN_READ_MEMORY != 0
+    }
+
+    /// Whether the reader said it maps this process's shared heap (remote records of
+    /// payloads that live there).
+    pub fn heap_ok(&self) -> bool {
+        self.reader_can() & CAN_READ_HEAP != 0
+    }
+
+    fn reader_can(&self) -> u32 {
         self.seg
             .region
             .u32(self.base + REMOTE)
-            .is_some_and(|a| a.load(Ordering::Relaxed) == 1)
+            .map_or(0, |a| a.load(Ordering::Relaxed))
     }
 
     /// Asks the reader to ring this side's doorbell once it frees room; then the caller
@@ -423,8 +438,19 @@ impl<M: Memory> RingReader<M> {
 
     /// Tells the writer that this side can read its memory (it may send remote records).
     pub fn allow_remote(&self) {
+        self.allow(CAN_READ_MEMORY);
+    }
+
+    /// Tells the writer that this side maps its shared heap (it may send remote records of
+    /// payloads that live there).
+    pub fn allow_heap(&self) {
+        self.allow(CAN_READ_HEAP);
+    }
+
+    fn allow(&self, what: u32) {
         if let Some(a) = self.seg.region.u32(self.base + REMOTE) {
-            a.store(1, Ordering::Release);
+            // This side is the word's one writer (at setup, before any record).
+            a.store(a.load(Ordering::Acquire) | what, Ordering::Release);
         }
     }
 
