@@ -613,6 +613,13 @@ impl Poller for Inner {
             Leave::Done => {}
             Leave::ReadOnce => {
                 self.poll_now();
+                // A read takes a slice of a ring at a time (`frames::SLICE`): what a sender
+                // published beyond it, before it saw no reader, rings nothing. The progress
+                // thread takes it.
+                if self.has_work() {
+                    self.own.ring();
+                    os::wake(self.own.doorbell());
+                }
             }
             Leave::WakeProgress => {
                 self.own.ring();
