@@ -454,17 +454,33 @@ impl<M: Memory> RingReader<M> {
         }
     }
 
-    /// Returns what was read to the writer; whether the writer waits for room (then ring its
-    /// doorbell).
+    /// Returns what was read to the writer; whether the writer waits for room and should be
+    /// woken now (then ring its doorbell): once at most half the ring holds unread bytes.
+    /// A writer woken for every slice freed would fill it and sleep again at once, a wake-up
+    /// per slice; its own looks at the head still see every byte freed. Nothing is lost by
+    /// waiting: the reader reads on while bytes are published (the caller that stops reading
+    /// leaves them to the progress thread), so the ring drains below half.
     pub fn release(&self) -> bool {
         let region = &self.seg.region;
         if let Some(h) = region.u64(self.base + HEAD) {
             h.store(self.head, Ordering::SeqCst);
         }
         region.fence(Ordering::SeqCst);
-        region
-            .u32(self.base + WAITING)
-            .is_some_and(|w| w.load(Ordering::SeqCst) != 0 && w.swap(0, Ordering::SeqCst) != 0)
+        let Some(w) = region.u32(self.base + WAITING) else {
+            return false;
+        };
+        if w.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let tail = region
+            .u64(self.base + TAIL)
+            .map_or(0, |t| t.load(Ordering::Acquire));
+        // A scribbled tail (more than a ring ahead) wakes the writer: its own look fails.
+        let unread = tail.wrapping_sub(self.head);
+        if unread > self.cap / 2 && unread <= self.cap {
+            return false;
+        }
+        w.swap(0, Ordering::SeqCst) != 0
     }
 }
 
@@ -555,9 +571,23 @@ mod tests {
         let mut ready = r.ready().unwrap_or(0);
         let mut got = vec![0u8; 100];
         r.take(&mut got, &mut ready);
-        assert!(r.release(), "the writer asked for room");
+        assert!(
+            !r.release(),
+            "more than half the ring still unread: not yet told"
+        );
+        assert_eq!(
+            w.room().ok(),
+            Some(100),
+            "though its own look sees the room"
+        );
+        let mut half = vec![0u8; 1948];
+        r.take(&mut half, &mut ready);
+        assert!(
+            r.release(),
+            "the writer asked for room, and half the ring is free"
+        );
         assert!(!r.release(), "and is told once");
-        assert_eq!(w.room().ok(), Some(100));
+        assert_eq!(w.room().ok(), Some(2048));
     }
 
     #[test]
