@@ -12,139 +12,125 @@ use std::time::Duration;
 
 const MIB: usize = 1 << 20;
 
-#[test]
-fn a_tensor_filled_in_place_crosses_from_the_heap_and_comes_back_exact() {
-    let ends = common::job(
-        Transport::Shm,
-        2,
-        "shared",
-        Duration::from_secs(20),
-        |r, p| {
-            let c = p.communicator();
-            let n = MIB / 4;
-            let mut b = c
-                .alloc_shared(&[n], DType::F32)
-                .map_err(|e| e.to_string())?;
-            if !b.is_shared() {
-                return Err(format!("rank {r}: no shared heap"));
-            }
-            if b.as_mut_slice::<i32>().is_ok() {
-                return Err("an f32 buffer viewed as i32".into());
-            }
-            for (i, x) in b
-                .as_mut_slice::<f32>()
-                .map_err(|e| e.to_string())?
-                .iter_mut()
-                .enumerate()
-            {
-                *x = (i % 997) as f32 + r as f32;
-            }
-            let t = b.freeze().map_err(|e| e.to_string())?;
-            // A broadcast from rank 0, then an all_gather of both ranks' tensors.
-            let got = c
-                .broadcast(t.clone(), 0)
-                .wait()
-                .map_err(|e| e.to_string())?;
-            let want: Vec<f32> = (0..n).map(|i| (i % 997) as f32).collect();
-            if got.to_vec::<f32>().ok() != Some(want) {
-                return Err(format!("rank {r}: broadcast wrong"));
-            }
-            let all = c
-                .all_gather_into_tensor(TensorSpec::new(&[2 * n], DType::F32), t)
-                .wait()
-                .map_err(|e| e.to_string())?;
-            let want: Vec<f32> = (0..2 * n)
-                .map(|k| (k % n % 997) as f32 + (k / n) as f32)
-                .collect();
-            if all.to_vec::<f32>().ok() != Some(want) {
-                return Err(format!("rank {r}: all_gather wrong"));
-            }
-            // Rank 1 read rank 0's broadcast and its block, rank 0 rank 1's block: each a
-            // part of 1 MiB out of the peer's heap, whenever it came (maybe before this rank's
-            // own call).
-            let read = p.read_from_shared_heaps();
-            if read != [1, 2][r] {
-                return Err(format!("rank {r}: {read} parts read from the peer's heap"));
-            }
-            p.shutdown().map_err(|e| e.to_string())
-        },
-    );
+/// Runs `body` on `w` ranks over shared memory (calls time out after `timeout`); every rank
+/// must end `Ok`.
+fn on_shm(
+    w: usize,
+    timeout: Duration,
+    body: impl Fn(usize, collectix::Process) -> Result<(), String> + Sync,
+) {
+    let ends = common::job(Transport::Shm, w, "shared", timeout, body);
     for (r, e) in ends.into_iter().enumerate() {
         assert_eq!(e, Ok(()), "rank {r}");
     }
+}
+
+#[test]
+fn a_tensor_filled_in_place_crosses_from_the_heap_and_comes_back_exact() {
+    on_shm(2, Duration::from_secs(20), |r, p| {
+        let c = p.communicator();
+        let n = MIB / 4;
+        let mut b = c
+            .alloc_shared(&[n], DType::F32)
+            .map_err(|e| e.to_string())?;
+        if !b.is_shared() {
+            return Err(format!("rank {r}: no shared heap"));
+        }
+        if b.as_mut_slice::<i32>().is_ok() {
+            return Err("an f32 buffer viewed as i32".into());
+        }
+        for (i, x) in b
+            .as_mut_slice::<f32>()
+            .map_err(|e| e.to_string())?
+            .iter_mut()
+            .enumerate()
+        {
+            *x = (i % 997) as f32 + r as f32;
+        }
+        let t = b.freeze().map_err(|e| e.to_string())?;
+        // A broadcast from rank 0, then an all_gather of both ranks' tensors.
+        let got = c
+            .broadcast(t.clone(), 0)
+            .wait()
+            .map_err(|e| e.to_string())?;
+        let want: Vec<f32> = (0..n).map(|i| (i % 997) as f32).collect();
+        if got.to_vec::<f32>().ok() != Some(want) {
+            return Err(format!("rank {r}: broadcast wrong"));
+        }
+        let all = c
+            .all_gather_into_tensor(TensorSpec::new(&[2 * n], DType::F32), t)
+            .wait()
+            .map_err(|e| e.to_string())?;
+        let want: Vec<f32> = (0..2 * n)
+            .map(|k| (k % n % 997) as f32 + (k / n) as f32)
+            .collect();
+        if all.to_vec::<f32>().ok() != Some(want) {
+            return Err(format!("rank {r}: all_gather wrong"));
+        }
+        // Rank 1 read rank 0's broadcast and its block, rank 0 rank 1's block: each a
+        // part of 1 MiB out of the peer's heap, whenever it came (maybe before this rank's
+        // own call).
+        let read = p.read_from_shared_heaps();
+        if read != [1, 2][r] {
+            return Err(format!("rank {r}: {read} parts read from the peer's heap"));
+        }
+        p.shutdown().map_err(|e| e.to_string())
+    });
 }
 
 #[test]
 fn mismatched_shared_tensors_are_a_typed_error_on_every_rank() {
-    let ends = common::job(
-        Transport::Shm,
-        3,
-        "shared",
-        Duration::from_secs(5),
-        |r, p| {
-            let c = p.communicator();
-            // Rank 2's block is a different size: every rank must be told, none hang.
-            let n = if r == 2 { MIB / 4 + 16 } else { MIB / 4 };
-            let t = c
-                .to_shared(&Tensor::from_vec(vec![r as f32; n]))
-                .map_err(|e| e.to_string())?;
-            let res = c
-                .all_gather_into_tensor(TensorSpec::new(&[3 * n], DType::F32), t)
-                .wait_timeout(Duration::from_secs(30));
-            match res {
-                Some(Err(e)) if matches!(e.root_cause(), Error::Mismatch { .. }) => {}
-                other => return Err(format!("rank {r}: {other:?}")),
-            }
-            p.abort();
-            Ok(())
-        },
-    );
-    for (r, e) in ends.into_iter().enumerate() {
-        assert_eq!(e, Ok(()), "rank {r}");
-    }
+    on_shm(3, Duration::from_secs(5), |r, p| {
+        let c = p.communicator();
+        // Rank 2's block is a different size: every rank must be told, none hang.
+        let n = if r == 2 { MIB / 4 + 16 } else { MIB / 4 };
+        let t = c
+            .to_shared(&Tensor::from_vec(vec![r as f32; n]))
+            .map_err(|e| e.to_string())?;
+        let res = c
+            .all_gather_into_tensor(TensorSpec::new(&[3 * n], DType::F32), t)
+            .wait_timeout(Duration::from_secs(30));
+        match res {
+            Some(Err(e)) if matches!(e.root_cause(), Error::Mismatch { .. }) => {}
+            other => return Err(format!("rank {r}: {other:?}")),
+        }
+        p.abort();
+        Ok(())
+    });
 }
 
 #[test]
 fn a_peer_that_leaves_mid_call_is_named_by_the_ranks_reading_its_heap() {
-    let ends = common::job(
-        Transport::Shm,
-        3,
-        "shared",
-        Duration::from_secs(20),
-        |r, p| {
-            let c = p.communicator();
-            let t = c
-                .to_shared(&Tensor::from_vec(vec![r as f32; 4 * MIB / 4]))
-                .map_err(|e| e.to_string())?;
-            // One all_gather every rank makes; then rank 2 aborts (as soon as its own call is
-            // done: the others may still wait for its last messages) while the others start
-            // another. Each of theirs ends exact or in the loss of rank 2, the second in the loss.
-            let lost = |e: &Error| matches!(e.root_cause(), Error::PeerLost { rank: 2 });
-            let first = c
-                .all_gather_into_tensor(TensorSpec::new(&[3 * MIB], DType::F32), t.clone())
-                .wait();
-            if r == 2 {
-                first.map_err(|e| format!("rank {r}: {e}"))?;
-                p.abort();
-                return Ok(());
-            }
-            match first {
-                Ok(_) => {}
-                Err(e) if lost(&e) => {}
-                Err(e) => return Err(format!("rank {r}: the first call: {e:?}")),
-            }
-            let res = c
-                .all_gather_into_tensor(TensorSpec::new(&[3 * MIB], DType::F32), t)
-                .wait_timeout(Duration::from_secs(60));
-            match res {
-                Some(Err(e)) if lost(&e) => {}
-                other => return Err(format!("rank {r}: {other:?}")),
-            }
+    on_shm(3, Duration::from_secs(20), |r, p| {
+        let c = p.communicator();
+        let t = c
+            .to_shared(&Tensor::from_vec(vec![r as f32; 4 * MIB / 4]))
+            .map_err(|e| e.to_string())?;
+        // One all_gather every rank makes; then rank 2 aborts (as soon as its own call is
+        // done: the others may still wait for its last messages) while the others start
+        // another. Each of theirs ends exact or in the loss of rank 2, the second in the loss.
+        let lost = |e: &Error| matches!(e.root_cause(), Error::PeerLost { rank: 2 });
+        let first = c
+            .all_gather_into_tensor(TensorSpec::new(&[3 * MIB], DType::F32), t.clone())
+            .wait();
+        if r == 2 {
+            first.map_err(|e| format!("rank {r}: {e}"))?;
             p.abort();
-            Ok(())
-        },
-    );
-    for (r, e) in ends.into_iter().enumerate() {
-        assert_eq!(e, Ok(()), "rank {r}");
-    }
+            return Ok(());
+        }
+        match first {
+            Ok(_) => {}
+            Err(e) if lost(&e) => {}
+            Err(e) => return Err(format!("rank {r}: the first call: {e:?}")),
+        }
+        let res = c
+            .all_gather_into_tensor(TensorSpec::new(&[3 * MIB], DType::F32), t)
+            .wait_timeout(Duration::from_secs(60));
+        match res {
+            Some(Err(e)) if lost(&e) => {}
+            other => return Err(format!("rank {r}: {other:?}")),
+        }
+        p.abort();
+        Ok(())
+    });
 }

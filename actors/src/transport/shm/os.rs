@@ -56,26 +56,24 @@ fn io(e: nix::errno::Errno) -> std::io::Error {
     std::io::Error::from(e)
 }
 
-/// Maps `len` bytes of `fd` shared, read and write.
-fn map_fd(fd: &OwnedFd, len: usize) -> std::io::Result<Region> {
-    let size = NonZeroUsize::new(len).ok_or_else(|| std::io::Error::other("an empty segment"))?;
+/// Maps `len` bytes of `fd` shared, with `prot`, as a mapping unmapped when dropped; it is
+/// page-aligned (checked).
+fn mapping(fd: &OwnedFd, len: usize, prot: ProtFlags) -> std::io::Result<Mapping> {
+    let size = NonZeroUsize::new(len).ok_or_else(|| std::io::Error::other("an empty mapping"))?;
     // SAFETY: a fresh shared mapping chosen by the kernel (no fixed address, so no existing
-    // memory is replaced); `len` is within the memfd's size, which its seals fix.
-    let ptr = unsafe {
-        mmap(
-            None,
-            size,
-            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-            MapFlags::MAP_SHARED,
-            fd.as_fd(),
-            0,
-        )
-    }
-    .map_err(io)?;
-    let backing = Mapping { ptr, len };
+    // memory is replaced); the callers map at most the memfd's size, which its seals fix.
+    let ptr = unsafe { mmap(None, size, prot, MapFlags::MAP_SHARED, fd.as_fd(), 0) }.map_err(io)?;
+    let m = Mapping { ptr, len };
     if !(ptr.as_ptr() as usize).is_multiple_of(REGION_ALIGN) {
         return Err(std::io::Error::other("a mapping that is not page-aligned"));
     }
+    Ok(m)
+}
+
+/// Maps `len` bytes of `fd` shared, read and write.
+fn map_fd(fd: &OwnedFd, len: usize) -> std::io::Result<Region> {
+    let backing = mapping(fd, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)?;
+    let ptr = backing.ptr;
     // SAFETY: the mapping is `len` bytes, readable and writable, page-aligned (so 64-aligned,
     // checked above), and lives as long as `backing`, which the region owns; nothing in this
     // process forms references to its bytes (the region's accessors only copy and use
@@ -130,21 +128,8 @@ pub(crate) fn create_heap(len: usize) -> std::io::Result<(OwnedFd, Arc<SharedHea
     .map_err(io)?;
     let size = i64::try_from(len).map_err(|_| std::io::Error::other("a heap too large"))?;
     nix::unistd::ftruncate(&fd, size).map_err(io)?;
-    let nz = NonZeroUsize::new(len).ok_or_else(|| std::io::Error::other("an empty heap"))?;
-    // SAFETY: a fresh shared mapping chosen by the kernel (no fixed address, so no existing
-    // memory is replaced), within the memfd's size, which the seals below fix.
-    let ptr = unsafe {
-        mmap(
-            None,
-            nz,
-            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-            MapFlags::MAP_SHARED,
-            fd.as_fd(),
-            0,
-        )
-    }
-    .map_err(io)?;
-    let backing = Mapping { ptr, len };
+    let backing = mapping(&fd, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)?;
+    let ptr = backing.ptr;
     fcntl(&fd, FcntlArg::F_ADD_SEALS(heap_seals())).map_err(io)?;
     // SAFETY: the mapping is `len` bytes, readable and writable, page-aligned (so 8-aligned),
     // lives as long as `backing`, which the heap owns, and nothing else in this process
@@ -163,24 +148,8 @@ pub(crate) fn map_heap(fd: &OwnedFd) -> std::io::Result<Region> {
     let st = nix::sys::stat::fstat(fd).map_err(io)?;
     let len = usize::try_from(st.st_size)
         .map_err(|_| std::io::Error::other("a heap with a negative size"))?;
-    let size = NonZeroUsize::new(len).ok_or_else(|| std::io::Error::other("an empty heap"))?;
-    // SAFETY: a fresh read-only shared mapping chosen by the kernel (no fixed address), within
-    // the memfd's size, which its seals fix.
-    let ptr = unsafe {
-        mmap(
-            None,
-            size,
-            ProtFlags::PROT_READ,
-            MapFlags::MAP_SHARED,
-            fd.as_fd(),
-            0,
-        )
-    }
-    .map_err(io)?;
-    let backing = Mapping { ptr, len };
-    if !(ptr.as_ptr() as usize).is_multiple_of(REGION_ALIGN) {
-        return Err(std::io::Error::other("a mapping that is not page-aligned"));
-    }
+    let backing = mapping(fd, len, ProtFlags::PROT_READ)?;
+    let ptr = backing.ptr;
     // SAFETY: the mapping is `len` bytes, readable, page-aligned, and lives as long as
     // `backing`, which the region owns. It is not writable: the region is only ever read
     // (`PeerHeap` exposes nothing else), and its owner's writes are only to blocks no
