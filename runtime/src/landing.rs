@@ -25,7 +25,7 @@
 //! it stays outside the loom model: `sync::unmodelled`).
 
 use crate::ids::{Fingerprint, GroupId};
-use crate::sync::unmodelled::{AtomicU64, Mutex, Ordering};
+use crate::sync::unmodelled::{AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::tensor::arena::{Arena, ArenaPart};
 use crate::wire::Header;
 use std::collections::BTreeMap;
@@ -62,7 +62,7 @@ impl Landings {
         Arc::new(Landings::default())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Key, Landing>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<Key, Landing>> {
         self.expected.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -25,7 +25,7 @@
 
 #![allow(unsafe_code)]
 
-use crate::sync::unmodelled::Mutex;
+use crate::sync::unmodelled::{Mutex, MutexGuard};
 use bytes::Bytes;
 use std::ops::Range;
 use std::ptr::NonNull;
@@ -146,7 +146,7 @@ impl SharedHeap {
         !b.is_empty() && start >= r.start && start.saturating_add(b.len() as u64) <= r.end
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Free> {
+    fn lock(&self) -> MutexGuard<'_, Free> {
         self.free.lock().unwrap_or_else(|e| e.into_inner())
     }
 
