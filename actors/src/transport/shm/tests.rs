@@ -16,6 +16,11 @@ fn driver(rank: usize) -> Arc<Driver> {
 
 /// Two ranks' hubs, set up together; an intruder first knocks on rank 0's socket with junk.
 fn two_hubs() -> Vec<(Arc<Driver>, Hub)> {
+    two_hubs_with(4096, true)
+}
+
+/// [`two_hubs`] with rings of `ring` bytes, reading each other's memory if `single_copy`.
+fn two_hubs_with(ring: u64, single_copy: bool) -> Vec<(Arc<Driver>, Hub)> {
     let store = MemoryStore::new();
     let security = Security::insecure();
     let listeners: Vec<Listener> = (0..2)
@@ -50,8 +55,8 @@ fn two_hubs() -> Vec<(Arc<Driver>, Hub)> {
                             security,
                             store,
                             world: 2,
-                            ring: 4096,
-                            single_copy: true,
+                            ring,
+                            single_copy,
                             heap: 1 << 20,
                             limits: Limits::default(),
                             deadline: Instant::now() + Duration::from_secs(20),
@@ -192,5 +197,47 @@ fn a_peer_that_scribbles_on_its_board_lane_fails_the_call_not_the_process() {
     assert!(
         matches!(got, Err(Error::Protocol { rank: 1, .. })),
         "{got:?}"
+    );
+}
+
+/// A ring is read a slice at a time. A caller that parks reads its rings once as it leaves,
+/// to take what a sender published while it still polled (the sender rang nothing); what
+/// lies beyond that slice must not wait for the progress thread's timed look (500 ms): it
+/// is read, or the progress thread is woken. (Before: one slice of a 1 MiB frame read, the
+/// rest left with the thread parked.)
+#[test]
+fn a_caller_that_parks_leaves_nothing_published_unread_and_unrung() {
+    use collectix_runtime::wire::{Header, Message};
+    // Through the ring (no remote records: those are read whole).
+    let hubs = two_hubs_with(2 << 20, false);
+    let (inner0, inner1) = (&hubs[0].1.inner, &hubs[1].1.inner);
+    // Rank 1's progress thread parks once setup is over (nothing to read, nobody polling).
+    let start = Instant::now();
+    while inner1.own.sleeping().load(Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "never rested");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    // A caller of rank 1 reads; rank 0 sends a frame of 1 MiB (8 slices), which rings nothing.
+    inner1.enter();
+    let msg = Message {
+        src: 0,
+        header: Header::Credit {
+            group: GroupId(99),
+            calls: 1,
+        },
+        payload: vec![bytes::Bytes::from(vec![7u8; 1 << 20])],
+    };
+    let sent = lock(&inner0.senders[0].tx).frames.send(msg);
+    assert!(matches!(sent, Ok(Sent::Whole)), "the frame fits the ring");
+    let bell = inner1.own.doorbell().load(Ordering::SeqCst);
+    // The caller parks: it leaves reading once.
+    inner1.parking();
+    inner1.leave();
+    let unread = lock(&inner1.readers)[0].ring.ready().unwrap_or(0);
+    let rung = inner1.own.doorbell().load(Ordering::SeqCst) != bell;
+    assert!(
+        unread == 0 || rung,
+        "{unread} bytes published and unread, the progress thread not woken"
     );
 }

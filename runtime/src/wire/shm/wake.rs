@@ -55,7 +55,10 @@ pub enum Leave {
     /// Nothing.
     Done,
     /// Read the rings once more (it lowered `polling`: what a sender published before it
-    /// saw the lowered flag is this caller's to take).
+    /// saw the lowered flag is this caller's to take). All of it: a reader that takes a
+    /// ring a slice at a time (`frames::SLICE`) and leaves bytes published behind must wake
+    /// the progress thread for them (ring the doorbell, then a futex wake), since their
+    /// sender will not ring.
     ReadOnce,
     /// Wake the progress thread (ring the doorbell, then a futex wake): it is parked,
     /// `polling` stays raised for it to lower, and calls are left to the background.
