@@ -14,6 +14,7 @@
 
 use crate::comm::Communicator;
 use collectix_runtime::collective::TensorSpec;
+use collectix_runtime::tensor::buffer::typed_mut;
 use collectix_runtime::tensor::shared_heap::HeapBuf;
 use collectix_runtime::{Buffer, DType, Device, Element, Error, Result, Tensor};
 
@@ -68,16 +69,8 @@ impl SharedBuffer {
     /// A typed view to write; fails when `T` is not its dtype (or a bool buffer holds a byte
     /// other than 0 or 1).
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
-        if T::DTYPE != self.dtype {
-            return Err(Error::invalid(format!(
-                "buffer has dtype {}, not {}",
-                self.dtype,
-                T::DTYPE
-            )));
-        }
         let dtype = self.dtype;
-        bytemuck::checked::try_cast_slice_mut(self.bytes_mut())
-            .map_err(|e| Error::invalid(format!("buffer is not a valid {dtype} slice: {e}")))
+        typed_mut(self.bytes_mut(), dtype)
     }
 
     /// The tensor, read-only from now on (no copy).

@@ -140,10 +140,8 @@ impl Buffer {
 
     /// A typed view to write; fails as [`as_slice`](Self::as_slice) does.
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
-        self.check_type::<T>()?;
         let dtype = self.dtype;
-        bytemuck::checked::try_cast_slice_mut(self.bytes_mut())
-            .map_err(|e| Error::invalid(format!("buffer is not a valid {dtype} slice: {e}")))
+        typed_mut(self.bytes_mut(), dtype)
     }
 
     /// Elements `range` (in elements), as bytes.
@@ -171,15 +169,27 @@ impl Buffer {
     }
 
     fn check_type<T: Element>(&self) -> Result<()> {
-        if T::DTYPE != self.dtype {
-            return Err(Error::invalid(format!(
-                "buffer has dtype {}, not {}",
-                self.dtype,
-                T::DTYPE
-            )));
-        }
-        Ok(())
+        check_type::<T>(self.dtype)
     }
+}
+
+fn check_type<T: Element>(dtype: DType) -> Result<()> {
+    if T::DTYPE != dtype {
+        return Err(Error::invalid(format!(
+            "buffer has dtype {dtype}, not {}",
+            T::DTYPE
+        )));
+    }
+    Ok(())
+}
+
+/// `bytes` of a buffer of `dtype`, as `T`s to write; fails when `T` is not `dtype` (or a
+/// bool buffer holds a byte other than 0 or 1). (The typed view of [`Buffer`] and of
+/// other owned buffers, such as a tensor being filled in shared memory.)
+pub fn typed_mut<T: Element>(bytes: &mut [u8], dtype: DType) -> Result<&mut [T]> {
+    check_type::<T>(dtype)?;
+    bytemuck::checked::try_cast_slice_mut(bytes)
+        .map_err(|e| Error::invalid(format!("buffer is not a valid {dtype} slice: {e}")))
 }
 
 impl PartialEq for Buffer {

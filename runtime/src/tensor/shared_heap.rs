@@ -26,6 +26,7 @@
 #![allow(unsafe_code)]
 
 use crate::sync::unmodelled::{Mutex, MutexGuard};
+use crate::wire::shm::region::Backing;
 use bytes::Bytes;
 use std::ops::Range;
 use std::ptr::NonNull;
@@ -34,9 +35,6 @@ use std::sync::Arc;
 /// The smallest block (a page); blocks are powers of two from it up.
 pub const MIN_BLOCK: usize = 4096;
 
-/// What keeps a heap's memory alive, and frees it (a mapping's owner unmaps when dropped).
-pub trait HeapBacking: Send + Sync + 'static {}
-
 /// Heap memory standing in for a mapping (tests, Miri).
 struct Owned(NonNull<[u64]>);
 
@@ -44,7 +42,7 @@ struct Owned(NonNull<[u64]>);
 unsafe impl Send for Owned {}
 // SAFETY: `Owned` has no methods that touch the words.
 unsafe impl Sync for Owned {}
-impl HeapBacking for Owned {}
+impl Backing for Owned {}
 
 impl Drop for Owned {
     fn drop(&mut self) {
@@ -67,7 +65,7 @@ pub struct SharedHeap {
     base: NonNull<u8>,
     len: usize,
     free: Mutex<Free>,
-    _backing: Box<dyn HeapBacking>,
+    _backing: Box<dyn Backing>,
 }
 
 // SAFETY: the heap's memory is reached only through `HeapBuf`s, one per block at a time
@@ -93,7 +91,7 @@ impl SharedHeap {
     pub unsafe fn from_raw(
         base: NonNull<u8>,
         len: usize,
-        backing: Box<dyn HeapBacking>,
+        backing: Box<dyn Backing>,
     ) -> Arc<SharedHeap> {
         Arc::new(SharedHeap {
             base,

@@ -35,24 +35,12 @@ impl Hub {
         let me = *index
             .get(&s.rank)
             .ok_or_else(|| Error::internal("this rank is not among its host's ranks"))?;
-        let own = own_segment(rings, s.ring, s.rank);
-        let heap = own_heap(s.heap, s.rank);
+        // The memfds go to the exchange (the peers get them); this rank keeps its mappings.
+        let (segment, own) = own_segment(rings, s.ring, s.rank).unzip();
+        let (heap_fd, heap) = own_heap(s.heap, s.rank).unzip();
         let offer = setup::Offer {
-            segment: match &own {
-                Some((fd, _)) => Some(
-                    fd.try_clone()
-                        .map_err(|e| Error::Resource(format!("dup of a memfd: {e}")))?,
-                ),
-                None => None,
-            },
-            heap: match &heap {
-                Some((fd, h)) => Some((
-                    fd.try_clone()
-                        .map_err(|e| Error::Resource(format!("dup of a memfd: {e}")))?,
-                    h.range().start,
-                )),
-                None => None,
-            },
+            segment,
+            heap: heap_fd.zip(heap.as_ref().map(|h| h.range().start)),
         };
         let deadline = s.deadline.min(Instant::now() + EXCHANGE);
         let got = setup::exchange(
@@ -69,7 +57,7 @@ impl Hub {
         drop(offer);
         let from_heap = Arc::new(AtomicU64::new(0));
         let mapped = match &own {
-            Some((_, seg)) => map_peers(got, rings, me, &index, seg, s.single_copy, &from_heap),
+            Some(seg) => map_peers(got, rings, me, &index, seg, s.single_copy, &from_heap),
             None => BTreeMap::new(),
         };
         let (both, full) = agree(
@@ -82,7 +70,7 @@ impl Hub {
             },
             &mapped,
         )?;
-        let Some((_, own)) = own else {
+        let Some(own) = own else {
             return Ok((None, Vec::new()));
         };
         if both.is_empty() {
@@ -108,7 +96,7 @@ impl Hub {
                 theirs,
                 tx: Arc::new(Mutex::new(Tx {
                     frames: match &heap {
-                        Some((_, h)) => FrameWriter::new(writer).with_heap(h.range()),
+                        Some(h) => FrameWriter::new(writer).with_heap(h.clone()),
                         None => FrameWriter::new(writer),
                     },
                     full: false,
@@ -128,7 +116,7 @@ impl Hub {
             closing: AtomicBool::new(false),
             from_heap,
         });
-        if let Some((_, h)) = heap {
+        if let Some(h) = heap {
             driver.use_shared_heap(h);
         }
         let thread = {

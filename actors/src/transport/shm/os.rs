@@ -157,8 +157,6 @@ pub(crate) fn map_heap(fd: &OwnedFd) -> std::io::Result<Region> {
     Ok(unsafe { Region::from_raw(ptr.cast::<u8>(), len, Box::new(backing)) })
 }
 
-impl collectix_runtime::tensor::shared_heap::HeapBacking for Mapping {}
-
 /// Parks the calling thread while `word` holds `expect`, for at most `timeout` (a futex wait
 /// on shared memory: any process that maps it may wake the thread). Returns at once if the
 /// word differs; may return early (spuriously), as any futex wait.

@@ -24,10 +24,12 @@ use crate::landing::Landings;
 use crate::tensor::arena::ArenaPart;
 use crate::tensor::bytes_from_vec;
 use crate::tensor::pool::{Pool, PoolBuf};
+use crate::tensor::shared_heap::SharedHeap;
 use crate::wire::codec::{self, Limits, MAX_HEADER_BYTES, PREFIX_BYTES};
 use crate::wire::{Header, Message};
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Parts up to this size are read into a pooled buffer taken whole; larger ones into a buffer
 /// that grows by this much as their bytes arrive (a length a peer announces is never
@@ -73,9 +75,9 @@ pub struct FrameWriter {
     /// Remote records written, and their messages not yet acknowledged (by number).
     remote_sent: u64,
     lent: VecDeque<(u64, Message)>,
-    /// The addresses of this process's shared heap, if it has one: a payload that lives
-    /// there goes as a remote record to a reader that maps the heap.
-    heap: Option<std::ops::Range<u64>>,
+    /// This process's shared heap, if it has one: a payload that lives there goes as a
+    /// remote record to a reader that maps the heap.
+    heap: Option<Arc<SharedHeap>>,
 }
 
 /// What [`FrameWriter::send`] did.
@@ -100,8 +102,8 @@ impl FrameWriter {
         }
     }
 
-    /// The writer of a process whose shared heap is at `heap` (its addresses).
-    pub fn with_heap(mut self, heap: std::ops::Range<u64>) -> FrameWriter {
+    /// The writer of a process whose shared heap is `heap`.
+    pub fn with_heap(mut self, heap: Arc<SharedHeap>) -> FrameWriter {
         self.heap = Some(heap);
         self
     }
@@ -110,11 +112,7 @@ impl FrameWriter {
     /// maps (empty parts aside).
     fn in_heap(&self, msg: &Message) -> bool {
         let Some(h) = &self.heap else { return false };
-        self.ring.heap_ok()
-            && msg.payload.iter().all(|p| {
-                let start = p.as_ptr() as usize as u64;
-                p.is_empty() || (start >= h.start && start.saturating_add(p.len() as u64) <= h.end)
-            })
+        self.ring.heap_ok() && msg.payload.iter().all(|p| p.is_empty() || h.holds(p))
     }
 
     /// The ring (its segment's doorbell).
@@ -870,7 +868,7 @@ mod tests {
         use crate::tensor::shared_heap::SharedHeap;
         let (w, mut r, _region) = ends(4096);
         let heap = SharedHeap::on_heap(1 << 20);
-        let mut w_heap = w.with_heap(heap.range());
+        let mut w_heap = w.with_heap(heap.clone());
         let n = if cfg!(miri) {
             REMOTE_MIN
         } else {
