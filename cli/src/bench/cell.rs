@@ -8,6 +8,7 @@
 
 use collectix::runtime::collective::{Output, Request};
 use collectix::runtime::tensor::dtype::{bf16, f16};
+use collectix::runtime::tensor::pages;
 use collectix::{DType, Device, OpKind, ReduceOp, Result, Tensor, TensorDeviceExt, TensorSpec};
 
 /// The collectives `collectix bench` measures.
@@ -94,22 +95,30 @@ pub(crate) fn value(op: ReduceOp, rank: usize, i: usize) -> f64 {
 /// `vals` as a host tensor of `dtype`.
 pub(crate) fn make(dtype: DType, vals: &[f64]) -> Tensor {
     match dtype {
-        DType::F32 => Tensor::from_vec(vals.iter().map(|&x| x as f32).collect::<Vec<_>>()),
-        DType::F64 => Tensor::from_vec(vals.to_vec()),
-        DType::F16 => Tensor::from_vec(vals.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>()),
-        DType::BF16 => {
-            Tensor::from_vec(vals.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>())
-        }
-        DType::I32 => Tensor::from_vec(vals.iter().map(|&x| x as i32).collect::<Vec<_>>()),
-        DType::I64 => Tensor::from_vec(vals.iter().map(|&x| x as i64).collect::<Vec<_>>()),
-        DType::I8 => Tensor::from_vec(vals.iter().map(|&x| x as i8).collect::<Vec<_>>()),
-        DType::U8 => Tensor::from_vec(vals.iter().map(|&x| x as u8).collect::<Vec<_>>()),
-        DType::I16 => Tensor::from_vec(vals.iter().map(|&x| x as i16).collect::<Vec<_>>()),
-        DType::U16 => Tensor::from_vec(vals.iter().map(|&x| x as u16).collect::<Vec<_>>()),
-        DType::U32 => Tensor::from_vec(vals.iter().map(|&x| x as u32).collect::<Vec<_>>()),
-        DType::U64 => Tensor::from_vec(vals.iter().map(|&x| x as u64).collect::<Vec<_>>()),
-        _ => Tensor::from_vec(vals.iter().map(|&x| x != 0.0).collect::<Vec<_>>()),
+        DType::F32 => filled(vals, |x| x as f32),
+        DType::F64 => filled(vals, |x| x),
+        DType::F16 => filled(vals, f16::from_f64),
+        DType::BF16 => filled(vals, bf16::from_f64),
+        DType::I32 => filled(vals, |x| x as i32),
+        DType::I64 => filled(vals, |x| x as i64),
+        DType::I8 => filled(vals, |x| x as i8),
+        DType::U8 => filled(vals, |x| x as u8),
+        DType::I16 => filled(vals, |x| x as i16),
+        DType::U16 => filled(vals, |x| x as u16),
+        DType::U32 => filled(vals, |x| x as u32),
+        DType::U64 => filled(vals, |x| x as u64),
+        _ => filled(vals, |x| x != 0.0),
     }
+}
+
+/// `vals` converted, in a vector on huge pages where it is large (as numpy's arrays are, which
+/// the peers' benchmarks use: `collectix_runtime::tensor::pages`).
+fn filled<T: collectix::Element>(vals: &[f64], f: impl Fn(f64) -> T) -> Tensor {
+    let mut v = pages::filled(vals.len(), f(0.0));
+    for (d, &x) in v.iter_mut().zip(vals) {
+        *d = f(x);
+    }
+    Tensor::from_vec(v)
 }
 
 /// `op` over the ranks' values, in plain f64 arithmetic.

@@ -9,6 +9,7 @@ pub mod arena;
 pub mod buffer;
 pub mod dtype;
 pub mod local_ops;
+pub mod pages;
 pub mod pool;
 pub mod reduce;
 pub mod shared_heap;
@@ -163,7 +164,7 @@ impl Tensor {
 
     /// Copies a slice into a new 1-D tensor.
     pub fn from_slice<T: Element>(v: &[T]) -> Tensor {
-        Tensor::from_vec(v.to_vec())
+        Tensor::from_vec(pages::copied(v))
     }
 
     /// Wraps bytes as a tensor of `dtype` and `shape`. No copy when `bytes` is aligned for
@@ -194,7 +195,7 @@ impl Tensor {
     /// A tensor of zeros (false for bool).
     pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor> {
         let n = numel_of(shape)?;
-        let data = crate::with_storage_type!(dtype, T => bytes_from_vec(vec![<T as bytemuck::Zeroable>::zeroed(); n]));
+        let data = crate::with_storage_type!(dtype, T => bytes_from_vec(pages::filled(n, <T as bytemuck::Zeroable>::zeroed())));
         Ok(Tensor {
             shape: shape.to_vec(),
             dtype,
@@ -207,7 +208,7 @@ impl Tensor {
     /// A tensor filled with `value` (converted as `as` would).
     pub fn full<T: Element>(shape: &[usize], value: T) -> Result<Tensor> {
         let n = numel_of(shape)?;
-        Tensor::from_vec(vec![value; n]).reshape(shape)
+        Tensor::from_vec(pages::filled(n, value)).reshape(shape)
     }
 
     /// A 0-element tensor of `dtype` (torch's `torch.empty(0)`).

@@ -61,7 +61,7 @@ impl Pool {
             f.bytes -= b.len() * 8;
             Some(b)
         });
-        let words = reused.unwrap_or_else(|| vec![0u64; words]);
+        let words = reused.unwrap_or_else(|| super::pages::filled(words, 0u64));
         PoolBuf {
             words,
             len,
