@@ -78,6 +78,60 @@ fn a_tensor_filled_in_place_crosses_from_the_heap_and_comes_back_exact() {
     });
 }
 
+/// Large parts of rooted calls (a broadcast, a reduce, a gather, a scatter) cross with one
+/// copy, read out of the sender's memory by the receiver, in pieces that the receiver's
+/// threads share; the results are exact, on ordinary and shared tensors alike.
+#[test]
+fn large_rooted_calls_are_read_once_by_every_thread_of_the_receiver_and_come_out_exact() {
+    on_shm(2, Duration::from_secs(60), |r, p| {
+        let c = p.communicator();
+        let n = 12 * MIB / 4;
+        let mine: Vec<f32> = (0..n).map(|i| (i % 1009) as f32 + r as f32).collect();
+        let of = |q: usize| -> Vec<f32> { (0..n).map(|i| (i % 1009) as f32 + q as f32).collect() };
+        let e = |e: Error| format!("rank {r}: {e}");
+        let got = c
+            .broadcast(Tensor::from_slice(&mine), 0)
+            .wait()
+            .map_err(e)?;
+        if got.to_vec::<f32>().ok() != Some(of(0)) {
+            return Err(format!("rank {r}: broadcast wrong"));
+        }
+        let sum = c
+            .reduce(Tensor::from_slice(&mine), 1, collectix::ReduceOp::Sum)
+            .wait()
+            .map_err(e)?;
+        if r == 1 {
+            let want: Vec<f32> = (0..n).map(|i| 2.0 * (i % 1009) as f32 + 1.0).collect();
+            if sum.to_vec::<f32>().ok() != Some(want) {
+                return Err("rank 1: reduce wrong".into());
+            }
+        }
+        let all = c.gather(Tensor::from_slice(&mine), 0).wait().map_err(e)?;
+        if r == 0 {
+            let all: Vec<Vec<f32>> = all
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|t| t.to_vec::<f32>().ok())
+                .collect();
+            if all != vec![of(0), of(1)] {
+                return Err("rank 0: gather wrong".into());
+            }
+        }
+        let shared = c.to_shared(&Tensor::from_slice(&mine)).map_err(e)?;
+        let got = c.broadcast(shared, 1).wait().map_err(e)?;
+        if got.to_vec::<f32>().ok() != Some(of(1)) {
+            return Err(format!("rank {r}: broadcast of a shared tensor wrong"));
+        }
+        // Rank 1 read the broadcast and the reduce's part, rank 0 the gather's and the
+        // shared broadcast: each at least 8 MiB, read in pieces.
+        let split = p.split_reads();
+        if split < 2 {
+            return Err(format!("rank {r}: {split} parts read in pieces"));
+        }
+        p.shutdown().map_err(|e| e.to_string())
+    });
+}
+
 #[test]
 fn mismatched_shared_tensors_are_a_typed_error_on_every_rank() {
     on_shm(3, Duration::from_secs(5), |r, p| {

@@ -423,6 +423,13 @@ impl Process {
         self.transports.iter().map(|t| t.heap_reads()).sum()
     }
 
+    /// How many large payload parts (8 MiB or more) this rank read out of a peer's memory in
+    /// pieces shared with its other threads (its transport's progress thread, its waiting
+    /// callers): the receiver's single copy, done with every core that looks.
+    pub fn split_reads(&self) -> u64 {
+        self.transports.iter().map(|t| t.split_reads()).sum()
+    }
+
     /// The address ("host:port") this rank listens on for its peers, as it published it.
     pub fn address(&self) -> &str {
         &self.address

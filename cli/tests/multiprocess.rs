@@ -167,16 +167,22 @@ fn launch_env(
 #[test]
 fn every_collective_checks_out_across_2_3_4_processes() {
     let exe = example("check_job");
-    // "shm1": shared memory with single-copy large payloads (COLLECTIX_SHM_SINGLE_COPY=1).
+    // Shared memory with single-copy large payloads for rooted calls (the default), for
+    // every call ("shm1": COLLECTIX_SHM_SINGLE_COPY=1) and for none ("shm0").
     for (w, transport) in [
         (2, "shm"),
         (3, "shm"),
         (4, "shm"),
         (3, "shm1"),
+        (2, "shm0"),
         (2, "tcp"),
         (4, "tcp"),
     ] {
-        let single = if transport == "shm1" { "1" } else { "0" };
+        let single = match transport {
+            "shm1" => "1",
+            "shm0" => "0",
+            _ => "rooted",
+        };
         let env = [
             ("COLLECTIX_TRANSPORT", &transport[..3]),
             ("COLLECTIX_SHM_SINGLE_COPY", single),

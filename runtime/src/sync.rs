@@ -44,6 +44,6 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Everything else (the engine, the board, the inbox, the completion slot) takes the
 /// modelled types above.
 pub(crate) mod unmodelled {
-    pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub(crate) use std::sync::{Mutex, MutexGuard};
 }

@@ -48,6 +48,10 @@ pub(crate) trait Running: Send {
     fn heap_reads(&self) -> u64 {
         0
     }
+    /// Large payload parts the rank read out of a peer's memory with several threads.
+    fn split_reads(&self) -> u64 {
+        0
+    }
 }
 
 /// What the rows start from: the rank, what every rank published, and the rank's driver,

@@ -181,6 +181,41 @@ impl ArenaPart {
         }
     }
 
+    /// Its range in the arena.
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// The arena it is a part of.
+    pub fn arena(&self) -> &Arc<Arena> {
+        &self.arena
+    }
+
+    /// The part as consecutive parts of at most `piece` bytes (each its own claim, in order),
+    /// to be written by several threads at once; once all are frozen the whole range is
+    /// [`Arena::frozen`]. A `piece` of 0 is taken as the whole range.
+    pub fn split(self, piece: usize) -> Vec<ArenaPart> {
+        let piece = if piece == 0 { usize::MAX } else { piece };
+        let mut ranges = Vec::new();
+        let mut at = self.range.start;
+        while at < self.range.end {
+            let end = at.saturating_add(piece).min(self.range.end);
+            ranges.push(at..end);
+            at = end;
+        }
+        let mut c = self.arena.claims();
+        c.writing.retain(|r| *r != self.range);
+        c.writing.extend(ranges.iter().cloned());
+        drop(c);
+        ranges
+            .into_iter()
+            .map(|range| ArenaPart {
+                arena: self.arena.clone(),
+                range,
+            })
+            .collect()
+    }
+
     /// Ends the writing and shares the range, read-only from now on.
     pub fn freeze(self) -> Bytes {
         let range = self.range.clone();
@@ -246,6 +281,33 @@ mod tests {
         let whole = arena.frozen(0..64).map(|b| b.to_vec());
         let want: Vec<u8> = (0..64).map(|i| (i / 16) as u8 + 1).collect();
         assert_eq!(whole, Some(want));
+    }
+
+    #[test]
+    fn a_split_part_is_written_by_several_threads_and_read_whole() {
+        let pool = Pool::new(1 << 20);
+        let arena = Arena::new(&pool, 100);
+        let part = arena.claim(10..90).map(|p| p.split(16));
+        let pieces = part.unwrap_or_default();
+        let ranges: Vec<_> = pieces.iter().map(ArenaPart::range).collect();
+        assert_eq!(ranges, vec![10..26, 26..42, 42..58, 58..74, 74..90]);
+        assert!(arena.claim(50..60).is_none(), "a piece is still claimed");
+        assert!(arena.frozen(10..90).is_none(), "nothing is frozen yet");
+        std::thread::scope(|s| {
+            for mut p in pieces {
+                s.spawn(move || {
+                    let at = p.range().start;
+                    for (i, b) in p.bytes_mut().iter_mut().enumerate() {
+                        *b = (at + i) as u8;
+                    }
+                    drop(p.freeze());
+                });
+            }
+        });
+        let whole = arena.frozen(10..90).map(|b| b.to_vec());
+        assert_eq!(whole, Some((10..90u8).collect::<Vec<u8>>()));
+        assert!(arena.claim(10..11).is_none(), "frozen for good");
+        assert!(arena.claim(0..10).is_some(), "outside the split part");
     }
 
     #[test]

@@ -88,7 +88,7 @@ impl Hub {
                 ring: reader,
                 frames: FrameReader::new(s.limits),
                 theirs: theirs.clone(),
-                remote,
+                remote: remote.map(Arc::new),
                 dead: false,
             });
             senders.push(Sending {
@@ -98,7 +98,8 @@ impl Hub {
                     frames: match &heap {
                         Some(h) => FrameWriter::new(writer).with_heap(h.clone()),
                         None => FrameWriter::new(writer),
-                    },
+                    }
+                    .with_single_copy(s.single_copy),
                     full: false,
                     broken: false,
                 })),
@@ -115,6 +116,8 @@ impl Hub {
             pool: Pool::new(crate::transport::tcp::RECV_POOL_BYTES),
             closing: AtomicBool::new(false),
             from_heap,
+            helping: Mutex::new(Vec::new()),
+            split_reads: AtomicU64::new(0),
         });
         if let Some(h) = heap {
             driver.use_shared_heap(h);
@@ -202,7 +205,7 @@ fn map_peers(
     me: u32,
     index: &BTreeMap<usize, u32>,
     own_seg: &Arc<Segment>,
-    single_copy: bool,
+    single_copy: SingleCopy,
     from_heap: &Arc<AtomicU64>,
 ) -> Mapped {
     let mut mapped = BTreeMap::new();
@@ -214,7 +217,7 @@ fn map_peers(
                 // asked for and the probe word reads back).
                 let remote = os::Remote { pid: p.pid };
                 let mut word = [0u8; 8];
-                let readable = single_copy
+                let readable = single_copy != SingleCopy::Off
                     && remote.read(p.probe, &mut word).is_ok()
                     && u64::from_le_bytes(word) == os::PROBE;
                 if readable {

@@ -62,7 +62,7 @@ use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::shm::{
     Callers, FrameReader, FrameWriter, Layout, Leave, RemoteRead, Rest, RingReader, RingWriter,
-    Segment, Sent, Sources,
+    Segment, Sent, Share, SharedRead, SingleCopy, Sources,
 };
 use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, Result};
@@ -80,16 +80,19 @@ use std::time::{Duration, Instant};
 /// `docs/performance.md` for the sizes measured).
 pub(crate) const DEFAULT_RING: u64 = 2 << 20;
 
-/// Whether `COLLECTIX_SHM_SINGLE_COPY` asks for single-copy large payloads (`1`; unset or
-/// `0`: no).
-pub(crate) fn single_copy_from_env() -> Result<bool> {
+/// Which large payloads go as remote records, read by the receiver out of the sender's
+/// memory (`COLLECTIX_SHM_SINGLE_COPY`: unset, empty or `rooted` for the steps of rooted
+/// collectives, `1` or `all` for every payload, `0` or `off` for none; see
+/// [`SingleCopy`]).
+pub(crate) fn single_copy_from_env() -> Result<SingleCopy> {
     match std::env::var("COLLECTIX_SHM_SINGLE_COPY") {
-        Err(_) => Ok(false),
+        Err(_) => Ok(SingleCopy::Rooted),
         Ok(v) => match v.trim() {
-            "" | "0" => Ok(false),
-            "1" => Ok(true),
+            "" | "rooted" => Ok(SingleCopy::Rooted),
+            "1" | "all" => Ok(SingleCopy::All),
+            "0" | "off" => Ok(SingleCopy::Off),
             other => Err(Error::invalid(format!(
-                "COLLECTIX_SHM_SINGLE_COPY is {other:?}; set it to 1 or 0"
+                "COLLECTIX_SHM_SINGLE_COPY is {other:?}; set it to rooted (the default), all (or 1) or off (or 0)"
             ))),
         },
     }
@@ -147,11 +150,10 @@ pub(crate) struct Setup<'a> {
     /// Ranks in the job (the world group's board needs all of them on this host).
     pub(crate) world: usize,
     pub(crate) ring: u64,
-    /// Whether large payloads go as remote records (`COLLECTIX_SHM_SINGLE_COPY=1`: the
+    /// Which large payloads go as remote records (`COLLECTIX_SHM_SINGLE_COPY`): the
     /// receiver reads them from the sender's memory, one copy in all, where the kernel lets
-    /// it; off by default: slower than the ring's two copies where measured, see
-    /// `docs/performance.md`).
-    pub(crate) single_copy: bool,
+    /// it; by default those of rooted collectives, see [`SingleCopy`].
+    pub(crate) single_copy: SingleCopy,
     /// Bytes of this process's shared heap (0: none; see `COLLECTIX_SHM_HEAP`).
     pub(crate) heap: usize,
     pub(crate) limits: Limits,
@@ -228,7 +230,7 @@ struct Reading {
     /// The peer's segment: its doorbell, rung when it waits for room this side freed.
     theirs: Arc<Segment>,
     /// The peer's memory, where this process can read it (remote records).
-    remote: Option<PeerMemory>,
+    remote: Option<Arc<PeerMemory>>,
     /// The ring failed: nothing more is read from it.
     dead: bool,
 }
@@ -330,6 +332,12 @@ struct Inner {
     closing: AtomicBool,
     /// Payload parts read straight from a peer's shared heap.
     from_heap: Arc<AtomicU64>,
+    /// Large remote parts being read, which every thread of this rank that looks helps with
+    /// (`collectix_runtime::wire::shm::shared_read`): the progress thread, and a caller
+    /// waiting while another thread reads the rings.
+    helping: Mutex<Vec<Arc<SharedRead>>>,
+    /// Reads posted to `helping` so far.
+    split_reads: AtomicU64,
 }
 
 /// Wakes `seg`'s owner if it needs it (no caller of its reads, its thread parked).
@@ -348,6 +356,11 @@ impl Hub {
     /// Payload parts this rank read straight from a peer's shared heap (one copy each).
     pub(crate) fn heap_reads(&self) -> u64 {
         self.inner.from_heap.load(Ordering::Relaxed)
+    }
+
+    /// Large remote parts this rank read in pieces with every thread that helped.
+    pub(crate) fn split_reads(&self) -> u64 {
+        self.inner.split_reads.load(Ordering::Relaxed)
     }
 
     /// How many peers this rank reaches through shared memory.
@@ -397,16 +410,29 @@ impl Inner {
     /// frames per ring); whether anything came. `None` if someone else is reading now.
     fn read(&self, driver: &Driver, deliver: &dyn Fn(&Driver, usize, Message)) -> Option<bool> {
         let Ok(mut readers) = self.readers.try_lock() else {
+            // Whoever reads may have posted a large part: take pieces of it.
+            self.help_reads();
             return None;
         };
         let mut any = false;
         let mut lost = Vec::new();
+        let post = |job: &Arc<SharedRead>| {
+            lock(&self.helping).push(job.clone());
+            self.split_reads.fetch_add(1, Ordering::Relaxed);
+            // The progress thread, even while callers read: it rests when they do.
+            self.own.ring();
+            os::wake(self.own.doorbell());
+        };
         for r in readers.iter_mut().filter(|r| !r.dead) {
             let mut wake = false;
             let src = Sources {
                 pool: &self.pool,
-                remote: r.remote.as_ref().map(|x| x as &dyn RemoteRead),
+                remote: r.remote.as_deref().map(|x| x as &dyn RemoteRead),
                 landings: Some((r.peer, driver.landings())),
+                share: r.remote.as_ref().map(|m| Share {
+                    remote: m.clone(),
+                    post: &post,
+                }),
             };
             for _ in 0..BURST {
                 match r.frames.next(&mut r.ring, &src, &mut wake) {
@@ -441,6 +467,23 @@ impl Inner {
             driver.peer_lost(peer);
         }
         Some(any)
+    }
+
+    /// Takes pieces of the large reads posted by the thread reading the rings until none is
+    /// left; whether it took any.
+    fn help_reads(&self) -> bool {
+        let jobs: Vec<Arc<SharedRead>> = {
+            let mut h = lock(&self.helping);
+            h.retain(|j| !j.finished());
+            h.clone()
+        };
+        let mut any = false;
+        for j in jobs {
+            while j.help() {
+                any = true;
+            }
+        }
+        any
     }
 
     /// Moves on the frames in progress; `Some(whether any went on)`, `None` if a link was
@@ -509,6 +552,9 @@ impl Inner {
     /// Whether there may be work for the progress thread now (a lock held by someone else
     /// counts: what it guards may hold work this thread was woken for).
     fn has_work(&self) -> bool {
+        if lock(&self.helping).iter().any(|j| !j.finished()) {
+            return true;
+        }
         match self.readers.try_lock() {
             Err(_) => return true,
             Ok(readers) => {

@@ -98,4 +98,8 @@ impl Running for Hub {
     fn heap_reads(&self) -> u64 {
         Hub::heap_reads(self)
     }
+
+    fn split_reads(&self) -> u64 {
+        Hub::split_reads(self)
+    }
 }

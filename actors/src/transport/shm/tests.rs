@@ -56,7 +56,11 @@ fn two_hubs_with(ring: u64, single_copy: bool) -> Vec<(Arc<Driver>, Hub)> {
                             store,
                             world: 2,
                             ring,
-                            single_copy,
+                            single_copy: if single_copy {
+                                SingleCopy::All
+                            } else {
+                                SingleCopy::Off
+                            },
                             heap: 1 << 20,
                             limits: Limits::default(),
                             deadline: Instant::now() + Duration::from_secs(20),

@@ -19,9 +19,10 @@
 //! [`Pool`].
 
 use super::ring::{RingReader, RingWriter};
+use super::shared_read::{SharedRead, SharedRemote, SPLIT_MIN};
 use super::ShmError;
 use crate::landing::Landings;
-use crate::tensor::arena::ArenaPart;
+use crate::tensor::arena::{Arena, ArenaPart};
 use crate::tensor::bytes_from_vec;
 use crate::tensor::pool::{Pool, PoolBuf};
 use crate::tensor::shared_heap::SharedHeap;
@@ -78,6 +79,43 @@ pub struct FrameWriter {
     /// This process's shared heap, if it has one: a payload that lives there goes as a
     /// remote record to a reader that maps the heap.
     heap: Option<Arc<SharedHeap>>,
+    /// Which payloads go as remote records to a reader that can read this process's memory.
+    single_copy: SingleCopy,
+}
+
+/// Which large payloads a writer sends as remote records, for a reader that can read the
+/// sender's memory (`process_vm_readv`): the receiver's single copy, read by every thread of
+/// its process ([`crate::wire::shm::shared_read`]), in place of the ring's two copies (the
+/// sender's in, the receiver's out, at once). A payload in the sender's shared heap goes as
+/// a remote record whatever this says.
+///
+/// Measured on a 2-core VM with buffers on huge pages (`docs/performance.md`, "Single copy
+/// for rooted calls"): the single copy wins where data flows one way between two processes
+/// (a broadcast, reduce, gather or scatter: the sender has nothing else to copy, the
+/// receiver's threads take both cores) and loses in exchanges, where both processes
+/// receive at once and the ring's two copies keep both cores busy anyway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SingleCopy {
+    /// None: every payload through the ring.
+    Off,
+    /// The steps of rooted collectives (a call fingerprint with a root: broadcast, reduce,
+    /// gather, scatter); the default.
+    Rooted,
+    /// Every payload of [`REMOTE_MIN`] bytes or more.
+    All,
+}
+
+impl SingleCopy {
+    /// Whether a payload with `header` goes as a remote record.
+    pub fn wants(self, header: &Header) -> bool {
+        match self {
+            SingleCopy::Off => false,
+            SingleCopy::All => true,
+            SingleCopy::Rooted => {
+                matches!(header, Header::Data { call, .. } if call.root.is_some())
+            }
+        }
+    }
 }
 
 /// What [`FrameWriter::send`] did.
@@ -99,7 +137,16 @@ impl FrameWriter {
             remote_sent: 0,
             lent: VecDeque::new(),
             heap: None,
+            single_copy: SingleCopy::All,
         }
+    }
+
+    /// The writer with `policy` for which payloads go as remote records (the default,
+    /// [`SingleCopy::All`], sends every large one so to a reader that can read this
+    /// process).
+    pub fn with_single_copy(mut self, policy: SingleCopy) -> FrameWriter {
+        self.single_copy = policy;
+        self
     }
 
     /// The writer of a process whose shared heap is `heap`.
@@ -160,7 +207,9 @@ impl FrameWriter {
             return Err((msg, Some(e)));
         }
         let bytes: usize = msg.payload.iter().map(|p| p.len()).sum();
-        let remote = bytes >= REMOTE_MIN && (self.ring.remote_ok() || self.in_heap(&msg));
+        let remote = bytes >= REMOTE_MIN
+            && ((self.ring.remote_ok() && self.single_copy.wants(&msg.header))
+                || self.in_heap(&msg));
         self.head.clear();
         self.head
             .extend_from_slice(&[if remote { REMOTE } else { INLINE }]);
@@ -302,6 +351,18 @@ pub struct Sources<'a> {
     /// The sender's global rank and the receiving rank's landings: a message its calls
     /// expect is read straight into its place (see [`crate::landing`]).
     pub landings: Option<(usize, &'a Landings)>,
+    /// The sender's memory as the process's other threads may read it too, and how to post
+    /// a large read for them ([`crate::wire::shm::shared_read`]); `None`: this thread reads
+    /// every remote part alone.
+    pub share: Option<Share<'a>>,
+}
+
+/// A large remote part's read, offered to the receiving process's other threads.
+pub struct Share<'a> {
+    /// The sender's memory (the same as [`Sources::remote`]).
+    pub remote: SharedRemote,
+    /// Puts a read where the other threads look (and wakes one that rests).
+    pub post: &'a dyn Fn(&Arc<SharedRead>),
 }
 
 impl Sources<'_> {
@@ -438,7 +499,7 @@ impl FrameReader {
                             .and_then(|b| b.try_into().ok())
                             .map_or(0, u64::from_le_bytes);
                         let into = landed.as_mut().and_then(Iterator::next);
-                        payload.push(read_remote(remote, addr, len, src.pool, into)?);
+                        payload.push(read_remote(remote, addr, len, src, into)?);
                     }
                     self.remote_read += 1;
                     ring.ack(self.remote_read);
@@ -518,10 +579,22 @@ fn read_remote(
     remote: &dyn RemoteRead,
     addr: u64,
     len: usize,
-    pool: &Pool,
+    src: &Sources<'_>,
     into: Option<ArenaPart>,
 ) -> Result<Bytes, ShmError> {
     let bad = |why: String| ShmError::Corrupt(format!("a remote part of {len} bytes: {why}"));
+    if let Some(share) = src
+        .share
+        .as_ref()
+        .filter(|_| (SPLIT_MIN..=BIG_PART).contains(&len))
+    {
+        let part = match into {
+            Some(p) => Some(p),
+            None => Arena::new(src.pool, len).claim(0..len),
+        };
+        return read_shared(share, addr, part).map_err(bad);
+    }
+    let pool = src.pool;
     if let Some(mut p) = into {
         remote.read(addr, p.bytes_mut()).map_err(bad)?;
         return Ok(p.freeze());
@@ -549,6 +622,34 @@ fn read_remote(
     let mut b = bytes_from_vec(words);
     b.truncate(len);
     Ok(b)
+}
+
+/// Reads `part` (the place of a remote part at the sender's `addr`) with every thread that
+/// helps, this one included; returns once every piece is written.
+fn read_shared(share: &Share<'_>, addr: u64, part: Option<ArenaPart>) -> Result<Bytes, String> {
+    let part = part.ok_or("no place for it")?;
+    let (arena, range) = (part.arena().clone(), part.range());
+    let job = SharedRead::new(share.remote.clone(), addr, part)
+        .map(Arc::new)
+        .ok_or("an address past the end of memory")?;
+    (share.post)(&job);
+    while job.help() {}
+    // The other threads' last pieces: at most one each, a piece's copy.
+    let mut spins = 0u32;
+    while !job.finished() {
+        spins += 1;
+        if spins < 1_000 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    if let Some(why) = job.failure() {
+        return Err(why);
+    }
+    arena
+        .frozen(range)
+        .ok_or_else(|| "its pieces were not all written".to_string())
 }
 
 /// Copies from the ring until `buf` holds `want` bytes; whether it does.
@@ -716,6 +817,7 @@ mod tests {
             pool,
             remote,
             landings: None,
+            share: None,
         }
     }
 
@@ -781,6 +883,115 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_writer_sends_remote_records_as_its_single_copy_policy_says() {
+        use crate::op::OpKind;
+        use crate::tensor::dtype::DType;
+        let mut rooted = crate::ids::Fingerprint::new(OpKind::Broadcast, DType::U8);
+        rooted.root = Some(0);
+        let exchange = crate::ids::Fingerprint::new(OpKind::AllGather, DType::U8);
+        for (policy, want) in [
+            (SingleCopy::Off, [false, false, false]),
+            (SingleCopy::Rooted, [true, false, false]),
+            (SingleCopy::All, [true, true, true]),
+        ] {
+            let sent = [
+                data(1, rooted, &[REMOTE_MIN]),
+                data(2, exchange, &[REMOTE_MIN]),
+                msg(3, &[REMOTE_MIN]),
+            ];
+            let lent = Lent(sent.iter().flat_map(|m| m.payload.clone()).collect());
+            let (w, mut r, _region) = ends(1 << 20);
+            let mut w = w.with_single_copy(policy);
+            r.allow_remote();
+            let mut fr = FrameReader::new(Limits::default());
+            let pool = Pool::new(1 << 20);
+            let mut wake = false;
+            for (m, remote) in sent.iter().zip(want) {
+                let before = w.lent();
+                assert!(w.send(m.clone()).is_ok());
+                assert_eq!(w.lent() > before, remote, "{policy:?}, {:?}", m.header);
+                let mut got = None;
+                for _ in 0..1_000 {
+                    assert!(w.pump().is_ok());
+                    if let Ok(Some(x)) = fr.next(&mut r, &src(&pool, Some(&lent)), &mut wake) {
+                        got = Some(x);
+                        break;
+                    }
+                }
+                assert_eq!(got, Some((m.header.clone(), m.payload.clone())));
+                assert!(w.release().is_ok());
+            }
+        }
+    }
+
+    /// A sender's memory that is slow to read (each read sleeps), and the threads that read
+    /// it.
+    struct Slow {
+        lent: Lent,
+        threads: std::sync::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+    }
+
+    impl RemoteRead for Slow {
+        fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), String> {
+            std::thread::sleep(std::time::Duration::from_millis(3));
+            if let Ok(mut t) = self.threads.lock() {
+                t.insert(std::thread::current().id());
+            }
+            self.lent.read(addr, dst)
+        }
+    }
+
+    /// A remote part of 8 MiB or more is posted, and a thread that helps takes pieces of it;
+    /// the message comes out whole and exact, once every piece is in.
+    #[cfg(not(miri))]
+    #[test]
+    fn a_large_remote_part_is_read_by_every_thread_that_helps() {
+        let big = super::SPLIT_MIN + 12_345;
+        let sent = msg(7, &[big, 3]);
+        let slow = Arc::new(Slow {
+            lent: Lent(sent.payload.clone()),
+            threads: Default::default(),
+        });
+        let (mut w, mut r, _region) = ends(4096);
+        r.allow_remote();
+        assert!(w.send(sent.clone()).is_ok());
+        assert_eq!(w.lent(), 1);
+        let helpers = std::sync::Mutex::new(Vec::new());
+        let post = |job: &Arc<SharedRead>| {
+            let job = job.clone();
+            if let Ok(mut h) = helpers.lock() {
+                h.push(std::thread::spawn(move || while job.help() {}));
+            }
+        };
+        let pool = Pool::new(1 << 20);
+        let sources = Sources {
+            pool: &pool,
+            remote: Some(&*slow),
+            landings: None,
+            share: Some(Share {
+                remote: slow.clone(),
+                post: &post,
+            }),
+        };
+        let mut fr = FrameReader::new(Limits::default());
+        let mut wake = false;
+        let got = fr.next(&mut r, &sources, &mut wake);
+        let got = got.ok().flatten().unwrap_or_else(|| panic!("no message"));
+        assert_eq!(got, (sent.header.clone(), sent.payload.clone()));
+        let threads = slow.threads.lock().map(|t| t.len()).unwrap_or(0);
+        assert!(threads >= 2, "read by {threads} thread(s)");
+        for h in helpers
+            .lock()
+            .map(|mut h| std::mem::take(&mut *h))
+            .unwrap_or_default()
+        {
+            assert!(h.join().is_ok());
+        }
+        assert!(w.release().is_ok());
+        assert_eq!(w.lent(), 0, "read, so let go");
+    }
+
     /// A data message of call `seq` (tag 2) with parts of `parts` bytes.
     fn data(seq: u64, fp: crate::ids::Fingerprint, parts: &[usize]) -> Message {
         let mut m = msg(seq, parts);
@@ -825,6 +1036,7 @@ mod tests {
                 pool: &pool,
                 remote: Some(&lent),
                 landings: Some((0, &landings)),
+                share: None,
             };
             let mut got = Vec::new();
             let mut queue: std::collections::VecDeque<Message> = sent.iter().cloned().collect();

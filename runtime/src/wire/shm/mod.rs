@@ -14,12 +14,16 @@ pub mod frames;
 pub mod memory;
 pub mod region;
 pub mod ring;
+pub mod shared_read;
 pub mod wake;
 
-pub use frames::{FrameReader, FrameWriter, RemoteRead, Sent, Sources, REMOTE_MIN};
+pub use frames::{
+    FrameReader, FrameWriter, RemoteRead, Sent, Share, SingleCopy, Sources, REMOTE_MIN,
+};
 pub use memory::{Memory, Word};
 pub use region::Region;
 pub use ring::{Layout, RingReader, RingWriter, Segment, SegmentLane};
+pub use shared_read::{SharedRead, SharedRemote};
 pub use wake::{Callers, Leave, Rest};
 
 use super::codec::DecodeError;
