@@ -887,6 +887,9 @@ mod tests {
         ));
     }
 
+    /// (Not under Miri: the policy is plain logic, and its messages through the ring took
+    /// minutes there; the ring's and records' memory accesses are the other tests'.)
+    #[cfg_attr(miri, ignore)]
     #[test]
     fn a_writer_sends_remote_records_as_its_single_copy_policy_says() {
         use crate::op::OpKind;
@@ -894,10 +897,10 @@ mod tests {
         let mut rooted = crate::ids::Fingerprint::new(OpKind::Broadcast, DType::U8);
         rooted.root = Some(0);
         let exchange = crate::ids::Fingerprint::new(OpKind::AllGather, DType::U8);
-        let big = if cfg!(miri) { REMOTE_MIN } else { SPLIT_MIN };
+        let big = SPLIT_MIN;
         for (policy, want) in [
             (SingleCopy::Off, [false, false, false, false]),
-            (SingleCopy::Rooted, [big >= SPLIT_MIN, false, false, false]),
+            (SingleCopy::Rooted, [true, false, false, false]),
             (SingleCopy::All, [true, true, true, true]),
         ] {
             let sent = [

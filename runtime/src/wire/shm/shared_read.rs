@@ -24,8 +24,8 @@ use std::sync::Arc;
 /// Remote parts from this size up are read by every thread that helps.
 pub const SPLIT_MIN: usize = 8 << 20;
 
-/// The size of one piece (a thread's turn).
-pub const PIECE: usize = 1 << 20;
+/// The size of one piece (a thread's turn); small under Miri, whose tests read a few pieces.
+pub const PIECE: usize = if cfg!(miri) { 4 << 10 } else { 1 << 20 };
 
 /// The sender's memory as every thread of the receiving process may read it.
 pub type SharedRemote = Arc<dyn RemoteRead + Send + Sync>;
