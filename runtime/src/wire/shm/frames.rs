@@ -938,7 +938,7 @@ mod tests {
     /// it.
     struct Slow {
         lent: Lent,
-        threads: std::sync::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+        threads: crate::sync::unmodelled::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
     }
 
     impl RemoteRead for Slow {
@@ -966,7 +966,7 @@ mod tests {
         r.allow_remote();
         assert!(w.send(sent.clone()).is_ok());
         assert_eq!(w.lent(), 1);
-        let helpers = std::sync::Mutex::new(Vec::new());
+        let helpers = crate::sync::unmodelled::Mutex::new(Vec::new());
         let post = |job: &Arc<SharedRead>| {
             let job = job.clone();
             if let Ok(mut h) = helpers.lock() {

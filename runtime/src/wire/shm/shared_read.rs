@@ -104,7 +104,7 @@ mod tests {
     /// A sender's memory: `mem` at address 0x1000, reads counted by thread.
     struct Mem {
         mem: Vec<u8>,
-        threads: std::sync::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+        threads: crate::sync::unmodelled::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
     }
 
     impl RemoteRead for Mem {
