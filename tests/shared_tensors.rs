@@ -78,11 +78,12 @@ fn a_tensor_filled_in_place_crosses_from_the_heap_and_comes_back_exact() {
     });
 }
 
-/// Large parts of rooted calls (a broadcast, a reduce, a gather, a scatter) cross with one
-/// copy, read out of the sender's memory by the receiver, in pieces that the receiver's
-/// threads share; the results are exact, on ordinary and shared tensors alike.
+/// Large parts of rooted calls (a broadcast, a reduce, a gather, a scatter) and of
+/// point-to-point messages cross with one copy, read out of the sender's memory by the
+/// receiver, in pieces that the receiver's threads share; the results are exact, on ordinary
+/// and shared tensors alike.
 #[test]
-fn large_rooted_calls_are_read_once_by_every_thread_of_the_receiver_and_come_out_exact() {
+fn large_rooted_calls_and_messages_are_read_once_by_every_thread_of_the_receiver_exact() {
     on_shm(2, Duration::from_secs(60), |r, p| {
         let c = p.communicator();
         let n = 12 * MIB / 4;
@@ -122,10 +123,20 @@ fn large_rooted_calls_are_read_once_by_every_thread_of_the_receiver_and_come_out
         if got.to_vec::<f32>().ok() != Some(of(1)) {
             return Err(format!("rank {r}: broadcast of a shared tensor wrong"));
         }
-        // Rank 1 read the broadcast and the reduce's part, rank 0 the gather's and the
-        // shared broadcast: each at least 8 MiB, read in pieces.
+        // Point-to-point too: both ranks send at once and receive the other's tensor.
+        let sent = c.isend(Tensor::from_slice(&mine), 1 - r, 5);
+        let (got, from) = c
+            .recv(TensorSpec::new(&[n], DType::F32), Some(1 - r), 5)
+            .wait()
+            .map_err(e)?;
+        sent.wait().map_err(e)?;
+        if from != 1 - r || got.to_vec::<f32>().ok() != Some(of(1 - r)) {
+            return Err(format!("rank {r}: recv wrong"));
+        }
+        // Rank 1 read the broadcast, the reduce's part and the message, rank 0 the gather's,
+        // the shared broadcast and the message: each at least 8 MiB, read in pieces.
         let split = p.split_reads();
-        if split < 2 {
+        if split < 3 {
             return Err(format!("rank {r}: {split} parts read in pieces"));
         }
         p.shutdown().map_err(|e| e.to_string())

@@ -167,8 +167,9 @@ fn launch_env(
 #[test]
 fn every_collective_checks_out_across_2_3_4_processes() {
     let exe = example("check_job");
-    // Shared memory with single-copy large payloads for rooted calls (the default), for
-    // every call ("shm1": COLLECTIX_SHM_SINGLE_COPY=1) and for none ("shm0").
+    // Shared memory with single-copy large payloads for rooted calls and point-to-point (the
+    // default, auto), for every call ("shm1": COLLECTIX_SHM_SINGLE_COPY=1) and for none
+    // ("shm0").
     for (w, transport) in [
         (2, "shm"),
         (3, "shm"),
@@ -181,7 +182,7 @@ fn every_collective_checks_out_across_2_3_4_processes() {
         let single = match transport {
             "shm1" => "1",
             "shm0" => "0",
-            _ => "rooted",
+            _ => "auto",
         };
         let env = [
             ("COLLECTIX_TRANSPORT", &transport[..3]),

@@ -81,18 +81,18 @@ use std::time::{Duration, Instant};
 pub(crate) const DEFAULT_RING: u64 = 2 << 20;
 
 /// Which large payloads go as remote records, read by the receiver out of the sender's
-/// memory (`COLLECTIX_SHM_SINGLE_COPY`: unset, empty or `rooted` for the steps of rooted
-/// collectives, `1` or `all` for every payload, `0` or `off` for none; see
-/// [`SingleCopy`]).
+/// memory (`COLLECTIX_SHM_SINGLE_COPY`: unset, empty or `auto` for those of 8 MiB or more of
+/// rooted collectives and point-to-point, `1` or `all` for every payload, `0` or `off` for
+/// none; see [`SingleCopy`]).
 pub(crate) fn single_copy_from_env() -> Result<SingleCopy> {
     match std::env::var("COLLECTIX_SHM_SINGLE_COPY") {
-        Err(_) => Ok(SingleCopy::Rooted),
+        Err(_) => Ok(SingleCopy::Auto),
         Ok(v) => match v.trim() {
-            "" | "rooted" => Ok(SingleCopy::Rooted),
+            "" | "auto" => Ok(SingleCopy::Auto),
             "1" | "all" => Ok(SingleCopy::All),
             "0" | "off" => Ok(SingleCopy::Off),
             other => Err(Error::invalid(format!(
-                "COLLECTIX_SHM_SINGLE_COPY is {other:?}; set it to rooted (the default), all (or 1) or off (or 0)"
+                "COLLECTIX_SHM_SINGLE_COPY is {other:?}; set it to auto (the default), all (or 1) or off (or 0)"
             ))),
         },
     }
@@ -152,7 +152,7 @@ pub(crate) struct Setup<'a> {
     pub(crate) ring: u64,
     /// Which large payloads go as remote records (`COLLECTIX_SHM_SINGLE_COPY`): the
     /// receiver reads them from the sender's memory, one copy in all, where the kernel lets
-    /// it; by default those of rooted collectives, see [`SingleCopy`].
+    /// it; by default those of rooted collectives and point-to-point, see [`SingleCopy`].
     pub(crate) single_copy: SingleCopy,
     /// Bytes of this process's shared heap (0: none; see `COLLECTIX_SHM_HEAP`).
     pub(crate) heap: usize,

@@ -89,20 +89,21 @@ pub struct FrameWriter {
 /// sender's in, the receiver's out, at once). A payload in the sender's shared heap goes as
 /// a remote record whatever this says.
 ///
-/// Measured on a 2-core VM with buffers on huge pages (`docs/performance.md`, "Single copy
-/// for rooted calls"): the single copy wins where data flows one way between two processes
-/// (a broadcast, reduce, gather or scatter: the sender has nothing else to copy, the
-/// receiver's threads take both cores) and loses in exchanges, where both processes
-/// receive at once and the ring's two copies keep both cores busy anyway.
+/// Measured on a 2-core VM with buffers on huge pages (`docs/performance.md`, "Huge pages
+/// and one copy for rooted calls"): the single copy wins where data flows one way between two
+/// processes (a broadcast, reduce, gather or scatter: the sender has nothing else to copy,
+/// the receiver's threads take both cores) and for large point-to-point messages (one
+/// tensor each, read once), and loses in the collectives' exchanges (all_reduce,
+/// all_gather, reduce_scatter, all_to_all), whose steps keep both processes copying through
+/// the ring anyway, and below 8 MiB, where one thread reads alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SingleCopy {
     /// None: every payload through the ring.
     Off,
     /// The payloads of [`SPLIT_MIN`] bytes or more (8 MiB: read by every thread of the
     /// receiver) of rooted collectives' steps (a call fingerprint with a root: broadcast,
-    /// reduce, gather, scatter); the default. Smaller ones, read by one thread, went faster
-    /// through the ring where measured.
-    Rooted,
+    /// reduce, gather, scatter) and of point-to-point messages; the default.
+    Auto,
     /// Every payload of [`REMOTE_MIN`] bytes or more.
     All,
 }
@@ -114,9 +115,13 @@ impl SingleCopy {
         match self {
             SingleCopy::Off => false,
             SingleCopy::All => true,
-            SingleCopy::Rooted => {
+            SingleCopy::Auto => {
                 bytes >= SPLIT_MIN
-                    && matches!(header, Header::Data { call, .. } if call.root.is_some())
+                    && match header {
+                        Header::Data { call, .. } => call.root.is_some(),
+                        Header::P2p { .. } => true,
+                        _ => false,
+                    }
             }
         }
     }
@@ -898,16 +903,31 @@ mod tests {
         rooted.root = Some(0);
         let exchange = crate::ids::Fingerprint::new(OpKind::AllGather, DType::U8);
         let big = SPLIT_MIN;
+        let p2p = |seq: u64, n: usize| {
+            let mut m = msg(seq, &[n]);
+            m.header = Header::P2p {
+                group: GroupId(3),
+                tag: 0,
+                seq,
+                dtype: DType::U8,
+                count: n as u64,
+                eager: false,
+                path: crate::ids::DataPath::Engine,
+            };
+            m
+        };
         for (policy, want) in [
-            (SingleCopy::Off, [false, false, false, false]),
-            (SingleCopy::Rooted, [true, false, false, false]),
-            (SingleCopy::All, [true, true, true, true]),
+            (SingleCopy::Off, [false; 6]),
+            (SingleCopy::Auto, [true, false, false, true, false, false]),
+            (SingleCopy::All, [true; 6]),
         ] {
             let sent = [
                 data(1, rooted, &[big]),
                 data(2, rooted, &[REMOTE_MIN]),
                 data(3, exchange, &[big]),
-                msg(4, &[REMOTE_MIN]),
+                p2p(4, big),
+                p2p(5, REMOTE_MIN),
+                msg(6, &[REMOTE_MIN]),
             ];
             let lent = Lent(sent.iter().flat_map(|m| m.payload.clone()).collect());
             let (w, mut r, _region) = ends(1 << 20);
