@@ -471,19 +471,15 @@ impl Inner {
 
     /// Takes pieces of the large reads posted by the thread reading the rings until none is
     /// left; whether it took any.
-    fn help_reads(&self) -> bool {
+    fn help_reads(&self) {
         let jobs: Vec<Arc<SharedRead>> = {
             let mut h = lock(&self.helping);
             h.retain(|j| !j.finished());
             h.clone()
         };
-        let mut any = false;
         for j in jobs {
-            while j.help() {
-                any = true;
-            }
+            while j.help() {}
         }
-        any
     }
 
     /// Moves on the frames in progress; `Some(whether any went on)`, `None` if a link was

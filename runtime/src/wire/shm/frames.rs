@@ -830,6 +830,24 @@ mod tests {
         }
     }
 
+    /// Pumps `w` and reads `r` until a whole message comes (at most `turns` times).
+    fn pump_until(
+        w: &mut FrameWriter,
+        fr: &mut FrameReader,
+        r: &mut RingReader,
+        sources: &Sources<'_>,
+        turns: usize,
+    ) -> Option<(Header, Vec<Bytes>)> {
+        let mut wake = false;
+        for _ in 0..turns {
+            assert!(w.pump().is_ok());
+            if let Ok(Some(x)) = fr.next(r, sources, &mut wake) {
+                return Some(x);
+            }
+        }
+        None
+    }
+
     /// The sender's memory, as far as the test lent it: the payloads it sent.
     struct Lent(Vec<Bytes>);
 
@@ -935,19 +953,11 @@ mod tests {
             r.allow_remote();
             let mut fr = FrameReader::new(Limits::default());
             let pool = Pool::new(1 << 20);
-            let mut wake = false;
             for (m, remote) in sent.iter().zip(want) {
                 let before = w.lent();
                 assert!(w.send(m.clone()).is_ok());
                 assert_eq!(w.lent() > before, remote, "{policy:?}, {:?}", m.header);
-                let mut got = None;
-                for _ in 0..1_000 {
-                    assert!(w.pump().is_ok());
-                    if let Ok(Some(x)) = fr.next(&mut r, &src(&pool, Some(&lent)), &mut wake) {
-                        got = Some(x);
-                        break;
-                    }
-                }
+                let got = pump_until(&mut w, &mut fr, &mut r, &src(&pool, Some(&lent)), 1_000);
                 assert_eq!(got, Some((m.header.clone(), m.payload.clone())));
                 assert!(w.release().is_ok());
             }
@@ -1135,14 +1145,13 @@ mod tests {
         // Not mapped yet: inline, through the ring in pieces.
         assert!(w_heap.send(m.clone()).is_ok());
         assert_eq!(w_heap.lent(), 0);
-        let mut got = None;
-        for _ in 0..10_000 {
-            assert!(w_heap.pump().is_ok());
-            if let Ok(Some(x)) = fr.next(&mut r, &src(&pool, Some(&lent)), &mut wake) {
-                got = Some(x);
-                break;
-            }
-        }
+        let got = pump_until(
+            &mut w_heap,
+            &mut fr,
+            &mut r,
+            &src(&pool, Some(&lent)),
+            10_000,
+        );
         assert_eq!(got, Some((m.header.clone(), m.payload.clone())));
         // Mapped: the heap's payload goes remote (lent until read); another does not.
         r.allow_heap();
