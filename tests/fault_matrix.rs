@@ -2,7 +2,9 @@
 //! rank actors in one process, each rank's program run by a thread of its own the way users
 //! drive ranks, for groups of 2, 3 and 5 ranks, on the engine (`Scenario::all`: every base
 //! case forces an algorithm) and on the board of small calls (`Scenario::board`: 4-byte
-//! calls with no algorithm forced). One call at a time (each waits for the one
+//! calls with no algorithm forced); in a job over shared memory, the engine's matrix also
+//! with 64 Ki-element calls whose every input is a tensor in shared memory
+//! (`Communicator::to_shared`), read straight out of the sender's heap. One call at a time (each waits for the one
 //! before, on in-process links, which keep their order: the closing `monitored_barrier` must
 //! return the fault); every call at once for the scenarios where that changes the outcome.
 //! After the programs, each rank destroys its groups: what `destroy` returns is the rank's
@@ -46,6 +48,7 @@ fn run_rank(
     a: &Communicator,
     b: Option<&Communicator>,
     all_at_once: bool,
+    shared: bool,
 ) -> Vec<Timed> {
     let limit = TIMEOUT + GRACE * 2 + SLACK * 4;
     let issue = |c: &collectix::runtime::testing::faults::Call| {
@@ -53,10 +56,18 @@ fn run_rank(
             timeout: Some(TIMEOUT),
             algorithm: c.algorithm,
         };
-        (
-            Instant::now(),
-            comm_for(c.on, a, b).submit(c.req.clone(), &opts),
-        )
+        let comm = comm_for(c.on, a, b);
+        let req = if shared {
+            // A tensor the heap has no room for stays where it is (the count of reads from
+            // the heaps says whether any were).
+            c.req
+                .clone()
+                .try_map(|t| comm.to_shared(&t), |s| s)
+                .unwrap_or_else(|e| panic!("rank {r}: to_shared: {e}"))
+        } else {
+            c.req.clone()
+        };
+        (Instant::now(), comm.submit(req, &opts))
     };
     let wait = |w: collectix::Work<collectix::runtime::Output>| -> Result<(), Error> {
         match w.wait_timeout(limit) {
@@ -98,11 +109,13 @@ fn run_rank(
 type Rank = (Vec<Timed>, Vec<Error>);
 
 /// Where a scenario runs: the ranks of an in-process world, or a job whose ranks (threads
-/// here, each joined as a process would) talk over `Transport`.
+/// here, each joined as a process would) talk over `Transport`, or such a job over shared
+/// memory whose every input is a tensor in the rank's shared heap.
 #[derive(Clone, Copy, Debug)]
 enum Path {
     OneProcess,
     Job(Transport),
+    SharedTensors,
 }
 
 fn options() -> GroupOptions {
@@ -121,6 +134,7 @@ fn rank(
     a: &Communicator,
     all_at_once: bool,
     done: &std::sync::Barrier,
+    shared: bool,
 ) -> Result<Rank, String> {
     let b = if s.uses_b() {
         let ranks: Vec<usize> = (0..s.w).collect();
@@ -130,7 +144,7 @@ fn rank(
     };
     let calls = b
         .as_ref()
-        .map(|b| run_rank(s, r, a, b.as_ref(), all_at_once));
+        .map(|b| run_rank(s, r, a, b.as_ref(), all_at_once, shared));
     done.wait();
     let (calls, b) = (calls.map_err(|e| e.to_string())?, b.ok().flatten());
     let mut pending = Vec::new();
@@ -142,11 +156,14 @@ fn rank(
     Ok((calls, pending))
 }
 
-fn check(s: &Scenario, path: Path, all_at_once: bool) -> Result<(), String> {
+/// Runs one scenario and judges every rank; how many payload parts the ranks read out of
+/// their peers' shared heaps.
+fn check(s: &Scenario, path: Path, all_at_once: bool) -> Result<u64, String> {
     let ctx = |what: String| format!("{s:?} {path:?} all_at_once={all_at_once}\n{what}");
     let origin = Instant::now();
     let done = std::sync::Barrier::new(s.w);
     let done = &done;
+    let heap_reads = std::sync::atomic::AtomicU64::new(0);
     let results: Vec<Result<Rank, String>> = match path {
         Path::OneProcess => {
             let world = World::local_with(s.w, options()).map_err(|e| e.to_string())?;
@@ -155,7 +172,7 @@ fn check(s: &Scenario, path: Path, all_at_once: bool) -> Result<(), String> {
                 let handles: Vec<_> = (0..s.w)
                     .map(|r| {
                         let a = &comms[r];
-                        sc.spawn(move || rank(s, r, a, all_at_once, done))
+                        sc.spawn(move || rank(s, r, a, all_at_once, done, false))
                     })
                     .collect();
                 handles
@@ -170,10 +187,18 @@ fn check(s: &Scenario, path: Path, all_at_once: bool) -> Result<(), String> {
                 .map_err(|e| ctx(format!("shutdown: {e}")))?;
             got
         }
-        Path::Job(transport) => {
+        Path::Job(_) | Path::SharedTensors => {
+            let (transport, shared) = match path {
+                Path::Job(t) => (t, false),
+                _ => (Transport::Shm, true),
+            };
             let got = std::sync::Mutex::new((0..s.w).map(|_| None).collect::<Vec<_>>());
             let ends = common::job_with(transport, s.w, "the fault matrix", options(), |r, p| {
-                let out = rank(s, r, p.communicator(), all_at_once, done);
+                let out = rank(s, r, p.communicator(), all_at_once, done, shared);
+                heap_reads.fetch_add(
+                    p.read_from_shared_heaps(),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 if let Ok(mut g) = got.lock() {
                     g[r] = Some(out);
                 }
@@ -212,11 +237,12 @@ fn check(s: &Scenario, path: Path, all_at_once: bool) -> Result<(), String> {
                 ))
             })?;
     }
-    Ok(())
+    Ok(heap_reads.into_inner())
 }
 
-/// Runs the scenarios, `PARALLEL` at a time; returns the failures.
-fn run_all(runs: Vec<(Scenario, bool)>, path: Path) -> Vec<String> {
+/// Runs the scenarios, `PARALLEL` at a time; returns the failures and the payload parts
+/// read out of peers' shared heaps, over all the runs.
+fn run_all(runs: Vec<(Scenario, bool)>, path: Path) -> (Vec<String>, u64) {
     let (tx, rx) = mpsc::channel();
     let queue = std::sync::Mutex::new(runs.into_iter());
     std::thread::scope(|sc| {
@@ -225,17 +251,23 @@ fn run_all(runs: Vec<(Scenario, bool)>, path: Path) -> Vec<String> {
             sc.spawn(move || loop {
                 let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
                 let Some((s, all)) = next else { break };
-                if let Err(e) = check(&s, path, all) {
-                    let _ = tx.send(e);
-                }
+                let _ = tx.send(check(&s, path, all));
             });
         }
     });
     drop(tx);
-    rx.into_iter().collect()
+    let (mut failures, mut reads) = (Vec::new(), 0);
+    for got in rx {
+        match got {
+            Ok(n) => reads += n,
+            Err(e) => failures.push(e),
+        }
+    }
+    (failures, reads)
 }
 
-fn matrix(all: Vec<Scenario>, path: Path) {
+/// Runs the matrix on `path`; the payload parts read out of peers' shared heaps.
+fn matrix(all: Vec<Scenario>, path: Path) -> u64 {
     let w = all.first().map_or(0, |s| s.w);
     let mut runs: Vec<(Scenario, bool)> = all.iter().map(|s| (s.clone(), false)).collect();
     // All at once where it changes the outcome (the opposite-order program completes) or
@@ -246,13 +278,14 @@ fn matrix(all: Vec<Scenario>, path: Path) {
             .map(|s| (s.clone(), true)),
     );
     let n = runs.len();
-    let failures = run_all(runs, path);
+    let (failures, reads) = run_all(runs, path);
     assert!(
         failures.is_empty(),
         "{} of {n} runs failed at W={w} ({path:?}); the first:\n{}",
         failures.len(),
         failures.join("\n")
     );
+    reads
 }
 
 #[test]
@@ -333,4 +366,26 @@ fn fault_matrix_of_small_calls_over_tcp_w2() {
 #[test]
 fn fault_matrix_of_small_calls_over_tcp_w3() {
     matrix(over_tcp(3), Path::Job(Transport::Tcp));
+}
+
+/// The engine's matrix over shared memory with every input a tensor in shared memory, each
+/// call 64 Ki elements per rank (256 KiB of `i32`): the payloads are read straight out of
+/// the sender's heap, and every fault still ends as it does on ordinary tensors. Without the
+/// rank that never calls (see [`for_a_job`]).
+fn on_shared_tensors(w: usize) {
+    let reads = matrix(
+        for_a_job(Scenario::all_of(w, 64 << 10)),
+        Path::SharedTensors,
+    );
+    assert!(reads > 0, "no payload was read out of a peer's heap");
+}
+
+#[test]
+fn fault_matrix_on_shared_tensors_over_shared_memory_w2() {
+    on_shared_tensors(2);
+}
+
+#[test]
+fn fault_matrix_on_shared_tensors_over_shared_memory_w3() {
+    on_shared_tensors(3);
 }

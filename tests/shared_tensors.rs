@@ -2,8 +2,10 @@
 //! processes of one host: their payloads cross with one copy (read from the sender's heap),
 //! the results are exact, and the faults of any call end the same way on them: a mismatch is
 //! a typed error on every rank, a peer that goes away mid-call is named, never a hang. (The
-//! whole matrix on shared tensors, on 2, 3 and 4 ranks: `tests/tcp_world.rs`.) Each rank is a
-//! thread of this process joined as a process would be.
+//! whole matrix on shared tensors, on 2, 3 and 4 ranks: `tests/tcp_world.rs`; the torch
+//! differential and the fault matrix on them: `tests/torch_differential.rs`,
+//! `tests/fault_matrix.rs`.) Each rank is a thread of this process joined as a process
+//! would be.
 
 mod common;
 

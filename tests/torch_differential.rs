@@ -238,18 +238,33 @@ fn check(c: &Recorded, r: usize, got: collectix::Result<Output>, path: &str) -> 
 }
 
 /// Runs every case of a world on rank `r` of `comm`, one after the other, as every rank
-/// does; `opts` picks each call's options.
+/// does; `opts` picks each call's options; `shared`: every input a tensor in shared memory.
 fn run_rank(
     comm: &Communicator,
     r: usize,
     cases: &[Recorded],
     path: &str,
     opts: impl Fn(usize, &Recorded) -> CallOptions,
+    shared: bool,
 ) -> Vec<String> {
     let mut wrong = Vec::new();
     for (i, c) in cases.iter().enumerate() {
+        let mut req = request(c, r);
+        if shared {
+            let to_heap = |t: Tensor| {
+                let s = comm.to_shared(&t)?;
+                if t.numel() > 0 && !comm.is_shared(&s) {
+                    wrong.push(format!("{path}: rank {r}: an input not in the heap"));
+                }
+                Ok(s)
+            };
+            req = match req.try_map(to_heap, |s| s) {
+                Ok(req) => req,
+                Err(e) => panic!("{path}: rank {r}: to_shared: {e}"),
+            };
+        }
         let got = comm
-            .submit(request(c, r), &opts(i, c))
+            .submit(req, &opts(i, c))
             .wait_timeout(TIMEOUT)
             .unwrap_or_else(|| panic!("{path}: rank {r}: no result for gloo.txt:{}", c.line));
         wrong.extend(check(c, r, got, path));
@@ -281,7 +296,7 @@ fn in_one_process(w: usize, engine: bool) {
         o
     };
     let wrong = common::on_every_rank(w, TIMEOUT, |comm| {
-        let wrong = run_rank(comm, comm.rank(), &cases, path, opts);
+        let wrong = run_rank(comm, comm.rank(), &cases, path, opts, false);
         if wrong.is_empty() {
             Ok(())
         } else {
@@ -291,10 +306,14 @@ fn in_one_process(w: usize, engine: bool) {
     assert_none(wrong.into_iter().filter_map(Result::err).collect());
 }
 
-/// Processes' ranks over `transport` (threads of this process, each joining the job).
-fn in_a_job(w: usize, transport: collectix::Transport) {
+/// Processes' ranks over `transport` (threads of this process, each joining the job); with
+/// `shared`, every input a tensor in the rank's shared heap (`Communicator::to_shared`).
+fn in_a_job(w: usize, transport: collectix::Transport, shared: bool) {
     let cases = recorded(w);
-    let path = format!("{transport:?}");
+    let path = format!(
+        "{transport:?}{}",
+        if shared { " on shared tensors" } else { "" }
+    );
     let wrong = Mutex::new(Vec::new());
     let ends = common::job(
         transport,
@@ -302,9 +321,8 @@ fn in_a_job(w: usize, transport: collectix::Transport) {
         "the torch differential's secret",
         TIMEOUT,
         |r, p| {
-            let got = run_rank(p.communicator(), r, &cases, &path, |_, _| {
-                CallOptions::default()
-            });
+            let c = p.communicator();
+            let got = run_rank(c, r, &cases, &path, |_, _| CallOptions::default(), shared);
             if let Ok(mut all) = wrong.lock() {
                 all.extend(got);
             }
@@ -386,13 +404,23 @@ fn torch_outputs_on_the_board_and_engine_in_one_process() {
 #[test]
 fn torch_outputs_over_shared_memory() {
     for w in [2, 3, 4] {
-        in_a_job(w, collectix::Transport::Shm);
+        in_a_job(w, collectix::Transport::Shm, false);
     }
 }
 
 #[test]
 fn torch_outputs_over_tcp() {
     for w in [2, 3, 4] {
-        in_a_job(w, collectix::Transport::Tcp);
+        in_a_job(w, collectix::Transport::Tcp, false);
+    }
+}
+
+/// Every input a tensor in shared memory (each checked to be in the rank's heap). The set's
+/// payloads (at most 300 elements) cross inline; those read out of a peer's heap are the
+/// fault matrix's and the job check's (`tests/fault_matrix.rs`, `tests/tcp_world.rs`).
+#[test]
+fn torch_outputs_over_shared_memory_on_shared_tensors() {
+    for w in [2, 3, 4] {
+        in_a_job(w, collectix::Transport::Shm, true);
     }
 }

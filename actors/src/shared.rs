@@ -107,6 +107,17 @@ impl Communicator {
         })
     }
 
+    /// Whether `t`'s bytes lie in this process's shared heap (a tensor made by
+    /// [`alloc_shared`](Self::alloc_shared) or [`to_shared`](Self::to_shared) where the heap
+    /// had room; false for an empty tensor).
+    pub fn is_shared(&self, t: &Tensor) -> bool {
+        self.member
+            .rank
+            .driver
+            .shared_heap()
+            .is_some_and(|h| h.holds(t.bytes()))
+    }
+
     /// `t` copied into this process's shared heap (a host tensor; one copy), or `t` itself
     /// where it cannot be (no heap, no room, an empty tensor): see
     /// [`alloc_shared`](Self::alloc_shared).

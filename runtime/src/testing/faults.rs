@@ -155,15 +155,26 @@ impl Scenario {
     /// Every scenario for `w` ranks on the engine: each base case forces its kind's first
     /// algorithm (which keeps it off the board); `m` rotates over the ranks.
     pub fn all(w: usize) -> Vec<Scenario> {
+        Scenario::all_of(w, base(OpKind::Barrier, w).count)
+    }
+
+    /// [`Scenario::all`] with `count` elements per rank (per block in the list forms; the
+    /// odd count is `count + 1`): from 16 Ki (`i32`, 64 KiB) a payload out of a tensor in
+    /// shared memory is read straight from the sender's heap.
+    pub fn all_of(w: usize, count: usize) -> Vec<Scenario> {
+        let base = |kind| Case {
+            count,
+            ..base(kind, w)
+        };
         let mut out = Vec::new();
         for (i, kind) in COLLECTIVES.into_iter().enumerate() {
-            Scenario::departures(&mut out, i, base(kind, w));
+            Scenario::departures(&mut out, i, base(kind));
         }
         for kind in [OpKind::AllReduce, OpKind::Barrier, OpKind::AllGather] {
             out.push(Scenario {
                 w,
                 m: w - 1,
-                case: base(kind, w),
+                case: base(kind),
                 fault: Fault::Opposite,
             });
         }
