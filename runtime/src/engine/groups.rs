@@ -26,8 +26,10 @@ pub(super) struct Group {
     pub(super) unexpected: HashMap<u64, Vec<Message>>,
     pub(super) done: DoneCalls,
     pub(super) forgotten_below: u64,
-    pub(super) p2p_send_seq: HashMap<(usize, u32), u64>,
-    pub(super) p2p_recv_seq: HashMap<(usize, u32), u64>,
+    /// Per (peer, tag) of this rank's own sends and receives (keys it chose: a receive's
+    /// lane enters only once a message matched it).
+    pub(super) p2p_send_seq: FastMap<(usize, u32), u64>,
+    pub(super) p2p_recv_seq: FastMap<(usize, u32), u64>,
     /// (src, tag, seq) → (arrival number, message).
     pub(super) p2p_arrived: BTreeMap<(usize, u32, u64), (u64, Message)>,
     pub(super) p2p_posted: Vec<OpId>,
@@ -156,8 +158,8 @@ impl Engine {
             done: DoneCalls::default(),
             device_open: BTreeSet::new(),
             forgotten_below: 0,
-            p2p_send_seq: HashMap::new(),
-            p2p_recv_seq: HashMap::new(),
+            p2p_send_seq: FastMap::default(),
+            p2p_recv_seq: FastMap::default(),
             p2p_arrived: BTreeMap::new(),
             p2p_posted: Vec::new(),
             flow: Flow::new(window, budget),

@@ -6,12 +6,12 @@ use super::p2p_flow::P2pOut;
 use super::{Engine, Event, OpId, PendingCall, State};
 use crate::collective::{p2p_fp, Output};
 use crate::error::{Error, ProtocolError};
+use crate::fast_hash::FastMap;
 use crate::ids::{DataPath, Fingerprint, GroupId};
 use crate::op::OpKind;
 use crate::tensor::{validate_storage, Tensor};
 use crate::wire::message::{Header, Message, Transmit, TICKET_MAX};
 use bytes::Bytes;
-use std::collections::HashMap;
 
 impl Engine {
     /// Sends `data` (`count` elements of `fp`'s dtype, or a ticket for them when `fp`'s path
@@ -156,10 +156,14 @@ impl Engine {
         let Some(g) = self.groups.get_mut(&gid) else {
             return;
         };
-        // Per lane: receives waiting, and whether one of them is above the eager limit.
+        if g.p2p_posted.is_empty() {
+            return;
+        }
+        // Per lane: receives waiting, and whether one of them is above the eager limit (keys
+        // of this rank's own receives).
         let limit = g.p2p_flow.eager_limit();
-        let mut named: HashMap<(usize, u32), (u64, bool)> = HashMap::new();
-        let mut any: HashMap<u32, (u64, bool)> = HashMap::new();
+        let mut named: FastMap<(usize, u32), (u64, bool)> = FastMap::default();
+        let mut any: FastMap<u32, (u64, bool)> = FastMap::default();
         for rid in &g.p2p_posted {
             if let Some(PendingCall {
                 state: State::Recv { src, tag, spec },

@@ -36,6 +36,7 @@
 //! the grant arrives; no eager budget is involved. The eager reports only let senders run
 //! ahead without a round trip.
 
+use crate::fast_hash::FastMap;
 use crate::wire::message::{Header, Transmit};
 use std::collections::{HashMap, VecDeque};
 
@@ -70,8 +71,8 @@ struct Peer {
     /// Eager messages of the peer consumed here (cumulative), and the count last reported.
     eager_consumed: u64,
     eager_reported: u64,
-    /// Per tag: the grant this rank sent the peer.
-    grants: HashMap<u32, u64>,
+    /// Per tag: the grant this rank sent the peer (tags of this rank's own receives).
+    grants: FastMap<u32, u64>,
     /// Per tag: the peer holds its lane's messages below this for this rank (it asked).
     asked: HashMap<u32, u64>,
 }
@@ -82,7 +83,8 @@ pub(crate) struct P2pFlow {
     window: u64,
     /// The largest eager message (`budget / window`).
     eager_limit: u64,
-    peers: HashMap<usize, Peer>,
+    /// Per group-local peer (a member: the engine maps every sender into the group first).
+    peers: FastMap<usize, Peer>,
 }
 
 /// Marks a point-to-point message eager or solicited.
@@ -99,7 +101,7 @@ impl P2pFlow {
         P2pFlow {
             window,
             eager_limit: budget / window,
-            peers: HashMap::new(),
+            peers: FastMap::default(),
         }
     }
 
