@@ -80,12 +80,12 @@ fn a_tensor_filled_in_place_crosses_from_the_heap_and_comes_back_exact() {
     });
 }
 
-/// Large parts of rooted calls (a broadcast, a reduce, a gather, a scatter) and of
-/// point-to-point messages cross with one copy, read out of the sender's memory by the
+/// Large parts of rooted calls (a broadcast, a reduce, a gather, a scatter), of all_to_all
+/// and of point-to-point messages cross with one copy, read out of the sender's memory by the
 /// receiver, in pieces that the receiver's threads share; the results are exact, on ordinary
 /// and shared tensors alike.
 #[test]
-fn large_rooted_calls_and_messages_are_read_once_by_every_thread_of_the_receiver_exact() {
+fn large_rooted_calls_all_to_all_and_messages_are_read_once_by_every_thread_of_the_receiver() {
     on_shm(2, Duration::from_secs(60), |r, p| {
         let c = p.communicator();
         let n = 12 * MIB / 4;
@@ -140,6 +140,30 @@ fn large_rooted_calls_and_messages_are_read_once_by_every_thread_of_the_receiver
         let split = p.split_reads();
         if split < 3 {
             return Err(format!("rank {r}: {split} parts read in pieces"));
+        }
+        // An all_to_all of two 12 MiB blocks: each rank reads the peer's block once, in
+        // pieces, into its output (twice: the second call issued at once on both ranks).
+        for _ in 0..2 {
+            let both: Vec<f32> = mine.iter().chain(&mine).map(|x| x * 2.0 + 1.0).collect();
+            let got = c
+                .all_to_all_single(
+                    TensorSpec::new(&[2 * n], DType::F32),
+                    Tensor::from_slice(&both),
+                    None,
+                    None,
+                )
+                .wait()
+                .map_err(e)?;
+            let want: Vec<f32> = (0..2)
+                .flat_map(|q| of(q).into_iter().map(|x| x * 2.0 + 1.0))
+                .collect();
+            if got.to_vec::<f32>().ok() != Some(want) {
+                return Err(format!("rank {r}: all_to_all wrong"));
+            }
+        }
+        let more = p.split_reads() - split;
+        if more < 2 {
+            return Err(format!("rank {r}: {more} all_to_all blocks read in pieces"));
         }
         p.shutdown().map_err(|e| e.to_string())
     });

@@ -15,6 +15,13 @@
 //! the output is in place, the output is the buffer itself (no join; the chunks that are not
 //! in place, such as this rank's own, are copied in: `engine/output.rs`).
 //!
+//! A remote record (over shared memory: the payload stays in the sender's memory until the
+//! receiver reads it) may come before this rank has made its call, when the peer is ahead:
+//! its landing is not registered yet. The frame reader then keeps it unread for a moment
+//! ([`Landings::awaits`], `wire::shm::frames::HOLD`), so that the call, once made, finds its
+//! payload still to read and it lands; read into a buffer of its own it would be copied
+//! twice.
+//!
 //! Correctness never depends on a landing: a frame that does not match, comes before its call
 //! starts or after it ends, or whose range was claimed already, is read as before, and an
 //! output is taken from the buffer only when every chunk is the frozen range at its own
@@ -24,6 +31,7 @@
 //! The lock here guards where payload bytes go, never a protocol decision (like the arena's,
 //! it stays outside the loom model: `sync::unmodelled`).
 
+use crate::fast_hash::FastMap;
 use crate::ids::{Fingerprint, GroupId};
 use crate::sync::unmodelled::{AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::tensor::arena::{Arena, ArenaPart};
@@ -52,6 +60,8 @@ struct Landing {
 #[derive(Default)]
 pub struct Landings {
     expected: Mutex<BTreeMap<Key, Landing>>,
+    /// Per group, the calls this rank has made: those below the mark.
+    made: Mutex<FastMap<GroupId, u64>>,
     /// Messages placed so far.
     placed: AtomicU64,
 }
@@ -83,6 +93,24 @@ impl Landings {
                 ranges,
             },
         );
+    }
+
+    /// Marks call `seq` of `group` (and those before it) made on this rank: its landings, if
+    /// it has any, are registered.
+    pub(crate) fn made(&self, group: GroupId, seq: u64) {
+        let mut m = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        let e = m.entry(group).or_insert(0);
+        *e = (*e).max(seq.saturating_add(1));
+    }
+
+    /// Whether a frame with `header` is a data message of a call this rank has not made yet
+    /// (whose landing, if the call has one, is still to come).
+    pub fn awaits(&self, header: &Header) -> bool {
+        let Header::Data { group, seq, .. } = header else {
+            return false;
+        };
+        let m = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(group).is_none_or(|&made| *seq >= made)
     }
 
     /// Drops the landings of call `seq` of `group` (it ended).

@@ -361,6 +361,18 @@ impl Engine {
     /// point-to-point calls), taken by the caller when the call was made. The result comes
     /// out of [`poll_event`](Self::poll_event), perhaps at once.
     pub fn submit(&mut self, group: GroupId, seq: u64, plan: Plan, now: Time) -> OpId {
+        let p2p = plan.is_p2p();
+        let id = self.start(group, seq, plan, now);
+        if !p2p {
+            // Its landings, if any, are registered: a payload of it that came early need not
+            // wait for them any more (see `crate::landing`).
+            self.landings.made(group, seq);
+        }
+        id
+    }
+
+    /// [`submit`](Self::submit), but for the mark of the call made.
+    fn start(&mut self, group: GroupId, seq: u64, plan: Plan, now: Time) -> OpId {
         let id = OpId(self.next_op);
         self.next_op += 1;
         if self.closing.is_some() {

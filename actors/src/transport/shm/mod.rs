@@ -62,7 +62,7 @@ use collectix_runtime::tensor::pool::Pool;
 use collectix_runtime::wire::codec::Limits;
 use collectix_runtime::wire::shm::{
     Callers, FrameReader, FrameWriter, Layout, Leave, RemoteRead, Rest, RingReader, RingWriter,
-    Segment, Sent, Share, SharedRead, SingleCopy, Sources,
+    Segment, Sent, Share, SharedRead, SingleCopy, Sources, HOLD,
 };
 use collectix_runtime::wire::{Link, LinkError, Message};
 use collectix_runtime::{Error, Result};
@@ -433,6 +433,7 @@ impl Inner {
                     remote: m.clone(),
                     post: &post,
                 }),
+                now: driver.now(),
             };
             for _ in 0..BURST {
                 match r.frames.next(&mut r.ring, &src, &mut wake) {
@@ -570,6 +571,14 @@ impl Inner {
             })
     }
 
+    /// Whether a ring's reader keeps a remote record unread for its call (false while
+    /// someone reads: they look again).
+    fn holding(&self) -> bool {
+        self.readers
+            .try_lock()
+            .is_ok_and(|rs| rs.iter().any(|r| !r.dead && r.frames.holding().is_some()))
+    }
+
     /// The progress thread: reads and pumps while there is work, then parks on the doorbell.
     fn progress_loop(&self) {
         while !self.closing.load(Ordering::SeqCst) {
@@ -607,15 +616,22 @@ impl Inner {
             // Callers read (or did a moment ago, and `polling` still says so): look again
             // within the linger, lowering `polling` once no caller came for a whole wait
             // (senders ring from then on; what came before is read by the next turn).
+            // A record kept unread for its call (`frames::HOLD`) is looked at again in time,
+            // whoever rings.
+            let (linger, park) = if self.holding() {
+                (LINGER.min(HOLD), HOLD)
+            } else {
+                (LINGER, PARK)
+            };
             match self.callers.rest(&self.own, bell, || {
                 // A close whose doorbell came before `bell` is seen here.
                 !self.has_work() && !board && !self.closing.load(Ordering::SeqCst)
             }) {
                 Rest::Linger { bell, looks } => {
-                    os::wait(self.own.doorbell(), bell, LINGER);
+                    os::wait(self.own.doorbell(), bell, linger);
                     self.callers.lingered(&self.own, looks);
                 }
-                Rest::Park { bell } => os::wait(self.own.doorbell(), bell, PARK),
+                Rest::Park { bell } => os::wait(self.own.doorbell(), bell, park),
                 Rest::Stay => {}
             }
             self.callers.woke(&self.own);

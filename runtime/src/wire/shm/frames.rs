@@ -16,21 +16,26 @@
 //! once. The reader decodes with the codec's checks (every length against [`Limits`] before
 //! anything is allocated), and puts each payload part straight into its place in the output
 //! of the call that expects it ([`crate::landing`]), else in an 8-aligned buffer from a
-//! [`Pool`].
+//! [`Pool`]. A remote record of a call the receiving rank has not made yet, with nothing
+//! behind it in the ring, is kept unread for at most [`HOLD`], so that it lands once the call
+//! is made (its payload waits in the sender's memory either way).
 
 use super::ring::{RingReader, RingWriter};
 use super::shared_read::{SharedRead, SharedRemote, SPLIT_MIN};
 use super::ShmError;
 use crate::landing::Landings;
+use crate::op::OpKind;
 use crate::tensor::arena::{Arena, ArenaPart};
 use crate::tensor::bytes_from_vec;
 use crate::tensor::pool::{Pool, PoolBuf};
 use crate::tensor::shared_heap::SharedHeap;
+use crate::time::Time;
 use crate::wire::codec::{self, Limits, MAX_HEADER_BYTES, PREFIX_BYTES};
 use crate::wire::{Header, Message};
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Parts up to this size are read into a pooled buffer taken whole; larger ones into a buffer
 /// that grows by this much as their bytes arrive (a length a peer announces is never
@@ -46,6 +51,11 @@ pub const REMOTE_MIN: usize = 64 << 10;
 /// publishes them, the reader frees their room): sender and receiver then copy a large
 /// payload at once, a slice apart, instead of taking turns over the whole ring.
 pub const SLICE: u64 = 128 << 10;
+
+/// The longest a remote record of a call not made here yet is kept unread, waiting for the
+/// call's landing (while nothing comes behind it in the ring). A peer ahead by more than
+/// this has its payload read into a buffer of its own, as a message that lands nowhere.
+pub const HOLD: Duration = Duration::from_millis(1);
 
 /// An inline record.
 const INLINE: u8 = 0;
@@ -92,17 +102,20 @@ pub struct FrameWriter {
 /// Measured on a 2-core VM with buffers on huge pages (`docs/performance.md`, "Huge pages
 /// and one copy for rooted calls"): the single copy wins where data flows one way between two
 /// processes (a broadcast, reduce, gather or scatter: the sender has nothing else to copy,
-/// the receiver's threads take both cores) and for large point-to-point messages (one
-/// tensor each, read once), and loses in the collectives' exchanges (all_reduce,
-/// all_gather, reduce_scatter, all_to_all), whose steps keep both processes copying through
-/// the ring anyway, and below 8 MiB, where one thread reads alone.
+/// the receiver's threads take both cores), for large point-to-point messages (one tensor
+/// each, read once) and for all_to_all's blocks (each read once, straight into the output,
+/// its call's landing waited for: [`HOLD`]), and loses in the collectives' exchanges that
+/// forward or reduce what they receive (all_reduce, all_gather, reduce_scatter), whose steps
+/// keep both processes copying through the ring anyway, and below 8 MiB, where one thread
+/// reads alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SingleCopy {
     /// None: every payload through the ring.
     Off,
     /// The payloads of [`SPLIT_MIN`] bytes or more (8 MiB: read by every thread of the
     /// receiver) of rooted collectives' steps (a call fingerprint with a root: broadcast,
-    /// reduce, gather, scatter) and of point-to-point messages; the default.
+    /// reduce, gather, scatter), of all_to_all's and of point-to-point messages; the
+    /// default.
     Auto,
     /// Every payload of [`REMOTE_MIN`] bytes or more.
     All,
@@ -118,7 +131,10 @@ impl SingleCopy {
             SingleCopy::Auto => {
                 bytes >= SPLIT_MIN
                     && match header {
-                        Header::Data { call, .. } => call.root.is_some(),
+                        Header::Data { call, .. } => {
+                            call.root.is_some()
+                                || matches!(call.kind, OpKind::AllToAll | OpKind::AllToAllSingle)
+                        }
                         Header::P2p { .. } => true,
                         _ => false,
                     }
@@ -330,6 +346,13 @@ enum Place {
         lens: Vec<usize>,
         want: usize,
     },
+    /// A remote record whose addresses are in `head`, kept unread until its call is made
+    /// here (and it lands), something comes behind it, or `until`.
+    Held {
+        header: Header,
+        lens: Vec<usize>,
+        until: Time,
+    },
     /// Reading the payload of an inline record whose head was decoded.
     Parts {
         header: Header,
@@ -364,6 +387,8 @@ pub struct Sources<'a> {
     /// a large read for them ([`crate::wire::shm::shared_read`]); `None`: this thread reads
     /// every remote part alone.
     pub share: Option<Share<'a>>,
+    /// The time now (how long a remote record has waited for its call: [`HOLD`]).
+    pub now: Time,
 }
 
 /// A large remote part's read, offered to the receiving process's other threads.
@@ -380,6 +405,11 @@ impl Sources<'_> {
         let (src, landings) = self.landings?;
         landings.place(src, header, lens)
     }
+
+    /// Whether a message with `header` belongs to a call the rank has not made yet.
+    fn awaits(&self, header: &Header) -> bool {
+        self.landings.is_some_and(|(_, l)| l.awaits(header))
+    }
 }
 
 impl FrameReader {
@@ -390,6 +420,15 @@ impl FrameReader {
             head: BytesMut::with_capacity(256),
             place: Place::Kind,
             remote_read: 0,
+        }
+    }
+
+    /// Until when a remote record is kept unread, if one is (see [`HOLD`]): whoever reads
+    /// the ring should look again by then.
+    pub fn holding(&self) -> Option<Time> {
+        match &self.place {
+            Place::Held { until, .. } => Some(*until),
+            _ => None,
         }
     }
 
@@ -404,6 +443,19 @@ impl FrameReader {
         wake: &mut bool,
     ) -> Result<Option<(Header, Vec<Bytes>)>, ShmError> {
         let published = ring.ready()?;
+        if let Place::Held { header, until, .. } = &self.place {
+            // Read now if it lands, if its call was made without a landing for it, if
+            // something waits behind it, or once it has waited long enough.
+            let landed = src.place(header, self.held_lens());
+            if landed.is_none() && published == 0 && src.now < *until && src.awaits(header) {
+                return Ok(None);
+            }
+            let Place::Held { header, lens, .. } = std::mem::replace(&mut self.place, Place::Kind)
+            else {
+                unreachable!("matched above")
+            };
+            return self.read_record(header, lens, landed, ring, src).map(Some);
+        }
         if published == 0 {
             // Nothing published: the head's line is left alone (a caller spinning here must
             // not write the line the writer reads for room on every turn).
@@ -496,24 +548,20 @@ impl FrameReader {
                     else {
                         unreachable!("matched above")
                     };
-                    let remote = src.remote.ok_or_else(|| {
-                        ShmError::Corrupt("a remote record where none may come".into())
-                    })?;
-                    let mut landed = src.place(&header, &lens).map(Vec::into_iter);
-                    let mut payload = Vec::with_capacity(lens.len());
-                    for (i, &len) in lens.iter().enumerate() {
-                        let addr = self
-                            .head
-                            .get(8 * i..8 * i + 8)
-                            .and_then(|b| b.try_into().ok())
-                            .map_or(0, u64::from_le_bytes);
-                        let into = landed.as_mut().and_then(Iterator::next);
-                        payload.push(read_remote(remote, addr, len, src, into)?);
+                    let landed = src.place(&header, &lens);
+                    if landed.is_none() && *ready == 0 && ring.ready()? == 0 && src.awaits(&header)
+                    {
+                        // Its call is not made here yet: keep it unread for it (see `HOLD`).
+                        self.place = Place::Held {
+                            header,
+                            lens,
+                            until: src.now + HOLD,
+                        };
+                        return Ok(None);
                     }
-                    self.remote_read += 1;
-                    ring.ack(self.remote_read);
-                    return Ok(Some((header, payload)));
+                    return self.read_record(header, lens, landed, ring, src).map(Some);
                 }
+                Place::Held { .. } => return Ok(None),
                 Place::Parts {
                     lens,
                     landed,
@@ -578,6 +626,45 @@ impl FrameReader {
                 }
             }
         }
+    }
+}
+
+impl FrameReader {
+    /// The part lengths of the record kept unread.
+    fn held_lens(&self) -> &[usize] {
+        match &self.place {
+            Place::Held { lens, .. } => lens,
+            _ => &[],
+        }
+    }
+
+    /// Reads the parts of a remote record whose addresses are in `head` (into `landed`, the
+    /// places of its parts, if it lands) and acknowledges it.
+    fn read_record(
+        &mut self,
+        header: Header,
+        lens: Vec<usize>,
+        landed: Option<Vec<ArenaPart>>,
+        ring: &mut RingReader,
+        src: &Sources<'_>,
+    ) -> Result<(Header, Vec<Bytes>), ShmError> {
+        let remote = src
+            .remote
+            .ok_or_else(|| ShmError::Corrupt("a remote record where none may come".into()))?;
+        let mut landed = landed.map(Vec::into_iter);
+        let mut payload = Vec::with_capacity(lens.len());
+        for (i, &len) in lens.iter().enumerate() {
+            let addr = self
+                .head
+                .get(8 * i..8 * i + 8)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u64::from_le_bytes);
+            let into = landed.as_mut().and_then(Iterator::next);
+            payload.push(read_remote(remote, addr, len, src, into)?);
+        }
+        self.remote_read += 1;
+        ring.ack(self.remote_read);
+        Ok((header, payload))
     }
 }
 
@@ -827,6 +914,7 @@ mod tests {
             remote,
             landings: None,
             share: None,
+            now: Time::ZERO,
         }
     }
 
@@ -920,6 +1008,7 @@ mod tests {
         let mut rooted = crate::ids::Fingerprint::new(OpKind::Broadcast, DType::U8);
         rooted.root = Some(0);
         let exchange = crate::ids::Fingerprint::new(OpKind::AllGather, DType::U8);
+        let to_all = crate::ids::Fingerprint::new(OpKind::AllToAllSingle, DType::U8);
         let big = SPLIT_MIN;
         let p2p = |seq: u64, n: usize| {
             let mut m = msg(seq, &[n]);
@@ -935,9 +1024,12 @@ mod tests {
             m
         };
         for (policy, want) in [
-            (SingleCopy::Off, [false; 6]),
-            (SingleCopy::Auto, [true, false, false, true, false, false]),
-            (SingleCopy::All, [true; 6]),
+            (SingleCopy::Off, [false; 8]),
+            (
+                SingleCopy::Auto,
+                [true, false, false, true, false, false, true, false],
+            ),
+            (SingleCopy::All, [true; 8]),
         ] {
             let sent = [
                 data(1, rooted, &[big]),
@@ -946,6 +1038,8 @@ mod tests {
                 p2p(4, big),
                 p2p(5, REMOTE_MIN),
                 msg(6, &[REMOTE_MIN]),
+                data(7, to_all, &[big]),
+                data(8, to_all, &[REMOTE_MIN]),
             ];
             let lent = Lent(sent.iter().flat_map(|m| m.payload.clone()).collect());
             let (w, mut r, _region) = ends(1 << 20);
@@ -1012,6 +1106,7 @@ mod tests {
                 remote: slow.clone(),
                 post: &post,
             }),
+            now: Time::ZERO,
         };
         let mut fr = FrameReader::new(Limits::default());
         let mut wake = false;
@@ -1069,13 +1164,15 @@ mod tests {
                 data(6, fp, &[a, b]),
             ];
             let lent = Lent(sent.iter().flat_map(|m| m.payload.clone()).collect());
-            // Call 5 expects the message from rank 0 on tag 2; call 6 none.
+            // Call 5 expects the message from rank 0 on tag 2; call 6 none (both made).
+            landings.made(GroupId(3), 6);
             landings.expect((GroupId(3), 5, 0, 2), fp, &arena, vec![0..a, a..a + b]);
             let sources = Sources {
                 pool: &pool,
                 remote: Some(&lent),
                 landings: Some((0, &landings)),
                 share: None,
+                now: Time::ZERO,
             };
             let mut got = Vec::new();
             let mut queue: std::collections::VecDeque<Message> = sent.iter().cloned().collect();
@@ -1112,6 +1209,92 @@ mod tests {
             assert_eq!(arena.frozen(0..a + b).map(|x| x.len()), Some(a + b));
         }
         assert_eq!(landings.placed(), 2);
+    }
+
+    /// A remote record of a call the rank has not made yet is kept unread until the call is
+    /// made (then it lands), something comes behind it, or [`HOLD`] has passed; a call made
+    /// without a landing for it has its record read at once.
+    #[test]
+    #[cfg_attr(miri, ignore)] // no unsafe code of its own; 64 KiB records are slow there
+    fn a_remote_record_of_a_call_not_made_yet_waits_for_its_landing() {
+        use crate::op::OpKind;
+        use crate::tensor::arena::Arena;
+        use crate::tensor::dtype::DType;
+        let fp = crate::ids::Fingerprint::new(OpKind::AllGather, DType::U8);
+        let n = REMOTE_MIN;
+        let (w, mut r, _region) = ends(1 << 20);
+        let mut w = w.with_single_copy(SingleCopy::All);
+        r.allow_remote();
+        let sent: Vec<Message> = (7..=11).map(|seq| data(seq, fp, &[n])).collect();
+        let lent = Lent(sent.iter().flat_map(|m| m.payload.clone()).collect());
+        let pool = Pool::new(1 << 20);
+        let landings = Landings::new();
+        let mut fr = FrameReader::new(Limits::default());
+        let t0 = Time::from_nanos(5_000);
+        let at = |now: Time| Sources {
+            pool: &pool,
+            remote: Some(&lent),
+            landings: Some((0, &landings)),
+            share: None,
+            now,
+        };
+        let mut send = |m: &Message| {
+            assert!(w.send(m.clone()).is_ok());
+            for _ in 0..100 {
+                if !w.is_pending() {
+                    break;
+                }
+                assert!(w.pump().is_ok());
+            }
+            assert!(!w.is_pending());
+        };
+        let mut wake = false;
+        let mut next = |fr: &mut FrameReader, r: &mut RingReader, now| {
+            fr.next(r, &at(now), &mut wake).ok().flatten()
+        };
+        // Call 7, not made: kept until it is made with its landing, then read into place.
+        send(&sent[0]);
+        assert_eq!(next(&mut fr, &mut r, t0), None, "kept");
+        assert_eq!(fr.holding(), Some(t0 + HOLD));
+        assert_eq!(next(&mut fr, &mut r, t0), None, "still kept");
+        let arena = Arena::new(&Pool::none(), n);
+        landings.made(GroupId(3), 7);
+        landings.expect(
+            (GroupId(3), 7, 0, 2),
+            fp,
+            &arena,
+            std::iter::once(0..n).collect(),
+        );
+        let (h, p) = next(&mut fr, &mut r, t0).unwrap_or_else(|| panic!("read once made"));
+        assert_eq!((&h, &p), (&sent[0].header, &sent[0].payload));
+        assert!(arena.holds_at(&p[0], 0), "landed");
+        assert_eq!((landings.placed(), fr.holding()), (1, None));
+        // Call 8, never made: read into a buffer of its own once `HOLD` has passed.
+        send(&sent[1]);
+        assert_eq!(next(&mut fr, &mut r, t0), None);
+        let later = t0 + HOLD;
+        let (h, p) = next(&mut fr, &mut r, later).unwrap_or_else(|| panic!("read at the end"));
+        assert_eq!((&h, &p), (&sent[1].header, &sent[1].payload));
+        // Call 9: kept until call 10's record comes behind it, which is then kept in turn
+        // (nothing behind it, its call not made).
+        send(&sent[2]);
+        assert_eq!(next(&mut fr, &mut r, t0), None);
+        send(&sent[3]);
+        let got = next(&mut fr, &mut r, t0).map(|(h, _)| h);
+        assert_eq!(
+            got.as_ref(),
+            Some(&sent[2].header),
+            "nothing waits behind one kept"
+        );
+        assert_eq!(next(&mut fr, &mut r, t0), None);
+        let got = next(&mut fr, &mut r, later).map(|(h, _)| h);
+        assert_eq!(got.as_ref(), Some(&sent[3].header));
+        // Call 11, made with no landing for this message: read at once.
+        landings.made(GroupId(3), 11);
+        send(&sent[4]);
+        let (h, _) = next(&mut fr, &mut r, t0).unwrap_or_else(|| panic!("read at once"));
+        assert_eq!(h, sent[4].header);
+        assert_eq!(landings.placed(), 1);
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub mod shared_read;
 pub mod wake;
 
 pub use frames::{
-    FrameReader, FrameWriter, RemoteRead, Sent, Share, SingleCopy, Sources, REMOTE_MIN,
+    FrameReader, FrameWriter, RemoteRead, Sent, Share, SingleCopy, Sources, HOLD, REMOTE_MIN,
 };
 pub use memory::{Memory, Word};
 pub use region::Region;
