@@ -60,10 +60,29 @@ struct Landing {
 #[derive(Default)]
 pub struct Landings {
     expected: Mutex<BTreeMap<Key, Landing>>,
-    /// Per group, the calls this rank has made: those below the mark.
-    made: Mutex<FastMap<GroupId, u64>>,
+    /// Per group, the calls this rank has made: those below the mark. The engine keeps each
+    /// group's mark in its group state and raises it with one atomic store per call
+    /// ([`Made`]); the map is only looked at by readers holding a remote record.
+    made: Mutex<FastMap<GroupId, Arc<AtomicU64>>>,
     /// Messages placed so far.
     placed: AtomicU64,
+    /// Run when [`place`](Self::place) finds no landing (tests: a call made right after).
+    #[cfg(test)]
+    pub(crate) on_miss: std::sync::Mutex<Option<Box<dyn FnMut() + Send>>>,
+}
+
+/// One group's mark of the calls this rank has made (those below it): raised by the engine
+/// once a call's landings are registered, read by the frame readers through
+/// [`Landings::awaits`].
+#[derive(Clone, Default)]
+pub(crate) struct Made(Arc<AtomicU64>);
+
+impl Made {
+    /// Call `seq` (and those before it) is made: its landings, if it has any, are
+    /// registered (the release orders them before the mark).
+    pub(crate) fn mark(&self, seq: u64) {
+        self.0.fetch_max(seq.saturating_add(1), Ordering::Release);
+    }
 }
 
 impl Landings {
@@ -95,22 +114,33 @@ impl Landings {
         );
     }
 
-    /// Marks call `seq` of `group` (and those before it) made on this rank: its landings, if
-    /// it has any, are registered.
-    pub(crate) fn made(&self, group: GroupId, seq: u64) {
+    /// The mark of calls made on `group` (see [`Made`]), registered until
+    /// [`drop_group`](Self::drop_group).
+    pub(crate) fn made_mark(&self, group: GroupId) -> Made {
         let mut m = self.made.lock().unwrap_or_else(|e| e.into_inner());
-        let e = m.entry(group).or_insert(0);
-        *e = (*e).max(seq.saturating_add(1));
+        Made(m.entry(group).or_default().clone())
+    }
+
+    /// Forgets `group`'s mark (the group was destroyed on this rank): a record of it still in
+    /// a ring is read when it waited its while, and dropped by the engine.
+    pub(crate) fn drop_group(&self, group: GroupId) {
+        self.made
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&group);
     }
 
     /// Whether a frame with `header` is a data message of a call this rank has not made yet
-    /// (whose landing, if the call has one, is still to come).
+    /// (whose landing, if the call has one, is still to come). When this says no after
+    /// [`place`](Self::place) found nothing, the caller looks again: the call may have been
+    /// made (its landings registered) between the two looks.
     pub fn awaits(&self, header: &Header) -> bool {
         let Header::Data { group, seq, .. } = header else {
             return false;
         };
         let m = self.made.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(group).is_none_or(|&made| *seq >= made)
+        m.get(group)
+            .is_none_or(|made| *seq >= made.load(Ordering::Acquire))
     }
 
     /// Drops the landings of call `seq` of `group` (it ended).
@@ -126,6 +156,11 @@ impl Landings {
         for k in keys {
             m.remove(&k);
         }
+    }
+
+    /// How many groups have a mark of calls made (those registered and not destroyed).
+    pub fn groups_marked(&self) -> usize {
+        self.made.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// How many messages were read straight into their place so far.
@@ -160,9 +195,22 @@ impl Landings {
         let landing = {
             let mut m = self.lock();
             if m.is_empty() {
-                return None;
+                None
+            } else {
+                m.remove(&(*group, *seq, src, *tag))
             }
-            m.remove(&(*group, *seq, src, *tag))?
+        };
+        let Some(landing) = landing else {
+            #[cfg(test)]
+            if let Some(f) = self
+                .on_miss
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
+            {
+                f();
+            }
+            return None;
         };
         if landing.fp != *call
             || landing.ranges.len() != lens.len()

@@ -104,6 +104,11 @@ fn destroying_a_group_returns_its_pending_error() {
     );
     // Rank 1 heard it from its call: nothing pending there.
     assert_eq!(sim.destroy_group(1, GroupId::WORLD), Ok(()));
+    // Nothing of the group stays behind for the transports' readers.
+    for r in 0..w {
+        let marked = sim.engine(r).map(|e| e.landings().groups_marked());
+        assert_eq!(marked, Some(0), "rank {r}");
+    }
     // Later calls on a destroyed group are the caller's mistake, said so.
     let info_gone = sim.submit(0, GroupId::WORLD, bc.request(0), &opts());
     assert!(info_gone.is_err());

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::fast_hash::FastMap;
 use crate::group::{GroupId, GroupInfo};
 use crate::ids::Fingerprint;
+use crate::landing::Made;
 use crate::time::Time;
 use crate::wire::message::{Message, Transmit};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -58,6 +59,9 @@ pub(super) struct Group {
     /// Calls on the NCCL path whose host step finished and whose device operation has not
     /// finished yet (sequence numbers): not completed, for the survivors' agreement.
     pub(super) device_open: BTreeSet<u64>,
+    /// The mark of the collective calls made here, for the frame readers
+    /// (`crate::landing::Made`).
+    pub(super) made: Made,
 }
 
 /// The fingerprints of a group's last [`DONE_KEPT`] finished calls, by sequence number: a
@@ -149,6 +153,7 @@ impl Engine {
     pub fn add_group(&mut self, info: GroupInfo, now: Time) {
         let id = info.id;
         let (window, budget) = (info.options.window, info.options.peer_budget_bytes);
+        let landings = &self.landings;
         self.groups.entry(id).or_insert_with(|| Group {
             info,
             aborted: None,
@@ -169,6 +174,7 @@ impl Engine {
             board: FastMap::default(),
             board_inquiries: FastMap::default(),
             board_verdicts: FastMap::default(),
+            made: landings.made_mark(id),
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
             self.unorphan(&m);
@@ -276,6 +282,7 @@ impl Engine {
             self.tell_left(id);
         }
         self.groups.remove(&id);
+        self.landings.drop_group(id);
         self.board_changed();
         // (No orphans to drop: a registered group adopted its orphans when it was added.)
         self.destroyed.insert(id);

@@ -366,7 +366,9 @@ impl Engine {
         if !p2p {
             // Its landings, if any, are registered: a payload of it that came early need not
             // wait for them any more (see `crate::landing`).
-            self.landings.made(group, seq);
+            if let Some(g) = self.groups.get(&group) {
+                g.made.mark(seq);
+            }
         }
         id
     }

@@ -446,9 +446,13 @@ impl FrameReader {
         if let Place::Held { header, until, .. } = &self.place {
             // Read now if it lands, if its call was made without a landing for it, if
             // something waits behind it, or once it has waited long enough.
-            let landed = src.place(header, self.held_lens());
-            if landed.is_none() && published == 0 && src.now < *until && src.awaits(header) {
-                return Ok(None);
+            let mut landed = src.place(header, self.held_lens());
+            if landed.is_none() && published == 0 && src.now < *until {
+                if src.awaits(header) {
+                    return Ok(None);
+                }
+                // Made since the look for its landing: look again.
+                landed = src.place(header, self.held_lens());
             }
             let Place::Held { header, lens, .. } = std::mem::replace(&mut self.place, Place::Kind)
             else {
@@ -548,16 +552,21 @@ impl FrameReader {
                     else {
                         unreachable!("matched above")
                     };
-                    let landed = src.place(&header, &lens);
-                    if landed.is_none() && *ready == 0 && ring.ready()? == 0 && src.awaits(&header)
-                    {
-                        // Its call is not made here yet: keep it unread for it (see `HOLD`).
-                        self.place = Place::Held {
-                            header,
-                            lens,
-                            until: src.now + HOLD,
-                        };
-                        return Ok(None);
+                    let mut landed = src.place(&header, &lens);
+                    if landed.is_none() && *ready == 0 && ring.ready()? == 0 {
+                        if src.awaits(&header) {
+                            // Its call is not made here yet: keep it unread for it (see
+                            // `HOLD`).
+                            self.place = Place::Held {
+                                header,
+                                lens,
+                                until: src.now + HOLD,
+                            };
+                            return Ok(None);
+                        }
+                        // Made since the look for its landing (its landings registered
+                        // before the mark): look again.
+                        landed = src.place(&header, &lens);
                     }
                     return self.read_record(header, lens, landed, ring, src).map(Some);
                 }
@@ -1165,7 +1174,7 @@ mod tests {
             ];
             let lent = Lent(sent.iter().flat_map(|m| m.payload.clone()).collect());
             // Call 5 expects the message from rank 0 on tag 2; call 6 none (both made).
-            landings.made(GroupId(3), 6);
+            landings.made_mark(GroupId(3)).mark(6);
             landings.expect((GroupId(3), 5, 0, 2), fp, &arena, vec![0..a, a..a + b]);
             let sources = Sources {
                 pool: &pool,
@@ -1258,7 +1267,7 @@ mod tests {
         assert_eq!(fr.holding(), Some(t0 + HOLD));
         assert_eq!(next(&mut fr, &mut r, t0), None, "still kept");
         let arena = Arena::new(&Pool::none(), n);
-        landings.made(GroupId(3), 7);
+        landings.made_mark(GroupId(3)).mark(7);
         landings.expect(
             (GroupId(3), 7, 0, 2),
             fp,
@@ -1290,11 +1299,84 @@ mod tests {
         let got = next(&mut fr, &mut r, later).map(|(h, _)| h);
         assert_eq!(got.as_ref(), Some(&sent[3].header));
         // Call 11, made with no landing for this message: read at once.
-        landings.made(GroupId(3), 11);
+        landings.made_mark(GroupId(3)).mark(11);
         send(&sent[4]);
         let (h, _) = next(&mut fr, &mut r, t0).unwrap_or_else(|| panic!("read at once"));
         assert_eq!(h, sent[4].header);
         assert_eq!(landings.placed(), 1);
+    }
+
+    /// A call made between the reader's look for the landing of a remote record and its
+    /// question whether the call is made (its landing registered before the mark): the
+    /// record still lands.
+    #[test]
+    #[cfg_attr(miri, ignore)] // no unsafe code of its own; 64 KiB records are slow there
+    fn a_call_made_between_the_two_looks_still_lands_its_record() {
+        use crate::op::OpKind;
+        use crate::tensor::arena::Arena;
+        use crate::tensor::dtype::DType;
+        let fp = crate::ids::Fingerprint::new(OpKind::AllGather, DType::U8);
+        let n = REMOTE_MIN;
+        let pool = Pool::new(1 << 20);
+        for kept_first in [false, true] {
+            let arena = Arena::new(&Pool::none(), n);
+            let (w, mut r, _region) = ends(1 << 20);
+            let mut w = w.with_single_copy(SingleCopy::All);
+            r.allow_remote();
+            let seq = 12 + u64::from(kept_first);
+            let sent = data(seq, fp, &[n]);
+            let lent = Lent(sent.payload.clone());
+            let landings = Landings::new();
+            let mut fr = FrameReader::new(Limits::default());
+            let at = Sources {
+                pool: &pool,
+                remote: Some(&lent),
+                landings: Some((0, &landings)),
+                share: None,
+                now: Time::ZERO,
+            };
+            assert!(w.send(sent.clone()).is_ok());
+            for _ in 0..100 {
+                if !w.is_pending() {
+                    break;
+                }
+                assert!(w.pump().is_ok());
+            }
+            let mut wake = false;
+            if kept_first {
+                // Kept once (not made), then made between the looks of the next turn.
+                assert_eq!(fr.next(&mut r, &at, &mut wake).ok().flatten(), None);
+                assert!(fr.holding().is_some());
+            }
+            let (l, a) = (landings.clone(), arena.clone());
+            let mut once = Some(move || {
+                l.expect(
+                    (GroupId(3), seq, 0, 2),
+                    fp,
+                    &a,
+                    std::iter::once(0..n).collect(),
+                );
+                l.made_mark(GroupId(3)).mark(seq);
+            });
+            *landings.on_miss.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(Box::new(move || {
+                    if let Some(f) = once.take() {
+                        f();
+                    }
+                }));
+            let (h, p) = fr
+                .next(&mut r, &at, &mut wake)
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| panic!("read once made"));
+            assert_eq!((&h, &p), (&sent.header, &sent.payload));
+            assert!(
+                arena.holds_at(&p[0], 0),
+                "landed (kept first: {kept_first})"
+            );
+            assert_eq!(landings.placed(), 1);
+            assert_eq!(fr.holding(), None);
+        }
     }
 
     #[test]
