@@ -169,6 +169,142 @@ fn large_rooted_calls_all_to_all_and_messages_are_read_once_by_every_thread_of_t
     });
 }
 
+/// Rank `r`'s part of the in-place all_gather rounds (see the tests below): `landed` counts
+/// the messages it read straight into place; `in_heap`: whether the job has shared heaps
+/// (processes over shared memory), where every large result must be the buffer's memory.
+fn in_place_rounds(
+    r: usize,
+    w: usize,
+    c: &collectix::Communicator,
+    landed: &dyn Fn() -> u64,
+    in_heap: bool,
+) -> Result<(), String> {
+    let value = |round: usize, owner: usize, i: usize| {
+        (i % 1009) as i32 * 8 + owner as i32 + round as i32 * 100_000
+    };
+    let (mut big, mut small) = (None, None);
+    let mut kept: Option<(usize, Tensor)> = None;
+    // Round 2 twice: the second gathers again without writing (its block as left).
+    let rounds = [
+        (0usize, 3 * MIB),
+        (1, 3 * MIB),
+        (2, 3 * MIB),
+        (2, 3 * MIB),
+        (3, 100),
+    ];
+    for (k, (round, n)) in rounds.into_iter().enumerate() {
+        let slot = if n == 100 { &mut small } else { &mut big };
+        if slot.is_none() {
+            *slot = Some(
+                c.alloc_shared(&[w * n], DType::I32)
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        let Some(b) = slot.as_mut() else {
+            return Err("no buffer".into());
+        };
+        if b.is_shared() != in_heap {
+            return Err(format!("rank {r}: in the heap: {}", b.is_shared()));
+        }
+        if k != 3 {
+            let v = b.as_mut_slice::<i32>().map_err(|e| e.to_string())?;
+            for (i, x) in v[r * n..(r + 1) * n].iter_mut().enumerate() {
+                *x = value(round, r, i);
+            }
+        }
+        let before = landed();
+        let got = c
+            .all_gather_into_tensor_in_place(b)
+            .wait()
+            .map_err(|e| format!("rank {r} call {k}: {e}"))?;
+        let want: Vec<i32> = (0..w * n).map(|j| value(round, j / n, j % n)).collect();
+        let v = got.to_vec::<i32>().unwrap_or_default();
+        if v != want || got.shape() != [w * n] {
+            let bad = (0..v.len().min(want.len())).filter(|&j| v[j] != want[j]);
+            return Err(format!(
+                "rank {r} call {k}: wrong result, {} elements wrong",
+                bad.count()
+            ));
+        }
+        let large = in_heap && n * 4 >= 64 << 10;
+        if large && !c.is_shared(&got) {
+            return Err(format!("rank {r} call {k}: result not in the heap"));
+        }
+        if large && landed() - before < (w - 1) as u64 {
+            let got = landed() - before;
+            return Err(format!(
+                "rank {r} call {k}: {got} of {} blocks landed",
+                w - 1
+            ));
+        }
+        // Round 0's result is held through round 1 (the buffer written under it), then
+        // dropped before round 2 (written in place again).
+        if let Some((was, t)) = kept.take() {
+            let want: Vec<i32> = (0..w * n).map(|j| value(was, j / n, j % n)).collect();
+            if t.to_vec::<i32>().ok() != Some(want) {
+                return Err(format!("rank {r}: round {was}'s result changed"));
+            }
+        }
+        if round == 0 {
+            kept = Some((round, got));
+        }
+    }
+    // A buffer that the group's size does not divide: a typed error on every rank.
+    let odd = if r == 0 { w * 64 + 1 } else { w * 64 };
+    let mut b = c
+        .alloc_shared(&[odd], DType::I32)
+        .map_err(|e| e.to_string())?;
+    match c
+        .all_gather_into_tensor_in_place(&mut b)
+        .wait_timeout(Duration::from_secs(20))
+    {
+        Some(Err(_)) => Ok(()),
+        other => Err(format!("rank {r}: odd size gave {other:?}")),
+    }
+}
+
+/// An in-place all_gather (torch's `all_gather_into_tensor(out, out.chunk(W)[rank])`) on a
+/// buffer in shared memory, between processes over shared memory: every peer's block lands
+/// straight in the caller's buffer and the result is that buffer's memory (in the heap),
+/// exact, on 2 and 3 processes, large and small; the buffer is gathered into again step
+/// after step (FSDP's flat parameter), with and without writing it, and a result still held
+/// never changes when the buffer is written again; a wrong size is a typed error on every
+/// rank.
+#[test]
+fn an_in_place_all_gather_lands_every_block_in_the_callers_buffer() {
+    for w in [2usize, 3] {
+        on_shm(w, Duration::from_secs(30), |r, p| {
+            in_place_rounds(r, w, p.communicator(), &|| p.landed(), true)?;
+            p.abort();
+            Ok(())
+        });
+    }
+}
+
+/// The same calls over TCP and in one process (no shared heap: the buffers are ordinary
+/// memory), exact.
+#[test]
+fn an_in_place_all_gather_without_a_shared_heap_is_exact_too() {
+    let ends = common::tcp_job(2, "in-place", Duration::from_secs(30), |r, p| {
+        in_place_rounds(r, 2, p.communicator(), &|| p.landed(), false)?;
+        p.abort();
+        Ok(())
+    });
+    assert_eq!(ends, vec![Ok(()), Ok(())]);
+    let world = collectix::World::local(3).unwrap_or_else(|e| panic!("{e}"));
+    let comms = world.communicators();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| s.spawn(move || in_place_rounds(r, 3, c, &|| 0, false)))
+            .collect();
+        for (r, h) in hs.into_iter().enumerate() {
+            assert_eq!(h.join().ok(), Some(Ok(())), "rank {r}");
+        }
+    });
+}
+
 #[test]
 fn mismatched_shared_tensors_are_a_typed_error_on_every_rank() {
     on_shm(3, Duration::from_secs(5), |r, p| {

@@ -7,6 +7,7 @@ use crate::metrics::Probe;
 use crate::work::Work;
 use collectix_runtime::collective::{Request, TensorSpec};
 use collectix_runtime::group::{check_members, fnv1a};
+use collectix_runtime::tensor::arena::Arena;
 use collectix_runtime::{
     CallOptions, DType, Error, GroupId, GroupInfo, Output, Plan, ReduceOp, Result, Tensor,
 };
@@ -165,12 +166,24 @@ impl Communicator {
         opts: &CallOptions,
         map: fn(Output) -> Result<T>,
     ) -> Work<T> {
+        self.call_landing(req, opts, None, map)
+    }
+
+    /// [`call`](Self::call), a host call's received chunks landing in `into` where they can
+    /// (`Plan::landing_in`).
+    pub(crate) fn call_landing<T: Send + 'static>(
+        &self,
+        req: Request,
+        opts: &CallOptions,
+        into: Option<Arc<Arena>>,
+        map: fn(Output) -> Result<T>,
+    ) -> Work<T> {
         let m = &self.member;
         let p2p = req.is_p2p();
         let device = reserved_tag(&req).map_or_else(|| req.device(), Err);
         let probe = Probe::start(&req, m.group.info.id);
         let work = match device {
-            Ok(d) if d.is_host() => m.call_host(req, opts, map),
+            Ok(d) if d.is_host() => m.call_host_landing(req, opts, into, map),
             Ok(d) => backend::call_on_device(m, self.device_backend, d, req, opts, map),
             Err(e) => m.refuse(p2p, e),
         };

@@ -15,6 +15,7 @@ use crate::work::{guarded, RankThreads, Work};
 use actix::{Addr, ArbiterHandle};
 use collectix_runtime::board::BoardCall;
 use collectix_runtime::schedule::ScheduleCache;
+use collectix_runtime::tensor::arena::Arena;
 use collectix_runtime::{CallOptions, GroupInfo, Output, Plan, Request, Result};
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -187,6 +188,18 @@ impl Member {
         opts: &CallOptions,
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
+        self.call_host_landing(req, opts, None, map)
+    }
+
+    /// [`call_host`](Self::call_host), the received chunks landing in `into` where the
+    /// engine can land them (`Plan::landing_in`; a call on the board ignores it).
+    pub(crate) fn call_host_landing<T: Send + 'static>(
+        &self,
+        req: Request,
+        opts: &CallOptions,
+        into: Option<Arc<Arena>>,
+        map: impl FnOnce(Output) -> Result<T> + Send + 'static,
+    ) -> Work<T> {
         if let Some(gb) = &self.group.board {
             // A barrier's call on the board is always the same: made once per board.
             if let (Request::Barrier, None) = (&req, opts.algorithm) {
@@ -200,7 +213,10 @@ impl Member {
         }
         let p2p = req.is_p2p();
         let plan = match Plan::new_cached(req, &self.group.info, opts, &self.group.schedules) {
-            Ok(p) => p,
+            Ok(p) => match into {
+                Some(a) => p.landing_in(a),
+                None => p,
+            },
             Err(e) => return self.refuse(p2p, e),
         };
         let seq = if plan.is_p2p() { 0 } else { self.reserve(1) };

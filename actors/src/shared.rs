@@ -12,11 +12,18 @@
 //! ordinary memory, and every call works the same: nothing depends on the heap but speed.
 //! [`SharedBuffer::is_shared`] says which it got.
 
-use crate::comm::Communicator;
+use crate::comm::{one, Communicator};
+use crate::work::Work;
+use bytes::Bytes;
+use collectix_runtime::collective::Request;
 use collectix_runtime::collective::TensorSpec;
+use collectix_runtime::tensor::arena::{Arena, ArenaPart};
 use collectix_runtime::tensor::buffer::typed_mut;
 use collectix_runtime::tensor::shared_heap::HeapBuf;
+use collectix_runtime::CallOptions;
 use collectix_runtime::{Buffer, DType, Device, Element, Error, Result, Tensor};
+use std::ops::Range;
+use std::sync::Arc;
 
 /// A tensor's memory being written by its one owner, before it is frozen into a [`Tensor`]
 /// (see [`Communicator::alloc_shared`]): in this process's shared heap if there was room,
@@ -29,6 +36,9 @@ pub struct SharedBuffer {
 
 enum Mem {
     Heap(HeapBuf),
+    /// A heap block that an in-place call gathered into: its memory is that call's result
+    /// too, while the result lives.
+    Arena(Arc<Arena>),
     Own(Buffer),
 }
 
@@ -55,15 +65,77 @@ impl SharedBuffer {
 
     /// Whether it lies in this process's shared heap (else in ordinary memory).
     pub fn is_shared(&self) -> bool {
-        matches!(self.mem, Mem::Heap(_))
+        matches!(self.mem, Mem::Heap(_) | Mem::Arena(_))
     }
 
-    /// Its bytes, to write.
+    /// Its bytes, to write. After an in-place call
+    /// ([`Communicator::all_gather_into_tensor_in_place`]) whose result still lives (or whose
+    /// own block a peer may still be reading), the buffer first moves to a block of its own,
+    /// its contents copied, so that the result never changes.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
+        if let Mem::Arena(a) = &mut self.mem {
+            if Arc::get_mut(a).is_none() {
+                self.mem = detached(a, None);
+            }
+        }
         match &mut self.mem {
             Mem::Heap(b) => b.bytes_mut(),
+            Mem::Arena(a) => match Arc::get_mut(a) {
+                Some(a) => a.reset(),
+                None => &mut [],
+            },
             Mem::Own(b) => b.bytes_mut(),
         }
+    }
+
+    /// The arena an in-place call gathers into, the buffer's memory, and the share of its
+    /// block `own` (this rank's input, as the caller left it); `None` where the buffer is
+    /// ordinary memory. A buffer gathered into before is used again: reset if nothing holds
+    /// it, else its ranges no share is left of thawed (a peer may still read this rank's
+    /// block of the last call, which is still as the caller left it: writing the buffer
+    /// would have moved it to a block of its own).
+    fn arena(&mut self, own: Range<usize>) -> Option<(Arc<Arena>, Bytes)> {
+        if let Mem::Heap(_) = self.mem {
+            let Mem::Heap(b) =
+                std::mem::replace(&mut self.mem, Mem::Own(Buffer::from_slice::<u8>(&[])))
+            else {
+                return None;
+            };
+            self.mem = Mem::Arena(Arena::from_heap(b));
+        }
+        let Mem::Arena(a) = &mut self.mem else {
+            return None;
+        };
+        match Arc::get_mut(a) {
+            Some(x) => {
+                x.reset();
+            }
+            None => {
+                // Peers may still read parts of the last call (this rank's block lent to
+                // them; a block forwarded on, until the peer's reading is seen): those stay
+                // frozen. This rank's block is as the caller left it either way; any other
+                // part still held could not be received into, so the buffer moves to a block
+                // of its own, only this rank's block copied (the rest is overwritten).
+                a.thaw();
+            }
+        }
+        let mine = a
+            .frozen(own.clone())
+            .or_else(|| a.claim(own.clone()).map(ArenaPart::freeze));
+        if let Some(b) = mine {
+            let mut held = a.frozen_ranges().into_iter();
+            if !held.any(|r| r.start < own.start || r.end > own.end) {
+                return Some((a.clone(), b));
+            }
+            // This rank's block (frozen now, as `b`) is copied; the rest is overwritten.
+            self.mem = detached(a, Some(own.clone()));
+            drop(b);
+            return self.arena(own);
+        }
+        // Its block is neither frozen nor free (a call that failed midway left it claimed):
+        // a block of its own, and again.
+        self.mem = detached(a, None);
+        self.arena(own)
     }
 
     /// A typed view to write; fails when `T` is not its dtype (or a bool buffer holds a byte
@@ -77,7 +149,61 @@ impl SharedBuffer {
     pub fn freeze(self) -> Result<Tensor> {
         match self.mem {
             Mem::Heap(b) => Tensor::from_bytes(b.freeze(), self.dtype, &self.shape),
+            Mem::Arena(mut a) => {
+                let len = match Arc::get_mut(&mut a) {
+                    Some(x) => x.reset().len(),
+                    None => a.len(),
+                };
+                let whole = a.claim(0..len).map(|p| p.freeze());
+                match whole {
+                    Some(b) => Tensor::from_bytes(b, self.dtype, &self.shape),
+                    // Still shared: a copy, as `bytes_mut` would make.
+                    None => match detached(&a, None) {
+                        Mem::Heap(b) => Tensor::from_bytes(b.freeze(), self.dtype, &self.shape),
+                        Mem::Own(b) => b.into_tensor().and_then(|t| {
+                            Tensor::from_bytes(t.bytes().clone(), self.dtype, &self.shape)
+                        }),
+                        Mem::Arena(_) => Err(Error::internal("a detached buffer is an arena")),
+                    },
+                }
+            }
             Mem::Own(b) => b.into_tensor(),
+        }
+    }
+}
+
+/// A block of its own for a buffer whose arena is still shared: a new heap block (ordinary
+/// memory if the heap is full) holding the arena's frozen bytes (all of them after a call
+/// that finished; only those within `only` if given), zeros elsewhere (a call that failed
+/// midway: unspecified contents).
+fn detached(a: &Arc<Arena>, only: Option<Range<usize>>) -> Mem {
+    let fill = |dst: &mut [u8]| {
+        dst.fill(0);
+        for r in a.frozen_ranges() {
+            let r = match &only {
+                Some(o) => r.start.max(o.start)..r.end.min(o.end),
+                None => r,
+            };
+            if r.is_empty() {
+                continue;
+            }
+            if let (Some(src), Some(d)) = (a.frozen(r.clone()), dst.get_mut(r)) {
+                if src.len() == d.len() {
+                    d.copy_from_slice(&src);
+                }
+            }
+        }
+    };
+    match a.heap().and_then(|h| h.alloc(a.len())) {
+        Some(mut b) => {
+            fill(b.bytes_mut());
+            Mem::Heap(b)
+        }
+        None => {
+            // Bytes (8-aligned words): `freeze` gives them the buffer's dtype and shape.
+            let mut b = Buffer::from_slice::<u8>(&vec![0; a.len()]);
+            fill(b.bytes_mut());
+            Mem::Own(b)
         }
     }
 }
@@ -116,6 +242,65 @@ impl Communicator {
             .driver
             .shared_heap()
             .is_some_and(|h| h.holds(t.bytes()))
+    }
+
+    /// `all_gather_into_tensor(output, output.chunk(W)[rank])` on a buffer in shared memory,
+    /// torch's in-place form (FSDP's gather): `output` holds this rank's input in its block
+    /// `rank` (its elements `rank·n..(rank+1)·n`, n its elements / W), and the gathered
+    /// tensor comes back. Between processes over shared memory each peer's block is copied
+    /// once, out of the peer's heap straight into its place in `output`'s memory, and this
+    /// rank's own block is not copied at all: the result *is* `output`'s memory, in the
+    /// shared heap, so it crosses on with one copy too. Elsewhere (one process, TCP, a
+    /// buffer in ordinary memory, a small call) the result is the same tensor, made as by
+    /// [`all_gather_into_tensor`](Self::all_gather_into_tensor).
+    ///
+    /// `output` stays the caller's, to write the next call's block into and gather again
+    /// (FSDP's flat parameter, step after step): writing it
+    /// ([`SharedBuffer::bytes_mut`]) while the last result still lives moves it to a block
+    /// of its own first, so a result never changes. Its blocks other than `rank`'s are
+    /// unspecified after a call; the result is the returned tensor.
+    pub fn all_gather_into_tensor_in_place(&self, output: &mut SharedBuffer) -> Work<Tensor> {
+        self.all_gather_into_tensor_in_place_with(output, &CallOptions::default())
+    }
+
+    /// [`all_gather_into_tensor_in_place`](Self::all_gather_into_tensor_in_place) with
+    /// per-call options.
+    pub fn all_gather_into_tensor_in_place_with(
+        &self,
+        output: &mut SharedBuffer,
+        opts: &CallOptions,
+    ) -> Work<Tensor> {
+        let (w, r, dtype) = (self.size(), self.rank(), output.dtype);
+        let spec = TensorSpec::new(&output.shape, dtype);
+        let numel = match spec.numel() {
+            Ok(n) => n,
+            Err(e) => return self.member.refuse(false, e),
+        };
+        let n = numel / w.max(1);
+        if n * w != numel {
+            return self.member.refuse(false, Error::invalid(format!(
+                "an in-place all_gather_into_tensor needs a buffer of a multiple of {w} elements (the group's size); it holds {numel}"
+            )));
+        }
+        let own = r * n * dtype.size()..(r + 1) * n * dtype.size();
+        // The own block stays where the caller wrote it, frozen: it is both the input and
+        // its part of the output.
+        let (input, into) = match output.arena(own.clone()).filter(|_| n > 0) {
+            Some((arena, mine)) => (mine, Some(arena)),
+            None => (Bytes::copy_from_slice(&output.bytes_mut()[own]), None),
+        };
+        match Tensor::from_bytes(input, dtype, &[n]) {
+            Ok(input) => self.call_landing(
+                Request::AllGatherIntoTensor {
+                    input,
+                    output: spec,
+                },
+                opts,
+                into,
+                one,
+            ),
+            Err(e) => self.member.refuse(false, e),
+        }
     }
 
     /// `t` copied into this process's shared heap (a host tensor; one copy), or `t` itself

@@ -71,6 +71,12 @@ pub trait DataPlane: Send {
     fn own_output(&self, _len: usize) -> Option<Arc<Arena>> {
         None
     }
+
+    /// Whether received payloads are read by this rank's transports (peers in other
+    /// processes), so that they can land in an output buffer (see [`crate::landing`]).
+    fn lands(&self) -> bool {
+        false
+    }
 }
 
 /// The arenas of the calls in flight among the ranks of one process (an in-process world),
@@ -140,7 +146,11 @@ impl DataPlane for HostPlane {
         // In the pool, not the shared heap: a received byte is copied once into it either
         // way, and what this rank forwards from it went no faster as one copy out of the heap
         // than as two through a ring, where measured (`docs/performance.md`).
-        self.arenas.is_none().then(|| Arena::new(&self.pool, len))
+        self.lands().then(|| Arena::new(&self.pool, len))
+    }
+
+    fn lands(&self) -> bool {
+        self.arenas.is_none()
     }
 
     fn combine(&self, dtype: DType, op: ReduceOp, a: &[u8], b: &[u8]) -> Result<Bytes> {

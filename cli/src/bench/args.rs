@@ -78,6 +78,11 @@ pub(crate) struct Args {
     /// processes of one host (`--transport shm`) each byte of it crosses with one copy.
     #[arg(long)]
     pub(super) shared: bool,
+    /// all_gather in place (`Communicator::all_gather_into_tensor_in_place`): each rank's
+    /// block written once into an output buffer in shared memory that every call gathers
+    /// into again (FSDP's flat parameter); other collectives as without it.
+    #[arg(long)]
+    pub(super) in_place: bool,
     /// Target length of one sample, in milliseconds.
     #[arg(long, default_value_t = 5.0)]
     pub(super) sample_ms: f64,

@@ -4,7 +4,9 @@
 use super::args::Args;
 use super::cell::{count_wrong, flatten, Cell, Collective};
 use collectix::runtime::collective::{Output, Request};
-use collectix::{Buffer, BufferWork, CallOptions, Communicator, Failed, ReduceOp, Result, Work};
+use collectix::{
+    Buffer, BufferWork, CallOptions, Communicator, Failed, ReduceOp, Result, SharedBuffer, Work,
+};
 use std::time::Instant;
 
 /// How a rank waits for its calls: blocking its thread (a rank body on a thread of its own),
@@ -51,6 +53,9 @@ pub(super) struct Measured {
 struct Calls {
     reqs: Vec<Request>,
     outputs: Option<Vec<Vec<Buffer>>>,
+    /// With `--in-place`, an all_gather's output buffer holding this rank's block, gathered
+    /// into by every call.
+    in_place: Option<SharedBuffer>,
 }
 
 impl Calls {
@@ -77,13 +82,33 @@ impl Calls {
         } else {
             None
         };
-        Ok(Calls { reqs, outputs })
+        let in_place = match &reqs[..] {
+            [Request::AllGatherIntoTensor { input, output }] if a.in_place => {
+                let mut b = c.alloc_shared(&output.shape, output.dtype)?;
+                let own = input.nbytes();
+                let at = c.rank() * own;
+                b.bytes_mut()[at..at + own].copy_from_slice(input.bytes());
+                Some(b)
+            }
+            _ => None,
+        };
+        Ok(Calls {
+            reqs,
+            outputs,
+            in_place,
+        })
     }
 
     /// One call of one request, its output dropped, waited for by blocking: done here, with
     /// nothing of the bench's own on its path (no future of the bench's); `false` for any
     /// other call, which [`submit_all`](Self::submit_all) makes.
-    fn blocking_one(&self, m: Waits, c: &Communicator, opts: &CallOptions) -> Result<bool> {
+    fn blocking_one(&mut self, m: Waits, c: &Communicator, opts: &CallOptions) -> Result<bool> {
+        if let (Some(b), Waits::Block) = (&mut self.in_place, m) {
+            return c
+                .all_gather_into_tensor_in_place_with(b, opts)
+                .wait()
+                .map(|_| true);
+        }
         match (&self.reqs[..], &self.outputs, m) {
             ([q], None, Waits::Block) => c.submit(q.clone(), opts).wait().map(|_| true),
             _ => Ok(false),
@@ -107,6 +132,16 @@ impl Calls {
         opts: &CallOptions,
         keep: bool,
     ) -> Result<Vec<Output>> {
+        if let Some(b) = &mut self.in_place {
+            let t = m
+                .on(c.all_gather_into_tensor_in_place_with(b, opts))
+                .await?;
+            return Ok(if keep {
+                vec![Output::Tensor(t)]
+            } else {
+                Vec::new()
+            });
+        }
         let Some(outputs) = &mut self.outputs else {
             if let [q] = &self.reqs[..] {
                 if !keep {

@@ -31,6 +31,7 @@ use crate::group::{CallOptions, GroupInfo};
 use crate::ids::{DataPath, Fingerprint};
 use crate::op::{Algorithm, OpKind};
 use crate::schedule::{Layout, Schedule, ScheduleCache, ScheduleKey};
+use crate::tensor::arena::Arena;
 use crate::tensor::dtype::DType;
 use crate::tensor::reduce::ReduceOp;
 use crate::tensor::Tensor;
@@ -88,6 +89,9 @@ pub(crate) enum Body {
         share: Share,
         /// The caller's buffers the result goes into, if any (instead of new tensors).
         dest: Option<Destination>,
+        /// The caller's output buffer that the received chunks land in, if any
+        /// ([`Plan::landing_in`]).
+        into: Option<Arc<Arena>>,
     },
     Send {
         dst: usize,
@@ -155,6 +159,20 @@ impl Plan {
         self
     }
 
+    /// The same call, its received chunks landing in `arena`, a caller's output whose part
+    /// holding this rank's own data is frozen there already (the input's bytes are that
+    /// part): an in-place all_gather. Where the transport reads peers' payloads (processes)
+    /// and the output is one run of chunks of the arena's length, the chunks land in it and
+    /// the result is the arena itself; anywhere else the arena is not used (the result is a
+    /// new tensor, as without it). Correctness never depends on it (see
+    /// [`crate::landing`]).
+    pub fn landing_in(mut self, arena: Arc<Arena>) -> Plan {
+        if let Body::Collective { into, .. } = &mut self.body {
+            *into = Some(arena);
+        }
+        self
+    }
+
     /// Whether this is a point-to-point call (matched by tag, outside the group sequence).
     pub fn is_p2p(&self) -> bool {
         matches!(self.body, Body::Send { .. } | Body::Recv { .. })
@@ -180,6 +198,7 @@ impl Plan {
                 assembly,
                 share: Share::Nothing,
                 dest: None,
+                into: None,
             },
             timeout,
             group_size,
@@ -460,6 +479,7 @@ impl Planner<'_> {
                 assembly: checked.assembly,
                 share: Share::Nothing,
                 dest: None,
+                into: None,
             },
             timeout: self.opts.timeout.unwrap_or(self.g.options.timeout),
             group_size: self.w(),

@@ -465,6 +465,7 @@ impl Engine {
                 assembly,
                 share,
                 dest,
+                into,
             } => {
                 let recvs = schedule.steps.iter().map(|s| s.recvs.len()).sum::<usize>();
                 let expected = (recvs > SCANNED_RECVS).then(|| {
@@ -519,10 +520,10 @@ impl Engine {
                         }
                     }
                 }
-                if arena.is_none() && coll.sink.is_none() {
-                    coll.landed = self.expect_landings(group, seq, fp, &coll);
-                }
                 coll.chunks = init;
+                if arena.is_none() && coll.sink.is_none() {
+                    coll.landed = self.expect_landings(group, seq, fp, &coll, into);
+                }
                 coll.arena = arena;
                 self.submit_collective(id, op(Some(seq), State::Collective(Box::new(coll))), now);
             }

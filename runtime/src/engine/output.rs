@@ -99,12 +99,15 @@ impl Engine {
     /// chunks of at least [`LAND_MIN`] bytes, a buffer of this rank's own for the output, and
     /// a landing in it for every receive that copies chunks into the output (see
     /// [`crate::landing`]); `None` if the plane gives no such buffer or nothing would land.
+    /// The buffer is `into` (a caller's, `Plan::landing_in`) where it fits: the output's
+    /// length, and one of the call's own chunks its frozen bytes at that chunk's place.
     pub(super) fn expect_landings(
         &self,
         group: GroupId,
         seq: u64,
         fp: Fingerprint,
         c: &CollectiveState,
+        into: Option<Arc<Arena>>,
     ) -> Option<(Arc<Arena>, Range<usize>)> {
         let out = output_chunks(c)?;
         let size = fp.dtype.size();
@@ -120,6 +123,16 @@ impl Engine {
         if at < LAND_MIN {
             return None;
         }
+        let into = into.filter(|a| {
+            self.plane.lands()
+                && a.len() == at
+                && c.chunks.get(out.clone()).is_some_and(|chunks| {
+                    chunks.iter().zip(&starts).any(|(ch, &start)| {
+                        ch.as_ref()
+                            .is_some_and(|b| !b.is_empty() && a.holds_at(b, start))
+                    })
+                })
+        });
         let g = self.groups.get(&group)?;
         let landing = |r: &crate::schedule::RecvOp| {
             let copies = matches!(r.action, Action::Copy)
@@ -141,7 +154,10 @@ impl Engine {
             }
             let a = match &arena {
                 Some(a) => a,
-                None => arena.insert(self.plane.own_output(at)?),
+                None => arena.insert(match &into {
+                    Some(a) => a.clone(),
+                    None => self.plane.own_output(at)?,
+                }),
             };
             let src = *g.info.members.get(r.peer)?;
             self.landings

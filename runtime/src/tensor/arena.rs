@@ -9,7 +9,10 @@
 //! - a byte range is written only through the one [`ArenaPart`] that claimed it, and a claim
 //!   never overlaps another (so writers never alias, and never alias a reader);
 //! - a range is read only once it is frozen ([`ArenaPart::freeze`] consumes the part, so its
-//!   writer is gone), and a frozen range is never claimed again.
+//!   writer is gone), and only through a share of it (`Bytes`); a frozen range is claimed
+//!   again only after [`Arena::thaw`] finds no share overlapping it (nobody reads it, and no
+//!   new share of it can be made once it is not frozen), or after [`Arena::reset`], whose
+//!   `&mut` proves there is none.
 //!
 //! Correctness never depends on the arena: a caller that cannot claim a part (a stale arena,
 //! a mismatched call) falls back to an ordinary buffer, and an output is taken from the arena
@@ -24,6 +27,7 @@
 
 use crate::sync::unmodelled::{Mutex, MutexGuard};
 use crate::tensor::pool::{Pool, PoolBuf};
+use crate::tensor::shared_heap::{HeapBuf, SharedHeap};
 use bytes::Bytes;
 use std::ops::Range;
 use std::sync::Arc;
@@ -33,8 +37,15 @@ use std::sync::Arc;
 struct Claims {
     /// Ranges claimed by a live [`ArenaPart`] (being written).
     writing: Vec<Range<usize>>,
-    /// Ranges frozen: written once, read-only from now on.
+    /// Ranges frozen: written once, read-only from now on (until [`Arena::thaw`] finds no
+    /// share of one left).
     frozen: Vec<Range<usize>>,
+    /// The range of each live share (`Bytes` of it, through [`Frozen`]): what may be read.
+    shared: Vec<Range<usize>>,
+}
+
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
 }
 
 impl Claims {
@@ -64,17 +75,27 @@ impl Claims {
     }
 }
 
+/// The memory an arena's `base` points into.
+enum Memory {
+    /// From a pool; back to it when dropped.
+    Pool(#[allow(dead_code)] PoolBuf),
+    /// A block of this process's shared heap (a caller's output, written in place); back to
+    /// the heap when dropped.
+    Heap(HeapBuf),
+}
+
 /// One buffer filled in disjoint parts by several ranks, then shared read-only (see the
 /// module doc). Its memory comes from a [`Pool`] and goes back to it when the last share is
-/// dropped.
+/// dropped, or is a block of the shared heap that a caller filled in part
+/// ([`from_heap`](Arena::from_heap)).
 pub struct Arena {
     /// The start of the buffer (8-aligned; `len` bytes). Derived once from `_buf`, which is
     /// never touched again until it is dropped.
     base: *mut u8,
     len: usize,
     claims: Mutex<Claims>,
-    /// Owns the memory `base` points into; returns it to its pool on drop.
-    _buf: PoolBuf,
+    /// Owns the memory `base` points into; returns it to its pool (or heap) on drop.
+    _buf: Memory,
 }
 
 // SAFETY: `base` points into `_buf`, which the arena owns and which lives as long as it. Every
@@ -84,6 +105,12 @@ pub struct Arena {
 unsafe impl Send for Arena {}
 // SAFETY: as for `Send`: `&Arena` gives no access to the buffer outside the claim rule.
 unsafe impl Sync for Arena {}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena").field("len", &self.len).finish()
+    }
+}
 
 impl Arena {
     /// An arena of `len` bytes from `pool` (8-aligned, so any element type can view it); its
@@ -97,7 +124,69 @@ impl Arena {
             base,
             len,
             claims: Mutex::new(Claims::default()),
-            _buf: buf,
+            _buf: Memory::Pool(buf),
+        })
+    }
+
+    /// An arena over a block of the shared heap, its contents as its writer left them: a
+    /// caller's output that already holds this rank's part (an in-place all_gather), which
+    /// is then claimed and frozen without being written. Peers read the frozen ranges out of
+    /// their mapping of the heap while this process writes the others (disjoint bytes, under
+    /// the claim rule).
+    pub fn from_heap(mut buf: HeapBuf) -> Arc<Arena> {
+        let bytes = buf.bytes_mut();
+        let base = bytes.as_mut_ptr();
+        let len = bytes.len();
+        Arc::new(Arena {
+            base,
+            len,
+            claims: Mutex::new(Claims::default()),
+            _buf: Memory::Heap(buf),
+        })
+    }
+
+    /// Every byte of it, to write again, its claims forgotten: `&mut` proves that nothing
+    /// else holds it (no part, no frozen share: `Arc::get_mut`). The contents are what the
+    /// last writers left.
+    pub fn reset(&mut self) -> &mut [u8] {
+        let c = self.claims.get_mut().unwrap_or_else(|e| e.into_inner());
+        c.writing.clear();
+        c.frozen.clear();
+        c.shared.clear();
+        // SAFETY: `base..base + len` is the arena's memory, which it owns; `&mut self` (the
+        // only reference to the arena: every part and frozen share holds an `Arc` of it) makes
+        // the returned slice the only access to it while it lives.
+        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
+    }
+
+    /// The shared heap its memory is a block of, if it is ([`from_heap`](Self::from_heap)).
+    pub fn heap(&self) -> Option<&Arc<SharedHeap>> {
+        match &self._buf {
+            Memory::Heap(b) => Some(b.heap()),
+            Memory::Pool(_) => None,
+        }
+    }
+
+    /// Makes claimable again every frozen range that no share overlaps (no `Bytes` of it is
+    /// left, so nobody reads it, and none can be made: it is no longer frozen): a caller's
+    /// output gathered into again while a peer still reads another part of it.
+    pub fn thaw(&self) {
+        let mut c = self.claims();
+        let Claims { frozen, shared, .. } = &mut *c;
+        frozen.retain(|f| shared.iter().any(|s| overlap(f, s)));
+    }
+
+    /// The frozen ranges, to copy out of with [`frozen`](Self::frozen).
+    pub fn frozen_ranges(&self) -> Vec<Range<usize>> {
+        self.claims().frozen.clone()
+    }
+
+    /// A share of `range` (frozen: checked by the caller under the claims' lock, `c`).
+    fn share(self: &Arc<Self>, c: &mut Claims, range: Range<usize>) -> Bytes {
+        c.shared.push(range.clone());
+        Bytes::from_owner(Frozen {
+            arena: self.clone(),
+            range,
         })
     }
 
@@ -140,13 +229,11 @@ impl Arena {
         if range.is_empty() {
             return Some(Bytes::new());
         }
-        if !self.claims().covered(&range) {
+        let mut c = self.claims();
+        if !c.covered(&range) {
             return None;
         }
-        Some(Bytes::from_owner(Frozen {
-            arena: self.clone(),
-            range,
-        }))
+        Some(self.share(&mut c, range))
     }
 
     /// Whether `b` is exactly the arena's bytes at `offset..offset + b.len()` (the same
@@ -219,15 +306,10 @@ impl ArenaPart {
     /// Ends the writing and shares the range, read-only from now on.
     pub fn freeze(self) -> Bytes {
         let range = self.range.clone();
-        {
-            let mut c = self.arena.claims();
-            c.writing.retain(|r| *r != range);
-            c.frozen.push(range.clone());
-        }
-        Bytes::from_owner(Frozen {
-            arena: self.arena.clone(),
-            range,
-        })
+        let mut c = self.arena.claims();
+        c.writing.retain(|r| *r != range);
+        c.frozen.push(range.clone());
+        self.arena.share(&mut c, range)
     }
 }
 
@@ -237,10 +319,20 @@ struct Frozen {
     range: Range<usize>,
 }
 
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let mut c = self.arena.claims();
+        if let Some(i) = c.shared.iter().position(|r| *r == self.range) {
+            c.shared.swap_remove(i);
+        }
+    }
+}
+
 impl AsRef<[u8]> for Frozen {
     fn as_ref(&self) -> &[u8] {
         // SAFETY: the range is in bounds and frozen: its writer is gone (freezing consumed
-        // it) and it is never claimed again, so shared reads of it cannot race a write.
+        // it) and it is not claimed again while this share lives (`thaw` keeps every range
+        // a share overlaps frozen), so shared reads of it cannot race a write.
         unsafe {
             std::slice::from_raw_parts(
                 self.arena.base.add(self.range.start),
@@ -253,6 +345,84 @@ impl AsRef<[u8]> for Frozen {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frozen_range_is_claimed_again_only_once_no_share_of_it_lives() {
+        let pool = Pool::new(1 << 20);
+        let arena = Arena::new(&pool, 64);
+        let fill = |range: Range<usize>, v: u8| {
+            let mut p = arena.claim(range).unwrap_or_else(|| panic!("free"));
+            p.bytes_mut().fill(v);
+            p.freeze()
+        };
+        let a = fill(0..32, 1);
+        let b = fill(32..64, 2);
+        let whole = arena.frozen(0..64).unwrap_or_else(|| panic!("frozen"));
+        drop(b);
+        arena.thaw();
+        assert!(
+            arena.claim(32..64).is_none(),
+            "a share of the whole still reads it"
+        );
+        drop(whole);
+        arena.thaw();
+        assert!(arena.claim(0..32).is_none(), "still shared");
+        assert!(arena.frozen(32..64).is_none(), "thawed: no new share of it");
+        let again = arena.claim(32..64).map(ArenaPart::freeze);
+        assert_eq!(again.as_deref(), Some(&[2u8; 32][..]), "as it was left");
+        assert_eq!(&a[..], &[1u8; 32][..]);
+        drop(a);
+        arena.thaw();
+        assert_eq!(arena.frozen_ranges(), vec![32..64]);
+        assert!(arena.claim(0..32).is_some());
+    }
+
+    #[test]
+    fn an_arena_over_a_heap_block_keeps_what_its_writer_left_and_returns_the_block() {
+        use crate::tensor::shared_heap::SharedHeap;
+        let heap = SharedHeap::on_heap(64 << 10);
+        let mut buf = heap.alloc(96).unwrap_or_else(|| panic!("room"));
+        buf.bytes_mut()[32..64].fill(7);
+        let arena = Arena::from_heap(buf);
+        assert_eq!(arena.len(), 96);
+        // The part already written is frozen as it is; the others are written by parts.
+        let own = arena.claim(32..64).map(ArenaPart::freeze);
+        assert_eq!(own.as_deref(), Some(&[7u8; 32][..]));
+        assert!(own
+            .as_ref()
+            .is_some_and(|b| heap.holds(b) && arena.holds_at(b, 32)));
+        for (range, v) in [(0..32, 1u8), (64..96, 2)] {
+            let mut part = arena.claim(range).unwrap_or_else(|| panic!("free"));
+            part.bytes_mut().fill(v);
+            part.freeze();
+        }
+        assert!(arena.claim(40..50).is_none(), "frozen");
+        let whole = arena.frozen(0..96).unwrap_or_else(|| panic!("all frozen"));
+        assert!(whole[..32].iter().all(|&x| x == 1) && whole[32..64].iter().all(|&x| x == 7));
+        assert!(whole[64..].iter().all(|&x| x == 2));
+        assert!(heap.in_use() > 0);
+        let mut arena = arena;
+        assert!(Arc::get_mut(&mut arena).is_none(), "shares live");
+        drop((own, whole));
+        let again = Arc::get_mut(&mut arena)
+            .map(|a| {
+                let b = a.reset();
+                let kept = b[40];
+                b[40] = 9;
+                kept
+            })
+            .unwrap_or_else(|| panic!("no share left"));
+        assert_eq!(again, 7, "the contents stay");
+        let part = arena.claim(32..64).map(ArenaPart::freeze);
+        assert_eq!(
+            part.as_ref().map(|b| b[8]),
+            Some(9),
+            "claimable again, as written"
+        );
+        assert!(arena.heap().is_some_and(|h| Arc::ptr_eq(h, &heap)));
+        drop((arena, part));
+        assert_eq!(heap.in_use(), 0, "the block went back to the heap");
+    }
 
     #[test]
     fn parts_written_on_several_threads_read_back_as_one_buffer() {

@@ -17,8 +17,11 @@
 //! process for the heap's life (a mapping of its own memfd, sealed so that no other process
 //! can map it writable, or heap memory in tests), and this process writes it only through a
 //! live `HeapBuf`: the free lists hand each block to one `HeapBuf` at a time (under their
-//! lock), so two writers never alias, and a frozen block is only read. Other processes can
-//! only read it, so no write from outside races the references formed here.
+//! lock), so two writers never alias, and a frozen block is only read. A block may instead be
+//! handed to an arena (`tensor::arena::Arena::from_heap`: a caller's output written in
+//! place), which writes it by claimed ranges that never overlap a frozen one, and lends other
+//! processes only frozen ranges. Other processes can only read it, so no write from outside
+//! races the references formed here.
 //!
 //! This module is one of the crate's few with `unsafe` code; CI runs its tests under Miri on
 //! heap-backed heaps (`cargo +nightly miri test -p collectix-runtime --lib tensor::shared_heap`).
