@@ -128,6 +128,15 @@ const TABLE: &[Row] = &[
     // W = 2, the sequence beyond.
     row(Host, BARRIER, 2, ANY, Dissemination),
     row(Host, BARRIER, ANY, ANY, Direct),
+    // An all_gather whose blocks are 8 MiB or more: each block goes to every peer as one
+    // payload, which each reads out of the sender's memory once (`SingleCopy::Auto`), where
+    // the ring's segments went through the rings twice, one step after another. Measured
+    // at 64 MiB: in place, 10.2-13.0 against 18.0-21.3 ms at W = 2 and 28.8-34.8 against
+    // 44.0-51.6 at W = 4; out of place 19.7 / 23.4 against 22.0 / 27.7 (W = 2), 46.7 /
+    // 43.1 against 45.7 / 55.2 (W = 4) (`docs/performance.md`, "In-place all_gather").
+    row(Host, ALL_GATHER, ANY, 64 * K, Direct),
+    row(Host, ALL_GATHER, ANY, 8 * M - 1, Ring),
+    row(Host, ALL_GATHER, ANY, ANY, Direct),
     // Measured over loopback with callers reading their sockets (session 21, the module
     // doc).
     row(HostTcp, BARRIER, 2, ANY, Dissemination),
@@ -219,6 +228,13 @@ mod tests {
         assert_eq!(select(OpKind::AllReduce, 4, 4, Host), RecursiveDoubling);
         assert_eq!(select(OpKind::AllReduce, 64 * M, 2, Host), Ring);
         assert_eq!(select(OpKind::Broadcast, 64 * M, 8, Host), BinomialTree);
+        // all_gather: the Network rows' split, but blocks of 8 MiB or more go whole.
+        for kind in [OpKind::AllGather, OpKind::AllGatherIntoTensor] {
+            assert_eq!(select(kind, 64 * K, 4, Host), Direct);
+            assert_eq!(select(kind, 8 * M - 1, 4, Host), Ring);
+            assert_eq!(select(kind, 8 * M, 2, Host), Direct);
+            assert_eq!(select(kind, 8 * M, 2, Network), Ring);
+        }
     }
 
     #[test]

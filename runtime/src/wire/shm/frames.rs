@@ -114,8 +114,8 @@ pub enum SingleCopy {
     Off,
     /// The payloads of [`SPLIT_MIN`] bytes or more (8 MiB: read by every thread of the
     /// receiver) of rooted collectives' steps (a call fingerprint with a root: broadcast,
-    /// reduce, gather, scatter), of all_to_all's and of point-to-point messages; the
-    /// default.
+    /// reduce, gather, scatter), of all_to_all's, of all_gather's and of point-to-point
+    /// messages; the default.
     Auto,
     /// Every payload of [`REMOTE_MIN`] bytes or more.
     All,
@@ -133,7 +133,13 @@ impl SingleCopy {
                     && match header {
                         Header::Data { call, .. } => {
                             call.root.is_some()
-                                || matches!(call.kind, OpKind::AllToAll | OpKind::AllToAllSingle)
+                                || matches!(
+                                    call.kind,
+                                    OpKind::AllToAll
+                                        | OpKind::AllToAllSingle
+                                        | OpKind::AllGather
+                                        | OpKind::AllGatherIntoTensor
+                                )
                         }
                         Header::P2p { .. } => true,
                         _ => false,
@@ -1016,8 +1022,9 @@ mod tests {
         use crate::tensor::dtype::DType;
         let mut rooted = crate::ids::Fingerprint::new(OpKind::Broadcast, DType::U8);
         rooted.root = Some(0);
-        let exchange = crate::ids::Fingerprint::new(OpKind::AllGather, DType::U8);
+        let exchange = crate::ids::Fingerprint::new(OpKind::AllReduce, DType::U8);
         let to_all = crate::ids::Fingerprint::new(OpKind::AllToAllSingle, DType::U8);
+        let gather = crate::ids::Fingerprint::new(OpKind::AllGatherIntoTensor, DType::U8);
         let big = SPLIT_MIN;
         let p2p = |seq: u64, n: usize| {
             let mut m = msg(seq, &[n]);
@@ -1033,12 +1040,14 @@ mod tests {
             m
         };
         for (policy, want) in [
-            (SingleCopy::Off, [false; 8]),
+            (SingleCopy::Off, [false; 10]),
             (
                 SingleCopy::Auto,
-                [true, false, false, true, false, false, true, false],
+                [
+                    true, false, false, true, false, false, true, false, true, false,
+                ],
             ),
-            (SingleCopy::All, [true; 8]),
+            (SingleCopy::All, [true; 10]),
         ] {
             let sent = [
                 data(1, rooted, &[big]),
@@ -1049,6 +1058,8 @@ mod tests {
                 msg(6, &[REMOTE_MIN]),
                 data(7, to_all, &[big]),
                 data(8, to_all, &[REMOTE_MIN]),
+                data(9, gather, &[big]),
+                data(10, gather, &[REMOTE_MIN]),
             ];
             let lent = Lent(sent.iter().flat_map(|m| m.payload.clone()).collect());
             let (w, mut r, _region) = ends(1 << 20);
