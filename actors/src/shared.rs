@@ -4,8 +4,11 @@
 //! read-only (`collectix_runtime::tensor::shared_heap`). A tensor whose memory lies there
 //! crosses to them with one copy, theirs, straight out of their mapping into its place in
 //! their output (`collectix_runtime::landing`), instead of one into a ring and one out of it.
-//! The large outputs of calls between processes are made there too, so what a rank passes
-//! on (a broadcast's tree, a call fed the output of the one before) crosses the same way.
+//! An all_gather in place ([`Communicator::all_gather_into_tensor_in_place`]) gathers into
+//! such a buffer: each peer's block copied once, out of the peer's heap into the buffer, the
+//! rank's own block not at all, and the result (the buffer's memory, in the heap) crosses on
+//! with one copy too. (Other calls' outputs are ordinary memory: what a rank forwards from
+//! them went no faster out of the heap, where measured.)
 //!
 //! Where there is no shared heap (ranks of one process, which pass tensors without copies
 //! anyway; TCP peers; a heap that is full or could not be made), the same calls give

@@ -78,7 +78,7 @@ impl Claims {
 /// The memory an arena's `base` points into.
 enum Memory {
     /// From a pool; back to it when dropped.
-    Pool(#[allow(dead_code)] PoolBuf),
+    Pool(PoolBuf),
     /// A block of this process's shared heap (a caller's output, written in place); back to
     /// the heap when dropped.
     Heap(HeapBuf),
@@ -116,16 +116,7 @@ impl Arena {
     /// An arena of `len` bytes from `pool` (8-aligned, so any element type can view it); its
     /// contents are unspecified until its parts are written.
     pub fn new(pool: &Pool, len: usize) -> Arc<Arena> {
-        let mut buf = pool.take(len);
-        let bytes = buf.bytes_mut();
-        let base = bytes.as_mut_ptr();
-        let len = bytes.len();
-        Arc::new(Arena {
-            base,
-            len,
-            claims: Mutex::new(Claims::default()),
-            _buf: Memory::Pool(buf),
-        })
+        Arena::over(Memory::Pool(pool.take(len)))
     }
 
     /// An arena over a block of the shared heap, its contents as its writer left them: a
@@ -133,15 +124,22 @@ impl Arena {
     /// is then claimed and frozen without being written. Peers read the frozen ranges out of
     /// their mapping of the heap while this process writes the others (disjoint bytes, under
     /// the claim rule).
-    pub fn from_heap(mut buf: HeapBuf) -> Arc<Arena> {
-        let bytes = buf.bytes_mut();
-        let base = bytes.as_mut_ptr();
-        let len = bytes.len();
+    pub fn from_heap(buf: HeapBuf) -> Arc<Arena> {
+        Arena::over(Memory::Heap(buf))
+    }
+
+    /// An arena over `mem` (its memory does not move with it: a pool's or the heap's).
+    fn over(mut mem: Memory) -> Arc<Arena> {
+        let bytes = match &mut mem {
+            Memory::Pool(b) => b.bytes_mut(),
+            Memory::Heap(b) => b.bytes_mut(),
+        };
+        let (base, len) = (bytes.as_mut_ptr(), bytes.len());
         Arc::new(Arena {
             base,
             len,
             claims: Mutex::new(Claims::default()),
-            _buf: Memory::Heap(buf),
+            _buf: mem,
         })
     }
 

@@ -1,8 +1,8 @@
 //! [`SharedHeap`]: memory of one process that the other processes of its host map read-only,
 //! so that a payload living there crosses to them with one copy (theirs, out of their
 //! mapping) instead of two through a ring. Tensors made with
-//! `Communicator::alloc_shared`, and the outputs of large calls between processes, live
-//! here when the job runs over shared memory.
+//! `Communicator::alloc_shared` (and `to_shared`), and so the results of in-place all_gathers
+//! into them, live here when the job runs over shared memory.
 //!
 //! The heap hands out blocks ([`HeapBuf`]): a size class per power of two from
 //! [`MIN_BLOCK`] up, a free list per class, and a bump pointer for blocks never used yet. A
