@@ -76,69 +76,70 @@ impl SharedBuffer {
     /// own block a peer may still be reading), the buffer first moves to a block of its own,
     /// its contents copied, so that the result never changes.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        if let Mem::Arena(a) = &mut self.mem {
-            if Arc::get_mut(a).is_none() {
-                self.mem = detached(a, None);
-            }
+        if let Mem::Arena(_) = self.mem {
+            self.mem = match self.take_mem() {
+                Mem::Arena(a) => unshared(a),
+                m => m,
+            };
         }
         match &mut self.mem {
             Mem::Heap(b) => b.bytes_mut(),
-            Mem::Arena(a) => match Arc::get_mut(a) {
-                Some(a) => a.reset(),
-                None => &mut [],
-            },
             Mem::Own(b) => b.bytes_mut(),
+            // (Never: unshared just above.)
+            Mem::Arena(_) => &mut [],
         }
+    }
+
+    /// Its memory, taken out (an empty buffer left in its place).
+    fn take_mem(&mut self) -> Mem {
+        std::mem::replace(&mut self.mem, Mem::Own(Buffer::from_slice::<u8>(&[])))
     }
 
     /// The arena an in-place call gathers into, the buffer's memory, and the share of its
     /// block `own` (this rank's input, as the caller left it); `None` where the buffer is
-    /// ordinary memory. A buffer gathered into before is used again: reset if nothing holds
-    /// it, else its ranges no share is left of thawed (a peer may still read this rank's
-    /// block of the last call, which is still as the caller left it: writing the buffer
-    /// would have moved it to a block of its own).
-    fn arena(&mut self, own: Range<usize>) -> Option<(Arc<Arena>, Bytes)> {
-        if let Mem::Heap(_) = self.mem {
-            let Mem::Heap(b) =
-                std::mem::replace(&mut self.mem, Mem::Own(Buffer::from_slice::<u8>(&[])))
-            else {
-                return None;
+    /// ordinary memory. A buffer gathered into before is used again: its heap block back
+    /// whole if nothing holds it any more, else with its ranges no share is left of thawed (a
+    /// peer may still read this rank's block of the last call, which is as the caller left
+    /// it: writing the buffer would have moved it to a block of its own); where a range other
+    /// than `own` is still held or claimed, a block of its own, only `own` copied (the rest
+    /// is overwritten).
+    fn arena(&mut self, own: Range<usize>) -> Result<Option<(Arc<Arena>, Bytes)>> {
+        // A fresh arena has every range free: the second turn ends.
+        for _ in 0..2 {
+            let a = match self.take_mem() {
+                Mem::Heap(b) => Arena::from_heap(b),
+                Mem::Arena(a) => match Arc::try_unwrap(a) {
+                    Ok(x) => match x.into_heap() {
+                        Ok(b) => Arena::from_heap(b),
+                        Err(x) => Arc::new(x),
+                    },
+                    Err(a) => {
+                        a.thaw();
+                        a
+                    }
+                },
+                m => {
+                    self.mem = m;
+                    return Ok(None);
+                }
             };
-            self.mem = Mem::Arena(Arena::from_heap(b));
-        }
-        let Mem::Arena(a) = &mut self.mem else {
-            return None;
-        };
-        match Arc::get_mut(a) {
-            Some(x) => {
-                x.reset();
+            self.mem = Mem::Arena(a.clone());
+            let Some(mine) =
+                (a.frozen(own.clone())).or_else(|| a.claim(own.clone()).map(ArenaPart::freeze))
+            else {
+                return Err(Error::internal(
+                    "the rank's block of an in-place buffer is being written",
+                ));
+            };
+            if !a.claimed_outside(&own) {
+                return Ok(Some((a, mine)));
             }
-            None => {
-                // Peers may still read parts of the last call (this rank's block lent to
-                // them; a block forwarded on, until the peer's reading is seen): those stay
-                // frozen. This rank's block is as the caller left it either way; any other
-                // part still held could not be received into, so the buffer moves to a block
-                // of its own, only this rank's block copied (the rest is overwritten).
-                a.thaw();
-            }
+            // `mine` keeps the rank's block frozen while it is copied.
+            self.mem = detached(&a, Some(own.clone()));
         }
-        let mine = a
-            .frozen(own.clone())
-            .or_else(|| a.claim(own.clone()).map(ArenaPart::freeze));
-        if let Some(b) = mine {
-            let mut held = a.frozen_ranges().into_iter();
-            if !held.any(|r| r.start < own.start || r.end > own.end) {
-                return Some((a.clone(), b));
-            }
-            // This rank's block (frozen now, as `b`) is copied; the rest is overwritten.
-            self.mem = detached(a, Some(own.clone()));
-            drop(b);
-            return self.arena(own);
-        }
-        // Its block is neither frozen nor free (a call that failed midway left it claimed):
-        // a block of its own, and again.
-        self.mem = detached(a, None);
-        self.arena(own)
+        Err(Error::internal(
+            "a fresh in-place buffer has claimed ranges",
+        ))
     }
 
     /// A typed view to write; fails when `T` is not its dtype (or a bool buffer holds a byte
@@ -152,26 +153,27 @@ impl SharedBuffer {
     pub fn freeze(self) -> Result<Tensor> {
         match self.mem {
             Mem::Heap(b) => Tensor::from_bytes(b.freeze(), self.dtype, &self.shape),
-            Mem::Arena(mut a) => {
-                let len = match Arc::get_mut(&mut a) {
-                    Some(x) => x.reset().len(),
-                    None => a.len(),
-                };
-                let whole = a.claim(0..len).map(|p| p.freeze());
-                match whole {
-                    Some(b) => Tensor::from_bytes(b, self.dtype, &self.shape),
-                    // Still shared: a copy, as `bytes_mut` would make.
-                    None => match detached(&a, None) {
-                        Mem::Heap(b) => Tensor::from_bytes(b.freeze(), self.dtype, &self.shape),
-                        Mem::Own(b) => b.into_tensor().and_then(|t| {
-                            Tensor::from_bytes(t.bytes().clone(), self.dtype, &self.shape)
-                        }),
-                        Mem::Arena(_) => Err(Error::internal("a detached buffer is an arena")),
-                    },
-                }
-            }
+            Mem::Arena(a) => match unshared(a) {
+                Mem::Heap(b) => Tensor::from_bytes(b.freeze(), self.dtype, &self.shape),
+                Mem::Own(b) => b
+                    .into_tensor()
+                    .and_then(|t| Tensor::from_bytes(t.bytes().clone(), self.dtype, &self.shape)),
+                Mem::Arena(_) => Err(Error::internal("an unshared buffer is an arena")),
+            },
             Mem::Own(b) => b.into_tensor(),
         }
+    }
+}
+
+/// The arena's memory as a buffer's own: its heap block once nothing else holds it, else a
+/// copy ([`detached`]).
+fn unshared(a: Arc<Arena>) -> Mem {
+    match Arc::try_unwrap(a) {
+        Ok(x) => match x.into_heap() {
+            Ok(b) => Mem::Heap(b),
+            Err(x) => detached(&Arc::new(x), None),
+        },
+        Err(a) => detached(&a, None),
     }
 }
 
@@ -260,8 +262,15 @@ impl Communicator {
     /// `output` stays the caller's, to write the next call's block into and gather again
     /// (FSDP's flat parameter, step after step): writing it
     /// ([`SharedBuffer::bytes_mut`]) while the last result still lives moves it to a block
-    /// of its own first, so a result never changes. Its blocks other than `rank`'s are
-    /// unspecified after a call; the result is the returned tensor.
+    /// of its own first, so a result never changes.
+    ///
+    /// Where it differs from torch: the result is the returned tensor (torch's `output`
+    /// holds it); the buffer's blocks other than `rank`'s are unspecified after a call (they
+    /// hold the result only where every block landed). The rank's block is the flat range of
+    /// elements above, whatever the buffer's shape. It is taken when the call is made, so
+    /// writing the buffer before the result is back is safe (it moves to a block of its own
+    /// first); torch leaves that a race. Without room in the heap the buffer is ordinary
+    /// memory, and the call gathers as the out-of-place form does.
     pub fn all_gather_into_tensor_in_place(&self, output: &mut SharedBuffer) -> Work<Tensor> {
         self.all_gather_into_tensor_in_place_with(output, &CallOptions::default())
     }
@@ -288,12 +297,18 @@ impl Communicator {
         let own = r * n * dtype.size()..(r + 1) * n * dtype.size();
         // The own block stays where the caller wrote it, frozen: it is both the input and
         // its part of the output.
-        let (input, into) = match output.arena(own.clone()).filter(|_| n > 0) {
-            Some((arena, mine)) => (mine, Some(arena)),
-            None => (Bytes::copy_from_slice(&output.bytes_mut()[own]), None),
+        let landing = match n {
+            0 => Ok(None),
+            _ => output.arena(own.clone()),
         };
-        match Tensor::from_bytes(input, dtype, &[n]) {
-            Ok(input) => self.call_landing(
+        let input = landing.and_then(|l| match l {
+            Some((arena, mine)) => Ok((mine, Some(arena))),
+            None => (output.bytes_mut().get(own))
+                .map(|b| (Bytes::copy_from_slice(b), None))
+                .ok_or_else(|| Error::internal("the rank's block is past the buffer's end")),
+        });
+        match input.and_then(|(b, into)| Tensor::from_bytes(b, dtype, &[n]).map(|t| (t, into))) {
+            Ok((input, into)) => self.call_landing(
                 Request::AllGatherIntoTensor {
                     input,
                     output: spec,

@@ -146,24 +146,27 @@ impl Engine {
                     .collect::<Vec<_>>()
             })
         };
-        let mut arena = None;
+        // Every landing first, then the buffer and their registration: nothing is left
+        // registered when this gives up midway.
+        let mut wanted = Vec::new();
         for r in c.sched.steps.iter().flat_map(|s| &s.recvs) {
             let Some(ranges) = landing(r) else { continue };
             if ranges.iter().any(|x| x.is_empty()) {
                 continue;
             }
-            let a = match &arena {
-                Some(a) => a,
-                None => arena.insert(match &into {
-                    Some(a) => a.clone(),
-                    None => self.plane.own_output(at)?,
-                }),
-            };
-            let src = *g.info.members.get(r.peer)?;
-            self.landings
-                .expect((group, seq, src, r.tag), fp, a, ranges);
+            wanted.push(((group, seq, *g.info.members.get(r.peer)?, r.tag), ranges));
         }
-        arena.map(|a| (a, out))
+        if wanted.is_empty() {
+            return None;
+        }
+        let arena = match into {
+            Some(a) => a,
+            None => self.plane.own_output(at)?,
+        };
+        for (key, ranges) in wanted {
+            self.landings.expect(key, fp, &arena, ranges);
+        }
+        Some((arena, out))
     }
 }
 

@@ -11,8 +11,8 @@
 //! - a range is read only once it is frozen ([`ArenaPart::freeze`] consumes the part, so its
 //!   writer is gone), and only through a share of it (`Bytes`); a frozen range is claimed
 //!   again only after [`Arena::thaw`] finds no share overlapping it (nobody reads it, and no
-//!   new share of it can be made once it is not frozen), or after [`Arena::reset`], whose
-//!   `&mut` proves there is none.
+//!   new share of it can be made once it is not frozen); an arena nothing else holds any
+//!   more gives its heap block back whole ([`Arena::into_heap`]).
 //!
 //! Correctness never depends on the arena: a caller that cannot claim a part (a stale arena,
 //! a mismatched call) falls back to an ordinary buffer, and an output is taken from the arena
@@ -143,18 +143,21 @@ impl Arena {
         })
     }
 
-    /// Every byte of it, to write again, its claims forgotten: `&mut` proves that nothing
-    /// else holds it (no part, no frozen share: `Arc::get_mut`). The contents are what the
-    /// last writers left.
-    pub fn reset(&mut self) -> &mut [u8] {
-        let c = self.claims.get_mut().unwrap_or_else(|e| e.into_inner());
-        c.writing.clear();
-        c.frozen.clear();
-        c.shared.clear();
-        // SAFETY: `base..base + len` is the arena's memory, which it owns; `&mut self` (the
-        // only reference to the arena: every part and frozen share holds an `Arc` of it) makes
-        // the returned slice the only access to it while it lives.
-        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
+    /// The heap block under it, once nothing else holds the arena (the caller took it out
+    /// of its `Arc` with `Arc::try_unwrap`: no part, share or landing is left): its claims
+    /// forgotten, its contents as the last writers left them. An arena from a pool comes
+    /// back as it is.
+    pub fn into_heap(self) -> Result<HeapBuf, Arena> {
+        match self._buf {
+            Memory::Heap(b) => Ok(b),
+            Memory::Pool(_) => Err(self),
+        }
+    }
+
+    /// Whether a range outside `keep` is claimed (being written, or frozen).
+    pub fn claimed_outside(&self, keep: &Range<usize>) -> bool {
+        let c = self.claims();
+        (c.writing.iter().chain(&c.frozen)).any(|r| r.start < keep.start || r.end > keep.end)
     }
 
     /// The shared heap its memory is a block of, if it is ([`from_heap`](Self::from_heap)).
@@ -399,25 +402,27 @@ mod tests {
         assert!(whole[..32].iter().all(|&x| x == 1) && whole[32..64].iter().all(|&x| x == 7));
         assert!(whole[64..].iter().all(|&x| x == 2));
         assert!(heap.in_use() > 0);
-        let mut arena = arena;
-        assert!(Arc::get_mut(&mut arena).is_none(), "shares live");
+        assert!(arena.claimed_outside(&(32..64)));
+        let arena = match Arc::try_unwrap(arena) {
+            Ok(_) => panic!("shares live"),
+            Err(a) => a,
+        };
         drop((own, whole));
-        let again = Arc::get_mut(&mut arena)
-            .map(|a| {
-                let b = a.reset();
-                let kept = b[40];
-                b[40] = 9;
-                kept
-            })
+        assert!(arena.heap().is_some_and(|h| Arc::ptr_eq(h, &heap)));
+        let mut back = Arc::try_unwrap(arena)
+            .ok()
+            .and_then(|a| a.into_heap().ok())
             .unwrap_or_else(|| panic!("no share left"));
-        assert_eq!(again, 7, "the contents stay");
+        assert_eq!(back.bytes_mut()[40], 7, "the contents stay");
+        back.bytes_mut()[40] = 9;
+        let arena = Arena::from_heap(back);
+        assert!(!arena.claimed_outside(&(32..64)), "claims forgotten");
         let part = arena.claim(32..64).map(ArenaPart::freeze);
         assert_eq!(
             part.as_ref().map(|b| b[8]),
             Some(9),
             "claimable again, as written"
         );
-        assert!(arena.heap().is_some_and(|h| Arc::ptr_eq(h, &heap)));
         drop((arena, part));
         assert_eq!(heap.in_use(), 0, "the block went back to the heap");
     }
