@@ -68,7 +68,7 @@ pub struct Landings {
     placed: AtomicU64,
     /// Run when [`place`](Self::place) finds no landing (tests: a call made right after).
     #[cfg(test)]
-    pub(crate) on_miss: std::sync::Mutex<Option<Box<dyn FnMut() + Send>>>,
+    pub(crate) on_miss: Mutex<Option<Box<dyn FnMut() + Send>>>,
 }
 
 /// One group's mark of the calls this rank has made (those below it): raised by the engine
