@@ -50,6 +50,9 @@ pub(super) struct Bell {
     sleepers: usize,
     /// A background run was asked for and handed to a sleeper.
     rung: bool,
+    /// Raised each time a transport posted work every thread of the rank may share (a large
+    /// read in pieces): each sleeper that saw an older value wakes to take its part.
+    help: u64,
 }
 
 impl Driver {
@@ -65,6 +68,22 @@ impl Driver {
             }
         }
         self.wake_actor();
+    }
+    /// Wakes every caller parked on this rank to take part in work a transport posted for
+    /// all of the rank's threads (a large read in pieces,
+    /// `collectix_runtime::wire::shm::shared_read`): each drives the rank again, which
+    /// takes pieces while any is left, then parks again if its call is not done. Nobody
+    /// is woken when no caller is parked (the actor has no part in it).
+    pub(crate) fn wake_helpers(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut b = lock(&self.bell);
+        if b.sleepers > 0 {
+            b.help = b.help.wrapping_add(1);
+            self.bell_rung.notify_all();
+        }
     }
     /// Tells the parked callers that calls completed (theirs may be among them).
     pub(super) fn completed(&self) {
@@ -103,7 +122,8 @@ impl Driver {
                 // Pairs with the fence in `completed`: a completion that did not see this
                 // count is seen by `done()` below.
                 fence(Ordering::SeqCst);
-                while !b.rung && !done() {
+                let seen = b.help;
+                while !b.rung && b.help == seen && !done() {
                     b = self.bell_rung.wait(b).unwrap_or_else(|e| e.into_inner());
                 }
                 b.sleepers -= 1;
@@ -219,5 +239,79 @@ impl Driver {
         if !self.inbox.looks_empty() {
             self.try_run();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Driver, Poller, PollerKind, DEFAULT_SPIN};
+    use collectix_runtime::{Engine, GroupInfo, GroupOptions};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    /// A transport that counts how often a caller read it.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+
+    impl Poller for Counting {
+        fn enter(&self) {}
+        fn poll(&self) -> bool {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+        fn leave(&self) {}
+        fn drain(&self) {}
+    }
+
+    /// A caller parked for its call is woken when a transport posts work for every thread
+    /// of the rank (a large read in pieces) and drives the rank again, where it takes its
+    /// part; nobody wakes it otherwise. (Before: a parked caller slept through the whole
+    /// read while one thread copied and a core stood idle.)
+    #[test]
+    fn a_parked_caller_wakes_to_help_and_parks_again() {
+        let world =
+            GroupInfo::world(2, 0, GroupOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        let d = Arc::new(Driver::new(Engine::new(0), world, DEFAULT_SPIN, 0));
+        let polls = Arc::new(Counting::default());
+        d.set_poller(PollerKind::Shm, polls.clone());
+        let done = Arc::new(AtomicBool::new(false));
+        let caller = {
+            let (d, done) = (d.clone(), done.clone());
+            std::thread::spawn(move || d.sleep_until(&|| done.load(Ordering::SeqCst)))
+        };
+        let start = Instant::now();
+        while d.sleeping.load(Ordering::SeqCst) == 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "never parked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let before = polls.0.load(Ordering::SeqCst);
+        assert_eq!(before, 0, "a parked caller read the transport unasked");
+        d.wake_helpers();
+        while polls.0.load(Ordering::SeqCst) == before {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the caller slept on"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // It parks again, its call not done.
+        while d.sleeping.load(Ordering::SeqCst) == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "never parked again"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            !caller.is_finished(),
+            "the caller returned with its call not done"
+        );
+        done.store(true, Ordering::SeqCst);
+        d.completed();
+        caller
+            .join()
+            .unwrap_or_else(|_| panic!("the caller panicked"));
     }
 }

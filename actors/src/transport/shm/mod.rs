@@ -422,6 +422,8 @@ impl Inner {
             // The progress thread, even while callers read: it rests when they do.
             self.own.ring();
             os::wake(self.own.doorbell());
+            // And the callers parked for their calls: a core they leave idle could copy.
+            driver.wake_helpers();
         };
         for r in readers.iter_mut().filter(|r| !r.dead) {
             let mut wake = false;
