@@ -49,7 +49,12 @@ pub struct GroupOptions {
     /// Algorithms forced for some kinds of call (for tests and benchmarks).
     pub algorithms: Vec<(OpKind, Algorithm)>,
     /// How many calls a rank may run ahead of a peer before its messages to that peer wait
-    /// (flow control; bounds what a peer buffers for calls it has not made yet).
+    /// (flow control; bounds what a peer buffers for calls it has not made yet, with
+    /// [`peer_budget_bytes`](GroupOptions::peer_budget_bytes) bounding their bytes). 256 by
+    /// default: a rank that only sends (a broadcast's root, a reduce's non-roots) then asks
+    /// its peers for credit once per 128 calls. Point-to-point messages use at most 16 of it
+    /// (`P2P_WINDOW`: the eager messages one peer may have in flight to this rank, each of at
+    /// most `peer_budget_bytes / 16` bytes).
     pub window: u64,
     /// The most payload bytes a peer may make this rank buffer, per group, for calls this
     /// rank has not made yet (64 MiB by default); the same bound holds for point-to-point
@@ -82,7 +87,7 @@ impl Default for GroupOptions {
             timeout: Duration::from_secs(300),
             segment_bytes: 1 << 20,
             algorithms: Vec::new(),
-            window: 16,
+            window: 256,
             peer_budget_bytes: 64 << 20,
             max_call_bytes: 64 << 30,
             desync_grace: Duration::from_secs(1),

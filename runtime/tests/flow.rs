@@ -135,6 +135,31 @@ fn sends_then_receives(sim: &mut Sim, n: usize, len: usize, between: &dyn Fn(&Si
     }
 }
 
+/// The default window lets a root run 256 calls ahead of its peers (it asks for credit once
+/// per 128), while point-to-point keeps its own window of 16 eager messages, each up to
+/// 4 MiB: a larger window of calls does not turn 1 MiB messages into rendezvous. (Before, the
+/// default window was 16: a root 200 calls ahead held 184 of them.)
+#[test]
+fn the_default_window_lets_a_root_run_far_ahead_and_keeps_point_to_point_eager() {
+    let mut sim = Sim::with_options(2, 5, GroupOptions::default());
+    let data = |k: u64| Tensor::from_vec(vec![k as i64; 2]);
+    let roots = root_broadcasts(&mut sim, 200, &data);
+    assert_eq!(sim.engine(0).map(|e| e.held()), Some(0), "nothing held");
+    assert!(sim.engine(1).is_some_and(|e| e.buffered() <= 256));
+    for id in &roots {
+        assert!(matches!(sim.take(0, *id), Some(Ok(_))));
+    }
+    // 1 MiB messages (i32 × 262 144) with no receive posted: 16 go eager, the rest wait.
+    let mut p2p = Sim::with_options(2, 6, GroupOptions::default());
+    let n = 20;
+    sends_then_receives(&mut p2p, n, 1 << 18, &|sim| {
+        let arrived = sim.engine(1).map_or(usize::MAX, |e| e.p2p_buffered());
+        assert_eq!(arrived, 16, "eager messages buffered by the receiver");
+        assert_eq!(sim.engine(0).map(|e| e.held()), Some(n - 16));
+    });
+    assert_eq!(p2p.engine(0).map(|e| e.held()), Some(0));
+}
+
 #[test]
 fn an_isend_loop_without_receives_is_held_to_the_window() {
     let window = 3;

@@ -291,7 +291,11 @@ fn every_valid_schedule_completes_with_a_tight_byte_budget() {
 fn a_root_far_ahead_then_a_peer_one_call_at_a_time_completes() {
     // The report: W=2, window 16, rank 0 makes 100 broadcasts as root at once, then rank 1
     // makes its 100 one at a time.
-    let mut sim = Sim::new(2, 1);
+    let opts = GroupOptions {
+        window: 16,
+        ..GroupOptions::default()
+    };
+    let mut sim = Sim::with_options(2, 1, opts);
     let data = |k: u64| Tensor::from_vec(vec![k as i64; 2]);
     for k in 0..100 {
         let req = Request::Broadcast {

@@ -168,7 +168,7 @@ impl Engine {
             p2p_arrived: BTreeMap::new(),
             p2p_posted: Vec::new(),
             flow: Flow::new(window, budget),
-            p2p_flow: P2pFlow::new(window, budget),
+            p2p_flow: P2pFlow::new(window.min(super::p2p_flow::P2P_WINDOW), budget),
             left: Vec::new(),
             failed: BTreeMap::new(),
             board: FastMap::default(),

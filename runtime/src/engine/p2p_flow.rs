@@ -13,7 +13,8 @@
 //!   match the lane. A solicited message is flagged as such. (Grants used to be sent for every
 //!   receive that waited: over TCP that was a second frame per message, 5 µs of `sendmsg` on
 //!   this project's VM, for messages that went eager anyway.)
-//! - **Eager.** Without a grant, a sender may still have at most `window` messages in flight
+//! - **Eager.** (`window` here is the group's window, at most [`P2P_WINDOW`].) Without a
+//!   grant, a sender may still have at most `window` messages in flight
 //!   toward a peer (over all tags of the group) that the peer has not consumed yet. The
 //!   receiver counts the eager messages it consumes and reports the count (cumulative) once
 //!   half a window has been consumed since its last report, which frees the sender's budget.
@@ -94,6 +95,12 @@ fn flag(mut t: Transmit, eager: bool) -> Transmit {
     }
     t
 }
+
+/// The most eager point-to-point messages one peer may have in flight to a rank: a group's
+/// window up to this (`GroupOptions::window`). It also sets the eager limit (the byte
+/// budget over it), which a window of calls as large as the default would shrink to a few
+/// hundred KiB, sending messages of 1 MiB through a rendezvous.
+pub(crate) const P2P_WINDOW: u64 = 16;
 
 impl P2pFlow {
     pub(crate) fn new(window: u64, budget: u64) -> Self {
