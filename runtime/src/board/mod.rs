@@ -30,6 +30,7 @@
 //! deadline: `docs/architecture.md`, "Small calls on the board").
 
 mod call;
+pub mod mail;
 pub mod queue;
 pub mod ran;
 #[cfg(test)]
@@ -128,8 +129,16 @@ struct Line([AtomicU64; SLOT_WORDS]);
 
 impl Default for HeapLane {
     fn default() -> Self {
+        HeapLane::with_words(LANE_WORDS)
+    }
+}
+
+impl HeapLane {
+    /// Words on the heap for another use of the same memory model (a mailbox:
+    /// [`mail`]), `words` rounded up to whole cache lines.
+    pub fn with_words(words: usize) -> HeapLane {
         HeapLane(
-            (0..LANE_WORDS / SLOT_WORDS)
+            (0..words.div_ceil(SLOT_WORDS))
                 .map(|_| Line(std::array::from_fn(|_| AtomicU64::new(0))))
                 .collect(),
         )

@@ -595,6 +595,7 @@ impl Engine {
         super::bump(&self.board_epoch);
         g.unexpected.clear();
         g.p2p_arrived.clear();
+        g.p2p_mail.clear();
         g.flow.clear();
         g.p2p_flow.clear();
         if tell {

@@ -34,6 +34,9 @@ pub(super) struct Group {
     /// (src, tag, seq) → (arrival number, message).
     pub(super) p2p_arrived: BTreeMap<(usize, u32, u64), (u64, Message)>,
     pub(super) p2p_posted: Vec<OpId>,
+    /// The arrived messages (keys of `p2p_arrived`) that came through the group's mailbox
+    /// (`crate::board::mail`): outside the eager window; consuming one frees its slot.
+    pub(super) p2p_mail: FastMap<(usize, u32, u64), ()>,
     /// The window of calls per peer (see [`crate::engine::flow`]).
     pub(super) flow: Flow<Transmit>,
     /// Point-to-point flow control (see [`crate::engine::p2p_flow`]): a window of eager messages
@@ -167,6 +170,7 @@ impl Engine {
             p2p_recv_seq: FastMap::default(),
             p2p_arrived: BTreeMap::new(),
             p2p_posted: Vec::new(),
+            p2p_mail: FastMap::default(),
             flow: Flow::new(window, budget),
             p2p_flow: P2pFlow::new(window.min(super::p2p_flow::P2P_WINDOW), budget),
             left: Vec::new(),

@@ -191,6 +191,8 @@ pub struct Engine {
     ops: BTreeMap<OpId, Box<PendingCall>>,
     next_op: u64,
     arrivals: u64,
+    /// Messages through a mailbox consumed since the driver last asked: (group, sender).
+    mail_freed: Vec<(GroupId, usize)>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     /// Collectives that finished, whose outputs are assembled when their events are polled.
@@ -262,6 +264,7 @@ impl Engine {
             flow_out: Vec::new(),
             next_op: 0,
             arrivals: 0,
+            mail_freed: Vec::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             finishing: VecDeque::new(),
@@ -578,6 +581,15 @@ impl Engine {
             Header::P2pConsumed { eager, .. } => self.on_p2p_consumed(gid, src, *eager),
             Header::Data { seq, call, .. } => self.on_data(gid, src, *seq, *call, msg),
         }
+    }
+
+    /// Whether the engine holds messages to send, calls completed or failed, or held
+    /// reductions: a driver that changed it outside a full run must run it.
+    pub fn has_output(&self) -> bool {
+        !self.transmits.is_empty()
+            || !self.events.is_empty()
+            || !self.finishing.is_empty()
+            || !self.reducing.is_empty()
     }
 
     /// The next message to send.

@@ -4,7 +4,9 @@
 
 use super::p2p_flow::P2pOut;
 use super::{Engine, Event, OpId, PendingCall, State};
+use crate::collective::TensorSpec;
 use crate::collective::{p2p_fp, Output};
+use crate::error::Result;
 use crate::error::{Error, ProtocolError};
 use crate::fast_hash::FastMap;
 use crate::ids::{DataPath, Fingerprint, GroupId};
@@ -290,18 +292,9 @@ impl Engine {
             let Some((rid, key)) = found else {
                 return;
             };
-            let Some(g) = self.groups.get_mut(&gid) else {
+            let Some(msg) = self.consume_p2p(gid, key) else {
                 return;
             };
-            let Some((_, msg)) = g.p2p_arrived.remove(&key) else {
-                return;
-            };
-            let consumed = g.p2p_recv_seq.entry((key.0, key.1)).or_insert(0);
-            *consumed += 1;
-            let eager = matches!(msg.header, Header::P2p { eager: true, .. });
-            let mut out = Vec::new();
-            g.p2p_flow.on_consume(key.0, eager, &mut out);
-            self.emit_p2p(gid, out);
             let Some(g) = self.groups.get_mut(&gid) else {
                 return;
             };
@@ -313,47 +306,86 @@ impl Engine {
                 return;
             };
             let spec = spec.clone();
-            let Header::P2p {
-                dtype, count, path, ..
-            } = msg.header
-            else {
-                return;
-            };
-            let theirs = Fingerprint {
-                path,
-                ..p2p_fp(OpKind::Send, dtype, count)
-            };
-            if dtype != spec.dtype
-                || Some(count) != spec.numel().ok().map(|n| n as u64)
-                || path != op.fp.path
-            {
-                let err = self.mismatch(gid, None, op.fp, msg.src, theirs);
-                self.ops.insert(rid, op);
-                self.abort(gid, err.clone(), Some((rid, err)), true);
-                return;
+            match self.received(key.0, msg, &spec, op.fp) {
+                Ok(result) => self.events.push_back(Event { op: rid, result }),
+                Err(Some(err)) => {
+                    let err = self.mismatch(gid, None, op.fp, err.0, err.1);
+                    self.ops.insert(rid, op);
+                    self.abort(gid, err.clone(), Some((rid, err)), true);
+                    return;
+                }
+                Err(None) => return,
             }
-            if path == DataPath::Nccl {
-                // A ticket: the data follows on NCCL; the receiver gets the ticket's bytes.
-                let ticket = msg.payload.concat();
-                let result = if ticket.len() <= TICKET_MAX {
-                    Ok(Output::Received {
-                        tensor: Tensor::from_vec(ticket),
-                        src: key.0,
-                    })
-                } else {
-                    Err(Error::Protocol {
-                        rank: msg.src,
-                        detail: ProtocolError::Length {
-                            part: 0,
-                            expected: TICKET_MAX as u64,
-                            got: ticket.len() as u64,
-                        },
-                    })
-                };
-                self.events.push_back(Event { op: rid, result });
-                continue;
-            }
-            let result = match msg
+        }
+    }
+
+    /// Takes arrived message `key` of group `gid` off the group's record as consumed: the
+    /// lane's count goes up, and its flow control (or its mailbox) hears of it.
+    fn consume_p2p(&mut self, gid: GroupId, key: (usize, u32, u64)) -> Option<Message> {
+        let g = self.groups.get_mut(&gid)?;
+        let (_, msg) = g.p2p_arrived.remove(&key)?;
+        let consumed = g.p2p_recv_seq.entry((key.0, key.1)).or_insert(0);
+        *consumed += 1;
+        if g.p2p_mail.remove(&key).is_some() {
+            // Its slot in the sender's mailbox may be written again.
+            self.mail_freed.push((gid, key.0));
+            return Some(msg);
+        }
+        let eager = matches!(msg.header, Header::P2p { eager: true, .. });
+        let mut out = Vec::new();
+        g.p2p_flow.on_consume(key.0, eager, &mut out);
+        self.emit_p2p(gid, out);
+        Some(msg)
+    }
+
+    /// What a receive of `spec` (fingerprint `ours`) gets from `msg`, the message of group
+    /// rank `src` it matched: the result, or `Err(Some((sender, its fingerprint)))` when the
+    /// two calls do not match (`Err(None)`: not a point-to-point message).
+    #[allow(clippy::type_complexity)]
+    fn received(
+        &self,
+        src: usize,
+        msg: Message,
+        spec: &TensorSpec,
+        ours: Fingerprint,
+    ) -> std::result::Result<Result<Output>, Option<(usize, Fingerprint)>> {
+        let Header::P2p {
+            dtype, count, path, ..
+        } = msg.header
+        else {
+            return Err(None);
+        };
+        let theirs = Fingerprint {
+            path,
+            ..p2p_fp(OpKind::Send, dtype, count)
+        };
+        if dtype != spec.dtype
+            || Some(count) != spec.numel().ok().map(|n| n as u64)
+            || path != ours.path
+        {
+            return Err(Some((msg.src, theirs)));
+        }
+        if path == DataPath::Nccl {
+            // A ticket: the data follows on NCCL; the receiver gets the ticket's bytes.
+            let ticket = msg.payload.concat();
+            return Ok(if ticket.len() <= TICKET_MAX {
+                Ok(Output::Received {
+                    tensor: Tensor::from_vec(ticket),
+                    src,
+                })
+            } else {
+                Err(Error::Protocol {
+                    rank: msg.src,
+                    detail: ProtocolError::Length {
+                        part: 0,
+                        expected: TICKET_MAX as u64,
+                        got: ticket.len() as u64,
+                    },
+                })
+            });
+        }
+        Ok(
+            match msg
                 .payload
                 .into_iter()
                 .next()
@@ -361,16 +393,140 @@ impl Engine {
             {
                 Some(Ok(b)) if b.len() as u64 == count * dtype.size() as u64 => {
                     Ok(Output::Received {
-                        tensor: Tensor::from_parts(b, dtype, spec.shape),
-                        src: key.0,
+                        tensor: Tensor::from_parts(b, dtype, spec.shape.clone()),
+                        src,
                     })
                 }
                 _ => Err(Error::Protocol {
                     rank: msg.src,
                     detail: ProtocolError::InvalidElements { dtype },
                 }),
-            };
-            self.events.push_back(Event { op: rid, result });
+            },
+        )
+    }
+
+    /// The lane sequence number of this rank's send to group rank `dst` on `tag` that goes
+    /// through the group's mailbox ([`crate::board::mail`]) instead of the engine's
+    /// transports, drawn as the engine draws a send's: the call is done (buffered, as an
+    /// eager send). `None` when the send must go through the engine, which makes its
+    /// outcome: the rank is closing, the group is not one of its groups or was aborted, a
+    /// member left it, or `dst` is this rank or no member.
+    pub fn p2p_mail_seq(&mut self, group: GroupId, dst: usize, tag: u32) -> Option<u64> {
+        if self.closing.is_some() {
+            return None;
         }
+        let g = self.groups.get_mut(&group)?;
+        if g.aborted.is_some() || !g.left.is_empty() || dst >= g.info.size() || dst == g.info.rank {
+            return None;
+        }
+        let s = g.p2p_send_seq.entry((dst, tag)).or_insert(0);
+        let q = *s;
+        *s += 1;
+        Some(q)
+    }
+
+    /// A message of group rank `src` read from its mailbox ([`crate::board::mail`]): stored
+    /// and matched as a message from a transport, outside the eager window (the mailbox
+    /// bounds what it holds); its consumption frees its slot (`take_mail_freed`). A replay
+    /// of a lane's message aborts the group, as from a transport.
+    pub fn on_p2p_mail(&mut self, group: GroupId, src: usize, mail: crate::board::mail::Mail) {
+        let Some(g) = self.groups.get_mut(&group) else {
+            return;
+        };
+        if src >= g.info.size() {
+            return;
+        }
+        let crate::board::mail::Mail {
+            tag,
+            seq,
+            dtype,
+            bytes,
+        } = mail;
+        let count = (bytes.len() / dtype.size()) as u64;
+        let msg = Message {
+            src: g.info.global(src),
+            header: Header::P2p {
+                group,
+                tag,
+                seq,
+                dtype,
+                count,
+                eager: false,
+                path: DataPath::Engine,
+            },
+            payload: vec![Bytes::from(bytes)],
+        };
+        let consumed = g.p2p_recv_seq.get(&(src, tag)).copied().unwrap_or(0);
+        if seq < consumed || g.p2p_arrived.contains_key(&(src, tag, seq)) {
+            let err = Error::Protocol {
+                rank: msg.src,
+                detail: ProtocolError::Duplicate { seq, tag },
+            };
+            self.abort(group, err, None, true);
+            return;
+        }
+        let key = (src, tag, seq);
+        let n = self.arrivals;
+        self.arrivals += 1;
+        g.p2p_arrived.insert(key, (n, msg));
+        g.p2p_mail.insert(key, ());
+        self.match_p2p(group);
+    }
+
+    /// A receive of `spec` from group rank `src` on `tag` that the message already here
+    /// completes now, without a pending call: its result, or `None` when the receive must be
+    /// posted as any (the lane's next message is not here, a receive posted before could
+    /// take it, the group was aborted or a member left, or the rank is closing). A message
+    /// that does not match the receive aborts the group, as a posted receive's would, and
+    /// is the receive's error.
+    pub fn p2p_take(
+        &mut self,
+        group: GroupId,
+        src: usize,
+        tag: u32,
+        spec: &TensorSpec,
+    ) -> Option<Result<Output>> {
+        if self.closing.is_some() {
+            return None;
+        }
+        let g = self.groups.get(&group)?;
+        if g.aborted.is_some() || !g.left.is_empty() || !g.p2p_posted.is_empty() {
+            return None;
+        }
+        let next = g.p2p_recv_seq.get(&(src, tag)).copied().unwrap_or(0);
+        let key = (src, tag, next);
+        if !g.p2p_arrived.contains_key(&key) {
+            return None;
+        }
+        let ours = p2p_fp(OpKind::Recv, spec.dtype, spec.numel().ok()? as u64);
+        let msg = self.consume_p2p(group, key)?;
+        match self.received(src, msg, spec, ours) {
+            Ok(r) => Some(r),
+            Err(Some((peer, theirs))) => {
+                let err = self.mismatch(group, None, ours, peer, theirs);
+                self.abort(group, err.clone(), None, true);
+                Some(Err(err))
+            }
+            Err(None) => None,
+        }
+    }
+
+    /// Group rank `e.member`'s mailbox held something that is not a message: the group is
+    /// aborted with a protocol error naming it, and every member is told.
+    pub fn mail_broken(&mut self, group: GroupId, e: &crate::board::BoardError) {
+        let Some(g) = self.groups.get(&group) else {
+            return;
+        };
+        let err = Error::Protocol {
+            rank: g.info.global(e.member),
+            detail: ProtocolError::Malformed(e.to_string()),
+        };
+        self.abort(group, err, None, true);
+    }
+
+    /// The (group, sender) of each message through a mailbox consumed since the last call,
+    /// one entry per message, moved into `out`.
+    pub fn take_mail_freed(&mut self, out: &mut Vec<(GroupId, usize)>) {
+        out.append(&mut self.mail_freed);
     }
 }

@@ -36,6 +36,7 @@ mod collectives;
 mod completion;
 mod concurrent;
 mod faults;
+mod mail;
 mod progress;
 mod ring;
 

@@ -354,6 +354,15 @@ impl Sim {
         Ok(id)
     }
 
+    /// Runs `f` on rank `rank`'s engine as its driver would between two inputs (a
+    /// mailbox read, a receive taken at once), then takes what the engine made of it:
+    /// messages to send, calls completed.
+    pub fn on_engine<R>(&mut self, rank: usize, f: impl FnOnce(&mut Engine) -> R) -> Option<R> {
+        let r = f(self.engines.get_mut(rank)?);
+        self.drain(rank);
+        Some(r)
+    }
+
     /// The result of a call, once it has one.
     pub fn result(&self, rank: usize, op: OpId) -> Option<&Result<Output>> {
         self.results.get(&(rank, op))
