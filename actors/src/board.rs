@@ -8,8 +8,9 @@
 //! cores (`collectix_runtime::board::fits`). Setting `COLLECTIX_BOARD=0` turns the boards off
 //! (every call goes through the engine), for comparison.
 
-use crate::rank::driver::{GroupBoard, Signal, Wake};
+use crate::rank::driver::{GroupBoard, GroupMail, Signal, Wake};
 use crate::sync::lock;
+use collectix_runtime::board::mail::{mailbox_words, Mailboxes, MAIL_MEMBERS};
 use collectix_runtime::board::{Board, HeapLane, Lane};
 use collectix_runtime::{GroupId, GroupInfo};
 use std::collections::{HashMap, HashSet};
@@ -34,8 +35,9 @@ pub(crate) struct LocalBoards {
     cores: usize,
 }
 
-/// A group's members (global ranks) and their lanes.
-type Lanes = (Vec<usize>, Vec<Arc<dyn Lane>>);
+/// A group's members (global ranks), their lanes and their mailboxes (none for a group
+/// larger than `MAIL_MEMBERS`).
+type Lanes = (Vec<usize>, Vec<Arc<dyn Lane>>, Vec<Arc<dyn Lane>>);
 
 struct LocalState {
     /// Each group's members and lanes.
@@ -71,7 +73,7 @@ impl LocalBoards {
         let gone: Vec<GroupId> = s
             .groups
             .iter()
-            .filter(|(_, (members, _))| members.contains(&r))
+            .filter(|(_, (members, _, _))| members.contains(&r))
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
@@ -100,20 +102,37 @@ impl BoardSource for LocalBoards {
                 (m != info.rank).then_some(w as Arc<dyn Wake>)
             })
             .collect();
-        let (members, lanes) = s.groups.entry(info.id).or_insert_with(|| {
-            let lanes = info
-                .members
-                .iter()
+        let peers = info
+            .members
+            .iter()
+            .enumerate()
+            .map(|(m, &g)| {
+                (m != info.rank)
+                    .then(|| s.signals.get(g).cloned())
+                    .flatten()
+            })
+            .collect();
+        let (members, lanes, boxes) = s.groups.entry(info.id).or_insert_with(|| {
+            let n = info.members.len();
+            let lanes = (0..n)
                 .map(|_| Arc::new(HeapLane::default()) as Arc<dyn Lane>)
                 .collect();
-            (info.members.to_vec(), lanes)
+            let boxes = if n <= MAIL_MEMBERS {
+                (0..n)
+                    .map(|_| Arc::new(HeapLane::with_words(mailbox_words(n))) as Arc<dyn Lane>)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            (info.members.to_vec(), lanes, boxes)
         });
         if members[..] != info.members[..] {
             // Two groups with one id and other members: never made by collectix.
             return None;
         }
         let board = Board::new(lanes.clone(), info.rank).ok()?;
-        Some(Arc::new(GroupBoard::new(board, info.clone(), wake)))
+        let mail = Mailboxes::new(boxes.clone(), info.rank).map(|b| GroupMail::new(b, peers));
+        Some(Arc::new(GroupBoard::new(board, info.clone(), wake, mail)))
     }
 }
 

@@ -13,6 +13,7 @@ use crate::rank::actor::RankActor;
 use crate::rank::driver::{BoardSubmit, Done, Driver, GroupBoard, Quick};
 use crate::work::{guarded, RankThreads, Work};
 use actix::{Addr, ArbiterHandle};
+use collectix_runtime::board::mail::MAIL_MAX;
 use collectix_runtime::board::BoardCall;
 use collectix_runtime::schedule::ScheduleCache;
 use collectix_runtime::tensor::arena::Arena;
@@ -134,6 +135,9 @@ impl Member {
     /// The member of a new group `info` (this rank's view of it).
     pub(crate) fn new(rank: Arc<RankShared>, info: GroupInfo) -> Member {
         let board = rank.boards.as_ref().and_then(|b| b.board(&info));
+        if let Some(gb) = &board {
+            rank.driver.add_mail(gb);
+        }
         Member {
             rank,
             group: GroupShared::new(info, board),
@@ -210,6 +214,9 @@ impl Member {
                 Some(Err(e)) => return self.refuse(false, e),
                 None => {}
             }
+            if let Some(out) = self.mail(gb, &req) {
+                return self.ready(out.and_then(map));
+            }
         }
         let p2p = req.is_p2p();
         let plan = match Plan::new_cached(req, &self.group.info, opts, &self.group.schedules) {
@@ -224,6 +231,44 @@ impl Member {
             return self.ready(Err(e));
         }
         self.issue(seq, plan, map)
+    }
+
+    /// A small send or receive (from a named source) through the group's mailboxes
+    /// (`rank::driver::mail`): its output, or `None` when it goes through the engine (too
+    /// large, on a device, an argument the engine refuses, no room, or no message within
+    /// the receive's short spin).
+    fn mail(&self, gb: &GroupBoard, req: &Request) -> Option<Result<Output>> {
+        let info = &self.group.info;
+        let small = |bytes: usize| bytes <= MAIL_MAX && bytes as u64 <= info.options.max_call_bytes;
+        let peer = |r: usize| r < info.size() && r != info.rank;
+        match req {
+            Request::Send { tensor, dst, tag }
+                if tensor.device().is_host()
+                    && tensor.device_storage().is_none()
+                    && small(tensor.nbytes())
+                    && peer(*dst) =>
+            {
+                self.rank
+                    .driver
+                    .mail_send(gb, *dst, *tag, tensor.dtype(), tensor.bytes())
+                    .then_some(Ok(Output::None))
+            }
+            Request::Recv {
+                spec,
+                src: Some(src),
+                tag,
+            } if spec.device.is_host()
+                && peer(*src)
+                && spec
+                    .numel()
+                    .ok()
+                    .and_then(|n| n.checked_mul(spec.dtype.size()))
+                    .is_some_and(small) =>
+            {
+                self.rank.driver.mail_recv(gb, *src, *tag, spec)
+            }
+            _ => None,
+        }
     }
 
     /// A collective call on the engine at `seq` of a group with a board, where another

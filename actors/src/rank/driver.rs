@@ -24,6 +24,7 @@
 mod board;
 mod handoff;
 mod links;
+mod mail;
 pub(crate) mod recorder;
 mod state;
 mod wait;
@@ -31,6 +32,7 @@ mod wait;
 pub(crate) use board::{BoardSubmit, GroupBoard, Quick, Signal, Wake};
 pub(crate) use handoff::Owed;
 pub(crate) use links::{BoxedLink, LinkTable};
+pub(crate) use mail::GroupMail;
 pub(crate) use state::{After, Core};
 pub(crate) use wait::{
     spin_from_env, DEFAULT_SPIN, DEFAULT_SPIN_TCP, YIELD_TURNS, YIELD_TURNS_SPARSE,
@@ -114,6 +116,11 @@ pub(crate) struct Driver {
     landings: Arc<collectix_runtime::landing::Landings>,
     /// This process's shared heap, once its shared-memory transport made one.
     heap: OnceLock<Arc<collectix_runtime::tensor::shared_heap::SharedHeap>>,
+    /// The rank's groups with mailboxes (`mail.rs`): every run reads them.
+    mail: Mutex<Vec<Arc<GroupBoard>>>,
+    /// Set by a sender after it wrote a message into a mailbox toward this rank, cleared by
+    /// the run that reads them (`mail.rs`).
+    mail_new: CachePadded<AtomicBool>,
 }
 
 /// A transport that a waiting caller drives itself: instead of a reader thread handing each
@@ -160,6 +167,8 @@ impl Driver {
             board_epoch,
             landings,
             heap: OnceLock::new(),
+            mail: Mutex::new(Vec::new()),
+            mail_new: CachePadded(AtomicBool::new(false)),
             core: CachePadded(Mutex::new(Core {
                 engine,
                 links: None,
@@ -170,6 +179,7 @@ impl Driver {
                 arrivals: Vec::new(),
                 recorder: recorder::Recorder::default(),
                 failing: false,
+                mail_freed: Vec::new(),
             })),
             inbox: Inbox::new(),
             kick: OnceLock::new(),
@@ -357,8 +367,13 @@ impl Driver {
         if !self.inbox.looks_empty() {
             core.progress(&self.inbox, now, &mut after);
         }
+        self.take_mail(&mut core);
         let r = f(&mut core, now, &mut after);
+        // Again after the run's own work: a sender that found this run's background request
+        // still open wrote its message before the request was taken (`mail.rs`).
+        self.take_mail(&mut core);
         core.progress(&self.inbox, now, &mut after);
+        self.free_mail(&mut core);
         let mut next = core.engine.poll_timeout();
         let (board_next, moved) = self.board_checks(&mut core, now, &mut after);
         if let Some(b) = board_next {
@@ -462,12 +477,15 @@ impl Driver {
         for p in self.pollers() {
             p.drain();
         }
-        self.run(|core, _, _| {
+        // The run takes what the group's mailboxes hold first, as it does a transport's.
+        let r = self.run(|core, _, _| {
             if core.quiesced {
                 return Err(Error::Shutdown);
             }
             core.engine.destroy_group(group)
-        })
+        });
+        self.drop_mail(group);
+        r
     }
 
     /// Call `seq` of `group`, on the NCCL path, finished its device operation (see

@@ -79,7 +79,7 @@ impl Default for Boards {
 #[repr(align(128))]
 pub(crate) struct GroupBoard {
     board: Board,
-    info: GroupInfo,
+    pub(super) info: GroupInfo,
     wake: Vec<Option<Arc<dyn Wake>>>,
     queue: Mutex<Queue<Waiting>>,
     /// Held from taking a call's sequence number to queueing it, so that the queue is in
@@ -100,6 +100,9 @@ pub(crate) struct GroupBoard {
     /// [`Driver::board_quick`]; `u64::MAX`: never checked). Written under the issue lock.
     clear_epoch: AtomicU64,
     clear_until: AtomicU64,
+    /// The group's mailboxes, for its small sends and receives (`None`: they go through
+    /// the engine).
+    pub(crate) mail: Option<super::GroupMail>,
 }
 
 /// A call's `tracing` span, and when it started (`None` when nobody records the span: a
@@ -128,7 +131,12 @@ pub(crate) struct BoardSubmit {
 impl GroupBoard {
     /// Member `info.rank`'s view of a board whose other members are woken through `wake`
     /// (one per member, in group order; this member's is not used).
-    pub(crate) fn new(board: Board, info: GroupInfo, wake: Vec<Option<Arc<dyn Wake>>>) -> Self {
+    pub(crate) fn new(
+        board: Board,
+        info: GroupInfo,
+        wake: Vec<Option<Arc<dyn Wake>>>,
+        mail: Option<super::GroupMail>,
+    ) -> Self {
         let n = board.size();
         GroupBoard {
             board,
@@ -141,6 +149,7 @@ impl GroupBoard {
             queued: AtomicUsize::new(0),
             clear_epoch: AtomicU64::new(u64::MAX),
             clear_until: AtomicU64::new(0),
+            mail,
         }
     }
 

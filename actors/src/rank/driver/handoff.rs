@@ -121,7 +121,7 @@ impl Driver {
                 if owed.iter().all(|p| p.inbox.looks_attended()) {
                     break;
                 }
-                if !self.inbox.looks_empty() {
+                if !self.inbox.looks_empty() || self.mail_looks_ready() {
                     self.try_run_unsettled();
                 }
                 turns = turns.wrapping_add(1);
@@ -131,7 +131,9 @@ impl Driver {
                 self.pause(turns);
             }
         }
-        if driving.leave() {
+        // `leave` fences after it stops counting: a mailbox message written before its
+        // sender saw this caller gone is seen here (`mail.rs`).
+        if driving.leave() || self.mail_looks_ready() {
             let core = lock(&self.core);
             self.run_with(core, |_, _, _| (), None);
         }

@@ -86,6 +86,9 @@ pub(crate) struct Core {
     /// Whether the last call to end failed (the record is written out once per run of
     /// failures).
     pub(super) failing: bool,
+    /// Mailbox messages the engine consumed, whose slots are freed next (kept to reuse its
+    /// allocation: `mail.rs`).
+    pub(super) mail_freed: Vec<(collectix_runtime::GroupId, usize)>,
 }
 impl Core {
     /// Sends `msg` to global rank `dst` through its link (or its outbox, if the link would

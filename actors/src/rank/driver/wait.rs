@@ -181,7 +181,7 @@ impl Driver {
             if self.board_progress() {
                 active = Instant::now();
             }
-            if !self.inbox.looks_empty() {
+            if !self.inbox.looks_empty() || self.mail_looks_ready() {
                 self.try_run();
                 turns = 0;
                 active = Instant::now();
@@ -208,9 +208,7 @@ impl Driver {
         // thread.
         drop(_reading);
         self.board_leave();
-        if driving.leave() {
-            self.run(|_, _, _| ());
-        }
+        self.leave_driving(driving);
     }
     /// One turn of a spin: a pause, and every `YIELD_TURNS` turns, when the process's
     /// ranks outnumber the cores, the core itself (the rank we wait for may need it).

@@ -198,7 +198,7 @@ impl BoardSource for ShmBoards {
             .map(|&m| self.wake.get(m).cloned().flatten())
             .collect();
         let board = Board::new(lanes, info.rank).ok()?;
-        Some(Arc::new(GroupBoard::new(board, info.clone(), wake)))
+        Some(Arc::new(GroupBoard::new(board, info.clone(), wake, None)))
     }
 }
 

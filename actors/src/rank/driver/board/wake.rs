@@ -35,6 +35,11 @@ impl Signal {
     pub(crate) fn attach(&self, d: &Arc<Driver>) {
         let _ = self.driver.set(Arc::downgrade(d));
     }
+
+    /// The driver a wake-up goes to, once named.
+    pub(crate) fn driver(&self) -> Option<Weak<Driver>> {
+        self.driver.get().cloned()
+    }
 }
 
 impl Wake for Signal {
