@@ -52,6 +52,29 @@ impl GroupMail {
         }
     }
 
+    /// Hands every message of `src`'s ring toward this rank to `engine` (group `gid`), in
+    /// ring order; a ring that holds something else aborts the group.
+    fn hand_over(
+        &self,
+        inn: &mut MailIn,
+        engine: &mut collectix_runtime::Engine,
+        gid: collectix_runtime::GroupId,
+        src: usize,
+    ) {
+        while let Some(r) = self.boxes.take(inn, src) {
+            match r {
+                Ok(mail) => engine.on_p2p_mail(gid, src, mail),
+                Err(e) => {
+                    engine.mail_broken(gid, &e);
+                    break;
+                }
+            }
+        }
+        if let Some(r) = self.read.get(src) {
+            r.store(Mailboxes::read_of(inn, src), Ordering::Release);
+        }
+    }
+
     /// Whether `src`'s ring toward this rank seems to hold a message not read yet.
     fn looks_ready_from(&self, src: usize) -> bool {
         self.read
@@ -93,19 +116,9 @@ impl Driver {
         let boards = lock(&self.mail);
         for gb in boards.iter() {
             let Some(m) = &gb.mail else { continue };
-            let gid = gb.info.id;
             let mut inn = lock(&m.inn);
             for src in 0..m.boxes.size() {
-                while let Some(r) = m.boxes.take(&mut inn, src) {
-                    match r {
-                        Ok(mail) => core.engine.on_p2p_mail(gid, src, mail),
-                        Err(e) => {
-                            core.engine.mail_broken(gid, &e);
-                            break;
-                        }
-                    }
-                }
-                m.read[src].store(Mailboxes::read_of(&inn, src), Ordering::Release);
+                m.hand_over(&mut inn, &mut core.engine, gb.info.id, src);
             }
         }
         drop(boards);
@@ -246,19 +259,7 @@ impl Driver {
         if core.quiesced {
             return None;
         }
-        {
-            let mut inn = lock(&m.inn);
-            while let Some(r) = m.boxes.take(&mut inn, src) {
-                match r {
-                    Ok(mail) => core.engine.on_p2p_mail(gid, src, mail),
-                    Err(e) => {
-                        core.engine.mail_broken(gid, &e);
-                        break;
-                    }
-                }
-            }
-            m.read[src].store(Mailboxes::read_of(&inn, src), Ordering::Release);
-        }
+        m.hand_over(&mut lock(&m.inn), &mut core.engine, gid, src);
         let r = core.engine.p2p_take(gid, src, tag, spec);
         if core.engine.has_output() {
             self.run_locked(core, |_, _, _| ());
