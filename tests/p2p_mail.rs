@@ -5,8 +5,9 @@
 //! error, and ranks that keep sending to each other one call at a time never hang.
 
 mod common;
-use collectix::{DType, Error, Tensor, TensorSpec, World};
+use collectix::{Communicator, DType, Error, Tensor, TensorSpec, Transport, World};
 use common::wait_all;
+use std::time::Duration;
 
 fn world(n: usize) -> World {
     World::local(n).unwrap_or_else(|e| panic!("{e}"))
@@ -24,62 +25,93 @@ fn v(t: &Tensor) -> Vec<i32> {
 
 /// Small (mailbox) and large (engine) messages on one lane, 40 of them sent before any
 /// receive (more than a ring holds: the rest go through the engine), are received in the
-/// order they were sent, by receives of a named source and of any source.
-#[test]
-fn small_and_large_messages_of_one_lane_keep_their_order() {
-    let w = world(2);
-    let c = w.communicators();
+/// order they were sent, by receives of a named source and of any source: rank 0 of `c`
+/// sends, rank 1 receives.
+fn one_lane_in_order(c: &Communicator) -> Result<(), String> {
     let size = |k: usize| if k % 3 == 2 { 64 } else { 1 + k % 2 };
     let msg = |k: usize| vec![k as i32; size(k)];
-    for k in 0..40 {
-        drop(c[0].send(Tensor::from_vec(msg(k)), 1, 9));
+    if c.rank() == 0 {
+        for k in 0..40 {
+            drop(c.send(Tensor::from_vec(msg(k)), 1, 9));
+        }
+        // The sends are done once the receiver says so (a barrier on the board).
+        return within(c.barrier()).map_err(|e| e.to_string());
     }
     for k in 0..40 {
         let src = if k % 4 == 3 { None } else { Some(0) };
-        let r = within(c[1].recv(TensorSpec::new(&[size(k)], DType::I32), src, 9));
-        match r {
-            Ok((t, from)) => assert_eq!((v(&t), from), (msg(k), 0), "message {k}"),
-            Err(e) => panic!("message {k}: {e}"),
+        match within(c.recv(TensorSpec::new(&[size(k)], DType::I32), src, 9)) {
+            Ok((t, from)) if (v(&t), from) == (msg(k), 0) => {}
+            Ok((t, from)) => return Err(format!("message {k}: {:?} from {from}", v(&t))),
+            Err(e) => return Err(format!("message {k}: {e}")),
         }
+    }
+    within(c.barrier()).map_err(|e| e.to_string())
+}
+
+/// Each rank of `c` sends a small message to the next and receives one from the one before,
+/// one call at a time, 3,000 times (the benchmark's send_recv): every exchange completes
+/// with the right data.
+fn exchange_one_call_at_a_time(c: &Communicator) -> Result<(), String> {
+    let (r, n) = (c.rank(), c.size());
+    for k in 0..3000i32 {
+        let s = c.send(Tensor::from_vec(vec![k * 10 + r as i32]), (r + 1) % n, 0);
+        let got = within(c.recv(TensorSpec::new(&[1], DType::I32), Some((r + n - 1) % n), 0));
+        within(s).map_err(|e| format!("send {k}: {e}"))?;
+        match got {
+            Ok((t, _)) if v(&t) == vec![k * 10 + ((r + n - 1) % n) as i32] => {}
+            Ok((t, _)) => return Err(format!("exchange {k}: {:?}", v(&t))),
+            Err(e) => return Err(format!("exchange {k}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+fn all_ok(what: &str, results: Vec<Result<(), String>>) {
+    for (r, res) in results.into_iter().enumerate() {
+        assert_eq!(res, Ok(()), "{what}: rank {r}");
     }
 }
 
-/// Two ranks exchange a small message each way, one call at a time, many times (the
-/// benchmark's send_recv), and four ranks pass one around a ring: every exchange completes
-/// with the right data.
+#[test]
+fn small_and_large_messages_of_one_lane_keep_their_order() {
+    all_ok(
+        "one process",
+        common::on_every_rank(2, Duration::from_secs(30), one_lane_in_order),
+    );
+}
+
 #[test]
 fn ranks_exchanging_small_messages_one_call_at_a_time_never_hang() {
     for n in [2usize, 4] {
-        let w = world(n);
-        let c = w.communicators();
-        let threads: Vec<_> = c
-            .iter()
-            .cloned()
-            .enumerate()
-            .map(|(r, comm)| {
-                std::thread::spawn(move || {
-                    for k in 0..3000i32 {
-                        let s =
-                            comm.send(Tensor::from_vec(vec![k * 10 + r as i32]), (r + 1) % n, 0);
-                        let got = within(comm.recv(
-                            TensorSpec::new(&[1], DType::I32),
-                            Some((r + n - 1) % n),
-                            0,
-                        ));
-                        within(s).unwrap_or_else(|e| panic!("send {k} of {r}: {e}"));
-                        match got {
-                            Ok((t, _)) => {
-                                assert_eq!(v(&t), vec![k * 10 + ((r + n - 1) % n) as i32])
-                            }
-                            Err(e) => panic!("receive {k} of rank {r} of {n}: {e}"),
-                        }
+        all_ok(
+            &format!("one process, {n} ranks"),
+            common::on_every_rank(n, Duration::from_secs(30), exchange_one_call_at_a_time),
+        );
+    }
+}
+
+/// The same two, between processes over shared memory (the world's mailboxes in the
+/// ranks' segments, a sender's flag and the receiver's doorbell).
+#[test]
+fn over_shared_memory_small_messages_keep_their_order_and_never_hang() {
+    for n in [2usize, 4] {
+        all_ok(
+            &format!("shared memory, {n} ranks"),
+            common::job(
+                Transport::Shm,
+                n,
+                "mail",
+                Duration::from_secs(30),
+                |_, p| {
+                    let c = p.communicator();
+                    if n == 2 {
+                        one_lane_in_order(&c)?;
                     }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap_or_else(|_| panic!("a rank panicked"));
-        }
+                    exchange_one_call_at_a_time(&c)?;
+                    p.shutdown().map_err(|e| e.to_string())
+                },
+            ),
+        );
     }
 }
 

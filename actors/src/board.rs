@@ -8,7 +8,7 @@
 //! cores (`collectix_runtime::board::fits`). Setting `COLLECTIX_BOARD=0` turns the boards off
 //! (every call goes through the engine), for comparison.
 
-use crate::rank::driver::{GroupBoard, GroupMail, Signal, Wake};
+use crate::rank::driver::{GroupBoard, GroupMail, MailPeer, Signal, Wake};
 use crate::sync::lock;
 use collectix_runtime::board::mail::{mailbox_words, Mailboxes, MAIL_MEMBERS};
 use collectix_runtime::board::{Board, HeapLane, Lane};
@@ -108,7 +108,7 @@ impl BoardSource for LocalBoards {
             .enumerate()
             .map(|(m, &g)| {
                 (m != info.rank)
-                    .then(|| s.signals.get(g).cloned())
+                    .then(|| s.signals.get(g).cloned().map(MailPeer::Rank))
                     .flatten()
             })
             .collect();

@@ -32,7 +32,7 @@ mod wait;
 pub(crate) use board::{BoardSubmit, GroupBoard, Quick, Signal, Wake};
 pub(crate) use handoff::Owed;
 pub(crate) use links::{BoxedLink, LinkTable};
-pub(crate) use mail::GroupMail;
+pub(crate) use mail::{GroupMail, MailPeer};
 pub(crate) use state::{After, Core};
 pub(crate) use wait::{
     spin_from_env, DEFAULT_SPIN, DEFAULT_SPIN_TCP, YIELD_TURNS, YIELD_TURNS_SPARSE,

@@ -12,10 +12,12 @@
 //!
 //! ```text
 //!  a member's mailbox (words)
-//!  0                  freed[p] for each member p, a cache line each: how many of p's
+//!  0                  new mail: a sender in another process sets it after its message,
+//!                     the owner clears it before it reads (a hint, never trusted)
+//!  8 + p × 8          freed[p] for each member p, a cache line each: how many of p's
 //!                     messages to this member the engine consumed (this member writes it,
 //!                     p reads it)
-//!  size × 8           ring toward member q, for each q: MAIL_DEPTH slots of 8 words
+//!  (1 + size) × 8     ring toward member q, for each q: MAIL_DEPTH slots of 8 words
 //!                     [position + 1 (written last), tag | dtype << 32 | len << 40,
 //!                      lane sequence number, payload (5 words, MAIL_MAX bytes)]
 //! ```
@@ -47,9 +49,17 @@ pub const MAIL_MAX: usize = (SLOT_WORDS - 3) * 8;
 /// the square of its size.
 pub const MAIL_MEMBERS: usize = 64;
 
+/// Word of a mailbox that says a message may have come (see the module doc).
+pub const MAIL_FLAG: usize = 0;
+
 /// Words of one member's mailbox in a group of `size` members.
-pub fn mailbox_words(size: usize) -> usize {
-    size * SLOT_WORDS + size * MAIL_DEPTH * SLOT_WORDS
+pub const fn mailbox_words(size: usize) -> usize {
+    (1 + size) * SLOT_WORDS + size * MAIL_DEPTH * SLOT_WORDS
+}
+
+/// The word of a mailbox where its owner counts member `p`'s messages consumed.
+fn freed_word(p: usize) -> usize {
+    (1 + p) * SLOT_WORDS
 }
 
 /// A message read from a mailbox.
@@ -166,7 +176,7 @@ impl Mailboxes {
 
     fn ring_base(&self, toward: usize, position: u64) -> usize {
         // The depth is small: the remainder fits.
-        self.size() * SLOT_WORDS
+        (1 + self.size()) * SLOT_WORDS
             + toward * self.depth * SLOT_WORDS
             + (position % self.depth as u64) as usize * SLOT_WORDS
     }
@@ -182,7 +192,7 @@ impl Mailboxes {
             return Ok(true);
         }
         let freed = self.boxes[dst]
-            .load(self.me * SLOT_WORDS)
+            .load(freed_word(self.me))
             .ok_or(BoardError {
                 member: dst,
                 what: "mailbox out of range",
@@ -241,6 +251,14 @@ impl Mailboxes {
         }
         out.written[dst] = position + 1;
         Ok(())
+    }
+
+    /// Tells `dst` that a message may have come (its [`MAIL_FLAG`]), for a receiver in
+    /// another process, which looks at its flag rather than at every ring.
+    pub fn flag(&self, dst: usize) {
+        if let Some(b) = self.boxes.get(dst) {
+            b.store(MAIL_FLAG, 1);
+        }
     }
 
     /// Whether `src`'s ring toward this member seems to hold a message not read yet (a hint
@@ -312,7 +330,7 @@ impl Mailboxes {
         // Never more than were read (the engine consumes only what it was handed).
         let freed = (inn.freed[src] + n).min(inn.read[src]);
         inn.freed[src] = freed;
-        self.boxes[self.me].store(src * SLOT_WORDS, freed);
+        self.boxes[self.me].store(freed_word(src), freed);
     }
 }
 
@@ -416,7 +434,7 @@ mod tests {
     #[test]
     fn a_corrupt_mailbox_is_an_error_naming_its_member() {
         let (mem, b) = group(2);
-        let base = 2 * SLOT_WORDS + MAIL_DEPTH * SLOT_WORDS; // member 0's ring toward 1, slot 0
+        let base = 3 * SLOT_WORDS + MAIL_DEPTH * SLOT_WORDS; // member 0's ring toward 1, slot 0
         let set = |i: usize, v: u64| mem[0].0[i].store(v, crate::sync::Ordering::Release);
         let take = || b[1].take(&mut b[1].inbox(), 0);
         set(base, 5);
@@ -431,7 +449,7 @@ mod tests {
         set(base + 1, (u64::from(DType::I32.code()) << 32) | (8 << 40));
         assert!(matches!(take(), Some(Ok(Mail { bytes, .. })) if bytes.len() == 8));
         // Member 1 claims it freed messages member 0 never sent.
-        mem[1].0[0].store(3, crate::sync::Ordering::Release);
+        mem[1].0[freed_word(0)].store(3, crate::sync::Ordering::Release);
         let out = b[0].outbox();
         assert!(matches!(
             b[0].has_room(&out, 1),

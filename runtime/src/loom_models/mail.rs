@@ -31,7 +31,7 @@ struct ModelBox(Vec<AtomicU64>);
 impl ModelBox {
     fn new() -> ModelBox {
         ModelBox(
-            (0..2 * SLOT_WORDS + 2 * DEPTH * SLOT_WORDS)
+            (0..3 * SLOT_WORDS + 2 * DEPTH * SLOT_WORDS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
         )

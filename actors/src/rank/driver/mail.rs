@@ -35,13 +35,26 @@ pub(crate) struct GroupMail {
     /// How many messages of each member this rank read (a copy of `inn`'s, for the looks
     /// without a lock).
     read: Vec<AtomicU64>,
-    /// Each member's signal, which names its driver once it runs, to wake it (`None`:
-    /// this rank).
-    peers: Vec<Option<Arc<super::Signal>>>,
+    /// How to wake each member (`None`: this rank).
+    peers: Vec<Option<MailPeer>>,
+}
+
+/// How a sender wakes a member for a message in its mailbox.
+pub(crate) enum MailPeer {
+    /// A rank of this process: its signal names its driver once it runs.
+    Rank(Arc<super::Signal>),
+    /// A rank of another process of the host: its segment (its mail flag, its doorbell).
+    Process(Arc<collectix_runtime::wire::shm::ring::Segment>),
+}
+
+/// Whom a send wakes (`MailPeer`, resolved).
+enum Target {
+    Rank(Arc<Driver>),
+    Process(Arc<collectix_runtime::wire::shm::ring::Segment>),
 }
 
 impl GroupMail {
-    pub(crate) fn new(boxes: Mailboxes, peers: Vec<Option<Arc<super::Signal>>>) -> GroupMail {
+    pub(crate) fn new(boxes: Mailboxes, peers: Vec<Option<MailPeer>>) -> GroupMail {
         let n = boxes.size();
         GroupMail {
             out: Mutex::new(boxes.outbox()),
@@ -155,12 +168,13 @@ impl Driver {
     ) -> bool {
         let Some(m) = &gb.mail else { return false };
         // A receiver that cannot be woken (not running yet) gets its message by the engine.
-        let Some(peer) = m
-            .peers
-            .get(dst)
-            .and_then(|p| p.as_ref()?.driver()?.upgrade())
-        else {
-            return false;
+        let target = match m.peers.get(dst) {
+            Some(Some(MailPeer::Rank(s))) => match s.driver().and_then(|d| d.upgrade()) {
+                Some(d) => Target::Rank(d),
+                None => return false,
+            },
+            Some(Some(MailPeer::Process(seg))) => Target::Process(seg.clone()),
+            _ => return false,
         };
         // Counted as a driver while it settles with the receiver: two ranks that send to
         // each other at once each find the other attended.
@@ -187,11 +201,19 @@ impl Driver {
                 }
             }
         };
-        if sent {
-            peer.mail_new.store(true, Ordering::Release);
-            self.wake_for_mail(&peer, driving);
-        } else {
-            self.leave_driving(driving);
+        match (sent, target) {
+            (true, Target::Rank(peer)) => {
+                peer.mail_new.store(true, Ordering::Release);
+                self.wake_for_mail(&peer, driving);
+            }
+            (true, Target::Process(seg)) => {
+                // Its flag, then (after the fence in `needs_wake`) its doorbell if nobody of
+                // its process reads: the protocol of a frame in a ring.
+                m.boxes.flag(dst);
+                crate::transport::shm::nudge(&seg);
+                self.leave_driving(driving);
+            }
+            (false, _) => self.leave_driving(driving),
         }
         sent
     }
@@ -223,6 +245,25 @@ impl Driver {
             }
         }
         self.leave_driving(driving);
+    }
+
+    /// A sender in another process flagged a message in this rank's mailboxes (its
+    /// shared-memory transport read the flag): every driver of the rank sees it now; from
+    /// the transport's own thread, and nobody drives, the rank's background run is asked
+    /// for.
+    pub(crate) fn mail_came(&self, from_progress_thread: bool) {
+        self.mail_new.store(true, Ordering::Release);
+        if !from_progress_thread {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        if self.inbox.drivers() == 0 {
+            // No grace here (a frame's hand-over waits one): on a host with more ranks than
+            // cores this thread's spin took the core a caller needed.
+            if self.inbox.drivers() == 0 && self.inbox.ask() {
+                self.wake_background();
+            }
+        }
     }
 
     /// Stops driving: runs the engine if arrivals or mailbox messages wait that no other
@@ -290,6 +331,14 @@ impl Driver {
         let mut since: Option<Instant> = None;
         let mut turns: u32 = 0;
         let mut first = true;
+        // Counted as a reader of its transports while it spins, though it reads only its
+        // source's ring: a sender in another process then rings no doorbell (the progress
+        // thread, parked, would take a core from the ranks at work). What comes by the
+        // transports meanwhile is read by the wait that follows if the message did not come
+        // (at most the spin later). Reading them on every turn too cost the 4-byte exchange
+        // of two processes 0.4-0.6 us, and helped four processes on two cores no more than
+        // the count alone (`docs/performance.md`).
+        let readers = (!budget.is_zero()).then(|| self.read_transports());
         let out = loop {
             if !self.inbox.looks_empty() {
                 // An engine message may be the lane's next: a full run takes it in.
@@ -315,6 +364,7 @@ impl Driver {
             }
             self.pause_quick(turns);
         };
+        drop(readers);
         self.leave_driving(driving);
         out
     }

@@ -55,7 +55,33 @@ pub(super) struct Bell {
     help: u64,
 }
 
+/// A caller counted as reading the rank's transports that it polls itself (shared memory,
+/// TCP: [`Driver::read_transports`]); it stops counting when dropped.
+pub(super) struct Readers<'a> {
+    _reading: [Option<Reading<'a>>; 2],
+}
+
 impl Driver {
+    /// Counts the caller as a reader of the transports it polls itself (a sender then rings
+    /// no doorbell for it), until the result is dropped.
+    pub(super) fn read_transports(&self) -> Readers<'_> {
+        let polled = [
+            self.pollers[PollerKind::Shm as usize]
+                .get()
+                .map(|p| p.as_ref()),
+            self.pollers[PollerKind::Tcp as usize]
+                .get()
+                .map(|p| p.as_ref()),
+        ];
+        let _reading = polled.map(|p| {
+            p.map(|p| {
+                p.enter();
+                Reading(p)
+            })
+        });
+        Readers { _reading }
+    }
+
     /// Wakes whoever makes the asked-for background run: a caller parked on this rank if
     /// there is one (it then drives the rank again, as in its wait), else the actor.
     pub(super) fn wake_background(&self) {

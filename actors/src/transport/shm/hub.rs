@@ -306,6 +306,8 @@ fn world_boards(
 ) -> Arc<ShmBoards> {
     let mut lanes: Vec<Arc<dyn Lane>> = Vec::with_capacity(world);
     let mut wake: Vec<Option<Arc<dyn Wake>>> = Vec::with_capacity(world);
+    let mut boxes: Vec<Arc<dyn Lane>> = Vec::with_capacity(world);
+    let mut segs: Vec<Option<Arc<Segment>>> = Vec::with_capacity(world);
     for r in 0..world {
         match mapped.get(&r) {
             Some((theirs, ..)) => {
@@ -315,10 +317,14 @@ fn world_boards(
                     seg: theirs.clone(),
                 })));
                 lanes.push(lane);
+                boxes.push(Arc::new(theirs.mailbox()));
+                segs.push(Some(theirs.clone()));
             }
             None => {
                 lanes.push(Arc::new(own.lane()));
                 wake.push(None);
+                boxes.push(Arc::new(own.mailbox()));
+                segs.push(None);
             }
         }
     }
@@ -327,7 +333,12 @@ fn world_boards(
         .signal
         .activity
         .mirror_into(Arc::new(own.lane()));
-    Arc::new(ShmBoards { lanes, wake })
+    Arc::new(ShmBoards {
+        lanes,
+        wake,
+        boxes,
+        segs,
+    })
 }
 
 /// A peer's segment, mapped and checked, with this rank's ring in it and the peer's ring in

@@ -52,10 +52,11 @@ pub(crate) use row::ROW;
 pub(crate) use setup::Listener;
 
 use crate::board::BoardSource;
-use crate::rank::driver::{Driver, GroupBoard, Poller, PollerKind, Wake};
+use crate::rank::driver::{Driver, GroupBoard, GroupMail, MailPeer, Poller, PollerKind, Wake};
 use crate::security::Security;
 use crate::store::Store;
 use crate::sync::lock;
+use collectix_runtime::board::mail::Mailboxes;
 use collectix_runtime::board::wake::{need_of_lane, Need};
 use collectix_runtime::board::{Board, Lane};
 use collectix_runtime::tensor::pool::Pool;
@@ -180,6 +181,11 @@ struct ShmBoards {
     lanes: Vec<Arc<dyn Lane>>,
     /// By world rank (`None` for this one).
     wake: Vec<Option<Arc<dyn Wake>>>,
+    /// Each rank's mailbox in its segment, by world rank.
+    boxes: Vec<Arc<dyn Lane>>,
+    /// Each other rank's segment, to wake it for a message in its mailbox (`None` for this
+    /// one).
+    segs: Vec<Option<Arc<Segment>>>,
 }
 
 impl BoardSource for ShmBoards {
@@ -198,7 +204,18 @@ impl BoardSource for ShmBoards {
             .map(|&m| self.wake.get(m).cloned().flatten())
             .collect();
         let board = Board::new(lanes, info.rank).ok()?;
-        Some(Arc::new(GroupBoard::new(board, info.clone(), wake, None)))
+        let boxes = info
+            .members
+            .iter()
+            .map(|&m| self.boxes.get(m).cloned())
+            .collect::<Option<Vec<_>>>()?;
+        let peers = info
+            .members
+            .iter()
+            .map(|&m| self.segs.get(m).cloned().flatten().map(MailPeer::Process))
+            .collect();
+        let mail = Mailboxes::new(boxes, info.rank).map(|b| GroupMail::new(b, peers));
+        Some(Arc::new(GroupBoard::new(board, info.clone(), wake, mail)))
     }
 }
 
@@ -341,7 +358,7 @@ struct Inner {
 }
 
 /// Wakes `seg`'s owner if it needs it (no caller of its reads, its thread parked).
-fn nudge(seg: &Segment) {
+pub(crate) fn nudge(seg: &Segment) {
     if seg.needs_wake() {
         seg.ring();
         os::wake(seg.doorbell());
@@ -408,13 +425,24 @@ const LINGER: Duration = Duration::from_millis(2);
 impl Inner {
     /// Reads the rings and hands what came to the rank with `deliver` (at most [`BURST`]
     /// frames per ring); whether anything came. `None` if someone else is reading now.
-    fn read(&self, driver: &Driver, deliver: &dyn Fn(&Driver, usize, Message)) -> Option<bool> {
+    fn read(
+        &self,
+        driver: &Driver,
+        deliver: &dyn Fn(&Driver, usize, Message),
+        progress: bool,
+    ) -> Option<bool> {
+        // A small message in this rank's mailbox (`rank::driver::mail`): the rank's drivers
+        // take it; from the progress thread, the rank is asked for a run if none drives.
+        let mail = self.own.take_mail_flag();
+        if mail {
+            driver.mail_came(progress);
+        }
         let Ok(mut readers) = self.readers.try_lock() else {
             // Whoever reads may have posted a large part: take pieces of it.
             self.help_reads();
             return None;
         };
-        let mut any = false;
+        let mut any = mail;
         let mut lost = Vec::new();
         let post = |job: &Arc<SharedRead>| {
             lock(&self.helping).push(job.clone());
@@ -551,7 +579,7 @@ impl Inner {
     /// Whether there may be work for the progress thread now (a lock held by someone else
     /// counts: what it guards may hold work this thread was woken for).
     fn has_work(&self) -> bool {
-        if lock(&self.helping).iter().any(|j| !j.finished()) {
+        if self.own.mail_flag() || lock(&self.helping).iter().any(|j| !j.finished()) {
             return true;
         }
         match self.readers.try_lock() {
@@ -590,7 +618,7 @@ impl Inner {
             // A panic in what a completion runs (user code) must not end this thread: nothing
             // would read the rings any more.
             let worked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let read = self.read(&driver, &|d, src, msg| d.deliver_read(src, msg));
+                let read = self.read(&driver, &|d, src, msg| d.deliver_read(src, msg), true);
                 let pumped = self.pump(&driver);
                 let board = driver.board_progress();
                 read != Some(false) || pumped != Some(false) || board
@@ -645,7 +673,7 @@ impl Inner {
         let Some(driver) = self.driver.upgrade() else {
             return false;
         };
-        let read = self.read(&driver, &|d, src, msg| d.deliver(src, msg));
+        let read = self.read(&driver, &|d, src, msg| d.deliver(src, msg), false);
         let pumped = self.pump(&driver);
         read == Some(true) || pumped == Some(true)
     }
@@ -700,7 +728,7 @@ impl Poller for Inner {
         // last frames, then its closed connection) is not overtaken by the loss.
         let deadline = Instant::now() + Duration::from_millis(10);
         while self
-            .read(&driver, &|d, src, msg| d.deliver(src, msg))
+            .read(&driver, &|d, src, msg| d.deliver(src, msg), false)
             .is_none()
             && Instant::now() < deadline
         {

@@ -14,7 +14,9 @@
 //!  64   doorbell (u32, a futex word)
 //!  128  sleeping (u32): the owner's progress thread is parked on the doorbell
 //!  192  polling (u32): callers of the owner that read its rings themselves now
-//!  256  the owner's board lane (`crate::board`, LANE_BYTES); the rings follow (RINGS_START)
+//!  256  the owner's board lane (`crate::board`, LANE_BYTES)
+//!  MAIL_AT  the owner's mailbox (`crate::board::mail`, MAIL_BYTES: room for a group of
+//!       MAIL_MEMBERS); the rings follow (RINGS_START)
 //! ```
 //!
 //! Every counter sits on a cache line of its own and has one writer: the tail and `waiting`
@@ -36,14 +38,20 @@ pub const LINE: usize = 64;
 /// A segment's magic.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"cx-shm01");
 /// The segment format's version.
-pub const SEGMENT_VERSION: u32 = 4;
+pub const SEGMENT_VERSION: u32 = 5;
 /// Bytes of a segment's header.
 pub const HEADER_BYTES: usize = 4 * LINE;
 /// Where the owner's board lane is ([`crate::board`]: the small calls of a group whose
 /// members all share memory), right after the header.
 pub const BOARD_AT: usize = HEADER_BYTES;
-/// Where the rings start, after the board lane.
-pub const RINGS_START: usize = BOARD_AT + crate::board::LANE_BYTES;
+/// Where the owner's mailbox is ([`crate::board::mail`]: the small point-to-point messages of
+/// the group whose board is in the segment), right after the board lane.
+pub const MAIL_AT: usize = BOARD_AT + crate::board::LANE_BYTES;
+/// Bytes of the mailbox: room for a group of [`crate::board::mail::MAIL_MEMBERS`].
+pub const MAIL_BYTES: usize =
+    crate::board::mail::mailbox_words(crate::board::mail::MAIL_MEMBERS) * 8;
+/// Where the rings start, after the mailbox.
+pub const RINGS_START: usize = MAIL_AT + MAIL_BYTES;
 /// Bytes in front of each ring's data.
 pub const RING_HEAD: usize = 4 * LINE;
 /// The smallest ring.
@@ -251,6 +259,29 @@ impl<M: Memory> Segment<M> {
     /// members of its boards (every word checked against the region).
     pub fn lane(self: &Arc<Self>) -> SegmentLane<M> {
         SegmentLane(self.clone())
+    }
+
+    /// The owner's mailbox in this segment: its rings written by the owner only, read by
+    /// the members they are toward (every word checked against the region).
+    pub fn mailbox(self: &Arc<Self>) -> SegmentMail<M> {
+        SegmentMail(self.clone())
+    }
+
+    /// Whether a sender said a message may have come into a mailbox toward the owner
+    /// (`crate::board::mail::MAIL_FLAG`), clearing it: the owner then reads its mailboxes.
+    /// A swap, so that a flag raised after it is kept for the next look.
+    pub fn take_mail_flag(&self) -> bool {
+        // A load first: the flag's line is written only when a flag was raised.
+        self.region
+            .u64(MAIL_AT + 8 * crate::board::mail::MAIL_FLAG)
+            .is_some_and(|w| w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0)
+    }
+
+    /// Whether the mail flag is raised (without clearing it).
+    pub fn mail_flag(&self) -> bool {
+        self.region
+            .u64(MAIL_AT + 8 * crate::board::mail::MAIL_FLAG)
+            .is_some_and(|w| w.load(Ordering::Acquire) != 0)
     }
 
     /// The sending end of ring `k` (this process's ring in a peer's segment).
@@ -481,6 +512,31 @@ impl<M: Memory> RingReader<M> {
             return false;
         }
         w.swap(0, Ordering::SeqCst) != 0
+    }
+}
+
+/// A process's mailbox in its segment ([`Segment::mailbox`]): a board group's mailbox
+/// (`crate::board::mail`) for a group of up to `MAIL_MEMBERS`.
+pub struct SegmentMail<M: Memory = Region>(Arc<Segment<M>>);
+
+impl<M: Memory> crate::board::Lane for SegmentMail<M> {
+    fn load(&self, i: usize) -> Option<u64> {
+        if i >= MAIL_BYTES / 8 {
+            return None;
+        }
+        let w = self.0.region.u64(MAIL_AT + 8 * i)?;
+        Some(w.load(Ordering::Acquire))
+    }
+
+    fn store(&self, i: usize, v: u64) -> bool {
+        if i >= MAIL_BYTES / 8 {
+            return false;
+        }
+        self.0
+            .region
+            .u64(MAIL_AT + 8 * i)
+            .map(|w| w.store(v, Ordering::Release))
+            .is_some()
     }
 }
 
