@@ -105,9 +105,9 @@ fn over_shared_memory_small_messages_keep_their_order_and_never_hang() {
                 |_, p| {
                     let c = p.communicator();
                     if n == 2 {
-                        one_lane_in_order(&c)?;
+                        one_lane_in_order(c)?;
                     }
-                    exchange_one_call_at_a_time(&c)?;
+                    exchange_one_call_at_a_time(c)?;
                     p.shutdown().map_err(|e| e.to_string())
                 },
             ),
