@@ -22,7 +22,7 @@ pub use frames::{
 };
 pub use memory::{Memory, Word};
 pub use region::Region;
-pub use ring::{Layout, RingReader, RingWriter, Segment, SegmentLane};
+pub use ring::{Layout, RingReader, RingWriter, Segment, SegmentLane, SegmentMail, SegmentWords};
 pub use shared_read::{SharedRead, SharedRemote};
 pub use wake::{Callers, Leave, Rest};
 

@@ -258,13 +258,21 @@ impl<M: Memory> Segment<M> {
     /// The owner's board lane in this segment: written by the owner only, read by the
     /// members of its boards (every word checked against the region).
     pub fn lane(self: &Arc<Self>) -> SegmentLane<M> {
-        SegmentLane(self.clone())
+        SegmentWords {
+            seg: self.clone(),
+            at: BOARD_AT,
+            words: crate::board::LANE_WORDS,
+        }
     }
 
     /// The owner's mailbox in this segment: its rings written by the owner only, read by
     /// the members they are toward (every word checked against the region).
     pub fn mailbox(self: &Arc<Self>) -> SegmentMail<M> {
-        SegmentMail(self.clone())
+        SegmentWords {
+            seg: self.clone(),
+            at: MAIL_AT,
+            words: MAIL_BYTES / 8,
+        }
     }
 
     /// Whether a sender said a message may have come into a mailbox toward the owner
@@ -515,54 +523,40 @@ impl<M: Memory> RingReader<M> {
     }
 }
 
-/// A process's mailbox in its segment ([`Segment::mailbox`]): a board group's mailbox
-/// (`crate::board::mail`) for a group of up to `MAIL_MEMBERS`.
-pub struct SegmentMail<M: Memory = Region>(Arc<Segment<M>>);
+/// Words of a segment from byte `at`, `words` of them, read with acquire and written with
+/// release ordering ([`crate::board::Lane`]); a word out of them, or out of the region, fails.
+pub struct SegmentWords<M: Memory = Region> {
+    seg: Arc<Segment<M>>,
+    at: usize,
+    words: usize,
+}
 
-impl<M: Memory> crate::board::Lane for SegmentMail<M> {
+impl<M: Memory> crate::board::Lane for SegmentWords<M> {
     fn load(&self, i: usize) -> Option<u64> {
-        if i >= MAIL_BYTES / 8 {
+        if i >= self.words {
             return None;
         }
-        let w = self.0.region.u64(MAIL_AT + 8 * i)?;
+        let w = self.seg.region.u64(self.at + 8 * i)?;
         Some(w.load(Ordering::Acquire))
     }
 
     fn store(&self, i: usize, v: u64) -> bool {
-        if i >= MAIL_BYTES / 8 {
+        if i >= self.words {
             return false;
         }
-        self.0
+        self.seg
             .region
-            .u64(MAIL_AT + 8 * i)
+            .u64(self.at + 8 * i)
             .map(|w| w.store(v, Ordering::Release))
             .is_some()
     }
 }
 
 /// A process's board lane in its segment ([`Segment::lane`]).
-pub struct SegmentLane<M: Memory = Region>(Arc<Segment<M>>);
-
-impl<M: Memory> crate::board::Lane for SegmentLane<M> {
-    fn load(&self, i: usize) -> Option<u64> {
-        if i >= crate::board::LANE_WORDS {
-            return None;
-        }
-        let w = self.0.region.u64(BOARD_AT + 8 * i)?;
-        Some(w.load(Ordering::Acquire))
-    }
-
-    fn store(&self, i: usize, v: u64) -> bool {
-        if i >= crate::board::LANE_WORDS {
-            return false;
-        }
-        self.0
-            .region
-            .u64(BOARD_AT + 8 * i)
-            .map(|w| w.store(v, Ordering::Release))
-            .is_some()
-    }
-}
+pub type SegmentLane<M = Region> = SegmentWords<M>;
+/// A process's mailbox in its segment ([`Segment::mailbox`]): a board group's mailbox
+/// (`crate::board::mail`) for a group of up to `MAIL_MEMBERS`.
+pub type SegmentMail<M = Region> = SegmentWords<M>;
 
 #[cfg(test)]
 mod tests {
