@@ -215,20 +215,12 @@ impl Engine {
         eager: bool,
         msg: Message,
     ) {
+        if self.p2p_replayed(gid, src, tag, seq, msg.src) {
+            return;
+        }
         let Some(g) = self.groups.get_mut(&gid) else {
             return;
         };
-        // A message of a lane consumed already, or one that is here already, is a
-        // replay: never stored twice (it would also count twice against the window).
-        let consumed = g.p2p_recv_seq.get(&(src, tag)).copied().unwrap_or(0);
-        if seq < consumed || g.p2p_arrived.contains_key(&(src, tag, seq)) {
-            let err = Error::Protocol {
-                rank: msg.src,
-                detail: ProtocolError::Duplicate { seq, tag },
-            };
-            self.abort(gid, err, None, true);
-            return;
-        }
         let bytes: u64 = msg.payload.iter().map(|b| b.len() as u64).sum();
         if eager && bytes > g.p2p_flow.eager_limit() {
             // A conforming peer sends a message this large only when asked for it.
@@ -251,10 +243,41 @@ impl Engine {
             self.abort(gid, err, None, true);
             return;
         }
-        let key = (src, tag, seq);
+        self.store_p2p(gid, (src, tag, seq), msg, false);
+    }
+
+    /// Whether message `seq` of the lane from group rank `src` on `tag` was consumed
+    /// already or is here already: a replay (or a group that is gone), never stored twice
+    /// (it would also count twice against the window). A replay aborts the group, naming
+    /// global rank `from`.
+    fn p2p_replayed(&mut self, gid: GroupId, src: usize, tag: u32, seq: u64, from: usize) -> bool {
+        let Some(g) = self.groups.get(&gid) else {
+            return true;
+        };
+        let consumed = g.p2p_recv_seq.get(&(src, tag)).copied().unwrap_or(0);
+        if seq < consumed || g.p2p_arrived.contains_key(&(src, tag, seq)) {
+            let err = Error::Protocol {
+                rank: from,
+                detail: ProtocolError::Duplicate { seq, tag },
+            };
+            self.abort(gid, err, None, true);
+            return true;
+        }
+        false
+    }
+
+    /// Stores an arrived point-to-point message under `key` (source, tag, lane sequence
+    /// number) in arrival order, marks it as read from a mailbox when it was (its
+    /// consumption frees a slot), and matches the receives posted.
+    fn store_p2p(&mut self, gid: GroupId, key: (usize, u32, u64), msg: Message, via_mail: bool) {
         let n = self.arrivals;
         self.arrivals += 1;
-        g.p2p_arrived.insert(key, (n, msg));
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.p2p_arrived.insert(key, (n, msg));
+            if via_mail {
+                g.p2p_mail.insert(key, ());
+            }
+        }
         self.match_p2p(gid);
     }
 
@@ -456,21 +479,10 @@ impl Engine {
             },
             payload: vec![Bytes::from(bytes)],
         };
-        let consumed = g.p2p_recv_seq.get(&(src, tag)).copied().unwrap_or(0);
-        if seq < consumed || g.p2p_arrived.contains_key(&(src, tag, seq)) {
-            let err = Error::Protocol {
-                rank: msg.src,
-                detail: ProtocolError::Duplicate { seq, tag },
-            };
-            self.abort(group, err, None, true);
+        if self.p2p_replayed(group, src, tag, seq, msg.src) {
             return;
         }
-        let key = (src, tag, seq);
-        let n = self.arrivals;
-        self.arrivals += 1;
-        g.p2p_arrived.insert(key, (n, msg));
-        g.p2p_mail.insert(key, ());
-        self.match_p2p(group);
+        self.store_p2p(group, (src, tag, seq), msg, true);
     }
 
     /// A receive of `spec` from group rank `src` on `tag` that the message already here
