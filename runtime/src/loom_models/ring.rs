@@ -27,8 +27,8 @@
 use super::{check, check_from, must_fail, must_fail_from};
 use crate::wire::shm::memory::{Memory, Word};
 use crate::wire::shm::ring::{
-    Layout, Segment, ACKED, DOORBELL_AT, HEAD, MAGIC_AT, POLLING_AT, RINGS_START, RING_HEAD,
-    SLEEPING_AT, TAIL, WAITING,
+    Layout, Segment, ACKED, DOORBELL_AT, HEAD, MAGIC_AT, POLLING_AT, RING_HEAD, SLEEPING_AT, TAIL,
+    WAITING,
 };
 use crate::wire::shm::wake::{Callers, Leave, Rest};
 use crate::wire::shm::{RingReader, RingWriter};
@@ -103,12 +103,16 @@ struct ModelMemory {
     flaw: Option<Flaw>,
 }
 
+/// The model's segment: one ring.
+const LAYOUT: Layout = Layout { rings: 1, cap: CAP };
+/// Where the ring starts.
+const RING_AT: usize = LAYOUT.rings_start();
 /// Where the ring's data starts.
-const DATA: usize = RINGS_START + RING_HEAD;
+const DATA: usize = RING_AT + RING_HEAD;
 
 impl ModelMemory {
     fn new(flaw: Option<Flaw>) -> ModelMemory {
-        let base = RINGS_START;
+        let base = RING_AT;
         let w32 = |at| {
             (
                 at,
@@ -232,7 +236,7 @@ fn ring(
     RingReader<ModelMemory>,
 ) {
     let mem = std::sync::Arc::new(ModelMemory::new(flaw));
-    let layout = Layout { rings: 1, cap: CAP };
+    let layout = LAYOUT;
     // One segment for both ends (a sender's mapping is another view of the same memory;
     // `Segment::open` would refuse the model's small ring, below the smallest real one).
     let own = std::sync::Arc::new(

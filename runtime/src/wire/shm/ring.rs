@@ -2,7 +2,7 @@
 //! memory, one per sender, in the segment of the process that receives.
 //!
 //! ```text
-//!  segment                               ring k (at RINGS_START + k × (RING_HEAD + cap))
+//!  segment                               ring k (at rings_start + k × (RING_HEAD + cap))
 //!  0    magic "cx-shm01" (u64)           +0    tail (u64): bytes ever written; the sender's
 //!  8    version (u32)                    +64   waiting (u32): the sender waits for room
 //!  12   rings (u32)                      +128  head (u64): bytes ever read; the receiver's
@@ -15,8 +15,9 @@
 //!  128  sleeping (u32): the owner's progress thread is parked on the doorbell
 //!  192  polling (u32): callers of the owner that read its rings themselves now
 //!  256  the owner's board lane (`crate::board`, LANE_BYTES)
-//!  MAIL_AT  the owner's mailbox (`crate::board::mail`, MAIL_BYTES: room for a group of
-//!       MAIL_MEMBERS); the rings follow (RINGS_START)
+//!  MAIL_AT  the owner's mailbox (`crate::board::mail`, `Layout::mail_bytes`: room for a
+//!       group of one member per ring, none past MAIL_MEMBERS but its flag's line); the
+//!       rings follow (`Layout::rings_start`)
 //! ```
 //!
 //! Every counter sits on a cache line of its own and has one writer: the tail and `waiting`
@@ -38,7 +39,7 @@ pub const LINE: usize = 64;
 /// A segment's magic.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"cx-shm01");
 /// The segment format's version.
-pub const SEGMENT_VERSION: u32 = 5;
+pub const SEGMENT_VERSION: u32 = 6;
 /// Bytes of a segment's header.
 pub const HEADER_BYTES: usize = 4 * LINE;
 /// Where the owner's board lane is ([`crate::board`]: the small calls of a group whose
@@ -47,11 +48,6 @@ pub const BOARD_AT: usize = HEADER_BYTES;
 /// Where the owner's mailbox is ([`crate::board::mail`]: the small point-to-point messages of
 /// the group whose board is in the segment), right after the board lane.
 pub const MAIL_AT: usize = BOARD_AT + crate::board::LANE_BYTES;
-/// Bytes of the mailbox: room for a group of [`crate::board::mail::MAIL_MEMBERS`].
-pub const MAIL_BYTES: usize =
-    crate::board::mail::mailbox_words(crate::board::mail::MAIL_MEMBERS) * 8;
-/// Where the rings start, after the mailbox.
-pub const RINGS_START: usize = MAIL_AT + MAIL_BYTES;
 /// Bytes in front of each ring's data.
 pub const RING_HEAD: usize = 4 * LINE;
 /// The smallest ring.
@@ -89,6 +85,29 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// Members the segment's mailbox has room for: one per ring (a segment has a ring for
+    /// each rank of its host, and a group whose members all share memory is at most that),
+    /// none for more than [`crate::board::mail::MAIL_MEMBERS`].
+    pub const fn mail_members(&self) -> usize {
+        let n = self.rings as usize;
+        if n <= crate::board::mail::MAIL_MEMBERS {
+            n
+        } else {
+            0
+        }
+    }
+
+    /// Bytes of the mailbox, at [`MAIL_AT`]: a group of [`Layout::mail_members`] (its first
+    /// line, the new-mail flag, is there even for none).
+    pub const fn mail_bytes(&self) -> usize {
+        crate::board::mail::mailbox_words(self.mail_members()) * 8
+    }
+
+    /// Where the rings start, after the mailbox.
+    pub const fn rings_start(&self) -> usize {
+        MAIL_AT + self.mail_bytes()
+    }
+
     /// A layout of `rings` rings of `cap` bytes; `cap` must be a multiple of 64 between
     /// [`MIN_RING`] and [`MAX_RING`], and `rings` at most [`MAX_RINGS`].
     pub fn new(rings: u32, cap: u64) -> Result<Layout, ShmError> {
@@ -112,7 +131,7 @@ impl Layout {
     pub fn bytes(&self) -> Option<usize> {
         let per = usize::try_from(self.cap).ok()?.checked_add(RING_HEAD)?;
         per.checked_mul(self.rings as usize)?
-            .checked_add(RINGS_START)
+            .checked_add(self.rings_start())
     }
 
     /// Where ring `k` starts.
@@ -121,7 +140,7 @@ impl Layout {
             return None;
         }
         let per = usize::try_from(self.cap).ok()?.checked_add(RING_HEAD)?;
-        per.checked_mul(k as usize)?.checked_add(RINGS_START)
+        per.checked_mul(k as usize)?.checked_add(self.rings_start())
     }
 }
 
@@ -271,7 +290,7 @@ impl<M: Memory> Segment<M> {
         SegmentWords {
             seg: self.clone(),
             at: MAIL_AT,
-            words: MAIL_BYTES / 8,
+            words: self.layout.mail_bytes() / 8,
         }
     }
 
