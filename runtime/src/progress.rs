@@ -207,6 +207,13 @@ impl<T> Inbox<T> {
     pub fn drivers(&self) -> usize {
         self.state.drivers.load(Ordering::SeqCst)
     }
+
+    /// Callers driving the rank now, read by a thread right after its own `SeqCst` fence
+    /// (the handshake of the module doc, as a mailbox's sender does it:
+    /// [`crate::board::mail_wake`]).
+    pub(crate) fn drivers_after_fence(&self) -> usize {
+        self.state.drivers.load(Ordering::Relaxed)
+    }
 }
 
 /// A caller counted as driving its rank (from [`Inbox::enter`]); [`leave`](Driving::leave)

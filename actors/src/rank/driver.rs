@@ -120,7 +120,7 @@ pub(crate) struct Driver {
     mail: Mutex<Vec<Arc<GroupBoard>>>,
     /// Set by a sender after it wrote a message into a mailbox toward this rank, cleared by
     /// the run that reads them (`mail.rs`).
-    mail_new: CachePadded<AtomicBool>,
+    mail_new: collectix_runtime::board::mail_wake::MailFlag,
 }
 
 /// A transport that a waiting caller drives itself: instead of a reader thread handing each
@@ -168,7 +168,7 @@ impl Driver {
             landings,
             heap: OnceLock::new(),
             mail: Mutex::new(Vec::new()),
-            mail_new: CachePadded(AtomicBool::new(false)),
+            mail_new: collectix_runtime::board::mail_wake::MailFlag::new(),
             core: CachePadded(Mutex::new(Core {
                 engine,
                 links: None,

@@ -31,6 +31,7 @@
 
 mod call;
 pub mod mail;
+pub mod mail_wake;
 pub mod queue;
 pub mod ran;
 #[cfg(test)]

@@ -131,9 +131,9 @@ impl Driver {
                 self.pause(turns);
             }
         }
-        // `leave` fences after it stops counting: a mailbox message written before its
-        // sender saw this caller gone is seen here (`mail.rs`).
-        if driving.leave() || self.mail_looks_ready() {
+        // A mailbox message written before its sender saw this caller gone is seen here
+        // (`collectix_runtime::board::mail_wake`).
+        if self.mail_new.leave(driving) {
             let core = lock(&self.core);
             self.run_with(core, |_, _, _| (), None);
         }

@@ -19,7 +19,7 @@ use super::{Core, Driver, GroupBoard};
 use crate::sync::lock;
 use collectix_runtime::board::mail::{MailIn, MailOut, Mailboxes};
 use collectix_runtime::{DType, Output, Result, TensorSpec};
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -115,14 +115,14 @@ impl Driver {
     /// before its `SeqCst` fence; a driver that leaves reads it after its own: see the
     /// module doc.)
     pub(super) fn mail_looks_ready(&self) -> bool {
-        self.mail_new.load(Ordering::Acquire)
+        self.mail_new.looks_raised()
     }
 
     /// Hands every message the rank's mailboxes hold to the engine (under its lock), and
     /// frees the slots of those it consumed.
     pub(super) fn take_mail(&self, core: &mut Core) {
         // Cleared before the read: a message written after the read sets it again.
-        if !self.mail_new.swap(false, Ordering::AcqRel) {
+        if !self.mail_new.take() {
             self.free_mail(core);
             return;
         }
@@ -202,10 +202,7 @@ impl Driver {
             }
         };
         match (sent, target) {
-            (true, Target::Rank(peer)) => {
-                peer.mail_new.store(true, Ordering::Release);
-                self.wake_for_mail(&peer, driving);
-            }
+            (true, Target::Rank(peer)) => self.wake_for_mail(&peer, driving),
             (true, Target::Process(seg)) => {
                 // Its flag, then (after the fence in `needs_wake`) its doorbell if nobody of
                 // its process reads: the protocol of a frame in a ring.
@@ -225,8 +222,7 @@ impl Driver {
         peer: &Driver,
         driving: collectix_runtime::progress::Driving<'_, collectix_runtime::wire::Message>,
     ) {
-        fence(Ordering::SeqCst);
-        if peer.inbox.drivers() == 0 {
+        if peer.mail_new.raise(&peer.inbox) {
             if peer.sleeping.load(Ordering::Relaxed) == 0 {
                 // Between two calls, perhaps: a moment to come and take it itself.
                 let grace = self.grace();
@@ -252,17 +248,15 @@ impl Driver {
     /// the transport's own thread, and nobody drives, the rank's background run is asked
     /// for.
     pub(crate) fn mail_came(&self, from_progress_thread: bool) {
-        self.mail_new.store(true, Ordering::Release);
         if !from_progress_thread {
+            // A caller that drives the rank read it: it runs before it leaves.
+            self.mail_new.raise_driven();
             return;
         }
-        fence(Ordering::SeqCst);
-        if self.inbox.drivers() == 0 {
-            // No grace here (a frame's hand-over waits one): on a host with more ranks than
-            // cores this thread's spin took the core a caller needed.
-            if self.inbox.drivers() == 0 && self.inbox.ask() {
-                self.wake_background();
-            }
+        // No grace here (a frame's hand-over waits one): on a host with more ranks than
+        // cores this thread's spin took the core a caller needed.
+        if self.mail_new.raise(&self.inbox) && self.inbox.ask() {
+            self.wake_background();
         }
     }
 
@@ -272,9 +266,7 @@ impl Driver {
         &self,
         driving: collectix_runtime::progress::Driving<'_, collectix_runtime::wire::Message>,
     ) {
-        // `leave` fences after it stops counting: a sender that wrote before it saw this
-        // driver gone is seen by the look that follows.
-        if driving.leave() || self.mail_looks_ready() {
+        if self.mail_new.leave(driving) {
             self.run(|_, _, _| ());
         }
     }
@@ -346,7 +338,9 @@ impl Driver {
                 if let Some(r) = self.run(|core, _, _| core.engine.p2p_take(gid, src, tag, spec)) {
                     break Some(r);
                 }
-            } else if first || m.looks_ready_from(src) {
+            } else if first || m.looks_ready_from(src) || turns % 64 == 63 {
+                // Now and then without a sign in the ring: another driver of the rank may
+                // have handed the lane's next message to the engine already.
                 first = false;
                 if let Some(r) = self.take_from(m, gid, src, tag, spec) {
                     break Some(r);
