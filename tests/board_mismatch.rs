@@ -13,9 +13,9 @@
 //!
 //! Between processes of one host (the shared-memory board of a job's world group: each rank
 //! here a thread that joins a job of its own, as a process would), each program needs a job
-//! of its own: `the_same_disagreements_between_shm_ranks_are_errors` runs every program of
-//! 2 ranks and a sample of 3, and with `COLLECTIX_LONG_TESTS=1` every program of 2 and 3 and
-//! a sample of 4.
+//! of its own: `the_same_disagreements_between_{2,3,4}_shm_ranks_are_errors` run every
+//! program of 2 ranks and a sample of 3, and with `COLLECTIX_LONG_TESTS=1` every program of 2
+//! and 3 and a sample of 4.
 
 mod common;
 
@@ -417,33 +417,25 @@ fn over_shared_memory(program: &[Call], skew: Duration) -> (Outcome, Vec<String>
     (got, times.into_inner().unwrap_or_else(|e| panic!("{e}")))
 }
 
-#[test]
-fn the_same_disagreements_between_shm_ranks_are_errors() {
-    // A job per program, its ranks at once and 2 ms apart: every program of 2 ranks and a
-    // quarter of those of 3 (one subset per pair); with COLLECTIX_LONG_TESTS=1 every
-    // program of 2 and 3 ranks, and of 4 one subset per pair.
+/// Jobs of `w` ranks over shared memory, one per program (every program where `all`, else
+/// one subset per pair), every `step`th, its ranks at once and 2 ms apart: a typed error in
+/// each.
+fn disagreements_between_shm_ranks(w: usize, all: bool, step: usize) {
     let mut wrong = Vec::new();
     let mut n = 0;
-    let sizes: &[(usize, bool, usize)] = if long() {
-        &[(2, true, 1), (3, true, 1), (4, false, 1)]
-    } else {
-        &[(2, true, 1), (3, false, 4)]
-    };
-    for &(w, all, step) in sizes {
-        for program in programs(w, all).into_iter().step_by(step) {
-            for skew in [Duration::ZERO, Duration::from_millis(2)] {
-                let t0 = Instant::now();
-                let (got, times) = over_shared_memory(&program, skew);
-                n += 1;
-                let how = Issue::Together;
-                wrong.extend(judge(&program, how, &got).map(|e| format!("skew {skew:?}: {e}")));
-                if t0.elapsed() > TIMEOUT / 2 {
-                    wrong.push(format!(
-                        "{program:?}: took {:?} ({})",
-                        t0.elapsed(),
-                        times.join("; ")
-                    ));
-                }
+    for program in programs(w, all).into_iter().step_by(step) {
+        for skew in [Duration::ZERO, Duration::from_millis(2)] {
+            let t0 = Instant::now();
+            let (got, times) = over_shared_memory(&program, skew);
+            n += 1;
+            let how = Issue::Together;
+            wrong.extend(judge(&program, how, &got).map(|e| format!("skew {skew:?}: {e}")));
+            if t0.elapsed() > TIMEOUT / 2 {
+                wrong.push(format!(
+                    "{program:?}: took {:?} ({})",
+                    t0.elapsed(),
+                    times.join("; ")
+                ));
             }
         }
     }
@@ -453,5 +445,33 @@ fn the_same_disagreements_between_shm_ranks_are_errors() {
         wrong.len(),
         wrong.join("\n")
     );
-    eprintln!("{n} programs over shared memory: a typed error in each");
+    eprintln!("{n} programs of {w} ranks over shared memory: a typed error in each");
+}
+
+// The same disagreements between ranks over shared memory: every program of 2 ranks and a
+// quarter of those of 3 (one subset per pair); with COLLECTIX_LONG_TESTS=1 every program of
+// 2 and 3 ranks, and of 4 one subset per pair. A test per size, so that the harness runs
+// them side by side.
+
+#[test]
+fn the_same_disagreements_between_2_shm_ranks_are_errors() {
+    disagreements_between_shm_ranks(2, true, 1);
+}
+
+#[test]
+fn the_same_disagreements_between_3_shm_ranks_are_errors() {
+    if long() {
+        disagreements_between_shm_ranks(3, true, 1);
+    } else {
+        disagreements_between_shm_ranks(3, false, 4);
+    }
+}
+
+#[test]
+fn the_same_disagreements_between_4_shm_ranks_are_errors() {
+    if long() {
+        disagreements_between_shm_ranks(4, false, 1);
+    } else {
+        eprintln!("4 shm ranks: with COLLECTIX_LONG_TESTS=1 only");
+    }
 }
