@@ -185,7 +185,7 @@ impl Driver {
                 false
             } else {
                 let mut out = lock(&m.out);
-                match m.boxes.has_room(&out, dst) {
+                match m.boxes.has_room(&mut out, dst) {
                     Ok(true) => match core.engine.p2p_mail_seq(gb.info.id, dst, tag) {
                         Some(seq) => m
                             .boxes
