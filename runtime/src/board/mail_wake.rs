@@ -39,8 +39,8 @@ use crate::sync::{fence, AtomicBool, Ordering};
 /// Raised with a swap, not a store: loom 0.7 lets a thread's load miss its own store to a
 /// word that another thread's swap raced (tokio-rs/loom#389, a model outcome no hardware
 /// has), and the flag's every write then being a read-modify-write keeps the model's
-/// outcomes those of the memory model. On x86 the swap costs what the store's fence that
-/// follows costs anyway.
+/// outcomes those of the memory model. The swap is a locked instruction where the store was
+/// a plain one; not measured apart (the small-send A/B in `docs/performance.md` includes it).
 #[derive(Debug, Default)]
 pub struct MailFlag {
     new: CachePadded<AtomicBool>,
