@@ -66,10 +66,48 @@ fn exchange_one_call_at_a_time(c: &Communicator) -> Result<(), String> {
     Ok(())
 }
 
-fn all_ok(what: &str, results: Vec<Result<(), String>>) {
-    for (r, res) in results.into_iter().enumerate() {
-        assert_eq!(res, Ok(()), "{what}: rank {r}");
+/// 200 times: a group of ranks 0 and 1 of `c`; rank 0 sends one small message on it (done
+/// at once: it is in the mailbox) and destroys the group straight after, so its departure
+/// follows the message; rank 1's receive, waiting already (even rounds) or made after the
+/// departure came (odd rounds), gets the message: a member that left after a send is not a
+/// reason to lose what it sent.
+fn send_then_leave(c: &Communicator) -> Result<(), String> {
+    for k in 0..200i32 {
+        let g = within(c.new_group(&[0, 1])).map_err(|e| format!("round {k}: new_group: {e}"))?;
+        let Some(g) = g else {
+            continue;
+        };
+        let late = k % 2 == 1;
+        if g.rank() == 0 {
+            within(c.barrier()).map_err(|e| format!("round {k}: barrier: {e}"))?;
+            within(g.send(Tensor::from_vec(vec![k]), 1, 5))
+                .map_err(|e| format!("round {k}: send: {e}"))?;
+            within(g.destroy()).map_err(|e| format!("round {k}: destroy: {e}"))?;
+        } else {
+            let spec = TensorSpec::new(&[1], DType::I32);
+            let got = if late {
+                within(c.barrier()).map_err(|e| format!("round {k}: barrier: {e}"))?;
+                std::thread::sleep(Duration::from_millis(5));
+                within(g.recv(spec, Some(0), 5))
+            } else {
+                let r = g.recv(spec, Some(0), 5);
+                within(c.barrier()).map_err(|e| format!("round {k}: barrier: {e}"))?;
+                within(r)
+            };
+            match got {
+                Ok((t, _)) if v(&t) == vec![k] => {}
+                Ok((t, _)) => return Err(format!("round {k}: {:?}", v(&t))),
+                Err(e) => return Err(format!("round {k} (late: {late}): {e}")),
+            }
+            let _ = within(g.destroy());
+        }
     }
+    Ok(())
+}
+
+fn all_ok(what: &str, results: Vec<Result<(), String>>) {
+    let ok = vec![Ok(()); results.len()];
+    assert_eq!(results, ok, "{what}: every rank's result");
 }
 
 #[test]
@@ -113,6 +151,30 @@ fn over_shared_memory_small_messages_keep_their_order_and_never_hang() {
             ),
         );
     }
+}
+
+/// A small message sent just before its sender left the group is received, in one
+/// process and between processes: the receiving rank reads its mailboxes before it hears
+/// of a departure.
+#[test]
+fn a_small_message_sent_just_before_its_sender_leaves_is_received() {
+    all_ok(
+        "one process",
+        common::on_every_rank(2, Duration::from_secs(30), send_then_leave),
+    );
+    all_ok(
+        "shared memory",
+        common::job(
+            Transport::Shm,
+            2,
+            "mail-leave",
+            Duration::from_secs(30),
+            |_, p| {
+                send_then_leave(p.communicator())?;
+                p.shutdown().map_err(|e| e.to_string())
+            },
+        ),
+    );
 }
 
 /// A small message received as another size is a mismatch on the receiver, and the

@@ -365,14 +365,14 @@ impl Driver {
         // What arrived before this run goes first (a peer's abort before a `destroy`, as a
         // mailbox would have ordered them).
         if !self.inbox.looks_empty() {
-            core.progress(&self.inbox, now, &mut after);
+            core.progress(&self.inbox, now, &mut after, &|c| self.read_mail(c));
         }
         self.take_mail(&mut core);
         let r = f(&mut core, now, &mut after);
         // Again after the run's own work: a sender that found this run's background request
         // still open wrote its message before the request was taken (`mail.rs`).
         self.take_mail(&mut core);
-        core.progress(&self.inbox, now, &mut after);
+        core.progress(&self.inbox, now, &mut after, &|c| self.read_mail(c));
         self.free_mail(&mut core);
         let mut next = core.engine.poll_timeout();
         let (board_next, moved) = self.board_checks(&mut core, now, &mut after);

@@ -395,6 +395,19 @@ pub struct Message {
     pub payload: Vec<Bytes>,
 }
 
+impl Message {
+    /// Whether a rank reads its mailboxes ([`crate::board::mail`]) before it hands this
+    /// message to its engine, whatever its mail flag says: the sender's departure
+    /// ([`Header::Left`]) ends the receives from it, and a small message it mailed before it
+    /// left (done on its side the moment it was written) must reach the engine first. The
+    /// departure travels by the transport, the message by the mailbox: only the receiver
+    /// can put them back in the order they were sent, and it can because everything mailed
+    /// before the departure was sent is visible once the departure has arrived.
+    pub fn wants_mail_first(&self) -> bool {
+        matches!(self.header, Header::Left { .. })
+    }
+}
+
 /// A message the engine wants delivered to global rank `dst`.
 #[derive(Clone, Debug)]
 pub struct Transmit {

@@ -419,7 +419,7 @@ impl Driver {
         let mut after = After::default();
         // What arrived first goes first (an abort before this call), as in any run.
         if !self.inbox.looks_empty() {
-            core.progress(&self.inbox, now, &mut after);
+            core.progress(&self.inbox, now, &mut after, &|c| self.read_mail(c));
         }
         let r = f(&mut core, now);
         core.drain(now, &mut after);

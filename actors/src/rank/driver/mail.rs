@@ -126,6 +126,13 @@ impl Driver {
             self.free_mail(core);
             return;
         }
+        self.read_mail(core);
+    }
+
+    /// Hands every mailbox's messages to the engine, whether or not the flag is up (before
+    /// a peer's departure: [`collectix_runtime::wire::Message::wants_mail_first`]; the flag of a
+    /// sender in another process may be seen after the departure that followed it).
+    pub(super) fn read_mail(&self, core: &mut Core) {
         let boards = lock(&self.mail);
         for gb in boards.iter() {
             let Some(m) = &gb.mail else { continue };

@@ -135,8 +135,16 @@ impl Core {
         }
     }
 
-    /// Feeds the inbox's arrivals to the engine and drains it, until neither gives more.
-    pub(super) fn progress(&mut self, inbox: &Inbox<Message>, now: Time, after: &mut After) {
+    /// Feeds the inbox's arrivals to the engine and drains it, until neither gives more;
+    /// `mail` hands every mailbox's messages to the engine, and runs before an arrival that
+    /// wants them first ([`Message::wants_mail_first`]: a peer's departure).
+    pub(super) fn progress(
+        &mut self,
+        inbox: &Inbox<Message>,
+        now: Time,
+        after: &mut After,
+        mail: &dyn Fn(&mut Core),
+    ) {
         loop {
             // What the engine has to send leaves first: a peer may be waiting for it, and
             // handling the arrivals first would hold it back.
@@ -147,6 +155,9 @@ impl Core {
             }
             let arrived = !self.arrivals.is_empty();
             let mut arrivals = std::mem::take(&mut self.arrivals);
+            if !self.quiesced && arrivals.iter().any(Message::wants_mail_first) {
+                mail(self);
+            }
             for msg in arrivals.drain(..) {
                 if self.quiesced {
                     continue;
