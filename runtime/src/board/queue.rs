@@ -84,7 +84,14 @@ impl<W> Pending<W> {
 #[derive(Debug)]
 pub struct Queue<W> {
     calls: VecDeque<Pending<W>>,
+    /// Every call in front of this index has ended (calls end in order, the first waiting
+    /// one first): a step skips the calls that ended before their publish up to here, so a
+    /// member that needs nobody and runs far ahead pays no walk over what it holds.
+    ended: usize,
     slots: Vec<Option<Slot>>,
+    /// Calls the last step's second pass looked at (a test's measure of its walk).
+    #[cfg(test)]
+    visited: usize,
 }
 
 impl<W> Queue<W> {
@@ -92,7 +99,10 @@ impl<W> Queue<W> {
     pub fn new(members: usize) -> Queue<W> {
         Queue {
             calls: VecDeque::new(),
+            ended: 0,
             slots: vec![None; members],
+            #[cfg(test)]
+            visited: 0,
         }
     }
 
@@ -177,11 +187,32 @@ impl<W> Queue<W> {
                 return (true, self.pop_done());
             }
         }
-        let Queue { calls, slots } = self;
+        let Queue {
+            calls,
+            ended,
+            slots,
+            ..
+        } = self;
         // Every call before this one is finished on the board: the `finished` mark may go
         // up to here.
         let mut in_order = true;
-        for p in calls.iter_mut() {
+        let mut i = 0;
+        #[cfg(test)]
+        let mut visited = 0;
+        while let Some(p) = calls.get_mut(i) {
+            #[cfg(test)]
+            {
+                visited += 1;
+            }
+            if p.waiting.is_none() && !p.published && i < *ended {
+                // The first call held for its publish: the first pass published nothing
+                // after it, and every call from it to `ended` ended (held, or looked at), so
+                // none of them has anything to do now.
+                in_order = false;
+                i = *ended;
+                continue;
+            }
+            i += 1;
             if p.waiting.is_none() && (p.checked || !p.published) {
                 in_order &= p.checked;
                 continue;
@@ -204,6 +235,8 @@ impl<W> Queue<W> {
             p.checked = p.published;
             match p.waiting.take() {
                 Some(w) => {
+                    // It and every call before it have ended.
+                    *ended = i;
                     records.push(match &result {
                         Ok(_) => Record::Finished(p.seq, p.call.fingerprint(), now()),
                         Err(e) => Record::Failed(p.seq, Box::new(e.clone())),
@@ -221,20 +254,30 @@ impl<W> Queue<W> {
                 board.finish(p.seq);
             }
         }
+        #[cfg(test)]
+        {
+            self.visited = visited;
+        }
         (moved, self.pop_done())
     }
 
     /// The first call still waiting for its result (the one a deadline, an abort or a
     /// shutdown ends first).
     pub fn first_waiting(&mut self) -> Option<&mut Pending<W>> {
-        self.calls.iter_mut().find(|p| p.waiting.is_some())
+        self.calls
+            .iter_mut()
+            .skip(self.ended)
+            .find(|p| p.waiting.is_some())
     }
 
     /// Ends the first call still waiting (it failed: an abort, a refusal, its deadline): it
     /// is not published any more and this member is done with its slot (the group is
     /// aborted, or the call failed on every member before it started). Its waiter, if any.
     pub fn end_first_waiting(&mut self, board: &Board) -> Option<W> {
-        let p = self.first_waiting()?;
+        let first = (self.ended..self.calls.len())
+            .find(|&i| self.calls.get(i).is_some_and(|p| p.waiting.is_some()))?;
+        self.ended = first + 1;
+        let p = self.calls.get_mut(first)?;
         board.finish(p.seq);
         p.published = true;
         p.checked = true;
@@ -257,6 +300,7 @@ impl<W> Queue<W> {
             self.calls.pop_front();
             n += 1;
         }
+        self.ended = self.ended.saturating_sub(n);
         n
     }
 
@@ -494,6 +538,53 @@ mod tests {
         let (mut out, mut records) = (Vec::new(), Vec::new());
         let r = q.step(b, &info(3, b.me()), &|| Time::ZERO, &mut out, &mut records);
         (out, records, r)
+    }
+
+    #[test]
+    fn a_member_far_ahead_walks_none_of_what_it_holds() {
+        // Member 1, a reduce's non-root, makes its calls one at a time (the next once the
+        // last ended), as a user does, while the root (member 0) makes none: every call ends
+        // at once (a member that needs nobody waits for nobody), those past the board's
+        // depth held for their publish; a step looks at a few calls, not at all it holds.
+        let (_, bs) = three();
+        let mut q1 = Queue::new(3);
+        let calls = (DEPTH + 3000) as u64;
+        for seq in 0..calls {
+            q1.push(seq, reduce(3, 1, 0), false, seq, Time::ZERO);
+            let (out, records, _) = step3(&mut q1, &bs[1]);
+            assert!(records.iter().all(|r| !r.failed()), "{records:?}");
+            assert!(
+                matches!(out.as_slice(), [(w, Ok(_))] if *w == seq),
+                "call {seq}: {out:?}"
+            );
+            assert!(q1.visited <= 3, "call {seq}: {} looked at", q1.visited);
+        }
+        assert_eq!(q1.len(), 3000, "held for their publish");
+        assert!(q1.first_waiting().is_none());
+        // The root comes: member 1 publishes as slots free and looks at each call once.
+        let mut q0 = Queue::new(3);
+        let mut q2 = Queue::new(3);
+        for seq in 0..calls {
+            q0.push(seq, reduce(3, 0, 0), false, seq, Time::ZERO);
+            q2.push(seq, reduce(3, 2, 0), false, seq, Time::ZERO);
+            let (_, records2, _) = step3(&mut q2, &bs[2]);
+            assert!(records2.iter().all(|r| !r.failed()), "{records2:?}");
+            let (out0, records0, _) = step3(&mut q0, &bs[0]);
+            assert!(records0.iter().all(|r| !r.failed()), "{records0:?}");
+            let (out1, records1, _) = step3(&mut q1, &bs[1]);
+            assert!(out1.is_empty(), "{out1:?}");
+            assert!(records1.is_empty(), "{records1:?}");
+            let (_, records0, _) = step3(&mut q0, &bs[0]);
+            assert!(records0.iter().all(|r| !r.failed()), "{records0:?}");
+            let _ = out0;
+        }
+        for _ in 0..4 {
+            step3(&mut q0, &bs[0]);
+            step3(&mut q1, &bs[1]);
+            step3(&mut q2, &bs[2]);
+        }
+        assert!(q1.is_empty(), "{} calls of member 1 left", q1.len());
+        assert!(q0.is_empty(), "{} calls of the root left", q0.len());
     }
 
     #[test]
