@@ -11,7 +11,9 @@
 //! - calls end in order: the first whose needed slots are not all there stops the calls
 //!   after it; a call ends from every slot there ([`Board::look`]), and a call that ended
 //!   before its slot was published owes the look once it is ([`Board::check`]; a
-//!   disagreement found then is a [`Record::Disagreed`], the rank's pending error);
+//!   disagreement found then is a [`Record::Disagreed`], the rank's pending error); once
+//!   [`AHEAD`] calls are held so, the next waits for its slot up to [`HOLD`] before it is
+//!   held too;
 //! - this member's `finished` mark goes up to a call only once the call and every call before
 //!   it looked at the slots after their publish (the others keep their slots for that look);
 //! - a call is done with (popped) once published, looked at, and its waiter given its result.
@@ -32,6 +34,16 @@ use crate::time::Time;
 use std::collections::VecDeque;
 
 pub use crate::engine::BoardRecord as Record;
+
+/// How many calls a member holds for their publish (ended before their slots were free)
+/// before its next call waits for its slot a while ([`HOLD`]).
+pub const AHEAD: usize = 8;
+
+/// How long a call waits for its slot once its member holds [`AHEAD`] calls, before it too
+/// ends and is held: a member that needs nobody (a reduce's non-root, a broadcast's root)
+/// keeps in step with the slowest member when that one is merely slow, and still never
+/// waits on one that has not made its calls yet.
+pub const HOLD: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// A call that [`Queue::judge`] ended, with the error its waiter gets.
 #[derive(Debug)]
@@ -88,6 +100,9 @@ pub struct Queue<W> {
     /// one first): a step skips the calls that ended before their publish up to here, so a
     /// member that needs nobody and runs far ahead pays no walk over what it holds.
     ended: usize,
+    /// The call waiting for its slot because the member holds [`AHEAD`] calls, and until
+    /// when ([`HOLD`]).
+    hold: Option<(u64, Time)>,
     slots: Vec<Option<Slot>>,
     /// Calls the last step's second pass looked at (a test's measure of its walk).
     #[cfg(test)]
@@ -100,6 +115,7 @@ impl<W> Queue<W> {
         Queue {
             calls: VecDeque::new(),
             ended: 0,
+            hold: None,
             slots: vec![None; members],
             #[cfg(test)]
             visited: 0,
@@ -190,12 +206,15 @@ impl<W> Queue<W> {
         let Queue {
             calls,
             ended,
+            hold,
             slots,
             ..
         } = self;
         // Every call before this one is finished on the board: the `finished` mark may go
         // up to here.
         let mut in_order = true;
+        // Calls ended before their publish (held for it).
+        let mut held = 0;
         let mut i = 0;
         #[cfg(test)]
         let mut visited = 0;
@@ -209,13 +228,30 @@ impl<W> Queue<W> {
                 // after it, and every call from it to `ended` ended (held, or looked at), so
                 // none of them has anything to do now.
                 in_order = false;
+                held += *ended - i;
                 i = *ended;
                 continue;
             }
             i += 1;
             if p.waiting.is_none() && (p.checked || !p.published) {
                 in_order &= p.checked;
+                held += usize::from(!p.published);
                 continue;
+            }
+            if !p.published && held >= AHEAD {
+                // Its slot is not free and the member holds enough: it waits for the slot
+                // a while before it is held too.
+                let t = now();
+                let until = match *hold {
+                    Some((seq, until)) if seq == p.seq => until,
+                    _ => {
+                        *hold = Some((p.seq, t + HOLD));
+                        t + HOLD
+                    }
+                };
+                if t < until {
+                    break;
+                }
             }
             slots.fill(None);
             let result = if p.waiting.is_some() {
@@ -259,6 +295,18 @@ impl<W> Queue<W> {
             self.visited = visited;
         }
         (moved, self.pop_done())
+    }
+
+    /// Until when the first call still waiting waits for its slot before it ends and is held
+    /// ([`HOLD`]), if it does: its driver steps the queue again then.
+    pub fn hold_until(&self) -> Option<Time> {
+        let (seq, until) = self.hold?;
+        let p = self
+            .calls
+            .iter()
+            .skip(self.ended)
+            .find(|p| p.waiting.is_some())?;
+        (p.seq == seq && !p.published).then_some(until)
     }
 
     /// The first call still waiting for its result (the one a deadline, an abort or a
@@ -349,6 +397,9 @@ impl<W> Queue<W> {
         if quiesced || engine.board_dead(gid) {
             // Calls ended and still to publish: nobody will read them.
             self.abandon_slots();
+        }
+        if let Some(until) = self.hold_until() {
+            next = Some(next.map_or(until, |n: Time| n.min(until)));
         }
         Judged {
             ended,
@@ -540,19 +591,38 @@ mod tests {
         (out, records, r)
     }
 
+    fn step3_at(q: &mut Queue<u64>, b: &Board, t: Time) -> (Out, Vec<Record>) {
+        let (mut out, mut records) = (Vec::new(), Vec::new());
+        q.step(b, &info(3, b.me()), &|| t, &mut out, &mut records);
+        (out, records)
+    }
+
     #[test]
-    fn a_member_far_ahead_walks_none_of_what_it_holds() {
+    fn a_member_far_ahead_waits_a_while_for_its_slot_and_walks_none_of_what_it_holds() {
         // Member 1, a reduce's non-root, makes its calls one at a time (the next once the
-        // last ended), as a user does, while the root (member 0) makes none: every call ends
-        // at once (a member that needs nobody waits for nobody), those past the board's
-        // depth held for their publish; a step looks at a few calls, not at all it holds.
+        // last ended), as a user does, while the root (member 0) makes none. Its calls end
+        // at once up to the board's depth and AHEAD more (held for their publish); past
+        // that, each waits HOLD for its slot, then ends held (a member that needs nobody
+        // never waits on one that has not made its calls). A step looks at a few calls,
+        // not at all it holds.
         let (_, bs) = three();
         let mut q1 = Queue::new(3);
+        let mut engine = Engine::new(1);
+        engine.add_group(info(3, 1), Time::ZERO);
         let calls = (DEPTH + 3000) as u64;
+        let mut t = Time::ZERO;
         for seq in 0..calls {
-            q1.push(seq, reduce(3, 1, 0), false, seq, Time::ZERO);
-            let (out, records, _) = step3(&mut q1, &bs[1]);
+            q1.push(seq, reduce(3, 1, 0), false, seq, far());
+            let (mut out, records) = step3_at(&mut q1, &bs[1], t);
             assert!(records.iter().all(|r| !r.failed()), "{records:?}");
+            if seq >= (DEPTH + AHEAD) as u64 {
+                assert!(out.is_empty(), "call {seq} ended at once: {out:?}");
+                let j = q1.judge(&bs[1], &info(3, 1), &mut engine, false, t);
+                assert!(j.ended.is_empty());
+                assert_eq!(j.next, Some(t + HOLD), "call {seq}: its driver's next look");
+                t = t + HOLD;
+                out = step3_at(&mut q1, &bs[1], t).0;
+            }
             assert!(
                 matches!(out.as_slice(), [(w, Ok(_))] if *w == seq),
                 "call {seq}: {out:?}"
@@ -561,30 +631,62 @@ mod tests {
         }
         assert_eq!(q1.len(), 3000, "held for their publish");
         assert!(q1.first_waiting().is_none());
+        assert_eq!(q1.hold_until(), None);
         // The root comes: member 1 publishes as slots free and looks at each call once.
         let mut q0 = Queue::new(3);
         let mut q2 = Queue::new(3);
         for seq in 0..calls {
-            q0.push(seq, reduce(3, 0, 0), false, seq, Time::ZERO);
-            q2.push(seq, reduce(3, 2, 0), false, seq, Time::ZERO);
-            let (_, records2, _) = step3(&mut q2, &bs[2]);
+            q0.push(seq, reduce(3, 0, 0), false, seq, far());
+            q2.push(seq, reduce(3, 2, 0), false, seq, far());
+            let (_, records2) = step3_at(&mut q2, &bs[2], t);
             assert!(records2.iter().all(|r| !r.failed()), "{records2:?}");
-            let (out0, records0, _) = step3(&mut q0, &bs[0]);
+            let (_, records0) = step3_at(&mut q0, &bs[0], t);
             assert!(records0.iter().all(|r| !r.failed()), "{records0:?}");
-            let (out1, records1, _) = step3(&mut q1, &bs[1]);
+            let (out1, records1) = step3_at(&mut q1, &bs[1], t);
             assert!(out1.is_empty(), "{out1:?}");
-            assert!(records1.is_empty(), "{records1:?}");
-            let (_, records0, _) = step3(&mut q0, &bs[0]);
+            assert!(records1.iter().all(|r| !r.failed()), "{records1:?}");
+            let (_, records0) = step3_at(&mut q0, &bs[0], t);
             assert!(records0.iter().all(|r| !r.failed()), "{records0:?}");
-            let _ = out0;
         }
         for _ in 0..4 {
-            step3(&mut q0, &bs[0]);
-            step3(&mut q1, &bs[1]);
-            step3(&mut q2, &bs[2]);
+            step3_at(&mut q0, &bs[0], t);
+            step3_at(&mut q1, &bs[1], t);
+            step3_at(&mut q2, &bs[2], t);
         }
         assert!(q1.is_empty(), "{} calls of member 1 left", q1.len());
         assert!(q0.is_empty(), "{} calls of the root left", q0.len());
+    }
+
+    #[test]
+    fn a_member_ahead_keeps_in_step_when_the_slowest_frees_its_slot_in_time() {
+        // The non-root holds AHEAD calls past the depth; its next waits; the root (and member
+        // 2) then finish call 0: the slot is free within HOLD, and the waiting call is
+        // published and ends without being held.
+        let (_, bs) = three();
+        let mut q1 = Queue::new(3);
+        let last = (DEPTH + AHEAD) as u64;
+        for seq in 0..=last {
+            q1.push(seq, reduce(3, 1, 0), false, seq, far());
+            step3_at(&mut q1, &bs[1], Time::ZERO);
+        }
+        assert_eq!(
+            q1.hold_until(),
+            Some(Time::ZERO + HOLD),
+            "call {last} waits"
+        );
+        let (mut q0, mut q2) = (Queue::new(3), Queue::new(3));
+        q0.push(0, reduce(3, 0, 0), false, 0, far());
+        q2.push(0, reduce(3, 2, 0), false, 0, far());
+        step3_at(&mut q2, &bs[2], Time::ZERO);
+        let (out0, _) = step3_at(&mut q0, &bs[0], Time::ZERO);
+        assert_eq!(out0.len(), 1, "the root's call 0 ended");
+        let (out1, records1) = step3_at(&mut q1, &bs[1], Time::ZERO);
+        assert!(records1.iter().all(|r| !r.failed()), "{records1:?}");
+        assert!(
+            matches!(out1.as_slice(), [(w, Ok(_))] if *w == last),
+            "before its hold ran out: {out1:?}"
+        );
+        assert_eq!(q1.hold_until(), None);
     }
 
     #[test]

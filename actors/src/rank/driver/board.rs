@@ -322,10 +322,14 @@ impl Driver {
         let mut moved = false;
         let mut done = 0;
         let clock = || self.now();
+        let mut hold: Option<Time> = None;
         for gb in live.iter() {
             // The queue's lock is taken under `live` only by the submit path's push, briefly.
             let mut q = lock(&gb.queue);
             let (m, d) = gb.step(&mut q, &mut out, &mut records, &clock);
+            if let Some(h) = q.hold_until() {
+                hold = Some(hold.map_or(h, |t| t.min(h)));
+            }
             drop(q);
             done += d;
             if m {
@@ -338,6 +342,8 @@ impl Driver {
             self.boards.signal.activity.sub_pending(done);
         }
         drop(live);
+        // A call waiting a while for its slot (`queue::HOLD`) is looked at again then.
+        self.check_timer(hold);
         if records.is_empty() {
             *lock(&self.boards.scratch) = out;
             return moved;
