@@ -154,6 +154,17 @@ fn sizes_that_do_not_divide_are_skipped_with_a_note_and_json_is_written() {
             && rows.contains("\"transport\": \"local\""),
         "{rows}"
     );
+    // Each row carries its samples' times (the distribution its median is taken from).
+    let parsed: serde_json::Value = serde_json::from_str(&rows).unwrap_or_default();
+    let each = parsed.as_array().cloned().unwrap_or_default();
+    assert!(!each.is_empty(), "{rows}");
+    for row in &each {
+        let samples = row["samples_us"].as_array().cloned().unwrap_or_default();
+        let times: Vec<f64> = samples.iter().filter_map(|v| v.as_f64()).collect();
+        assert_eq!(times.len(), 2, "two samples: {row}");
+        assert!(times[0] <= times[1] && times[0] > 0.0, "{row}");
+        assert_eq!(row["time_min_us"].as_f64(), Some(times[0]), "{row}");
+    }
     // Piped, the progress line is not written (it was one long line of `\r`s in a file).
     assert!(!text.contains('\r'), "{text:?}");
     let _ = std::fs::remove_dir_all(&dir);

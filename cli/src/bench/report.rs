@@ -30,6 +30,9 @@ pub(super) struct Row {
     pub(super) algbw_gbs: f64,
     pub(super) busbw_gbs: f64,
     pub(super) wrong: Option<usize>,
+    /// Every sample's time per call (its slowest rank's), fastest first: the distribution
+    /// the median is taken from.
+    pub(super) samples_us: Vec<f64>,
 }
 
 /// The median of `v`, which it sorts (0 for none).
@@ -88,6 +91,7 @@ impl Row {
             algbw_gbs: algbw,
             busbw_gbs: algbw * a.collective.busbw_factor(w),
             wrong,
+            samples_us: slowest.iter().map(|s| s * 1e6).collect(),
         }
     }
 
