@@ -266,14 +266,6 @@ impl Mailboxes {
         Ok(())
     }
 
-    /// Tells `dst` that a message may have come (its [`MAIL_FLAG`]), for a receiver in
-    /// another process, which looks at its flag rather than at every ring.
-    pub fn flag(&self, dst: usize) {
-        if let Some(b) = self.boxes.get(dst) {
-            b.store(MAIL_FLAG, 1);
-        }
-    }
-
     /// Whether `src`'s ring toward this member seems to hold a message not read yet (a hint
     /// without the receiver's state: its `read` count is passed in).
     pub fn looks_ready(&self, src: usize, read: u64) -> bool {

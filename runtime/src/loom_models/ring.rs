@@ -27,8 +27,8 @@
 use super::{check, check_from, must_fail, must_fail_from};
 use crate::wire::shm::memory::{Memory, Word};
 use crate::wire::shm::ring::{
-    Layout, Segment, ACKED, DOORBELL_AT, HEAD, MAGIC_AT, POLLING_AT, RING_HEAD, SLEEPING_AT, TAIL,
-    WAITING,
+    Layout, Segment, ACKED, DOORBELL_AT, HEAD, MAGIC_AT, MAIL_AT, POLLING_AT, RING_HEAD,
+    SLEEPING_AT, TAIL, WAITING,
 };
 use crate::wire::shm::wake::{Callers, Leave, Rest};
 use crate::wire::shm::{RingReader, RingWriter};
@@ -145,6 +145,24 @@ impl ModelMemory {
             header: Mutex::new(vec![0; 64]),
             flaw,
         }
+    }
+}
+
+impl ModelMemory {
+    /// [`new`](Self::new), with the owner's mail flag and the mail model's two message
+    /// words.
+    fn with_mail(flaw: Option<Flaw>) -> ModelMemory {
+        let mut m = ModelMemory::new(flaw);
+        for at in [MAIL_FLAG_AT, MAIL_MSG_AT[0], MAIL_MSG_AT[1]] {
+            m.u64s.push((
+                at,
+                W {
+                    a: AtomicU64::new(0),
+                    flaw,
+                },
+            ));
+        }
+        m
     }
 }
 
@@ -500,4 +518,68 @@ fn without_the_fences_a_wake_up_is_lost() {
         doorbell(Leaves::Parking, Some(Flaw::NoFences))
     });
     assert!(msg.contains("deadlock"), "unexpected failure: {msg}");
+}
+
+/// Where the owner's mail flag is (`crate::board::mail::MAIL_FLAG` of its mailbox), and two
+/// senders' stand-ins for a message in their rings of that mailbox: a word each, written
+/// with release as a slot's position word is.
+const MAIL_FLAG_AT: usize = MAIL_AT + 8 * crate::board::mail::MAIL_FLAG;
+const MAIL_MSG_AT: [usize; 2] = [MAIL_FLAG_AT + 8, MAIL_FLAG_AT + 16];
+
+/// Two senders in other processes each put a message in the owner's mailbox and raise its
+/// flag only if it is down ([`Segment::raise_mail_flag`]), while the owner looks at the flag
+/// until a take lowers it ([`Segment::take_mail_flag`]) and then reads both messages. Every
+/// message is seen by that read, or the flag is up at the end (its raiser rang: another
+/// take comes). (A model whose owner looks once finds the flag down in every execution
+/// loom explores, and checks nothing: its planted bug went unnoticed.)
+fn mail_flag(flaw: Option<Flaw>) {
+    let mem = std::sync::Arc::new(ModelMemory::with_mail(flaw));
+    let seg = std::sync::Arc::new(
+        Segment::create(mem.clone(), LAYOUT, 1).unwrap_or_else(|e| panic!("create: {e}")),
+    );
+    let senders: Vec<_> = MAIL_MSG_AT
+        .iter()
+        .map(|&at| {
+            let (mem, seg) = (mem.clone(), seg.clone());
+            loom::thread::spawn(move || {
+                if let Some(w) = mem.u64(at) {
+                    w.store(1, Ordering::Release);
+                }
+                seg.raise_mail_flag()
+            })
+        })
+        .collect();
+    // The owner looks until a take lowers the flag (a raise rang for it), then reads.
+    while !seg.take_mail_flag() {
+        loom::thread::yield_now();
+    }
+    let seen: Vec<u64> = MAIL_MSG_AT
+        .iter()
+        .map(|&at| mem.u64(at).map_or(0, |w| w.load(Ordering::Acquire)))
+        .collect();
+    for s in senders {
+        s.join().unwrap_or_else(|_| panic!("a sender panicked"));
+    }
+    let up = seg.mail_flag();
+    for (k, &v) in seen.iter().enumerate() {
+        assert!(
+            up || v == 1,
+            "message {k} stranded: the flag is down and the owner's take did not see it"
+        );
+    }
+}
+
+#[test]
+fn a_sender_that_finds_the_mail_flag_up_leaves_its_message_to_the_take_that_lowers_it() {
+    check("mail flag: two senders raise it only when down", || {
+        mail_flag(None)
+    });
+}
+
+#[test]
+fn without_the_fences_a_sender_that_finds_the_flag_up_strands_its_message() {
+    let (msg, _) = must_fail("bug: mail flag without its fences", || {
+        mail_flag(Some(Flaw::NoFences))
+    });
+    assert!(msg.contains("stranded"), "unexpected failure: {msg}");
 }

@@ -211,10 +211,12 @@ impl Driver {
         match (sent, target) {
             (true, Target::Rank(peer)) => self.wake_for_mail(&peer, driving),
             (true, Target::Process(seg)) => {
-                // Its flag, then (after the fence in `needs_wake`) its doorbell if nobody of
-                // its process reads: the protocol of a frame in a ring.
-                m.boxes.flag(dst);
-                crate::transport::shm::nudge(&seg);
+                // Its flag if it is down, then (after the fence in `needs_wake`) its
+                // doorbell if nobody of its process reads: the protocol of a frame in a ring.
+                // Up, whoever raised it rang (`Segment::raise_mail_flag`).
+                if seg.raise_mail_flag() {
+                    crate::transport::shm::nudge(&seg);
+                }
                 self.leave_driving(driving);
             }
             (false, _) => self.leave_driving(driving),

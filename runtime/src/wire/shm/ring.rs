@@ -297,11 +297,42 @@ impl<M: Memory> Segment<M> {
     /// Whether a sender said a message may have come into a mailbox toward the owner
     /// (`crate::board::mail::MAIL_FLAG`), clearing it: the owner then reads its mailboxes.
     /// A swap, so that a flag raised after it is kept for the next look.
+    ///
+    /// A take that lowers the flag is followed by a `SeqCst` fence: a sender that found the
+    /// flag up after its own fence ([`raise_mail_flag`](Self::raise_mail_flag)) left it
+    /// alone, and the fence pair orders its message before the owner's reads that follow.
     pub fn take_mail_flag(&self) -> bool {
         // A load first: the flag's line is written only when a flag was raised.
-        self.region
+        let took = self
+            .region
             .u64(MAIL_AT + 8 * crate::board::mail::MAIL_FLAG)
-            .is_some_and(|w| w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0)
+            .is_some_and(|w| w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::AcqRel) != 0);
+        if took {
+            self.region.fence(Ordering::SeqCst);
+        }
+        took
+    }
+
+    /// For a sender in another process whose message is in its ring of the owner's mailbox:
+    /// raises the owner's mail flag if it is down, after a `SeqCst` fence and a look. `true`:
+    /// this call raised it (or the segment has no flag), and the sender rings the owner's
+    /// doorbell as after a frame in a ring. `false`: it was up, and the sender does nothing
+    /// more: whoever raised it rang, so the owner will take it, and that take's swap comes
+    /// after this look in the flag's order, so its fence follows this one and the owner's
+    /// reads after it see the message (one line written per burst of messages instead of
+    /// one per message, and no doorbell looked at).
+    pub fn raise_mail_flag(&self) -> bool {
+        let Some(w) = self.region.u64(MAIL_AT + 8 * crate::board::mail::MAIL_FLAG) else {
+            return true;
+        };
+        self.region.fence(Ordering::SeqCst);
+        if w.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        // A swap, as the owner lowers it with one (a store racing that swap is where loom
+        // 0.7 errs: `docs/testing.md`).
+        w.swap(1, Ordering::AcqRel);
+        true
     }
 
     /// Whether the mail flag is raised (without clearing it).
