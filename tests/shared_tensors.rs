@@ -80,6 +80,41 @@ fn a_tensor_filled_in_place_crosses_from_the_heap_and_comes_back_exact() {
     });
 }
 
+/// all_to_all's blocks of 2 to 8 MiB cross with one copy too, read out of the sender's
+/// memory by one thread of the receiver (`frames::EXCHANGE_MIN`): exact on 3 ranks, with
+/// blocks of 3 MiB and of 1 MiB (the ring) in one call after another.
+#[test]
+fn all_to_all_blocks_of_a_few_mib_are_exact() {
+    on_shm(3, Duration::from_secs(60), |r, p| {
+        let c = p.communicator();
+        for block in [3 * MIB / 4, MIB / 4] {
+            let w = c.size();
+            let input: Vec<f32> = (0..w * block)
+                .map(|i| (r * 7 + i / block) as f32 + (i % block % 1013) as f32)
+                .collect();
+            let got = c
+                .all_to_all_single(
+                    TensorSpec::new(&[w * block], DType::F32),
+                    Tensor::from_slice(&input),
+                    None,
+                    None,
+                )
+                .wait()
+                .map_err(|e| format!("rank {r}: {e}"))?;
+            let want: Vec<f32> = (0..w * block)
+                .map(|i| ((i / block) * 7 + r) as f32 + (i % block % 1013) as f32)
+                .collect();
+            if got.to_vec::<f32>().ok() != Some(want) {
+                return Err(format!(
+                    "rank {r}: all_to_all of {} B blocks wrong",
+                    block * 4
+                ));
+            }
+        }
+        Ok(())
+    });
+}
+
 /// Large parts of rooted calls (a broadcast, a reduce, a gather, a scatter), of all_to_all,
 /// of all_gather and of point-to-point messages cross with one copy, read out of the sender's memory by the
 /// receiver, in pieces that the receiver's threads share; the results are exact, on ordinary

@@ -47,6 +47,14 @@ pub const BIG_PART: usize = 64 << 20;
 /// call and the acknowledgement.
 pub const REMOTE_MIN: usize = 64 << 10;
 
+/// all_to_all's blocks of at least this many bytes go as remote records by default
+/// ([`SingleCopy::Auto`]): every process sends and receives at once in an all_to_all, so
+/// one copy of each byte instead of two is the gain, even read by one thread (against the
+/// ring, alternating: 2 MiB blocks of 2 and 3 processes and 2-4 MiB blocks of 4 processes on
+/// two cores 25-40 % faster; 1 MiB blocks of 2 processes slower, of 4 processes faster:
+/// `docs/performance.md`).
+pub const EXCHANGE_MIN: usize = 2 << 20;
+
 /// The most bytes either end moves through a ring before it tells the other (the writer
 /// publishes them, the reader frees their room): sender and receiver then copy a large
 /// payload at once, a slice apart, instead of taking turns over the whole ring.
@@ -112,10 +120,10 @@ pub struct FrameWriter {
 pub enum SingleCopy {
     /// None: every payload through the ring.
     Off,
-    /// The payloads of [`SPLIT_MIN`] bytes or more (8 MiB: read by every thread of the
-    /// receiver) of rooted collectives' steps (a call fingerprint with a root: broadcast,
-    /// reduce, gather, scatter), of all_to_all's, of all_gather's and of point-to-point
-    /// messages; the default.
+    /// all_to_all's blocks of [`EXCHANGE_MIN`] bytes or more (2 MiB), and the payloads of
+    /// [`SPLIT_MIN`] bytes or more (8 MiB: read by every thread of the receiver) of rooted
+    /// collectives' steps (a call fingerprint with a root: broadcast, reduce, gather,
+    /// scatter), of all_gather's and of point-to-point messages; the default.
     Auto,
     /// Every payload of [`REMOTE_MIN`] bytes or more.
     All,
@@ -128,23 +136,20 @@ impl SingleCopy {
         match self {
             SingleCopy::Off => false,
             SingleCopy::All => true,
-            SingleCopy::Auto => {
-                bytes >= SPLIT_MIN
-                    && match header {
-                        Header::Data { call, .. } => {
-                            call.root.is_some()
-                                || matches!(
-                                    call.kind,
-                                    OpKind::AllToAll
-                                        | OpKind::AllToAllSingle
-                                        | OpKind::AllGather
-                                        | OpKind::AllGatherIntoTensor
-                                )
-                        }
-                        Header::P2p { .. } => true,
-                        _ => false,
-                    }
-            }
+            SingleCopy::Auto => match header {
+                Header::Data { call, .. }
+                    if matches!(call.kind, OpKind::AllToAll | OpKind::AllToAllSingle) =>
+                {
+                    bytes >= EXCHANGE_MIN
+                }
+                Header::Data { call, .. } => {
+                    bytes >= SPLIT_MIN
+                        && (call.root.is_some()
+                            || matches!(call.kind, OpKind::AllGather | OpKind::AllGatherIntoTensor))
+                }
+                Header::P2p { .. } => bytes >= SPLIT_MIN,
+                _ => false,
+            },
         }
     }
 }
@@ -1040,14 +1045,15 @@ mod tests {
             m
         };
         for (policy, want) in [
-            (SingleCopy::Off, [false; 10]),
+            (SingleCopy::Off, [false; 13]),
             (
                 SingleCopy::Auto,
                 [
-                    true, false, false, true, false, false, true, false, true, false,
+                    true, false, false, true, false, false, true, false, true, false, true, false,
+                    false,
                 ],
             ),
-            (SingleCopy::All, [true; 10]),
+            (SingleCopy::All, [true; 13]),
         ] {
             let sent = [
                 data(1, rooted, &[big]),
@@ -1060,6 +1066,10 @@ mod tests {
                 data(8, to_all, &[REMOTE_MIN]),
                 data(9, gather, &[big]),
                 data(10, gather, &[REMOTE_MIN]),
+                // all_to_all's blocks from 2 MiB, all_gather's from 8 MiB only.
+                data(11, to_all, &[EXCHANGE_MIN]),
+                data(12, to_all, &[EXCHANGE_MIN / 2]),
+                data(13, gather, &[EXCHANGE_MIN]),
             ];
             let lent = Lent(sent.iter().flat_map(|m| m.payload.clone()).collect());
             let (w, mut r, _region) = ends(1 << 20);
