@@ -42,7 +42,9 @@ pub const AHEAD: usize = 8;
 /// How long a call waits for its slot once its member holds [`AHEAD`] calls, before it too
 /// ends and is held: a member that needs nobody (a reduce's non-root, a broadcast's root)
 /// keeps in step with the slowest member when that one is merely slow, and still never
-/// waits on one that has not made its calls yet.
+/// waits on one that has not made its calls yet. Once a hold runs out with no slot freed,
+/// the calls after it are held at once until one is (the slowest is not merely slow: a
+/// burst of calls made ahead of it pays one hold, not one each).
 pub const HOLD: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// A call that [`Queue::judge`] ended, with the error its waiter gets.
@@ -103,6 +105,9 @@ pub struct Queue<W> {
     /// The call waiting for its slot because the member holds [`AHEAD`] calls, and until
     /// when ([`HOLD`]).
     hold: Option<(u64, Time)>,
+    /// A hold ran out and no slot of this member was published since: its calls are held at
+    /// once.
+    spent: bool,
     slots: Vec<Option<Slot>>,
     /// Calls the last step's second pass looked at (a test's measure of its walk).
     #[cfg(test)]
@@ -116,6 +121,7 @@ impl<W> Queue<W> {
             calls: VecDeque::new(),
             ended: 0,
             hold: None,
+            spent: false,
             slots: vec![None; members],
             #[cfg(test)]
             visited: 0,
@@ -191,6 +197,8 @@ impl<W> Queue<W> {
             }
             moved = true;
             p.published = true;
+            // A slot freed: the slowest member moves, and a hold is worth waiting again.
+            self.spent = false;
             if let Err(e) = board.publish(p.seq, p.call.fingerprint_bytes(), p.call.payload()) {
                 // Nobody will see this call: it fails with the reason, and the group with
                 // it (the members hear of it as of any failed call, not at their deadline).
@@ -207,6 +215,7 @@ impl<W> Queue<W> {
             calls,
             ended,
             hold,
+            spent,
             slots,
             ..
         } = self;
@@ -238,7 +247,7 @@ impl<W> Queue<W> {
                 held += usize::from(!p.published);
                 continue;
             }
-            if !p.published && held >= AHEAD {
+            if !p.published && held >= AHEAD && !*spent {
                 // Its slot is not free and the member holds enough: it waits for the slot
                 // a while before it is held too.
                 let t = now();
@@ -252,6 +261,7 @@ impl<W> Queue<W> {
                 if t < until {
                     break;
                 }
+                *spent = true;
             }
             slots.fill(None);
             let result = if p.waiting.is_some() {
@@ -300,6 +310,9 @@ impl<W> Queue<W> {
     /// Until when the first call still waiting waits for its slot before it ends and is held
     /// ([`HOLD`]), if it does: its driver steps the queue again then.
     pub fn hold_until(&self) -> Option<Time> {
+        if self.spent {
+            return None;
+        }
         let (seq, until) = self.hold?;
         let p = self
             .calls
@@ -601,10 +614,10 @@ mod tests {
     fn a_member_far_ahead_waits_a_while_for_its_slot_and_walks_none_of_what_it_holds() {
         // Member 1, a reduce's non-root, makes its calls one at a time (the next once the
         // last ended), as a user does, while the root (member 0) makes none. Its calls end
-        // at once up to the board's depth and AHEAD more (held for their publish); past
-        // that, each waits HOLD for its slot, then ends held (a member that needs nobody
-        // never waits on one that has not made its calls). A step looks at a few calls,
-        // not at all it holds.
+        // at once up to the board's depth and AHEAD more (held for their publish); the next
+        // waits HOLD for its slot, then ends held (a member that needs nobody never waits on
+        // one that has not made its calls), and, no slot freed meanwhile, so do the rest, at
+        // once. A step looks at a few calls, not at all it holds.
         let (_, bs) = three();
         let mut q1 = Queue::new(3);
         let mut engine = Engine::new(1);
@@ -615,7 +628,7 @@ mod tests {
             q1.push(seq, reduce(3, 1, 0), false, seq, far());
             let (mut out, records) = step3_at(&mut q1, &bs[1], t);
             assert!(records.iter().all(|r| !r.failed()), "{records:?}");
-            if seq >= (DEPTH + AHEAD) as u64 {
+            if seq == (DEPTH + AHEAD) as u64 {
                 assert!(out.is_empty(), "call {seq} ended at once: {out:?}");
                 let j = q1.judge(&bs[1], &info(3, 1), &mut engine, false, t);
                 assert!(j.ended.is_empty());
@@ -655,6 +668,46 @@ mod tests {
         }
         assert!(q1.is_empty(), "{} calls of member 1 left", q1.len());
         assert!(q0.is_empty(), "{} calls of the root left", q0.len());
+    }
+
+    #[test]
+    fn a_hold_that_ran_out_is_waited_again_once_the_slowest_frees_a_slot() {
+        // The non-root's first call past the bound waits HOLD and ends held; the next ends
+        // at once (nothing freed). The root and member 2 then finish call 0: the non-root
+        // publishes the slot that freed, and its next call past the bound waits again.
+        let (_, bs) = three();
+        let mut q1 = Queue::new(3);
+        let first = (DEPTH + AHEAD) as u64;
+        for seq in 0..first {
+            q1.push(seq, reduce(3, 1, 0), false, seq, far());
+            step3_at(&mut q1, &bs[1], Time::ZERO);
+        }
+        q1.push(first, reduce(3, 1, 0), false, first, far());
+        assert!(
+            step3_at(&mut q1, &bs[1], Time::ZERO).0.is_empty(),
+            "it waits"
+        );
+        let t = Time::ZERO + HOLD;
+        assert_eq!(step3_at(&mut q1, &bs[1], t).0.len(), 1, "its hold ran out");
+        q1.push(first + 1, reduce(3, 1, 0), false, first + 1, far());
+        assert_eq!(
+            step3_at(&mut q1, &bs[1], t).0.len(),
+            1,
+            "nothing freed: at once"
+        );
+        assert_eq!(q1.hold_until(), None);
+        let (mut q0, mut q2) = (Queue::new(3), Queue::new(3));
+        q0.push(0, reduce(3, 0, 0), false, 0, far());
+        q2.push(0, reduce(3, 2, 0), false, 0, far());
+        step3_at(&mut q2, &bs[2], t);
+        assert_eq!(step3_at(&mut q0, &bs[0], t).0.len(), 1, "the root's call 0");
+        q1.push(first + 2, reduce(3, 1, 0), false, first + 2, far());
+        let (out, _) = step3_at(&mut q1, &bs[1], t);
+        assert!(
+            out.is_empty(),
+            "a slot freed: the hold is worth waiting again: {out:?}"
+        );
+        assert_eq!(q1.hold_until(), Some(t + HOLD));
     }
 
     #[test]
