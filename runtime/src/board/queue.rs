@@ -314,29 +314,28 @@ impl<W> Queue<W> {
             return None;
         }
         let (seq, until) = self.hold?;
-        let p = self
-            .calls
-            .iter()
-            .skip(self.ended)
-            .find(|p| p.waiting.is_some())?;
+        let p = self.calls.get(self.first_waiting_at()?)?;
         (p.seq == seq && !p.published).then_some(until)
+    }
+
+    /// Where the first call still waiting is (none in front of `ended`).
+    fn first_waiting_at(&self) -> Option<usize> {
+        (self.ended..self.calls.len())
+            .find(|&i| self.calls.get(i).is_some_and(|p| p.waiting.is_some()))
     }
 
     /// The first call still waiting for its result (the one a deadline, an abort or a
     /// shutdown ends first).
     pub fn first_waiting(&mut self) -> Option<&mut Pending<W>> {
-        self.calls
-            .iter_mut()
-            .skip(self.ended)
-            .find(|p| p.waiting.is_some())
+        let at = self.first_waiting_at()?;
+        self.calls.get_mut(at)
     }
 
     /// Ends the first call still waiting (it failed: an abort, a refusal, its deadline): it
     /// is not published any more and this member is done with its slot (the group is
     /// aborted, or the call failed on every member before it started). Its waiter, if any.
     pub fn end_first_waiting(&mut self, board: &Board) -> Option<W> {
-        let first = (self.ended..self.calls.len())
-            .find(|&i| self.calls.get(i).is_some_and(|p| p.waiting.is_some()))?;
+        let first = self.first_waiting_at()?;
         self.ended = first + 1;
         let p = self.calls.get_mut(first)?;
         board.finish(p.seq);
