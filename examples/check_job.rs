@@ -24,7 +24,7 @@ pub(crate) fn options() -> GroupOptions {
     }
 }
 
-/// Runs the matrix on this rank; `Err` with the first failure, named. (`tests/tcp_world.rs`
+/// Runs the matrix on this rank; `Err` with the first failure, named. (`tests/suite/tcp_world.rs`
 /// runs it too.)
 pub(crate) fn check(c: &Communicator) -> std::result::Result<usize, String> {
     check_with(c, false)

@@ -1,6 +1,6 @@
 //! Fuzz targets (proptest) for what a peer that has not proved anything can send: the secret
 //! handshake, both sides, and the store's protocol, the server's request handling included.
-//! The frame codec's targets are `runtime/tests/codec.rs`; the engine's, `runtime/tests/
+//! The frame codec's targets are `runtime/tests/suite/codec.rs`; the engine's, `runtime/tests/
 //! engine_fuzz.rs`. Each target takes arbitrary bytes, and valid transcripts or frames with
 //! bytes flipped, cut or appended (the seeds: every kind of request, a whole handshake), and
 //! must end in a value or a typed error — never a panic, a hang, or an allocation beyond the

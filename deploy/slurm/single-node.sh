@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A one-machine Slurm cluster, to run a job's Slurm and PMIx rows for real (docs/deployment.md,
-# cli/tests/launchers.rs): munge, slurmctld and slurmd on this host, one partition, as root.
+# cli/tests/suite/launchers.rs): munge, slurmctld and slurmd on this host, one partition, as root.
 # Debian: apt-get install slurm-wlm libpmix-dev (munge comes with it; libpmix-dev for
 # `srun --mpi=pmix`). Idempotent: a controller that answers already is left
 # as it is. Stop it with: pkill slurmd; pkill slurmctld; pkill munged.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Records the differential set: what torch.distributed (Gloo) gives on every rank for the
-collectives of collectix's test cases, so that `tests/torch_differential.rs` can check
+collectives of collectix's test cases, so that `tests/suite/torch_differential.rs` can check
 collectix's outputs against torch's on every path without torch installed.
 
     python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch numpy

@@ -732,7 +732,7 @@ mod tests {
 
     /// Closing wakes the acceptor and waits for it; when the wake-up connection is lost
     /// (here: it goes where nobody listens, as a SYN dropped on a lossy link did in the
-    /// process chaos run, `cli/tests/chaos.rs`), closing still returns, within its bound. It
+    /// process chaos run, `cli/tests/suite/chaos.rs`), closing still returns, within its bound. It
     /// used to wait for the acceptor forever.
     #[test]
     fn closing_returns_when_the_acceptor_cannot_be_woken() {

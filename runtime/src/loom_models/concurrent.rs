@@ -287,7 +287,7 @@ fn flow_control_window_of_one_three_ranks() {
 /// Note: this model passes on the old flow control too (the one that kept only the highest
 /// call asked about; loom explores only 3 executions here: channels are FIFO and both ranks
 /// are single threads); that flow control's stall needs the asks and credits to cross in one
-/// particular order, which the simulator's liveness sweep (`runtime/tests/liveness.rs`, the
+/// particular order, which the simulator's liveness sweep (`runtime/tests/suite/liveness.rs`, the
 /// "Greedy" pattern) produces and catches.
 fn lagging_receiver(calls: u64) {
     let name = format!("flow control, window 1, a lagging root under {calls} reduces");

@@ -1,5 +1,5 @@
 //! The fault matrix, shared by the simulator's run of it
-//! (`runtime/tests/fault_matrix.rs`) and the actors' (`tests/fault_matrix.rs`): in a group
+//! (`runtime/tests/suite/fault_matrix.rs`) and the actors' (`tests/suite/fault_matrix.rs`): in a group
 //! of `w` ranks, one rank (`m`) departs from what the others do —
 //! - it makes another collective (every ordered pair of the twelve), or the same one with
 //!   another dtype, count, root, reduce op or algorithm ([`Fault::Differ`]);

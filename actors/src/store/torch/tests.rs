@@ -1,6 +1,6 @@
 //! torch's protocol between collectix's own client and server: the semantics every store
 //! has, the keys shared with collectix's clients, and a wrong protocol told apart at once.
-//! (Against torch itself: `cli/tests/torch.rs`.)
+//! (Against torch itself: `cli/tests/suite/torch.rs`.)
 
 use super::*;
 use crate::security::Security;

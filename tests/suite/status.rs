@@ -1,0 +1,100 @@
+//! The flight recorder and `job_status` (what `collectix status` prints): every rank of a TCP
+//! job answers through the store within the wait, with its last calls, and the rank that is
+//! behind is named with the call the others wait in.
+
+use collectix::{
+    init, job_status, CallState, GroupOptions, ReduceOp, Secret, Security, TcpStore, Tensor, World,
+};
+use std::time::Duration;
+
+use crate::common;
+use common::{free_port, tcp_args};
+
+const SECRET: &str = "the status test's secret";
+
+#[test]
+fn each_rank_records_its_last_calls() {
+    let w = World::local(2).unwrap_or_else(|e| panic!("{e}"));
+    let c = w.communicators();
+    for _ in 0..3 {
+        let works: Vec<_> = c
+            .iter()
+            .map(|c| c.all_reduce(Tensor::from_vec(vec![1.0f32; 4]), ReduceOp::Sum))
+            .collect();
+        for wk in works {
+            wk.wait().unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    let rec = c[0].flight_record();
+    assert_eq!(rec.len(), 3);
+    for (i, r) in rec.iter().enumerate() {
+        assert_eq!(r.seq, Some(i as u64));
+        assert_eq!(r.count, Some(4));
+        assert_eq!(r.state, CallState::Completed);
+        assert!(r.ended_ms.is_some());
+    }
+    let line = rec[2].to_string();
+    assert!(
+        line.starts_with("group world #2 all_reduce float32 x4 @ "),
+        "{line}"
+    );
+    assert!(line.contains(": completed in "), "{line}");
+    drop(w);
+}
+
+#[test]
+fn the_rank_that_is_behind_is_named_within_a_second() {
+    let port = free_port();
+    let secret = || Secret::new(SECRET).unwrap_or_else(|e| panic!("{e}"));
+    let w = 3;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    std::thread::scope(|s| {
+        for r in 0..w {
+            let rx = &rx;
+            s.spawn(move || {
+                let args = tcp_args(port, r, w, SECRET, false);
+                let p = init(&args, GroupOptions::default(), Duration::from_secs(20))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let c = p.communicator();
+                for _ in 0..2 {
+                    c.barrier().wait().unwrap_or_else(|e| panic!("{e}"));
+                }
+                // Rank 2 stays behind until the test has looked; the others wait in call #2.
+                if r == 2 {
+                    let _ = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                }
+                c.barrier().wait().unwrap_or_else(|e| panic!("{e}"));
+                p.shutdown().unwrap_or_else(|e| panic!("{e}"));
+            });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let store = TcpStore::connect_secured(
+            format!("127.0.0.1:{port}"),
+            Duration::from_secs(5),
+            Security::with_secret(secret()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let start = std::time::Instant::now();
+        let status =
+            job_status(&store, w, Duration::from_secs(1)).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            start.elapsed()
+        );
+        let _ = tx.send(());
+        for r in &status.ranks {
+            let calls = r
+                .calls
+                .as_ref()
+                .unwrap_or_else(|| panic!("rank {} did not answer", r.rank));
+            assert!(calls.len() >= 2, "rank {}: {calls:?}", r.rank);
+        }
+        assert_eq!(
+            status.findings,
+            vec!["group world: behind call #2: rank 2 (at #1, completed); waiting in it: ranks [0, 1]".to_string()],
+            "{status:?}"
+        );
+    });
+}
