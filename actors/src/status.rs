@@ -12,6 +12,7 @@ use crate::comm::Communicator;
 pub use crate::rank::driver::recorder::{CallRecord, CallState, CALLS_KEPT};
 use crate::rank::driver::Driver;
 use crate::store::Store;
+use collectix_runtime::lateness::LatenessSummary;
 use collectix_runtime::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +24,19 @@ impl Communicator {
     /// each with its group, sequence number, collective, size, times and how it stands.
     pub fn flight_record(&self) -> Vec<CallRecord> {
         self.member.rank.driver.flight_record()
+    }
+
+    /// Who came last to this group's calls, as this rank saw them: per member, how often and
+    /// by how much it came last (`collectix_runtime::lateness`), over the calls that went
+    /// through the engine (not yet those on a board: a small call on a board is judged by
+    /// nobody). One rank hears only the peers its schedules receive from;
+    /// [`LatenessSummary::combined`] makes the group's view from every member's.
+    pub fn lateness(&self) -> LatenessSummary {
+        self.member
+            .rank
+            .driver
+            .lateness(self.group_id())
+            .unwrap_or_default()
     }
 }
 

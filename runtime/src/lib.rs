@@ -74,6 +74,7 @@ pub mod group;
 pub mod ids;
 pub mod join;
 pub mod landing;
+pub mod lateness;
 #[cfg(all(test, collectix_loom))]
 mod loom_models;
 mod op;

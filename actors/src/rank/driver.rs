@@ -41,6 +41,7 @@ pub(crate) use wait::{
 use crate::sync::lock;
 use actix::{Message as ActixMessage, Recipient};
 use collectix_runtime::fast_hash::FastMap;
+use collectix_runtime::lateness::LatenessSummary;
 use collectix_runtime::progress::{CachePadded, Inbox};
 use collectix_runtime::recovery::Evidence;
 use collectix_runtime::wire::{Link, Message};
@@ -508,6 +509,12 @@ impl Driver {
     /// The rank's flight record: its last calls, oldest first.
     pub(crate) fn flight_record(&self) -> Vec<recorder::CallRecord> {
         self.run(|core, _, _| core.recorder.calls())
+    }
+
+    /// Who came last to group `group`'s calls, as this rank saw them (`None`: not a group of
+    /// this rank).
+    pub(crate) fn lateness(&self, group: GroupId) -> Option<LatenessSummary> {
+        self.run(|core, _, _| core.engine.lateness(group).cloned())
     }
 
     /// The peers this rank saw lost (their links broke; not those that left in order).

@@ -49,6 +49,7 @@ impl Engine {
             return;
         }
         g.active.insert(seq, id);
+        g.lateness.issued(seq, now);
         let mut out = Vec::new();
         g.flow.on_made(seq, &mut out);
         let early = g.unexpected.remove(&seq).unwrap_or_default();
@@ -304,6 +305,9 @@ impl Engine {
         let Some(op) = self.ops.remove(&id) else {
             return;
         };
+        if let (Some(g), Some(seq)) = (self.groups.get_mut(&op.group), op.seq) {
+            g.lateness.completed(seq);
+        }
         self.forget(&op, id);
         if let (Some(g), Some(seq)) = (self.groups.get_mut(&op.group), op.seq) {
             if let Some(s) = g.done.insert(seq, Some(op.fp)) {
@@ -345,6 +349,8 @@ impl Engine {
                 if g.active.get(&seq) == Some(&id) {
                     g.active.remove(&seq);
                 }
+                // A failed call is not judged (a completed one was, just before).
+                g.lateness.forget(seq);
             }
             g.p2p_posted.retain(|&p| p != id);
         }

@@ -10,6 +10,7 @@ use crate::fast_hash::FastMap;
 use crate::group::{GroupId, GroupInfo};
 use crate::ids::Fingerprint;
 use crate::landing::Made;
+use crate::lateness::{Lateness, LatenessSummary};
 use crate::time::Time;
 use crate::wire::message::{Message, Transmit};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -65,6 +66,9 @@ pub(super) struct Group {
     /// The mark of the collective calls made here, for the frame readers
     /// (`crate::landing::Made`).
     pub(super) made: Made,
+    /// When this rank made each call and its peers' messages of it came: who is late
+    /// (`crate::lateness`).
+    pub(super) lateness: Lateness,
 }
 
 /// The fingerprints of a group's last [`DONE_KEPT`] finished calls, by sequence number: a
@@ -157,6 +161,7 @@ impl Engine {
         let id = info.id;
         let (window, budget) = (info.options.window, info.options.peer_budget_bytes);
         let landings = &self.landings;
+        let lateness = Lateness::new(info.rank, info.members.len());
         self.groups.entry(id).or_insert_with(|| Group {
             info,
             aborted: None,
@@ -179,12 +184,19 @@ impl Engine {
             board_inquiries: FastMap::default(),
             board_verdicts: FastMap::default(),
             made: landings.made_mark(id),
+            lateness,
         });
         for m in self.orphans.remove(&id).unwrap_or_default() {
             self.unorphan(&m);
             self.handle_message(m, now);
         }
         self.abort_if_lost(id);
+    }
+
+    /// Who came last to the group's calls that completed through the engine, as this rank saw
+    /// them (`crate::lateness`; `None`: not a group of this rank).
+    pub fn lateness(&self, id: GroupId) -> Option<&LatenessSummary> {
+        self.groups.get(&id).map(|g| g.lateness.summary())
     }
 
     /// The group, if registered.

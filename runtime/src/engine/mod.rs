@@ -579,7 +579,10 @@ impl Engine {
             Header::P2pGrant { tag, upto, .. } => self.on_p2p_grant(gid, src, *tag, *upto),
             Header::P2pAsk { tag, seq, .. } => self.on_p2p_ask(gid, src, *tag, *seq),
             Header::P2pConsumed { eager, .. } => self.on_p2p_consumed(gid, src, *eager),
-            Header::Data { seq, call, .. } => self.on_data(gid, src, *seq, *call, msg),
+            Header::Data { seq, call, .. } => {
+                g.lateness.arrived(*seq, src, now);
+                self.on_data(gid, src, *seq, *call, msg)
+            }
         }
     }
 

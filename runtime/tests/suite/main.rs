@@ -15,6 +15,7 @@ mod failed_calls;
 mod fault_matrix;
 mod flow;
 mod hierarchical;
+mod lateness;
 mod liveness;
 mod mail;
 mod matrix;
