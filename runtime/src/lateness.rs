@@ -243,10 +243,32 @@ impl Lateness {
             by,
             heard,
         };
+        self.count(v);
+        Some(v)
+    }
+
+    /// Call `seq`, which ran on a board (no messages: its driver saw the slots), waited `by`
+    /// for member `late`'s slot, the last it needed; counted as a verdict that heard one
+    /// peer. A board call that waited for nobody is not judged (this rank cannot tell how
+    /// long the members' slots waited for it).
+    pub fn judged(&mut self, seq: u64, late: usize, by: Duration) {
+        self.calls.remove(&seq);
+        if late < self.members {
+            self.count(Verdict {
+                seq,
+                late,
+                by,
+                heard: 1,
+            });
+        }
+    }
+
+    fn count(&mut self, v: Verdict) {
+        let by = v.by;
         self.summary.calls += 1;
         self.summary.last = Some(v);
         if by < NOTABLE {
-            return Some(v);
+            return;
         }
         if let Some(m) = self.summary.members.get_mut(v.late) {
             m.last += 1;
@@ -254,7 +276,6 @@ impl Lateness {
             m.max = m.max.max(by);
             m.recent = by;
         }
-        Some(v)
     }
 
     /// Call `seq` failed (or will not be judged): its arrivals go.

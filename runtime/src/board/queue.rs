@@ -86,6 +86,10 @@ pub struct Pending<W> {
     /// Past its deadline the group was asked which call each member is in (the desync
     /// report); `deadline` is then the report's.
     pub inquiring: bool,
+    /// Since when a look found a slot it needs missing, and the first member whose slot was
+    /// missing at the last such look: the call's late-comer once it finishes
+    /// (`crate::lateness`).
+    waited: Option<(Time, Option<usize>)>,
 }
 
 impl<W> Pending<W> {
@@ -174,6 +178,7 @@ impl<W> Queue<W> {
             waiting: Some(waiting),
             deadline,
             inquiring: false,
+            waited: None,
         });
     }
 
@@ -268,8 +273,12 @@ impl<W> Queue<W> {
                 match board.look(&p.call, group, p.seq, p.published, slots) {
                     Some(r) => r,
                     // A slot it needs is not there: the calls after it wait (they end in
-                    // order).
-                    None => break,
+                    // order). Whose, and since when, name the late-comer.
+                    None => {
+                        let late = Self::first_missing(board, p);
+                        p.waited = Some((p.waited.map_or_else(now, |w| w.0), late));
+                        break;
+                    }
                 }
             } else {
                 // Ended before its slot was published: the look it owes now that it is.
@@ -284,7 +293,13 @@ impl<W> Queue<W> {
                     // It and every call before it have ended.
                     *ended = i;
                     records.push(match &result {
-                        Ok(_) => Record::Finished(p.seq, p.call.fingerprint(), now()),
+                        Ok(_) => {
+                            let t = now();
+                            let late = p
+                                .waited
+                                .and_then(|(since, m)| Some((m?, t.saturating_since(since))));
+                            Record::Finished(p.seq, p.call.fingerprint(), t, late)
+                        }
                         Err(e) => Record::Failed(p.seq, Box::new(e.clone())),
                     });
                     out.push((w, result));
@@ -455,6 +470,13 @@ impl<W> Queue<W> {
                 Some(e)
             }
         }
+    }
+
+    /// The first member (group rank) whose slot call `p` still needs.
+    fn first_missing(board: &Board, p: &Pending<W>) -> Option<usize> {
+        let me = board.me();
+        (0..board.size())
+            .find(|&m| p.call.needs(me, m) && !matches!(board.read(m, p.seq), Ok(Some(_))))
     }
 
     /// The members (group ranks) whose slots call `p` still needs (for a timeout's report).

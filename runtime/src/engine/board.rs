@@ -12,6 +12,7 @@ use crate::ids::Fingerprint;
 use crate::time::Time;
 use crate::wire::message::{Header, Message, Transmit};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// A desync report on a call on the board that passed its deadline (as an engine call's,
 /// `PendingCall::inquiry`): the call, the members whose slots it still needed, the answers.
@@ -24,8 +25,9 @@ pub(super) struct BoardInquiry {
 /// How a call on the board ended, for the engine's records ([`BoardEvent::Record`]).
 #[derive(Debug)]
 pub enum Record {
-    /// Finished at the time given (the flight recorder's end).
-    Finished(u64, Fingerprint, Time),
+    /// Finished at the time given (the flight recorder's end); if it waited for a member's
+    /// slot, the last member it waited for and how long (`crate::lateness`).
+    Finished(u64, Fingerprint, Time, Option<(usize, Duration)>),
     /// Failed (boxed: an error is large, and records are moved about).
     Failed(u64, Box<Error>),
     /// Gave its caller its result, and was then found to disagree with a member's call (the
@@ -87,8 +89,8 @@ impl Engine {
                 ran.clear();
                 None
             }
-            BoardEvent::Record(Record::Finished(seq, fp, _)) => {
-                self.board_finished(gid, seq, fp);
+            BoardEvent::Record(Record::Finished(seq, fp, _, late)) => {
+                self.board_finished(gid, seq, fp, late);
                 None
             }
             BoardEvent::Record(Record::Failed(seq, e)) => {
@@ -293,8 +295,17 @@ impl Engine {
     }
 
     /// Call `seq` of group `gid`, `fp`, finished on the board on this rank.
-    pub(crate) fn board_finished(&mut self, gid: GroupId, seq: u64, fp: Fingerprint) {
+    pub(crate) fn board_finished(
+        &mut self,
+        gid: GroupId,
+        seq: u64,
+        fp: Fingerprint,
+        late: Option<(usize, Duration)>,
+    ) {
         if let Some(g) = self.groups.get_mut(&gid) {
+            if let Some((m, by)) = late {
+                g.lateness.judged(seq, m, by);
+            }
             g.board.remove(&seq);
             // A report asked for at its deadline is moot: the call finished after all.
             g.board_inquiries.remove(&seq);

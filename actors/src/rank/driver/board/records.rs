@@ -36,7 +36,7 @@ impl Core {
     /// Gives the engine and the flight recorder the record of a call that ended on a board.
     pub(super) fn board_record(&mut self, gid: GroupId, r: Record, now: Time) {
         match &r {
-            Record::Finished(seq, _, at) => {
+            Record::Finished(seq, _, at, _) => {
                 self.recorder.ended(Key::Board(gid, *seq), *at, None);
             }
             Record::Failed(seq, e) => {
