@@ -115,6 +115,43 @@ fn calls_bytes_and_latencies_are_counted_per_collective_and_group() {
 
 /// A call on device tensors through the host-staged backend is one call: counted once, as
 /// itself, not again for the host call that carries it.
+/// Rank 1's part of each all_reduce is issued 20 ms after rank 0's: rank 0's view counts it
+/// late in every call (`collectix_late_calls_total`), and its lateness is about 20 ms (the
+/// engine's clock is coarse: a few milliseconds either way).
+#[test]
+fn a_member_that_comes_late_is_counted_with_its_lateness() {
+    let (rec, handle) = recorder();
+    metrics::with_local_recorder(&rec, || -> Result<(), Error> {
+        let world = World::local(2)?;
+        let c = world.communicators();
+        for _ in 0..5 {
+            let first = c[0].all_reduce(Tensor::from_vec(vec![1.0f32; 256]), ReduceOp::Sum);
+            std::thread::sleep(Duration::from_millis(20));
+            let second = c[1].all_reduce(Tensor::from_vec(vec![1.0f32; 256]), ReduceOp::Sum);
+            first.wait()?;
+            second.wait()?;
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let text = handle.render();
+    let by_zero = [("group", "world"), ("rank", "0"), ("peer", "1")];
+    assert_eq!(
+        value(&text, "collectix_late_calls_total", &by_zero),
+        Some(5.0),
+        "{text}"
+    );
+    let late = value(&text, "collectix_peer_lateness_seconds", &by_zero).unwrap_or(0.0);
+    assert!((0.012..0.030).contains(&late), "{late}\n{text}");
+    // Rank 0 was never the late-comer.
+    let zero = [("group", "world"), ("peer", "0")];
+    assert_eq!(
+        value(&text, "collectix_late_calls_total", &zero),
+        None,
+        "{text}"
+    );
+}
+
 #[test]
 fn a_host_staged_device_call_counts_once() {
     use collectix::device::StandIn;

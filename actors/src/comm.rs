@@ -181,7 +181,7 @@ impl Communicator {
         let m = &self.member;
         let p2p = req.is_p2p();
         let device = reserved_tag(&req).map_or_else(|| req.device(), Err);
-        let probe = Probe::start(&req, m.group.info.id);
+        let probe = Probe::start_on(&req, m.group.info.id, &m.rank.driver);
         let work = match device {
             Ok(d) if d.is_host() => m.call_host_landing(req, opts, into, map),
             Ok(d) => backend::call_on_device(m, self.device_backend, d, req, opts, map),

@@ -291,7 +291,7 @@ impl Member {
         dest: &collectix_runtime::Destination,
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
-        match Probe::start(&req, self.group.info.id) {
+        match Probe::start_on(&req, self.group.info.id, &self.rank.driver) {
             None => self.call_host_into_unmeasured(req, opts, dest, map),
             probe => self
                 .call_host_into_unmeasured(req, opts, dest, map)

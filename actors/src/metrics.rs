@@ -10,6 +10,8 @@
 //! | `collectix_call_errors_total` | counter | `op`, `group`, `kind` | failed calls, by [`Error::kind_name`] |
 //! | `collectix_peers_lost_total` | counter | | peers this process's ranks lost (a connection broken or silent, a link cut) |
 //! | `collectix_connections_refused_total` | counter | `listener` (`store`, `link`), `reason` | connections closed in their handshake (`handshake`) or beyond the gate's limits (`limit`) |
+//! | `collectix_late_calls_total` | counter | `group`, `rank`, `peer` | the group's calls in which rank `rank` (its group rank) saw member `peer` come last by 10 ms or more (`Communicator::lateness`; `peer` may be `rank`) |
+//! | `collectix_peer_lateness_seconds` | gauge | `group`, `rank`, `peer` | how late `peer` came to the last call it came last in, as rank `rank` saw it |
 //!
 //! `op` is torch's name of the call (`all_reduce`, `send`, …); `group` is the group's id
 //! (`world` for the world). A call is counted when its result is taken, on the thread that
@@ -25,8 +27,16 @@
 //!
 //! Whether a recorder is installed is asked of the facade when a call is issued: a recorder
 //! of zero size (the facade's no-op one) counts as none.
+//!
+//! The two lateness metrics are set, when a collective's result is taken, from the rank's
+//! summary for the group (`collectix_runtime::lateness`): the counter to its absolute count,
+//! the gauge to the member's most recent lateness; only members that came last are
+//! reported.
 
+use crate::rank::driver::Driver;
+use collectix_runtime::lateness::LatenessSummary;
 use collectix_runtime::{Error, GroupId, Request, Result};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Whether a recorder is installed, for this thread (a local one) or globally.
@@ -41,6 +51,8 @@ pub(crate) struct Probe {
     group: GroupId,
     bytes: u64,
     start: Instant,
+    /// The rank whose lateness summary of the group is reported with a collective.
+    lateness: Option<Arc<Driver>>,
 }
 
 impl Probe {
@@ -56,6 +68,20 @@ impl Probe {
         ))
     }
 
+    /// [`start`](Self::start), and for a collective, the group's lateness as `driver`'s rank
+    /// sees it reported with it.
+    pub(crate) fn start_on(
+        req: &Request,
+        group: GroupId,
+        driver: &Arc<Driver>,
+    ) -> Option<Box<Probe>> {
+        let mut p = Self::start(req, group)?;
+        if !req.is_p2p() {
+            p.lateness = Some(driver.clone());
+        }
+        Some(p)
+    }
+
     /// A probe for a call that is not one request (an object collective, `new_group`,
     /// `split`, a recovery call), counted as `op` with `bytes`; `None` when nothing records.
     pub(crate) fn named(op: &'static str, group: GroupId, bytes: u64) -> Option<Box<Probe>> {
@@ -68,6 +94,7 @@ impl Probe {
             group,
             bytes,
             start: Instant::now(),
+            lateness: None,
         })
     }
 
@@ -84,6 +111,22 @@ impl Probe {
             let with_kind = [op, group, ("kind", kind_of(e).to_string())];
             metrics::counter!("collectix_call_errors_total", &with_kind).increment(1);
         }
+        if let Some((rank, s)) = self.lateness.as_ref().and_then(|d| d.lateness(self.group)) {
+            lateness(self.group, rank, &s);
+        }
+    }
+}
+
+/// Reports the group's late-comers as its member `rank` saw them.
+pub(crate) fn lateness(group: GroupId, rank: usize, s: &LatenessSummary) {
+    for (peer, m) in s.members.iter().enumerate().filter(|(_, m)| m.last > 0) {
+        let labels = [
+            ("group", group.to_string()),
+            ("rank", rank.to_string()),
+            ("peer", peer.to_string()),
+        ];
+        metrics::counter!("collectix_late_calls_total", &labels).absolute(m.last);
+        metrics::gauge!("collectix_peer_lateness_seconds", &labels).set(m.recent.as_secs_f64());
     }
 }
 

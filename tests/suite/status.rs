@@ -98,3 +98,72 @@ fn the_rank_that_is_behind_is_named_within_a_second() {
         );
     });
 }
+
+/// Rank 2 of a TCP job sleeps 30 ms before each of 10 all_reduces: `job_status` (what
+/// `collectix status` prints) names it from the ranks' views of who came last.
+#[test]
+fn the_rank_that_comes_last_to_the_calls_is_named() {
+    let port = free_port();
+    let secret = || Secret::new(SECRET).unwrap_or_else(|e| panic!("{e}"));
+    let w = 3;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    std::thread::scope(|s| {
+        for r in 0..w {
+            let (rx, done_tx) = (&rx, done_tx.clone());
+            s.spawn(move || {
+                let args = tcp_args(port, r, w, SECRET, false);
+                let p = init(&args, GroupOptions::default(), Duration::from_secs(20))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let c = p.communicator();
+                for _ in 0..10 {
+                    if r == 2 {
+                        std::thread::sleep(Duration::from_millis(30));
+                    }
+                    let t = Tensor::from_vec(vec![1.0f32; 256]);
+                    c.all_reduce(t, ReduceOp::Sum)
+                        .wait()
+                        .unwrap_or_else(|e| panic!("{e}"));
+                }
+                let _ = done_tx.send(());
+                // Every rank stays until the test has looked.
+                if r == 0 {
+                    let _ = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                }
+                c.barrier().wait().unwrap_or_else(|e| panic!("{e}"));
+                p.shutdown().unwrap_or_else(|e| panic!("{e}"));
+            });
+        }
+        for _ in 0..w {
+            let _ = done_rx.recv();
+        }
+        let store = TcpStore::connect_secured(
+            format!("127.0.0.1:{port}"),
+            Duration::from_secs(5),
+            Security::with_secret(secret()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let status =
+            job_status(&store, w, Duration::from_secs(2)).unwrap_or_else(|e| panic!("{e}"));
+        let _ = tx.send(());
+        let late: Vec<&String> = status
+            .findings
+            .iter()
+            .filter(|f| f.contains("came last"))
+            .collect();
+        assert_eq!(late.len(), 1, "{status:?}");
+        assert!(
+            late[0].starts_with("group world: rank 2 came last in "),
+            "{status:?}"
+        );
+        for r in &status.ranks {
+            assert_eq!(r.lateness.len(), 1, "rank {}: {:?}", r.rank, r.lateness);
+            assert!(r
+                .calls
+                .as_ref()
+                .is_some_and(|c| c.iter().all(|l| !l.starts_with("late "))));
+        }
+        println!("{}", late[0]);
+    });
+}

@@ -511,10 +511,25 @@ impl Driver {
         self.run(|core, _, _| core.recorder.calls())
     }
 
-    /// Who came last to group `group`'s calls, as this rank saw them (`None`: not a group of
-    /// this rank).
-    pub(crate) fn lateness(&self, group: GroupId) -> Option<LatenessSummary> {
-        self.run(|core, _, _| core.engine.lateness(group).cloned())
+    /// Who came last to group `group`'s calls, as this rank saw them, with this rank's rank
+    /// in the group (`None`: not a group of this rank).
+    pub(crate) fn lateness(&self, group: GroupId) -> Option<(usize, LatenessSummary)> {
+        self.run(|core, _, _| {
+            let rank = core.engine.group(group)?.rank;
+            Some((rank, core.engine.lateness(group)?.clone()))
+        })
+    }
+
+    /// Every group of this rank that judged a call: its id, its members (global ranks, in
+    /// group order) and who came last to its calls as this rank saw them.
+    pub(crate) fn lateness_all(&self) -> Vec<(GroupId, Vec<usize>, LatenessSummary)> {
+        self.run(|core, _, _| {
+            core.engine
+                .lateness_all()
+                .filter(|(_, s)| s.calls > 0)
+                .map(|(g, s)| (g.id, g.members.to_vec(), s.clone()))
+                .collect()
+        })
     }
 
     /// The peers this rank saw lost (their links broke; not those that left in order).

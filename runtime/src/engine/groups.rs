@@ -199,6 +199,14 @@ impl Engine {
         self.groups.get(&id).map(|g| g.lateness.summary())
     }
 
+    /// Every group of this rank with who came last to its calls (as
+    /// [`lateness`](Self::lateness)), in no particular order.
+    pub fn lateness_all(&self) -> impl Iterator<Item = (&GroupInfo, &LatenessSummary)> {
+        self.groups
+            .values()
+            .map(|g| (&g.info, g.lateness.summary()))
+    }
+
     /// The group, if registered.
     pub fn group(&self, id: GroupId) -> Option<&GroupInfo> {
         self.groups.get(&id).map(|g| &g.info)

@@ -148,6 +148,22 @@ impl Recorder {
     }
 }
 
+/// Who came last to each group's calls, as this rank saw them (`collectix_runtime::lateness`),
+/// a line per group that judged a call: `group world: 40 calls judged; member 2 last in 40
+/// (...)` (members by group rank). Empty if none did.
+pub(crate) fn lateness_text(engine: &collectix_runtime::Engine) -> String {
+    let mut lines: Vec<String> = engine
+        .lateness_all()
+        .filter(|(_, s)| s.calls > 0)
+        .map(|(g, s)| format!("  group {}: {s}\n", g.id))
+        .collect();
+    lines.sort();
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!("who came last:\n{}", lines.concat())
+}
+
 /// Writes rank `rank`'s record out after a failure: to `tracing` (at `warn`), and to
 /// `COLLECTIX_FLIGHT_RECORDER/rank-R.txt` when that directory is set.
 pub(crate) fn dump(rank: usize, text: &str) {

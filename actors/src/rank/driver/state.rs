@@ -121,7 +121,9 @@ impl Core {
                     ev.result.as_ref().err(),
                 );
                 if failed && !self.failing {
-                    after.dump = Some((self.engine.rank(), self.recorder.text(self.engine.rank())));
+                    let mut text = self.recorder.text(self.engine.rank());
+                    text.push_str(&super::recorder::lateness_text(&self.engine));
+                    after.dump = Some((self.engine.rank(), text));
                 }
                 self.failing = failed;
                 if let Some(w) = self.waiting.remove(&ev.op) {
