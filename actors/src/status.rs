@@ -236,9 +236,8 @@ pub fn job_status(store: &dyn Store, world: usize, within: Duration) -> Result<J
 
 /// Who came last most often to each group's calls, from every rank's view (by at least
 /// `lateness::NOTABLE`): `group world: rank 2 came last in 40 of 40 calls, 50.1 ms late on
-/// average (48.0 ms the last time)`; only a member that came last in more than one call and
-/// in more than half of the calls judged (the first call after a join, which the ranks reach
-/// at different times, names whoever joined last).
+/// average (48.0 ms the last time)`; only the group's culprit
+/// ([`LatenessSummary::culprit`]: late in more than one call and in more than half).
 fn late_findings(ranks: &[RankStatus]) -> Vec<String> {
     // group → (members, views by group rank)
     let mut groups: BTreeMap<String, (Vec<usize>, Vec<LatenessSummary>)> = BTreeMap::new();
@@ -265,10 +264,7 @@ fn late_findings(ranks: &[RankStatus]) -> Vec<String> {
     let mut out = Vec::new();
     for (g, (members, views)) in groups {
         let all = LatenessSummary::combined(&views);
-        if let Some((m, rec)) = all
-            .most_often_last()
-            .filter(|(_, r)| r.last > 1 && r.last * 2 > all.calls)
-        {
+        if let Some((m, rec)) = all.culprit() {
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
             out.push(format!(
                 "group {g}: rank {} came last in {} of {} calls, {:.1} ms late on average ({:.1} ms the last time)",

@@ -101,6 +101,15 @@ impl LatenessSummary {
             .max_by_key(|(_, m)| (m.last, m.total))
     }
 
+    /// The member to name as the group's late-comer (in a combined view): the one that came
+    /// last most often, if it did in more than one call and in more than half of the calls
+    /// judged. One late call is not a culprit: the first call after a join, which the ranks
+    /// reach at different times, names whoever joined last.
+    pub fn culprit(&self) -> Option<(usize, &MemberLateness)> {
+        self.most_often_last()
+            .filter(|(_, r)| r.last > 1 && r.last.saturating_mul(2) > self.calls)
+    }
+
     /// The group's view from its members' views (`views[r]` is group-local rank `r`'s): each
     /// member's record as the view that saw it come last most often has it (its peers that
     /// hear from it, or itself), the most calls any view judged, and no last verdict. A
@@ -410,6 +419,28 @@ mod tests {
             (2, 5, Duration::from_millis(200))
         );
         assert_eq!(all.calls, 5);
+        assert_eq!(all.culprit().map(|(m, _)| m), Some(2));
+    }
+
+    #[test]
+    fn a_member_late_once_or_in_few_calls_is_no_culprit() {
+        let mut l = Lateness::new(0, 2);
+        let late = |l: &mut Lateness, seq: u64, ms_late: u64| {
+            l.issued(seq, ms(seq * 1000));
+            l.arrived(seq, 1, ms(seq * 1000 + ms_late));
+            l.completed(seq);
+        };
+        late(&mut l, 0, 30); // the first call after a join
+        late(&mut l, 1, 0);
+        assert_eq!(l.summary().most_often_last().map(|(m, _)| m), Some(1));
+        assert_eq!(l.summary().culprit().map(|(m, _)| m), None, "late once");
+        late(&mut l, 2, 30);
+        late(&mut l, 3, 0);
+        late(&mut l, 4, 0);
+        assert_eq!(l.summary().culprit().map(|(m, _)| m), None, "2 of 5");
+        late(&mut l, 5, 30);
+        late(&mut l, 6, 30);
+        assert_eq!(l.summary().culprit().map(|(m, _)| m), Some(1), "4 of 7");
     }
 
     #[test]
