@@ -497,3 +497,46 @@ fn a_clean_job_logs_no_warning() {
         assert!(warned.is_empty(), "run {run}: {warned:#?}");
     }
 }
+
+/// Whether the long variants run (`COLLECTIX_LONG_TESTS=1`, as `.ci/run` sets).
+fn long() -> bool {
+    std::env::var_os("COLLECTIX_LONG_TESTS").is_some_and(|v| v == "1")
+}
+
+/// `examples/straggler` as 4 processes over shared memory: rank 3 sleeps 200 ms before each
+/// all_reduce, and the ranks' views together name it the late-comer in at least 95 % of the
+/// calls, late by 200 ms within 5 ms; 4-byte calls (on the group's board) and 1 KiB calls
+/// (through the engine). 300 steps of 4 bytes with `COLLECTIX_LONG_TESTS=1`, 30 otherwise.
+#[test]
+fn a_rank_with_a_slow_step_is_named_the_late_comer_as_processes() {
+    let exe = example("straggler");
+    let board_steps = if long() { "300" } else { "30" };
+    for (count, steps) in [("1", board_steps), ("256", "30")] {
+        let env = [
+            ("COLLECTIX_TRANSPORT", "shm"),
+            ("STEPS", steps),
+            ("COUNT", count),
+            ("LATE_MS", "200"),
+        ];
+        let (ok, so, se) = launch_env(4, &exe, &[], &env);
+        assert!(ok, "{so}\n{se}");
+        println!("{count} floats, {steps} steps:\n{so}");
+        let line = so
+            .lines()
+            .find_map(|l| l.split_once("culprit: ").map(|(_, r)| r))
+            .unwrap_or_else(|| panic!("no culprit line:\n{so}\n{se}"));
+        // "rank 3, last in N of S calls (P %), late by M ms on average"
+        let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+        let number = |i: usize| -> f64 {
+            words
+                .get(i)
+                .and_then(|w| w.parse().ok())
+                .unwrap_or_else(|| panic!("word {i} of {line:?}"))
+        };
+        assert_eq!(words.first(), Some(&"rank"), "{line}");
+        assert_eq!(number(1), 3.0, "{so}");
+        let (last, of) = (number(4), number(6));
+        assert!(last * 100.0 >= of * 95.0, "{so}");
+        assert!((number(12) - 200.0).abs() < 5.0, "{so}");
+    }
+}
