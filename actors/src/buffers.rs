@@ -207,6 +207,7 @@ impl<'a> BufferCalls<'a> {
     /// Plans `req` writing into `bufs` and issues it; `unpack` makes the caller's result of
     /// the buffers. A refused call (its arguments, or its buffers) still takes its sequence
     /// number and tells the other members, and hands the buffers back.
+    #[track_caller]
     fn issue<T: Send + 'static>(
         &self,
         req: Result<Request>,
@@ -217,12 +218,14 @@ impl<'a> BufferCalls<'a> {
     }
 
     /// [`issue`](Self::issue) into a destination made already (runs of its own).
+    #[track_caller]
     fn issue_to<T: Send + 'static>(
         &self,
         req: Result<Request>,
         dest: Destination,
         unpack: impl FnOnce(Vec<Buffer>) -> Result<T> + Send + 'static,
     ) -> BufferWork<T> {
+        let _site = crate::site::enter();
         let member = &self.comm.member;
         let work = match req {
             Err(e) => member.refuse(false, e),
@@ -239,6 +242,7 @@ impl<'a> BufferCalls<'a> {
     /// The coalesced call `kind` of `inputs` (bytes of host tensors of `dtype`; `Err` where
     /// the list is not one of those) writing into `outputs`: one call, one message per peer
     /// per step (`collective::coalesce`).
+    #[track_caller]
     fn coalesced<T: Send + 'static>(
         &self,
         kind: Coalescing,
@@ -263,6 +267,7 @@ impl<'a> BufferCalls<'a> {
     }
 
     /// Issues a coalesced call made by [`flatten`](Self::flatten), writing into `outputs`.
+    #[track_caller]
     fn issue_coalesced<T: Send + 'static>(
         &self,
         made: Result<Coalesced>,
@@ -282,6 +287,7 @@ impl<'a> BufferCalls<'a> {
     /// torch's `all_reduce_coalesced(tensors, op)`, in place: every buffer comes back
     /// holding its reduction, all of them moved as one call (one message per peer per step).
     /// The buffers share one dtype.
+    #[track_caller]
     pub fn all_reduce_coalesced(
         &self,
         tensors: Vec<Buffer>,
@@ -298,6 +304,7 @@ impl<'a> BufferCalls<'a> {
     /// `all_gather_into_tensor` of many tensors as one call (torch's
     /// `all_gather_into_tensor_coalesced`): `outputs[i]` (W × `inputs[i]`'s elements) gets
     /// every rank's `inputs[i]`, in rank order.
+    #[track_caller]
     pub fn all_gather_into_tensor_coalesced(
         &self,
         outputs: Vec<Buffer>,
@@ -311,6 +318,7 @@ impl<'a> BufferCalls<'a> {
     /// `reduce_scatter_tensor` of many tensors as one call (torch's
     /// `reduce_scatter_tensor_coalesced`): `outputs[i]` gets the reduction of every rank's
     /// block `rank` of `inputs[i]` (W × `outputs[i]`'s elements).
+    #[track_caller]
     pub fn reduce_scatter_tensor_coalesced(
         &self,
         outputs: Vec<Buffer>,
@@ -346,6 +354,7 @@ impl<'a> BufferCalls<'a> {
     /// `outputs`: one buffer per output tensor the call returns on this rank, in order (see
     /// [`outputs_for`](Self::outputs_for)). A call whose output is its input (a reduce's
     /// non-root, a broadcast's root) leaves its buffer as it is.
+    #[track_caller]
     pub fn submit(&self, req: Request, outputs: Vec<Buffer>) -> BufferWork<Vec<Buffer>> {
         self.issue(Ok(req), outputs, Ok)
     }
@@ -359,6 +368,7 @@ impl<'a> BufferCalls<'a> {
     }
 
     /// `all_reduce(tensor, op)`, in place: `tensor` comes back holding the reduction.
+    #[track_caller]
     pub fn all_reduce(&self, tensor: Buffer, op: ReduceOp) -> BufferWork<Buffer> {
         let req = self
             .staged(&tensor, 0..tensor.numel())
@@ -368,6 +378,7 @@ impl<'a> BufferCalls<'a> {
 
     /// `broadcast(tensor, src)`, in place: the root's `tensor` is sent (and comes back as it
     /// was), every other rank's is overwritten with it.
+    #[track_caller]
     pub fn broadcast(&self, tensor: Buffer, src: usize) -> BufferWork<Buffer> {
         let req = self
             .staged(&tensor, 0..tensor.numel())
@@ -380,6 +391,7 @@ impl<'a> BufferCalls<'a> {
 
     /// `reduce(tensor, dst, op)`, in place: `dst`'s `tensor` comes back holding the
     /// reduction; the others' come back unchanged.
+    #[track_caller]
     pub fn reduce(&self, tensor: Buffer, dst: usize, op: ReduceOp) -> BufferWork<Buffer> {
         let req = self
             .staged(&tensor, 0..tensor.numel())
@@ -392,6 +404,7 @@ impl<'a> BufferCalls<'a> {
     }
 
     /// `all_gather(tensor_list, tensor)`: `tensor_list[r]` gets rank r's `tensor`.
+    #[track_caller]
     pub fn all_gather(&self, tensor_list: Vec<Buffer>, tensor: Tensor) -> BufferWork<Vec<Buffer>> {
         let outputs = tensor_list.iter().map(Buffer::spec).collect();
         let req = Request::AllGather {
@@ -403,6 +416,7 @@ impl<'a> BufferCalls<'a> {
 
     /// `all_gather_into_tensor(output, input)`: `output` (W times `input`'s elements) gets
     /// every rank's `input`, in rank order.
+    #[track_caller]
     pub fn all_gather_into_tensor(&self, output: Buffer, input: Tensor) -> BufferWork<Buffer> {
         let req = Request::AllGatherIntoTensor {
             input,
@@ -414,6 +428,7 @@ impl<'a> BufferCalls<'a> {
     /// `all_gather_into_tensor(output, output.chunk(W)[rank])`, FSDP2's gather: this rank's
     /// input is its own slice of `output` (elements `rank·n..(rank+1)·n`, with n the
     /// buffer's elements / W), and the whole buffer comes back gathered.
+    #[track_caller]
     pub fn all_gather_into_tensor_in_place(&self, output: Buffer) -> BufferWork<Buffer> {
         let (w, r) = (self.comm.size(), self.comm.rank());
         let n = output.numel() / w.max(1);
@@ -434,6 +449,7 @@ impl<'a> BufferCalls<'a> {
 
     /// `gather(tensor, gather_list, dst)`: `dst` passes one buffer per rank and gets them
     /// back filled; the others pass `None` and get `None`.
+    #[track_caller]
     pub fn gather(
         &self,
         tensor: Tensor,
@@ -451,6 +467,7 @@ impl<'a> BufferCalls<'a> {
     }
 
     /// `scatter(tensor, scatter_list, src)`: `tensor` gets the root's `scatter_list[rank]`.
+    #[track_caller]
     pub fn scatter(
         &self,
         tensor: Buffer,
@@ -467,6 +484,7 @@ impl<'a> BufferCalls<'a> {
 
     /// `reduce_scatter(output, input_list, op)`: `output` gets the reduction of every rank's
     /// `input_list[rank]`.
+    #[track_caller]
     pub fn reduce_scatter(
         &self,
         output: Buffer,
@@ -482,6 +500,7 @@ impl<'a> BufferCalls<'a> {
 
     /// `reduce_scatter_tensor(output, input, op)`: `output` gets the reduction of every
     /// rank's block `rank` of `input` (W times `output`'s elements).
+    #[track_caller]
     pub fn reduce_scatter_tensor(
         &self,
         output: Buffer,
@@ -498,6 +517,7 @@ impl<'a> BufferCalls<'a> {
 
     /// `all_to_all(output_list, input_list)`: `output_list[r]` gets rank r's
     /// `input_list[rank]`.
+    #[track_caller]
     pub fn all_to_all(
         &self,
         output_list: Vec<Buffer>,
@@ -512,6 +532,7 @@ impl<'a> BufferCalls<'a> {
     }
 
     /// `all_to_all_single(output, input, output_split_sizes, input_split_sizes)`.
+    #[track_caller]
     pub fn all_to_all_single(
         &self,
         output: Buffer,
@@ -531,6 +552,7 @@ impl<'a> BufferCalls<'a> {
     /// `recv(tensor, src, tag)`: `tensor` gets the message (of exactly its dtype and
     /// elements) and comes back with its sender; `src: None` receives from any rank. Unlike the
     /// collectives, the message is received whole and then copied in (one more copy).
+    #[track_caller]
     pub fn recv(
         &self,
         tensor: Buffer,
@@ -616,12 +638,14 @@ fn scaled(t: &Tensor, mul: usize, div: usize) -> Result<Buffer> {
 impl Communicator {
     /// torch's `all_reduce_coalesced(tensors, op)`: every tensor's reduction, all of them
     /// moved as one call (one message per peer per step). The tensors share one dtype.
+    #[track_caller]
     pub fn all_reduce_coalesced(&self, tensors: Vec<Tensor>, op: ReduceOp) -> Work<Vec<Tensor>> {
         self.coalesced_tensors(Coalescing::AllReduce(op), tensors, 1, 1)
     }
 
     /// `all_gather_into_tensor` of many tensors as one call: output i (first dimension W
     /// times input i's) holds every rank's input i, in rank order.
+    #[track_caller]
     pub fn all_gather_into_tensor_coalesced(&self, inputs: Vec<Tensor>) -> Work<Vec<Tensor>> {
         let w = self.size();
         self.coalesced_tensors(Coalescing::AllGatherIntoTensor, inputs, w, 1)
@@ -629,6 +653,7 @@ impl Communicator {
 
     /// `reduce_scatter_tensor` of many tensors as one call: output i (first dimension input
     /// i's / W) holds the reduction of every rank's block `rank` of input i.
+    #[track_caller]
     pub fn reduce_scatter_tensor_coalesced(
         &self,
         inputs: Vec<Tensor>,
@@ -640,6 +665,7 @@ impl Communicator {
 
     /// A coalesced call on tensors, its outputs made here (output i: input i's shape, its
     /// first dimension × `mul` / `div`).
+    #[track_caller]
     fn coalesced_tensors(
         &self,
         kind: Coalescing,

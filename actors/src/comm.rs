@@ -97,6 +97,39 @@ impl Communicator {
         c
     }
 
+    /// Lane `name` of this group: the same members and ranks, with an order of calls of its
+    /// own, so that two streams of calls (a trainer thread's and a checkpoint thread's) run
+    /// at once without meeting each other's calls. Made at once, without a call: each member
+    /// that uses the lane asks for it by the same name, and a member's messages for a lane
+    /// it has not asked for yet wait for it. The same name gives the same lane (one order)
+    /// on this rank; lanes of lanes are lanes too.
+    ///
+    /// A group's calls on one rank come from one thread (or async task) at a time: a call
+    /// made while another thread's call on the same group is in flight fails with
+    /// [`Error::ConcurrentCalls`](collectix_runtime::Error::ConcurrentCalls), naming both
+    /// calls' sites, and aborts the group (the two calls' order was the scheduler's, which
+    /// the other members need not share). Give each thread its lane instead. Destroying a
+    /// lane ([`destroy`](Self::destroy)) is final: asking for it again gives the destroyed
+    /// lane.
+    pub fn lane(&self, name: &str) -> Communicator {
+        let m = &self.member;
+        let mut lanes = crate::sync::lock(&m.group.lanes);
+        let member = match lanes.get(name) {
+            Some(l) => l.clone(),
+            None => {
+                let info = m.group.info.lane(name);
+                m.rank.driver.add_group(info.clone());
+                let l = Member::new(m.rank.clone(), info);
+                lanes.insert(name.to_owned(), l.clone());
+                l
+            }
+        };
+        Communicator {
+            member,
+            device_backend: self.device_backend,
+        }
+    }
+
     /// The backend calls on device tensors take through this handle.
     pub fn device_backend(&self) -> DeviceBackend {
         self.device_backend
@@ -160,6 +193,7 @@ impl Communicator {
     /// Argument errors come back at once (a collective's still takes its sequence number and
     /// tells the other members, whose parts fail with `Error::CallFailed`:
     /// `Member::refuse`); so does a send or receive on a reserved tag.
+    #[track_caller]
     fn call<T: Send + 'static>(
         &self,
         req: Request,
@@ -171,6 +205,7 @@ impl Communicator {
 
     /// [`call`](Self::call), a host call's received chunks landing in `into` where they can
     /// (`Plan::landing_in`).
+    #[track_caller]
     pub(crate) fn call_landing<T: Send + 'static>(
         &self,
         req: Request,
@@ -178,6 +213,7 @@ impl Communicator {
         into: Option<Arc<Arena>>,
         map: fn(Output) -> Result<T>,
     ) -> Work<T> {
+        let _site = crate::site::enter();
         let m = &self.member;
         let p2p = req.is_p2p();
         let device = reserved_tag(&req).map_or_else(|| req.device(), Err);
@@ -195,6 +231,7 @@ impl Communicator {
 
     /// A host call that is a part of another (an object collective's sizes, `split`'s
     /// gather): not measured on its own; the call it is part of is ([`measure`](Self::measure)).
+    #[track_caller]
     pub(crate) fn part<T: Send + 'static>(
         &self,
         req: Request,
@@ -205,12 +242,14 @@ impl Communicator {
 
     /// `work()`'s call, measured as one call named `op` on this group, of `bytes`
     /// (`metrics.rs`): for the calls that are not one request.
+    #[track_caller]
     pub(crate) fn measure<T>(
         &self,
         op: &'static str,
         bytes: u64,
         work: impl FnOnce() -> Work<T>,
     ) -> Work<T> {
+        let _site = crate::site::enter();
         let probe = crate::metrics::Probe::named(op, self.member.group.info.id, bytes);
         let w = work();
         match probe {
@@ -221,16 +260,19 @@ impl Communicator {
 
     /// Issues any [`Request`] and hands back the raw [`Output`] (the typed methods below are
     /// thin wrappers of this; benchmarks and test matrices use it directly).
+    #[track_caller]
     pub fn submit(&self, req: Request, opts: &CallOptions) -> Work<Output> {
         self.call(req, opts, Ok)
     }
 
     /// `all_reduce`: every rank gets the reduction of every rank's `tensor`.
+    #[track_caller]
     pub fn all_reduce(&self, tensor: Tensor, op: ReduceOp) -> Work<Tensor> {
         self.all_reduce_with(tensor, op, &CallOptions::default())
     }
 
     /// `all_reduce` with per-call options (algorithm, timeout).
+    #[track_caller]
     pub fn all_reduce_with(
         &self,
         tensor: Tensor,
@@ -241,11 +283,13 @@ impl Communicator {
     }
 
     /// `reduce`: rank `dst` gets the reduction; the others get their input back unchanged.
+    #[track_caller]
     pub fn reduce(&self, tensor: Tensor, dst: usize, op: ReduceOp) -> Work<Tensor> {
         self.reduce_with(tensor, dst, op, &CallOptions::default())
     }
 
     /// `reduce` with per-call options.
+    #[track_caller]
     pub fn reduce_with(
         &self,
         tensor: Tensor,
@@ -266,22 +310,26 @@ impl Communicator {
 
     /// `broadcast`: every rank gets rank `src`'s tensor; the others pass a tensor of the
     /// same shape and dtype (its values are not read).
+    #[track_caller]
     pub fn broadcast(&self, tensor: Tensor, src: usize) -> Work<Tensor> {
         self.broadcast_with(tensor, src, &CallOptions::default())
     }
 
     /// `broadcast` with per-call options.
+    #[track_caller]
     pub fn broadcast_with(&self, tensor: Tensor, src: usize, opts: &CallOptions) -> Work<Tensor> {
         self.call(Request::Broadcast { tensor, root: src }, opts, one)
     }
 
     /// `all_gather(tensor_list, tensor)`: one tensor per rank; `outputs[r]` gives rank r's
     /// shape, so sizes may differ.
+    #[track_caller]
     pub fn all_gather(&self, outputs: Vec<TensorSpec>, input: Tensor) -> Work<Vec<Tensor>> {
         self.all_gather_with(outputs, input, &CallOptions::default())
     }
 
     /// `all_gather` with per-call options.
+    #[track_caller]
     pub fn all_gather_with(
         &self,
         outputs: Vec<TensorSpec>,
@@ -293,11 +341,13 @@ impl Communicator {
 
     /// `all_gather_into_tensor(output, input)`: every rank's input, concatenated in rank order
     /// into a tensor of `output`'s shape.
+    #[track_caller]
     pub fn all_gather_into_tensor(&self, output: TensorSpec, input: Tensor) -> Work<Tensor> {
         self.all_gather_into_tensor_with(output, input, &CallOptions::default())
     }
 
     /// `all_gather_into_tensor` with per-call options.
+    #[track_caller]
     pub fn all_gather_into_tensor_with(
         &self,
         output: TensorSpec,
@@ -308,6 +358,7 @@ impl Communicator {
     }
 
     /// `gather`: rank `dst` gets every rank's tensor (`Some`), the others `None`.
+    #[track_caller]
     pub fn gather(&self, input: Tensor, dst: usize) -> Work<Option<Vec<Tensor>>> {
         self.call(
             Request::Gather { input, root: dst },
@@ -317,6 +368,7 @@ impl Communicator {
     }
 
     /// `scatter`: rank `src` passes one tensor per rank; every rank gets its own.
+    #[track_caller]
     pub fn scatter(
         &self,
         output: TensorSpec,
@@ -336,11 +388,13 @@ impl Communicator {
 
     /// `reduce_scatter(output, input_list, op)`: rank r gets the reduction of every rank's
     /// `inputs[r]`.
+    #[track_caller]
     pub fn reduce_scatter(&self, inputs: Vec<Tensor>, op: ReduceOp) -> Work<Tensor> {
         self.reduce_scatter_with(inputs, op, &CallOptions::default())
     }
 
     /// `reduce_scatter` with per-call options.
+    #[track_caller]
     pub fn reduce_scatter_with(
         &self,
         inputs: Vec<Tensor>,
@@ -352,6 +406,7 @@ impl Communicator {
 
     /// `reduce_scatter_tensor(output, input, op)`: the input is `size` equal blocks; rank r
     /// gets block r reduced.
+    #[track_caller]
     pub fn reduce_scatter_tensor(
         &self,
         output: TensorSpec,
@@ -362,6 +417,7 @@ impl Communicator {
     }
 
     /// `reduce_scatter_tensor` with per-call options.
+    #[track_caller]
     pub fn reduce_scatter_tensor_with(
         &self,
         output: TensorSpec,
@@ -378,6 +434,7 @@ impl Communicator {
 
     /// `all_to_all(output_list, input_list)`: `inputs[r]` goes to rank r; `outputs[r]` is the
     /// spec of what comes from rank r (sizes may differ).
+    #[track_caller]
     pub fn all_to_all(&self, outputs: Vec<TensorSpec>, inputs: Vec<Tensor>) -> Work<Vec<Tensor>> {
         self.call(
             Request::AllToAll { inputs, outputs },
@@ -388,6 +445,7 @@ impl Communicator {
 
     /// `all_to_all_single(output, input, output_split_sizes, input_split_sizes)`: splits along
     /// dimension 0, equal when `None`.
+    #[track_caller]
     pub fn all_to_all_single(
         &self,
         output: TensorSpec,
@@ -408,6 +466,7 @@ impl Communicator {
     }
 
     /// `barrier()`.
+    #[track_caller]
     pub fn barrier(&self) -> Work<()> {
         self.call(Request::Barrier, &CallOptions::default(), unit)
     }
@@ -422,6 +481,7 @@ impl Communicator {
     /// verdict. Like every call, it also returns the group's pending error, if there is one:
     /// a program that ends with it hears of every failure its ranks' early-finished calls
     /// did not see.
+    #[track_caller]
     pub fn monitored_barrier(&self, timeout: std::time::Duration) -> Work<()> {
         let opts = CallOptions {
             timeout: Some(timeout),
@@ -437,6 +497,7 @@ impl Communicator {
     /// with [`Error::Shutdown`], and the other members are told at once; later calls through
     /// any handle of this group fail with [`Error::InvalidArgument`]. The group's NCCL
     /// communicator, if it has one, is released (aborted) too.
+    #[track_caller]
     pub fn destroy(&self) -> Work<()> {
         // The group's NCCL communicators, if it has any, go too.
         if let Some(w) = crate::sync::lock(&self.member.group.nccl_worker).as_ref() {
@@ -453,6 +514,7 @@ impl Communicator {
     /// `barrier()` on a device, as torch's NCCL backend does it: a one-element all_reduce
     /// there, through this handle's device backend, so it is ordered with the device calls
     /// around it. On the host it is [`barrier`](Communicator::barrier).
+    #[track_caller]
     pub fn barrier_on(&self, device: collectix_runtime::Device) -> Work<()> {
         if device.is_host() {
             return self.barrier();
@@ -472,6 +534,7 @@ impl Communicator {
     }
 
     /// `send` / `isend`: completes once the message is handed to the transport.
+    #[track_caller]
     pub fn send(&self, tensor: Tensor, dst: usize, tag: u32) -> Work<()> {
         self.call(
             Request::Send { tensor, dst, tag },
@@ -483,6 +546,7 @@ impl Communicator {
     /// `recv` / `irecv`: receives a tensor of `spec` from `src` (any rank if `None`) with
     /// `tag`, and returns it with its sender. Messages from one sender with one tag are
     /// received in the order they were sent.
+    #[track_caller]
     pub fn recv(&self, spec: TensorSpec, src: Option<usize>, tag: u32) -> Work<(Tensor, usize)> {
         self.call(
             Request::Recv { spec, src, tag },
@@ -497,17 +561,20 @@ impl Communicator {
     }
 
     /// `isend`: the same as [`send`](Self::send) (every call here is asynchronous).
+    #[track_caller]
     pub fn isend(&self, tensor: Tensor, dst: usize, tag: u32) -> Work<()> {
         self.send(tensor, dst, tag)
     }
 
     /// `irecv`: the same as [`recv`](Self::recv).
+    #[track_caller]
     pub fn irecv(&self, spec: TensorSpec, src: Option<usize>, tag: u32) -> Work<(Tensor, usize)> {
         self.recv(spec, src, tag)
     }
 
     /// `batch_isend_irecv`: issues every operation at once; sends complete with `None`,
     /// receives with `Some(tensor)`.
+    #[track_caller]
     pub fn batch_isend_irecv(&self, ops: Vec<P2POp>) -> Vec<Work<Option<Tensor>>> {
         ops.into_iter()
             .map(|op| match op {
@@ -541,10 +608,12 @@ impl Communicator {
     /// `new_group(ranks)`: collective over this group (every member calls it, with the same
     /// list). `ranks` are ranks of this group. Members get `Some(communicator)`, the others
     /// `None`. The ranks agree first (a mismatched list is an [`Error::Mismatch`]).
+    #[track_caller]
     pub fn new_group(&self, ranks: &[usize]) -> Work<Option<Communicator>> {
         self.measure("new_group", 0, || self.new_group_unmeasured(ranks))
     }
 
+    #[track_caller]
     fn new_group_unmeasured(&self, ranks: &[usize]) -> Work<Option<Communicator>> {
         // Taken first: a call that fails its checks here still counts on every member.
         let index = self.member.group.children.fetch_add(1, Ordering::Relaxed);
@@ -562,6 +631,7 @@ impl Communicator {
 
     /// Registers the group (if this rank is in it) and issues the agreement barrier on this
     /// group; `members` are world ranks.
+    #[track_caller]
     fn subgroup(&self, id: GroupId, members: Vec<usize>, hash: u64) -> Work<Option<Communicator>> {
         let plan = match Plan::new(
             Request::NewGroup { members: hash },
@@ -582,8 +652,11 @@ impl Communicator {
             self.member.rank.driver.add_group(info.clone());
         }
         let rank = self.member.rank.clone();
-        let seq = self.member.reserve(1);
-        self.member.issue(seq, plan, move |_| {
+        let (seq, open) = match self.member.reserve() {
+            Ok(r) => r,
+            Err(e) => return self.member.ready(Err(e)),
+        };
+        self.member.issue(seq, open, plan, move |_| {
             Ok(child.map(|info| Communicator::new(rank, info)))
         })
     }
@@ -591,12 +664,14 @@ impl Communicator {
     /// `new_subgroups(group_size)`: cuts this group into consecutive subgroups of
     /// `group_size` ranks and returns this rank's (collective; the size must divide the
     /// group's).
+    #[track_caller]
     pub fn new_subgroups(&self, group_size: usize) -> Work<Communicator> {
         self.measure("new_subgroups", 0, || {
             self.new_subgroups_unmeasured(group_size)
         })
     }
 
+    #[track_caller]
     fn new_subgroups_unmeasured(&self, group_size: usize) -> Work<Communicator> {
         let w = self.size();
         // Taken first: a call that fails its checks here still counts on every member.
@@ -630,6 +705,7 @@ impl Communicator {
 
     /// A `split` that failed its checks on this rank: it takes its place as one would (a
     /// child index, and its all_gather's sequence number), and the others hear at once.
+    #[track_caller]
     pub(crate) fn refuse_split<T: Send + 'static>(&self, e: Error) -> Work<T> {
         self.member.group.children.fetch_add(1, Ordering::Relaxed);
         self.member.refuse(false, e)
@@ -637,10 +713,12 @@ impl Communicator {
 
     /// `split(color, key)` (torch's `split_group`/MPI's `Comm_split`): collective; ranks that
     /// pass the same `Some(color)` form a group, ordered by `(key, rank)`; `None` joins none.
+    #[track_caller]
     pub fn split(&self, color: Option<u32>, key: i64) -> Work<Option<Communicator>> {
         self.measure("split", 0, || self.split_unmeasured(color, key))
     }
 
+    #[track_caller]
     fn split_unmeasured(&self, color: Option<u32>, key: i64) -> Work<Option<Communicator>> {
         let index = self.member.group.children.fetch_add(1, Ordering::Relaxed);
         let mine = Tensor::from_vec(vec![color.map_or(-1, i64::from), key]);
@@ -727,11 +805,14 @@ mod tests {
         let c = w.communicators()[0].clone();
         let (tx, rx) = mpsc::channel();
         let work = c.barrier();
+        // The second call is made on the rank's thread while the first, this thread's, is in
+        // flight: on a lane, or it would be refused for that (`ConcurrentCalls`).
+        let lane = c.lane("the rank's thread");
         let arbiter = c.member.rank.spawner.clone();
         arbiter.spawn(async move {
             let _ = tx.send((
                 work.wait(),
-                c.barrier()
+                lane.barrier()
                     .wait_timeout(Duration::from_secs(1))
                     .map(|r| r.err()),
             ));

@@ -63,6 +63,7 @@ mod recovery;
 mod security;
 mod seeded;
 mod shared;
+mod site;
 mod status;
 mod store;
 mod supervise;

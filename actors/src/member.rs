@@ -15,6 +15,7 @@ use crate::work::{guarded, RankThreads, Work};
 use actix::{Addr, ArbiterHandle};
 use collectix_runtime::board::mail::MAIL_MAX;
 use collectix_runtime::board::BoardCall;
+use collectix_runtime::issuers::Issuers;
 use collectix_runtime::schedule::ScheduleCache;
 use collectix_runtime::tensor::arena::Arena;
 use collectix_runtime::{CallOptions, GroupInfo, Output, Plan, Request, Result};
@@ -105,6 +106,11 @@ pub(crate) struct GroupShared {
     /// The group's board on this rank, where its small calls run (`None`: the engine runs
     /// them all).
     board: Option<Arc<GroupBoard>>,
+    /// Who issues the group's calls on this rank: one thread or task at a time
+    /// (`collectix_runtime::issuers`).
+    issuers: Issuers,
+    /// The group's lanes on this rank, by name (`Communicator::lane`).
+    pub(crate) lanes: Mutex<std::collections::HashMap<String, Member>>,
 }
 
 impl GroupShared {
@@ -119,7 +125,29 @@ impl GroupShared {
             p2p: Lanes::default(),
             nccl_worker: Mutex::new(None),
             staging: collectix_runtime::tensor::pool::Pool::new(STAGING_BYTES),
+            issuers: Issuers::default(),
+            lanes: Mutex::new(std::collections::HashMap::new()),
         })
+    }
+}
+
+/// A call's place in its group's count of finished calls (`Issuers::finished`): counted
+/// when dropped, which the call's completion does before its caller hears. A point-to-point
+/// call, outside the group's order, has none.
+pub(crate) struct Open(Option<Arc<GroupShared>>);
+
+impl Open {
+    /// No place (a point-to-point call; the second half of a call whose first half holds it).
+    pub(crate) fn none() -> Open {
+        Open(None)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some(g) = self.0.take() {
+            g.issuers.finished();
+        }
     }
 }
 
@@ -169,15 +197,37 @@ impl Member {
         e: collectix_runtime::Error,
     ) -> Work<T> {
         if !p2p {
-            let seq = self.reserve(1);
-            self.rank.driver.fail_call(self.group.info.id, seq, &e);
+            match self.reserve() {
+                Ok((seq, _open)) => self.rank.driver.fail_call(self.group.info.id, seq, &e),
+                Err(e) => return self.ready(Err(e)),
+            }
         }
         self.ready(Err(e))
     }
 
-    /// Takes `n` consecutive sequence numbers of the group, now.
-    pub(crate) fn reserve(&self, n: u64) -> u64 {
-        self.group.next_seq.fetch_add(n, Ordering::Relaxed)
+    /// Takes the group's next sequence number, now, for a call of the current thread or task
+    /// (`crate::site`), with its place in the count of finished calls. Refused when another
+    /// thread's or task's call on the group is still in flight here
+    /// (`collectix_runtime::issuers`): the number is taken and the group aborted, its members
+    /// told, and the caller gets [`Error::ConcurrentCalls`](collectix_runtime::Error).
+    pub(crate) fn reserve(&self) -> Result<(u64, Open)> {
+        let seq = self.group.next_seq.fetch_add(1, Ordering::Relaxed);
+        let open = Open(Some(self.group.clone()));
+        let gid = self.group.info.id;
+        match self.group.issuers.issue(
+            gid,
+            seq,
+            crate::site::issuer(),
+            crate::site::here(),
+            crate::site::who,
+        ) {
+            Ok(()) => Ok((seq, open)),
+            Err(e) => {
+                drop(open);
+                self.rank.driver.abort_disordered(gid, &e);
+                Err(e)
+            }
+        }
     }
 
     /// Plans `req`, a request on host memory, and issues it on the group's board or its
@@ -226,11 +276,19 @@ impl Member {
             },
             Err(e) => return self.refuse(p2p, e),
         };
-        let seq = if plan.is_p2p() { 0 } else { self.reserve(1) };
+        let (seq, open) = if plan.is_p2p() {
+            (0, Open::none())
+        } else {
+            match self.reserve() {
+                Ok(r) => r,
+                Err(e) => return self.ready(Err(e)),
+            }
+        };
         if let Some(e) = self.clash(&plan, seq) {
+            drop(open);
             return self.ready(Err(e));
         }
-        self.issue(seq, plan, map)
+        self.issue(seq, open, plan, map)
     }
 
     /// A small send or receive (from a named source) through the group's mailboxes
@@ -336,11 +394,15 @@ impl Member {
             .and_then(|p| p.writing_into(dest));
         match plan {
             Ok(plan) => {
-                let seq = self.reserve(1);
+                let (seq, open) = match self.reserve() {
+                    Ok(r) => r,
+                    Err(e) => return self.ready(Err(e)),
+                };
                 if let Some(e) = self.clash(&plan, seq) {
+                    drop(open);
                     return self.ready(Err(e));
                 }
-                self.issue(seq, plan, map)
+                self.issue(seq, open, plan, map)
             }
             Err(e) => self.refuse(p2p, e),
         }
@@ -359,12 +421,19 @@ impl Member {
             // The sequence number and the queue's place together (see `GroupBoard::issue`);
             // no user code runs under this lock.
             let mut issue = crate::sync::lock(&gb.issue);
-            let seq = self.reserve(1);
+            let (seq, open) = match self.reserve() {
+                Ok(r) => r,
+                Err(e) => {
+                    drop(issue);
+                    return self.ready(Err(e));
+                }
+            };
             let span = gb.span(seq, &call.fingerprint());
             let quick = self.rank.driver.board_quick(gb, &mut issue, seq, &call);
             let published = match quick {
                 Quick::Done(out) => {
                     drop(issue);
+                    drop(open);
                     let out = Ok(out);
                     span.finished(&out);
                     return self.ready(out.and_then(|o| guarded(|| map(o))));
@@ -372,7 +441,7 @@ impl Member {
                 Quick::NotTaken => false,
                 Quick::Published => true,
             };
-            let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
+            let (done, work) = Work::pair_open(self.rank.rank_threads.clone(), open, map);
             let (submitted, after) = self.rank.driver.submit_board(
                 gb,
                 &mut issue,
@@ -395,15 +464,16 @@ impl Member {
         work.driven_by(self.rank.driver.clone())
     }
 
-    /// Issues `plan` at `seq` and hands back its [`Work`], driven by its caller while it
-    /// waits.
+    /// Issues `plan` at `seq` (its place `open` counted when it finishes) and hands back its
+    /// [`Work`], driven by its caller while it waits.
     pub(crate) fn issue<T: Send + 'static>(
         &self,
         seq: u64,
+        open: Open,
         plan: Plan,
         map: impl FnOnce(Output) -> Result<T> + Send + 'static,
     ) -> Work<T> {
-        let (done, work) = Work::pair(self.rank.rank_threads.clone(), map);
+        let (done, work) = Work::pair_open(self.rank.rank_threads.clone(), open, map);
         self.issue_raw(seq, plan, done);
         work.driven_by(self.rank.driver.clone())
     }
@@ -422,7 +492,7 @@ impl Member {
         map: fn(Output) -> Result<T>,
     ) -> Result<Work<T>> {
         let plan = Plan::new(req, &self.group.info, &CallOptions::default())?;
-        Ok(self.issue(seq, plan, map))
+        Ok(self.issue(seq, Open::none(), plan, map))
     }
 
     /// Issues a call whose second half depends on the first's result: both take their
@@ -442,7 +512,10 @@ impl Member {
         B: Send + 'static,
         T: Send + 'static,
     {
-        let seq = self.reserve(1);
+        let (seq, open) = match self.reserve() {
+            Ok(r) => r,
+            Err(e) => return self.ready(Err(e)),
+        };
         let (c, work) = Work::raw(self.rank.rank_threads.clone());
         let me = self.clone();
         self.rank.spawner.spawn(async move {
@@ -455,6 +528,7 @@ impl Member {
                     Err(e)
                 }
             };
+            drop(open);
             c.complete(r);
         });
         work

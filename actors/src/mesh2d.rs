@@ -49,6 +49,7 @@ impl Communicator {
     /// cover the group exactly; a shape that does not fails with
     /// [`Error::InvalidArgument`] on the rank that passed it, and the others' parts with
     /// [`Error::CallFailed`] (the group goes on).
+    #[track_caller]
     pub fn mesh_2d(&self, replicas: usize, shard: usize) -> Work<Mesh2d> {
         let w = self.size();
         let shape = (replicas > 0 && shard > 0 && replicas.checked_mul(shard) == Some(w))

@@ -52,6 +52,7 @@ fn padded(mut b: Vec<u8>, n: usize) -> Tensor {
 impl Communicator {
     /// `broadcast_object_list` for one object: rank `src` passes `Some(obj)`, every rank gets
     /// a copy.
+    #[track_caller]
     pub fn broadcast_object<T>(&self, obj: Option<T>, src: usize) -> Work<T>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
@@ -72,6 +73,7 @@ impl Communicator {
 
     /// [`broadcast_object`](Self::broadcast_object)'s two collectives, on `bytes` (the
     /// source's encoded object).
+    #[track_caller]
     fn broadcast_object_parts<T>(&self, bytes: Result<Vec<u8>>, src: usize) -> Work<T>
     where
         T: DeserializeOwned + Send + 'static,
@@ -106,6 +108,7 @@ impl Communicator {
     }
 
     /// `all_gather_object`: every rank gets every rank's object, in rank order.
+    #[track_caller]
     pub fn all_gather_object<T>(&self, obj: &T) -> Work<Vec<T>>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
@@ -136,6 +139,7 @@ impl Communicator {
     }
 
     /// `gather_object`: rank `dst` gets every rank's object (`Some`), the others `None`.
+    #[track_caller]
     pub fn gather_object<T>(&self, obj: &T, dst: usize) -> Work<Option<Vec<T>>>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
@@ -168,6 +172,7 @@ impl Communicator {
 
     /// `scatter_object_list` for one object per rank: rank `src` passes one object per rank,
     /// every rank gets its own.
+    #[track_caller]
     pub fn scatter_object<T>(&self, objs: Option<Vec<T>>, src: usize) -> Work<T>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
@@ -198,6 +203,7 @@ impl Communicator {
 
     /// [`scatter_object`](Self::scatter_object)'s two collectives, on `encoded` (the
     /// source's encoded objects) of sizes `lens` (−1 each for a failure).
+    #[track_caller]
     fn scatter_object_parts<T>(
         &self,
         encoded: Result<Vec<Vec<u8>>>,
@@ -238,6 +244,7 @@ impl Communicator {
     }
 
     /// All-gathers every rank's encoded size (−1 for a failure to encode).
+    #[track_caller]
     fn gather_sizes(&self, bytes: &Result<Vec<u8>>) -> Work<Tensor> {
         self.part(
             Request::AllGatherIntoTensor {

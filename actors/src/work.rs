@@ -80,6 +80,7 @@ fn taken<T>() -> Result<T> {
 
 impl<T: Send + 'static> Work<T> {
     /// A new handle and the function that completes it from an `I`, mapped by `map`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn pair<I: 'static>(
         rank_threads: Arc<RankThreads>,
         map: impl FnOnce(I) -> Result<T> + Send + 'static,
@@ -90,6 +91,21 @@ impl<T: Send + 'static> Work<T> {
         // carries on.
         let done: Done<I> =
             Box::new(move |r: Result<I>| c.complete(r.and_then(|i| guarded(|| map(i)))));
+        (done, w)
+    }
+
+    /// [`pair`](Self::pair) for a call with a place in its group's order: `open` is counted
+    /// finished before the handle completes.
+    pub(crate) fn pair_open<I: 'static>(
+        rank_threads: Arc<RankThreads>,
+        open: crate::member::Open,
+        map: impl FnOnce(I) -> Result<T> + Send + 'static,
+    ) -> (Done<I>, Work<T>) {
+        let (c, w) = Work::raw(rank_threads);
+        let done: Done<I> = Box::new(move |r: Result<I>| {
+            drop(open);
+            c.complete(r.and_then(|i| guarded(|| map(i))));
+        });
         (done, w)
     }
 

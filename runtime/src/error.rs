@@ -333,7 +333,8 @@ pub enum LinkFailure {
 /// Every failure is `Clone + Send + Sync`, so that one failure can reach many waiters. Each
 /// variant says who is at fault and what to do (see its doc):
 /// - misuse of the API, the caller's: [`InvalidArgument`](Error::InvalidArgument),
-///   [`NotAMember`](Error::NotAMember), [`WouldDeadlock`](Error::WouldDeadlock);
+///   [`NotAMember`](Error::NotAMember), [`WouldDeadlock`](Error::WouldDeadlock),
+///   [`ConcurrentCalls`](Error::ConcurrentCalls);
 /// - the ranks disagree: [`Mismatch`](Error::Mismatch), [`SizeMismatch`](Error::SizeMismatch);
 /// - time ran out, naming who is missing: [`Timeout`](Error::Timeout),
 ///   [`StoreTimeout`](Error::StoreTimeout);
@@ -534,6 +535,25 @@ pub enum Error {
     /// another thread.
     #[error("blocking wait on the rank's own actor thread would deadlock; await the Work instead")]
     WouldDeadlock,
+    /// Two threads (or async tasks) of this rank issued calls on one group at once: call
+    /// `seq` was made while call `first_seq`, made by another, had not finished here. Their
+    /// order on this rank is the scheduler's, which the other members need not share
+    /// (`crate::issuers`), so the group is aborted. Issue a group's calls from one thread at
+    /// a time, or give each stream a lane of its own (`Communicator::lane` in the actors
+    /// crate).
+    #[error("calls on group {group} from two threads at once: call #{seq} {second} while call #{first_seq} {first} had not finished; use one thread per group, or a lane per thread (Communicator::lane)")]
+    ConcurrentCalls {
+        /// The group.
+        group: GroupId,
+        /// The call refused.
+        seq: u64,
+        /// Where it was made.
+        second: crate::issuers::CallSite,
+        /// The call in flight, of another thread.
+        first_seq: u64,
+        /// Where that one was made.
+        first: crate::issuers::CallSite,
+    },
     /// The world or the rank was shut down, or the group destroyed on this rank, before
     /// the call completed; or the call was made after. Expected while a program stops; if
     /// not, look for who shut the world down early.
@@ -672,6 +692,7 @@ impl Error {
             Error::Protocol { .. } => "protocol",
             Error::NotAMember { .. } => "not_a_member",
             Error::WouldDeadlock => "would_deadlock",
+            Error::ConcurrentCalls { .. } => "concurrent_calls",
             Error::Shutdown => "shutdown",
             Error::PeerShutdown { .. } => "peer_shutdown",
             Error::CallFailed { .. } => "call_failed",
@@ -752,6 +773,7 @@ mod tests {
             Error::InvalidArgument(_)
             | Error::NotAMember { .. }
             | Error::WouldDeadlock
+            | Error::ConcurrentCalls { .. }
             | Error::Unauthenticated { .. } => "misuse",
             Error::Mismatch { .. } | Error::SizeMismatch { .. } => "mismatch",
             Error::Timeout { .. } | Error::StoreTimeout { .. } => "timeout",
@@ -840,6 +862,19 @@ mod tests {
             },
             Error::NotAMember { group: g, rank: 4 },
             Error::WouldDeadlock,
+            Error::ConcurrentCalls {
+                group: g,
+                seq: 8,
+                second: crate::issuers::CallSite {
+                    at: "src/checkpoint.rs:40:14".into(),
+                    by: "thread 'checkpoint'".into(),
+                },
+                first_seq: 7,
+                first: crate::issuers::CallSite {
+                    at: "src/train.rs:12:9".into(),
+                    by: "thread 'trainer'".into(),
+                },
+            },
             Error::Shutdown,
             Error::Link {
                 rank: 2,
@@ -885,12 +920,12 @@ mod tests {
     #[test]
     fn every_variant_says_in_one_line_who_is_at_fault() {
         let all = every_variant();
-        // Every variant once (26 of them: `class` lists them all, without a wildcard).
+        // Every variant once (27 of them: `class` lists them all, without a wildcard).
         let kinds: std::collections::BTreeSet<String> = all
             .iter()
             .map(|e| format!("{:?}", std::mem::discriminant(e)))
             .collect();
-        assert_eq!((kinds.len(), all.len()), (26, 26));
+        assert_eq!((kinds.len(), all.len()), (27, 27));
         for e in &all {
             let text = e.to_string();
             assert!(!text.is_empty() && !text.contains('\n'), "{e:?}: {text:?}");

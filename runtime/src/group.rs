@@ -199,6 +199,15 @@ impl GroupInfo {
         GroupInfo::shared(id, members.into(), None, me, options)
     }
 
+    /// This member's view of lane `name` of this group: the same members, ranks and
+    /// options, an id of its own ([`GroupId::lane`]), so an order of calls of its own.
+    pub fn lane(&self, name: &str) -> GroupInfo {
+        GroupInfo {
+            id: GroupId::lane(self.id, name),
+            ..self.clone()
+        }
+    }
+
     /// The views of one group of `members` for each of `mine` (global ranks of this process
     /// that are members): one list of members and one lookup for all of them.
     pub fn for_each(

@@ -29,6 +29,24 @@ impl GroupId {
     }
 }
 
+impl GroupId {
+    /// The id of lane `name` of group `parent`: the same on every member, from the name
+    /// alone (a lane is made without a call). Children take creation indices from 0; lanes
+    /// take the last index, and the name's length and bytes as words.
+    pub fn lane(parent: GroupId, name: &str) -> GroupId {
+        let words = name.as_bytes().chunks(8).map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(w)
+        });
+        GroupId(fnv1a(
+            [parent.0, u64::MAX, name.len() as u64]
+                .into_iter()
+                .chain(words),
+        ))
+    }
+}
+
 /// FNV-1a (64-bit) over the little-endian bytes of `words`.
 pub fn fnv1a(words: impl IntoIterator<Item = u64>) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

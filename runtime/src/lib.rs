@@ -72,6 +72,7 @@ pub mod error;
 pub mod fast_hash;
 pub mod group;
 pub mod ids;
+pub mod issuers;
 pub mod join;
 pub mod landing;
 pub mod lateness;

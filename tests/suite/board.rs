@@ -342,28 +342,50 @@ fn a_revoke_ends_a_call_waiting_on_the_board() {
 }
 
 #[test]
-fn threads_sharing_a_communicator_keep_the_board_in_order() {
-    // Two threads per rank call on the same communicator at once: each call's place in the
-    // group's order and in the board's queue is taken together, so calls finish in order.
+fn threads_sharing_a_communicator_at_once_are_refused_never_hang() {
+    // Two threads per rank call on the same communicator at once. A rank's calls on a group
+    // come from one thread at a time (`collectix_runtime::issuers`): a call made while the
+    // other thread's is in flight fails with `ConcurrentCalls` and aborts the group, so
+    // every thread stops with an error; every call that completed before got the sum. Each
+    // thread pauses before every third call (the other thread's call is then in flight:
+    // without pauses two threads of two ranks may make all their calls before the other
+    // two run, on two cores).
     let w = world(2);
     let c = w.communicators();
-    std::thread::scope(|s| {
-        for c in c {
-            for t in 0..2 {
+    let ended: Vec<(usize, Option<Error>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = c
+            .iter()
+            .flat_map(|c| (0..2).map(move |t| (c, t)))
+            .map(|(c, t)| {
                 s.spawn(move || {
                     for k in 0..300 {
+                        if (k + t) % 3 == 0 {
+                            std::thread::sleep(Duration::from_micros(100));
+                        }
                         let got = c
                             .all_reduce(Tensor::from_vec(vec![1.0f32]), ReduceOp::Sum)
                             .wait_timeout(Duration::from_secs(30));
                         match got {
                             Some(Ok(x)) => assert_eq!(f32s(&x), vec![2.0], "thread {t} call {k}"),
-                            other => panic!("rank {} thread {t} call {k}: {other:?}", c.rank()),
+                            Some(Err(e)) => return (k, Some(e)),
+                            None => panic!("rank {} thread {t} call {k}: a hang", c.rank()),
                         }
                     }
-                });
-            }
-        }
+                    (300, None)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| panic!("a thread panicked")))
+            .collect()
     });
+    assert!(ended.iter().all(|(_, e)| e.is_some()), "{ended:?}");
+    assert!(
+        ended
+            .iter()
+            .any(|(_, e)| matches!(e, Some(Error::ConcurrentCalls { .. }))),
+        "{ended:?}"
+    );
 }
 
 /// Every rank of `c` calls `f` on its own thread at once; their results in rank order.

@@ -23,6 +23,7 @@ mod failures;
 mod fault_matrix;
 mod hot_path;
 mod join_settings;
+mod lanes;
 mod lateness;
 mod liveness;
 mod many_ranks;

@@ -105,11 +105,18 @@ pub(crate) fn call<T: Send + 'static>(
         Err(e) => return refuse(member, e),
     };
     // The sequence number and the NCCL ordinal are taken together, so both orders agree.
-    let (seq, k) = {
+    let (seq, open, k) = {
         let mut n = lock(&member.group.nccl_calls);
         let k = *n;
         *n += 1;
-        (member.reserve(1), k)
+        match member.reserve() {
+            Ok((seq, open)) => (seq, open, k),
+            Err(e) => {
+                drop(n);
+                let _ = tx.send(Job::Skip { group: info.id, k });
+                return member.ready(Err(e));
+            }
+        }
     };
     // Rank 0 makes the group's NCCL id for its first NCCL call; a failure is reported in
     // the agreement step, so every rank fails together. (With a hub, the id comes from the
@@ -146,6 +153,7 @@ pub(crate) fn call<T: Send + 'static>(
             if r.is_ok() {
                 driver.device_done(group, seq);
             }
+            drop(open);
             done(r)
         })
     };

@@ -506,6 +506,12 @@ impl Driver {
         })
     }
 
+    /// Two threads of this rank issued calls on `group` at once (`e`, from
+    /// `collectix_runtime::issuers`): see `Engine::abort_disordered`.
+    pub(crate) fn abort_disordered(&self, group: GroupId, e: &Error) {
+        self.run(|core, _, _| core.engine.abort_disordered(group, e.clone()));
+    }
+
     /// The rank's flight record: its last calls, oldest first.
     pub(crate) fn flight_record(&self) -> Vec<recorder::CallRecord> {
         self.run(|core, _, _| core.recorder.calls())

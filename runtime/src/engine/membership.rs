@@ -51,6 +51,17 @@ impl Engine {
         Ok(())
     }
 
+    /// This rank issued calls on group `gid` from two threads at once (`crate::issuers`):
+    /// their order here was the scheduler's, so the group is aborted with `cause` and its
+    /// members told, as on a mismatch; the calls in flight fail with it. The caller of the
+    /// call refused hears `cause` itself.
+    pub fn abort_disordered(&mut self, gid: GroupId, cause: Error) {
+        self.abort(gid, cause, None, true);
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.heard = true;
+        }
+    }
+
     /// A new incarnation of `peer` (a restarted process) connected: the previous one is lost
     /// for good ([`handle_peer_lost`](Self::handle_peer_lost), if it was not already), and
     /// the new one may be a member of groups registered from now on (it is no longer

@@ -25,7 +25,8 @@
 //! failed group, with one and two failures at each step); [`board`] (the board of small
 //! calls: a disagreement seen at the call, a slot reused only once every member is done);
 //! [`board_wake`] (a member that moves the board and a rank's last driver that leaves never
-//! both miss each other); [`ring`] (a shared-memory ring's frames across its wrap, and its doorbell protocol with a
+//! both miss each other); [`issuers`] (a group handed from one thread to another once its
+//! call finished is never refused; two threads' overlapping calls are refused once); [`ring`] (a shared-memory ring's frames across its wrap, and its doorbell protocol with a
 //! sender, a caller and the owner's progress thread: no wake-up lost).
 
 mod agreement;
@@ -36,6 +37,7 @@ mod collectives;
 mod completion;
 mod concurrent;
 mod faults;
+mod issuers;
 mod mail;
 mod progress;
 mod ring;
