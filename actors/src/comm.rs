@@ -653,7 +653,7 @@ impl Communicator {
         }
         let rank = self.member.rank.clone();
         let (seq, open) = match self.member.reserve() {
-            Ok(r) => r,
+            Ok(seq) => (seq, self.member.open()),
             Err(e) => return self.member.ready(Err(e)),
         };
         self.member.issue(seq, open, plan, move |_| {

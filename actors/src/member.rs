@@ -198,7 +198,10 @@ impl Member {
     ) -> Work<T> {
         if !p2p {
             match self.reserve() {
-                Ok((seq, _open)) => self.rank.driver.fail_call(self.group.info.id, seq, &e),
+                Ok(seq) => {
+                    self.rank.driver.fail_call(self.group.info.id, seq, &e);
+                    self.finished_now();
+                }
                 Err(e) => return self.ready(Err(e)),
             }
         }
@@ -206,13 +209,14 @@ impl Member {
     }
 
     /// Takes the group's next sequence number, now, for a call of the current thread or task
-    /// (`crate::site`), with its place in the count of finished calls. Refused when another
-    /// thread's or task's call on the group is still in flight here
-    /// (`collectix_runtime::issuers`): the number is taken and the group aborted, its members
-    /// told, and the caller gets [`Error::ConcurrentCalls`](collectix_runtime::Error).
-    pub(crate) fn reserve(&self) -> Result<(u64, Open)> {
+    /// (`crate::site`). The call is then counted finished once, by
+    /// [`finished_now`](Self::finished_now) or by dropping its [`open`](Self::open) place.
+    /// Refused when another thread's or task's call on the group is still in flight here
+    /// (`collectix_runtime::issuers`): the number is taken (and counted finished) and the
+    /// group aborted, its members told, and the caller gets
+    /// [`Error::ConcurrentCalls`](collectix_runtime::Error).
+    pub(crate) fn reserve(&self) -> Result<u64> {
         let seq = self.group.next_seq.fetch_add(1, Ordering::Relaxed);
-        let open = Open(Some(self.group.clone()));
         let gid = self.group.info.id;
         match self.group.issuers.issue(
             gid,
@@ -221,13 +225,23 @@ impl Member {
             crate::site::here(),
             crate::site::who,
         ) {
-            Ok(()) => Ok((seq, open)),
+            Ok(()) => Ok(seq),
             Err(e) => {
-                drop(open);
+                self.finished_now();
                 self.rank.driver.abort_disordered(gid, &e);
                 Err(e)
             }
         }
+    }
+
+    /// A reserved call's place in the count of finished calls, counted when dropped.
+    pub(crate) fn open(&self) -> Open {
+        Open(Some(self.group.clone()))
+    }
+
+    /// A reserved call finished already (refused, or done on its caller's quick path).
+    pub(crate) fn finished_now(&self) {
+        self.group.issuers.finished();
     }
 
     /// Plans `req`, a request on host memory, and issues it on the group's board or its
@@ -280,7 +294,7 @@ impl Member {
             (0, Open::none())
         } else {
             match self.reserve() {
-                Ok(r) => r,
+                Ok(seq) => (seq, self.open()),
                 Err(e) => return self.ready(Err(e)),
             }
         };
@@ -394,15 +408,15 @@ impl Member {
             .and_then(|p| p.writing_into(dest));
         match plan {
             Ok(plan) => {
-                let (seq, open) = match self.reserve() {
-                    Ok(r) => r,
+                let seq = match self.reserve() {
+                    Ok(seq) => seq,
                     Err(e) => return self.ready(Err(e)),
                 };
                 if let Some(e) = self.clash(&plan, seq) {
-                    drop(open);
+                    self.finished_now();
                     return self.ready(Err(e));
                 }
-                self.issue(seq, open, plan, map)
+                self.issue(seq, self.open(), plan, map)
             }
             Err(e) => self.refuse(p2p, e),
         }
@@ -421,8 +435,8 @@ impl Member {
             // The sequence number and the queue's place together (see `GroupBoard::issue`);
             // no user code runs under this lock.
             let mut issue = crate::sync::lock(&gb.issue);
-            let (seq, open) = match self.reserve() {
-                Ok(r) => r,
+            let seq = match self.reserve() {
+                Ok(seq) => seq,
                 Err(e) => {
                     drop(issue);
                     return self.ready(Err(e));
@@ -433,7 +447,7 @@ impl Member {
             let published = match quick {
                 Quick::Done(out) => {
                     drop(issue);
-                    drop(open);
+                    self.finished_now();
                     let out = Ok(out);
                     span.finished(&out);
                     return self.ready(out.and_then(|o| guarded(|| map(o))));
@@ -441,7 +455,7 @@ impl Member {
                 Quick::NotTaken => false,
                 Quick::Published => true,
             };
-            let (done, work) = Work::pair_open(self.rank.rank_threads.clone(), open, map);
+            let (done, work) = Work::pair_open(self.rank.rank_threads.clone(), self.open(), map);
             let (submitted, after) = self.rank.driver.submit_board(
                 gb,
                 &mut issue,
@@ -513,7 +527,7 @@ impl Member {
         T: Send + 'static,
     {
         let (seq, open) = match self.reserve() {
-            Ok(r) => r,
+            Ok(seq) => (seq, self.open()),
             Err(e) => return self.ready(Err(e)),
         };
         let (c, work) = Work::raw(self.rank.rank_threads.clone());

@@ -15,13 +15,14 @@
 //! group (each lane a group of the same members with an order of its own).
 //!
 //! An issuer is a token the caller chooses (a thread, or an async task, which may move from
-//! thread to thread between its calls); `0` is never one. The check costs one uncontended
-//! lock per call; the group's finished calls are one counter, counted up by whoever
-//! finishes a call.
+//! thread to thread between its calls); `0` is never one. A call of the group's last issuer
+//! from the site of its last call (a loop's) goes on after two loads and a store; a new site
+//! or a new issuer takes the lock. The group's finished calls are one counter, counted up by
+//! whoever finishes a call.
 
 use crate::error::Error;
 use crate::ids::GroupId;
-use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// Where a call was made, and by whom.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -50,8 +51,6 @@ struct Last {
     issuer: u64,
     /// Where its last call was made.
     at: Option<&'static std::panic::Location<'static>>,
-    /// Its call's sequence number.
-    seq: u64,
     /// Who it is, in words (taken when it became the issuer).
     by: String,
 }
@@ -59,9 +58,17 @@ struct Last {
 /// One group's issuers on one rank (module doc).
 #[derive(Debug, Default)]
 pub struct Issuers {
+    /// The last issuer's token and the address of its last call's site (compared, never
+    /// followed), written under the lock: a call that finds both its own goes on without it.
+    current: AtomicU64,
+    current_at: AtomicUsize,
+    /// The last issuer's last call's sequence number (written by its calls without the lock
+    /// too).
+    last_seq: AtomicU64,
     last: Mutex<Last>,
-    /// The group's calls finished on this rank.
-    finished: AtomicU64,
+    /// The group's calls finished on this rank, on a cache line of its own: whoever
+    /// completes a call counts it, often another thread than the caller's.
+    finished: crate::progress::CachePadded<AtomicU64>,
 }
 
 impl Issuers {
@@ -76,19 +83,29 @@ impl Issuers {
         at: Option<&'static std::panic::Location<'static>>,
         who: impl FnOnce() -> String,
     ) -> Result<(), Error> {
+        let at_addr = at.map_or(0, |l| std::ptr::from_ref(l) as usize);
+        if self.current.load(Ordering::Acquire) == issuer
+            && self.current_at.load(Ordering::Relaxed) == at_addr
+        {
+            self.last_seq.store(seq, Ordering::Relaxed);
+            return Ok(());
+        }
         let mut last = lock(&self.last);
         if last.issuer == issuer {
             last.at = at;
-            last.seq = seq;
+            self.current_at.store(at_addr, Ordering::Relaxed);
+            self.last_seq.store(seq, Ordering::Relaxed);
             return Ok(());
         }
         let by = who();
+        let last_seq = self.last_seq.load(Ordering::Relaxed);
         // Calls are counted finished in any order; fewer finished than came before this one
         // (or before the last issuer's, which took its number after this one's but the lock
         // first: both were being issued at once) means one of them is in flight. A call of
-        // a third number finished meanwhile may hide one in flight: the rule may miss a
-        // race, never invent one.
-        let before = seq.max(last.seq.saturating_add(1));
+        // a third number finished meanwhile may hide one in flight, and so may a call of the
+        // last issuer that took its number after this one and went on without the lock while
+        // this one held it: the rule may miss a race, never invent one.
+        let before = seq.max(last_seq.saturating_add(1));
         if last.issuer != 0 && self.finished.load(Ordering::Acquire) < before {
             let site = |at: Option<&std::panic::Location<'_>>, by: &str| CallSite {
                 at: at.map(|l| l.to_string()).unwrap_or_default(),
@@ -98,16 +115,14 @@ impl Issuers {
                 group,
                 seq,
                 first: site(last.at, &last.by),
-                first_seq: last.seq,
+                first_seq: last_seq,
                 second: site(at, &by),
             });
         }
-        *last = Last {
-            issuer,
-            at,
-            seq,
-            by,
-        };
+        *last = Last { issuer, at, by };
+        self.current_at.store(at_addr, Ordering::Relaxed);
+        self.last_seq.store(seq, Ordering::Relaxed);
+        self.current.store(issuer, Ordering::Release);
         Ok(())
     }
 

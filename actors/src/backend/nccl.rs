@@ -110,7 +110,7 @@ pub(crate) fn call<T: Send + 'static>(
         let k = *n;
         *n += 1;
         match member.reserve() {
-            Ok((seq, open)) => (seq, open, k),
+            Ok(seq) => (seq, member.open(), k),
             Err(e) => {
                 drop(n);
                 let _ = tx.send(Job::Skip { group: info.id, k });
