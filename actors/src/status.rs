@@ -6,18 +6,21 @@
 //!
 //! Through the store: the asker takes a request number `n` (`collectix/status/requests`, an
 //! add) and sets `collectix/status/request/n`; each rank, waiting for that key, writes its
-//! record under `collectix/status/n/rank/R`, one call a line (`group seq state text`), then
-//! a line per group that judged a call of who came last to its calls
-//! (`collectix_runtime::lateness`): `late group calls` and, for each member in group order,
-//! `global:last:total:max:recent` (times in nanoseconds). The asker combines the members'
-//! views of each group (`LatenessSummary::combined`) and names the member that came last
-//! most often.
+//! record under `collectix/status/n/rank/R`: its clock (`now ms`), one call a line (`group
+//! seq state started_ms op text`, the state `pending`, `completed` or `failed:KIND`), then a
+//! line per group of who came last to its calls (`collectix_runtime::lateness`): `late group
+//! calls` and, for each member in group order, `global:last:total:max:recent` (times in
+//! nanoseconds). The asker combines the members' views of each group
+//! (`LatenessSummary::combined`) and names the member that came last most often; from all
+//! of it, [`JobStatus::explain`] gives a verdict per rank and group
+//! (`collectix_runtime::verdict`).
 
 use crate::comm::Communicator;
 pub use crate::rank::driver::recorder::{CallRecord, CallState, CALLS_KEPT};
 use crate::rank::driver::Driver;
 use crate::store::Store;
 use collectix_runtime::lateness::{LatenessSummary, MemberLateness};
+use collectix_runtime::verdict::{Answer, Explained, GroupView, RecentCall, Standing};
 use collectix_runtime::{Error, GroupId, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -83,15 +86,21 @@ impl Responder {
                     let key = request_key(next);
                     match store.wait(&[key.as_str()], Duration::from_secs(1)) {
                         Ok(()) => {
-                            let mut text = String::new();
+                            let now_us = driver.now().as_nanos() / 1000;
+                            let mut text = format!("{NOW}{now_us}\n");
                             for r in driver.flight_record() {
                                 let seq = r.seq.map_or("-".to_string(), |s| s.to_string());
                                 let state = match r.state {
-                                    CallState::Pending => "pending",
-                                    CallState::Completed => "completed",
-                                    CallState::Failed(_) => "failed",
+                                    CallState::Pending => "pending".to_string(),
+                                    CallState::Completed => "completed".to_string(),
+                                    CallState::Failed(_) => {
+                                        format!("failed:{}", r.error_kind.unwrap_or("unknown"))
+                                    }
                                 };
-                                text.push_str(&format!("{} {seq} {state} {r}\n", r.group));
+                                text.push_str(&format!(
+                                    "{} {seq} {state} {:.1} {} {r}\n",
+                                    r.group, r.started_ms, r.op
+                                ));
                             }
                             for (g, members, s) in driver.lateness_all() {
                                 text.push_str(&late_line(g, &members, &s));
@@ -114,6 +123,7 @@ impl Responder {
 }
 
 const LATE: &str = "late ";
+const NOW: &str = "now ";
 
 /// A rank's view of who came last to group `g`'s calls, as a line of its status answer.
 fn late_line(g: GroupId, members: &[usize], s: &LatenessSummary) -> String {
@@ -180,6 +190,8 @@ pub struct RankStatus {
     /// Its view of who came last to each group's calls, a line each (the answer's `late`
     /// lines, without the word).
     pub lateness: Vec<String>,
+    /// Its clock when it answered, in microseconds (the calls' times are on it).
+    pub now_us: Option<u64>,
 }
 
 /// A job's status: each rank's last calls, and who is behind.
@@ -216,10 +228,15 @@ pub fn job_status(store: &dyn Store, world: usize, within: Duration) -> Result<J
             RankStatus {
                 rank,
                 calls: lines.clone().map(|l| {
-                    l.filter(|l| !l.starts_with(LATE))
+                    l.filter(|l| !l.starts_with(LATE) && !l.starts_with(NOW))
                         .map(str::to_string)
                         .collect()
                 }),
+                now_us: lines
+                    .clone()
+                    .into_iter()
+                    .flatten()
+                    .find_map(|l| l.strip_prefix(NOW)?.parse().ok()),
                 lateness: lines
                     .into_iter()
                     .flatten()
@@ -234,12 +251,91 @@ pub fn job_status(store: &dyn Store, world: usize, within: Duration) -> Result<J
     Ok(JobStatus { ranks, findings })
 }
 
-/// Who came last most often to each group's calls, from every rank's view (by at least
-/// `lateness::NOTABLE`): `group world: rank 2 came last in 40 of 40 calls, 50.1 ms late on
-/// average (48.0 ms the last time)`; only the group's culprit
-/// ([`LatenessSummary::culprit`]: late in more than one call and in more than half).
-fn late_findings(ranks: &[RankStatus]) -> Vec<String> {
-    // group → (members, views by group rank)
+impl JobStatus {
+    /// One verdict per rank and group (`collectix_runtime::verdict`): healthy, slow, stuck
+    /// (in a call for `stuck_after` or more), mismatch, failed or dead; also set as the gauge
+    /// `collectix_verdict{group, rank}` (0 healthy, 1 slow, 2 stuck, 3 mismatch, 4 dead, 6
+    /// failed) where a metrics recorder is installed.
+    pub fn explain(&self, stuck_after: Duration) -> Vec<Explained> {
+        let answers: Vec<Option<Answer>> = self
+            .ranks
+            .iter()
+            .map(|r| {
+                let calls = r.calls.as_ref()?;
+                Some(Answer {
+                    now_ms: r.now_us.unwrap_or(0) as f64 / 1e3,
+                    calls: calls.iter().filter_map(|l| recent_call(l)).collect(),
+                })
+            })
+            .collect();
+        let mut groups: BTreeMap<String, GroupView> = group_views(&self.ranks)
+            .into_iter()
+            .map(|(g, (members, views))| {
+                let lateness = LatenessSummary::combined(&views);
+                (g, GroupView { members, lateness })
+            })
+            .collect();
+        // A group no rank listed (aborted, or destroyed): the world is every rank; another,
+        // the ranks whose calls name it.
+        for (r, a) in answers.iter().enumerate() {
+            for c in a.iter().flat_map(|a| &a.calls) {
+                let g = groups.entry(c.group.clone()).or_insert_with(|| GroupView {
+                    members: if c.group == GroupId::WORLD.to_string() {
+                        (0..self.ranks.len()).collect()
+                    } else {
+                        Vec::new()
+                    },
+                    lateness: LatenessSummary::default(),
+                });
+                if !g.members.contains(&r) {
+                    g.members.push(r);
+                    g.members.sort_unstable();
+                }
+            }
+        }
+        let verdicts = collectix_runtime::verdict::explain(&answers, &groups, stuck_after);
+        for v in &verdicts {
+            metrics::gauge!("collectix_verdict", "group" => v.group.clone(), "rank" => v.rank.to_string())
+                .set(f64::from(v.verdict.code()));
+        }
+        verdicts
+    }
+}
+
+/// A call line of an answer (`group seq state started_ms op text`), if it is a collective's.
+fn recent_call(line: &str) -> Option<RecentCall> {
+    let mut w = line.splitn(6, ' ');
+    let group = w.next()?.to_string();
+    let seq = w.next()?.parse().ok()?;
+    let state = w.next()?;
+    let started_ms = w.next()?.parse().ok()?;
+    let what = w.next()?.to_string();
+    let text = w.next().unwrap_or_default();
+    let standing = match state {
+        "pending" => Standing::Pending,
+        "completed" => Standing::Completed,
+        s => Standing::Failed {
+            kind: s.strip_prefix("failed:").unwrap_or(s).to_string(),
+            // The record's text: "group G #S op ... : failed ...: <error>".
+            text: text
+                .split_once(": failed")
+                .and_then(|(_, e)| e.split_once(": "))
+                .map_or(text, |(_, e)| e)
+                .to_string(),
+        },
+    };
+    Some(RecentCall {
+        group,
+        seq,
+        what,
+        started_ms,
+        standing,
+    })
+}
+
+/// Each group's members and their views of who came last, from the ranks' `late` lines: group
+/// → (members, views by group rank).
+fn group_views(ranks: &[RankStatus]) -> BTreeMap<String, (Vec<usize>, Vec<LatenessSummary>)> {
     let mut groups: BTreeMap<String, (Vec<usize>, Vec<LatenessSummary>)> = BTreeMap::new();
     for r in ranks {
         for line in &r.lateness {
@@ -261,8 +357,16 @@ fn late_findings(ranks: &[RankStatus]) -> Vec<String> {
             e.1[at] = view;
         }
     }
+    groups
+}
+
+/// Who came last most often to each group's calls, from every rank's view (by at least
+/// `lateness::NOTABLE`): `group world: rank 2 came last in 40 of 40 calls, 50.1 ms late on
+/// average (48.0 ms the last time)`; only the group's culprit
+/// ([`LatenessSummary::culprit`]: late in more than one call and in more than half).
+fn late_findings(ranks: &[RankStatus]) -> Vec<String> {
     let mut out = Vec::new();
-    for (g, (members, views)) in groups {
+    for (g, (members, views)) in group_views(ranks) {
         let all = LatenessSummary::combined(&views);
         if let Some((m, rec)) = all.culprit() {
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -313,11 +417,20 @@ fn findings(ranks: &[RankStatus]) -> Vec<String> {
         let Some(top) = per_rank.values().map(|(s, _)| *s).max() else {
             continue;
         };
-        let behind: Vec<String> = per_rank
+        let mut behind: Vec<String> = per_rank
             .iter()
             .filter(|(_, (s, _))| *s < top)
             .map(|(r, (s, st))| format!("rank {r} (at #{s}, {st})"))
             .collect();
+        // Every rank is in the world: one that answered with no call on it is behind too.
+        if *g == GroupId::WORLD.to_string() {
+            behind.extend(
+                ranks
+                    .iter()
+                    .filter(|r| r.calls.is_some() && !per_rank.contains_key(&r.rank))
+                    .map(|r| format!("rank {} (no call yet)", r.rank)),
+            );
+        }
         if !behind.is_empty() {
             let waiting: Vec<usize> = per_rank
                 .iter()

@@ -28,6 +28,13 @@ pub(crate) struct StatusArgs {
     /// restarted it).
     #[arg(long, default_value_t = 0)]
     attempt: u32,
+    /// One verdict per rank and group instead of the calls: healthy, slow, stuck, mismatch,
+    /// failed or dead.
+    #[arg(long)]
+    explain: bool,
+    /// With `--explain`: a call in flight this long (milliseconds) is stuck.
+    #[arg(long = "stuck-ms", default_value_t = 1000)]
+    stuck_ms: u64,
 }
 
 /// Prints the job's status; fails when the store cannot be reached.
@@ -74,6 +81,12 @@ fn status(a: &StatusArgs) -> collectix::Result<String> {
         .ok_or_else(|| collectix::Error::Store("the store holds no world size".into()))?;
     let s = collectix::job_status(&store, world, Duration::from_millis(a.wait_ms))?;
     let mut out = String::new();
+    if a.explain {
+        for v in s.explain(Duration::from_millis(a.stuck_ms)) {
+            out.push_str(&format!("{v}\n"));
+        }
+        return Ok(out);
+    }
     for r in &s.ranks {
         match &r.calls {
             Some(calls) => {
@@ -83,8 +96,8 @@ fn status(a: &StatusArgs) -> collectix::Result<String> {
                     calls.len().min(a.calls)
                 ));
                 for line in &calls[calls.len().saturating_sub(a.calls)..] {
-                    // "GROUP SEQ STATE text": the text is the line shown.
-                    let text = line.splitn(4, ' ').nth(3).unwrap_or(line);
+                    // "GROUP SEQ STATE STARTED_MS OP text": the text is the line shown.
+                    let text = line.splitn(6, ' ').nth(5).unwrap_or(line);
                     out.push_str(&format!("  {text}\n"));
                 }
             }

@@ -87,6 +87,7 @@ pub mod tensor;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod time;
+pub mod verdict;
 pub mod wire;
 
 pub use collective::{CheckedCall, Destination, Output, Plan, Request, TensorSpec};

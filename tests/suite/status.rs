@@ -1,6 +1,9 @@
 //! The flight recorder and `job_status` (what `collectix status` prints): every rank of a TCP
 //! job answers through the store within the wait, with its last calls, and the rank that is
-//! behind is named with the call the others wait in.
+//! behind is named with the call the others wait in. `JobStatus::explain` (`collectix status
+//! --explain`) gives each rank and group its verdict, each provoked here: healthy and dead
+//! (a rank that shut down), stuck and slow (a rank that has not reached the others' call),
+//! slow by its lateness (a rank that comes last to every call), mismatch.
 
 use collectix::{
     init, job_status, CallState, GroupOptions, ReduceOp, Secret, Security, TcpStore, Tensor, World,
@@ -96,6 +99,158 @@ fn the_rank_that_is_behind_is_named_within_a_second() {
             vec!["group world: behind call #2: rank 2 (at #1, completed); waiting in it: ranks [0, 1]".to_string()],
             "{status:?}"
         );
+        let verdicts = explained(&status, Duration::from_millis(100));
+        for v in &verdicts {
+            println!("{v}");
+        }
+        assert_eq!(words(&verdicts), ["stuck", "stuck", "slow"], "{verdicts:?}");
+        for v in &verdicts[..2] {
+            assert!(
+                v.ends_with("stuck in call #2 (barrier), waiting for ranks [2]"),
+                "{v}"
+            );
+        }
+        assert_eq!(
+            verdicts[2],
+            "rank 2, group world: slow: has not reached call #2, which ranks [0, 1] wait in"
+        );
+    });
+}
+
+/// The verdicts' lines, the time a call has waited taken out (`for 0.3 s`).
+fn explained(status: &collectix::JobStatus, stuck_after: Duration) -> Vec<String> {
+    status
+        .explain(stuck_after)
+        .iter()
+        .map(|v| {
+            let line = v.to_string();
+            match (line.find(" for "), line.find(" s, ")) {
+                (Some(a), Some(b)) if a < b => format!("{}{}", &line[..a], &line[b + 2..]),
+                _ => line,
+            }
+        })
+        .collect()
+}
+
+/// Each verdict's word (`rank R, group G: WORD...`).
+fn words(lines: &[String]) -> Vec<&str> {
+    lines
+        .iter()
+        .map(|l| {
+            l.split(": ")
+                .nth(1)
+                .and_then(|v| v.split([' ', ':']).next())
+                .unwrap_or("")
+        })
+        .collect()
+}
+
+/// Asks `port`'s job (of `w` ranks) for its status.
+fn status_of(port: u16, w: usize) -> collectix::JobStatus {
+    let secret = Secret::new(SECRET).unwrap_or_else(|e| panic!("{e}"));
+    let store = TcpStore::connect_secured(
+        format!("127.0.0.1:{port}"),
+        Duration::from_secs(5),
+        Security::with_secret(secret),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    job_status(&store, w, Duration::from_secs(1)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Ranks 0 and 1 completed their calls and wait (healthy); rank 2 shut down (dead: its
+/// answerer stopped with it).
+#[test]
+fn a_rank_that_shut_down_is_dead_and_the_others_healthy() {
+    let port = free_port();
+    let w = 3;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (gone_tx, gone_rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    std::thread::scope(|s| {
+        for r in 0..w {
+            let (rx, gone_tx) = (&rx, gone_tx.clone());
+            s.spawn(move || {
+                let args = tcp_args(port, r, w, SECRET, false);
+                let p = init(&args, GroupOptions::default(), Duration::from_secs(20))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                p.communicator()
+                    .barrier()
+                    .wait()
+                    .unwrap_or_else(|e| panic!("{e}"));
+                if r == 2 {
+                    p.abort();
+                    let _ = gone_tx.send(());
+                } else {
+                    let _ = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    p.abort();
+                }
+            });
+        }
+        let _ = gone_rx.recv();
+        // Its answerer stops within a second of the process going.
+        std::thread::sleep(Duration::from_millis(1500));
+        let status = status_of(port, w);
+        let _ = tx.send(());
+        let _ = tx.send(());
+        let verdicts = explained(&status, Duration::from_secs(1));
+        for v in &verdicts {
+            println!("{v}");
+        }
+        assert_eq!(
+            verdicts,
+            [
+                "rank 0, group world: healthy",
+                "rank 1, group world: healthy",
+                "rank 2, group world: dead: did not answer"
+            ],
+            "{status:?}"
+        );
+    });
+}
+
+/// Two ranks of a TCP job make different calls at one sequence number: both are told
+/// (`Error::Mismatch`), and their verdict says so.
+#[test]
+fn ranks_whose_calls_did_not_match_are_a_mismatch() {
+    let port = free_port();
+    let w = 2;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (failed_tx, failed_rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    std::thread::scope(|s| {
+        for r in 0..w {
+            let (rx, failed_tx) = (&rx, failed_tx.clone());
+            s.spawn(move || {
+                let args = tcp_args(port, r, w, SECRET, false);
+                let p = init(&args, GroupOptions::default(), Duration::from_secs(20))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let t = Tensor::from_vec(vec![1.0f32; 3 + r]);
+                let got = p.communicator().all_reduce(t, ReduceOp::Sum).wait();
+                assert!(got.is_err(), "rank {r}: {got:?}");
+                let _ = failed_tx.send(());
+                let _ = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                p.abort();
+            });
+        }
+        for _ in 0..w {
+            let _ = failed_rx.recv();
+        }
+        let status = status_of(port, w);
+        for _ in 0..w {
+            let _ = tx.send(());
+        }
+        let verdicts = explained(&status, Duration::from_secs(1));
+        for v in &verdicts {
+            println!("{v}");
+        }
+        assert_eq!(words(&verdicts), ["mismatch", "mismatch"], "{status:?}");
+        for v in &verdicts {
+            assert!(
+                v.contains(": mismatch at call #0: ")
+                    && v.contains("mismatched calls on group world"),
+                "{v}"
+            );
+        }
     });
 }
 
@@ -156,6 +311,19 @@ fn the_rank_that_comes_last_to_the_calls_is_named() {
         assert!(
             late[0].starts_with("group world: rank 2 came last in "),
             "{status:?}"
+        );
+        let verdicts = explained(&status, Duration::from_secs(1));
+        for v in &verdicts {
+            println!("{v}");
+        }
+        assert_eq!(
+            words(&verdicts),
+            ["healthy", "healthy", "slow"],
+            "{verdicts:?}"
+        );
+        assert!(
+            verdicts[2].starts_with("rank 2, group world: slow: came last in "),
+            "{verdicts:?}"
         );
         for r in &status.ranks {
             assert_eq!(r.lateness.len(), 1, "rank {}: {:?}", r.rank, r.lateness);

@@ -498,19 +498,17 @@ fn a_clean_job_logs_no_warning() {
     }
 }
 
-/// Whether the long variants run (`COLLECTIX_LONG_TESTS=1`, as `.ci/run` sets).
-fn long() -> bool {
-    std::env::var_os("COLLECTIX_LONG_TESTS").is_some_and(|v| v == "1")
-}
-
 /// `examples/straggler` as 4 processes over shared memory: rank 3 sleeps 200 ms before each
 /// all_reduce, and the ranks' views together name it the late-comer in at least 95 % of the
 /// calls, late by 200 ms within 5 ms; 4-byte calls (on the group's board) and 1 KiB calls
-/// (through the engine). 300 steps of 4 bytes with `COLLECTIX_LONG_TESTS=1`, 30 otherwise.
+/// (through the engine). 30 steps of 4 bytes, or `COLLECTIX_STRAGGLER_STEPS` (the target run,
+/// 300: by hand, on a quiet machine, as docs/deployment.md shows).
 #[test]
 fn a_rank_with_a_slow_step_is_named_the_late_comer_as_processes() {
     let exe = example("straggler");
-    let board_steps = if long() { "300" } else { "30" };
+    let board_steps =
+        std::env::var("COLLECTIX_STRAGGLER_STEPS").unwrap_or_else(|_| "30".to_string());
+    let board_steps = board_steps.as_str();
     for (count, steps) in [("1", board_steps), ("256", "30")] {
         let env = [
             ("COLLECTIX_TRANSPORT", "shm"),
@@ -539,4 +537,69 @@ fn a_rank_with_a_slow_step_is_named_the_late_comer_as_processes() {
         assert!(last * 100.0 >= of * 95.0, "{so}");
         assert!((number(12) - 200.0).abs() < 5.0, "{so}");
     }
+}
+
+/// `collectix status --explain` of a job whose rank 3 does 6 s of work before its first
+/// all_reduce: ranks 0-2 are stuck in call #0 waiting for rank 3, and rank 3 is slow (it has
+/// not reached the call); plain `collectix status` names it behind (no call yet).
+#[test]
+fn status_explain_names_the_ranks_stuck_and_the_one_they_wait_for() {
+    let exe = example("straggler");
+    let port = free_port().to_string();
+    let secret = "the status explain test's secret";
+    let mut job = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "4",
+            "--master-port",
+            &port,
+            "--",
+        ])
+        .arg(&exe)
+        .envs([
+            ("COLLECTIX_TRANSPORT", "shm"),
+            ("COLLECTIX_SECRET", secret),
+            ("STEPS", "1"),
+            ("LATE_MS", "6000"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::thread::sleep(Duration::from_secs(3));
+    let status = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+            .arg("status")
+            .args(args)
+            .args(["--master-port", &port])
+            .env("COLLECTIX_SECRET", secret)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let explained = status(&["--explain"]);
+    let plain = status(&[]);
+    let _ = job.wait();
+    println!("{explained}{plain}");
+    let lines: Vec<&str> = explained.lines().collect();
+    assert_eq!(lines.len(), 4, "{explained}");
+    for (r, l) in lines[..3].iter().enumerate() {
+        assert!(
+            l.starts_with(&format!(
+                "rank {r}, group world: stuck in call #0 (all_reduce) for "
+            )) && l.ends_with(" s, waiting for ranks [3]"),
+            "{explained}"
+        );
+    }
+    assert_eq!(
+        lines[3],
+        "rank 3, group world: slow: has not reached call #0, which ranks [0, 1, 2] wait in"
+    );
+    assert!(
+        plain.contains(
+            "group world: behind call #0: rank 3 (no call yet); waiting in it: ranks [0, 1, 2]"
+        ),
+        "{plain}"
+    );
 }

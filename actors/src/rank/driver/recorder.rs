@@ -42,6 +42,9 @@ pub struct CallRecord {
     pub ended_ms: Option<f64>,
     /// How it stands.
     pub state: CallState,
+    /// The kind of its error if it failed (`Error::kind_name` of the root cause:
+    /// `mismatch`, `timeout`, ...).
+    pub error_kind: Option<&'static str>,
 }
 
 impl fmt::Display for CallRecord {
@@ -117,6 +120,7 @@ impl Recorder {
             started_ms: ms(now),
             ended_ms: None,
             state: CallState::Pending,
+            error_kind: None,
         }
     }
 
@@ -129,6 +133,7 @@ impl Recorder {
                 None => CallState::Completed,
                 Some(e) => CallState::Failed(e.to_string()),
             };
+            r.error_kind = error.map(|e| e.root_cause().kind_name());
         }
         error.is_some()
     }
