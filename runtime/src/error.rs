@@ -21,6 +21,48 @@ impl fmt::Display for CallDesc {
     }
 }
 
+/// One wait of a wait cycle ([`Error::WaitCycle`]): rank `rank` waits in call `seq` (`op`)
+/// of `group` for rank `peer`, which has made that call (`reached`: it is in it, and waits
+/// itself) or has not (it waits in calls of its own elsewhere). Ranks are global.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wait {
+    /// The waiting rank.
+    pub rank: usize,
+    /// The group of the call it waits in.
+    pub group: GroupId,
+    /// The call's sequence number in the group.
+    pub seq: u64,
+    /// What the call is.
+    pub op: OpKind,
+    /// The rank it waits for.
+    pub peer: usize,
+    /// Whether `peer` has made the call.
+    pub reached: bool,
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rank {} waits in {} (call #{} on group {}) for rank {}",
+            self.rank, self.op, self.seq, self.group, self.peer
+        )?;
+        if !self.reached {
+            write!(f, ", which has not made it")?;
+        }
+        Ok(())
+    }
+}
+
+/// A wait cycle's text: its waits in order, joined by "; ".
+fn cycle_text(cycle: &[Wait]) -> String {
+    cycle
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// One line of a desync report: what a rank said about a call that timed out on another
 /// rank (ranks are global).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -335,7 +377,8 @@ pub enum LinkFailure {
 /// - misuse of the API, the caller's: [`InvalidArgument`](Error::InvalidArgument),
 ///   [`NotAMember`](Error::NotAMember), [`WouldDeadlock`](Error::WouldDeadlock),
 ///   [`ConcurrentCalls`](Error::ConcurrentCalls);
-/// - the ranks disagree: [`Mismatch`](Error::Mismatch), [`SizeMismatch`](Error::SizeMismatch);
+/// - the ranks disagree: [`Mismatch`](Error::Mismatch), [`SizeMismatch`](Error::SizeMismatch),
+///   [`WaitCycle`](Error::WaitCycle) (about the order of calls across groups);
 /// - time ran out, naming who is missing: [`Timeout`](Error::Timeout),
 ///   [`StoreTimeout`](Error::StoreTimeout);
 /// - a peer: [`PeerLost`](Error::PeerLost), [`Link`](Error::Link),
@@ -377,6 +420,18 @@ pub enum Error {
         /// The desync report, when the mismatch was found by one (a call timed out and the
         /// ranks were asked which call they are in); empty otherwise.
         report: Vec<RankCall>,
+    },
+    /// Ranks wait for each other in calls of two or more groups in an order that can never
+    /// complete: each wait of `cycle` is for the next one's rank, and the last for the
+    /// first's (rank 0 waits in group A for rank 1, which waits in group B for rank 0, which
+    /// has not made that call). Found when a call on the cycle timed out, by following who
+    /// waits for whom (`crate::engine` probes); every rank of the cycle fails its call on it
+    /// with this, and the groups on it are aborted. Make the calls of every group in an
+    /// order all their members share (or issue them from separate lanes).
+    #[error("wait cycle across groups: {}", cycle_text(.cycle))]
+    WaitCycle {
+        /// The waits, in order around the cycle.
+        cycle: Vec<Wait>,
     },
     /// Two ranks disagreed about how much one sends the other, in a call where each rank
     /// states its own sizes (all_to_all's split sizes and output shapes, which its
@@ -681,6 +736,7 @@ impl Error {
             Error::InvalidArgument(_) => "invalid_argument",
             Error::Mismatch { .. } => "mismatch",
             Error::SizeMismatch { .. } => "size_mismatch",
+            Error::WaitCycle { .. } => "wait_cycle",
             Error::Timeout { .. } => "timeout",
             Error::PeerLost { .. } => "peer_lost",
             Error::Link { .. } => "link",
@@ -775,7 +831,9 @@ mod tests {
             | Error::WouldDeadlock
             | Error::ConcurrentCalls { .. }
             | Error::Unauthenticated { .. } => "misuse",
-            Error::Mismatch { .. } | Error::SizeMismatch { .. } => "mismatch",
+            Error::Mismatch { .. } | Error::SizeMismatch { .. } | Error::WaitCycle { .. } => {
+                "mismatch"
+            }
             Error::Timeout { .. } | Error::StoreTimeout { .. } => "timeout",
             Error::PeerLost { .. }
             | Error::Link { .. }
@@ -837,6 +895,26 @@ mod tests {
                         latest: None,
                     },
                     RankCall::NoAnswer { rank: 3 },
+                ],
+            },
+            Error::WaitCycle {
+                cycle: vec![
+                    Wait {
+                        rank: 0,
+                        group: g,
+                        seq: 5,
+                        op: OpKind::AllReduce,
+                        peer: 1,
+                        reached: false,
+                    },
+                    Wait {
+                        rank: 1,
+                        group: GroupId(7),
+                        seq: 2,
+                        op: OpKind::Broadcast,
+                        peer: 0,
+                        reached: false,
+                    },
                 ],
             },
             Error::PeerLost { rank: 2 },
@@ -920,12 +998,12 @@ mod tests {
     #[test]
     fn every_variant_says_in_one_line_who_is_at_fault() {
         let all = every_variant();
-        // Every variant once (27 of them: `class` lists them all, without a wildcard).
+        // Every variant once (28 of them: `class` lists them all, without a wildcard).
         let kinds: std::collections::BTreeSet<String> = all
             .iter()
             .map(|e| format!("{:?}", std::mem::discriminant(e)))
             .collect();
-        assert_eq!((kinds.len(), all.len()), (27, 27));
+        assert_eq!((kinds.len(), all.len()), (28, 28));
         for e in &all {
             let text = e.to_string();
             assert!(!text.is_empty() && !text.contains('\n'), "{e:?}: {text:?}");
@@ -946,6 +1024,7 @@ mod tests {
             match cause {
                 Error::Mismatch { .. }
                 | Error::SizeMismatch { .. }
+                | Error::WaitCycle { .. }
                 | Error::Timeout { .. }
                 | Error::PeerLost { .. }
                 | Error::PeerShutdown { .. }

@@ -20,6 +20,10 @@ pub(super) struct BoardInquiry {
     fp: Fingerprint,
     missing: Vec<usize>,
     replies: BTreeMap<usize, RankCall>,
+    /// As an engine call's (`failure::Inquiry`): probes sent, and a member that has not
+    /// made the call has calls in flight elsewhere (the report then waits for its grace).
+    probing: bool,
+    elsewhere: bool,
 }
 
 /// How a call on the board ended, for the engine's records ([`BoardEvent::Record`]).
@@ -361,12 +365,15 @@ impl Engine {
         if grace.is_zero() || g.info.size() < 2 || g.board_inquiries.contains_key(&seq) {
             return None;
         }
+        let probes = missing.clone();
         g.board_inquiries.insert(
             seq,
             BoardInquiry {
                 fp,
                 missing,
                 replies: BTreeMap::new(),
+                probing: false,
+                elsewhere: false,
             },
         );
         tracing::warn!(rank = me, group = %gid, seq, call = %fp, "call on the board timed out; asking the group which call each rank is in");
@@ -382,6 +389,14 @@ impl Engine {
                 });
             }
         }
+        let probing = self.send_probes(gid, seq, fp.kind, &probes);
+        if let Some(inq) = self
+            .groups
+            .get_mut(&gid)
+            .and_then(|g| g.board_inquiries.get_mut(&seq))
+        {
+            inq.probing = probing;
+        }
         Some(now + grace)
     }
 
@@ -392,8 +407,7 @@ impl Engine {
         gid: GroupId,
         seq: u64,
         from: usize,
-        made: Option<Fingerprint>,
-        latest: Option<(u64, Fingerprint)>,
+        reply: super::failure::Reply,
     ) {
         let Some(g) = self.groups.get_mut(&gid) else {
             return;
@@ -402,9 +416,10 @@ impl Engine {
         let Some(inq) = g.board_inquiries.get_mut(&seq) else {
             return;
         };
-        let line = super::failure::status_line(from, made, latest, None);
+        let line = super::failure::status_line(from, reply.made, reply.latest, None);
         inq.replies.insert(from, line);
-        if inq.replies.len() + 1 >= size {
+        inq.elsewhere |= reply.made.is_none() && reply.elsewhere;
+        if inq.replies.len() + 1 >= size && !(inq.probing && inq.elsewhere) {
             self.board_inquiry_over(gid, seq);
         }
     }

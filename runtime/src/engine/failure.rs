@@ -15,6 +15,23 @@ use std::time::Duration;
 pub(super) struct Inquiry {
     replies: BTreeMap<usize, RankCall>,
     waited: Duration,
+    /// Whether this rank sent wait-cycle probes for the call (`cycle.rs`).
+    probing: bool,
+    /// Whether a member that has not made the call has calls in flight elsewhere: with
+    /// probes out, the report waits for its grace to end (a probe may come back).
+    elsewhere: bool,
+}
+
+/// A member's answer to a desync inquiry ([`Header::Status`]).
+pub(super) struct Reply {
+    /// Its fingerprint of the call asked about, if it made it.
+    pub(super) made: Option<Fingerprint>,
+    /// Its latest call on the group.
+    pub(super) latest: Option<(u64, Fingerprint)>,
+    /// How long it had been in the call, if it is in it.
+    pub(super) in_call_for: Option<Duration>,
+    /// Whether it has other collective calls in flight.
+    pub(super) elsewhere: bool,
 }
 
 impl Engine {
@@ -184,7 +201,7 @@ impl Engine {
     }
 
     /// The ranks (global) whose messages call `op` waits for in its current step.
-    fn awaited(&self, op: &PendingCall) -> Vec<usize> {
+    pub(super) fn awaited(&self, op: &PendingCall) -> Vec<usize> {
         let Some(g) = self.groups.get(&op.group) else {
             return Vec::new();
         };
@@ -234,9 +251,11 @@ impl Engine {
         op.inquiry = Some(Inquiry {
             replies: BTreeMap::new(),
             waited: now.saturating_since(op.started),
+            probing: false,
+            elsewhere: false,
         });
         op.deadline = now + grace;
-        let gid = op.group;
+        let (gid, kind) = (op.group, op.fp.kind);
         tracing::warn!(rank = self.rank, group = %gid, seq, call = %op.fp, "call timed out; asking the group which call each rank is in");
         for &m in g.info.members.iter() {
             if m != self.rank {
@@ -249,6 +268,16 @@ impl Engine {
                     },
                 });
             }
+        }
+        // Who waits for whom, across groups: a probe to each member the call waits for.
+        let awaited = self
+            .ops
+            .get(&id)
+            .map(|op| self.awaited(op))
+            .unwrap_or_default();
+        let probing = self.send_probes(gid, seq, kind, &awaited);
+        if let Some(inq) = self.ops.get_mut(&id).and_then(|op| op.inquiry.as_mut()) {
+            inq.probing = probing;
         }
         true
     }
@@ -298,21 +327,14 @@ impl Engine {
             made: made.map(Box::new),
             latest: latest.map(Box::new),
             in_call_for,
+            elsewhere: self.in_flight_elsewhere(gid, seq),
         }
     }
 
     /// `from` (global) answered the inquiry about call `seq` of group `gid`.
-    pub(super) fn on_status(
-        &mut self,
-        gid: GroupId,
-        seq: u64,
-        from: usize,
-        made: Option<Fingerprint>,
-        latest: Option<(u64, Fingerprint)>,
-        in_call_for: Option<Duration>,
-    ) {
+    pub(super) fn on_status(&mut self, gid: GroupId, seq: u64, from: usize, reply: Reply) {
         let Some(&id) = self.groups.get(&gid).and_then(|g| g.active.get(&seq)) else {
-            self.board_status(gid, seq, from, made, latest);
+            self.board_status(gid, seq, from, reply);
             return;
         };
         let Some(op) = self.ops.get_mut(&id) else {
@@ -324,12 +346,16 @@ impl Engine {
         // A member that had been in the call for less than half of what this rank had
         // waited when it asked made it at least `waited - in_call_for` later (the asking came
         // after this rank's wait, the answer after the asking): it came late.
-        let late = in_call_for
+        let late = reply
+            .in_call_for
             .filter(|&d| d < inq.waited / 2)
             .map(|d| inq.waited.saturating_sub(d));
+        inq.elsewhere |= reply.made.is_none() && reply.elsewhere;
         inq.replies
-            .insert(from, status_line(from, made, latest, late));
-        if inq.replies.len() + 1 >= op.group_size {
+            .insert(from, status_line(from, reply.made, reply.latest, late));
+        // With probes out and a member that has not made the call waiting elsewhere, the
+        // report waits for its grace: the probes may come back with a cycle.
+        if inq.replies.len() + 1 >= op.group_size && !(inq.probing && inq.elsewhere) {
             self.conclude_inquiry(id);
         }
     }
@@ -496,6 +522,19 @@ impl Engine {
     /// `from` (global) aborted group `gid` for `reason`: the group is aborted here too.
     pub(super) fn on_abort(&mut self, gid: GroupId, from: usize, reason: &AbortReason) {
         let cause = reason.clone().into_error(gid, from);
+        // A wait cycle: this rank's call on it fails with the cycle itself, and the groups it
+        // waits in on the cycle are aborted in turn (`cycle.rs`).
+        if let Error::WaitCycle { .. } = &cause {
+            let failing = self.waits_on_cycle(gid, &cause);
+            self.abort(
+                gid,
+                cause.clone(),
+                failing.map(|id| (id, cause.clone())),
+                false,
+            );
+            self.cycle_spreads(gid, &cause);
+            return;
+        }
         // A peer says this very rank was lost (it was frozen, stopped or cut off while the
         // others went on): not a peer's loss, and said so.
         if matches!(cause.root_cause(), Error::PeerLost { rank } if *rank == self.rank) {

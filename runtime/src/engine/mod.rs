@@ -21,6 +21,7 @@
 
 mod board;
 mod call;
+mod cycle;
 mod failed;
 mod failure;
 pub(crate) mod flow;
@@ -226,6 +227,9 @@ pub struct Engine {
     /// Where the payloads of the messages this rank's calls expect go (see
     /// [`crate::landing`]): its transports' readers take them.
     landings: Arc<Landings>,
+    /// The wait-cycle probes followed here: (starting rank, its call's group and sequence
+    /// number, the call named here's group and sequence number) (`cycle.rs`).
+    probes_seen: HashSet<(usize, GroupId, u64, GroupId, u64)>,
 }
 
 /// Counts a change in an engine's [`board_epoch`](Engine::board_epoch) (a free function, for
@@ -277,6 +281,7 @@ impl Engine {
             destroyed: HashSet::new(),
             lost: BTreeSet::new(),
             seen_lost: BTreeMap::new(),
+            probes_seen: HashSet::new(),
         }
     }
 
@@ -569,12 +574,23 @@ impl Engine {
                 made,
                 latest,
                 in_call_for,
+                elsewhere,
                 ..
             } => {
                 let (seq, made, latest) =
                     (*seq, made.as_deref().copied(), latest.as_deref().copied());
                 let in_call_for = in_call_for.map(Duration::from_nanos);
-                self.on_status(gid, seq, msg.src, made, latest, in_call_for);
+                let reply = failure::Reply {
+                    made,
+                    latest,
+                    in_call_for,
+                    elsewhere: *elsewhere,
+                };
+                self.on_status(gid, seq, msg.src, reply);
+            }
+            Header::Probe { path, .. } => {
+                let path = (**path).clone();
+                self.on_probe(gid, msg.src, path);
             }
             Header::P2pGrant { tag, upto, .. } => self.on_p2p_grant(gid, src, *tag, *upto),
             Header::P2pAsk { tag, seq, .. } => self.on_p2p_ask(gid, src, *tag, *seq),

@@ -274,17 +274,10 @@ impl Scenario {
             // The ranks that made the call name m (with, perhaps, ranks stuck in an earlier
             // call behind m, which indeed have not made it).
             (Fault::Missing, Error::Timeout { waiting_for, .. }) => waiting_for.contains(&m),
-            (
-                Fault::Opposite,
-                Error::Timeout {
-                    rank, waiting_for, ..
-                },
-            ) => {
-                if *rank == m {
-                    !waiting_for.is_empty() && !waiting_for.contains(&m)
-                } else {
-                    waiting_for.contains(&m)
-                }
+            // A wait cycle across the two groups, through m (which waits on it, and is waited
+            // for).
+            (Fault::Opposite, Error::WaitCycle { cycle }) => {
+                cycle.iter().any(|w| w.rank == m) && cycle.iter().any(|w| w.peer == m)
             }
             _ => false,
         }

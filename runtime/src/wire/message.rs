@@ -116,6 +116,19 @@ pub enum Header {
         /// How long the sender had been in the call when it answered, in nanoseconds, if it
         /// is in it now (durations agree across hosts where clocks do not).
         in_call_for: Option<u64>,
+        /// Whether the sender has other collective calls in flight (on any group): one that
+        /// has not made the call asked about may be waiting in them (a wait cycle, which the
+        /// asker's probe finds, `Header::Probe`).
+        elsewhere: bool,
+    },
+    /// A wait-cycle probe (edge chasing): each wait of `path` is for the next one's rank,
+    /// and the last is for the addressee. The addressee follows it along its own waits, or
+    /// finds the cycle if it started it (`engine::cycle`). `group` is the last wait's group.
+    Probe {
+        /// The group.
+        group: GroupId,
+        /// The waits so far, from the rank whose call timed out (boxed, as an abort's reason).
+        path: Box<Vec<crate::error::Wait>>,
     },
     /// The sender left the group cleanly (it was destroyed there, or the sender shut
     /// down) with no call of it in flight and nothing held for anyone: it made `calls`
@@ -163,6 +176,7 @@ impl Header {
             | Header::P2pAsk { group, .. }
             | Header::P2pConsumed { group, .. }
             | Header::Inquire { group, .. }
+            | Header::Probe { group, .. }
             | Header::Status { group, .. } => *group,
         }
     }
@@ -241,6 +255,11 @@ pub enum AbortReason {
         /// The rank that revoked it.
         by: u64,
     },
+    /// Calls across groups wait for each other in a cycle ([`Error::WaitCycle`]).
+    WaitCycle {
+        /// The waits around the cycle.
+        cycle: Vec<crate::error::Wait>,
+    },
     /// Any other failure, in words.
     Other {
         /// The failure's text.
@@ -304,6 +323,9 @@ impl From<&Error> for AbortReason {
             },
             Error::Internal(text) => AbortReason::Internal { text: text.clone() },
             Error::Revoked { by, .. } => AbortReason::Revoked { by: *by as u64 },
+            Error::WaitCycle { cycle } => AbortReason::WaitCycle {
+                cycle: cycle.clone(),
+            },
             other => AbortReason::Other {
                 text: other.to_string(),
             },
@@ -372,6 +394,7 @@ impl AbortReason {
                 detail,
             },
             AbortReason::Internal { text } => Error::Internal(text),
+            AbortReason::WaitCycle { cycle } => Error::WaitCycle { cycle },
             AbortReason::Revoked { by } => Error::Revoked {
                 group,
                 by: rank(by),

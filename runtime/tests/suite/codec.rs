@@ -3,7 +3,7 @@
 //! no length from the wire makes the decoder allocate beyond its limits.
 
 use bytes::{Bytes, BytesMut};
-use collectix_runtime::error::{CallDesc, ProtocolError, RankCall};
+use collectix_runtime::error::{CallDesc, ProtocolError, RankCall, Wait};
 use collectix_runtime::wire::codec::HEARTBEAT;
 use collectix_runtime::wire::{
     decode, encode, encode_head, AbortReason, DecodeError, Header, Limits, Message,
@@ -99,6 +99,25 @@ fn report() -> impl Strategy<Value = Vec<RankCall>> {
     proptest::collection::vec(line, 0..5)
 }
 
+fn wait() -> impl Strategy<Value = Wait> {
+    (
+        any::<u32>(),
+        any::<u64>(),
+        any::<u64>(),
+        0u8..15,
+        any::<u32>(),
+        any::<bool>(),
+    )
+        .prop_map(|(rank, group, seq, k, peer, reached)| Wait {
+            rank: rank as usize,
+            group: GroupId(group),
+            seq,
+            op: OpKind::try_from(k + 1).unwrap_or(OpKind::Barrier),
+            peer: peer as usize,
+            reached,
+        })
+}
+
 fn reason() -> impl Strategy<Value = AbortReason> {
     let call = || {
         (any::<u32>(), fingerprint()).prop_map(|(rank, call)| CallDesc {
@@ -131,6 +150,7 @@ fn reason() -> impl Strategy<Value = AbortReason> {
             }),
         any::<u64>().prop_map(|rank| AbortReason::PeerLost { rank }),
         any::<u64>().prop_map(|by| AbortReason::Revoked { by }),
+        proptest::collection::vec(wait(), 0..8).prop_map(|cycle| AbortReason::WaitCycle { cycle }),
         (any::<u64>(), any::<u64>())
             .prop_map(|(rank, undelivered)| AbortReason::PeerShutdown { rank, undelivered }),
         (any::<u64>(), protocol_error())
@@ -212,15 +232,25 @@ fn header() -> impl Strategy<Value = Header> {
             any::<u64>(),
             proptest::option::of(fingerprint()),
             proptest::option::of((any::<u64>(), fingerprint())),
-            proptest::option::of(any::<u64>())
+            proptest::option::of(any::<u64>()),
+            any::<bool>()
         )
-            .prop_map(|(group, seq, made, latest, in_call_for)| Header::Status {
-                group,
-                seq,
-                made: made.map(Box::new),
-                latest: latest.map(Box::new),
-                in_call_for,
+            .prop_map(|(group, seq, made, latest, in_call_for, elsewhere)| {
+                Header::Status {
+                    group,
+                    seq,
+                    made: made.map(Box::new),
+                    latest: latest.map(Box::new),
+                    in_call_for,
+                    elsewhere,
+                }
             }),
+        (g(), proptest::collection::vec(wait(), 0..8)).prop_map(|(group, path)| {
+            Header::Probe {
+                group,
+                path: Box::new(path),
+            }
+        }),
     ]
 }
 
@@ -323,7 +353,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_after_a_valid_prefix_never_panic(
-        kind in 1u8..=13,
+        kind in 1u8..=14,
         header_len in 0u32..200,
         parts in 0u32..4,
         rest in proptest::collection::vec(any::<u8>(), 0..300),
@@ -413,7 +443,7 @@ fn lengths_beyond_the_limits_are_refused_before_allocating() {
             "version",
         ),
         (
-            &this_version(b"\x0e\x00\x00\x00\x00\x00\x00\x00\x00")[..],
+            &this_version(b"\x0f\x00\x00\x00\x00\x00\x00\x00\x00")[..],
             "kind",
         ),
     ] {

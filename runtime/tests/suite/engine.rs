@@ -371,8 +371,10 @@ fn timed_out_and_asking() -> (Engine, collectix_runtime::OpId, Time) {
     e.handle_timeout(at);
     assert!(events(&mut e).is_empty(), "the desync report comes first");
     let asked: Vec<_> = std::iter::from_fn(|| e.poll_transmit()).collect();
+    // The inquiry, and a wait-cycle probe to the rank the call waits for.
     assert!(
-        matches!(&asked[..], [t] if t.dst == 0 && matches!(t.msg.header, Header::Inquire { seq: 0, .. })),
+        matches!(&asked[..], [t, p] if t.dst == 0 && matches!(t.msg.header, Header::Inquire { seq: 0, .. })
+            && p.dst == 0 && matches!(&p.msg.header, Header::Probe { path, .. } if path.len() == 1 && path[0].peer == 0)),
         "{asked:?}"
     );
     (e, id, at)
@@ -418,6 +420,7 @@ fn a_timeout_names_exactly_the_ranks_that_have_not_made_the_call() {
                 made: None,
                 latest: None,
                 in_call_for: None,
+                elsewhere: false,
             },
             payload: Vec::new(),
         },
@@ -448,6 +451,7 @@ fn a_timeout_where_a_peer_is_in_another_call_is_a_mismatch_naming_both() {
                 made: Some(Box::new(theirs)),
                 latest: Some(Box::new((0, theirs))),
                 in_call_for: None,
+                elsewhere: false,
             },
             payload: Vec::new(),
         },
@@ -491,7 +495,7 @@ fn a_rank_answers_an_inquiry_with_its_call() {
         );
         let out: Vec<_> = std::iter::from_fn(|| e.poll_transmit()).collect();
         assert!(
-            matches!(&out[..], [t] if t.dst == 1 && t.msg.header == Header::Status { group: GroupId::WORLD, seq, made: made.map(Box::new), latest: Some(Box::new((0, fp))), in_call_for }),
+            matches!(&out[..], [t] if t.dst == 1 && t.msg.header == Header::Status { group: GroupId::WORLD, seq, made: made.map(Box::new), latest: Some(Box::new((0, fp))), in_call_for, elsewhere: made.is_none() }),
             "{out:?}"
         );
     }
@@ -759,6 +763,7 @@ fn ring_of_three_verdict(
                     made: made.map(Box::new),
                     latest: latest.map(Box::new),
                     in_call_for: in_call_for.map(|d| d.as_nanos() as u64),
+                    elsewhere: false,
                 },
                 payload: Vec::new(),
             },

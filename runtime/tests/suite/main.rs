@@ -25,3 +25,4 @@ mod schedules;
 mod sim_faults;
 mod sim_properties;
 mod taxonomy;
+mod wait_cycles;

@@ -29,6 +29,12 @@ fn transmit_key(t: &Transmit) -> (usize, u64, u8, u64, u32) {
         Header::Status { group, seq, .. } => (group.0, 8, *seq, 0),
         Header::Left { group, calls } => (group.0, 9, *calls, 0),
         Header::Failed { group, seq, .. } => (group.0, 10, *seq, 0),
+        Header::Probe { group, path } => (
+            group.0,
+            12,
+            path.first().map_or(0, |w| w.seq),
+            u32::try_from(path.len()).unwrap_or(u32::MAX),
+        ),
     };
     (t.dst, group, kind, seq, tag)
 }

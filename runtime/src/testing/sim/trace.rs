@@ -115,6 +115,13 @@ fn header_text(h: &Header, src: usize, with_call: bool) -> String {
         Header::P2pAsk { group, tag, seq } => format!("p2p-ask g={group} tag={tag} #{seq}"),
         Header::Inquire { group, seq } => format!("inquire g={group} #{seq}"),
         Header::Left { group, calls } => format!("left g={group} after {calls} calls"),
+        Header::Probe { group, path } => {
+            let hops: Vec<String> = path
+                .iter()
+                .map(|w| format!("{}>{}@{}#{}", w.rank, w.peer, w.group, w.seq))
+                .collect();
+            format!("probe g={group} {}", hops.join(","))
+        }
         Header::Status {
             group, seq, made, ..
         } => match made {

@@ -3,7 +3,7 @@
 
 use super::reader::read_header;
 use super::{
-    DecodeError, Limits, DATA, HEARTBEAT_KIND, MAGIC, MAX_HEADER_BYTES, P2P_ASK, PREFIX_BYTES,
+    DecodeError, Limits, DATA, HEARTBEAT_KIND, MAGIC, MAX_HEADER_BYTES, PREFIX_BYTES, PROBE,
     VERSION,
 };
 use crate::wire::message::{Header, Message};
@@ -32,7 +32,7 @@ fn read_prefix(buf: &[u8], limits: &Limits) -> Result<Option<Prefix>, DecodeErro
         return Err(DecodeError::Version { got: buf[2] });
     }
     let kind = buf[3];
-    if !(DATA..=P2P_ASK).contains(&kind) {
+    if !(DATA..=PROBE).contains(&kind) {
         return Err(DecodeError::Kind(kind));
     }
     let u32_at = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);

@@ -2,9 +2,9 @@
 
 use super::{
     Frame, ABORT, CREDIT, DATA, FAILED, INQUIRE, LEFT, MAGIC, MAX_REPORT, MAX_TEXT, P2P, P2P_ASK,
-    P2P_CONSUMED, P2P_GRANT, PREFIX_BYTES, STATUS, VERSION, WANT_CREDIT,
+    P2P_CONSUMED, P2P_GRANT, PREFIX_BYTES, PROBE, STATUS, VERSION, WANT_CREDIT,
 };
-use crate::error::{CallDesc, ProtocolError, RankCall};
+use crate::error::{CallDesc, ProtocolError, RankCall, Wait};
 use crate::ids::Fingerprint;
 use crate::wire::message::{AbortReason, Header, Message};
 use bytes::{BufMut, BytesMut};
@@ -127,14 +127,36 @@ fn put_header(h: &mut BytesMut, header: &Header) -> u8 {
             made,
             latest,
             in_call_for,
+            elsewhere,
         } => {
             h.put_u64_le(group.0);
             h.put_u64_le(*seq);
             put_opt_fp(h, made.as_deref());
             put_latest(h, latest.as_deref());
             put_opt_u64(h, *in_call_for);
+            h.put_u8(u8::from(*elsewhere));
             STATUS
         }
+        Header::Probe { group, path } => {
+            h.put_u64_le(group.0);
+            put_waits(h, path);
+            PROBE
+        }
+    }
+}
+
+/// A probe's or a cycle's waits (at most [`super::MAX_WAITS`]: the engine sends no longer
+/// ones; a longer list is cut, as a report is).
+fn put_waits(h: &mut BytesMut, waits: &[Wait]) {
+    let n = waits.len().min(super::MAX_WAITS);
+    h.put_u32_le(n as u32);
+    for w in &waits[..n] {
+        h.put_u64_le(w.rank as u64);
+        h.put_u64_le(w.group.0);
+        h.put_u64_le(w.seq);
+        h.put_u8(w.op.code());
+        h.put_u64_le(w.peer as u64);
+        h.put_u8(u8::from(w.reached));
     }
 }
 
@@ -285,6 +307,10 @@ fn put_reason(h: &mut BytesMut, r: &AbortReason) {
         AbortReason::Revoked { by } => {
             h.put_u8(9);
             h.put_u64_le(*by);
+        }
+        AbortReason::WaitCycle { cycle } => {
+            h.put_u8(10);
+            put_waits(h, cycle);
         }
     }
 }

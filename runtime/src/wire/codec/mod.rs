@@ -8,10 +8,10 @@
 //! ```text
 //!  offset  size        field
 //!  0       2           magic "CX"
-//!  2       1           version (6)
+//!  2       1           version (7)
 //!  3       1           kind: 1 data, 2 p2p, 3 credit, 4 want-credit, 5 p2p-grant,
 //!                      6 p2p-consumed, 7 abort, 8 inquire, 9 status, 10 heartbeat,
-//!                      11 left, 12 failed
+//!                      11 left, 12 failed, 13 p2p-ask, 14 probe
 //!  4       4           header length H (u32, little-endian; at most MAX_HEADER_BYTES)
 //!  8       4           payload parts P (u32; at most Limits::max_parts)
 //!  12      8 × P       each part's length (u64; their sum at most Limits::max_payload_bytes)
@@ -26,7 +26,9 @@
 //! abort `group u64, reason` (a code byte and its fields; see [`AbortReason`]); inquire
 //! `group u64, seq u64`; left `group u64, calls u64`; failed `group u64, seq u64, reason
 //! (u32 length, UTF-8, at most 4 KiB)`; status `group u64, seq u64, made (flag, fingerprint), latest (flag,
-//! seq u64, fingerprint)`; heartbeat: none (no header, no parts: [`HEARTBEAT`], 12 bytes, which
+//! seq u64, fingerprint), in-call-for (flag, u64), elsewhere u8`; probe `group u64, waits (u32
+//! count, at most MAX_WAITS; each rank u64, group u64, seq u64, op u8, peer u64, reached
+//! u8)`; heartbeat: none (no header, no parts: [`HEARTBEAT`], 12 bytes, which
 //! a link sends when it has had nothing to send for a while; [`decode`] takes it off the
 //! stream and returns the next frame: it is never a message). A header must
 //! be consumed exactly: trailing bytes are an error. The frame carries no source rank: the
@@ -50,7 +52,7 @@ use bytes::{Bytes, BytesMut};
 /// The frame format's magic bytes.
 pub const MAGIC: [u8; 2] = *b"CX";
 /// The frame format's version; a frame of another version is refused.
-pub const VERSION: u8 = 6;
+pub const VERSION: u8 = 7;
 /// Bytes of the fixed prefix.
 pub const PREFIX_BYTES: usize = 12;
 /// The largest header (every header is far smaller; abort reasons with long texts are cut).
@@ -59,6 +61,9 @@ pub const MAX_HEADER_BYTES: u32 = 64 << 10;
 const MAX_TEXT: usize = 4 << 10;
 /// The most lines of a desync report a frame carries (a group's size, in practice).
 const MAX_REPORT: usize = 1024;
+/// The most waits a wait-cycle probe or a cycle carries: a probe that would grow longer is
+/// not sent on (a cycle of more ranks than this is not named; its calls time out).
+pub const MAX_WAITS: usize = 64;
 
 /// What a decoder accepts: limits checked before anything is allocated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,6 +180,7 @@ const HEARTBEAT_KIND: u8 = 10;
 const LEFT: u8 = 11;
 const FAILED: u8 = 12;
 const P2P_ASK: u8 = 13;
+const PROBE: u8 = 14;
 
 /// The heartbeat frame: a link's "still here" when it has nothing else to send. [`decode`]
 /// skips it.

@@ -3,9 +3,9 @@
 
 use super::{
     DecodeError, ABORT, CREDIT, DATA, FAILED, INQUIRE, LEFT, MAX_REPORT, P2P, P2P_ASK,
-    P2P_CONSUMED, P2P_GRANT, STATUS, WANT_CREDIT,
+    P2P_CONSUMED, P2P_GRANT, PROBE, STATUS, WANT_CREDIT,
 };
-use crate::error::{CallDesc, ProtocolError, RankCall};
+use crate::error::{CallDesc, ProtocolError, RankCall, Wait};
 use crate::ids::{DataPath, Fingerprint, GroupId, FINGERPRINT_BYTES};
 use crate::op::{CodeError, OpKind};
 use crate::tensor::dtype::DType;
@@ -138,6 +138,30 @@ impl Reader {
         }
         Ok(out)
     }
+    fn waits(&mut self) -> Result<Vec<Wait>, DecodeError> {
+        let n = self.u32("waits")? as usize;
+        if n > super::MAX_WAITS {
+            return Err(DecodeError::TooLarge {
+                what: "waits",
+                got: n as u64,
+                limit: super::MAX_WAITS as u64,
+            });
+        }
+        // Each wait is 34 bytes: checked against the bytes present first.
+        self.need(n.saturating_mul(34), "waits")?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(Wait {
+                rank: self.usize("waiting rank")?,
+                group: self.group()?,
+                seq: self.u64("seq")?,
+                op: OpKind::try_from(self.u8("op kind")?)?,
+                peer: self.usize("awaited rank")?,
+                reached: self.bool("reached")?,
+            });
+        }
+        Ok(out)
+    }
     fn done(self) -> Result<(), DecodeError> {
         match self.b.remaining() {
             0 => Ok(()),
@@ -209,6 +233,11 @@ pub(super) fn read_header(kind: u8, b: Bytes) -> Result<Header, DecodeError> {
             made: r.opt_fp()?.map(Box::new),
             latest: r.latest()?.map(Box::new),
             in_call_for: r.opt_u64("time in the call")?,
+            elsewhere: r.bool("calls elsewhere")?,
+        },
+        PROBE => Header::Probe {
+            group: r.group()?,
+            path: Box::new(r.waits()?),
         },
         k => return Err(DecodeError::Kind(k)),
     };
@@ -265,6 +294,7 @@ fn read_reason(r: &mut Reader) -> Result<AbortReason, DecodeError> {
             got: r.u64("got")?,
         },
         9 => AbortReason::Revoked { by: r.u64("by")? },
+        10 => AbortReason::WaitCycle { cycle: r.waits()? },
         code => {
             return Err(CodeError {
                 what: "abort reason",
