@@ -20,7 +20,7 @@ pub use crate::rank::driver::recorder::{CallRecord, CallState, CALLS_KEPT};
 use crate::rank::driver::Driver;
 use crate::store::Store;
 use collectix_runtime::lateness::{LatenessSummary, MemberLateness};
-use collectix_runtime::verdict::{Answer, Explained, GroupView, RecentCall, Standing};
+use collectix_runtime::verdict::{Answer, Explained, GroupView, RecentCall, Standing, Verdict};
 use collectix_runtime::{Error, GroupId, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -246,17 +246,71 @@ pub fn job_status(store: &dyn Store, world: usize, within: Duration) -> Result<J
             }
         })
         .collect();
-    let mut findings = findings(&ranks);
-    findings.extend(late_findings(&ranks));
-    Ok(JobStatus { ranks, findings })
+    let members: BTreeMap<String, Vec<usize>> = group_views(&ranks)
+        .into_iter()
+        .map(|(g, (m, _))| (g, m))
+        .collect();
+    let mut status = JobStatus {
+        findings: findings(&ranks, &members),
+        ranks,
+    };
+    status.findings.extend(late_findings(&status.ranks));
+    status.findings.extend(cycle_findings(&status));
+    Ok(status)
+}
+
+/// How long a call must have been in flight for plain `collectix status` to count it stuck
+/// on a wait cycle (`--explain` takes `--stuck-ms`).
+const CYCLE_STUCK_AFTER: Duration = Duration::from_secs(1);
+
+/// The wait cycles across groups that the verdicts find, once each: `wait cycle: rank 0 waits
+/// in group A #0 for rank 2, rank 2 waits in group B #0 for rank 0`.
+fn cycle_findings(status: &JobStatus) -> Vec<String> {
+    let mut seen: Vec<Vec<(usize, String, u64)>> = Vec::new();
+    let mut out = Vec::new();
+    for v in status.verdicts(CYCLE_STUCK_AFTER) {
+        let Verdict::Cycle { cycle, .. } = &v.verdict else {
+            continue;
+        };
+        let mut key: Vec<(usize, String, u64)> = cycle
+            .iter()
+            .map(|w| (w.rank, w.group.clone(), w.seq))
+            .collect();
+        key.sort();
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        let waits: Vec<String> = cycle
+            .iter()
+            .map(|w| {
+                format!(
+                    "rank {} waits in group {} #{} for rank {}",
+                    w.rank, w.group, w.seq, w.peer
+                )
+            })
+            .collect();
+        out.push(format!("wait cycle: {}", waits.join(", ")));
+    }
+    out
 }
 
 impl JobStatus {
     /// One verdict per rank and group (`collectix_runtime::verdict`): healthy, slow, stuck
-    /// (in a call for `stuck_after` or more), mismatch, failed or dead; also set as the gauge
-    /// `collectix_verdict{group, rank}` (0 healthy, 1 slow, 2 stuck, 3 mismatch, 4 dead, 6
-    /// failed) where a metrics recorder is installed.
+    /// (in a call for `stuck_after` or more), on a wait cycle, mismatch, failed or dead; also
+    /// set as the gauge `collectix_verdict{group, rank}` (0 healthy, 1 slow, 2 stuck, 3
+    /// mismatch, 4 dead, 5 a wait cycle, 6 failed) where a metrics recorder is installed.
     pub fn explain(&self, stuck_after: Duration) -> Vec<Explained> {
+        let verdicts = self.verdicts(stuck_after);
+        for v in &verdicts {
+            metrics::gauge!("collectix_verdict", "group" => v.group.clone(), "rank" => v.rank.to_string())
+                .set(f64::from(v.verdict.code()));
+        }
+        verdicts
+    }
+
+    /// [`explain`](Self::explain) without setting the gauge.
+    fn verdicts(&self, stuck_after: Duration) -> Vec<Explained> {
         let answers: Vec<Option<Answer>> = self
             .ranks
             .iter()
@@ -293,12 +347,7 @@ impl JobStatus {
                 }
             }
         }
-        let verdicts = collectix_runtime::verdict::explain(&answers, &groups, stuck_after);
-        for v in &verdicts {
-            metrics::gauge!("collectix_verdict", "group" => v.group.clone(), "rank" => v.rank.to_string())
-                .set(f64::from(v.verdict.code()));
-        }
-        verdicts
+        collectix_runtime::verdict::explain(&answers, &groups, stuck_after)
     }
 }
 
@@ -386,7 +435,7 @@ fn late_findings(ranks: &[RankStatus]) -> Vec<String> {
 /// Who is behind: for each group, each rank's latest call (the highest sequence number in
 /// its record); a rank whose latest is below another's is behind, and a call in flight on a
 /// rank that another has not reached waits for it.
-fn findings(ranks: &[RankStatus]) -> Vec<String> {
+fn findings(ranks: &[RankStatus], members: &BTreeMap<String, Vec<usize>>) -> Vec<String> {
     // group → rank → (latest seq, its state)
     let mut latest: BTreeMap<String, BTreeMap<usize, (u64, String)>> = BTreeMap::new();
     let mut out = Vec::new();
@@ -422,15 +471,16 @@ fn findings(ranks: &[RankStatus]) -> Vec<String> {
             .filter(|(_, (s, _))| *s < top)
             .map(|(r, (s, st))| format!("rank {r} (at #{s}, {st})"))
             .collect();
-        // Every rank is in the world: one that answered with no call on it is behind too.
-        if *g == GroupId::WORLD.to_string() {
-            behind.extend(
-                ranks
-                    .iter()
-                    .filter(|r| r.calls.is_some() && !per_rank.contains_key(&r.rank))
-                    .map(|r| format!("rank {} (no call yet)", r.rank)),
-            );
-        }
+        // A member that answered with no call on the group is behind too (every rank is in
+        // the world; another group's members are known from the members' answers).
+        let world = *g == GroupId::WORLD.to_string();
+        let member = |r: usize| world || members.get(g).is_some_and(|m| m.contains(&r));
+        behind.extend(
+            ranks
+                .iter()
+                .filter(|r| r.calls.is_some() && !per_rank.contains_key(&r.rank) && member(r.rank))
+                .map(|r| format!("rank {} (no call yet)", r.rank)),
+        );
         if !behind.is_empty() {
             let waiting: Vec<usize> = per_rank
                 .iter()

@@ -5,6 +5,10 @@
 //! The verdict of rank `r` on group `g`, the first that holds:
 //! - **dead**: `r` did not answer (dead, frozen, or not started);
 //! - **mismatch**: `r`'s latest call on `g` failed because the ranks disagreed about it;
+//! - **cycle**: `r` is stuck (below) in a call of `g` and on a wait cycle across groups:
+//!   following "stuck in a call, waiting for a member that has not reached it and is stuck
+//!   in a call of its own" from `r` comes back to `r` (the cycle that, once a call on it times
+//!   out, fails with `Error::WaitCycle`; shown here while it forms);
 //! - **stuck**: `r`'s latest call on `g` has been in flight for at least the threshold,
 //!   waiting for the members that have not reached it (or did not answer);
 //! - **failed**: `r`'s latest call on `g` failed otherwise (a timeout, a lost peer, ...);
@@ -12,8 +16,6 @@
 //!   group's late-comer (`LatenessSummary::culprit` of the members' views together);
 //! - **healthy** otherwise.
 //!
-//! A wait cycle across groups (ranks stuck in calls of two groups, each waiting for the
-//! other) shows as each rank stuck, waiting for the other.
 
 use crate::lateness::{LatenessSummary, MemberLateness};
 use std::collections::BTreeMap;
@@ -69,6 +71,20 @@ pub struct GroupView {
     pub lateness: LatenessSummary,
 }
 
+/// One wait of a cycle as the answers show it: `rank` is stuck in call `seq` of `group`,
+/// which `peer` has not reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CycleWait {
+    /// The waiting rank.
+    pub rank: usize,
+    /// The group of its call.
+    pub group: String,
+    /// The call.
+    pub seq: u64,
+    /// The rank it waits for.
+    pub peer: usize,
+}
+
 /// A verdict on one rank in one group.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
@@ -81,6 +97,17 @@ pub enum Verdict {
         late: Option<(MemberLateness, u64)>,
         /// The call it has not reached, and the members stuck in it.
         holding: Option<(u64, Vec<usize>)>,
+    },
+    /// Stuck in a call, on a wait cycle across groups.
+    Cycle {
+        /// The call.
+        seq: u64,
+        /// What it is.
+        what: String,
+        /// How long it has been in it.
+        waited: Duration,
+        /// The waits around the cycle, from this rank's.
+        cycle: Vec<CycleWait>,
     },
     /// In a call for at least the threshold.
     Stuck {
@@ -114,12 +141,14 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// The verdict in one word: `healthy`, `slow`, `stuck`, `mismatch`, `failed`, `dead`.
+    /// The verdict in one word: `healthy`, `slow`, `stuck`, `cycle`, `mismatch`, `failed`,
+    /// `dead`.
     pub fn word(&self) -> &'static str {
         match self {
             Verdict::Healthy => "healthy",
             Verdict::Slow { .. } => "slow",
             Verdict::Stuck { .. } => "stuck",
+            Verdict::Cycle { .. } => "cycle",
             Verdict::Mismatch { .. } => "mismatch",
             Verdict::Failed { .. } => "failed",
             Verdict::Dead => "dead",
@@ -127,7 +156,7 @@ impl Verdict {
     }
 
     /// The verdict as a gauge's value: 0 healthy, 1 slow, 2 stuck, 3 mismatch, 4 dead, 5 a
-    /// wait cycle (not told apart yet: its ranks are stuck), 6 failed.
+    /// wait cycle, 6 failed.
     pub fn code(&self) -> u8 {
         match self {
             Verdict::Healthy => 0,
@@ -135,6 +164,7 @@ impl Verdict {
             Verdict::Stuck { .. } => 2,
             Verdict::Mismatch { .. } => 3,
             Verdict::Dead => 4,
+            Verdict::Cycle { .. } => 5,
             Verdict::Failed { .. } => 6,
         }
     }
@@ -179,6 +209,28 @@ impl fmt::Display for Verdict {
                 } else {
                     write!(f, ", waiting for ranks {waiting_for:?}")
                 }
+            }
+            Verdict::Cycle {
+                seq,
+                what,
+                waited,
+                cycle,
+            } => {
+                write!(
+                    f,
+                    "wait cycle: stuck in call #{seq} ({what}) for {:.1} s; ",
+                    waited.as_secs_f64()
+                )?;
+                let waits: Vec<String> = cycle
+                    .iter()
+                    .map(|w| {
+                        format!(
+                            "rank {} waits in group {} #{} for rank {}",
+                            w.rank, w.group, w.seq, w.peer
+                        )
+                    })
+                    .collect();
+                f.write_str(&waits.join(", "))
             }
             Verdict::Mismatch { seq, text } => write!(f, "mismatch at call #{seq}: {text}"),
             Verdict::Failed { seq, kind, text } => {
@@ -226,6 +278,7 @@ pub fn explain(
     groups: &BTreeMap<String, GroupView>,
     stuck_after: Duration,
 ) -> Vec<Explained> {
+    let cycles = wait_cycles(answers, groups, stuck_after);
     let mut out = Vec::new();
     for (g, view) in groups {
         // Each member's latest call on the group, and who is stuck in which call.
@@ -248,9 +301,23 @@ pub fn explain(
             .collect();
         let culprit = view.lateness.culprit().map(|(i, r)| (i, r.clone()));
         for (i, &m) in view.members.iter().enumerate() {
-            let verdict = match answers.get(m).and_then(Option::as_ref) {
-                None => Verdict::Dead,
-                Some(a) => {
+            let on_cycle = cycles
+                .get(&m)
+                .filter(|c| c.first().is_some_and(|w| w.group == *g));
+            let verdict = match (answers.get(m).and_then(Option::as_ref), on_cycle) {
+                (None, _) => Verdict::Dead,
+                (Some(a), Some(cycle)) => {
+                    let c = latest(a, g);
+                    Verdict::Cycle {
+                        seq: c.map_or(0, |c| c.seq),
+                        what: c.map(|c| c.what.clone()).unwrap_or_default(),
+                        waited: Duration::from_secs_f64(
+                            c.map_or(0.0, |c| (a.now_ms - c.started_ms).max(0.0) / 1e3),
+                        ),
+                        cycle: cycle.clone(),
+                    }
+                }
+                (Some(a), None) => {
                     let here = Member { m, i, view };
                     judge(
                         a,
@@ -271,6 +338,100 @@ pub fn explain(
         }
     }
     out
+}
+
+/// The wait cycles the answers show, by rank on one: the waits around it from that rank's
+/// (module doc). A rank is taken as waiting for a member of a group it is stuck in that has
+/// not reached its call and is stuck in a call itself.
+fn wait_cycles(
+    answers: &[Option<Answer>],
+    groups: &BTreeMap<String, GroupView>,
+    stuck_after: Duration,
+) -> BTreeMap<usize, Vec<CycleWait>> {
+    let threshold = stuck_after.as_secs_f64() * 1e3;
+    // Each rank's stuck calls: (group, seq).
+    let stuck: BTreeMap<usize, Vec<(&str, u64)>> = answers
+        .iter()
+        .enumerate()
+        .filter_map(|(r, a)| {
+            let a = a.as_ref()?;
+            let calls: Vec<(&str, u64)> = groups
+                .keys()
+                .filter_map(|g| {
+                    let c = latest(a, g)?;
+                    (c.standing == Standing::Pending && a.now_ms - c.started_ms >= threshold)
+                        .then_some((g.as_str(), c.seq))
+                })
+                .collect();
+            (!calls.is_empty()).then_some((r, calls))
+        })
+        .collect();
+    let not_reached = |o: usize, g: &str, seq: u64| {
+        answers
+            .get(o)
+            .and_then(Option::as_ref)
+            .is_some_and(|a| latest(a, g).is_none_or(|l| l.seq < seq))
+    };
+    // The waits out of each stuck rank.
+    let edges: BTreeMap<usize, Vec<CycleWait>> = stuck
+        .iter()
+        .map(|(&r, calls)| {
+            let out = calls
+                .iter()
+                .flat_map(|&(g, seq)| {
+                    let members = groups.get(g).map(|v| v.members.clone()).unwrap_or_default();
+                    members
+                        .into_iter()
+                        .filter(move |&o| o != r)
+                        .map(move |o| (g, seq, o))
+                })
+                .filter(|&(g, seq, o)| stuck.contains_key(&o) && not_reached(o, g, seq))
+                .map(|(g, seq, o)| CycleWait {
+                    rank: r,
+                    group: g.to_string(),
+                    seq,
+                    peer: o,
+                })
+                .collect();
+            (r, out)
+        })
+        .collect();
+    // From each rank, a breadth-first search for a way back to it.
+    let mut found = BTreeMap::new();
+    for &start in edges.keys() {
+        let mut via: BTreeMap<usize, CycleWait> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start]);
+        let mut closing = None;
+        while let Some(r) = queue.pop_front() {
+            for w in edges.get(&r).into_iter().flatten() {
+                if w.peer == start {
+                    closing = Some(w.clone());
+                    break;
+                }
+                if let std::collections::btree_map::Entry::Vacant(e) = via.entry(w.peer) {
+                    e.insert(w.clone());
+                    queue.push_back(w.peer);
+                }
+            }
+            if closing.is_some() {
+                break;
+            }
+        }
+        let Some(last) = closing else {
+            continue;
+        };
+        let mut cycle = vec![last];
+        while let Some(w) = cycle.last().and_then(|w| via.get(&w.rank)) {
+            if w.rank == start || cycle.len() > edges.len() {
+                cycle.push(w.clone());
+                break;
+            }
+            cycle.push(w.clone());
+        }
+        cycle.reverse();
+        found.insert(start, cycle);
+    }
+    found
 }
 
 /// A member being judged: its global rank `m`, its group rank `i`, its group.
@@ -497,5 +658,70 @@ mod tests {
             "rank 1, group world: slow: came last in 10 of 10 calls, 30.0 ms late on average (28.0 ms the last time)"
         );
         assert_eq!(v[1].verdict.code(), 1);
+    }
+
+    /// Rank 0 stuck in group a's call #0, which rank 1 has not reached; rank 1 stuck in group
+    /// b's call #0, which rank 0 has not reached: both on the cycle in their own calls' group,
+    /// slow in the other (each holds the other's call). Rank 2, stuck in a's next call
+    /// waiting for both, is stuck, not on the cycle. Before the threshold, no cycle.
+    #[test]
+    fn ranks_stuck_waiting_for_each_other_across_groups_are_on_a_cycle() {
+        let on = |g: &str, seq: u64, standing: Standing| RecentCall {
+            group: g.into(),
+            seq,
+            what: "all_reduce".into(),
+            started_ms: 100.0,
+            standing,
+        };
+        let a0 = Answer {
+            now_ms: 1_600.0,
+            calls: vec![on("a", 0, Standing::Pending)],
+        };
+        let a1 = Answer {
+            now_ms: 1_600.0,
+            calls: vec![on("b", 0, Standing::Pending)],
+        };
+        let a2 = Answer {
+            now_ms: 1_600.0,
+            calls: vec![
+                on("a", 0, Standing::Completed),
+                on("a", 1, Standing::Pending),
+            ],
+        };
+        let view = |members: Vec<usize>| GroupView {
+            members,
+            lateness: LatenessSummary::default(),
+        };
+        let groups = BTreeMap::from([
+            ("a".to_string(), view(vec![0, 1, 2])),
+            ("b".to_string(), view(vec![0, 1])),
+        ]);
+        let answers = [Some(a0), Some(a1), Some(a2)];
+        let v = explain(&answers, &groups, Duration::from_secs(1));
+        let by = |rank: usize, g: &str| {
+            v.iter()
+                .find(|e| e.rank == rank && e.group == g)
+                .map(|e| e.verdict.clone())
+                .unwrap_or(Verdict::Dead)
+        };
+        let (c0, c1) = (by(0, "a"), by(1, "b"));
+        assert_eq!((c0.word(), c1.word(), c0.code()), ("cycle", "cycle", 5));
+        assert_eq!(
+            c0.to_string(),
+            "wait cycle: stuck in call #0 (all_reduce) for 1.5 s; rank 0 waits in group a #0 for rank 1, rank 1 waits in group b #0 for rank 0"
+        );
+        assert!(
+            c1.to_string().ends_with(
+                "rank 1 waits in group b #0 for rank 0, rank 0 waits in group a #0 for rank 1"
+            ),
+            "{c1}"
+        );
+        assert_eq!((by(0, "b").word(), by(1, "a").word()), ("slow", "slow"));
+        assert_eq!(by(2, "a").word(), "stuck");
+        let early = explain(&answers, &groups, Duration::from_secs(2));
+        assert!(
+            early.iter().all(|e| e.verdict.word() != "cycle"),
+            "{early:?}"
+        );
     }
 }

@@ -190,6 +190,31 @@ fn texts() -> Vec<(&'static str, String)> {
     out.push(("no majority", got.err().map(t).unwrap_or_default()));
     drop(w);
 
+    // Two groups of both ranks: rank 0 calls on A, rank 1 on B; each waits for the other.
+    let w = world(2);
+    let c = w.communicators();
+    let groups: Vec<_> = c.iter().map(|c| c.new_group(&[0, 1])).collect();
+    let a: Vec<_> = common::wait_all(groups, 20)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .collect();
+    let groups: Vec<_> = c.iter().map(|c| c.new_group(&[0, 1])).collect();
+    let b: Vec<_> = common::wait_all(groups, 20)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .collect();
+    let x = Tensor::from_vec(vec![1.0f32; 4]);
+    let first = a[0].all_reduce_with(x.clone(), ReduceOp::Sum, &short(300));
+    let second = b[1].all_reduce_with(x, ReduceOp::Sum, &short(10_000));
+    out.push(("wait cycle", first.wait().err().map(t).unwrap_or_default()));
+    out.push((
+        "wait cycle, rank 1",
+        second.wait().err().map(t).unwrap_or_default(),
+    ));
+    drop(w);
+
     let store = MemoryStore::new();
     out.push((
         "store",

@@ -41,3 +41,4 @@ mod status;
 mod survive;
 mod tcp_world;
 mod torch_differential;
+mod wait_cycles;

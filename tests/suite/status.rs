@@ -3,7 +3,8 @@
 //! behind is named with the call the others wait in. `JobStatus::explain` (`collectix status
 //! --explain`) gives each rank and group its verdict, each provoked here: healthy and dead
 //! (a rank that shut down), stuck and slow (a rank that has not reached the others' call),
-//! slow by its lateness (a rank that comes last to every call), mismatch.
+//! slow by its lateness (a rank that comes last to every call), mismatch, and a wait cycle
+//! across groups while it forms (before any call on it has timed out).
 
 use collectix::{
     init, job_status, CallState, GroupOptions, ReduceOp, Secret, Security, TcpStore, Tensor, World,
@@ -205,6 +206,77 @@ fn a_rank_that_shut_down_is_dead_and_the_others_healthy() {
             ],
             "{status:?}"
         );
+    });
+}
+
+/// Two ranks of a TCP job, two groups of both: rank 0 calls on A, rank 1 on B, and each waits
+/// for the other (a wait cycle). Before the calls time out (their timeout is 20 s), the
+/// verdict of each on the group it is stuck in is the cycle, naming both waits; on the other
+/// group, slow (it holds the other rank's call).
+#[test]
+fn ranks_waiting_for_each_other_across_groups_are_a_cycle_while_it_forms() {
+    let port = free_port();
+    let w = 2;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (made_tx, made_rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    std::thread::scope(|s| {
+        for r in 0..w {
+            let (rx, made_tx) = (&rx, made_tx.clone());
+            s.spawn(move || {
+                let args = tcp_args(port, r, w, SECRET, false);
+                let p = init(&args, GroupOptions::default(), Duration::from_secs(20))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let c = p.communicator();
+                let a = c.new_group(&[0, 1]).wait().ok().flatten();
+                let b = c.new_group(&[0, 1]).wait().ok().flatten();
+                let (Some(a), Some(b)) = (a, b) else {
+                    panic!("rank {r}: no groups");
+                };
+                let first = if r == 0 { &a } else { &b };
+                let t = Tensor::from_vec(vec![1.0f32; 4096]);
+                let work = first.all_reduce(t, ReduceOp::Sum);
+                let _ = made_tx.send(());
+                let _ = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                p.abort();
+                drop(work);
+            });
+        }
+        for _ in 0..w {
+            let _ = made_rx.recv();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let status = status_of(port, w);
+        for _ in 0..w {
+            let _ = tx.send(());
+        }
+        let verdicts: Vec<String> = status
+            .explain(Duration::from_millis(100))
+            .iter()
+            .map(|v| v.to_string())
+            .collect();
+        for v in &verdicts {
+            println!("{v}");
+        }
+        let cycles: Vec<&String> = verdicts
+            .iter()
+            .filter(|v| v.contains(": wait cycle: "))
+            .collect();
+        assert_eq!(cycles.len(), 2, "{verdicts:?}");
+        for (r, v) in [0, 1].into_iter().zip(&cycles) {
+            let _ = r;
+            assert!(
+                v.contains("stuck in call #0 (all_reduce)")
+                    && v.contains("rank 0 waits in group ")
+                    && v.contains("rank 1 waits in group "),
+                "{v}"
+            );
+        }
+        let slow = verdicts
+            .iter()
+            .filter(|v| v.contains(": slow: has not reached call #0"))
+            .count();
+        assert_eq!(slow, 2, "{verdicts:?}");
     });
 }
 

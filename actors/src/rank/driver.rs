@@ -526,13 +526,14 @@ impl Driver {
         })
     }
 
-    /// Every group of this rank that judged a call: its id, its members (global ranks, in
-    /// group order) and who came last to its calls as this rank saw them.
+    /// Every group of this rank: its id, its members (global ranks, in group order) and who
+    /// came last to its calls as this rank saw them (nobody, if none was judged yet).
     pub(crate) fn lateness_all(&self) -> Vec<(GroupId, Vec<usize>, LatenessSummary)> {
         self.run(|core, _, _| {
+            // Every group, with or without calls completed: its members are what
+            // `collectix status --explain` knows it by (a wait cycle's groups may have none).
             core.engine
                 .lateness_all()
-                .filter(|(_, s)| s.calls > 0)
                 .map(|(g, s)| (g.id, g.members.to_vec(), s.clone()))
                 .collect()
         })

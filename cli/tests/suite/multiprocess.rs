@@ -603,3 +603,72 @@ fn status_explain_names_the_ranks_stuck_and_the_one_they_wait_for() {
         "{plain}"
     );
 }
+
+/// `examples/wait_cycle` as 4 processes over shared memory: ranks 0 and 1 call on group A then
+/// B, ranks 2 and 3 on B then A, each waiting for its call (2 s timeout). While they wait,
+/// `collectix status --explain` gives each rank the verdict "wait cycle" on the group it is
+/// stuck in, and plain `collectix status` names the cycles; then every rank fails with the
+/// cycle (`Error::WaitCycle`, or an aborted group whose cause it is).
+#[test]
+fn ranks_in_a_wait_cycle_across_groups_are_told_and_status_shows_it_as_processes() {
+    let exe = example("wait_cycle");
+    let port = free_port().to_string();
+    let secret = "the wait cycle test's secret, long enough";
+    let job = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .args([
+            "launch",
+            "--nproc-per-node",
+            "4",
+            "--master-port",
+            &port,
+            "--",
+        ])
+        .arg(&exe)
+        .envs([
+            ("COLLECTIX_TRANSPORT", "shm"),
+            ("COLLECTIX_SECRET", secret),
+            ("TIMEOUT_MS", "4000"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::thread::sleep(Duration::from_millis(2500));
+    let status = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+            .arg("status")
+            .args(args)
+            .args(["--master-port", &port])
+            .env("COLLECTIX_SECRET", secret)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let explained = status(&["--explain"]);
+    let plain = status(&[]);
+    let out = job.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    let so = String::from_utf8_lossy(&out.stdout);
+    println!("{explained}{plain}{so}");
+    assert!(!out.status.success(), "{so}");
+    let cycles: Vec<&str> = explained
+        .lines()
+        .filter(|l| l.contains(": wait cycle: stuck in call #0 (all_reduce) for "))
+        .collect();
+    assert_eq!(cycles.len(), 4, "{explained}");
+    for r in 0..4 {
+        assert!(
+            cycles
+                .iter()
+                .any(|l| l.starts_with(&format!("rank {r}, group "))),
+            "{explained}"
+        );
+    }
+    assert!(plain.contains("\nwait cycle: rank "), "{plain}");
+    for r in 0..4 {
+        let line = so
+            .lines()
+            .find(|l| l.starts_with(&format!("[rank {r}] rank {r}: ")))
+            .unwrap_or_else(|| panic!("rank {r} said nothing:\n{so}"));
+        assert!(line.contains("wait cycle across groups: rank "), "{line}");
+    }
+}

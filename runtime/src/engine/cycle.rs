@@ -263,8 +263,8 @@ impl Engine {
         self.cycle_spreads(gid, &err);
     }
 
-    /// Ends this rank's call `seq` of `gid` with `err` (a wait cycle) and aborts the group,
-    /// telling its members.
+    /// Ends this rank's call `seq` of `gid` with `err` (a wait cycle), if it is in flight, and
+    /// aborts the group, telling its members.
     fn fail_on_cycle(&mut self, gid: GroupId, seq: u64, err: &Error) {
         let Some(g) = self.groups.get_mut(&gid) else {
             return;
@@ -281,24 +281,40 @@ impl Engine {
                 super::bump(&self.board_epoch);
             }
             self.abort(gid, err.clone(), None, true);
+        } else {
+            self.abort(gid, err.clone(), None, true);
         }
     }
 
-    /// Group `gid` was aborted here because of a wait cycle (`err`): the calls this rank
-    /// waits in on the cycle, on other groups, fail with it too, and their groups are
-    /// aborted (which tells the next rank on the cycle).
+    /// Group `gid` was aborted here because of a wait cycle (`err`): every other group on the
+    /// cycle that this rank belongs to is aborted too, telling its members (the next rank on
+    /// the cycle, and the members waiting in a call the rank has not made, hear it from this
+    /// rank at once: before anything this rank sends later, such as its leaving), and the
+    /// calls this rank waits in on the cycle fail with the cycle itself.
     pub(super) fn cycle_spreads(&mut self, gid: GroupId, err: &Error) {
         let Error::WaitCycle { cycle } = err.root_cause() else {
             return;
         };
-        let mine: Vec<(GroupId, u64)> = cycle
+        let mut on: Vec<GroupId> = cycle
             .iter()
-            .filter(|w| w.rank == self.rank && w.group != gid)
-            .map(|w| (w.group, w.seq))
+            .map(|w| w.group)
+            .filter(|&g| g != gid)
             .collect();
+        on.sort_unstable();
+        on.dedup();
         let err = err.root_cause().clone();
-        for (g, s) in mine {
-            self.fail_on_cycle(g, s, &err);
+        for g in on {
+            let waits = cycle
+                .iter()
+                .find(|w| w.rank == self.rank && w.group == g)
+                .map(|w| w.seq);
+            match waits {
+                Some(seq) => self.fail_on_cycle(g, seq, &err),
+                None => {
+                    let failing = self.waits_on_cycle(g, &err);
+                    self.abort(g, err.clone(), failing.map(|id| (id, err.clone())), true);
+                }
+            }
         }
     }
 
