@@ -82,6 +82,7 @@ pub use collectix_runtime as runtime;
 
 pub use collectix_actors::device;
 pub use collectix_actors::device::TensorDeviceExt;
+pub use collectix_actors::doctor;
 pub use collectix_actors::{
     init, job_status, BufferCalls, BufferWork, CallRecord, CallState, Communicator, Connect,
     DeviceBackend, Failed, Fault, FileStore, InitArgs, JobConfig, JobStatus, Launcher, Liveness,

@@ -49,6 +49,7 @@ mod buffers;
 mod builder;
 mod comm;
 pub mod device;
+pub mod doctor;
 #[cfg(test)]
 mod fuzz;
 mod gate;

@@ -81,6 +81,8 @@ pub struct Process {
     /// (`transport::table`): shared memory with the ranks of this host, unless alone on it or
     /// over TCP only. Dropped (stopped) after the connections close.
     transports: Vec<Box<dyn Running>>,
+    /// Which transport carries each peer, by rank (`shm`, `tcp`; `self`).
+    paths: Vec<&'static str>,
     server: Option<TcpStoreServer>,
     address: String,
     /// Answers `collectix status` (a TCP job's ranks only); stops when dropped.
@@ -292,6 +294,7 @@ pub(crate) fn init_with(
             mesh,
             address,
             transports,
+            paths,
         }) => {
             let status = match &config.rendezvous {
                 Rendezvous::Tcp { host, port } => {
@@ -309,6 +312,7 @@ pub(crate) fn init_with(
                 thread: Some(thread),
                 mesh: Some(mesh),
                 transports,
+                paths,
                 server,
                 address,
                 _status: status,
@@ -346,6 +350,8 @@ struct Joined {
     address: String,
     /// The transports beside the connections that keep something running.
     transports: Vec<Box<dyn Running>>,
+    /// Which transport carries each peer (`shm`, `tcp`; `self`), by rank.
+    paths: Vec<&'static str>,
 }
 
 /// What [`join`] needs once the store is there: this rank's place in the job, the store the
@@ -398,6 +404,12 @@ impl Process {
     /// ones it has talked with (either way) with lazy connection.
     pub fn connected_peers(&self) -> usize {
         self.mesh.as_ref().map_or(0, Mesh::connected)
+    }
+
+    /// The transport that carries this rank's messages to `peer`: `shm` (shared memory, the
+    /// ranks of its host), `tcp`, or `self`; `None` for a rank not in the job.
+    pub fn transport_to(&self, peer: usize) -> Option<&'static str> {
+        self.paths.get(peer).copied().filter(|p| !p.is_empty())
     }
 
     /// How many peers this rank reaches through shared memory (the other ranks of its host,

@@ -17,6 +17,7 @@
 //! the full (gathered) size, for reduce_scatter and scatter the full input.
 
 mod bench;
+mod doctor;
 mod launch;
 mod plot;
 mod status;
@@ -49,6 +50,10 @@ enum Command {
     /// Asks every rank of a running job (through its store) for its last calls, and says
     /// which rank is behind in which call.
     Status(status::StatusArgs),
+    /// Checks a job's links and settings before it runs: every pair of ranks exchanges data
+    /// both ways on its transport; prints latency and bandwidth matrices and names a failed
+    /// link by pair and a setting that differs by rank and field.
+    Doctor(doctor::DoctorArgs),
     /// Draws busbw against size from `--json` files (collectix's, or peers' converted by
     /// `bench/peers/side_by_side.py`) into one SVG.
     Plot(plot::PlotArgs),
@@ -90,6 +95,7 @@ fn main() -> ExitCode {
         Command::Launch(a) => ExitCode::from(launch::run(&a)),
         Command::Store(a) => store::run(a),
         Command::Status(a) => status::run(&a),
+        Command::Doctor(a) => doctor::run(&a),
         Command::Plot(a) => plot::run(&a),
         Command::Exec(a) => ExitCode::from(launch::exec(a.parent, &a.program)),
     }

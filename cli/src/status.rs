@@ -28,8 +28,8 @@ pub(crate) struct StatusArgs {
     /// restarted it).
     #[arg(long, default_value_t = 0)]
     attempt: u32,
-    /// One verdict per rank and group instead of the calls: healthy, slow, stuck, mismatch,
-    /// failed or dead.
+    /// One verdict per rank and group instead of the calls: healthy, slow, stuck, on a wait
+    /// cycle, mismatch, failed or dead.
     #[arg(long)]
     explain: bool,
     /// With `--explain`: a call in flight this long (milliseconds) is stuck.

@@ -67,6 +67,7 @@ pub mod completion;
 pub mod data_plane;
 pub mod device_agreement;
 pub mod device_lanes;
+pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod fast_hash;

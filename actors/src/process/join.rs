@@ -326,7 +326,7 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
         let running = table::start(&mut st, &p.offers)?;
         Ok((mesh, links, running))
     });
-    let (mesh, links, transports) = match started {
+    let (mesh, links, (transports, paths)) = match started {
         Ok(s) => s,
         Err(e) => return Err(halt(&system, thread, e)),
     };
@@ -356,5 +356,6 @@ pub(super) fn join(joining: Joining<'_>) -> Result<Joined> {
         mesh,
         address: me,
         transports,
+        paths,
     })
 }

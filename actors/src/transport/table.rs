@@ -59,9 +59,13 @@ fn start_row(st: &mut Starting<'_>, pairs: &[usize]) -> Result<Started> {
     })
 }
 
+/// What the rows started: what keeps them running, and which row carries each peer (its
+/// name, by rank; `self` for this rank).
+pub(crate) type Rows = (Vec<Box<dyn Running>>, Vec<&'static str>);
+
 /// Starts every row on the pairs it carries (`offers`: what each rank published), in the
-/// table's order, and returns what keeps them running.
-pub(crate) fn start(st: &mut Starting<'_>, offers: &[Offer]) -> Result<Vec<Box<dyn Running>>> {
+/// table's order, and returns what keeps them running and which row carries each peer.
+pub(crate) fn start(st: &mut Starting<'_>, offers: &[Offer]) -> Result<Rows> {
     let rank = st.rank;
     start_rows(rank, offers, TRANSPORTS, |row, given| {
         (row.start)(st, given)
@@ -74,7 +78,7 @@ fn start_rows(
     offers: &[Offer],
     rows: &[Row],
     mut start: impl FnMut(&Row, &[usize]) -> Result<Started>,
-) -> Result<Vec<Box<dyn Running>>> {
+) -> Result<Rows> {
     let tests: Vec<CanConnect> = rows.iter().map(|r| r.can_connect).collect();
     let mut pairs: Vec<Vec<usize>> = vec![Vec::new(); rows.len()];
     for (peer, row) in assign(rank, offers, &tests).into_iter().enumerate() {
@@ -83,6 +87,10 @@ fn start_rows(
         }
     }
     let mut running = Vec::new();
+    let mut paths = vec![""; offers.len()];
+    if let Some(me) = paths.get_mut(rank) {
+        *me = "self";
+    }
     for (i, row) in rows.iter().enumerate() {
         let mut given = std::mem::take(&mut pairs[i]);
         given.sort_unstable();
@@ -99,9 +107,14 @@ fn start_rows(
             }
         }
         tracing::debug!(rank, transport = row.name, peers = ?started.reached, "started");
+        for &peer in &started.reached {
+            if let Some(p) = paths.get_mut(peer) {
+                *p = row.name;
+            }
+        }
         running.extend(started.running);
     }
-    Ok(running)
+    Ok((running, paths))
 }
 
 #[cfg(test)]
@@ -167,6 +180,9 @@ mod tests {
             })
         });
         let running = running.map_err(|e| e.to_string());
+        let paths = running.as_ref().map(|(_, p)| p.clone()).unwrap_or_default();
+        assert_eq!(paths, vec!["self", "shm", "tcp", "tcp", "tcp"]);
+        let running = running.map(|(r, _)| r);
         assert_eq!(
             given,
             vec![("shm", vec![1, 3]), ("tcp", vec![2, 3, 4])],

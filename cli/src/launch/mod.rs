@@ -92,6 +92,31 @@ pub(crate) struct LaunchArgs {
     program: Vec<String>,
 }
 
+impl LaunchArgs {
+    /// A job of `nproc` processes on this node running `program`, its store at
+    /// `master_addr:master_port` (0: any free port), the launcher's defaults otherwise
+    /// (`collectix doctor` launches its ranks so).
+    pub(crate) fn local(
+        nproc: usize,
+        master_addr: String,
+        master_port: u16,
+        program: Vec<String>,
+    ) -> LaunchArgs {
+        LaunchArgs {
+            nproc_per_node: nproc,
+            nnodes: 1,
+            node_rank: 0,
+            master_addr,
+            master_port,
+            grace: 5.0,
+            on_failure: OnFailure::Stop,
+            max_restarts: 0,
+            standby: 0,
+            program,
+        }
+    }
+}
+
 /// What a process that dies does to the job (`--on-failure`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum OnFailure {

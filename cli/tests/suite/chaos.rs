@@ -443,13 +443,13 @@ impl Job {
 
 /// A table of nftables rules dropping segments of one process's TCP connections on
 /// loopback; deleted when dropped.
-struct Cut {
+pub(crate) struct Cut {
     table: String,
 }
 
 impl Cut {
     /// Whether this machine lets the test use nftables (`nft` present, and allowed: root).
-    fn available() -> bool {
+    pub(crate) fn available() -> bool {
         Command::new("nft")
             .args(["list", "tables"])
             .stdout(Stdio::null())
@@ -497,7 +497,7 @@ impl Cut {
 
     /// Drops every TCP segment between the processes `a` and the processes `b` (their
     /// links), but none of their connections to port `spare` (the store).
-    fn between(a: &[i32], b: &[i32], spare: u16) -> Option<Cut> {
+    pub(crate) fn between(a: &[i32], b: &[i32], spare: u16) -> Option<Cut> {
         let side = |pids: &[i32]| -> Option<String> {
             let mut ports: Vec<String> =
                 pids.iter().flat_map(|&p| Cut::ports_of(p, spare)).collect();

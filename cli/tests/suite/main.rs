@@ -8,6 +8,7 @@ mod common;
 mod chaos;
 mod check;
 mod deploy;
+mod doctor;
 mod elastic;
 mod launch;
 mod launchers;
