@@ -319,3 +319,48 @@ fn connections_refused_by_the_stores_gate_are_counted() {
     }
     assert_eq!(refused(), Some(3.0), "{}", handle.render());
 }
+
+/// `JobStatus::explain` (what `collectix status --explain` prints) sets the gauge
+/// `collectix_verdict{group, rank}` to each verdict's code: here the answers of a job of three
+/// where rank 0 waits in group a's call #0 (a = {0, 1, 2}) for rank 1, which waits in group
+/// b's call #0 (b = {0, 1}) for rank 0 (a wait cycle: 5 for each in its own group, 1 "slow"
+/// in the other's), and rank 2 did not answer (dead: 4).
+#[test]
+fn each_verdict_is_a_gauge_of_its_code() {
+    let (rec, handle) = recorder();
+    let rank = |r: usize, calls: Option<Vec<&str>>| collectix::RankStatus {
+        rank: r,
+        calls: calls.map(|c| c.into_iter().map(str::to_string).collect()),
+        // Each group's members, as a rank's view of who came last names them.
+        lateness: vec![
+            "a 0 0:0:0:0:0 1:0:0:0:0 2:0:0:0:0".into(),
+            "b 0 0:0:0:0:0 1:0:0:0:0".into(),
+        ],
+        now_us: Some(1_600_000),
+    };
+    let status = collectix::JobStatus {
+        ranks: vec![
+            rank(
+                0,
+                Some(vec!["a 0 pending 100.0 all_reduce group a #0 all_reduce"]),
+            ),
+            rank(
+                1,
+                Some(vec!["b 0 pending 100.0 all_reduce group b #0 all_reduce"]),
+            ),
+            rank(2, None),
+        ],
+        findings: Vec::new(),
+    };
+    let verdicts = metrics::with_local_recorder(&rec, || status.explain(Duration::from_secs(1)));
+    for v in &verdicts {
+        println!("{v}");
+    }
+    let text = handle.render();
+    let gauge = |g: &str, r: &str| value(&text, "collectix_verdict", &[("group", g), ("rank", r)]);
+    assert_eq!(gauge("a", "0"), Some(5.0), "{text}");
+    assert_eq!(gauge("b", "1"), Some(5.0), "{text}");
+    assert_eq!(gauge("b", "0"), Some(1.0), "{text}");
+    assert_eq!(gauge("a", "1"), Some(1.0), "{text}");
+    assert_eq!(gauge("a", "2"), Some(4.0), "{text}");
+}
