@@ -281,16 +281,10 @@ fn cycle_findings(status: &JobStatus) -> Vec<String> {
             continue;
         }
         seen.push(key);
-        let waits: Vec<String> = cycle
-            .iter()
-            .map(|w| {
-                format!(
-                    "rank {} waits in group {} #{} for rank {}",
-                    w.rank, w.group, w.seq, w.peer
-                )
-            })
-            .collect();
-        out.push(format!("wait cycle: {}", waits.join(", ")));
+        out.push(format!(
+            "wait cycle: {}",
+            collectix_runtime::verdict::cycle_text(cycle)
+        ));
     }
     out
 }

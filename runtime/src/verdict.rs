@@ -85,6 +85,22 @@ pub struct CycleWait {
     pub peer: usize,
 }
 
+impl fmt::Display for CycleWait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rank {} waits in group {} #{} for rank {}",
+            self.rank, self.group, self.seq, self.peer
+        )
+    }
+}
+
+/// A cycle's waits in words, joined by ", ".
+pub fn cycle_text(cycle: &[CycleWait]) -> String {
+    let waits: Vec<String> = cycle.iter().map(ToString::to_string).collect();
+    waits.join(", ")
+}
+
 /// A verdict on one rank in one group.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
@@ -221,16 +237,7 @@ impl fmt::Display for Verdict {
                     "wait cycle: stuck in call #{seq} ({what}) for {:.1} s; ",
                     waited.as_secs_f64()
                 )?;
-                let waits: Vec<String> = cycle
-                    .iter()
-                    .map(|w| {
-                        format!(
-                            "rank {} waits in group {} #{} for rank {}",
-                            w.rank, w.group, w.seq, w.peer
-                        )
-                    })
-                    .collect();
-                f.write_str(&waits.join(", "))
+f.write_str(&cycle_text(cycle))
             }
             Verdict::Mismatch { seq, text } => write!(f, "mismatch at call #{seq}: {text}"),
             Verdict::Failed { seq, kind, text } => {

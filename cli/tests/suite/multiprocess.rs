@@ -568,16 +568,7 @@ fn status_explain_names_the_ranks_stuck_and_the_one_they_wait_for() {
         .spawn()
         .unwrap_or_else(|e| panic!("{e}"));
     std::thread::sleep(Duration::from_secs(3));
-    let status = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
-            .arg("status")
-            .args(args)
-            .args(["--master-port", &port])
-            .env("COLLECTIX_SECRET", secret)
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let status = |args: &[&str]| collectix_status(&port, secret, args);
     let explained = status(&["--explain"]);
     let plain = status(&[]);
     let _ = job.wait();
@@ -634,16 +625,7 @@ fn ranks_in_a_wait_cycle_across_groups_are_told_and_status_shows_it_as_processes
         .spawn()
         .unwrap_or_else(|e| panic!("{e}"));
     std::thread::sleep(Duration::from_millis(2500));
-    let status = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
-            .arg("status")
-            .args(args)
-            .args(["--master-port", &port])
-            .env("COLLECTIX_SECRET", secret)
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let status = |args: &[&str]| collectix_status(&port, secret, args);
     let explained = status(&["--explain"]);
     let plain = status(&[]);
     let out = job.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
@@ -671,4 +653,16 @@ fn ranks_in_a_wait_cycle_across_groups_are_told_and_status_shows_it_as_processes
             .unwrap_or_else(|| panic!("rank {r} said nothing:\n{so}"));
         assert!(line.contains("wait cycle across groups: rank "), "{line}");
     }
+}
+
+/// What `collectix status ARGS` printed for the job whose store is on `port`.
+fn collectix_status(port: &str, secret: &str, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_collectix"))
+        .arg("status")
+        .args(args)
+        .args(["--master-port", port])
+        .env("COLLECTIX_SECRET", secret)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -39,6 +39,19 @@ use crate::wire::message::{Header, Message, Transmit};
 /// beyond it the record starts again (a probe followed twice costs messages, not results).
 const SEEN_KEPT: usize = 4096;
 
+/// Rank `rank` waits in `call` (group, sequence number, what) for `peer` (whether `peer` made
+/// it is for `peer` to say).
+fn waiting(rank: usize, (group, seq, op): (GroupId, u64, OpKind), peer: usize) -> Wait {
+    Wait {
+        rank,
+        group,
+        seq,
+        op,
+        peer,
+        reached: false,
+    }
+}
+
 /// How this rank stands on a call a probe asks about.
 enum Stand {
     /// In flight here: its waits.
@@ -55,14 +68,7 @@ impl Engine {
     /// every other member (a call on the board, whose slots the engine does not see).
     fn waits_of(&self, gid: GroupId, seq: u64) -> Option<Vec<Wait>> {
         let g = self.groups.get(&gid)?;
-        let wait = |op: OpKind, peer: usize| Wait {
-            rank: self.rank,
-            group: gid,
-            seq,
-            op,
-            peer,
-            reached: false,
-        };
+        let wait = |op: OpKind, peer: usize| waiting(self.rank, (gid, seq, op), peer);
         if let Some(op) = g.active.get(&seq).and_then(|id| self.ops.get(id)) {
             if !matches!(op.state, State::Collective(_)) {
                 return None;
@@ -151,14 +157,7 @@ impl Engine {
     ) -> bool {
         let (mut sent, me) = (false, self.rank);
         for &peer in peers.iter().filter(|&&p| p != me) {
-            let path = vec![Wait {
-                rank: self.rank,
-                group: gid,
-                seq,
-                op,
-                peer,
-                reached: false,
-            }];
+            let path = vec![waiting(me, (gid, seq, op), peer)];
             self.send_probe(peer, path);
             sent = true;
         }
