@@ -25,8 +25,8 @@ pub struct DoctorOptions {
     pub bytes: usize,
     /// Small messages each pair bounces (round trips).
     pub pings: usize,
-    /// Each round's time slot; `None`: 1.2 s shared among the rounds (a round of a job of 16
-    /// gets 80 ms), at least 40 ms.
+    /// Each round's time slot; `None`: 1.2 s shared among the rounds, 40-200 ms each (a round
+    /// of a job of 16 gets 80 ms; `collectix_runtime::doctor::Plan`).
     pub slot: Option<Duration>,
     /// How long the ranks wait for each other to start (a rank that is not there by then
     /// is checked as absent).
@@ -177,25 +177,14 @@ pub fn doctor(p: &Process, o: &DoctorOptions) -> Result<Option<DoctorReport>> {
         })
         .collect();
     let t0 = Instant::now();
-    let rounds = doctor::rounds(w);
-    let slot = o.slot.unwrap_or_else(|| {
-        let n = u32::try_from(rounds.len().max(1)).unwrap_or(u32::MAX);
-        (Duration::from_millis(1200) / n)
-            .clamp(Duration::from_millis(40), Duration::from_millis(200))
-    });
+    let plan = doctor::Plan::new(w, o.slot);
     let mut row = Vec::new();
-    for (k, round) in rounds.iter().enumerate() {
-        let Some(&(a, b)) = round.iter().find(|(a, b)| *a == me || *b == me) else {
-            continue;
-        };
-        let peer = if a == me { b } else { a };
-        let k = u32::try_from(k).unwrap_or(u32::MAX);
-        let begin = t0 + slot * k;
-        let end = begin + slot * 9 / 10;
-        std::thread::sleep(begin.saturating_duration_since(Instant::now()));
+    for (k, (a, b), peer) in plan.pairs_of(me) {
+        let (begin, end) = plan.window(k);
+        std::thread::sleep((t0 + begin).saturating_duration_since(Instant::now()));
         let path = p.transport_to(peer).unwrap_or("-").to_string();
         let mut link = if present[peer] {
-            exchange(c, (a, b), peer, o, (end, slot * 9 / 10))
+            exchange(c, (a, b), peer, o, (t0 + end, plan.exchange()))
         } else {
             Link {
                 error: Some(format!(
@@ -209,10 +198,7 @@ pub fn doctor(p: &Process, o: &DoctorOptions) -> Result<Option<DoctorReport>> {
         link.path = path;
         row.push(link);
     }
-    // Nobody goes on (to leave the job, say, which costs its peers some work) before every
-    // round is over.
-    let n = u32::try_from(rounds.len()).unwrap_or(u32::MAX);
-    std::thread::sleep((t0 + slot * n).saturating_duration_since(Instant::now()));
+    std::thread::sleep((t0 + plan.over()).saturating_duration_since(Instant::now()));
     store.set(
         &key(o.pass, "row", me),
         doctor::row_to_text(&row).into_bytes(),
@@ -220,8 +206,8 @@ pub fn doctor(p: &Process, o: &DoctorOptions) -> Result<Option<DoctorReport>> {
     if me != 0 {
         return Ok(None);
     }
-    // Rank 0: every rank's row, by the end of the last slot and some.
-    let due = t0 + slot * n + Duration::from_millis(300);
+    // Rank 0: every rank's row, by the plan's due time.
+    let due = t0 + plan.rows_due();
     let mut links = Vec::with_capacity(w);
     let mut all = Vec::with_capacity(w);
     for q in 0..w {

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::time::Duration;
 
 /// The settings every rank of a job must agree on: a rank that differs is named with the
 /// field, its value and the others'. (`host`, `local_rank` and `pid` are reported, not
@@ -91,6 +92,65 @@ pub fn rounds(w: usize) -> Vec<Vec<(usize, usize)>> {
         out.push(pairs);
     }
     out
+}
+
+/// The schedule of one check that every rank follows, times as offsets from the moment the
+/// ranks start together: the rounds of pairs, each in a slot of its own (a pair's exchange
+/// must end by 90 % of it, so that the next round starts clean), and when rank 0 stops
+/// waiting for the rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The rounds ([`rounds`]).
+    pub rounds: Vec<Vec<(usize, usize)>>,
+    /// Each round's slot.
+    pub slot: Duration,
+}
+
+impl Plan {
+    /// The plan for `w` ranks, each round in `slot` if given, else 1.2 s shared among the
+    /// rounds, each 40 ms to 200 ms (a round of a job of 16 gets 80 ms).
+    pub fn new(w: usize, slot: Option<Duration>) -> Plan {
+        let rounds = rounds(w);
+        let n = u32::try_from(rounds.len().max(1)).unwrap_or(u32::MAX);
+        let slot = slot.unwrap_or_else(|| {
+            (Duration::from_millis(1200) / n)
+                .clamp(Duration::from_millis(40), Duration::from_millis(200))
+        });
+        Plan { rounds, slot }
+    }
+
+    /// Rank `me`'s pairs in order: the round's index, the pair `(a, b)`, and the peer.
+    pub fn pairs_of(&self, me: usize) -> impl Iterator<Item = (usize, (usize, usize), usize)> + '_ {
+        self.rounds
+            .iter()
+            .enumerate()
+            .filter_map(move |(k, round)| {
+                let &(a, b) = round.iter().find(|(a, b)| *a == me || *b == me)?;
+                Some((k, (a, b), if a == me { b } else { a }))
+            })
+    }
+
+    /// Round `k`'s window: its start, and the end its exchange must keep to.
+    pub fn window(&self, k: usize) -> (Duration, Duration) {
+        let begin = self.slot * u32::try_from(k).unwrap_or(u32::MAX);
+        (begin, begin + self.exchange())
+    }
+
+    /// The time a pair's exchange has: 90 % of a slot.
+    pub fn exchange(&self) -> Duration {
+        self.slot * 9 / 10
+    }
+
+    /// When every round is over (no rank goes on before: leaving the job costs its peers
+    /// work).
+    pub fn over(&self) -> Duration {
+        self.slot * u32::try_from(self.rounds.len()).unwrap_or(u32::MAX)
+    }
+
+    /// When rank 0 stops waiting for the rows: every round over, and 300 ms.
+    pub fn rows_due(&self) -> Duration {
+        self.over() + Duration::from_millis(300)
+    }
 }
 
 /// What one rank found on its link to one peer.
@@ -278,6 +338,31 @@ mod tests {
                 assert_eq!(rounds.len(), w - 1 + w % 2, "w {w}");
             }
         }
+    }
+
+    #[test]
+    fn a_plan_gives_each_rank_its_pairs_in_slots_of_40_to_200_ms() {
+        let p = Plan::new(16, None);
+        assert_eq!((p.rounds.len(), p.slot), (15, Duration::from_millis(80)));
+        assert_eq!(Plan::new(2, None).slot, Duration::from_millis(200));
+        assert_eq!(Plan::new(200, None).slot, Duration::from_millis(40));
+        assert_eq!(
+            Plan::new(4, Some(Duration::from_millis(7))).slot,
+            Duration::from_millis(7)
+        );
+        let mine: Vec<_> = p.pairs_of(3).collect();
+        assert_eq!(mine.len(), 15);
+        for (k, (a, b), peer) in mine {
+            assert!(p.rounds[k].contains(&(a, b)) && (a == 3 || b == 3) && peer != 3);
+        }
+        assert_eq!(
+            p.window(2),
+            (Duration::from_millis(160), Duration::from_millis(232))
+        );
+        assert_eq!(
+            (p.over(), p.rows_due()),
+            (Duration::from_millis(1200), Duration::from_millis(1500))
+        );
     }
 
     #[test]
