@@ -70,6 +70,14 @@ pub(crate) fn assert_runs_the_example(cmd: &mut std::process::Command, prefixed:
     assert_example_lines(&so, prefixed, &se);
 }
 
+/// Held by the tests that load this machine with many processes (`collectix doctor` on 16) and
+/// by those that measure time (the late-comer's lateness within 5 ms): on two cores the one
+/// skews the other, so they take turns.
+pub(crate) fn heavy_or_timed() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A port that is free on loopback (and on every address) at the moment, and stays free
 /// until a test binds it, unless another program takes it by number.
 pub(crate) fn free_port() -> u16 {

@@ -6,7 +6,7 @@
 //! cores (the default, 1 MiB in 80 ms rounds, is a release build's; docs/deployment.md).
 
 use crate::chaos::Cut;
-use crate::common::free_port;
+use crate::common::{free_port, heavy_or_timed};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -50,6 +50,7 @@ fn findings(text: &str) -> Vec<String> {
 
 #[test]
 fn every_link_of_16_processes_carries_data_both_ways_over_shared_memory_and_tcp() {
+    let _turn = heavy_or_timed();
     for (transport, summary) in [
         ("shm", "120 pairs over shared memory, 0 over TCP"),
         ("tcp", "0 pairs over shared memory, 120 over TCP"),
@@ -87,6 +88,7 @@ fn every_link_of_16_processes_carries_data_both_ways_over_shared_memory_and_tcp(
 /// its value and the others'; no link is blamed.
 #[test]
 fn a_setting_that_differs_is_named_by_rank_and_field() {
+    let _turn = heavy_or_timed();
     let exe = env!("CARGO_BIN_EXE_collectix");
     let script = r#"if [ "$RANK" = 5 ]; then export COLLECTIX_LINK_TIMEOUT=7; fi
 if [ "$RANK" = 9 ]; then export COLLECTIX_SPIN_US=0; fi
@@ -218,6 +220,7 @@ impl TwoPasses {
 /// with both ends' word, and nothing else, within 2 s of its start.
 #[test]
 fn a_cut_link_is_named_by_its_pair() {
+    let _turn = heavy_or_timed();
     if !Cut::available() {
         println!("SKIPPED: cutting a link needs root and nftables");
         assert!(std::env::var_os("CI").is_none(), "CI has root and nftables");
@@ -262,6 +265,7 @@ fn a_cut_link_is_named_by_its_pair() {
 /// reporting, and every link to it, by pair; no other link.
 #[test]
 fn a_frozen_rank_is_named_with_its_links() {
+    let _turn = heavy_or_timed();
     let port = free_port().to_string();
     let check = two_passes("shm", &port);
     let first = &check.first;
